@@ -1,0 +1,642 @@
+//! Provides [`AgentActor`], one live agent, and [`AgentRef`], the exact-identity reference to
+//! it.
+//!
+//! # The inbox is the mailbox's journaled state
+//! Every message for an agent (prompt, follow-up, steering, injected context) arrives as a
+//! [`Deliver`] in mailbox order and is journaled in the session log before it is pending. The
+//! actor owns the [`Inbox`]; the running turn claims from it by message ([`ClaimStep`]), so
+//! nothing else queues work for the agent.
+//!
+//! # Turns
+//! A turn runs as a future spawned on the actor's context (never `ctx.wait`), so [`Cancel`],
+//! [`Deliver`] and [`Status`] are handled while it runs. The actor is a small state machine:
+//!
+//! - **Idle** → a waking [`Deliver`] opens a turn (`turn/start`, first claim) → **Running**.
+//! - **Running** → the turn ends → another turn if `next-turn` has work and the inbox is not
+//!   parked, otherwise **Idle** and every [`WhenIdle`] waiter resolves.
+//! - [`Cancel`] with [`InboxPolicy::Discard`] journals the discard of everything pending (even
+//!   when idle); with [`InboxPolicy::Keep`] the pending work is parked: it survives but only the
+//!   next waking send resumes it, parked items first. Work the cancelled turn already claimed is
+//!   never put back.
+//! - A waking send that arrives after the running turn was cancelled goes to `next-turn`, and
+//!   (unless the cause is disposal) its wake is latched and replayed once the turn has ended.
+//!
+//! # Stopping
+//! [`Retire`] (sent by disposal) discards what is still pending, runs the scope's disposers in
+//! reverse order and stops the actor; later sends through any [`AgentRef`] fail with
+//! `AGENT_DISPOSED`.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use actix::WeakAddr;
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
+
+use crate::agent::driver::{run_turn, InboxPort, TurnCancel, TurnContext};
+use crate::agent::{
+    AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, Disposer, Inbox,
+};
+use crate::content::{ContentBlock, Message, MessageSource};
+use crate::error::{Result, SubagentError};
+use crate::ids::{MessageId, SessionId};
+use crate::session::{
+    CancelCause, EventKind, InboxTarget, SessionHeader, SessionLog, TurnEndReason,
+};
+
+/// Whether a send starts (or continues) processing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Start a turn on an idle agent.
+    Wake,
+    /// Wait for the next turn or step to pick it up.
+    Quiet,
+}
+
+/// What a cancel does to pending work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxPolicy {
+    /// Discard everything pending, journaled as cancellations.
+    Discard,
+    /// Park pending work until the next waking send.
+    Keep,
+}
+
+/// A snapshot of an agent's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSnapshot {
+    /// Idle or running.
+    pub status: AgentStatus,
+    /// The turn running, if any.
+    pub turn: Option<u64>,
+    /// Messages waiting in `next-turn`.
+    pub next_turn: usize,
+    /// Messages waiting in `next-step`.
+    pub next_step: usize,
+    /// Whether pending work is parked by a keep-inbox cancel.
+    pub parked: bool,
+}
+
+enum Phase {
+    Idle,
+    Running { turn: u64, cancel: TurnCancel },
+}
+
+/// One live agent.
+pub struct AgentActor {
+    id: SessionId,
+    log: SessionLog,
+    inbox: Inbox,
+    env: Arc<AgentEnv>,
+    scope: Arc<AgentScope>,
+    options: AgentOptions,
+    disposers: Vec<Disposer>,
+    phase: Phase,
+    parked: bool,
+    wake_latched: bool,
+    idle_waiters: Vec<oneshot::Sender<()>>,
+}
+
+impl Actor for AgentActor {
+    type Context = Context<Self>;
+}
+
+impl AgentActor {
+    pub(crate) fn new(
+        log: SessionLog,
+        inbox: Inbox,
+        env: Arc<AgentEnv>,
+        scope: Arc<AgentScope>,
+        options: AgentOptions,
+        disposers: Vec<Disposer>,
+    ) -> Self {
+        Self {
+            id: log.id(),
+            log,
+            inbox,
+            env,
+            scope,
+            options,
+            disposers,
+            phase: Phase::Idle,
+            parked: false,
+            wake_latched: false,
+            idle_waiters: Vec::new(),
+        }
+    }
+
+    fn emit(&self, kind: AgentEventKind) {
+        self.env.events.emit(&AgentEvent {
+            agent: self.id,
+            kind,
+        });
+    }
+
+    fn deliver(
+        &mut self,
+        message: Message,
+        target: InboxTarget,
+        wake: Wake,
+        ctx: &mut Context<Self>,
+    ) -> Result<MessageId> {
+        let mut target = target;
+        let cancelled_cause = match &self.phase {
+            Phase::Running { cancel, .. } if cancel.is_cancelled() => Some(cancel.cause().cloned()),
+            _ => None,
+        };
+        if wake == Wake::Wake && cancelled_cause.is_some() {
+            target = InboxTarget::NextTurn;
+        }
+        let id = message.id;
+        self.inbox.insert(&self.log, target, message)?;
+        self.emit(AgentEventKind::InboxInserted {
+            message: id,
+            target,
+        });
+        if wake == Wake::Wake {
+            match (&self.phase, cancelled_cause) {
+                (Phase::Idle, _) => {
+                    self.parked = false;
+                    self.start_turn(ctx);
+                }
+                (Phase::Running { .. }, Some(Some(CancelCause::Disposed))) => {}
+                (Phase::Running { .. }, Some(_)) => self.wake_latched = true,
+                (Phase::Running { .. }, None) => self.parked = false,
+            }
+        }
+        Ok(id)
+    }
+
+    fn start_turn(&mut self, ctx: &mut Context<Self>) {
+        let turn = self.log.last_turn() + 1;
+        if let Err(error) = self.log.append(EventKind::TurnStart { turn }) {
+            tracing::error!(session_id = %self.id, turn, %error, "could not open a turn");
+            self.become_idle();
+            return;
+        }
+        let claimed = match self.inbox.claim(&self.log, InboxTarget::NextTurn) {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                tracing::error!(session_id = %self.id, turn, %error, "could not claim the turn's work");
+                Vec::new()
+            }
+        };
+        for message in &claimed {
+            self.emit(AgentEventKind::InboxClaimed {
+                message: message.id,
+                turn,
+            });
+        }
+        let cancel = TurnCancel::new();
+        self.phase = Phase::Running {
+            turn,
+            cancel: cancel.clone(),
+        };
+        let turn_ctx = TurnContext {
+            agent: self.id,
+            log: self.log.clone(),
+            env: Arc::clone(&self.env),
+            scope: Arc::clone(&self.scope),
+            options: self.options.clone(),
+            cancel,
+            inbox: Arc::new(ctx.address().downgrade()),
+        };
+        let driver = async move { run_turn(&turn_ctx, turn, claimed).await };
+        ctx.spawn(
+            driver
+                .into_actor(self)
+                .map(move |reason, actor, ctx| actor.turn_finished(turn, reason, ctx)),
+        );
+    }
+
+    fn turn_finished(&mut self, turn: u64, reason: TurnEndReason, ctx: &mut Context<Self>) {
+        tracing::debug!(session_id = %self.id, turn, ?reason, "turn ended");
+        self.phase = Phase::Idle;
+        self.emit(AgentEventKind::TurnEnded { turn, reason });
+        let latched = std::mem::take(&mut self.wake_latched);
+        if latched {
+            self.parked = false;
+        }
+        if latched || (!self.parked && self.inbox.has_next_turn()) {
+            self.start_turn(ctx);
+        } else {
+            self.become_idle();
+        }
+    }
+
+    fn become_idle(&mut self) {
+        self.phase = Phase::Idle;
+        for waiter in self.idle_waiters.drain(..) {
+            // A waiter that stopped listening needs no answer.
+            let _ = waiter.send(());
+        }
+    }
+
+    fn cancel(&mut self, cause: CancelCause, policy: InboxPolicy) -> Result<()> {
+        match policy {
+            InboxPolicy::Discard => {
+                self.wake_latched = false;
+                self.discard_pending()?;
+            }
+            InboxPolicy::Keep => {
+                if matches!(self.phase, Phase::Running { .. }) {
+                    self.parked = true;
+                }
+            }
+        }
+        if let Phase::Running { cancel, turn } = &self.phase {
+            tracing::debug!(session_id = %self.id, turn, ?cause, ?policy, "cancelling the running turn");
+            cancel.cancel(cause);
+        }
+        Ok(())
+    }
+
+    fn discard_pending(&mut self) -> Result<()> {
+        for message in self.inbox.clear(&self.log)? {
+            self.emit(AgentEventKind::InboxDiscarded {
+                message: message.id,
+            });
+        }
+        Ok(())
+    }
+
+    fn snapshot(&self) -> AgentSnapshot {
+        let (status, turn) = match &self.phase {
+            Phase::Idle => (AgentStatus::Idle, None),
+            Phase::Running { turn, .. } => (AgentStatus::Running, Some(*turn)),
+        };
+        AgentSnapshot {
+            status,
+            turn,
+            next_turn: self.inbox.next_turn_len(),
+            next_step: self.inbox.next_step_len(),
+            parked: self.parked,
+        }
+    }
+
+    fn claim_step(&mut self, turn: u64) -> Vec<Message> {
+        match self.inbox.claim(&self.log, InboxTarget::NextStep) {
+            Ok(claimed) => {
+                for message in &claimed {
+                    self.emit(AgentEventKind::InboxClaimed {
+                        message: message.id,
+                        turn,
+                    });
+                }
+                claimed
+            }
+            Err(error) => {
+                tracing::error!(session_id = %self.id, turn, %error, "could not claim next-step work");
+                Vec::new()
+            }
+        }
+    }
+
+    fn retire(&mut self, ctx: &mut Context<Self>) {
+        if let Err(error) = self.discard_pending() {
+            tracing::warn!(session_id = %self.id, %error, "could not journal the final discard");
+        }
+        for disposer in self.disposers.drain(..).rev() {
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(disposer)).is_err() {
+                tracing::error!(session_id = %self.id, "a scope disposer panicked");
+            }
+        }
+        ctx.stop();
+    }
+}
+
+/// Puts a message into the inbox. Sent by [`AgentRef::followup`], [`AgentRef::steer`] and
+/// [`AgentRef::inject`]. Replies with the message id once it is journaled and pending; fails
+/// with `INVALID_EVENT` for a duplicate pending id. A stopped agent fails the send
+/// (`AGENT_DISPOSED`).
+#[derive(Message)]
+#[rtype(result = "Result<MessageId>")]
+pub struct Deliver {
+    /// The message.
+    pub message: Message,
+    /// Its list.
+    pub target: InboxTarget,
+    /// Whether it wakes the agent.
+    pub wake: Wake,
+}
+
+impl Handler<Deliver> for AgentActor {
+    type Result = Result<MessageId>;
+
+    fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) -> Self::Result {
+        self.deliver(msg.message, msg.target, msg.wake, ctx)
+    }
+}
+
+/// Cancels the running turn (if any) with `cause`, and applies `inbox` to pending work. The
+/// first cause of a turn wins; cancelling an idle agent does not affect later work.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct Cancel {
+    /// Why.
+    pub cause: CancelCause,
+    /// What happens to pending work.
+    pub inbox: InboxPolicy,
+}
+
+impl Handler<Cancel> for AgentActor {
+    type Result = Result<()>;
+
+    fn handle(&mut self, msg: Cancel, _: &mut Context<Self>) -> Self::Result {
+        self.cancel(msg.cause, msg.inbox)
+    }
+}
+
+/// Resolves when the agent is idle (the whole agent is quiescent, not one message).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WhenIdle;
+
+impl Handler<WhenIdle> for AgentActor {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: WhenIdle, _: &mut Context<Self>) -> Self::Result {
+        if matches!(self.phase, Phase::Idle) {
+            return Box::pin(async {});
+        }
+        let (sender, receiver) = oneshot::channel();
+        self.idle_waiters.push(sender);
+        Box::pin(async move {
+            // A dropped sender means the actor stopped: it is idle for good.
+            let _ = receiver.await;
+        })
+    }
+}
+
+/// Reads the agent's state.
+#[derive(Message)]
+#[rtype(result = "AgentSnapshot")]
+pub struct Status;
+
+impl Handler<Status> for AgentActor {
+    type Result = MessageResult<Status>;
+
+    fn handle(&mut self, _: Status, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.snapshot())
+    }
+}
+
+/// Internal: the running turn claims `next-step` at a step boundary.
+#[derive(Message)]
+#[rtype(result = "Vec<Message>")]
+pub(crate) struct ClaimStep {
+    turn: u64,
+}
+
+impl Handler<ClaimStep> for AgentActor {
+    type Result = MessageResult<ClaimStep>;
+
+    fn handle(&mut self, msg: ClaimStep, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.claim_step(msg.turn))
+    }
+}
+
+/// Internal: tool results queue context messages into `next-step` (no wake).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct QueueContext {
+    messages: Vec<Message>,
+}
+
+impl Handler<QueueContext> for AgentActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: QueueContext, ctx: &mut Context<Self>) {
+        for message in msg.messages {
+            if let Err(error) = self.deliver(message, InboxTarget::NextStep, Wake::Quiet, ctx) {
+                tracing::warn!(session_id = %self.id, %error, "dropped a tool context message");
+            }
+        }
+    }
+}
+
+/// Internal, sent by disposal once the agent is idle: discard what is left, unwind the scope,
+/// stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Retire;
+
+impl Handler<Retire> for AgentActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) {
+        self.retire(ctx);
+    }
+}
+
+impl InboxPort for WeakAddr<AgentActor> {
+    fn claim_next_step(&self, turn: u64) -> BoxFuture<'static, Vec<Message>> {
+        let addr = self.upgrade();
+        Box::pin(async move {
+            match addr {
+                Some(addr) => addr.send(ClaimStep { turn }).await.unwrap_or_default(),
+                None => Vec::new(),
+            }
+        })
+    }
+
+    fn queue_context(&self, messages: Vec<Message>) {
+        if let Some(addr) = self.upgrade() {
+            // The turn that queues context is owned by this actor; a stopped actor has no
+            // next step to deliver it to.
+            addr.do_send(QueueContext { messages });
+        }
+    }
+}
+
+/// An exact reference to one live agent: its session id plus the incarnation that published
+/// it. Two references are equal only when both match, so a stale reference to a replaced agent
+/// is told apart from the live one.
+#[derive(Clone)]
+pub struct AgentRef {
+    id: SessionId,
+    incarnation: u64,
+    addr: Addr<AgentActor>,
+    log: SessionLog,
+    options: Arc<AgentOptions>,
+}
+
+impl PartialEq for AgentRef {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id && self.incarnation == other.incarnation
+    }
+}
+
+impl Eq for AgentRef {}
+
+impl std::fmt::Debug for AgentRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRef")
+            .field("id", &self.id)
+            .field("incarnation", &self.incarnation)
+            .finish()
+    }
+}
+
+impl AgentRef {
+    pub(crate) fn new(
+        id: SessionId,
+        incarnation: u64,
+        addr: Addr<AgentActor>,
+        log: SessionLog,
+        options: Arc<AgentOptions>,
+    ) -> Self {
+        Self {
+            id,
+            incarnation,
+            addr,
+            log,
+            options,
+        }
+    }
+
+    /// The session id.
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
+    /// The incarnation number that published this agent.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The agent's session log.
+    pub fn log(&self) -> &SessionLog {
+        &self.log
+    }
+
+    /// The agent's session header.
+    pub fn header(&self) -> SessionHeader {
+        self.log.header()
+    }
+
+    /// The agent's options.
+    pub fn options(&self) -> &AgentOptions {
+        &self.options
+    }
+
+    /// Whether the agent's actor still runs.
+    pub fn is_alive(&self) -> bool {
+        self.addr.connected()
+    }
+
+    async fn deliver(
+        &self,
+        message: Message,
+        target: InboxTarget,
+        wake: Wake,
+    ) -> Result<MessageId> {
+        self.addr
+            .send(Deliver {
+                message,
+                target,
+                wake,
+            })
+            .await
+            .map_err(|_| SubagentError::agent_gone(self.id))?
+    }
+
+    /// Queues `content` as a later turn of its own (FIFO; never joins the running turn) and
+    /// wakes the agent.
+    ///
+    /// # Errors
+    /// `AGENT_DISPOSED` when the agent is gone.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it resolves may still deliver the message.
+    pub async fn followup(
+        &self,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+    ) -> Result<MessageId> {
+        self.followup_message(Message::user(content, source)).await
+    }
+
+    /// [`AgentRef::followup`] with a prebuilt message (its id is kept).
+    ///
+    /// # Errors
+    /// `AGENT_DISPOSED`; `INVALID_EVENT` when a pending message has the same id.
+    pub async fn followup_message(&self, message: Message) -> Result<MessageId> {
+        self.deliver(message, InboxTarget::NextTurn, Wake::Wake)
+            .await
+    }
+
+    /// Queues `content` for the next step boundary (it can extend the running turn) and wakes
+    /// the agent.
+    ///
+    /// # Errors
+    /// `AGENT_DISPOSED`.
+    pub async fn steer(
+        &self,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+    ) -> Result<MessageId> {
+        self.deliver(
+            Message::user(content, source),
+            InboxTarget::NextStep,
+            Wake::Wake,
+        )
+        .await
+    }
+
+    /// Queues `content` quietly for the next step; it waits while the agent is idle.
+    ///
+    /// # Errors
+    /// `AGENT_DISPOSED`.
+    pub async fn inject(
+        &self,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+    ) -> Result<MessageId> {
+        self.inject_message(Message::user(content, source)).await
+    }
+
+    /// [`AgentRef::inject`] with a prebuilt message.
+    ///
+    /// # Errors
+    /// `AGENT_DISPOSED`; `INVALID_EVENT` for a duplicate pending id.
+    pub async fn inject_message(&self, message: Message) -> Result<MessageId> {
+        self.deliver(message, InboxTarget::NextStep, Wake::Quiet)
+            .await
+    }
+
+    /// Cancels the running turn and applies `inbox` to pending work.
+    ///
+    /// # Errors
+    /// `AGENT_DISPOSED`; a store error if the discard could not be journaled.
+    pub async fn cancel(&self, cause: CancelCause, inbox: InboxPolicy) -> Result<()> {
+        self.addr
+            .send(Cancel { cause, inbox })
+            .await
+            .map_err(|_| SubagentError::agent_gone(self.id))?
+    }
+
+    /// Resolves once the agent is idle (immediately for a stopped agent).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn when_idle(&self) {
+        // A stopped agent is idle for good.
+        let _ = self.addr.send(WhenIdle).await;
+    }
+
+    /// The agent's state.
+    ///
+    /// # Errors
+    /// `AGENT_DISPOSED`.
+    pub async fn status(&self) -> Result<AgentSnapshot> {
+        self.addr
+            .send(Status)
+            .await
+            .map_err(|_| SubagentError::agent_gone(self.id))
+    }
+
+    pub(crate) fn addr(&self) -> &Addr<AgentActor> {
+        &self.addr
+    }
+}

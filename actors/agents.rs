@@ -1,0 +1,528 @@
+//! Provides [`AgentRegistry`] (the actor that knows every live agent by session id, with exact
+//! identity), the [`Agents`] handle that runs the create and resume transactions, and
+//! [`AgentHandle`], whose idempotent `dispose` releases an agent.
+//!
+//! # The creation transaction
+//! 1. Check the creation-abort token; build and validate the header and seed; stage the log.
+//! 2. Run the setup step on a fresh scope (it may append setup events).
+//! 3. Check the token again, reserve the id in the registry (`DUPLICATE_AGENT` if live), store
+//!    the session (`SESSION_EXISTS` if stored).
+//! 4. Run the setup's commit, start the actor, attach write-behind, emit `agent/created`.
+//!
+//! A failure or a fired token at any step before 4 rolls everything back: no actor runs, the
+//! registry and the store hold nothing, and no event fires. Resume is the same transaction over
+//! a log loaded (and crash-repaired) by [`crate::SessionPersistence::prepare`].
+//!
+//! # Disposal order
+//! `dispose` = cancel the turn with cause `disposed`, discarding pending work → wait until idle
+//! → unwind the scope and stop the actor → unregister (`agent/disposed`) → flush the log and
+//! detach it from the store.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::agent::{AgentActor, AgentRef, InboxPolicy, Retire};
+use crate::agent::{
+    AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
+};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::session::{CancelCause, SessionEvent, SessionHeader, SessionLog, SessionOrigin};
+
+/// The registry of live agents.
+#[derive(Default)]
+pub struct AgentRegistry {
+    live: HashMap<SessionId, AgentRef>,
+}
+
+impl Actor for AgentRegistry {
+    type Context = Context<Self>;
+}
+
+impl AgentRegistry {
+    fn reserve(&mut self, agent: AgentRef) -> Result<()> {
+        if self.live.contains_key(&agent.id()) {
+            return Err(SubagentError::new(
+                ErrorCode::DuplicateAgent,
+                format!("agent {} is already live", agent.id()),
+            ));
+        }
+        self.live.insert(agent.id(), agent);
+        Ok(())
+    }
+
+    fn unregister(&mut self, agent: &AgentRef) -> bool {
+        if self.live.get(&agent.id()) == Some(agent) {
+            self.live.remove(&agent.id());
+            return true;
+        }
+        false
+    }
+}
+
+/// Reserves the agent's id; replies `DUPLICATE_AGENT` when another agent with that id is live.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+struct Reserve(AgentRef);
+
+impl Handler<Reserve> for AgentRegistry {
+    type Result = Result<()>;
+
+    fn handle(&mut self, msg: Reserve, _: &mut Context<Self>) -> Self::Result {
+        self.reserve(msg.0)
+    }
+}
+
+/// Removes the agent if the live entry is exactly it; replies whether it was removed.
+#[derive(Message)]
+#[rtype(result = "bool")]
+struct Unregister(AgentRef);
+
+impl Handler<Unregister> for AgentRegistry {
+    type Result = bool;
+
+    fn handle(&mut self, msg: Unregister, _: &mut Context<Self>) -> bool {
+        self.unregister(&msg.0)
+    }
+}
+
+/// Looks up the live agent of a session.
+#[derive(Message)]
+#[rtype(result = "Option<AgentRef>")]
+struct Lookup(SessionId);
+
+impl Handler<Lookup> for AgentRegistry {
+    type Result = Option<AgentRef>;
+
+    fn handle(&mut self, msg: Lookup, _: &mut Context<Self>) -> Self::Result {
+        self.live.get(&msg.0).cloned()
+    }
+}
+
+/// Lists every live agent.
+#[derive(Message)]
+#[rtype(result = "Vec<AgentRef>")]
+struct ListLive;
+
+impl Handler<ListLive> for AgentRegistry {
+    type Result = MessageResult<ListLive>;
+
+    fn handle(&mut self, _: ListLive, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.live.values().cloned().collect())
+    }
+}
+
+/// What to create: the session's identity and lineage, its seed, options and setup.
+#[derive(Default)]
+pub struct CreateAgent {
+    id: Option<SessionId>,
+    cwd: Option<PathBuf>,
+    parent_session: Option<SessionId>,
+    origin: Option<SessionOrigin>,
+    delegation_depth: Option<u64>,
+    seed: Vec<SessionEvent>,
+    seed_length: Option<u64>,
+    options: AgentOptions,
+    setup: Option<Box<dyn AgentSetup>>,
+    cancel: Option<CancellationToken>,
+}
+
+impl CreateAgent {
+    /// A fresh root agent with default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Uses this session id instead of a fresh one.
+    #[must_use]
+    pub fn id(mut self, id: SessionId) -> Self {
+        self.id = Some(id);
+        self
+    }
+
+    /// The working directory (absolute).
+    #[must_use]
+    pub fn cwd(mut self, cwd: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Marks the session as delegated by `parent` at `depth`.
+    #[must_use]
+    pub fn delegated_by(mut self, parent: SessionId, depth: u64) -> Self {
+        self.parent_session = Some(parent);
+        self.origin = Some(SessionOrigin::Subagent);
+        self.delegation_depth = Some(depth);
+        self
+    }
+
+    /// Seeds the log; `inherited` is how many of the events count as inherited lineage
+    /// (`seedLength`). A non-empty seed gets a `session/end-seed` marker.
+    #[must_use]
+    pub fn seed(mut self, seed: Vec<SessionEvent>, inherited: u64) -> Self {
+        self.seed = seed;
+        self.seed_length = (inherited > 0).then_some(inherited);
+        self
+    }
+
+    /// The agent's model options.
+    #[must_use]
+    pub fn options(mut self, options: AgentOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The setup step (see [`AgentSetup`]).
+    #[must_use]
+    pub fn setup(mut self, setup: impl AgentSetup) -> Self {
+        self.setup = Some(Box::new(setup));
+        self
+    }
+
+    /// The creation-abort token: if it fires before publication, nothing is published.
+    #[must_use]
+    pub fn cancel(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+}
+
+/// What to resume: a stored session, its options and setup.
+pub struct ResumeAgent {
+    id: SessionId,
+    options: AgentOptions,
+    setup: Option<Box<dyn AgentSetup>>,
+    cancel: Option<CancellationToken>,
+}
+
+impl ResumeAgent {
+    /// Resumes session `id` with default options.
+    pub fn new(id: SessionId) -> Self {
+        Self {
+            id,
+            options: AgentOptions::default(),
+            setup: None,
+            cancel: None,
+        }
+    }
+
+    /// The agent's model options.
+    #[must_use]
+    pub fn options(mut self, options: AgentOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The setup step.
+    #[must_use]
+    pub fn setup(mut self, setup: impl AgentSetup) -> Self {
+        self.setup = Some(Box::new(setup));
+        self
+    }
+
+    /// The creation-abort token.
+    #[must_use]
+    pub fn cancel(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+}
+
+/// The agents service: creates, resumes and finds agents. Cheap to clone.
+#[derive(Clone)]
+pub struct Agents {
+    registry: Addr<AgentRegistry>,
+    env: Arc<AgentEnv>,
+    incarnations: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Agents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agents").finish_non_exhaustive()
+    }
+}
+
+fn check_token(token: Option<&CancellationToken>) -> Result<()> {
+    if token.is_some_and(CancellationToken::is_cancelled) {
+        return Err(SubagentError::new(
+            ErrorCode::Cancelled,
+            "agent creation was cancelled before publication",
+        ));
+    }
+    Ok(())
+}
+
+/// A staged agent: everything built, nothing published.
+struct Staged {
+    log: SessionLog,
+    scope: AgentScope,
+    options: AgentOptions,
+    setup: Option<Box<dyn AgentSetup>>,
+    cancel: Option<CancellationToken>,
+    /// Events already in the store (a resumed log); `None` for a new session.
+    stored_len: Option<u64>,
+}
+
+impl Agents {
+    pub(crate) fn start(env: Arc<AgentEnv>) -> Self {
+        Self {
+            registry: AgentRegistry::default().start(),
+            env,
+            incarnations: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// The environment every agent shares.
+    pub fn env(&self) -> &Arc<AgentEnv> {
+        &self.env
+    }
+
+    /// Creates and publishes a new agent.
+    ///
+    /// # Errors
+    /// `CANCELLED` (token fired before publication), `INVALID_HEADER`, `INVALID_SEED`,
+    /// `DUPLICATE_AGENT`, `SESSION_EXISTS`, the setup's own error, or a store error. On any
+    /// error nothing was published.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe after the store write: drop the future only through the token.
+    pub async fn create(&self, request: CreateAgent) -> Result<AgentHandle> {
+        check_token(request.cancel.as_ref())?;
+        let mut header = SessionHeader::new(request.id.unwrap_or_default());
+        header.cwd = request.cwd;
+        header.parent_session = request.parent_session;
+        header.origin = request.origin;
+        header.delegation_depth = request.delegation_depth;
+        header.seed_length = request.seed_length;
+        let log = SessionLog::new(header, request.seed)?;
+        self.publish(Staged {
+            log,
+            scope: AgentScope::new(Arc::clone(&self.env.tools)),
+            options: request.options,
+            setup: request.setup,
+            cancel: request.cancel,
+            stored_len: None,
+        })
+        .await
+    }
+
+    /// Loads a stored session (repairing an interrupted turn durably), replays its inbox and
+    /// publishes it as a live agent. Turn numbering continues; pending work waits for a waking
+    /// send.
+    ///
+    /// # Errors
+    /// `PERSISTENCE_UNAVAILABLE`, `DUPLICATE_AGENT`, `SESSION_NOT_FOUND`, `STORE_CORRUPT`,
+    /// `CANCELLED`, the setup's error. On any error nothing was published.
+    ///
+    /// # Cancel safety
+    /// As [`Agents::create`].
+    pub async fn resume(&self, request: ResumeAgent) -> Result<AgentHandle> {
+        check_token(request.cancel.as_ref())?;
+        let store = self.env.store.clone().ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::PersistenceUnavailable,
+                "resume requires session persistence",
+            )
+        })?;
+        if self.get(request.id).await.is_some() {
+            return Err(SubagentError::new(
+                ErrorCode::DuplicateAgent,
+                format!("agent {} is already live", request.id),
+            ));
+        }
+        let stored = store.prepare(request.id).await?;
+        let stored_len =
+            u64::try_from(stored.events.len()).map_err(|_| SubagentError::bug("log too long"))?;
+        let log = SessionLog::from_stored(stored.header, stored.events)?;
+        self.publish(Staged {
+            log,
+            scope: AgentScope::new(Arc::clone(&self.env.tools)),
+            options: request.options,
+            setup: request.setup,
+            cancel: request.cancel,
+            stored_len: Some(stored_len),
+        })
+        .await
+    }
+
+    async fn publish(&self, staged: Staged) -> Result<AgentHandle> {
+        let Staged {
+            log,
+            mut scope,
+            options,
+            setup,
+            cancel,
+            stored_len,
+        } = staged;
+        let commit = match setup {
+            Some(setup) => setup.run(&mut scope, &log).await?,
+            None => None,
+        };
+        check_token(cancel.as_ref())?;
+        let header = log.header();
+        let id = header.id;
+        let inbox = log.with_events(|events| {
+            let own = usize::try_from(header.seed_len())
+                .unwrap_or(usize::MAX)
+                .min(events.len());
+            Inbox::replay(&events[own..])
+        });
+        let disposers = scope.take_disposers();
+        let options = Arc::new(options);
+        let incarnation = self.incarnations.fetch_add(1, Ordering::Relaxed);
+        let context = Context::<AgentActor>::new();
+        let agent = AgentRef::new(
+            id,
+            incarnation,
+            context.address(),
+            log.clone(),
+            Arc::clone(&options),
+        );
+        self.registry.send(Reserve(agent.clone())).await??;
+        if let Some(store) = &self.env.store {
+            let stored = match stored_len {
+                Some(len) => Ok(len),
+                None => store.create(header, log.events()).await.map(|()| log.len()),
+            };
+            match stored {
+                Ok(next_seq) => log.attach(Arc::clone(store), next_seq),
+                Err(error) => {
+                    self.registry.send(Unregister(agent.clone())).await?;
+                    return Err(error);
+                }
+            }
+        }
+        if let Some(commit) = commit {
+            commit();
+        }
+        let actor = AgentActor::new(
+            log,
+            inbox,
+            Arc::clone(&self.env),
+            Arc::new(scope),
+            (*options).clone(),
+            disposers,
+        );
+        context.run(actor);
+        tracing::debug!(session_id = %id, incarnation, "agent published");
+        self.env.events.emit(&AgentEvent {
+            agent: id,
+            kind: AgentEventKind::Created,
+        });
+        Ok(AgentHandle {
+            agent,
+            shared: Arc::new(HandleShared {
+                registry: self.registry.clone(),
+                env: Arc::clone(&self.env),
+                disposed: OnceCell::new(),
+            }),
+        })
+    }
+
+    /// The live agent of session `id`, if any.
+    pub async fn get(&self, id: SessionId) -> Option<AgentRef> {
+        self.registry.send(Lookup(id)).await.ok().flatten()
+    }
+
+    /// Whether `agent` is exactly the live agent of its session (same incarnation).
+    pub async fn is_live(&self, agent: &AgentRef) -> bool {
+        self.get(agent.id()).await.as_ref() == Some(agent)
+    }
+
+    /// Every live agent.
+    pub async fn list(&self) -> Vec<AgentRef> {
+        self.registry.send(ListLive).await.unwrap_or_default()
+    }
+}
+
+struct HandleShared {
+    registry: Addr<AgentRegistry>,
+    env: Arc<AgentEnv>,
+    disposed: OnceCell<Result<()>>,
+}
+
+/// Owns a published agent. Clones share one disposal.
+#[derive(Clone)]
+pub struct AgentHandle {
+    agent: AgentRef,
+    shared: Arc<HandleShared>,
+}
+
+impl std::fmt::Debug for AgentHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentHandle")
+            .field("agent", &self.agent)
+            .finish()
+    }
+}
+
+impl AgentHandle {
+    /// A handle for a live agent found in the registry (used by shutdown).
+    pub(crate) fn adopt(agents: &Agents, agent: AgentRef) -> Self {
+        Self {
+            agent,
+            shared: Arc::new(HandleShared {
+                registry: agents.registry.clone(),
+                env: Arc::clone(&agents.env),
+                disposed: OnceCell::new(),
+            }),
+        }
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> &AgentRef {
+        &self.agent
+    }
+
+    /// Releases the agent: cancel (cause `disposed`, pending work discarded) → idle → scope
+    /// unwound and actor stopped → unregistered (`agent/disposed`) → log flushed and detached.
+    /// Idempotent: every call, concurrent or later, returns the first call's outcome.
+    ///
+    /// # Errors
+    /// A store error from the final flush; the agent is released all the same.
+    ///
+    /// # Cancel safety
+    /// A dropped call does not stop the disposal that another caller awaits; if no caller
+    /// remains, the disposal stops at its next step and a later call resumes it.
+    pub async fn dispose(&self) -> Result<()> {
+        self.shared
+            .disposed
+            .get_or_init(|| self.release())
+            .await
+            .clone()
+    }
+
+    async fn release(&self) -> Result<()> {
+        let agent = &self.agent;
+        if let Err(error) = agent
+            .cancel(CancelCause::Disposed, InboxPolicy::Discard)
+            .await
+        {
+            tracing::debug!(session_id = %agent.id(), %error, "agent already stopped at disposal");
+        }
+        agent.when_idle().await;
+        // A stopped actor has nothing left to unwind.
+        let _ = agent.addr().send(Retire).await;
+        let removed = self
+            .shared
+            .registry
+            .send(Unregister(agent.clone()))
+            .await
+            .unwrap_or(false);
+        if removed {
+            self.shared.env.events.emit(&AgentEvent {
+                agent: agent.id(),
+                kind: AgentEventKind::Disposed,
+            });
+        }
+        let flushed = agent.log().flush().await;
+        agent.log().detach();
+        flushed
+    }
+}

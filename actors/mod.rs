@@ -1,0 +1,4 @@
+//! Every actix actor of the crate, one file per actor kind.
+
+pub mod agent;
+pub mod agents;

@@ -1,0 +1,475 @@
+//! Provides the turn driver: the async loop that runs one turn of an agent.
+//!
+//! A turn (the numbers follow the upstream algorithm):
+//! 1. `turn/start` and the first claim are done by the agent actor before the driver starts.
+//! 2. Pre-step: run the pre-step waterfall over the claimed messages.
+//! 3. Early exits: `reject` ends the turn `blocked`; a first step with no messages ends it
+//!    `completed` with no step; no messages after an ending stops the loop.
+//! 4. `step/start`, then one `user/message` per entered message.
+//! 5. The step: request → streamed `assistant/chunk`s → `assistant/message` → tool calls.
+//! 6. `step/end`, always.
+//! 7. The ending is updated; `max-tokens` is sticky.
+//! 8. The next step claims `next-step`; an ending with nothing claimed stops the loop.
+//! 9. `turn/end`: `aborted` if cancelled, `error` for a failure, otherwise the ending.
+//!
+//! The driver never touches the inbox directly: it claims through [`InboxPort`], so the actor
+//! stays the single owner of pending work.
+
+use std::sync::{Arc, OnceLock};
+
+use futures::future::BoxFuture;
+use futures::stream::{self, StreamExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::scope::{
+    assemble_system_prompt, AgentScope, PreStep, PreStepDecision, ToolResultSeen,
+};
+use crate::agent::{AgentEnv, AgentOptions, FlushPolicy};
+use crate::content::{ContentBlock, Message};
+use crate::ids::{CallId, SessionId};
+use crate::model::{FinishReason, GenerateRequest, StreamChunk};
+use crate::session::{
+    CancelCause, EventKind, LlmFailure, SessionEvent, SessionLog, SurfaceOp, TokenUsage,
+    TurnEndReason,
+};
+use crate::tools::{self, Concurrency, ToolCtx, ToolExecutionResult};
+
+/// How many concurrency-safe calls of one step run at once.
+const MAX_PARALLEL_TOOL_CALLS: usize = 10;
+
+/// The tool-result code of a call that never started because the turn was cancelled.
+pub const ABORTED_BEFORE_DISPATCH: &str = "ABORTED_BEFORE_DISPATCH";
+
+/// How the driver reaches the agent's inbox.
+pub(crate) trait InboxPort: Send + Sync + 'static {
+    /// Claims all of `next-step` for `turn`.
+    fn claim_next_step(&self, turn: u64) -> BoxFuture<'static, Vec<Message>>;
+    /// Queues context messages into `next-step` without waking.
+    fn queue_context(&self, messages: Vec<Message>);
+}
+
+/// A turn's cancellation: a token plus the first cause recorded.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TurnCancel {
+    token: CancellationToken,
+    cause: Arc<OnceLock<CancelCause>>,
+}
+
+impl TurnCancel {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Cancels the turn; the first cause wins.
+    pub(crate) fn cancel(&self, cause: CancelCause) {
+        // A second cause is ignored on purpose: the first one is what the log records.
+        let _ = self.cause.set(cause);
+        self.token.cancel();
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    pub(crate) fn cause(&self) -> Option<&CancelCause> {
+        self.cause.get()
+    }
+
+    fn reason(&self) -> CancelCause {
+        self.cause.get().cloned().unwrap_or(CancelCause::User)
+    }
+}
+
+/// Everything one turn needs.
+pub(crate) struct TurnContext {
+    pub agent: SessionId,
+    pub log: SessionLog,
+    pub env: Arc<AgentEnv>,
+    pub scope: Arc<AgentScope>,
+    pub options: AgentOptions,
+    pub cancel: TurnCancel,
+    pub inbox: Arc<dyn InboxPort>,
+}
+
+/// How a step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Completed,
+    MaxTokens,
+    Blocked,
+}
+
+/// Why a turn stopped early.
+enum Fault {
+    Aborted,
+    Failed(LlmFailure),
+}
+
+impl TurnContext {
+    fn append(&self, kind: EventKind) -> Result<u64, Fault> {
+        self.append_with_sources(kind, Vec::new())
+    }
+
+    fn append_with_sources(&self, kind: EventKind, sources: Vec<u64>) -> Result<u64, Fault> {
+        self.log
+            .append_with_sources(kind, sources)
+            .map_err(|error| Fault::Failed(LlmFailure::new("UNKNOWN", error.to_string())))
+    }
+}
+
+/// Runs turn `turn`, which the actor opened with `claimed`, and returns how it ended (after
+/// appending `turn/end`).
+pub(crate) async fn run_turn(ctx: &TurnContext, turn: u64, claimed: Vec<Message>) -> TurnEndReason {
+    let outcome = drive(ctx, turn, claimed).await;
+    let reason = match outcome {
+        // A failure that follows a cancel is the cancel's doing.
+        Err(Fault::Aborted) | Err(Fault::Failed(_)) if ctx.cancel.is_cancelled() => {
+            TurnEndReason::Aborted {
+                reason: ctx.cancel.reason(),
+            }
+        }
+        Err(Fault::Aborted) => TurnEndReason::Aborted {
+            reason: ctx.cancel.reason(),
+        },
+        Err(Fault::Failed(error)) => TurnEndReason::Error { error },
+        Ok(Some(Ending::MaxTokens)) => TurnEndReason::MaxTokens,
+        Ok(Some(Ending::Blocked)) => TurnEndReason::Blocked,
+        Ok(Some(Ending::Completed) | None) => TurnEndReason::Completed,
+    };
+    if let Err(error) = ctx.log.append(EventKind::TurnEnd {
+        turn,
+        reason: reason.clone(),
+    }) {
+        tracing::error!(session_id = %ctx.agent, turn, %error, "could not close the turn");
+    }
+    reason
+}
+
+async fn drive(
+    ctx: &TurnContext,
+    turn: u64,
+    mut entering: Vec<Message>,
+) -> Result<Option<Ending>, Fault> {
+    let mut step = 0;
+    let mut ending: Option<Ending> = None;
+    loop {
+        if ctx.cancel.is_cancelled() {
+            return Err(Fault::Aborted);
+        }
+        let pre_step = PreStep {
+            agent: ctx.agent,
+            turn,
+            step: step + 1,
+            log: &ctx.log,
+        };
+        let messages = match ctx
+            .scope
+            .pre_step(&pre_step, PreStepDecision::Enter(entering))
+        {
+            PreStepDecision::Reject => return Ok(Some(Ending::Blocked)),
+            PreStepDecision::Enter(messages) => messages,
+        };
+        if messages.is_empty() && step == 0 {
+            return Ok(Some(Ending::Completed));
+        }
+        if messages.is_empty() && ending.is_some() {
+            return Ok(ending);
+        }
+        step += 1;
+        ctx.append(EventKind::StepStart { turn, step })?;
+        for message in messages {
+            ctx.append(EventKind::UserMessage(message))?;
+        }
+        let stepped = run_step(ctx, turn, step).await;
+        ctx.append(EventKind::StepEnd { turn, step })?;
+        if ctx.options.flush == FlushPolicy::EveryStep {
+            if let Err(error) = ctx.log.flush().await {
+                tracing::warn!(session_id = %ctx.agent, turn, step, %error, "step flush failed");
+            }
+        }
+        match stepped? {
+            Some(Ending::MaxTokens) => ending = Some(Ending::MaxTokens),
+            Some(new) if ending != Some(Ending::MaxTokens) => ending = Some(new),
+            _ => {}
+        }
+        entering = ctx.inbox.claim_next_step(turn).await;
+        if ending.is_some() && entering.is_empty() {
+            return Ok(ending);
+        }
+    }
+}
+
+/// The model history: surface events in order, leaving out empty assistant messages.
+pub fn derive_messages(events: &[SessionEvent]) -> Vec<Message> {
+    let mut history: Vec<Message> = Vec::new();
+    for event in events {
+        let message = match &event.kind {
+            EventKind::UserMessage(message) => message,
+            EventKind::AssistantMessage { message, .. } if !message.content.is_empty() => message,
+            EventKind::ToolResult { message, .. } => message,
+            _ => continue,
+        };
+        match event.surface_op {
+            Some(SurfaceOp::Replace { start, end }) => {
+                let start = usize::try_from(start)
+                    .unwrap_or(usize::MAX)
+                    .min(history.len());
+                let end = usize::try_from(end)
+                    .unwrap_or(usize::MAX)
+                    .clamp(start, history.len());
+                history.splice(start..end, [message.clone()]);
+            }
+            _ => history.push(message.clone()),
+        }
+    }
+    history
+}
+
+async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Ending>, Fault> {
+    let (provider, adapter) = ctx
+        .env
+        .models
+        .route(ctx.options.provider.as_deref())
+        .map_err(Fault::Failed)?;
+    let visible = ctx.scope.tools().visible(&ctx.env.tools);
+    let request = GenerateRequest {
+        provider: provider.clone(),
+        model: ctx.options.model.clone(),
+        messages: ctx.log.with_events(derive_messages),
+        system: assemble_system_prompt(&ctx.env.sections, ctx.scope.sections()),
+        tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
+        max_tokens: ctx.options.max_tokens,
+        session_id: Some(ctx.agent),
+        cancel: ctx.cancel.token.clone(),
+    };
+    let mut stream = adapter.stream(request);
+    let mut assembler = crate::model::BlockAssembler::new();
+    let mut chunk_seqs = Vec::new();
+    let mut usage: Option<TokenUsage> = None;
+    let mut finish: Option<FinishReason> = None;
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = ctx.cancel.token.cancelled() => None,
+            item = stream.next() => Some(item),
+        };
+        let item = match next {
+            None => return Err(record_interrupted(ctx, turn, step, &assembler, chunk_seqs)),
+            Some(None) => break,
+            Some(Some(item)) => item,
+        };
+        match item {
+            Err(failure) if ctx.cancel.is_cancelled() => {
+                drop(failure);
+                return Err(record_interrupted(ctx, turn, step, &assembler, chunk_seqs));
+            }
+            Err(failure) => return Err(Fault::Failed(failure)),
+            Ok(chunk) => {
+                match &chunk {
+                    StreamChunk::Usage { usage: counts } => usage = Some(*counts),
+                    StreamChunk::Finish { reason } => finish = Some(reason.clone()),
+                    _ => {}
+                }
+                assembler.push(&chunk);
+                chunk_seqs.push(ctx.append(EventKind::AssistantChunk { turn, step, chunk })?);
+            }
+        }
+    }
+    let finish = finish.unwrap_or(FinishReason::Stop);
+    let content = match &finish {
+        FinishReason::Error { failure } | FinishReason::Aborted { failure } => {
+            if ctx.cancel.is_cancelled() {
+                return Err(record_interrupted(ctx, turn, step, &assembler, chunk_seqs));
+            }
+            return Err(Fault::Failed(failure.clone()));
+        }
+        FinishReason::MaxTokens => assembler.text_blocks(),
+        FinishReason::Stop | FinishReason::ToolCalls | FinishReason::Refusal => assembler.blocks(),
+    };
+    let message = Message::assistant(content, &provider, &ctx.options.model);
+    let calls: Vec<(CallId, String, String)> = message
+        .content
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::ToolCall {
+                id,
+                name,
+                arguments,
+            } => Some((id.clone(), name.clone(), arguments.clone())),
+            _ => None,
+        })
+        .collect();
+    ctx.append_with_sources(
+        EventKind::AssistantMessage {
+            turn,
+            step,
+            message,
+            usage,
+            interrupted: false,
+        },
+        chunk_seqs,
+    )?;
+    match finish {
+        FinishReason::MaxTokens => return Ok(Some(Ending::MaxTokens)),
+        FinishReason::Refusal => return Ok(Some(Ending::Blocked)),
+        _ => {}
+    }
+    if calls.is_empty() {
+        return Ok(Some(Ending::Completed));
+    }
+    run_tools(ctx, turn, step, calls).await
+}
+
+/// Records what streamed before a cancel (non-blank text or reasoning only) and reports the
+/// abort.
+fn record_interrupted(
+    ctx: &TurnContext,
+    turn: u64,
+    step: u64,
+    assembler: &crate::model::BlockAssembler,
+    chunk_seqs: Vec<u64>,
+) -> Fault {
+    if assembler.has_visible_text() {
+        let provider = ctx
+            .env
+            .models
+            .default_provider()
+            .unwrap_or_default()
+            .to_owned();
+        let provider = ctx.options.provider.clone().unwrap_or(provider);
+        let message = Message::assistant(assembler.text_blocks(), &provider, &ctx.options.model);
+        let appended = ctx.append_with_sources(
+            EventKind::AssistantMessage {
+                turn,
+                step,
+                message,
+                usage: None,
+                interrupted: true,
+            },
+            chunk_seqs,
+        );
+        if appended.is_err() {
+            tracing::error!(session_id = %ctx.agent, turn, step, "could not record the interrupted message");
+        }
+    }
+    Fault::Aborted
+}
+
+/// Runs the step's tool calls in model order: consecutive concurrency-safe calls run together
+/// (at most [`MAX_PARALLEL_TOOL_CALLS`] at once), any other call runs alone. Results commit in
+/// model order.
+async fn run_tools(
+    ctx: &TurnContext,
+    turn: u64,
+    step: u64,
+    calls: Vec<(CallId, String, String)>,
+) -> Result<Option<Ending>, Fault> {
+    let mut concluded = false;
+    let mut contexts = Vec::new();
+    for group in group_calls(ctx, calls) {
+        if ctx.cancel.is_cancelled() {
+            for (call_id, name, arguments) in group {
+                let seq = ctx.append(EventKind::ToolCall {
+                    turn,
+                    step,
+                    call_id: call_id.clone(),
+                    name: name.clone(),
+                    arguments,
+                })?;
+                let result = ToolExecutionResult::failure(
+                    &name,
+                    ABORTED_BEFORE_DISPATCH,
+                    "tool call aborted before dispatch",
+                );
+                commit_result(ctx, turn, step, seq, &call_id, &name, result)?;
+            }
+            continue;
+        }
+        let mut dispatched = Vec::with_capacity(group.len());
+        for (call_id, name, arguments) in group {
+            let seq = ctx.append(EventKind::ToolCall {
+                turn,
+                step,
+                call_id: call_id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            })?;
+            dispatched.push((seq, call_id, name, arguments));
+        }
+        let layer = ctx.scope.tools();
+        let results: Vec<ToolExecutionResult> =
+            stream::iter(dispatched.iter().map(|(_, call_id, name, arguments)| {
+                let tool_ctx = ToolCtx::new(
+                    ctx.agent,
+                    call_id.clone(),
+                    name.clone(),
+                    ctx.cancel.token.clone(),
+                );
+                tools::execute(layer, &ctx.env.tools, tool_ctx, arguments)
+            }))
+            .buffered(MAX_PARALLEL_TOOL_CALLS)
+            .collect()
+            .await;
+        for ((seq, call_id, name, _), result) in dispatched.into_iter().zip(results) {
+            concluded |= result.concludes_turn && !result.is_error;
+            contexts.extend(result.additional_contexts.iter().cloned());
+            commit_result(ctx, turn, step, seq, &call_id, &name, result)?;
+        }
+    }
+    if !contexts.is_empty() {
+        ctx.inbox.queue_context(contexts);
+    }
+    if ctx.cancel.is_cancelled() {
+        return Err(Fault::Aborted);
+    }
+    Ok(concluded.then_some(Ending::Completed))
+}
+
+fn group_calls(
+    ctx: &TurnContext,
+    calls: Vec<(CallId, String, String)>,
+) -> Vec<Vec<(CallId, String, String)>> {
+    let layer = ctx.scope.tools();
+    let mut groups: Vec<Vec<(CallId, String, String)>> = Vec::new();
+    let mut last_safe = false;
+    for call in calls {
+        let safe = layer
+            .get(&ctx.env.tools, &call.1)
+            .is_some_and(|tool| tool.concurrency_mode() == Concurrency::Safe);
+        match groups.last_mut() {
+            Some(group) if safe && last_safe => group.push(call),
+            _ => groups.push(vec![call]),
+        }
+        last_safe = safe;
+    }
+    groups
+}
+
+fn commit_result(
+    ctx: &TurnContext,
+    turn: u64,
+    step: u64,
+    call_seq: u64,
+    call_id: &CallId,
+    name: &str,
+    result: ToolExecutionResult,
+) -> Result<(), Fault> {
+    let message = Message::tool_result(call_id.clone(), result.content.clone(), result.is_error);
+    ctx.append_with_sources(
+        EventKind::ToolResult {
+            turn,
+            step,
+            message,
+            error: result.error.clone(),
+            meta: result.meta.clone(),
+        },
+        vec![call_seq],
+    )?;
+    ctx.scope.tool_result(&ToolResultSeen {
+        agent: ctx.agent,
+        call_id,
+        name,
+        result: &result,
+    });
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! Provides [`Inbox`]: an agent's two pending lists, changed only through journaled splices.
+//!
+//! `next-turn` is a FIFO of prompts, one per turn; `next-step` holds steering and injected
+//! context, drained whole at the next step boundary. Every change appends an
+//! `agent/inbox/spliced` event **first** and only then changes the live list, so replaying the
+//! splices of a log rebuilds the pending work exactly (even after a crash).
+
+use std::collections::VecDeque;
+
+use crate::content::Message;
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::MessageId;
+use crate::session::{EventKind, InboxTarget, SessionEvent, SessionLog, SpliceOutcome};
+
+/// The pending messages of one agent.
+#[derive(Debug, Default, Clone)]
+pub struct Inbox {
+    next_turn: VecDeque<Message>,
+    next_step: Vec<Message>,
+}
+
+fn len_u64(len: usize) -> u64 {
+    u64::try_from(len).unwrap_or(u64::MAX)
+}
+
+impl Inbox {
+    /// Rebuilds the pending lists from the splices in `events` (an agent's own events: from the
+    /// seed length on, so a fork prefix's parent splices are ignored).
+    pub fn replay(events: &[SessionEvent]) -> Self {
+        let mut inbox = Self::default();
+        for event in events {
+            if let EventKind::InboxSpliced {
+                target,
+                start,
+                removed_count,
+                inserted,
+                ..
+            } = &event.kind
+            {
+                let start = usize::try_from(*start).unwrap_or(usize::MAX);
+                let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
+                match target {
+                    InboxTarget::NextTurn => {
+                        let list = &mut inbox.next_turn;
+                        let start = start.min(list.len());
+                        let end = start.saturating_add(removed).min(list.len());
+                        list.drain(start..end);
+                        for (offset, message) in inserted.iter().enumerate() {
+                            list.insert((start + offset).min(list.len()), message.clone());
+                        }
+                    }
+                    InboxTarget::NextStep => {
+                        let list = &mut inbox.next_step;
+                        let start = start.min(list.len());
+                        let end = start.saturating_add(removed).min(list.len());
+                        list.splice(start..end, inserted.iter().cloned());
+                    }
+                }
+            }
+        }
+        inbox
+    }
+
+    /// Whether a later turn is pending.
+    pub fn has_next_turn(&self) -> bool {
+        !self.next_turn.is_empty()
+    }
+
+    /// How many messages wait in `next-turn`.
+    pub fn next_turn_len(&self) -> usize {
+        self.next_turn.len()
+    }
+
+    /// How many messages wait in `next-step`.
+    pub fn next_step_len(&self) -> usize {
+        self.next_step.len()
+    }
+
+    /// The ids of every pending message, `next-step` first.
+    pub fn pending_ids(&self) -> Vec<MessageId> {
+        self.next_step
+            .iter()
+            .chain(&self.next_turn)
+            .map(|message| message.id)
+            .collect()
+    }
+
+    fn contains(&self, id: MessageId) -> bool {
+        self.next_step
+            .iter()
+            .chain(&self.next_turn)
+            .any(|m| m.id == id)
+    }
+
+    /// Journals and adds `message` to `target`.
+    ///
+    /// # Errors
+    /// `INVALID_EVENT` when a pending message already has this id (ids are unique across both
+    /// lists while pending), or when the journal append fails.
+    pub fn insert(
+        &mut self,
+        log: &SessionLog,
+        target: InboxTarget,
+        message: Message,
+    ) -> Result<()> {
+        if self.contains(message.id) {
+            return Err(SubagentError::new(
+                ErrorCode::InvalidEvent,
+                format!("message {} is already pending", message.id),
+            ));
+        }
+        let start = match target {
+            InboxTarget::NextTurn => self.next_turn.len(),
+            InboxTarget::NextStep => self.next_step.len(),
+        };
+        log.append(EventKind::InboxSpliced {
+            target,
+            start: len_u64(start),
+            removed_count: None,
+            inserted: vec![message.clone()],
+            outcome: None,
+        })?;
+        match target {
+            InboxTarget::NextTurn => self.next_turn.push_back(message),
+            InboxTarget::NextStep => self.next_step.push(message),
+        }
+        Ok(())
+    }
+
+    /// Journals and removes all of `next-step`, plus the first `next-turn` message when
+    /// `target` is `next-turn`. Returns the claimed messages, `next-turn` first.
+    ///
+    /// # Errors
+    /// When the journal append fails; nothing is removed then.
+    pub fn claim(&mut self, log: &SessionLog, target: InboxTarget) -> Result<Vec<Message>> {
+        let mut claimed = Vec::new();
+        if target == InboxTarget::NextTurn && !self.next_turn.is_empty() {
+            log.append(removal(InboxTarget::NextTurn, 1, None))?;
+            claimed.extend(self.next_turn.pop_front());
+        }
+        if !self.next_step.is_empty() {
+            log.append(removal(InboxTarget::NextStep, self.next_step.len(), None))?;
+            claimed.append(&mut self.next_step);
+        }
+        Ok(claimed)
+    }
+
+    /// Journals and discards everything pending, `next-step` first. Returns the discarded
+    /// messages.
+    ///
+    /// # Errors
+    /// When the journal append fails; what was not yet journaled stays pending.
+    pub fn clear(&mut self, log: &SessionLog) -> Result<Vec<Message>> {
+        let mut discarded = Vec::new();
+        if !self.next_step.is_empty() {
+            log.append(removal(
+                InboxTarget::NextStep,
+                self.next_step.len(),
+                Some(SpliceOutcome::Canceled),
+            ))?;
+            discarded.append(&mut self.next_step);
+        }
+        if !self.next_turn.is_empty() {
+            log.append(removal(
+                InboxTarget::NextTurn,
+                self.next_turn.len(),
+                Some(SpliceOutcome::Canceled),
+            ))?;
+            discarded.extend(self.next_turn.drain(..));
+        }
+        Ok(discarded)
+    }
+}
+
+fn removal(target: InboxTarget, count: usize, outcome: Option<SpliceOutcome>) -> EventKind {
+    EventKind::InboxSpliced {
+        target,
+        start: 0,
+        removed_count: Some(len_u64(count)),
+        inserted: Vec::new(),
+        outcome,
+    }
+}

@@ -1,0 +1,145 @@
+//! Provides the parts of an agent that are not actors: its options, inbox, scope, events and
+//! the turn driver. The actors themselves live in `actors/agent.rs` and `actors/agents.rs`.
+
+pub(crate) mod driver;
+pub mod inbox;
+pub mod scope;
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::{EventBus, ScopedEvent};
+use crate::ids::{MessageId, SessionId};
+use crate::model::ModelRouter;
+use crate::session::{InboxTarget, TurnEndReason};
+use crate::store::SharedStore;
+use crate::tools::ToolRegistry;
+
+pub use inbox::Inbox;
+pub use scope::{
+    assemble_system_prompt, AgentScope, AgentSetup, Disposer, PreStep, PreStepDecision,
+    PreStepHook, PromptSection, SetupCommit, ToolResultObserver, ToolResultSeen,
+};
+
+/// When a running agent makes its log durable on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlushPolicy {
+    /// Only when asked ([`crate::SessionLog::flush`], disposal, a settle path).
+    #[default]
+    OnRequest,
+    /// Also at the end of every step, so a crash loses at most the step in flight.
+    EveryStep,
+}
+
+/// How an agent calls its model.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AgentOptions {
+    /// The model provider route (the router's default when `None`).
+    pub provider: Option<String>,
+    /// The model name passed to the adapter.
+    pub model: String,
+    /// The response token cap.
+    pub max_tokens: Option<u32>,
+    /// The agent's runtime delegation depth (a floor beside the header's).
+    pub subagent_depth: u64,
+    /// When the agent flushes its log on its own.
+    pub flush: FlushPolicy,
+}
+
+/// Whether an agent is running a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentStatus {
+    /// No driver is active.
+    Idle,
+    /// From a waking send until the driver exits.
+    Running,
+}
+
+/// What happened to an agent, for observers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentEvent {
+    /// The agent.
+    pub agent: SessionId,
+    /// What happened.
+    pub kind: AgentEventKind,
+}
+
+/// The agent lifecycle and inbox events.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentEventKind {
+    /// The agent was published.
+    Created,
+    /// A message entered the inbox.
+    InboxInserted {
+        /// The message.
+        message: MessageId,
+        /// Its list.
+        target: InboxTarget,
+    },
+    /// A turn claimed a message.
+    InboxClaimed {
+        /// The message.
+        message: MessageId,
+        /// The claiming turn.
+        turn: u64,
+    },
+    /// A pending message was discarded by a cancel.
+    InboxDiscarded {
+        /// The message.
+        message: MessageId,
+    },
+    /// A turn ended.
+    TurnEnded {
+        /// The turn.
+        turn: u64,
+        /// How.
+        reason: TurnEndReason,
+    },
+    /// The agent was disposed and unregistered.
+    Disposed,
+}
+
+impl ScopedEvent for AgentEvent {
+    type Key = SessionId;
+
+    fn scope_key(&self) -> Option<SessionId> {
+        Some(self.agent)
+    }
+
+    fn name(&self) -> &'static str {
+        match self.kind {
+            AgentEventKind::Created => "agent/created",
+            AgentEventKind::InboxInserted { .. } => "agent/inbox/inserted",
+            AgentEventKind::InboxClaimed { .. } => "agent/inbox/claimed",
+            AgentEventKind::InboxDiscarded { .. } => "agent/inbox/discarded",
+            AgentEventKind::TurnEnded { .. } => "agent/turn-ended",
+            AgentEventKind::Disposed => "agent/disposed",
+        }
+    }
+}
+
+/// What every agent of a runtime shares: models, global tools and prompt, events, the store.
+pub struct AgentEnv {
+    /// Model adapters by provider.
+    pub models: ModelRouter,
+    /// The global tool layer.
+    pub tools: Arc<ToolRegistry>,
+    /// Global prompt sections.
+    pub sections: Vec<PromptSection>,
+    /// Agent events.
+    pub events: Arc<EventBus<AgentEvent>>,
+    /// The session store, when persistence is configured.
+    pub store: Option<SharedStore>,
+}
+
+impl std::fmt::Debug for AgentEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentEnv")
+            .field("sections", &self.sections)
+            .field("persistent", &self.store.is_some())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,244 @@
+//! Provides [`AgentScope`]: one agent's registration layer (tools, restrictions, guards, prompt
+//! sections, pre-step hooks, tool-result observers) and the [`AgentSetup`] step of the creation
+//! transaction that fills it.
+//!
+//! A child gets a new, flat scope: nothing is copied from its parent's scope. Disposing the
+//! agent unwinds the scope: its disposers run in reverse registration order.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::content::Message;
+use crate::error::Result;
+use crate::ids::{CallId, SessionId};
+use crate::session::SessionLog;
+use crate::tools::{Guard, Tool, ToolExecutionResult, ToolFilter, ToolLayer, ToolRegistry};
+
+/// A named, ordered piece of the system prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptSection {
+    /// The section name; an agent's section shadows a global one of the same name.
+    pub name: String,
+    /// Sort key, ascending.
+    pub order: f64,
+    /// The text; an empty section is left out.
+    pub text: String,
+}
+
+impl PromptSection {
+    /// A section.
+    pub fn new(name: impl Into<String>, order: f64, text: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            order,
+            text: text.into(),
+        }
+    }
+}
+
+/// Assembles the system prompt: sections sorted by order, agent sections shadowing global ones
+/// of the same name, empty sections left out, joined by blank lines.
+pub fn assemble_system_prompt(
+    global: &[PromptSection],
+    scoped: &[PromptSection],
+) -> Option<String> {
+    let mut sections: Vec<&PromptSection> = scoped.iter().collect();
+    sections.extend(
+        global
+            .iter()
+            .filter(|g| !scoped.iter().any(|s| s.name == g.name)),
+    );
+    sections.retain(|section| !section.text.trim().is_empty());
+    sections.sort_by(|a, b| a.order.total_cmp(&b.order));
+    (!sections.is_empty()).then(|| {
+        sections
+            .iter()
+            .map(|section| section.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n\n")
+    })
+}
+
+/// What a pre-step hook sees.
+#[derive(Debug)]
+pub struct PreStep<'a> {
+    /// The agent.
+    pub agent: SessionId,
+    /// The current turn.
+    pub turn: u64,
+    /// The step about to start (1 for the turn's first).
+    pub step: u64,
+    /// The agent's log; a hook may append between-step events (the one-shot descriptor).
+    pub log: &'a SessionLog,
+}
+
+/// A pre-step decision: enter the step with these messages, or reject it (the turn ends
+/// `blocked` and the claimed messages are lost).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreStepDecision {
+    /// Enter with these messages.
+    Enter(Vec<Message>),
+    /// Refuse the step.
+    Reject,
+}
+
+/// A pre-step hook: a waterfall stage that receives the previous stage's decision.
+pub type PreStepHook = Arc<dyn Fn(&PreStep<'_>, PreStepDecision) -> PreStepDecision + Send + Sync>;
+
+/// What a tool-result observer sees: the call and its final result.
+#[derive(Debug)]
+pub struct ToolResultSeen<'a> {
+    /// The calling agent.
+    pub agent: SessionId,
+    /// The call id.
+    pub call_id: &'a CallId,
+    /// The tool name.
+    pub name: &'a str,
+    /// The final result.
+    pub result: &'a ToolExecutionResult,
+}
+
+/// Observes every final tool result (observe only).
+pub type ToolResultObserver = Arc<dyn Fn(&ToolResultSeen<'_>) + Send + Sync>;
+
+/// Runs when the agent's scope unwinds.
+pub type Disposer = Box<dyn FnOnce() + Send + Sync>;
+
+/// Called synchronously once setup succeeded and nothing else can fail before publication.
+pub type SetupCommit = Box<dyn FnOnce() + Send + Sync>;
+
+/// One agent's registration layer.
+pub struct AgentScope {
+    globals: Arc<ToolRegistry>,
+    tools: ToolLayer,
+    sections: Vec<PromptSection>,
+    pre_step: Vec<PreStepHook>,
+    tool_results: Vec<ToolResultObserver>,
+    disposers: Vec<Disposer>,
+}
+
+impl std::fmt::Debug for AgentScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentScope")
+            .field("tools", &self.tools)
+            .field("sections", &self.sections)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentScope {
+    pub(crate) fn new(globals: Arc<ToolRegistry>) -> Self {
+        Self {
+            globals,
+            tools: ToolLayer::default(),
+            sections: Vec::new(),
+            pre_step: Vec::new(),
+            tool_results: Vec::new(),
+            disposers: Vec::new(),
+        }
+    }
+
+    /// Registers an agent-scoped tool.
+    ///
+    /// # Errors
+    /// `DUPLICATE_TOOL`.
+    pub fn register_tool(&mut self, tool: Tool) -> Result<()> {
+        self.tools.register(tool)
+    }
+
+    /// Masks global tools for this agent.
+    ///
+    /// # Errors
+    /// `INVALID_RESTRICTION` or `UNKNOWN_TOOL`; see [`ToolLayer::restrict`].
+    pub fn restrict(&mut self, filter: ToolFilter) -> Result<()> {
+        self.tools.restrict(&self.globals, filter)
+    }
+
+    /// Adds a guard over this agent's calls.
+    pub fn guard(&mut self, guard: Guard) {
+        self.tools.guard(guard);
+    }
+
+    /// Adds a prompt section.
+    pub fn section(&mut self, section: PromptSection) {
+        self.sections.retain(|s| s.name != section.name);
+        self.sections.push(section);
+    }
+
+    /// Adds a pre-step hook (run after those already added).
+    pub fn on_pre_step(&mut self, hook: PreStepHook) {
+        self.pre_step.push(hook);
+    }
+
+    /// Adds a tool-result observer.
+    pub fn on_tool_result(&mut self, observer: ToolResultObserver) {
+        self.tool_results.push(observer);
+    }
+
+    /// Adds work to run when the scope unwinds.
+    pub fn on_dispose(&mut self, disposer: Disposer) {
+        self.disposers.push(disposer);
+    }
+
+    /// The tool layer.
+    pub fn tools(&self) -> &ToolLayer {
+        &self.tools
+    }
+
+    /// The global tool registry this scope masks.
+    pub fn globals(&self) -> &ToolRegistry {
+        &self.globals
+    }
+
+    /// The agent's prompt sections.
+    pub fn sections(&self) -> &[PromptSection] {
+        &self.sections
+    }
+
+    /// Runs the pre-step waterfall.
+    pub fn pre_step(&self, step: &PreStep<'_>, mut decision: PreStepDecision) -> PreStepDecision {
+        for hook in &self.pre_step {
+            decision = hook(step, decision);
+        }
+        decision
+    }
+
+    /// Tells every observer about a final result, each contained on its own.
+    pub fn tool_result(&self, seen: &ToolResultSeen<'_>) {
+        for observer in &self.tool_results {
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer(seen))).is_err() {
+                tracing::error!(session_id = %seen.agent, tool = seen.name, "tool-result observer panicked");
+            }
+        }
+    }
+
+    pub(crate) fn take_disposers(&mut self) -> Vec<Disposer> {
+        std::mem::take(&mut self.disposers)
+    }
+}
+
+/// The setup step of a create or resume transaction: fills the new agent's scope (and may
+/// append setup events to its log) before publication. A failure rolls the creation back.
+pub trait AgentSetup: Send + 'static {
+    /// Runs the setup; an optional commit runs once nothing else can fail.
+    fn run<'a>(
+        self: Box<Self>,
+        scope: &'a mut AgentScope,
+        log: &'a SessionLog,
+    ) -> BoxFuture<'a, Result<Option<SetupCommit>>>;
+}
+
+impl<F> AgentSetup for F
+where
+    F: FnOnce(&mut AgentScope, &SessionLog) -> Result<Option<SetupCommit>> + Send + 'static,
+{
+    fn run<'a>(
+        self: Box<Self>,
+        scope: &'a mut AgentScope,
+        log: &'a SessionLog,
+    ) -> BoxFuture<'a, Result<Option<SetupCommit>>> {
+        let outcome = (*self)(scope, log);
+        Box::pin(futures::future::ready(outcome))
+    }
+}

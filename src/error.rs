@@ -1,0 +1,241 @@
+//! Provides [`SubagentError`], the one error type of the crate, and its stable [`ErrorCode`].
+//!
+//! Callers branch on [`SubagentError::code`], never on the message. Every code prints as the
+//! upstream seam's string (`NO_PROVIDER`, `UNAUTHORIZED`, ...) and the strings are pinned by a
+//! test: a code may be deprecated, never renamed or removed.
+//!
+//! Expected outcomes are values, not errors: a child that failed is a result with a stop reason,
+//! and a model failure inside a turn is recorded as `turn/end {error}`. An `Err` means the runtime
+//! could not do what it was asked.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// The crate's result alias.
+pub type Result<T, E = SubagentError> = std::result::Result<T, E>;
+
+/// A stable, machine-readable error code.
+///
+/// The first group mirrors the upstream seam's error table one for one; the second group names
+/// the host-runtime failures (storage, sessions, agents, tools) that the seam's table leaves to
+/// the host.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// No provider is registered under the requested name.
+    NoProvider,
+    /// A provider with that name is already registered.
+    DuplicateProvider,
+    /// The request uses a capability the provider does not advertise.
+    UnsupportedCapability,
+    /// No continuation manager is mounted.
+    ContinuationUnavailable,
+    /// No session-persistence backend is configured.
+    PersistenceUnavailable,
+    /// A caller-reserved child id is already live or persisted (a non-seed extension).
+    DuplicateChild,
+    /// A persisted child cannot be resumed.
+    NotResumable,
+    /// The caller is not the exact live party the operation requires.
+    Unauthorized,
+    /// Admission is closed by a drain.
+    Draining,
+    /// The relevant Activation already opened its disposal transaction.
+    ActivationClosing,
+    /// The durable direct parent is not live, or refused the delivery.
+    ParentUnavailable,
+    /// One or more teardown boundaries failed.
+    ActivationTeardownFailed,
+    /// A setup contribution was revoked while the child was being built.
+    ActivationSetupRevoked,
+    /// One or more setup disposers failed.
+    ActivationSetupReleaseFailed,
+    /// The projection registry is not mounted.
+    SubagentControlProjectionsUnavailable,
+    /// The session store is not mounted.
+    SubagentControlSessionStoreUnavailable,
+    /// The caller's cancellation token fired before the operation was accepted.
+    Cancelled,
+    /// An output schema lies outside the enforced JSON Schema subset.
+    UnsupportedSchema,
+    /// Tool arguments failed the tool's schema.
+    InvalidArgs,
+    /// A tool name is unknown or hidden from the calling agent.
+    UnknownTool,
+    /// `max_depth` is not a non-negative safe integer.
+    InvalidMaxDepth,
+    /// An agent's `subagent_depth` is not a non-negative safe integer.
+    InvalidSubagentDepth,
+    /// The child depth exceeds the safe-integer range.
+    DepthOverflow,
+    /// The computed child depth exceeds `max_depth`.
+    DepthExceeded,
+    /// The request was cancelled before the child was published.
+    AbortedBeforePublication,
+    /// A descriptor is not losslessly JSON-serializable or is malformed.
+    InvalidDescriptor,
+
+    /// A seed is not a contiguous, lossless, balanced prefix.
+    InvalidSeed,
+    /// A session header fails validation.
+    InvalidHeader,
+    /// An event breaks the session log's envelope or turn/step invariants.
+    InvalidEvent,
+    /// No session with that id exists in the store.
+    SessionNotFound,
+    /// A session with that id already exists in the store.
+    SessionExists,
+    /// Another writer appended first, or a stale lease epoch tried to write.
+    StoreConflict,
+    /// A stored record cannot be decoded.
+    StoreCorrupt,
+    /// The storage backend failed.
+    StoreIo,
+    /// An agent with that session id is already live.
+    DuplicateAgent,
+    /// The agent was disposed or replaced; the reference is stale.
+    AgentDisposed,
+    /// A tool with that name is already registered in the same layer.
+    DuplicateTool,
+    /// A tool restriction is empty, global, or names a scope-local tool.
+    InvalidRestriction,
+    /// A model adapter failed outside a turn (for example, while listing routes).
+    ModelUnavailable,
+    /// The runtime was built outside a running actix system.
+    NoActorSystem,
+    /// An internal invariant broke: a bug in this crate, please report it.
+    ReportableBug,
+}
+
+impl ErrorCode {
+    /// The stable string form, as the upstream seam spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoProvider => "NO_PROVIDER",
+            Self::DuplicateProvider => "DUPLICATE_PROVIDER",
+            Self::UnsupportedCapability => "UNSUPPORTED_CAPABILITY",
+            Self::ContinuationUnavailable => "CONTINUATION_UNAVAILABLE",
+            Self::PersistenceUnavailable => "PERSISTENCE_UNAVAILABLE",
+            Self::DuplicateChild => "DUPLICATE_CHILD",
+            Self::NotResumable => "NOT_RESUMABLE",
+            Self::Unauthorized => "UNAUTHORIZED",
+            Self::Draining => "DRAINING",
+            Self::ActivationClosing => "ACTIVATION_CLOSING",
+            Self::ParentUnavailable => "PARENT_UNAVAILABLE",
+            Self::ActivationTeardownFailed => "ACTIVATION_TEARDOWN_FAILED",
+            Self::ActivationSetupRevoked => "ACTIVATION_SETUP_REVOKED",
+            Self::ActivationSetupReleaseFailed => "ACTIVATION_SETUP_RELEASE_FAILED",
+            Self::SubagentControlProjectionsUnavailable => {
+                "SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE"
+            }
+            Self::SubagentControlSessionStoreUnavailable => {
+                "SUBAGENT_CONTROL_SESSION_STORE_UNAVAILABLE"
+            }
+            Self::Cancelled => "CANCELLED",
+            Self::UnsupportedSchema => "UNSUPPORTED_SCHEMA",
+            Self::InvalidArgs => "INVALID_ARGS",
+            Self::UnknownTool => "UNKNOWN_TOOL",
+            Self::InvalidMaxDepth => "INVALID_MAX_DEPTH",
+            Self::InvalidSubagentDepth => "INVALID_SUBAGENT_DEPTH",
+            Self::DepthOverflow => "DEPTH_OVERFLOW",
+            Self::DepthExceeded => "DEPTH_EXCEEDED",
+            Self::AbortedBeforePublication => "ABORTED_BEFORE_PUBLICATION",
+            Self::InvalidDescriptor => "INVALID_DESCRIPTOR",
+            Self::InvalidSeed => "INVALID_SEED",
+            Self::InvalidHeader => "INVALID_HEADER",
+            Self::InvalidEvent => "INVALID_EVENT",
+            Self::SessionNotFound => "SESSION_NOT_FOUND",
+            Self::SessionExists => "SESSION_EXISTS",
+            Self::StoreConflict => "STORE_CONFLICT",
+            Self::StoreCorrupt => "STORE_CORRUPT",
+            Self::StoreIo => "STORE_IO",
+            Self::DuplicateAgent => "DUPLICATE_AGENT",
+            Self::AgentDisposed => "AGENT_DISPOSED",
+            Self::DuplicateTool => "DUPLICATE_TOOL",
+            Self::InvalidRestriction => "INVALID_RESTRICTION",
+            Self::ModelUnavailable => "MODEL_UNAVAILABLE",
+            Self::NoActorSystem => "NO_ACTOR_SYSTEM",
+            Self::ReportableBug => "REPORTABLE_BUG",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The one error type of the crate: a stable [`ErrorCode`], a human message, and an optional
+/// cause. Cheap to clone, so a memoized operation (such as an idempotent dispose) can hand the
+/// same failure to every caller.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct SubagentError {
+    code: ErrorCode,
+    message: String,
+    #[source]
+    source: Option<Arc<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl SubagentError {
+    /// Builds an error with a code and a message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying cause.
+    #[must_use]
+    pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// The stable code; branch on this, never on the message.
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// The human-readable message (without the code prefix).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// A storage-backend failure.
+    pub(crate) fn store_io(
+        what: impl fmt::Display,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        Self::new(ErrorCode::StoreIo, format!("{what}: {source}")).with_source(source)
+    }
+
+    /// A broken internal invariant.
+    pub(crate) fn bug(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::ReportableBug, message)
+    }
+
+    /// The agent behind a reference is gone.
+    pub(crate) fn agent_gone(id: impl fmt::Display) -> Self {
+        Self::new(
+            ErrorCode::AgentDisposed,
+            format!("agent {id} was disposed or replaced"),
+        )
+    }
+}
+
+impl From<actix::MailboxError> for SubagentError {
+    fn from(error: actix::MailboxError) -> Self {
+        Self::new(
+            ErrorCode::AgentDisposed,
+            format!("actor unavailable: {error}"),
+        )
+    }
+}

@@ -1,0 +1,100 @@
+//! Provides the identifier newtypes: [`SessionId`], [`MessageId`], [`RunId`] and [`CallId`].
+//!
+//! Session, message and run ids are UUIDs (v7 for sessions, so keys sort by creation time in the
+//! store; v4 elsewhere). A tool-call id is whatever the model sent, so it is a string.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident, $mint:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(Uuid);
+
+        impl $name {
+            /// Mints a fresh, unique id.
+            pub fn new() -> Self {
+                Self(Uuid::$mint())
+            }
+
+            /// Wraps an existing UUID.
+            pub const fn from_uuid(uuid: Uuid) -> Self {
+                Self(uuid)
+            }
+
+            /// The UUID inside.
+            pub const fn as_uuid(&self) -> &Uuid {
+                &self.0
+            }
+
+            /// The 16 big-endian bytes of the UUID, as stored in keys.
+            pub const fn as_bytes(&self) -> &[u8; 16] {
+                self.0.as_bytes()
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = uuid::Error;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Uuid::parse_str(s).map(Self)
+            }
+        }
+    };
+}
+
+uuid_id!(
+    /// Identifies a session, and so the agent that runs it: a child's id is its session id.
+    SessionId,
+    now_v7
+);
+uuid_id!(
+    /// Identifies one message; unique across an agent's pending inbox.
+    MessageId,
+    new_v4
+);
+uuid_id!(
+    /// Identifies one observed subagent run (one-shot) or one Activation epoch (continuable).
+    RunId,
+    new_v4
+);
+
+/// Identifies one tool call within an assistant message, as the model named it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CallId(String);
+
+impl CallId {
+    /// Wraps the model's call id.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for CallId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}

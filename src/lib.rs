@@ -1,0 +1,72 @@
+//! `subagents`: lets an agent delegate work to child agents, on an actix actor system with
+//! sled-backed session logs.
+//!
+//! This crate's foundation is the host runtime the delegation seam stands on:
+//!
+//! - **Agents** ([`Agents`], [`AgentRef`], [`AgentHandle`]): one actor per live agent. Its
+//!   mailbox feeds its one journaled inbox; a turn runs as a spawned future, so cancel and
+//!   status reach it mid-turn. An [`AgentRef`] is exact identity (session id + incarnation).
+//! - **Session logs** ([`SessionLog`]): append-only, seq contiguous from 0, checked against
+//!   the turn/step invariants, seeded only with balanced prefixes.
+//! - **Storage** ([`SessionPersistence`]): [`SledStore`] by default, [`MemoryStore`] for tests.
+//!   `flush` is the durability point; a turn interrupted by a crash is repaired on load.
+//! - **Models** ([`LlmAdapter`]): [`ScriptedModel`] drives tests and load runs
+//!   deterministically, with gates that hold a response until released.
+//! - **Tools** ([`Tool`], [`ToolRegistry`]): global and agent-scoped layers, restrictions,
+//!   guards, conclude-turn.
+//! - **Events** ([`EventBus`]): each listener contained on its own.
+//!
+//! ```
+//! use subagents::{ContentBlock, CreateAgent, MessageSource, MemoryStore, Runtime, ScriptStep, ScriptedModel};
+//!
+//! # fn main() -> Result<(), subagents::SubagentError> {
+//! actix::System::new().block_on(async {
+//!     let model = ScriptedModel::with_script([ScriptStep::text("hello")]);
+//!     let rt = Runtime::builder().store(MemoryStore::new()).model("scripted", model).build()?;
+//!     let root = rt.agents().create(CreateAgent::new()).await?;
+//!     root.agent().followup(vec![ContentBlock::text("hi")], MessageSource::User).await?;
+//!     root.agent().when_idle().await;
+//!     let output = subagents::session::final_assistant_output(&root.agent().log().events());
+//!     assert_eq!(output, vec![ContentBlock::text("hello")]);
+//!     root.dispose().await
+//! })
+//! # }
+//! ```
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+#![deny(clippy::cast_possible_truncation, clippy::print_stdout)]
+
+#[path = "../actors/mod.rs"]
+pub mod actors;
+pub mod agent;
+pub mod content;
+pub mod error;
+pub mod events;
+pub mod ids;
+pub mod model;
+pub mod runtime;
+pub mod session;
+pub mod stop_reason;
+pub mod store;
+pub mod tools;
+
+pub use actors::agent::{AgentRef, AgentSnapshot, InboxPolicy, Wake};
+pub use actors::agents::{AgentHandle, Agents, CreateAgent, ResumeAgent};
+pub use agent::{
+    AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, FlushPolicy, PromptSection,
+};
+pub use content::{ContentBlock, Message, MessageSource, Role};
+pub use error::{ErrorCode, Result, SubagentError};
+pub use events::{EventBus, EventScope, Subscription};
+pub use ids::{CallId, MessageId, RunId, SessionId};
+pub use model::{Gate, GenerateRequest, LlmAdapter, ScriptStep, ScriptedModel, StreamChunk};
+pub use runtime::{Runtime, RuntimeBuilder};
+pub use session::{CancelCause, EventKind, SessionEvent, SessionHeader, SessionLog, TurnEndReason};
+pub use stop_reason::StopReason;
+pub use store::{MemoryStore, SessionPersistence, SledStore};
+pub use tools::{Tool, ToolCtx, ToolError, ToolFilter, ToolOutput, ToolRegistry};
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,0 +1,391 @@
+//! Provides [`ScriptedModel`]: a deterministic [`LlmAdapter`] for tests, demos and load runs.
+//!
+//! Each model call consumes the next [`ScriptStep`]: canned chunks, a failure, a hang until the
+//! turn is cancelled, or chunks held behind a [`Gate`] until the test releases them. When the
+//! script runs out, the optional fallback responder answers; without one the call fails with
+//! `SCRIPT_EXHAUSTED`, so the turn ends `error`. Every request is recorded.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::stream::{self, BoxStream, StreamExt};
+use tokio::sync::watch;
+
+use crate::content::ContentBlock;
+use crate::ids::CallId;
+use crate::model::{BlockType, FinishReason, GenerateRequest, LlmAdapter, StreamChunk};
+use crate::session::{LlmFailure, TokenUsage};
+
+/// A rendezvous a test controls: a scripted call waits at the gate until it is released.
+///
+/// [`Gate::reached`] lets the test wait until a call is actually held, so ordering comes from
+/// the gate and never from sleeping.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    reached: Arc<watch::Sender<bool>>,
+    released: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self {
+            reached: Arc::new(watch::channel(false).0),
+            released: Arc::new(watch::channel(false).0),
+        }
+    }
+
+    /// Opens the gate; every held and future call goes through.
+    pub fn release(&self) {
+        self.released.send_replace(true);
+    }
+
+    /// Resolves once a call has reached the gate.
+    pub async fn reached(&self) {
+        let mut reached = self.reached.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = reached.wait_for(|reached| *reached).await;
+    }
+
+    async fn pass(&self) {
+        self.reached.send_replace(true);
+        let mut released = self.released.subscribe();
+        let _ = released.wait_for(|released| *released).await;
+    }
+}
+
+/// Computes a response from the request.
+pub type Responder = Arc<dyn Fn(&GenerateRequest) -> Vec<StreamChunk> + Send + Sync>;
+
+/// One scripted response.
+#[derive(Clone)]
+pub enum ScriptStep {
+    /// Stream these chunks.
+    Chunks(Vec<StreamChunk>),
+    /// Hold at the gate, then stream the chunks.
+    Gated(Gate, Vec<StreamChunk>),
+    /// Fail the call.
+    Fail(LlmFailure),
+    /// Stream a partial text (`"partial"`), then wait until the turn is cancelled.
+    Hang,
+    /// Stream these chunks, then wait until the turn is cancelled.
+    HangAfter(Vec<StreamChunk>),
+    /// Stream `head`, hold at the gate, then stream `tail`: a test can act mid-stream once
+    /// [`Gate::reached`] resolves, knowing `head` was delivered.
+    Split {
+        /// Streamed before the gate.
+        head: Vec<StreamChunk>,
+        /// The gate.
+        gate: Gate,
+        /// Streamed after the gate opens.
+        tail: Vec<StreamChunk>,
+    },
+    /// Compute the chunks from the request.
+    Respond(Responder),
+}
+
+impl std::fmt::Debug for ScriptStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Chunks(chunks) => f.debug_tuple("Chunks").field(chunks).finish(),
+            Self::Gated(_, chunks) => f.debug_tuple("Gated").field(chunks).finish(),
+            Self::Fail(failure) => f.debug_tuple("Fail").field(failure).finish(),
+            Self::Hang => f.write_str("Hang"),
+            Self::HangAfter(chunks) => f.debug_tuple("HangAfter").field(chunks).finish(),
+            Self::Split { head, tail, .. } => f
+                .debug_struct("Split")
+                .field("head", head)
+                .field("tail", tail)
+                .finish(),
+            Self::Respond(_) => f.write_str("Respond(..)"),
+        }
+    }
+}
+
+impl ScriptStep {
+    /// A text answer: one text block, usage `{10, len}`, finish `stop`.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::Chunks(text_chunks(text.into(), FinishReason::Stop))
+    }
+
+    /// A text answer cut by the token limit.
+    pub fn max_tokens(text: impl Into<String>) -> Self {
+        Self::Chunks(text_chunks(text.into(), FinishReason::MaxTokens))
+    }
+
+    /// A refusal (content filter) with an explanation.
+    pub fn refusal(text: impl Into<String>) -> Self {
+        Self::Chunks(text_chunks(text.into(), FinishReason::Refusal))
+    }
+
+    /// One tool call, its arguments split across two deltas, usage `{10, 5}`, finish
+    /// `tool-calls`.
+    pub fn tool_call(id: &str, name: &str, arguments: serde_json::Value) -> Self {
+        Self::tool_calls(&[(id, name, arguments)])
+    }
+
+    /// Several tool calls in one response.
+    pub fn tool_calls(calls: &[(&str, &str, serde_json::Value)]) -> Self {
+        let mut chunks = Vec::new();
+        for ((id, name, arguments), index) in calls.iter().zip(0u32..) {
+            let text = arguments.to_string();
+            let middle = text
+                .char_indices()
+                .nth(text.chars().count() / 2)
+                .map_or(0, |(i, _)| i);
+            let (head, tail) = text.split_at(middle);
+            chunks.push(StreamChunk::BlockStart {
+                index,
+                block_type: BlockType::ToolCall,
+            });
+            chunks.push(StreamChunk::ToolCallDelta {
+                index,
+                id: (*id).to_owned(),
+                name: Some((*name).to_owned()),
+                arguments_delta: head.to_owned(),
+            });
+            chunks.push(StreamChunk::ToolCallDelta {
+                index,
+                id: String::new(),
+                name: None,
+                arguments_delta: tail.to_owned(),
+            });
+            chunks.push(StreamChunk::BlockEnd {
+                index,
+                block: ContentBlock::ToolCall {
+                    id: CallId::new(*id),
+                    name: (*name).to_owned(),
+                    arguments: text.clone(),
+                },
+            });
+        }
+        chunks.push(usage(10, 5));
+        chunks.push(StreamChunk::Finish {
+            reason: FinishReason::ToolCalls,
+        });
+        Self::Chunks(chunks)
+    }
+
+    /// A failure with `code` and `message`.
+    pub fn fail(code: &str, message: &str) -> Self {
+        Self::Fail(LlmFailure::new(code, message))
+    }
+
+    /// Holds `step`'s chunks behind `gate`.
+    ///
+    /// A step without fixed chunks (a failure, a hang, a responder) is returned unchanged.
+    pub fn gated(self, gate: &Gate) -> Self {
+        match self {
+            Self::Chunks(chunks) | Self::Gated(_, chunks) => Self::Gated(gate.clone(), chunks),
+            other => other,
+        }
+    }
+}
+
+fn usage(input_tokens: u64, output_tokens: u64) -> StreamChunk {
+    StreamChunk::Usage {
+        usage: TokenUsage {
+            input_tokens,
+            output_tokens,
+            ..TokenUsage::default()
+        },
+    }
+}
+
+fn text_chunks(text: String, finish: FinishReason) -> Vec<StreamChunk> {
+    let length = u64::try_from(text.chars().count()).unwrap_or(u64::MAX);
+    vec![
+        StreamChunk::BlockStart {
+            index: 0,
+            block_type: BlockType::Text,
+        },
+        StreamChunk::TextDelta { index: 0, text },
+        usage(10, length),
+        StreamChunk::Finish { reason: finish },
+    ]
+}
+
+/// A deterministic model. Clones share the script and the request record.
+#[derive(Clone, Default)]
+pub struct ScriptedModel {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<ScriptState>,
+}
+
+#[derive(Default)]
+struct ScriptState {
+    steps: VecDeque<ScriptStep>,
+    fallback: Option<ScriptStep>,
+    latency: Option<Duration>,
+    requests: Vec<GenerateRequest>,
+}
+
+impl ScriptedModel {
+    /// A model with an empty script.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A model that answers with `steps` in order.
+    pub fn with_script(steps: impl IntoIterator<Item = ScriptStep>) -> Self {
+        let model = Self::new();
+        model.push_all(steps);
+        model
+    }
+
+    /// A model that answers every call with `step` (for demos and load runs).
+    pub fn repeating(step: ScriptStep) -> Self {
+        let model = Self::new();
+        model.lock().fallback = Some(step);
+        model
+    }
+
+    /// Adds a step at the end of the script.
+    pub fn push(&self, step: ScriptStep) {
+        self.lock().steps.push_back(step);
+    }
+
+    /// Adds steps at the end of the script.
+    pub fn push_all(&self, steps: impl IntoIterator<Item = ScriptStep>) {
+        self.lock().steps.extend(steps);
+    }
+
+    /// Answers every call after the script runs out with `step`.
+    pub fn set_fallback(&self, step: ScriptStep) {
+        self.lock().fallback = Some(step);
+    }
+
+    /// Delays every response by `latency` (cancellable), simulating a remote model.
+    pub fn set_latency(&self, latency: Duration) {
+        self.lock().latency = Some(latency);
+    }
+
+    /// Every request received so far, oldest first.
+    pub fn requests(&self) -> Vec<GenerateRequest> {
+        self.lock().requests.clone()
+    }
+
+    /// How many requests were received.
+    pub fn request_count(&self) -> usize {
+        self.lock().requests.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ScriptState> {
+        // No code path panics with the lock held; a poisoned state is still consistent.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn canned(chunks: Vec<StreamChunk>) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
+    stream::iter(chunks.into_iter().map(Ok)).boxed()
+}
+
+fn aborted() -> LlmFailure {
+    LlmFailure::new("ABORTED", "the model call was cancelled")
+}
+
+/// Yields `chunks`, then waits for cancellation and fails as aborted.
+fn hang_after(
+    chunks: Vec<StreamChunk>,
+    cancel: tokio_util::sync::CancellationToken,
+) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
+    let tail = stream::once(async move {
+        cancel.cancelled().await;
+        Err(aborted())
+    });
+    canned(chunks).chain(tail).boxed()
+}
+
+/// Holds at `gate` (or fails as aborted on cancel), then yields `chunks`.
+fn gated(
+    gate: Gate,
+    chunks: Vec<StreamChunk>,
+    cancel: tokio_util::sync::CancellationToken,
+) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
+    stream::once(async move {
+        tokio::select! {
+            () = gate.pass() => Ok(canned(chunks)),
+            () = cancel.cancelled() => Err(aborted()),
+        }
+    })
+    .map(|opened| match opened {
+        Ok(inner) => inner,
+        Err(failure) => stream::once(async move { Err(failure) }).boxed(),
+    })
+    .flatten()
+    .boxed()
+}
+
+impl LlmAdapter for ScriptedModel {
+    fn stream(
+        &self,
+        request: GenerateRequest,
+    ) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
+        let (step, latency) = {
+            let mut state = self.lock();
+            state.requests.push(request.clone());
+            let step = state.steps.pop_front().or_else(|| state.fallback.clone());
+            (step, state.latency)
+        };
+        let cancel = request.cancel.clone();
+        let body: BoxStream<'static, Result<StreamChunk, LlmFailure>> = match step {
+            None => stream::once(async {
+                Err(LlmFailure::new(
+                    "SCRIPT_EXHAUSTED",
+                    "the scripted model has no step left",
+                ))
+            })
+            .boxed(),
+            Some(ScriptStep::Chunks(chunks)) => canned(chunks),
+            Some(ScriptStep::Respond(respond)) => canned(respond(&request)),
+            Some(ScriptStep::Fail(failure)) => stream::once(async move { Err(failure) }).boxed(),
+            Some(ScriptStep::Hang) => hang_after(
+                vec![
+                    StreamChunk::BlockStart {
+                        index: 0,
+                        block_type: BlockType::Text,
+                    },
+                    StreamChunk::TextDelta {
+                        index: 0,
+                        text: "partial".into(),
+                    },
+                ],
+                cancel.clone(),
+            ),
+            Some(ScriptStep::HangAfter(chunks)) => hang_after(chunks, cancel.clone()),
+            Some(ScriptStep::Gated(gate, chunks)) => gated(gate, chunks, cancel.clone()),
+            Some(ScriptStep::Split { head, gate, tail }) => canned(head)
+                .chain(gated(gate, tail, cancel.clone()))
+                .boxed(),
+        };
+        match latency {
+            None => body,
+            Some(latency) => stream::once(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(latency) => Ok(body),
+                    () = cancel.cancelled() => Err(aborted()),
+                }
+            })
+            .map(|delayed| match delayed {
+                Ok(inner) => inner,
+                Err(failure) => stream::once(async move { Err(failure) }).boxed(),
+            })
+            .flatten()
+            .boxed(),
+        }
+    }
+}

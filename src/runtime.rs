@@ -1,0 +1,145 @@
+//! Provides [`Runtime`], the assembled host runtime, and its [`RuntimeBuilder`].
+//!
+//! A runtime lives inside a running actix `System`: building it starts the agent registry
+//! actor on the current arbiter. Everything it hands out (`Agents`, `AgentRef`, handles) is a
+//! cheap clone of actor addresses and shared configuration.
+
+use std::sync::Arc;
+
+use crate::actors::agents::{AgentHandle, Agents};
+use crate::agent::{AgentEnv, AgentEvent, PromptSection};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::events::EventBus;
+use crate::model::{LlmAdapter, ModelRouter};
+use crate::store::{SessionPersistence, SharedStore};
+use crate::tools::{Tool, ToolRegistry};
+
+/// Assembles a [`Runtime`].
+#[derive(Default)]
+pub struct RuntimeBuilder {
+    store: Option<SharedStore>,
+    models: ModelRouter,
+    tools: Vec<Tool>,
+    sections: Vec<PromptSection>,
+}
+
+impl RuntimeBuilder {
+    /// Persists sessions in `store` (without one, everything is live-only).
+    #[must_use]
+    pub fn store(self, store: impl SessionPersistence) -> Self {
+        self.shared_store(Arc::new(store))
+    }
+
+    /// Persists sessions in an already shared store.
+    #[must_use]
+    pub fn shared_store(mut self, store: SharedStore) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Registers a model adapter under `provider`; the first one is the default route.
+    #[must_use]
+    pub fn model(mut self, provider: impl Into<String>, adapter: impl LlmAdapter) -> Self {
+        self.models.register(provider, Arc::new(adapter));
+        self
+    }
+
+    /// Registers a global tool.
+    #[must_use]
+    pub fn tool(mut self, tool: Tool) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Adds a global system-prompt section.
+    #[must_use]
+    pub fn prompt_section(mut self, section: PromptSection) -> Self {
+        self.sections.push(section);
+        self
+    }
+
+    /// Starts the runtime's actors on the current arbiter.
+    ///
+    /// # Errors
+    /// `NO_ACTOR_SYSTEM` outside a running actix system; `DUPLICATE_TOOL` for two global tools
+    /// with one name.
+    pub fn build(self) -> Result<Runtime> {
+        if actix::Arbiter::try_current().is_none() {
+            return Err(SubagentError::new(
+                ErrorCode::NoActorSystem,
+                "a runtime must be built inside a running actix system",
+            ));
+        }
+        let tools = Arc::new(ToolRegistry::new());
+        for tool in self.tools {
+            tools.register(tool)?;
+        }
+        let env = Arc::new(AgentEnv {
+            models: self.models,
+            tools,
+            sections: self.sections,
+            events: EventBus::new(),
+            store: self.store,
+        });
+        Ok(Runtime {
+            agents: Agents::start(Arc::clone(&env)),
+            env,
+        })
+    }
+}
+
+/// The host runtime: agents, models, tools, events and the store.
+#[derive(Clone)]
+pub struct Runtime {
+    agents: Agents,
+    env: Arc<AgentEnv>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("env", &self.env).finish()
+    }
+}
+
+impl Runtime {
+    /// Starts assembling a runtime.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// The agents service.
+    pub fn agents(&self) -> &Agents {
+        &self.agents
+    }
+
+    /// Agent lifecycle and inbox events.
+    pub fn events(&self) -> &Arc<EventBus<AgentEvent>> {
+        &self.env.events
+    }
+
+    /// The global tool registry.
+    pub fn tools(&self) -> &Arc<ToolRegistry> {
+        &self.env.tools
+    }
+
+    /// The session store, when configured.
+    pub fn store(&self) -> Option<&SharedStore> {
+        self.env.store.as_ref()
+    }
+
+    /// Disposes every live agent (each in the disposal order of [`AgentHandle::dispose`]) and
+    /// flushes their logs.
+    ///
+    /// # Errors
+    /// The first flush error; every agent is released all the same.
+    pub async fn shutdown(&self) -> Result<()> {
+        let mut first_error = None;
+        for agent in self.agents.list().await {
+            let handle = AgentHandle::adopt(&self.agents, agent);
+            if let Err(error) = handle.dispose().await {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}

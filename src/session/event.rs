@@ -1,0 +1,493 @@
+//! Provides [`SessionEvent`], the envelope of one session-log entry, and [`EventKind`], the kinds
+//! the seam reads and writes.
+//!
+//! The serde form is the upstream envelope `{type, seq, time, data, ignorable?, surfaceOp?,
+//! sourceEventSeqs?}`. A type this crate does not know is kept as [`EventKind::Extension`] when it
+//! is marked `ignorable` (or is one of the plugin kinds a later part of the crate owns); an
+//! unknown type without `ignorable` fails the load, as upstream.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use crate::content::Message;
+use crate::ids::CallId;
+use crate::model::StreamChunk;
+
+/// Token counts of one model call (disjoint counts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenUsage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Prompt tokens served from the provider's cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<u64>,
+    /// Prompt tokens written to the provider's cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<u64>,
+    /// Reasoning tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<u64>,
+}
+
+/// The broad class of a model failure, so a host can tell what must act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureCategory {
+    /// Credentials are missing or refused.
+    Auth,
+    /// A rate limit or quota was hit.
+    Quota,
+    /// The provider failed (5xx, overload, timeout).
+    Provider,
+    /// The response broke the protocol (malformed stream).
+    Protocol,
+}
+
+/// A model failure, as recorded in `turn/end {error}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LlmFailure {
+    /// What went wrong.
+    pub message: String,
+    /// A short machine code (`UNKNOWN` for a non-model error).
+    pub code: String,
+    /// The HTTP status, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The provider's retry hint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_retry_after_ms: Option<u64>,
+    /// The provider's request id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// The failure's class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<FailureCategory>,
+}
+
+impl LlmFailure {
+    /// A failure with a message and a code.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            code: code.into(),
+            status: None,
+            provider_retry_after_ms: None,
+            request_id: None,
+            category: None,
+        }
+    }
+}
+
+/// Why a turn was cancelled. The first cause recorded for a turn wins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum CancelCause {
+    /// The user or host interrupted.
+    User,
+    /// The delegating parent cancelled.
+    Parent,
+    /// A hook refused to go on.
+    Hook {
+        /// The hook's reason.
+        reason: String,
+    },
+    /// The agent is being disposed.
+    Disposed,
+    /// A cause written by an older runtime.
+    Legacy,
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum TurnEndReason {
+    /// The model finished.
+    Completed,
+    /// A pre-step hook rejected the step, or the model refused.
+    Blocked,
+    /// The model hit its token limit.
+    MaxTokens,
+    /// The turn was cancelled.
+    Aborted {
+        /// Why.
+        reason: CancelCause,
+    },
+    /// The model (or the loop) failed.
+    Error {
+        /// The failure.
+        error: LlmFailure,
+    },
+    /// The process died mid-turn; written only by crash repair.
+    Interrupted,
+}
+
+/// Which inbox list a message goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InboxTarget {
+    /// A later turn of its own (FIFO, one message per turn).
+    NextTurn,
+    /// The next step boundary (drained whole).
+    NextStep,
+}
+
+/// The outcome of an inbox splice that removed messages outside a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpliceOutcome {
+    /// The removed messages were discarded.
+    Canceled,
+}
+
+/// The error info of a failed tool result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolErrorInfo {
+    /// The tool name.
+    pub name: String,
+    /// A stable code (`UNKNOWN_TOOL`, `INVALID_ARGS`, `ABORTED`, ...).
+    pub code: String,
+}
+
+/// The kinds of session event the runtime reads and writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum EventKind {
+    /// A turn begins; numbers start at 1 and continue across a seed.
+    #[serde(rename = "turn/start")]
+    TurnStart {
+        /// The turn number.
+        turn: u64,
+    },
+    /// A turn ends.
+    #[serde(rename = "turn/end")]
+    TurnEnd {
+        /// The turn number.
+        turn: u64,
+        /// How it ended.
+        reason: TurnEndReason,
+    },
+    /// A step begins; numbers start at 1 within a turn.
+    #[serde(rename = "step/start")]
+    StepStart {
+        /// The turn number.
+        turn: u64,
+        /// The step number.
+        step: u64,
+    },
+    /// A step ends.
+    #[serde(rename = "step/end")]
+    StepEnd {
+        /// The turn number.
+        turn: u64,
+        /// The step number.
+        step: u64,
+    },
+    /// A user-role message entered the model history.
+    #[serde(rename = "user/message")]
+    UserMessage(Message),
+    /// One streamed chunk of a model response.
+    #[serde(rename = "assistant/chunk")]
+    AssistantChunk {
+        /// The turn number.
+        turn: u64,
+        /// The step number.
+        step: u64,
+        /// The chunk.
+        chunk: StreamChunk,
+    },
+    /// The assembled model response of one step.
+    #[serde(rename = "assistant/message")]
+    AssistantMessage {
+        /// The turn number.
+        turn: u64,
+        /// The step number.
+        step: u64,
+        /// The message.
+        message: Message,
+        /// Token counts, when the model sent them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<TokenUsage>,
+        /// Set when the message holds what streamed before a cancel.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        interrupted: bool,
+    },
+    /// A tool call is dispatched.
+    #[serde(rename = "tool/call")]
+    ToolCall {
+        /// The turn number.
+        turn: u64,
+        /// The step number.
+        step: u64,
+        /// The call id.
+        #[serde(rename = "callId")]
+        call_id: CallId,
+        /// The tool name.
+        name: String,
+        /// The raw argument text.
+        arguments: String,
+    },
+    /// A tool call's final result.
+    #[serde(rename = "tool/result")]
+    ToolResult {
+        /// The turn number.
+        turn: u64,
+        /// The step number.
+        step: u64,
+        /// The tool-result message.
+        message: Message,
+        /// Set when the call failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<ToolErrorInfo>,
+        /// Tool-defined metadata.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        meta: Option<Value>,
+    },
+    /// The inbox journal: every inbox change, appended before the live lists change.
+    #[serde(rename = "agent/inbox/spliced")]
+    InboxSpliced {
+        /// Which list changed.
+        target: InboxTarget,
+        /// Where the change starts.
+        start: u64,
+        /// How many messages were removed.
+        #[serde(
+            rename = "removedCount",
+            default,
+            skip_serializing_if = "Option::is_none"
+        )]
+        removed_count: Option<u64>,
+        /// The messages inserted.
+        inserted: Vec<Message>,
+        /// Set when the removal was a cancellation.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        outcome: Option<SpliceOutcome>,
+    },
+    /// Marks the end of a seed.
+    #[serde(rename = "session/end-seed")]
+    EndSeed {},
+    /// Any other kind, kept verbatim.
+    #[serde(skip)]
+    Extension {
+        /// The event type.
+        event_type: String,
+        /// The payload.
+        data: Value,
+    },
+}
+
+impl EventKind {
+    /// The upstream `type` string.
+    pub fn type_name(&self) -> &str {
+        match self {
+            Self::TurnStart { .. } => "turn/start",
+            Self::TurnEnd { .. } => "turn/end",
+            Self::StepStart { .. } => "step/start",
+            Self::StepEnd { .. } => "step/end",
+            Self::UserMessage(_) => "user/message",
+            Self::AssistantChunk { .. } => "assistant/chunk",
+            Self::AssistantMessage { .. } => "assistant/message",
+            Self::ToolCall { .. } => "tool/call",
+            Self::ToolResult { .. } => "tool/result",
+            Self::InboxSpliced { .. } => "agent/inbox/spliced",
+            Self::EndSeed {} => "session/end-seed",
+            Self::Extension { event_type, .. } => event_type,
+        }
+    }
+
+    /// Whether this kind carries a `surfaceOp` (it enters the model history).
+    pub fn is_surface(&self) -> bool {
+        matches!(
+            self,
+            Self::UserMessage(_) | Self::AssistantMessage { .. } | Self::ToolResult { .. }
+        )
+    }
+
+    fn is_known_type(name: &str) -> bool {
+        matches!(
+            name,
+            "turn/start"
+                | "turn/end"
+                | "step/start"
+                | "step/end"
+                | "user/message"
+                | "assistant/chunk"
+                | "assistant/message"
+                | "tool/call"
+                | "tool/result"
+                | "agent/inbox/spliced"
+                | "session/end-seed"
+        )
+    }
+}
+
+/// Event types owned by other parts of the crate (delegation, policy, request logging); they
+/// are kept as [`EventKind::Extension`] by this module and may appear between turns.
+pub const PLUGIN_EVENT_TYPES: &[&str] = &[
+    "subagent/descriptor",
+    "sandbox/mode",
+    "approval/policy",
+    "request/header",
+    "request/context",
+    "todo/write",
+];
+
+/// How a surface event changes the model history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SurfaceOp {
+    /// Appends to the history.
+    Append,
+    /// Replaces the history entries `start..end`.
+    Replace {
+        /// First replaced index.
+        start: u64,
+        /// One past the last replaced index.
+        end: u64,
+    },
+}
+
+impl Serialize for SurfaceOp {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Append => serializer.serialize_str("append"),
+            Self::Replace { start, end } => {
+                serde_json::json!({"op": "replace", "start": start, "end": end})
+                    .serialize(serializer)
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SurfaceOp {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Replace {
+            op: String,
+            start: u64,
+            end: u64,
+        }
+        let value = Value::deserialize(deserializer)?;
+        if value.as_str() == Some("append") {
+            return Ok(Self::Append);
+        }
+        let replace: Replace = serde_json::from_value(value).map_err(serde::de::Error::custom)?;
+        if replace.op != "replace" || replace.start > replace.end {
+            return Err(serde::de::Error::custom(
+                "surfaceOp must be 'append' or a replace range",
+            ));
+        }
+        Ok(Self::Replace {
+            start: replace.start,
+            end: replace.end,
+        })
+    }
+}
+
+/// One entry of a session log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionEvent {
+    /// Position in the log: the log's length at append, gapless from 0.
+    pub seq: u64,
+    /// Append time, epoch milliseconds.
+    pub time: u64,
+    /// What happened.
+    pub kind: EventKind,
+    /// Whether a reader that does not know the type may skip it.
+    pub ignorable: bool,
+    /// Set on surface kinds only.
+    pub surface_op: Option<SurfaceOp>,
+    /// Earlier seqs this event derives from (no duplicates).
+    pub source_event_seqs: Vec<u64>,
+}
+
+impl SessionEvent {
+    /// An event at `seq`, stamped now, with `surfaceOp` set exactly when the kind is a surface
+    /// kind (invariant 5).
+    pub fn new(seq: u64, kind: EventKind) -> Self {
+        Self {
+            seq,
+            time: crate::session::header::now_ms(),
+            surface_op: kind.is_surface().then_some(SurfaceOp::Append),
+            kind,
+            ignorable: false,
+            source_event_seqs: Vec::new(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawEvent {
+    #[serde(rename = "type")]
+    event_type: String,
+    seq: u64,
+    time: u64,
+    #[serde(default)]
+    data: Value,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    ignorable: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    surface_op: Option<SurfaceOp>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    source_event_seqs: Vec<u64>,
+}
+
+impl Serialize for SessionEvent {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let (event_type, data) = match &self.kind {
+            EventKind::Extension { event_type, data } => (event_type.clone(), data.clone()),
+            known => {
+                let mut tagged = match serde_json::to_value(known) {
+                    Ok(Value::Object(map)) => map,
+                    Ok(_) => Map::new(),
+                    Err(error) => return Err(serde::ser::Error::custom(error)),
+                };
+                let data = tagged.remove("data").unwrap_or(Value::Null);
+                (known.type_name().to_owned(), data)
+            }
+        };
+        RawEvent {
+            event_type,
+            seq: self.seq,
+            time: self.time,
+            data,
+            ignorable: self.ignorable,
+            surface_op: self.surface_op,
+            source_event_seqs: self.source_event_seqs.clone(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for SessionEvent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = RawEvent::deserialize(deserializer)?;
+        let kind = if EventKind::is_known_type(&raw.event_type) {
+            let mut tagged = Map::new();
+            tagged.insert("type".into(), Value::String(raw.event_type));
+            tagged.insert("data".into(), raw.data);
+            serde_json::from_value(Value::Object(tagged)).map_err(serde::de::Error::custom)?
+        } else if raw.ignorable || PLUGIN_EVENT_TYPES.contains(&raw.event_type.as_str()) {
+            EventKind::Extension {
+                event_type: raw.event_type,
+                data: raw.data,
+            }
+        } else {
+            return Err(serde::de::Error::custom(format!(
+                "unknown event type {:?} without ignorable",
+                raw.event_type
+            )));
+        };
+        Ok(Self {
+            seq: raw.seq,
+            time: raw.time,
+            kind,
+            ignorable: raw.ignorable,
+            surface_op: raw.surface_op,
+            source_event_seqs: raw.source_event_seqs,
+        })
+    }
+}

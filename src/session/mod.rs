@@ -1,0 +1,24 @@
+//! Provides the session log: its event vocabulary, header, invariants, seed rules, crash repair
+//! and the folds the seam reads from a run's events.
+
+pub mod event;
+pub mod fold;
+pub mod header;
+pub mod invariants;
+pub mod log;
+pub mod repair;
+pub mod seed;
+
+pub use event::{
+    CancelCause, EventKind, FailureCategory, InboxTarget, LlmFailure, SessionEvent, SpliceOutcome,
+    SurfaceOp, TokenUsage, ToolErrorInfo, TurnEndReason,
+};
+pub use fold::{
+    continuable_stop_reason, final_assistant_output, fold_consumed_work, one_shot_stop_reason,
+    ConsumedWork,
+};
+pub use header::{SessionHeader, SessionOrigin, SESSION_FORMAT_VERSION};
+pub use invariants::LogShape;
+pub use log::SessionLog;
+pub use repair::interrupted_turn_closers;
+pub use seed::{check_lossless, validate_seed};

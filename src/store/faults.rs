@@ -1,0 +1,126 @@
+//! Provides [`FaultInjectingStore`]: a [`SessionPersistence`] wrapper that fails chosen
+//! operations on demand, so tests reach the error paths of every store I/O.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use futures::future::{self, BoxFuture};
+use serde_json::Value;
+
+use super::{LeaseEpoch, ListedSession, SessionPersistence, SharedStore};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::session::{SessionEvent, SessionHeader};
+
+/// A store operation that can be made to fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreOperation {
+    /// [`SessionPersistence::create`].
+    Create,
+    /// [`SessionPersistence::append`].
+    Append,
+    /// [`SessionPersistence::flush`].
+    Flush,
+    /// [`SessionPersistence::read_from`] and [`SessionPersistence::header`].
+    Read,
+}
+
+/// Wraps a store; each armed operation fails with `STORE_IO` until disarmed.
+pub struct FaultInjectingStore {
+    inner: SharedStore,
+    armed: Mutex<HashSet<StoreOperation>>,
+}
+
+impl FaultInjectingStore {
+    /// Wraps `inner` with nothing armed.
+    pub fn new(inner: SharedStore) -> Self {
+        Self {
+            inner,
+            armed: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Makes `operation` fail until [`FaultInjectingStore::disarm`].
+    pub fn arm(&self, operation: StoreOperation) {
+        self.lock().insert(operation);
+    }
+
+    /// Lets `operation` through again.
+    pub fn disarm(&self, operation: StoreOperation) {
+        self.lock().remove(&operation);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashSet<StoreOperation>> {
+        self.armed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn injected<T: Send + 'static>(
+        &self,
+        operation: StoreOperation,
+    ) -> Option<BoxFuture<'static, Result<T>>> {
+        self.lock().contains(&operation).then(|| {
+            let error = SubagentError::new(
+                ErrorCode::StoreIo,
+                format!("injected {operation:?} failure"),
+            );
+            Box::pin(future::ready(Err(error))) as BoxFuture<'static, Result<T>>
+        })
+    }
+}
+
+impl SessionPersistence for FaultInjectingStore {
+    fn create(
+        &self,
+        header: SessionHeader,
+        events: Vec<SessionEvent>,
+    ) -> BoxFuture<'_, Result<()>> {
+        self.injected(StoreOperation::Create)
+            .unwrap_or_else(|| self.inner.create(header, events))
+    }
+
+    fn append(
+        &self,
+        id: SessionId,
+        expected_next_seq: u64,
+        events: Vec<SessionEvent>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        self.injected(StoreOperation::Append)
+            .unwrap_or_else(|| self.inner.append(id, expected_next_seq, events, lease))
+    }
+
+    fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
+        self.injected(StoreOperation::Flush)
+            .unwrap_or_else(|| self.inner.flush(id))
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        self.inner.list()
+    }
+
+    fn list_children(&self, parent: SessionId) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        self.inner.list_children(parent)
+    }
+
+    fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
+        self.injected(StoreOperation::Read)
+            .unwrap_or_else(|| self.inner.header(id))
+    }
+
+    fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>> {
+        self.injected(StoreOperation::Read)
+            .unwrap_or_else(|| self.inner.read_from(id, from_seq))
+    }
+
+    fn acquire_lease(&self, id: SessionId) -> BoxFuture<'_, Result<LeaseEpoch>> {
+        self.inner.acquire_lease(id)
+    }
+
+    fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
+        self.inner.cache_get(unit, id)
+    }
+
+    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
+        self.inner.cache_put(unit, id, row)
+    }
+}

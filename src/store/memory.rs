@@ -1,0 +1,171 @@
+//! Provides [`MemoryStore`]: an in-memory [`SessionPersistence`] for tests and load runs that
+//! need no disk. It upholds every guarantee of the seam except surviving the process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use futures::future::{self, BoxFuture};
+use serde_json::Value;
+
+use super::{check_contiguous, not_found, LeaseEpoch, ListedSession, SessionPersistence};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::session::{SessionEvent, SessionHeader};
+
+/// An in-memory store. Cheap to create; everything is lost when it is dropped.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    state: Mutex<MemoryState>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryState {
+    sessions: BTreeMap<SessionId, MemorySession>,
+    cache: HashMap<(String, SessionId), Value>,
+}
+
+#[derive(Debug)]
+struct MemorySession {
+    header: SessionHeader,
+    events: Vec<SessionEvent>,
+    lease: u64,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, MemoryState> {
+        // Every mutation below checks before it writes, so a poisoned state is consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn with_session<T>(
+        &self,
+        id: SessionId,
+        read: impl FnOnce(&mut MemorySession) -> Result<T>,
+    ) -> Result<T> {
+        let mut state = self.lock();
+        let session = state.sessions.get_mut(&id).ok_or_else(|| not_found(id))?;
+        read(session)
+    }
+}
+
+impl SessionPersistence for MemoryStore {
+    fn create(
+        &self,
+        header: SessionHeader,
+        events: Vec<SessionEvent>,
+    ) -> BoxFuture<'_, Result<()>> {
+        let outcome = header.validate().and_then(|()| {
+            check_contiguous(header.id, 0, &events)?;
+            let mut state = self.lock();
+            if state.sessions.contains_key(&header.id) {
+                return Err(SubagentError::new(
+                    ErrorCode::SessionExists,
+                    format!("session {} is already stored", header.id),
+                ));
+            }
+            state.sessions.insert(
+                header.id,
+                MemorySession {
+                    header,
+                    events,
+                    lease: 0,
+                },
+            );
+            Ok(())
+        });
+        Box::pin(future::ready(outcome))
+    }
+
+    fn append(
+        &self,
+        id: SessionId,
+        expected_next_seq: u64,
+        events: Vec<SessionEvent>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        let outcome = self.with_session(id, |session| {
+            let next = u64::try_from(session.events.len())
+                .map_err(|_| SubagentError::bug("log length exceeds u64"))?;
+            if next != expected_next_seq {
+                return Err(SubagentError::new(
+                    ErrorCode::StoreConflict,
+                    format!("session {id}: expected next seq {expected_next_seq}, stored {next}"),
+                ));
+            }
+            if lease.is_some_and(|LeaseEpoch(epoch)| epoch < session.lease) {
+                return Err(SubagentError::new(
+                    ErrorCode::StoreConflict,
+                    format!("session {id}: stale lease epoch"),
+                ));
+            }
+            check_contiguous(id, next, &events)?;
+            session.events.extend(events);
+            Ok(())
+        });
+        Box::pin(future::ready(outcome))
+    }
+
+    fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
+        Box::pin(future::ready(self.with_session(id, |_| Ok(()))))
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        let rows = self
+            .lock()
+            .sessions
+            .values()
+            .map(|session| ListedSession::Header(session.header.clone()))
+            .collect();
+        Box::pin(future::ready(Ok(rows)))
+    }
+
+    fn list_children(&self, parent: SessionId) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        let rows = self
+            .lock()
+            .sessions
+            .values()
+            .filter(|session| session.header.parent_session == Some(parent))
+            .map(|session| ListedSession::Header(session.header.clone()))
+            .collect();
+        Box::pin(future::ready(Ok(rows)))
+    }
+
+    fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
+        Box::pin(future::ready(
+            self.with_session(id, |session| Ok(session.header.clone())),
+        ))
+    }
+
+    fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>> {
+        let outcome = self.with_session(id, |session| {
+            let start = usize::try_from(from_seq)
+                .unwrap_or(usize::MAX)
+                .min(session.events.len());
+            Ok(session.events[start..].to_vec())
+        });
+        Box::pin(future::ready(outcome))
+    }
+
+    fn acquire_lease(&self, id: SessionId) -> BoxFuture<'_, Result<LeaseEpoch>> {
+        let outcome = self.with_session(id, |session| {
+            session.lease += 1;
+            Ok(LeaseEpoch(session.lease))
+        });
+        Box::pin(future::ready(outcome))
+    }
+
+    fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
+        let row = self.lock().cache.get(&(unit.to_owned(), id)).cloned();
+        Box::pin(future::ready(Ok(row)))
+    }
+
+    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
+        self.lock().cache.insert((unit.to_owned(), id), row);
+        Box::pin(future::ready(Ok(())))
+    }
+}

@@ -1,0 +1,232 @@
+//! Provides [`SessionPersistence`], the storage seam, and its two backends: [`SledStore`] (the
+//! embedded default) and [`MemoryStore`] (tests), plus [`FaultInjectingStore`] for failure tests.
+//!
+//! # Guarantees
+//! - A session's log is append-only and its seqs run from 0 without gaps.
+//! - [`SessionPersistence::append`] is compare-and-append: it fails with `STORE_CONFLICT` unless
+//!   the first event's seq is the next stored seq, so two writers can never interleave one log.
+//! - Writes are durable once [`SessionPersistence::flush`] returns `Ok`. Anything no successful
+//!   flush covered may be lost by a crash, as if it never happened.
+//! - [`SessionPersistence::prepare`] repairs a turn the process died in, durably, before a
+//!   resume; [`SessionPersistence::inspect`] shows the same repair in memory only.
+//! - A record that cannot be decoded is a `STORE_CORRUPT` error for its own session; it never
+//!   panics and never hides other sessions from [`SessionPersistence::list`].
+//!
+//! # Leases
+//! A node may drive a session only while it holds its lease. [`SessionPersistence::acquire_lease`]
+//! bumps the session's fencing epoch; an append that names an older epoch is refused with
+//! `STORE_CONFLICT`. On an embedded store the lease is trivially local; a networked backend maps
+//! it to an advisory lock plus an epoch column.
+
+mod faults;
+mod memory;
+mod sled_store;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::session::{interrupted_turn_closers, SessionEvent, SessionHeader};
+
+pub use faults::{FaultInjectingStore, StoreOperation};
+pub use memory::MemoryStore;
+pub use sled_store::SledStore;
+
+/// A store shared by the runtime's actors.
+pub type SharedStore = Arc<dyn SessionPersistence>;
+
+/// A session as stored: its header and events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredSession {
+    /// The header.
+    pub header: SessionHeader,
+    /// The events, seq 0 first.
+    pub events: Vec<SessionEvent>,
+}
+
+/// One row of a listing: a readable header, or the session's own error.
+#[derive(Debug, Clone)]
+pub enum ListedSession {
+    /// The session's header.
+    Header(SessionHeader),
+    /// The header could not be read.
+    Corrupt {
+        /// The session id, when the key itself was readable.
+        id: Option<SessionId>,
+        /// Why.
+        error: SubagentError,
+    },
+}
+
+impl ListedSession {
+    /// The header, if it was readable.
+    pub fn header(&self) -> Option<&SessionHeader> {
+        match self {
+            Self::Header(header) => Some(header),
+            Self::Corrupt { .. } => None,
+        }
+    }
+
+    /// The session id, when known.
+    pub fn id(&self) -> Option<SessionId> {
+        match self {
+            Self::Header(header) => Some(header.id),
+            Self::Corrupt { id, .. } => *id,
+        }
+    }
+}
+
+/// A session lease's fencing epoch: larger is newer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseEpoch(pub u64);
+
+/// The storage seam.
+///
+/// Every method is async so networked backends fit without a rewrite. Implementations must
+/// uphold the guarantees in the module docs; the shared property test in `tests/store.rs` checks
+/// them against a model.
+pub trait SessionPersistence: Send + Sync + 'static {
+    /// Stores a new session: its header and initial events (seed, markers, setup events).
+    ///
+    /// # Errors
+    /// `SESSION_EXISTS` when the id is taken; `INVALID_HEADER`; `STORE_IO`.
+    fn create(&self, header: SessionHeader, events: Vec<SessionEvent>)
+        -> BoxFuture<'_, Result<()>>;
+
+    /// Appends `events` if the session's next stored seq is `expected_next_seq` (and `lease`, when
+    /// given, is not older than the session's current epoch).
+    ///
+    /// # Errors
+    /// `SESSION_NOT_FOUND`; `STORE_CONFLICT` on a seq or lease mismatch; `STORE_IO`.
+    fn append(
+        &self,
+        id: SessionId,
+        expected_next_seq: u64,
+        events: Vec<SessionEvent>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>>;
+
+    /// Makes every write to `id` made before the call durable.
+    ///
+    /// # Errors
+    /// `STORE_IO`.
+    fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>>;
+
+    /// Every stored session, ordered by id (ids are time-ordered UUIDs).
+    ///
+    /// # Errors
+    /// `STORE_IO` when the listing itself fails; a bad row is a [`ListedSession::Corrupt`].
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>>;
+
+    /// The sessions whose header names `parent` as parent, without reading any log.
+    ///
+    /// # Errors
+    /// As [`SessionPersistence::list`].
+    fn list_children(&self, parent: SessionId) -> BoxFuture<'_, Result<Vec<ListedSession>>>;
+
+    /// The stored header.
+    ///
+    /// # Errors
+    /// `SESSION_NOT_FOUND`; `STORE_CORRUPT`; `STORE_IO`.
+    fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>>;
+
+    /// The stored events from `from_seq` on, raw (no repair).
+    ///
+    /// # Errors
+    /// `SESSION_NOT_FOUND`; `STORE_CORRUPT` naming the bad record; `STORE_IO`.
+    fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>>;
+
+    /// Takes the session's lease, returning a fresh, larger fencing epoch.
+    ///
+    /// # Errors
+    /// `SESSION_NOT_FOUND`; `STORE_IO`.
+    fn acquire_lease(&self, id: SessionId) -> BoxFuture<'_, Result<LeaseEpoch>>;
+
+    /// Reads a projection-cache row for (`unit`, `id`).
+    ///
+    /// # Errors
+    /// `STORE_CORRUPT`; `STORE_IO`.
+    fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>>;
+
+    /// Writes a projection-cache row for (`unit`, `id`).
+    ///
+    /// # Errors
+    /// `STORE_IO`.
+    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>>;
+
+    /// The stored session with an interrupted last turn closed **in memory only**; commits
+    /// nothing.
+    ///
+    /// # Errors
+    /// As [`SessionPersistence::header`] and [`SessionPersistence::read_from`].
+    fn inspect(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
+        Box::pin(async move {
+            let header = self.header(id).await?;
+            let mut events = self.read_from(id, 0).await?;
+            let closers = close_interrupted(&events)?;
+            events.extend(closers);
+            Ok(StoredSession { header, events })
+        })
+    }
+
+    /// Loads the session for a resume: an interrupted last turn is closed durably (appended and
+    /// flushed) before the balanced log is returned.
+    ///
+    /// # Errors
+    /// As [`SessionPersistence::inspect`], plus the append and flush errors of the repair.
+    fn prepare(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
+        Box::pin(async move {
+            let header = self.header(id).await?;
+            let mut events = self.read_from(id, 0).await?;
+            let closers = close_interrupted(&events)?;
+            if !closers.is_empty() {
+                let next = seq_of(events.len())?;
+                tracing::info!(session_id = %id, repaired = closers.len(), "repairing an interrupted turn");
+                self.append(id, next, closers.clone(), None).await?;
+                self.flush(id).await?;
+                events.extend(closers);
+            }
+            Ok(StoredSession { header, events })
+        })
+    }
+}
+
+/// The closer events for a stored log, numbered after its last event.
+fn close_interrupted(events: &[SessionEvent]) -> Result<Vec<SessionEvent>> {
+    let start = seq_of(events.len())?;
+    Ok(interrupted_turn_closers(events)
+        .into_iter()
+        .zip(start..)
+        .map(|(kind, seq)| SessionEvent::new(seq, kind))
+        .collect())
+}
+
+fn seq_of(len: usize) -> Result<u64> {
+    u64::try_from(len).map_err(|_| SubagentError::bug("log length exceeds u64"))
+}
+
+/// Checks that `events` continue a log whose next seq is `next`.
+pub(crate) fn check_contiguous(id: SessionId, next: u64, events: &[SessionEvent]) -> Result<()> {
+    for (event, expected) in events.iter().zip(next..) {
+        if event.seq != expected {
+            return Err(SubagentError::new(
+                ErrorCode::StoreConflict,
+                format!(
+                    "session {id}: append expected seq {expected}, got {}",
+                    event.seq
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn not_found(id: SessionId) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::SessionNotFound,
+        format!("no stored session {id}"),
+    )
+}

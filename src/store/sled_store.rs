@@ -1,0 +1,441 @@
+//! Provides [`SledStore`]: the embedded default [`SessionPersistence`], on sled.
+//!
+//! # Layout
+//! - `headers`: session id (16 bytes) → header JSON.
+//! - `heads`: session id → next seq (u64 big-endian) ‖ lease epoch (u64 big-endian).
+//! - `events`: session id ‖ seq (u64 big-endian) → event JSON; big-endian keys keep a session's
+//!   events contiguous and in seq order.
+//! - `children`: parent id ‖ child id → empty; lists children without reading any log.
+//! - `projection_cache`: unit name ‖ 0x00 ‖ session id → row JSON.
+//!
+//! Creates and appends are sled transactions over the trees they touch, so a crash never leaves
+//! half a batch. sled itself writes its log to the OS every 500 ms; [`SessionPersistence::flush`]
+//! (an fsync of the whole database) is the durability point.
+
+use std::path::Path;
+
+use futures::future::{self, BoxFuture};
+use serde_json::Value;
+use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+
+use super::{check_contiguous, not_found, LeaseEpoch, ListedSession, SessionPersistence};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::session::{SessionEvent, SessionHeader};
+
+/// The sled-backed store. Clones share one database.
+#[derive(Debug, Clone)]
+pub struct SledStore {
+    db: sled::Db,
+    headers: sled::Tree,
+    heads: sled::Tree,
+    events: sled::Tree,
+    children: sled::Tree,
+    cache: sled::Tree,
+}
+
+const SEQ_LEN: usize = 8;
+const ID_LEN: usize = 16;
+
+impl SledStore {
+    /// Opens (or creates) the store in directory `path`.
+    ///
+    /// # Errors
+    /// `STORE_IO` when sled cannot open the directory (for example, another process holds it).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let db = sled::open(path)
+            .map_err(|e| SubagentError::store_io(format!("opening {}", path.display()), e))?;
+        Self::from_db(db)
+    }
+
+    /// A store in a temporary directory that is deleted when the store is dropped.
+    ///
+    /// # Errors
+    /// `STORE_IO`.
+    pub fn temporary() -> Result<Self> {
+        let db = sled::Config::new()
+            .temporary(true)
+            .open()
+            .map_err(|e| SubagentError::store_io("opening a temporary store", e))?;
+        Self::from_db(db)
+    }
+
+    fn from_db(db: sled::Db) -> Result<Self> {
+        let tree = |name: &str| {
+            db.open_tree(name)
+                .map_err(|e| SubagentError::store_io(format!("opening tree {name}"), e))
+        };
+        Ok(Self {
+            headers: tree("headers")?,
+            heads: tree("heads")?,
+            events: tree("events")?,
+            children: tree("children")?,
+            cache: tree("projection_cache")?,
+            db,
+        })
+    }
+
+    fn read_header(&self, id: SessionId) -> Result<SessionHeader> {
+        let bytes = self
+            .headers
+            .get(id.as_bytes())
+            .map_err(|e| SubagentError::store_io(format!("reading header {id}"), e))?
+            .ok_or_else(|| not_found(id))?;
+        decode_header(id, &bytes)
+    }
+
+    fn listed(&self, id: SessionId, bytes: &[u8]) -> ListedSession {
+        match decode_header(id, bytes) {
+            Ok(header) => ListedSession::Header(header),
+            Err(error) => ListedSession::Corrupt {
+                id: Some(id),
+                error,
+            },
+        }
+    }
+}
+
+fn decode_header(id: SessionId, bytes: &[u8]) -> Result<SessionHeader> {
+    let header: SessionHeader = serde_json::from_slice(bytes).map_err(|e| {
+        SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("session {id}: bad header: {e}"),
+        )
+        .with_source(e)
+    })?;
+    if header.id != id {
+        return Err(SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("session {id}: header names session {}", header.id),
+        ));
+    }
+    header.validate().map_err(|e| {
+        SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("session {id}: {}", e.message()),
+        )
+    })?;
+    Ok(header)
+}
+
+fn event_key(id: SessionId, seq: u64) -> [u8; ID_LEN + SEQ_LEN] {
+    let mut key = [0; ID_LEN + SEQ_LEN];
+    key[..ID_LEN].copy_from_slice(id.as_bytes());
+    key[ID_LEN..].copy_from_slice(&seq.to_be_bytes());
+    key
+}
+
+fn pair_key(first: SessionId, second: SessionId) -> [u8; 2 * ID_LEN] {
+    let mut key = [0; 2 * ID_LEN];
+    key[..ID_LEN].copy_from_slice(first.as_bytes());
+    key[ID_LEN..].copy_from_slice(second.as_bytes());
+    key
+}
+
+fn cache_key(unit: &str, id: SessionId) -> Vec<u8> {
+    let mut key = Vec::with_capacity(unit.len() + 1 + ID_LEN);
+    key.extend_from_slice(unit.as_bytes());
+    key.push(0);
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// A session's head record: next seq and lease epoch.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    next_seq: u64,
+    lease: u64,
+}
+
+impl Head {
+    fn encode(self) -> [u8; 2 * SEQ_LEN] {
+        let mut bytes = [0; 2 * SEQ_LEN];
+        bytes[..SEQ_LEN].copy_from_slice(&self.next_seq.to_be_bytes());
+        bytes[SEQ_LEN..].copy_from_slice(&self.lease.to_be_bytes());
+        bytes
+    }
+
+    fn decode(id: SessionId, bytes: &[u8]) -> Result<Self> {
+        let corrupt = || {
+            SubagentError::new(
+                ErrorCode::StoreCorrupt,
+                format!("session {id}: bad head record"),
+            )
+        };
+        let next: [u8; SEQ_LEN] = bytes
+            .get(..SEQ_LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(corrupt)?;
+        let lease: [u8; SEQ_LEN] = bytes
+            .get(SEQ_LEN..)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(corrupt)?;
+        Ok(Self {
+            next_seq: u64::from_be_bytes(next),
+            lease: u64::from_be_bytes(lease),
+        })
+    }
+}
+
+fn id_from_key(key: &[u8]) -> Option<SessionId> {
+    let bytes: [u8; ID_LEN] = key.get(..ID_LEN)?.try_into().ok()?;
+    Some(SessionId::from_uuid(uuid::Uuid::from_bytes(bytes)))
+}
+
+fn encode_events(events: &[SessionEvent]) -> Result<Vec<(u64, Vec<u8>)>> {
+    events
+        .iter()
+        .map(|event| {
+            serde_json::to_vec(event)
+                .map(|bytes| (event.seq, bytes))
+                .map_err(|e| {
+                    SubagentError::new(
+                        ErrorCode::InvalidEvent,
+                        format!("event {} does not encode: {e}", event.seq),
+                    )
+                })
+        })
+        .collect()
+}
+
+fn transaction_error(what: &str, error: TransactionError<SubagentError>) -> SubagentError {
+    match error {
+        TransactionError::Abort(error) => error,
+        TransactionError::Storage(error) => SubagentError::store_io(what, error),
+    }
+}
+
+impl SessionPersistence for SledStore {
+    fn create(
+        &self,
+        header: SessionHeader,
+        events: Vec<SessionEvent>,
+    ) -> BoxFuture<'_, Result<()>> {
+        let outcome = (|| {
+            header.validate()?;
+            check_contiguous(header.id, 0, &events)?;
+            let id = header.id;
+            let header_bytes = serde_json::to_vec(&header)
+                .map_err(|e| SubagentError::new(ErrorCode::InvalidHeader, e.to_string()))?;
+            let encoded = encode_events(&events)?;
+            let next_seq =
+                u64::try_from(events.len()).map_err(|_| SubagentError::bug("seed too long"))?;
+            (&self.headers, &self.heads, &self.events, &self.children)
+                .transaction(|(headers, heads, event_tree, children)| {
+                    if headers.get(id.as_bytes())?.is_some() {
+                        return Err(ConflictableTransactionError::Abort(SubagentError::new(
+                            ErrorCode::SessionExists,
+                            format!("session {id} is already stored"),
+                        )));
+                    }
+                    headers.insert(id.as_bytes(), header_bytes.as_slice())?;
+                    heads.insert(id.as_bytes(), &Head { next_seq, lease: 0 }.encode())?;
+                    for (seq, bytes) in &encoded {
+                        event_tree.insert(&event_key(id, *seq), bytes.as_slice())?;
+                    }
+                    if let Some(parent) = header.parent_session {
+                        children.insert(&pair_key(parent, id), &[])?;
+                    }
+                    Ok(())
+                })
+                .map_err(|e| transaction_error("creating a session", e))
+        })();
+        Box::pin(future::ready(outcome))
+    }
+
+    fn append(
+        &self,
+        id: SessionId,
+        expected_next_seq: u64,
+        events: Vec<SessionEvent>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        let outcome = (|| {
+            check_contiguous(id, expected_next_seq, &events)?;
+            let encoded = encode_events(&events)?;
+            let count =
+                u64::try_from(events.len()).map_err(|_| SubagentError::bug("batch too long"))?;
+            (&self.heads, &self.events)
+                .transaction(|(heads, event_tree)| {
+                    let abort = ConflictableTransactionError::Abort;
+                    let stored = heads
+                        .get(id.as_bytes())?
+                        .ok_or_else(|| abort(not_found(id)))?;
+                    let head = Head::decode(id, &stored).map_err(abort)?;
+                    if head.next_seq != expected_next_seq {
+                        return Err(abort(SubagentError::new(
+                            ErrorCode::StoreConflict,
+                            format!(
+                                "session {id}: expected next seq {expected_next_seq}, stored {}",
+                                head.next_seq
+                            ),
+                        )));
+                    }
+                    if lease.is_some_and(|LeaseEpoch(epoch)| epoch < head.lease) {
+                        return Err(abort(SubagentError::new(
+                            ErrorCode::StoreConflict,
+                            format!("session {id}: stale lease epoch"),
+                        )));
+                    }
+                    for (seq, bytes) in &encoded {
+                        event_tree.insert(&event_key(id, *seq), bytes.as_slice())?;
+                    }
+                    let next_seq = head.next_seq + count;
+                    heads.insert(id.as_bytes(), &Head { next_seq, ..head }.encode())?;
+                    Ok(())
+                })
+                .map_err(|e| transaction_error("appending events", e))
+        })();
+        Box::pin(future::ready(outcome))
+    }
+
+    fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            self.db
+                .flush_async()
+                .await
+                .map(drop)
+                .map_err(|e| SubagentError::store_io(format!("flushing session {id}"), e))
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        let outcome = self
+            .headers
+            .iter()
+            .map(|row| {
+                let (key, bytes) =
+                    row.map_err(|e| SubagentError::store_io("listing sessions", e))?;
+                Ok(match id_from_key(&key) {
+                    Some(id) if key.len() == ID_LEN => self.listed(id, &bytes),
+                    _ => ListedSession::Corrupt {
+                        id: None,
+                        error: SubagentError::new(
+                            ErrorCode::StoreCorrupt,
+                            "header key is not a session id",
+                        ),
+                    },
+                })
+            })
+            .collect();
+        Box::pin(future::ready(outcome))
+    }
+
+    fn list_children(&self, parent: SessionId) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        let outcome = self
+            .children
+            .scan_prefix(parent.as_bytes())
+            .map(|row| {
+                let (key, _) = row.map_err(|e| SubagentError::store_io("listing children", e))?;
+                let child = key.get(ID_LEN..).and_then(id_from_key);
+                Ok(match child {
+                    Some(id) => match self.read_header(id) {
+                        Ok(header) => ListedSession::Header(header),
+                        Err(error) => ListedSession::Corrupt {
+                            id: Some(id),
+                            error,
+                        },
+                    },
+                    None => ListedSession::Corrupt {
+                        id: None,
+                        error: SubagentError::new(
+                            ErrorCode::StoreCorrupt,
+                            "child index key is malformed",
+                        ),
+                    },
+                })
+            })
+            .collect();
+        Box::pin(future::ready(outcome))
+    }
+
+    fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
+        Box::pin(future::ready(self.read_header(id)))
+    }
+
+    fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>> {
+        let outcome = (|| {
+            if !self
+                .heads
+                .contains_key(id.as_bytes())
+                .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?
+            {
+                return Err(not_found(id));
+            }
+            let mut events = Vec::new();
+            for (row, expected) in self
+                .events
+                .range(event_key(id, from_seq)..=event_key(id, u64::MAX))
+                .zip(from_seq..)
+            {
+                let (key, bytes) =
+                    row.map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?;
+                let event: SessionEvent = serde_json::from_slice(&bytes).map_err(|e| {
+                    SubagentError::new(
+                        ErrorCode::StoreCorrupt,
+                        format!("session {id}: event {expected} does not decode: {e}"),
+                    )
+                    .with_source(e)
+                })?;
+                if event.seq != expected || key.as_ref() != event_key(id, expected) {
+                    return Err(SubagentError::new(
+                        ErrorCode::StoreCorrupt,
+                        format!("session {id}: seq gap at {expected}"),
+                    ));
+                }
+                events.push(event);
+            }
+            Ok(events)
+        })();
+        Box::pin(future::ready(outcome))
+    }
+
+    fn acquire_lease(&self, id: SessionId) -> BoxFuture<'_, Result<LeaseEpoch>> {
+        let outcome = self
+            .heads
+            .transaction(|heads| {
+                let abort = ConflictableTransactionError::Abort;
+                let stored = heads
+                    .get(id.as_bytes())?
+                    .ok_or_else(|| abort(not_found(id)))?;
+                let head = Head::decode(id, &stored).map_err(abort)?;
+                let lease = head.lease + 1;
+                heads.insert(id.as_bytes(), &Head { lease, ..head }.encode())?;
+                Ok(LeaseEpoch(lease))
+            })
+            .map_err(|e| transaction_error("acquiring a lease", e));
+        Box::pin(future::ready(outcome))
+    }
+
+    fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
+        let outcome = self
+            .cache
+            .get(cache_key(unit, id))
+            .map_err(|e| SubagentError::store_io("reading the projection cache", e))
+            .and_then(|row| {
+                row.map(|bytes| {
+                    serde_json::from_slice(&bytes).map_err(|e| {
+                        SubagentError::new(
+                            ErrorCode::StoreCorrupt,
+                            format!("cache row {unit}/{id}: {e}"),
+                        )
+                    })
+                })
+                .transpose()
+            });
+        Box::pin(future::ready(outcome))
+    }
+
+    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
+        let outcome = serde_json::to_vec(&row)
+            .map_err(|e| SubagentError::new(ErrorCode::InvalidEvent, e.to_string()))
+            .and_then(|bytes| {
+                self.cache
+                    .insert(cache_key(unit, id), bytes)
+                    .map(drop)
+                    .map_err(|e| SubagentError::store_io("writing the projection cache", e))
+            });
+        Box::pin(future::ready(outcome))
+    }
+}

@@ -1,0 +1,510 @@
+//! Provides tools: [`Tool`] (a definition plus an async body), the global [`ToolRegistry`], the
+//! per-agent [`ToolLayer`] with its restrictions and guards, and the execution result vocabulary.
+//!
+//! # Layers
+//! A tool registered on the global registry is visible to every agent; one registered on an
+//! agent's layer is visible to that agent only and shadows a global tool of the same name.
+//! [`ToolLayer::restrict`] masks global tools for one agent: masks intersect, `allow` excludes
+//! globals registered later, `deny` admits them. A masked tool is gone from the schemas and
+//! refuses to run (`UNKNOWN_TOOL`): visibility, not authority.
+//!
+//! # Guards
+//! A guard sees each call before it runs and may refuse it with a reason; refusals are
+//! monotonic (any guard refusing wins).
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::content::{ContentBlock, Message};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::{CallId, SessionId};
+use crate::model::ToolSchema;
+
+/// Whether calls to a tool may run beside other calls of the same step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Concurrency {
+    /// The call is a barrier: it runs alone.
+    #[default]
+    Exclusive,
+    /// The call may run in parallel with other concurrency-safe calls.
+    Safe,
+}
+
+/// What the tool body receives besides its arguments.
+#[derive(Debug, Clone)]
+pub struct ToolCtx {
+    /// The calling agent's session.
+    pub agent: SessionId,
+    /// The call id.
+    pub call_id: CallId,
+    /// The tool name.
+    pub name: String,
+    /// Cancelled when the turn is cancelled.
+    pub cancel: CancellationToken,
+    concludes: Arc<AtomicBool>,
+}
+
+impl ToolCtx {
+    /// A context for one call.
+    pub fn new(agent: SessionId, call_id: CallId, name: String, cancel: CancellationToken) -> Self {
+        Self {
+            agent,
+            call_id,
+            name,
+            cancel,
+            concludes: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Marks a successful result as ending the turn: no further model step follows.
+    pub fn conclude_turn(&self) {
+        self.concludes.store(true, Ordering::Release);
+    }
+
+    fn concluded(&self) -> bool {
+        self.concludes.load(Ordering::Acquire)
+    }
+}
+
+/// A successful tool outcome.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolOutput {
+    /// What the model sees.
+    pub content: Vec<ContentBlock>,
+    /// A structured value for observers.
+    pub value: Option<Value>,
+    /// Metadata kept in the log.
+    pub meta: Option<Value>,
+    /// Context messages queued into the agent's next step.
+    pub additional_contexts: Vec<Message>,
+}
+
+impl ToolOutput {
+    /// An output of one text block.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            content: vec![ContentBlock::text(text)],
+            ..Self::default()
+        }
+    }
+}
+
+/// A failed tool outcome: becomes an `is_error` result the model can read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolError {
+    /// A stable code (`INVALID_ARGS`, ...).
+    pub code: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl ToolError {
+    /// A failure with a code and a message.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
+
+type ToolBody = dyn Fn(Value, ToolCtx) -> BoxFuture<'static, std::result::Result<ToolOutput, ToolError>>
+    + Send
+    + Sync;
+
+/// A tool: its model-facing definition and its body. Cheap to clone.
+#[derive(Clone)]
+pub struct Tool {
+    schema: ToolSchema,
+    concurrency: Concurrency,
+    body: Arc<ToolBody>,
+}
+
+impl std::fmt::Debug for Tool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tool")
+            .field("name", &self.schema.name)
+            .finish()
+    }
+}
+
+impl Tool {
+    /// A tool named `name` whose body is `body`.
+    pub fn new<F, Fut>(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        parameters: Value,
+        body: F,
+    ) -> Self
+    where
+        F: Fn(Value, ToolCtx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<ToolOutput, ToolError>> + Send + 'static,
+    {
+        Self {
+            schema: ToolSchema {
+                name: name.into(),
+                description: description.into(),
+                parameters,
+            },
+            concurrency: Concurrency::Exclusive,
+            body: Arc::new(move |args, ctx| Box::pin(body(args, ctx))),
+        }
+    }
+
+    /// Marks the tool's calls as safe to run in parallel.
+    #[must_use]
+    pub fn concurrency(mut self, concurrency: Concurrency) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
+    /// The tool name.
+    pub fn name(&self) -> &str {
+        &self.schema.name
+    }
+
+    /// The model-facing schema.
+    pub fn schema(&self) -> &ToolSchema {
+        &self.schema
+    }
+
+    /// Whether calls may run in parallel.
+    pub fn concurrency_mode(&self) -> Concurrency {
+        self.concurrency
+    }
+}
+
+/// A call a guard inspects.
+#[derive(Debug, Clone)]
+pub struct GuardedCall<'a> {
+    /// The calling agent.
+    pub agent: SessionId,
+    /// The tool name.
+    pub name: &'a str,
+    /// The parsed arguments.
+    pub arguments: &'a Value,
+}
+
+/// A guard: returns a refusal reason to stop the call.
+pub type Guard = Arc<dyn Fn(&GuardedCall<'_>) -> Option<String> + Send + Sync>;
+
+/// An allow and/or deny list of global tool names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolFilter {
+    /// Only these globals stay visible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow: Option<BTreeSet<String>>,
+    /// These globals are hidden.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub deny: BTreeSet<String>,
+}
+
+impl ToolFilter {
+    /// Keeps only `names` visible.
+    pub fn allow<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Self {
+        Self {
+            allow: Some(names.into_iter().map(Into::into).collect()),
+            deny: BTreeSet::new(),
+        }
+    }
+
+    /// Hides `names`.
+    pub fn deny<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Self {
+        Self {
+            allow: None,
+            deny: names.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    fn admits(&self, name: &str) -> bool {
+        self.allow.as_ref().is_none_or(|allow| allow.contains(name)) && !self.deny.contains(name)
+    }
+
+    fn names(&self) -> impl Iterator<Item = &String> {
+        self.allow.iter().flatten().chain(&self.deny)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.allow.is_none() && self.deny.is_empty()
+    }
+}
+
+/// The global tool layer, shared by every agent of a runtime.
+///
+/// It is configuration, read at each step and rarely written, so it is a short read-write lock
+/// rather than an actor; no lock is held across an `.await`.
+#[derive(Default)]
+pub struct ToolRegistry {
+    state: RwLock<GlobalTools>,
+}
+
+#[derive(Default)]
+struct GlobalTools {
+    tools: Vec<Tool>,
+    guards: Vec<Guard>,
+}
+
+impl ToolRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, GlobalTools> {
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, GlobalTools> {
+        self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a global tool.
+    ///
+    /// # Errors
+    /// `DUPLICATE_TOOL` when a global tool has that name.
+    pub fn register(&self, tool: Tool) -> Result<()> {
+        let mut state = self.write();
+        if state.tools.iter().any(|t| t.name() == tool.name()) {
+            return Err(duplicate(tool.name()));
+        }
+        state.tools.push(tool);
+        Ok(())
+    }
+
+    /// Removes a global tool; returns whether it existed.
+    pub fn unregister(&self, name: &str) -> bool {
+        let mut state = self.write();
+        let before = state.tools.len();
+        state.tools.retain(|t| t.name() != name);
+        state.tools.len() != before
+    }
+
+    /// Adds a global guard.
+    pub fn guard(&self, guard: Guard) {
+        self.write().guards.push(guard);
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.read().tools.iter().any(|t| t.name() == name)
+    }
+}
+
+fn duplicate(name: &str) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::DuplicateTool,
+        format!("tool {name:?} is already registered"),
+    )
+}
+
+/// One agent's tool layer: its own tools, masks over the globals, and its guards.
+#[derive(Default, Clone)]
+pub struct ToolLayer {
+    tools: Vec<Tool>,
+    masks: Vec<ToolFilter>,
+    guards: Vec<Guard>,
+}
+
+impl std::fmt::Debug for ToolLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolLayer")
+            .field("tools", &self.tools)
+            .field("masks", &self.masks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ToolLayer {
+    /// Registers an agent-scoped tool; it shadows a global tool of the same name.
+    ///
+    /// # Errors
+    /// `DUPLICATE_TOOL` when this layer already has that name.
+    pub fn register(&mut self, tool: Tool) -> Result<()> {
+        if self.tools.iter().any(|t| t.name() == tool.name()) {
+            return Err(duplicate(tool.name()));
+        }
+        self.tools.push(tool);
+        Ok(())
+    }
+
+    /// Masks global tools for this agent.
+    ///
+    /// # Errors
+    /// `INVALID_RESTRICTION` for an empty filter or a name of this layer's own tools;
+    /// `UNKNOWN_TOOL` for a name no global tool has. A failed restriction changes nothing, so
+    /// the caller's transaction can roll back cleanly.
+    pub fn restrict(&mut self, globals: &ToolRegistry, filter: ToolFilter) -> Result<()> {
+        if filter.is_empty() {
+            return Err(SubagentError::new(
+                ErrorCode::InvalidRestriction,
+                "a tool restriction needs allow or deny",
+            ));
+        }
+        for name in filter.names() {
+            if self.tools.iter().any(|t| t.name() == name) {
+                return Err(SubagentError::new(
+                    ErrorCode::InvalidRestriction,
+                    format!("tool {name:?} is agent-scoped; restrictions mask global tools only"),
+                ));
+            }
+            if !globals.contains(name) {
+                return Err(SubagentError::new(
+                    ErrorCode::UnknownTool,
+                    format!("unknown tool {name:?} in a restriction"),
+                ));
+            }
+        }
+        self.masks.push(filter);
+        Ok(())
+    }
+
+    /// Adds an agent-scoped guard.
+    pub fn guard(&mut self, guard: Guard) {
+        self.guards.push(guard);
+    }
+
+    fn admits_global(&self, name: &str) -> bool {
+        self.masks.iter().all(|mask| mask.admits(name))
+    }
+
+    /// The tools this agent sees: its own first, then the admitted, unshadowed globals.
+    pub fn visible(&self, globals: &ToolRegistry) -> Vec<Tool> {
+        let state = globals.read();
+        let mut tools = self.tools.clone();
+        tools.extend(
+            state
+                .tools
+                .iter()
+                .filter(|g| {
+                    self.admits_global(g.name()) && !self.tools.iter().any(|t| t.name() == g.name())
+                })
+                .cloned(),
+        );
+        tools
+    }
+
+    /// The tool `name` as this agent sees it.
+    pub fn get(&self, globals: &ToolRegistry, name: &str) -> Option<Tool> {
+        if let Some(tool) = self.tools.iter().find(|t| t.name() == name) {
+            return Some(tool.clone());
+        }
+        if !self.admits_global(name) {
+            return None;
+        }
+        globals
+            .read()
+            .tools
+            .iter()
+            .find(|t| t.name() == name)
+            .cloned()
+    }
+
+    /// The first refusal among the global and agent guards.
+    pub fn check_guards(&self, globals: &ToolRegistry, call: &GuardedCall<'_>) -> Option<String> {
+        let global_guards = globals.read().guards.clone();
+        global_guards
+            .iter()
+            .chain(&self.guards)
+            .find_map(|guard| guard(call))
+    }
+}
+
+/// The final result of one call, as the driver records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolExecutionResult {
+    /// Whether the call failed.
+    pub is_error: bool,
+    /// What the model sees.
+    pub content: Vec<ContentBlock>,
+    /// Set on failure.
+    pub error: Option<crate::session::ToolErrorInfo>,
+    /// A success that ends the turn.
+    pub concludes_turn: bool,
+    /// Context messages for the next step.
+    pub additional_contexts: Vec<Message>,
+    /// The structured value of a success.
+    pub value: Option<Value>,
+    /// Metadata kept in the log.
+    pub meta: Option<Value>,
+}
+
+impl ToolExecutionResult {
+    /// A failure: content `Error: <message>`.
+    pub fn failure(name: &str, code: &str, message: &str) -> Self {
+        Self {
+            is_error: true,
+            content: vec![ContentBlock::text(format!("Error: {message}"))],
+            error: Some(crate::session::ToolErrorInfo {
+                name: name.to_owned(),
+                code: code.to_owned(),
+            }),
+            concludes_turn: false,
+            additional_contexts: Vec::new(),
+            value: None,
+            meta: None,
+        }
+    }
+
+    fn success(output: ToolOutput, concludes_turn: bool) -> Self {
+        Self {
+            is_error: false,
+            content: output.content,
+            error: None,
+            concludes_turn,
+            additional_contexts: output.additional_contexts,
+            value: output.value,
+            meta: output.meta,
+        }
+    }
+}
+
+/// Parses the model's raw argument text: `""` is `{}`, invalid JSON passes through as a string.
+pub fn parse_arguments(raw: &str) -> Value {
+    if raw.trim().is_empty() {
+        return Value::Object(serde_json::Map::new());
+    }
+    serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned()))
+}
+
+/// Runs one call to completion: lookup, guards, body. Cancellation of `ctx.cancel` while the
+/// body runs yields an `ABORTED` failure (the body lost the race to the cancel).
+pub async fn execute(
+    layer: &ToolLayer,
+    globals: &ToolRegistry,
+    ctx: ToolCtx,
+    raw_arguments: &str,
+) -> ToolExecutionResult {
+    let name = ctx.name.clone();
+    let Some(tool) = layer.get(globals, &name) else {
+        return ToolExecutionResult::failure(
+            &name,
+            ErrorCode::UnknownTool.as_str(),
+            &format!("unknown tool \"{name}\""),
+        );
+    };
+    let arguments = parse_arguments(raw_arguments);
+    let call = GuardedCall {
+        agent: ctx.agent,
+        name: &name,
+        arguments: &arguments,
+    };
+    if let Some(reason) = layer.check_guards(globals, &call) {
+        return ToolExecutionResult::failure(&name, "TOOL_DENIED", &reason);
+    }
+    let cancel = ctx.cancel.clone();
+    let body = (tool.body)(arguments, ctx.clone());
+    tokio::select! {
+        biased;
+        outcome = body => match outcome {
+            Ok(output) => ToolExecutionResult::success(output, ctx.concluded()),
+            Err(error) => ToolExecutionResult::failure(&name, &error.code, &error.message),
+        },
+        () = cancel.cancelled() => ToolExecutionResult::failure(&name, "ABORTED", "tool call aborted"),
+    }
+}

@@ -1,0 +1,469 @@
+//! The agent registry: create and resume transactions, exact identity, disposal.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+use subagents::store::{FaultInjectingStore, StoreOperation};
+use subagents::{
+    AgentEvent, AgentEventKind, AgentScope, CreateAgent, ErrorCode, EventKind, EventScope,
+    MemoryStore, MessageSource, ResumeAgent, Runtime, ScriptStep, ScriptedModel, SessionLog,
+    SessionPersistence, SubagentError, Tool, ToolFilter, ToolOutput, TurnEndReason,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{text, turn_ends, user_texts, within};
+
+fn runtime_on(store: Arc<dyn SessionPersistence>, model: &ScriptedModel) -> Runtime {
+    Runtime::builder()
+        .shared_store(store)
+        .model("scripted", model.clone())
+        .tool(Tool::new("echo", "", json!({}), |_, _| async {
+            Ok(ToolOutput::text("e"))
+        }))
+        .build()
+        .unwrap()
+}
+
+/// Counts every `agent/created` the runtime emits.
+fn count_created(rt: &Runtime) -> (Arc<Mutex<usize>>, subagents::Subscription) {
+    let count = Arc::new(Mutex::new(0));
+    let sink = Arc::clone(&count);
+    let subscription = rt
+        .events()
+        .subscribe(EventScope::All, move |e: &AgentEvent| {
+            if e.kind == AgentEventKind::Created {
+                *sink.lock().unwrap() += 1;
+            }
+        });
+    (count, subscription)
+}
+
+async fn assert_nothing_published(
+    rt: &Runtime,
+    store: &Arc<dyn SessionPersistence>,
+    created: &Mutex<usize>,
+) {
+    assert!(
+        rt.agents().list().await.is_empty(),
+        "no agent is registered"
+    );
+    assert!(
+        store.list().await.unwrap().is_empty(),
+        "no session is stored"
+    );
+    assert_eq!(*created.lock().unwrap(), 0, "no agent/created fired");
+}
+
+#[actix_rt::test]
+async fn a_failing_setup_rolls_the_creation_back() {
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let rt = runtime_on(Arc::clone(&store), &ScriptedModel::new());
+    let (created, _sub) = count_created(&rt);
+    let error = rt
+        .agents()
+        .create(
+            CreateAgent::new().setup(move |scope: &mut AgentScope, _: &SessionLog| {
+                scope.register_tool(Tool::new("mine", "", json!({}), |_, _| async {
+                    Ok(ToolOutput::default())
+                }))?;
+                Err(SubagentError::new(
+                    ErrorCode::ActivationSetupRevoked,
+                    "setup refused",
+                ))
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ActivationSetupRevoked);
+    assert_nothing_published(&rt, &store, &created).await;
+}
+
+#[actix_rt::test]
+async fn an_unknown_tool_in_a_restriction_rolls_the_creation_back() {
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let rt = runtime_on(Arc::clone(&store), &ScriptedModel::new());
+    let (created, _sub) = count_created(&rt);
+    let error = rt
+        .agents()
+        .create(
+            CreateAgent::new().setup(|scope: &mut AgentScope, _: &SessionLog| {
+                scope.restrict(ToolFilter::deny(["bash"]))?;
+                Ok(None)
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::UnknownTool);
+    assert_nothing_published(&rt, &store, &created).await;
+}
+
+#[actix_rt::test]
+async fn a_creation_token_fired_during_setup_publishes_nothing() {
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let rt = runtime_on(Arc::clone(&store), &ScriptedModel::new());
+    let (created, _sub) = count_created(&rt);
+    let token = CancellationToken::new();
+    let fire = token.clone();
+    let committed = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&committed);
+    let error = rt
+        .agents()
+        .create(CreateAgent::new().cancel(token).setup(
+            move |_: &mut AgentScope, _: &SessionLog| {
+                fire.cancel();
+                Ok(Some(Box::new(move || flag.store(true, Ordering::SeqCst))
+                    as subagents::agent::SetupCommit))
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Cancelled);
+    assert!(!committed.load(Ordering::SeqCst), "the commit never ran");
+    assert_nothing_published(&rt, &store, &created).await;
+}
+
+#[actix_rt::test]
+async fn a_store_failure_releases_the_reserved_id() {
+    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
+    faults.arm(StoreOperation::Create);
+    let store: Arc<dyn SessionPersistence> = faults.clone();
+    let rt = runtime_on(Arc::clone(&store), &ScriptedModel::new());
+    let (created, _sub) = count_created(&rt);
+    let id = subagents::SessionId::new();
+    let error = rt
+        .agents()
+        .create(CreateAgent::new().id(id))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StoreIo);
+    assert_nothing_published(&rt, &store, &created).await;
+    faults.disarm(StoreOperation::Create);
+    let handle = rt
+        .agents()
+        .create(CreateAgent::new().id(id))
+        .await
+        .expect("the id is free again");
+    handle.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_setup_commit_runs_once_and_setup_events_are_stored() {
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let rt = runtime_on(Arc::clone(&store), &ScriptedModel::new());
+    let committed = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&committed);
+    let handle = rt
+        .agents()
+        .create(
+            CreateAgent::new().setup(move |_: &mut AgentScope, log: &SessionLog| {
+                log.append(EventKind::Extension {
+                    event_type: "sandbox/mode".into(),
+                    data: json!({"mode": "read-only"}),
+                })?;
+                Ok(Some(Box::new(move || flag.store(true, Ordering::SeqCst))
+                    as subagents::agent::SetupCommit))
+            }),
+        )
+        .await
+        .unwrap();
+    assert!(committed.load(Ordering::SeqCst));
+    let stored = store.inspect(handle.agent().id()).await.unwrap();
+    assert_eq!(stored.events.len(), 1);
+    assert_eq!(stored.events[0].kind.type_name(), "sandbox/mode");
+    handle.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_duplicate_live_id_is_refused_and_the_live_agent_is_untouched() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let rt = runtime_on(store, &model);
+    let first = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let id = first.agent().id();
+    let error = rt
+        .agents()
+        .create(CreateAgent::new().id(id))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::DuplicateAgent);
+    assert!(rt.agents().is_live(first.agent()).await);
+    first
+        .agent()
+        .followup(text("still works"), MessageSource::User)
+        .await
+        .unwrap();
+    within("the live agent's turn", first.agent().when_idle()).await;
+    first.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn resume_reproduces_the_log_and_continues_turn_numbering() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let store: Arc<dyn SessionPersistence> = Arc::new(subagents::SledStore::temporary().unwrap());
+    let rt = runtime_on(store, &model);
+    let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let id = handle.agent().id();
+    handle
+        .agent()
+        .followup(text("one"), MessageSource::User)
+        .await
+        .unwrap();
+    within("turn 1", handle.agent().when_idle()).await;
+    let before = handle.agent().log().events();
+    handle.dispose().await.unwrap();
+
+    let resumed = rt.agents().resume(ResumeAgent::new(id)).await.unwrap();
+    assert_eq!(
+        resumed.agent().log().events(),
+        before,
+        "resume loads the exact stored log"
+    );
+    resumed
+        .agent()
+        .followup(text("two"), MessageSource::User)
+        .await
+        .unwrap();
+    within("turn 2", resumed.agent().when_idle()).await;
+    let events = resumed.agent().log().events();
+    assert_eq!(user_texts(&events), ["one", "two"]);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::TurnStart { turn: 2 })));
+    let second_request = &model.requests()[1];
+    assert_eq!(
+        second_request.messages.len(),
+        3,
+        "the resumed history reaches the model"
+    );
+    resumed.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_stale_ref_of_a_replaced_agent_is_told_apart_from_the_live_one() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let rt = runtime_on(store, &model);
+    let old = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let stale = old.agent().clone();
+    old.dispose().await.unwrap();
+    let new = rt
+        .agents()
+        .resume(ResumeAgent::new(stale.id()))
+        .await
+        .unwrap();
+    assert_eq!(new.agent().id(), stale.id(), "same session");
+    assert_ne!(new.agent(), &stale, "a different incarnation");
+    assert!(!rt.agents().is_live(&stale).await);
+    assert!(rt.agents().is_live(new.agent()).await);
+    let error = stale
+        .followup(text("to the dead"), MessageSource::User)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AgentDisposed);
+    assert!(!stale.is_alive());
+    new.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn resume_requires_persistence_and_refuses_a_live_agent() {
+    let model = ScriptedModel::new();
+    let bare = Runtime::builder()
+        .model("scripted", model.clone())
+        .build()
+        .unwrap();
+    let error = bare
+        .agents()
+        .resume(ResumeAgent::new(subagents::SessionId::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::PersistenceUnavailable);
+
+    let rt = runtime_on(Arc::new(MemoryStore::new()), &model);
+    let live = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let error = rt
+        .agents()
+        .resume(ResumeAgent::new(live.agent().id()))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::DuplicateAgent);
+    let error = rt
+        .agents()
+        .resume(ResumeAgent::new(subagents::SessionId::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::SessionNotFound);
+    live.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn resume_on_another_runtime_revives_pending_work() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let first = runtime_on(Arc::clone(&store), &model);
+    let handle = first.agents().create(CreateAgent::new()).await.unwrap();
+    let id = handle.agent().id();
+    handle
+        .agent()
+        .inject(text("pending context"), MessageSource::User)
+        .await
+        .unwrap();
+    handle.agent().log().flush().await.unwrap();
+
+    // A second node over the same store, as after a crash of the first.
+    let second = runtime_on(Arc::clone(&store), &model);
+    let resumed = second.agents().resume(ResumeAgent::new(id)).await.unwrap();
+    assert_eq!(
+        resumed.agent().status().await.unwrap().next_step,
+        1,
+        "the inbox replayed from the log"
+    );
+    resumed
+        .agent()
+        .followup(text("go"), MessageSource::User)
+        .await
+        .unwrap();
+    within("the resumed turn", resumed.agent().when_idle()).await;
+    assert_eq!(
+        user_texts(&resumed.agent().log().events()),
+        ["go", "pending context"]
+    );
+    resumed.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn dispose_is_idempotent_and_releases_the_agent() {
+    let model = ScriptedModel::with_script([ScriptStep::Hang]);
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let rt = runtime_on(Arc::clone(&store), &model);
+    let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let agent = handle.agent().clone();
+    let disposed = Arc::new(Mutex::new(0));
+    let sink = Arc::clone(&disposed);
+    let _sub = rt
+        .events()
+        .subscribe(EventScope::Key(agent.id()), move |e: &AgentEvent| {
+            if e.kind == AgentEventKind::Disposed {
+                *sink.lock().unwrap() += 1;
+            }
+        });
+    agent
+        .followup(text("hang"), MessageSource::User)
+        .await
+        .unwrap();
+    let clone = handle.clone();
+    let (a, b) = futures::join!(handle.dispose(), clone.dispose());
+    a.unwrap();
+    b.unwrap();
+    handle.dispose().await.unwrap();
+    assert_eq!(*disposed.lock().unwrap(), 1, "agent/disposed fires once");
+    assert!(rt.agents().get(agent.id()).await.is_none());
+    let stored = store.inspect(agent.id()).await.unwrap();
+    assert_eq!(
+        turn_ends(&stored.events),
+        [TurnEndReason::Aborted {
+            reason: subagents::CancelCause::Disposed
+        }],
+        "the final flush covered the cancelled turn"
+    );
+}
+
+#[actix_rt::test]
+async fn scope_disposers_run_in_reverse_order_at_disposal() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (first, second) = (Arc::clone(&order), Arc::clone(&order));
+    let rt = runtime_on(Arc::new(MemoryStore::new()), &ScriptedModel::new());
+    let handle = rt
+        .agents()
+        .create(
+            CreateAgent::new().setup(move |scope: &mut AgentScope, _: &SessionLog| {
+                scope.on_dispose(Box::new(move || first.lock().unwrap().push(1)));
+                scope.on_dispose(Box::new(move || second.lock().unwrap().push(2)));
+                Ok(None)
+            }),
+        )
+        .await
+        .unwrap();
+    assert!(order.lock().unwrap().is_empty());
+    handle.dispose().await.unwrap();
+    assert_eq!(*order.lock().unwrap(), [2, 1]);
+}
+
+#[actix_rt::test]
+async fn a_seeded_agent_gets_an_end_seed_marker_and_ignores_inherited_splices() {
+    let model = ScriptedModel::with_script([ScriptStep::text("parent"), ScriptStep::text("child")]);
+    let rt = runtime_on(Arc::new(MemoryStore::new()), &model);
+    let parent = rt.agents().create(CreateAgent::new()).await.unwrap();
+    parent
+        .agent()
+        .followup(text("p"), MessageSource::User)
+        .await
+        .unwrap();
+    within("the parent turn", parent.agent().when_idle()).await;
+    let prefix = parent.agent().log().events();
+    let inherited = u64::try_from(prefix.len()).unwrap();
+
+    let child = rt
+        .agents()
+        .create(
+            CreateAgent::new()
+                .delegated_by(parent.agent().id(), 1)
+                .seed(prefix.clone(), inherited),
+        )
+        .await
+        .unwrap();
+    let header = child.agent().header();
+    assert_eq!(header.seed_length, Some(inherited));
+    assert_eq!(header.parent_session, Some(parent.agent().id()));
+    let events = child.agent().log().events();
+    assert_eq!(events.len(), prefix.len() + 1);
+    assert_eq!(events.last().unwrap().kind, EventKind::EndSeed {});
+    assert_eq!(
+        child.agent().status().await.unwrap().next_turn,
+        0,
+        "the parent's splices are not replayed"
+    );
+    child
+        .agent()
+        .followup(text("c"), MessageSource::User)
+        .await
+        .unwrap();
+    within("the child turn", child.agent().when_idle()).await;
+    assert!(
+        child
+            .agent()
+            .log()
+            .events()
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::TurnStart { turn: 2 })),
+        "turn numbers continue across the seed"
+    );
+    child.dispose().await.unwrap();
+    parent.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn an_unbalanced_seed_is_refused_before_anything_is_created() {
+    let model = ScriptedModel::with_script([ScriptStep::Hang]);
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let rt = runtime_on(Arc::clone(&store), &model);
+    let parent = rt.agents().create(CreateAgent::new()).await.unwrap();
+    parent
+        .agent()
+        .followup(text("p"), MessageSource::User)
+        .await
+        .unwrap();
+    let open_turn = parent.agent().log().events();
+    let error = rt
+        .agents()
+        .create(CreateAgent::new().seed(open_turn, 3))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::InvalidSeed);
+    assert_eq!(
+        store.list().await.unwrap().len(),
+        1,
+        "only the parent is stored"
+    );
+    parent.dispose().await.unwrap();
+}

@@ -1,0 +1,124 @@
+//! Killing a writer process mid-turn: every flushed event survives, the interrupted turn is
+//! repaired on load, and the session resumes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use futures::executor::block_on;
+use subagents::{
+    EventKind, MessageSource, ResumeAgent, Runtime, ScriptStep, ScriptedModel, SessionId,
+    SessionPersistence, SledStore, TurnEndReason,
+};
+
+use crate::support::{text, turn_ends, types, within};
+
+/// Starts `subagents demo --stall`, waits until it reports the tool step durable, and kills
+/// it with SIGKILL. Returns the session id it printed.
+fn run_and_kill(store: &std::path::Path) -> SessionId {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["demo", "--stall", "--store"])
+        .arg(store)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the demo binary starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let line = received
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the demo reports its stall (safety net: 60 s)");
+    let id = line
+        .strip_prefix("stalled ")
+        .expect("a `stalled <id>` line")
+        .parse()
+        .expect("a session id");
+    child.kill().expect("SIGKILL delivered");
+    child.wait().expect("the killed child is reaped");
+    id
+}
+
+#[test]
+fn a_killed_writer_loses_no_flushed_event_and_its_turn_is_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = run_and_kill(dir.path());
+
+    let store = SledStore::open(dir.path()).expect("the store reopens after the crash");
+    let raw = block_on(store.read_from(id, 0)).unwrap();
+    let first_step_end = raw
+        .iter()
+        .position(|e| matches!(e.kind, EventKind::StepEnd { turn: 1, step: 1 }))
+        .expect("the flushed tool step is on disk");
+    let durable = types(&raw[..=first_step_end]);
+    assert_eq!(
+        durable[3..],
+        [
+            "step/start",
+            "user/message",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/message",
+            "tool/call",
+            "tool/result",
+            "step/end"
+        ],
+        "every event of the flushed step survived"
+    );
+    assert!(turn_ends(&raw).is_empty(), "the process died inside turn 1");
+
+    let inspected = block_on(store.inspect(id)).unwrap();
+    assert_eq!(turn_ends(&inspected.events), [TurnEndReason::Interrupted]);
+    assert_eq!(inspected.header.id, id);
+
+    actix::System::new().block_on(async move {
+        let model = ScriptedModel::with_script([ScriptStep::text("back again")]);
+        let rt = Runtime::builder()
+            .store(store)
+            .model("scripted", model.clone())
+            .build()
+            .unwrap();
+        let resumed = rt
+            .agents()
+            .resume(ResumeAgent::new(id))
+            .await
+            .expect("the session is resumable");
+        resumed
+            .agent()
+            .followup(text("are you there?"), MessageSource::User)
+            .await
+            .unwrap();
+        within("the resumed turn", resumed.agent().when_idle()).await;
+        let events = resumed.agent().log().events();
+        assert_eq!(
+            turn_ends(&events),
+            [TurnEndReason::Interrupted, TurnEndReason::Completed]
+        );
+        assert!(events
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::TurnStart { turn: 2 })));
+        let history = &model.requests()[0].messages;
+        assert_eq!(
+            history.first().map(|m| m.text()).as_deref(),
+            Some("How many words are in \"the quick brown fox jumps over the lazy dog\"?")
+        );
+        resumed.dispose().await.unwrap();
+        let stored = rt.store().unwrap().read_from(id, 0).await.unwrap();
+        assert_eq!(
+            stored.len(),
+            events.len(),
+            "the resumed turn was flushed at disposal"
+        );
+    });
+}

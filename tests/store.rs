@@ -1,0 +1,404 @@
+//! Stores: both backends against a model, compare-and-append, leases, corruption, repair and
+//! durability.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::executor::block_on;
+use proptest::prelude::*;
+use subagents::content::Message;
+use subagents::store::{FaultInjectingStore, ListedSession, StoreOperation};
+use subagents::{
+    ContentBlock, CreateAgent, ErrorCode, EventKind, MemoryStore, MessageSource, Runtime,
+    ScriptStep, ScriptedModel, SessionEvent, SessionHeader, SessionId, SessionPersistence,
+    SledStore, TurnEndReason,
+};
+
+use crate::support::{text, within};
+
+fn note(seq: u64, label: &str) -> SessionEvent {
+    SessionEvent::new(
+        seq,
+        EventKind::UserMessage(Message::user(
+            vec![ContentBlock::text(label)],
+            MessageSource::User,
+        )),
+    )
+}
+
+fn notes(from: u64, count: u64) -> Vec<SessionEvent> {
+    (from..from + count)
+        .map(|seq| note(seq, &format!("n{seq}")))
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create(usize),
+    Append {
+        session: usize,
+        count: u64,
+        skew: i8,
+    },
+    Read {
+        session: usize,
+        from: u64,
+    },
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..4usize).prop_map(Op::Create),
+        (
+            0..4usize,
+            1..5u64,
+            prop_oneof![Just(0i8), Just(0), Just(0), Just(-1), Just(1)]
+        )
+            .prop_map(|(session, count, skew)| Op::Append {
+                session,
+                count,
+                skew
+            }),
+        (0..4usize, 0..12u64).prop_map(|(session, from)| Op::Read { session, from }),
+        Just(Op::Reopen),
+    ]
+}
+
+/// Runs `ops` against `store` and a `BTreeMap` model, checking every answer.
+fn check_against_model(
+    ops: &[Op],
+    mut store: Arc<dyn SessionPersistence>,
+    reopen: &dyn Fn(Arc<dyn SessionPersistence>) -> Arc<dyn SessionPersistence>,
+) {
+    let ids: Vec<SessionId> = (0..4).map(|_| SessionId::new()).collect();
+    let mut model: BTreeMap<SessionId, Vec<String>> = BTreeMap::new();
+    for op in ops {
+        match *op {
+            Op::Create(session) => {
+                let id = ids[session];
+                let outcome = block_on(store.create(SessionHeader::new(id), notes(0, 1)));
+                match model.entry(id) {
+                    std::collections::btree_map::Entry::Occupied(_) => {
+                        assert_eq!(outcome.unwrap_err().code(), ErrorCode::SessionExists);
+                    }
+                    std::collections::btree_map::Entry::Vacant(slot) => {
+                        outcome.unwrap();
+                        slot.insert(vec!["n0".into()]);
+                    }
+                }
+            }
+            Op::Append {
+                session,
+                count,
+                skew,
+            } => {
+                let id = ids[session];
+                let next = model
+                    .get(&id)
+                    .map_or(0, |events| u64::try_from(events.len()).unwrap());
+                let expected = next.saturating_add_signed(i64::from(skew));
+                let outcome = block_on(store.append(id, expected, notes(expected, count), None));
+                match model.get_mut(&id) {
+                    None => assert_eq!(outcome.unwrap_err().code(), ErrorCode::SessionNotFound),
+                    Some(_) if expected != next => {
+                        assert_eq!(outcome.unwrap_err().code(), ErrorCode::StoreConflict)
+                    }
+                    Some(events) => {
+                        outcome.unwrap();
+                        events.extend((expected..expected + count).map(|seq| format!("n{seq}")));
+                    }
+                }
+            }
+            Op::Read { session, from } => {
+                let id = ids[session];
+                let outcome = block_on(store.read_from(id, from));
+                match model.get(&id) {
+                    None => assert_eq!(outcome.unwrap_err().code(), ErrorCode::SessionNotFound),
+                    Some(events) => {
+                        let got: Vec<(u64, String)> = outcome
+                            .unwrap()
+                            .iter()
+                            .map(|e| match &e.kind {
+                                EventKind::UserMessage(m) => (e.seq, m.text()),
+                                other => panic!("unexpected {other:?}"),
+                            })
+                            .collect();
+                        let want: Vec<(u64, String)> = events
+                            .iter()
+                            .enumerate()
+                            .map(|(seq, label)| (u64::try_from(seq).unwrap(), label.clone()))
+                            .skip(usize::try_from(from).unwrap())
+                            .collect();
+                        assert_eq!(got, want);
+                    }
+                }
+            }
+            Op::Reopen => {
+                for id in model.keys() {
+                    block_on(store.flush(*id)).unwrap();
+                }
+                store = reopen(store);
+            }
+        }
+    }
+    let listed: Vec<SessionId> = block_on(store.list())
+        .unwrap()
+        .iter()
+        .filter_map(ListedSession::id)
+        .collect();
+    let mut want: Vec<SessionId> = model.keys().copied().collect();
+    let mut got = listed;
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "list shows exactly the created sessions");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_memory_store_acts_like_the_model(ops in prop::collection::vec(op(), 1..40)) {
+        check_against_model(&ops, Arc::new(MemoryStore::new()), &|store| store);
+    }
+
+    #[test]
+    fn the_sled_store_acts_like_the_model_even_across_reopens(ops in prop::collection::vec(op(), 1..40)) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_owned();
+        let store: Arc<dyn SessionPersistence> = Arc::new(SledStore::open(&path).unwrap());
+        check_against_model(&ops, store, &move |old| {
+            drop(old);
+            Arc::new(SledStore::open(&path).unwrap())
+        });
+    }
+}
+
+#[test]
+fn a_lease_fences_out_older_epochs() {
+    for store in [
+        Arc::new(MemoryStore::new()) as Arc<dyn SessionPersistence>,
+        Arc::new(SledStore::temporary().unwrap()),
+    ] {
+        let id = SessionId::new();
+        block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+        let first = block_on(store.acquire_lease(id)).unwrap();
+        let second = block_on(store.acquire_lease(id)).unwrap();
+        assert!(second > first);
+        let stale = block_on(store.append(id, 0, notes(0, 1), Some(first))).unwrap_err();
+        assert_eq!(stale.code(), ErrorCode::StoreConflict);
+        block_on(store.append(id, 0, notes(0, 1), Some(second))).unwrap();
+        assert_eq!(
+            block_on(store.read_from(id, 0)).unwrap().len(),
+            1,
+            "the stale write left nothing"
+        );
+    }
+}
+
+#[test]
+fn children_are_listed_by_parent_without_reading_logs() {
+    for store in [
+        Arc::new(MemoryStore::new()) as Arc<dyn SessionPersistence>,
+        Arc::new(SledStore::temporary().unwrap()),
+    ] {
+        let parent = SessionId::new();
+        block_on(store.create(SessionHeader::new(parent), vec![])).unwrap();
+        let mut children = Vec::new();
+        for _ in 0..3 {
+            let mut header = SessionHeader::new(SessionId::new());
+            header.parent_session = Some(parent);
+            children.push(header.id);
+            block_on(store.create(header, vec![])).unwrap();
+        }
+        let mut listed: Vec<SessionId> = block_on(store.list_children(parent))
+            .unwrap()
+            .iter()
+            .filter_map(ListedSession::id)
+            .collect();
+        listed.sort();
+        children.sort();
+        assert_eq!(listed, children);
+        assert!(block_on(store.list_children(children[0]))
+            .unwrap()
+            .is_empty());
+    }
+}
+
+/// Rewrites one raw sled value, as a torn disk or a bad tool would.
+fn corrupt(path: &std::path::Path, tree: &str, key: Vec<u8>) {
+    let db = sled::open(path).unwrap();
+    db.open_tree(tree)
+        .unwrap()
+        .insert(key, b"{not json".to_vec())
+        .unwrap();
+    db.flush().unwrap();
+}
+
+#[test]
+fn a_corrupt_record_is_a_typed_error_for_its_session_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bad, good) = (SessionId::new(), SessionId::new());
+    {
+        let store = SledStore::open(dir.path()).unwrap();
+        for id in [bad, good] {
+            block_on(store.create(SessionHeader::new(id), notes(0, 3))).unwrap();
+        }
+        block_on(store.flush(bad)).unwrap();
+    }
+    let mut key = bad.as_bytes().to_vec();
+    key.extend_from_slice(&1u64.to_be_bytes());
+    corrupt(dir.path(), "events", key);
+    let store = SledStore::open(dir.path()).unwrap();
+    let error = block_on(store.read_from(bad, 0)).unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StoreCorrupt);
+    assert!(error.message().contains("event 1"), "{error}");
+    assert_eq!(
+        block_on(store.inspect(bad)).unwrap_err().code(),
+        ErrorCode::StoreCorrupt
+    );
+    assert_eq!(
+        block_on(store.read_from(good, 0)).unwrap().len(),
+        3,
+        "the other session is intact"
+    );
+    drop(store);
+
+    corrupt(dir.path(), "headers", bad.as_bytes().to_vec());
+    let store = SledStore::open(dir.path()).unwrap();
+    let listed = block_on(store.list()).unwrap();
+    assert_eq!(listed.len(), 2, "a corrupt header hides no other session");
+    assert!(listed.iter().any(|row| matches!(row, ListedSession::Corrupt { id: Some(id), error } if *id == bad && error.code() == ErrorCode::StoreCorrupt)));
+    assert!(listed
+        .iter()
+        .any(|row| row.header().is_some_and(|h| h.id == good)));
+}
+
+fn open_turn_events() -> Vec<SessionEvent> {
+    vec![
+        SessionEvent::new(0, EventKind::TurnStart { turn: 1 }),
+        SessionEvent::new(1, EventKind::StepStart { turn: 1, step: 1 }),
+    ]
+}
+
+#[test]
+fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = SessionId::new();
+    {
+        let store = SledStore::open(dir.path()).unwrap();
+        block_on(store.create(SessionHeader::new(id), open_turn_events())).unwrap();
+        let inspected = block_on(store.inspect(id)).unwrap();
+        assert_eq!(
+            inspected.events.len(),
+            4,
+            "step/end and turn/end were added"
+        );
+        assert_eq!(
+            block_on(store.read_from(id, 0)).unwrap().len(),
+            2,
+            "inspect commits nothing"
+        );
+        let prepared = block_on(store.prepare(id)).unwrap();
+        let kinds =
+            |events: &[SessionEvent]| events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            kinds(&prepared.events),
+            kinds(&inspected.events),
+            "both repairs agree"
+        );
+        assert!(matches!(
+            prepared.events[3].kind,
+            EventKind::TurnEnd {
+                reason: TurnEndReason::Interrupted,
+                ..
+            }
+        ));
+    }
+    let reopened = SledStore::open(dir.path()).unwrap();
+    let stored = block_on(reopened.read_from(id, 0)).unwrap();
+    assert_eq!(stored.len(), 4, "the repair survived a reopen");
+    assert_eq!(
+        block_on(reopened.prepare(id)).unwrap().events.len(),
+        4,
+        "repair happens once"
+    );
+}
+
+#[test]
+fn flushed_writes_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = SessionId::new();
+    {
+        let store = SledStore::open(dir.path()).unwrap();
+        block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
+        block_on(store.append(id, 2, notes(2, 3), None)).unwrap();
+        block_on(store.flush(id)).unwrap();
+    }
+    let store = SledStore::open(dir.path()).unwrap();
+    let labels = |events: Vec<SessionEvent>| {
+        events
+            .into_iter()
+            .map(|e| match e.kind {
+                EventKind::UserMessage(m) => (e.seq, m.text()),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        labels(block_on(store.read_from(id, 0)).unwrap()),
+        labels(notes(0, 5))
+    );
+    assert_eq!(
+        block_on(store.read_from(id, 3))
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect::<Vec<_>>(),
+        [3, 4]
+    );
+}
+
+#[test]
+fn a_bad_header_is_refused_at_create() {
+    let store = MemoryStore::new();
+    let mut header = SessionHeader::new(SessionId::new());
+    header.cwd = Some("not/absolute".into());
+    assert_eq!(
+        block_on(store.create(header, vec![])).unwrap_err().code(),
+        ErrorCode::InvalidHeader
+    );
+    let gap = vec![note(1, "x")];
+    assert_eq!(
+        block_on(store.create(SessionHeader::new(SessionId::new()), gap))
+            .unwrap_err()
+            .code(),
+        ErrorCode::StoreConflict
+    );
+}
+
+#[actix_rt::test]
+async fn a_failed_write_behind_surfaces_at_the_next_flush() {
+    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
+    let model = ScriptedModel::with_script([ScriptStep::text("ok")]);
+    let rt = Runtime::builder()
+        .shared_store(faults.clone())
+        .model("scripted", model)
+        .build()
+        .unwrap();
+    let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
+    faults.arm(StoreOperation::Append);
+    handle
+        .agent()
+        .followup(text("x"), MessageSource::User)
+        .await
+        .unwrap();
+    within("the turn", handle.agent().when_idle()).await;
+    let error = handle.agent().log().flush().await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StoreIo);
+    assert_eq!(
+        handle.dispose().await.unwrap_err().code(),
+        ErrorCode::StoreIo,
+        "dispose reports the lost writes"
+    );
+}

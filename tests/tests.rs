@@ -1,0 +1,24 @@
+//! The integration suite: one module per area, linked once.
+
+mod support;
+
+/// Agent inbox: follow-up FIFO, inject, steer, cancel with and without keep-inbox.
+mod agent_inbox;
+/// The registry: create/resume transactions, exact identity, disposal.
+mod agent_registry;
+/// The turn driver: tools, stop reasons, cancellation records.
+mod agent_turn;
+/// Killing a writer process mid-turn and recovering its store.
+mod crash;
+/// The error surface: every code's string is pinned.
+mod errors;
+/// The event bus: listener containment and scopes.
+mod events;
+/// The scripted model and the block assembler.
+mod model;
+/// Session log envelope, invariants, seeds, folds.
+mod session_log;
+/// Stores: the model-based property test, corruption, repair, leases.
+mod store;
+/// Tools: layers, restrictions, guards, parallel calls.
+mod tools;
