@@ -1,1 +1,126 @@
-fn main() {}
+//! Benchmarks one agent lifecycle — create → one scripted text turn → when-idle → dispose — on
+//! the in-memory and the sled store, beside the floors measured in the same run:
+//!
+//! - `floor/actor_spawn_round_trip`: start a bare actix actor, one request/response, stop it.
+//! - `floor/sled_insert_turn_bytes`: insert into a bare sled tree the same bytes one turn's
+//!   events serialize to (one batch, no flush), as the store does for one turn.
+//!
+//! Run with `cargo bench --bench agent_turn`; compare the lifecycle to the floors as ratios.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use criterion::{criterion_group, criterion_main, Criterion};
+use subagents::{
+    ContentBlock, CreateAgent, MemoryStore, MessageSource, Runtime, ScriptStep, ScriptedModel,
+    SessionPersistence, SledStore,
+};
+
+struct Echo;
+
+impl Actor for Echo {
+    type Context = Context<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "u64")]
+struct Ping(u64);
+
+impl Handler<Ping> for Echo {
+    type Result = u64;
+
+    fn handle(&mut self, msg: Ping, ctx: &mut Context<Self>) -> u64 {
+        ctx.stop();
+        msg.0
+    }
+}
+
+fn runtime(store: Arc<dyn SessionPersistence>) -> Runtime {
+    Runtime::builder()
+        .shared_store(store)
+        .model("scripted", ScriptedModel::repeating(ScriptStep::text("done")))
+        .build()
+        .expect("runtime builds")
+}
+
+async fn one_lifecycle(rt: &Runtime) {
+    let handle = rt.agents().create(CreateAgent::new()).await.expect("create");
+    handle
+        .agent()
+        .followup(vec![ContentBlock::text("work")], MessageSource::User)
+        .await
+        .expect("followup");
+    handle.agent().when_idle().await;
+    handle.dispose().await.expect("dispose");
+}
+
+/// The serialized events of one text turn, as the store writes them.
+fn turn_bytes(system: &SystemRunner) -> Vec<(Vec<u8>, Vec<u8>)> {
+    system.block_on(async {
+        let rt = runtime(Arc::new(MemoryStore::new()));
+        let handle = rt.agents().create(CreateAgent::new()).await.expect("create");
+        handle
+            .agent()
+            .followup(vec![ContentBlock::text("work")], MessageSource::User)
+            .await
+            .expect("followup");
+        handle.agent().when_idle().await;
+        let id = handle.agent().id();
+        let rows = handle
+            .agent()
+            .log()
+            .events()
+            .iter()
+            .map(|event| {
+                let mut key = id.as_bytes().to_vec();
+                key.extend_from_slice(&event.seq.to_be_bytes());
+                (key, serde_json::to_vec(event).expect("event encodes"))
+            })
+            .collect();
+        handle.dispose().await.expect("dispose");
+        rows
+    })
+}
+
+fn bench(c: &mut Criterion) {
+    let system = System::new();
+    let mut group = c.benchmark_group("agent_turn");
+    group.measurement_time(Duration::from_secs(4)).sample_size(40);
+
+    group.bench_function("floor/actor_spawn_round_trip", |b| {
+        b.iter(|| system.block_on(async { black_box(Echo.start().send(Ping(7)).await.expect("reply")) }));
+    });
+
+    let rows = turn_bytes(&system);
+    let db = sled::Config::new().temporary(true).open().expect("sled opens");
+    let tree = db.open_tree("events").expect("tree opens");
+    let mut round = 0u64;
+    group.bench_function("floor/sled_insert_turn_bytes", |b| {
+        b.iter(|| {
+            round += 1;
+            let mut batch = sled::Batch::default();
+            for (key, value) in &rows {
+                let mut key = key.clone();
+                key.extend_from_slice(&round.to_be_bytes());
+                batch.insert(key, value.as_slice());
+            }
+            tree.apply_batch(batch).expect("batch applies");
+        });
+    });
+
+    let memory = system.block_on(async { runtime(Arc::new(MemoryStore::new())) });
+    group.bench_function("lifecycle/memory", |b| {
+        b.iter(|| system.block_on(one_lifecycle(&memory)));
+    });
+
+    let sled_rt = system.block_on(async { runtime(Arc::new(SledStore::temporary().expect("sled store"))) });
+    group.bench_function("lifecycle/sled", |b| {
+        b.iter(|| system.block_on(one_lifecycle(&sled_rt)));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
