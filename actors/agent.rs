@@ -94,7 +94,14 @@ pub struct AgentActor {
     phase: Phase,
     parked: bool,
     wake_latched: bool,
+    /// A waking `next-step` send arrived while the turn ran and no claim has taken it yet.
+    step_wake_pending: bool,
+    /// Set by a `disposed` cancel: new sends are refused and no turn restarts.
+    disposing: bool,
+    /// A [`Retire`] arrived mid-turn; the actor stops when the turn ends.
+    retiring: bool,
     idle_waiters: Vec<oneshot::Sender<()>>,
+    retire_waiters: Vec<oneshot::Sender<()>>,
 }
 
 impl Actor for AgentActor {
@@ -121,7 +128,11 @@ impl AgentActor {
             phase: Phase::Idle,
             parked: false,
             wake_latched: false,
+            step_wake_pending: false,
+            disposing: false,
+            retiring: false,
             idle_waiters: Vec::new(),
+            retire_waiters: Vec::new(),
         }
     }
 
@@ -139,6 +150,9 @@ impl AgentActor {
         wake: Wake,
         ctx: &mut Context<Self>,
     ) -> Result<MessageId> {
+        if self.disposing {
+            return Err(SubagentError::agent_gone(self.id));
+        }
         let mut target = target;
         let cancelled_cause = match &self.phase {
             Phase::Running { cancel, .. } if cancel.is_cancelled() => Some(cancel.cause().cloned()),
@@ -159,9 +173,13 @@ impl AgentActor {
                     self.parked = false;
                     self.start_turn(ctx);
                 }
-                (Phase::Running { .. }, Some(Some(CancelCause::Disposed))) => {}
                 (Phase::Running { .. }, Some(_)) => self.wake_latched = true,
-                (Phase::Running { .. }, None) => self.parked = false,
+                (Phase::Running { .. }, None) => {
+                    self.parked = false;
+                    // The driver may already be past its last claim; make sure the message is
+                    // picked up by a step of this turn or by the next turn.
+                    self.step_wake_pending |= target == InboxTarget::NextStep;
+                }
             }
         }
         Ok(id)
@@ -174,6 +192,7 @@ impl AgentActor {
             self.become_idle();
             return;
         }
+        self.step_wake_pending = false;
         let claimed = match self.inbox.claim(&self.log, InboxTarget::NextTurn) {
             Ok(claimed) => claimed,
             Err(error) => {
@@ -213,11 +232,17 @@ impl AgentActor {
         tracing::debug!(session_id = %self.id, turn, ?reason, "turn ended");
         self.phase = Phase::Idle;
         self.emit(AgentEventKind::TurnEnded { turn, reason });
+        if self.retiring {
+            self.become_idle();
+            self.retire(ctx);
+            return;
+        }
         let latched = std::mem::take(&mut self.wake_latched);
         if latched {
             self.parked = false;
         }
-        if latched || (!self.parked && self.inbox.has_next_turn()) {
+        let pending = self.inbox.has_next_turn() || self.step_wake_pending;
+        if !self.disposing && (latched || (!self.parked && pending)) {
             self.start_turn(ctx);
         } else {
             self.become_idle();
@@ -233,25 +258,31 @@ impl AgentActor {
     }
 
     fn cancel(&mut self, cause: CancelCause, policy: InboxPolicy) -> Result<()> {
+        if cause == CancelCause::Disposed {
+            // Disposal refuses new work from here on and never restarts a turn.
+            self.disposing = true;
+        }
+        // The token first: a failed discard below must not leave the turn running.
+        if let Phase::Running { cancel, turn } = &self.phase {
+            tracing::debug!(session_id = %self.id, turn, ?cause, ?policy, "cancelling the running turn");
+            cancel.cancel(cause);
+        }
         match policy {
             InboxPolicy::Discard => {
                 self.wake_latched = false;
-                self.discard_pending()?;
+                self.discard_pending()
             }
             InboxPolicy::Keep => {
                 if matches!(self.phase, Phase::Running { .. }) {
                     self.parked = true;
                 }
+                Ok(())
             }
         }
-        if let Phase::Running { cancel, turn } = &self.phase {
-            tracing::debug!(session_id = %self.id, turn, ?cause, ?policy, "cancelling the running turn");
-            cancel.cancel(cause);
-        }
-        Ok(())
     }
 
     fn discard_pending(&mut self) -> Result<()> {
+        self.step_wake_pending = false;
         for message in self.inbox.clear(&self.log)? {
             self.emit(AgentEventKind::InboxDiscarded {
                 message: message.id,
@@ -275,6 +306,7 @@ impl AgentActor {
     }
 
     fn claim_step(&mut self, turn: u64) -> Vec<Message> {
+        self.step_wake_pending = false;
         match self.inbox.claim(&self.log, InboxTarget::NextStep) {
             Ok(claimed) => {
                 for message in &claimed {
@@ -293,6 +325,13 @@ impl AgentActor {
     }
 
     fn retire(&mut self, ctx: &mut Context<Self>) {
+        self.disposing = true;
+        if let Phase::Running { cancel, .. } = &self.phase {
+            // Stop only once the turn has closed its log; `turn_finished` comes back here.
+            cancel.cancel(CancelCause::Disposed);
+            self.retiring = true;
+            return;
+        }
         if let Err(error) = self.discard_pending() {
             tracing::warn!(session_id = %self.id, %error, "could not journal the final discard");
         }
@@ -300,6 +339,10 @@ impl AgentActor {
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(disposer)).is_err() {
                 tracing::error!(session_id = %self.id, "a scope disposer panicked");
             }
+        }
+        for waiter in self.retire_waiters.drain(..) {
+            // A waiter that stopped listening needs no answer.
+            let _ = waiter.send(());
         }
         ctx.stop();
     }
@@ -415,17 +458,23 @@ impl Handler<QueueContext> for AgentActor {
     }
 }
 
-/// Internal, sent by disposal once the agent is idle: discard what is left, unwind the scope,
-/// stop.
+/// Internal, sent by disposal: discard what is left, unwind the scope, stop. Resolves once the
+/// actor has stopped; a turn still running is cancelled (`disposed`) and closed first.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Retire;
 
 impl Handler<Retire> for AgentActor {
-    type Result = ();
+    type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) -> Self::Result {
+        let (sender, receiver) = oneshot::channel();
+        self.retire_waiters.push(sender);
         self.retire(ctx);
+        Box::pin(async move {
+            // A dropped sender means the actor stopped: retired either way.
+            let _ = receiver.await;
+        })
     }
 }
 

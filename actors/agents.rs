@@ -14,9 +14,11 @@
 //! a log loaded (and crash-repaired) by [`crate::SessionPersistence::prepare`].
 //!
 //! # Disposal order
-//! `dispose` = cancel the turn with cause `disposed`, discarding pending work → wait until idle
-//! → unwind the scope and stop the actor → unregister (`agent/disposed`) → flush the log and
-//! detach it from the store.
+//! `dispose` = cancel the turn with cause `disposed`, discarding pending work and refusing new
+//! sends → wait until idle → unwind the scope and stop the actor → flush the log and detach it
+//! from the store → unregister (`agent/disposed`). The flush comes before the unregistration
+//! (upstream drains after it) so that the id stays reserved until the store holds the whole
+//! log: a resume can never load a store that lacks this log's tail.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -384,20 +386,27 @@ impl Agents {
             log.clone(),
             Arc::clone(&options),
         );
+        // The token owns the creation until here; from the reservation on, creation completes
+        // or fails on its own (and a dropped future releases the reservation).
         self.registry.send(Reserve(agent.clone())).await??;
+        let reservation = Reservation {
+            registry: self.registry.clone(),
+            agent: Some(agent.clone()),
+        };
         if let Some(store) = &self.env.store {
-            let stored = match stored_len {
-                Some(len) => Ok(len),
-                None => store.create(header, log.events()).await.map(|()| log.len()),
-            };
-            match stored {
-                Ok(next_seq) => log.attach(Arc::clone(store), next_seq),
-                Err(error) => {
-                    self.registry.send(Unregister(agent.clone())).await?;
-                    return Err(error);
+            let next_seq = match stored_len {
+                Some(len) => len,
+                None => {
+                    let initial = log.events();
+                    let count = u64::try_from(initial.len())
+                        .map_err(|_| SubagentError::bug("initial log too long"))?;
+                    store.create(header, initial).await?;
+                    count
                 }
-            }
+            };
+            log.attach(Arc::clone(store), next_seq);
         }
+        reservation.keep();
         if let Some(commit) = commit {
             commit();
         }
@@ -438,6 +447,27 @@ impl Agents {
     /// Every live agent.
     pub async fn list(&self) -> Vec<AgentRef> {
         self.registry.send(ListLive).await.unwrap_or_default()
+    }
+}
+
+/// Releases a registry reservation unless the publication completed.
+struct Reservation {
+    registry: Addr<AgentRegistry>,
+    agent: Option<AgentRef>,
+}
+
+impl Reservation {
+    fn keep(mut self) {
+        self.agent = None;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(agent) = self.agent.take() {
+            // The registry outlives every creation; a stopped registry has nothing to release.
+            self.registry.do_send(Unregister(agent));
+        }
     }
 }
 
@@ -509,6 +539,10 @@ impl AgentHandle {
         agent.when_idle().await;
         // A stopped actor has nothing left to unwind.
         let _ = agent.addr().send(Retire).await;
+        // Flush and detach before unregistering: until the id is free, no resume can load a
+        // store that is missing this log's tail.
+        let flushed = agent.log().flush().await;
+        agent.log().detach();
         let removed = self
             .shared
             .registry
@@ -521,8 +555,6 @@ impl AgentHandle {
                 kind: AgentEventKind::Disposed,
             });
         }
-        let flushed = agent.log().flush().await;
-        agent.log().detach();
         flushed
     }
 }

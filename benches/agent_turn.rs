@@ -40,13 +40,20 @@ impl Handler<Ping> for Echo {
 fn runtime(store: Arc<dyn SessionPersistence>) -> Runtime {
     Runtime::builder()
         .shared_store(store)
-        .model("scripted", ScriptedModel::repeating(ScriptStep::text("done")))
+        .model(
+            "scripted",
+            ScriptedModel::repeating(ScriptStep::text("done")),
+        )
         .build()
         .expect("runtime builds")
 }
 
 async fn one_lifecycle(rt: &Runtime) {
-    let handle = rt.agents().create(CreateAgent::new()).await.expect("create");
+    let handle = rt
+        .agents()
+        .create(CreateAgent::new())
+        .await
+        .expect("create");
     handle
         .agent()
         .followup(vec![ContentBlock::text("work")], MessageSource::User)
@@ -60,7 +67,11 @@ async fn one_lifecycle(rt: &Runtime) {
 fn turn_bytes(system: &SystemRunner) -> Vec<(Vec<u8>, Vec<u8>)> {
     system.block_on(async {
         let rt = runtime(Arc::new(MemoryStore::new()));
-        let handle = rt.agents().create(CreateAgent::new()).await.expect("create");
+        let handle = rt
+            .agents()
+            .create(CreateAgent::new())
+            .await
+            .expect("create");
         handle
             .agent()
             .followup(vec![ContentBlock::text("work")], MessageSource::User)
@@ -87,14 +98,21 @@ fn turn_bytes(system: &SystemRunner) -> Vec<(Vec<u8>, Vec<u8>)> {
 fn bench(c: &mut Criterion) {
     let system = System::new();
     let mut group = c.benchmark_group("agent_turn");
-    group.measurement_time(Duration::from_secs(4)).sample_size(40);
+    group
+        .measurement_time(Duration::from_secs(4))
+        .sample_size(40);
 
     group.bench_function("floor/actor_spawn_round_trip", |b| {
-        b.iter(|| system.block_on(async { black_box(Echo.start().send(Ping(7)).await.expect("reply")) }));
+        b.iter(|| {
+            system.block_on(async { black_box(Echo.start().send(Ping(7)).await.expect("reply")) })
+        });
     });
 
     let rows = turn_bytes(&system);
-    let db = sled::Config::new().temporary(true).open().expect("sled opens");
+    let db = sled::Config::new()
+        .temporary(true)
+        .open()
+        .expect("sled opens");
     let tree = db.open_tree("events").expect("tree opens");
     let mut round = 0u64;
     group.bench_function("floor/sled_insert_turn_bytes", |b| {
@@ -115,7 +133,8 @@ fn bench(c: &mut Criterion) {
         b.iter(|| system.block_on(one_lifecycle(&memory)));
     });
 
-    let sled_rt = system.block_on(async { runtime(Arc::new(SledStore::temporary().expect("sled store"))) });
+    let sled_rt =
+        system.block_on(async { runtime(Arc::new(SledStore::temporary().expect("sled store"))) });
     group.bench_function("lifecycle/sled", |b| {
         b.iter(|| system.block_on(one_lifecycle(&sled_rt)));
     });

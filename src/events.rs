@@ -139,12 +139,13 @@ impl<E: ScopedEvent> EventBus<E> {
 
     /// Calls every matching listener, each contained on its own.
     pub fn emit(&self, event: &E) {
+        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        if entries.is_empty() {
+            return;
+        }
         let key = event.scope_key();
         // Snapshot first so a listener may subscribe or unsubscribe without deadlocking.
-        let listeners: Vec<Listener<E>> = self
-            .entries
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+        let listeners: Vec<Listener<E>> = entries
             .iter()
             .filter(|entry| match &entry.scope {
                 EventScope::All => true,
@@ -152,6 +153,7 @@ impl<E: ScopedEvent> EventBus<E> {
             })
             .map(|entry| Arc::clone(&entry.listener))
             .collect();
+        drop(entries);
         for listener in listeners {
             match catch_unwind(AssertUnwindSafe(|| listener(event))) {
                 Ok(None) => {}

@@ -467,3 +467,39 @@ async fn an_unbalanced_seed_is_refused_before_anything_is_created() {
     );
     parent.dispose().await.unwrap();
 }
+
+#[actix_rt::test]
+async fn a_send_racing_disposal_never_starts_another_turn() {
+    let model = ScriptedModel::with_script([ScriptStep::Hang]);
+    model.set_fallback(ScriptStep::text("must not run"));
+    let rt = runtime_on(Arc::new(MemoryStore::new()), &model);
+    let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let agent = handle.agent().clone();
+    agent
+        .followup(text("hang"), MessageSource::User)
+        .await
+        .unwrap();
+    let (disposed, raced) = futures::join!(
+        handle.dispose(),
+        agent.followup(text("late"), MessageSource::User)
+    );
+    disposed.unwrap();
+    if let Err(error) = raced {
+        assert_eq!(
+            error.code(),
+            ErrorCode::AgentDisposed,
+            "a refused send says why"
+        );
+    }
+    assert_eq!(
+        model.request_count(),
+        1,
+        "no turn ran after the disposal began"
+    );
+    assert_eq!(turn_ends(&agent.log().events()).len(), 1);
+    let error = agent
+        .followup(text("after"), MessageSource::User)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AgentDisposed);
+}

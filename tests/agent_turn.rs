@@ -509,3 +509,176 @@ async fn turn_numbers_continue_across_turns() {
     assert_eq!(turns, [1, 2, 3]);
     handle.dispose().await.unwrap();
 }
+
+#[actix_rt::test]
+async fn a_steered_tool_step_after_a_finished_step_still_reaches_the_model() {
+    let gate = subagents::Gate::new();
+    let model = ScriptedModel::with_script([
+        ScriptStep::text("first answer").gated(&gate),
+        ScriptStep::tool_call("c1", "echo", json!({"text": "x"})),
+        ScriptStep::text("saw the tool"),
+    ]);
+    let rt = runtime_with_tools(&model, vec![echo_tool()]);
+    let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let agent = handle.agent().clone();
+    agent
+        .followup(text("go"), MessageSource::User)
+        .await
+        .unwrap();
+    within("step 1", gate.reached()).await;
+    agent
+        .steer(text("also use the tool"), MessageSource::User)
+        .await
+        .unwrap();
+    gate.release();
+    within("the turn", agent.when_idle()).await;
+    assert_eq!(
+        model.request_count(),
+        3,
+        "the tool step's results went back to the model"
+    );
+    let third = &model.requests()[2];
+    assert!(matches!(
+        third.messages.last().map(|m| &m.content[0]),
+        Some(ContentBlock::ToolResult { .. })
+    ));
+    assert_eq!(turn_ends(&agent.log().events()), [TurnEndReason::Completed]);
+    handle.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_panicking_tool_is_an_error_result_and_the_agent_lives_on() {
+    let boom = Tool::new("boom", "Panics.", json!({}), |_, _| async {
+        panic!("tool bug")
+    });
+    let model = ScriptedModel::with_script([
+        ScriptStep::tool_call("c1", "boom", json!({})),
+        ScriptStep::text("recovered"),
+        ScriptStep::text("next turn"),
+    ]);
+    let rt = runtime_with_tools(&model, vec![boom]);
+    let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
+    handle
+        .agent()
+        .followup(text("x"), MessageSource::User)
+        .await
+        .unwrap();
+    within("the turn", handle.agent().when_idle()).await;
+    handle
+        .agent()
+        .followup(text("y"), MessageSource::User)
+        .await
+        .unwrap();
+    within("the next turn", handle.agent().when_idle()).await;
+    let events = handle.agent().log().events();
+    let code = events.iter().find_map(|e| match &e.kind {
+        EventKind::ToolResult { error, .. } => error.as_ref().map(|e| e.code.clone()),
+        _ => None,
+    });
+    assert_eq!(code.as_deref(), Some("TOOL_PANICKED"));
+    assert_eq!(
+        turn_ends(&events),
+        [TurnEndReason::Completed, TurnEndReason::Completed]
+    );
+    handle.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_panicking_pre_step_hook_blocks_the_turn_and_the_agent_lives_on() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = memory_runtime(&model);
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let trip = Arc::clone(&armed);
+    let hook: PreStepHook = Arc::new(move |_, decision| {
+        if trip.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            panic!("policy bug");
+        }
+        decision
+    });
+    let handle = rt
+        .agents()
+        .create(CreateAgent::new().setup(
+            move |scope: &mut subagents::AgentScope, _: &subagents::SessionLog| {
+                scope.on_pre_step(hook);
+                Ok(None)
+            },
+        ))
+        .await
+        .unwrap();
+    for prompt in ["a", "b"] {
+        handle
+            .agent()
+            .followup(text(prompt), MessageSource::User)
+            .await
+            .unwrap();
+        within("the turn", handle.agent().when_idle()).await;
+    }
+    assert_eq!(
+        turn_ends(&handle.agent().log().events()),
+        [TurnEndReason::Blocked, TurnEndReason::Completed]
+    );
+    handle.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn repeated_call_ids_from_the_model_are_made_distinct() {
+    let model = ScriptedModel::with_script([
+        ScriptStep::tool_calls(&[
+            ("dup", "echo", json!({"text": "1"})),
+            ("dup", "echo", json!({"text": "2"})),
+        ]),
+        ScriptStep::text("done"),
+    ]);
+    let rt = runtime_with_tools(&model, vec![echo_tool()]);
+    let events = run_one(&rt, "x").await;
+    let ids: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolCall { call_id, .. } => Some(call_id.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, ["dup", "dup-1"]);
+    assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+}
+
+#[actix_rt::test]
+async fn a_turn_stopping_hook_can_steer_one_more_step() {
+    let model = ScriptedModel::with_script([ScriptStep::text("draft"), ScriptStep::text("final")]);
+    let rt = memory_runtime(&model);
+    let once = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let handle = rt
+        .agents()
+        .create(CreateAgent::new().setup(
+            move |scope: &mut subagents::AgentScope, _: &subagents::SessionLog| {
+                scope.on_turn_stopping(Arc::new(move |_| {
+                    if once.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                        vec![subagents::Message::user(
+                            text("double-check"),
+                            MessageSource::User,
+                        )]
+                    } else {
+                        Vec::new()
+                    }
+                }));
+                Ok(None)
+            },
+        ))
+        .await
+        .unwrap();
+    handle
+        .agent()
+        .followup(text("go"), MessageSource::User)
+        .await
+        .unwrap();
+    within("the turn", handle.agent().when_idle()).await;
+    let events = handle.agent().log().events();
+    assert_eq!(crate::support::user_texts(&events), ["go", "double-check"]);
+    assert_eq!(
+        turn_ends(&events),
+        [TurnEndReason::Completed],
+        "the steer extended the same turn"
+    );
+    assert_eq!(model.request_count(), 2);
+    handle.dispose().await.unwrap();
+}

@@ -203,14 +203,17 @@ fn children_are_listed_by_parent_without_reading_logs() {
         Arc::new(SledStore::temporary().unwrap()),
     ] {
         let parent = SessionId::new();
-        block_on(store.create(SessionHeader::new(parent), vec![])).unwrap();
+        block_on(store.create(SessionHeader::new(parent), notes(0, 1))).unwrap();
         let mut children = Vec::new();
         for _ in 0..3 {
             let mut header = SessionHeader::new(SessionId::new());
             header.parent_session = Some(parent);
             children.push(header.id);
-            block_on(store.create(header, vec![])).unwrap();
+            block_on(store.create(header, notes(0, 1))).unwrap();
         }
+        let mut silent = SessionHeader::new(SessionId::new());
+        silent.parent_session = Some(parent);
+        block_on(store.create(silent, vec![])).unwrap();
         let mut listed: Vec<SessionId> = block_on(store.list_children(parent))
             .unwrap()
             .iter()

@@ -38,7 +38,11 @@ fn agent_tools_shadow_globals_and_masks_intersect() {
     );
     let mut layer = ToolLayer::default();
     layer.register(named("read", "scoped")).unwrap();
-    assert_eq!(names(&layer.visible(&globals)), ["read", "write", "bash"]);
+    assert_eq!(
+        names(&layer.visible(&globals)),
+        ["bash", "read", "write"],
+        "sorted by name"
+    );
     layer
         .restrict(&globals, ToolFilter::allow(["write", "bash"]))
         .unwrap();

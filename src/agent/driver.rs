@@ -17,7 +17,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use futures::future::BoxFuture;
+use std::panic::AssertUnwindSafe;
+
+use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{self, StreamExt};
 use tokio_util::sync::CancellationToken;
 
@@ -29,16 +31,13 @@ use crate::content::{ContentBlock, Message};
 use crate::ids::{CallId, SessionId};
 use crate::model::{FinishReason, GenerateRequest, StreamChunk};
 use crate::session::{
-    CancelCause, EventKind, LlmFailure, SessionEvent, SessionLog, SurfaceOp, TokenUsage,
-    TurnEndReason,
+    interrupted_turn_closers, CancelCause, EventKind, LlmFailure, SessionEvent, SessionLog,
+    SurfaceOp, TokenUsage, TurnEndReason,
 };
-use crate::tools::{self, Concurrency, ToolCtx, ToolExecutionResult};
+use crate::tools::{self, Concurrency, ToolCtx, ToolExecutionResult, ABORTED_BEFORE_DISPATCH};
 
 /// How many concurrency-safe calls of one step run at once.
 const MAX_PARALLEL_TOOL_CALLS: usize = 10;
-
-/// The tool-result code of a call that never started because the turn was cancelled.
-pub const ABORTED_BEFORE_DISPATCH: &str = "ABORTED_BEFORE_DISPATCH";
 
 /// How the driver reaches the agent's inbox.
 pub(crate) trait InboxPort: Send + Sync + 'static {
@@ -119,11 +118,24 @@ impl TurnContext {
 
 /// Runs turn `turn`, which the actor opened with `claimed`, and returns how it ended (after
 /// appending `turn/end`).
+///
+/// Whatever happens inside — a fault, a refused append, even a panic in a hook or in this
+/// crate — the turn is closed: open tool calls get results, an open step gets `step/end`, so the
+/// log stays balanced and the agent can run its next turn.
 pub(crate) async fn run_turn(ctx: &TurnContext, turn: u64, claimed: Vec<Message>) -> TurnEndReason {
-    let outcome = drive(ctx, turn, claimed).await;
+    let outcome = AssertUnwindSafe(drive(ctx, turn, claimed))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| {
+            tracing::error!(session_id = %ctx.agent, turn, "the turn driver panicked");
+            Err(Fault::Failed(LlmFailure::new(
+                "UNKNOWN",
+                "the turn driver panicked",
+            )))
+        });
     let reason = match outcome {
         // A failure that follows a cancel is the cancel's doing.
-        Err(Fault::Aborted) | Err(Fault::Failed(_)) if ctx.cancel.is_cancelled() => {
+        Err(Fault::Aborted | Fault::Failed(_)) if ctx.cancel.is_cancelled() => {
             TurnEndReason::Aborted {
                 reason: ctx.cancel.reason(),
             }
@@ -136,22 +148,40 @@ pub(crate) async fn run_turn(ctx: &TurnContext, turn: u64, claimed: Vec<Message>
         Ok(Some(Ending::Blocked)) => TurnEndReason::Blocked,
         Ok(Some(Ending::Completed) | None) => TurnEndReason::Completed,
     };
-    if let Err(error) = ctx.log.append(EventKind::TurnEnd {
-        turn,
-        reason: reason.clone(),
-    }) {
-        tracing::error!(session_id = %ctx.agent, turn, %error, "could not close the turn");
-    }
+    close_turn(ctx, turn, reason.clone());
     reason
 }
 
+/// Appends what closes the turn: results for open calls and `step/end` if a fault left them
+/// open (the crash-repair closers, minus their `turn/end`), then `turn/end` with `reason`.
+fn close_turn(ctx: &TurnContext, turn: u64, reason: TurnEndReason) {
+    let dangling = if ctx.log.has_open_step() {
+        ctx.log.with_events(interrupted_turn_closers)
+    } else {
+        Vec::new()
+    };
+    let closers = dangling
+        .into_iter()
+        .filter(|kind| !matches!(kind, EventKind::TurnEnd { .. }))
+        .chain(std::iter::once(EventKind::TurnEnd { turn, reason }));
+    for closer in closers {
+        if let Err(error) = ctx.log.append(closer) {
+            tracing::error!(session_id = %ctx.agent, turn, %error, "could not close the turn");
+        }
+    }
+}
+
+/// Runs the steps of a turn. Returns the turn's ending: the last step ending, except that
+/// `max-tokens` is sticky.
 async fn drive(
     ctx: &TurnContext,
     turn: u64,
     mut entering: Vec<Message>,
 ) -> Result<Option<Ending>, Fault> {
     let mut step = 0;
-    let mut ending: Option<Ending> = None;
+    let mut turn_ending: Option<Ending> = None;
+    // Whether the previous step ended the turn's work (no tool results left for the model).
+    let mut step_ended = false;
     loop {
         if ctx.cancel.is_cancelled() {
             return Err(Fault::Aborted);
@@ -172,8 +202,8 @@ async fn drive(
         if messages.is_empty() && step == 0 {
             return Ok(Some(Ending::Completed));
         }
-        if messages.is_empty() && ending.is_some() {
-            return Ok(ending);
+        if messages.is_empty() && step_ended {
+            return Ok(turn_ending);
         }
         step += 1;
         ctx.append(EventKind::StepStart { turn, step })?;
@@ -187,14 +217,25 @@ async fn drive(
                 tracing::warn!(session_id = %ctx.agent, turn, step, %error, "step flush failed");
             }
         }
-        match stepped? {
-            Some(Ending::MaxTokens) => ending = Some(Ending::MaxTokens),
-            Some(new) if ending != Some(Ending::MaxTokens) => ending = Some(new),
-            _ => {}
+        let step_ending = stepped?;
+        if let Some(ending) = step_ending {
+            if turn_ending != Some(Ending::MaxTokens) {
+                turn_ending = Some(ending);
+            }
         }
+        step_ended = step_ending.is_some();
         entering = ctx.inbox.claim_next_step(turn).await;
-        if ending.is_some() && entering.is_empty() {
-            return Ok(ending);
+        if step_ended && entering.is_empty() {
+            let stopping = PreStep {
+                agent: ctx.agent,
+                turn,
+                step: step + 1,
+                log: &ctx.log,
+            };
+            entering = ctx.scope.turn_stopping(&stopping);
+            if entering.is_empty() {
+                return Ok(turn_ending);
+            }
         }
     }
 }

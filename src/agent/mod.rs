@@ -19,7 +19,7 @@ use crate::tools::ToolRegistry;
 pub use inbox::Inbox;
 pub use scope::{
     assemble_system_prompt, AgentScope, AgentSetup, Disposer, PreStep, PreStepDecision,
-    PreStepHook, PromptSection, SetupCommit, ToolResultObserver, ToolResultSeen,
+    PreStepHook, PromptSection, SetupCommit, ToolResultObserver, ToolResultSeen, TurnStoppingHook,
 };
 
 /// When a running agent makes its log durable on its own.

@@ -5,6 +5,7 @@
 //! A child gets a new, flat scope: nothing is copied from its parent's scope. Disposing the
 //! agent unwinds the scope: its disposers run in reverse registration order.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -86,6 +87,10 @@ pub enum PreStepDecision {
 /// A pre-step hook: a waterfall stage that receives the previous stage's decision.
 pub type PreStepHook = Arc<dyn Fn(&PreStep<'_>, PreStepDecision) -> PreStepDecision + Send + Sync>;
 
+/// A turn-stopping hook: runs when a turn is about to end with nothing left in `next-step`;
+/// the messages it returns are entered as another step of the same turn (it may steer).
+pub type TurnStoppingHook = Arc<dyn Fn(&PreStep<'_>) -> Vec<Message> + Send + Sync>;
+
 /// What a tool-result observer sees: the call and its final result.
 #[derive(Debug)]
 pub struct ToolResultSeen<'a> {
@@ -114,6 +119,7 @@ pub struct AgentScope {
     tools: ToolLayer,
     sections: Vec<PromptSection>,
     pre_step: Vec<PreStepHook>,
+    turn_stopping: Vec<TurnStoppingHook>,
     tool_results: Vec<ToolResultObserver>,
     disposers: Vec<Disposer>,
 }
@@ -134,6 +140,7 @@ impl AgentScope {
             tools: ToolLayer::default(),
             sections: Vec::new(),
             pre_step: Vec::new(),
+            turn_stopping: Vec::new(),
             tool_results: Vec::new(),
             disposers: Vec::new(),
         }
@@ -171,6 +178,11 @@ impl AgentScope {
         self.pre_step.push(hook);
     }
 
+    /// Adds a turn-stopping hook (run serially, after those already added).
+    pub fn on_turn_stopping(&mut self, hook: TurnStoppingHook) {
+        self.turn_stopping.push(hook);
+    }
+
     /// Adds a tool-result observer.
     pub fn on_tool_result(&mut self, observer: ToolResultObserver) {
         self.tool_results.push(observer);
@@ -196,18 +208,41 @@ impl AgentScope {
         &self.sections
     }
 
-    /// Runs the pre-step waterfall.
+    /// Runs the pre-step waterfall. A hook that panics rejects the step (the turn ends
+    /// `blocked`): a broken policy must not let work through.
     pub fn pre_step(&self, step: &PreStep<'_>, mut decision: PreStepDecision) -> PreStepDecision {
         for hook in &self.pre_step {
-            decision = hook(step, decision);
+            let current = decision;
+            decision = match catch_unwind(AssertUnwindSafe(|| hook(step, current))) {
+                Ok(next) => next,
+                Err(_) => {
+                    tracing::error!(session_id = %step.agent, turn = step.turn, "a pre-step hook panicked; rejecting the step");
+                    return PreStepDecision::Reject;
+                }
+            };
         }
         decision
+    }
+
+    /// Runs the turn-stopping hooks serially and collects the messages they steer in. A hook
+    /// that panics is logged and contributes nothing.
+    pub fn turn_stopping(&self, step: &PreStep<'_>) -> Vec<Message> {
+        let mut steered = Vec::new();
+        for hook in &self.turn_stopping {
+            match catch_unwind(AssertUnwindSafe(|| hook(step))) {
+                Ok(messages) => steered.extend(messages),
+                Err(_) => {
+                    tracing::error!(session_id = %step.agent, turn = step.turn, "a turn-stopping hook panicked")
+                }
+            }
+        }
+        steered
     }
 
     /// Tells every observer about a final result, each contained on its own.
     pub fn tool_result(&self, seen: &ToolResultSeen<'_>) {
         for observer in &self.tool_results {
-            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer(seen))).is_err() {
+            if catch_unwind(AssertUnwindSafe(|| observer(seen))).is_err() {
                 tracing::error!(session_id = %seen.agent, tool = seen.name, "tool-result observer panicked");
             }
         }

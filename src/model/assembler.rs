@@ -115,7 +115,24 @@ impl BlockAssembler {
     }
 
     /// The assembled blocks in index order; empty text blocks are left out.
+    ///
+    /// Tool-call ids are normalized so each call of one response has a distinct, non-empty id
+    /// (the log pairs results with calls by id): a missing id becomes `call-<index>`, a repeated
+    /// one gets `-<index>` appended.
     pub fn blocks(&self) -> Vec<ContentBlock> {
+        let mut seen = std::collections::HashSet::new();
+        let mut unique_id = |index: u32, id: &str| {
+            let mut id = if id.is_empty() {
+                fallback_call_id(index)
+            } else {
+                CallId::new(id)
+            };
+            if !seen.insert(id.clone()) {
+                id = CallId::new(format!("{id}-{index}"));
+                seen.insert(id.clone());
+            }
+            id
+        };
         self.blocks
             .iter()
             .filter_map(|(index, partial)| match partial {
@@ -129,11 +146,16 @@ impl BlockAssembler {
                     name,
                     arguments,
                 } => Some(ContentBlock::ToolCall {
-                    id: if id.is_empty() {
-                        fallback_call_id(*index)
-                    } else {
-                        CallId::new(id.clone())
-                    },
+                    id: unique_id(*index, id),
+                    name: name.clone(),
+                    arguments: arguments.clone(),
+                }),
+                Partial::Done(ContentBlock::ToolCall {
+                    id,
+                    name,
+                    arguments,
+                }) => Some(ContentBlock::ToolCall {
+                    id: unique_id(*index, id.as_str()),
                     name: name.clone(),
                     arguments: arguments.clone(),
                 }),

@@ -11,6 +11,8 @@
 //!    the one exception is a synthetic `TOOL_NOT_STARTED` result written by crash repair.
 //! 5. `surfaceOp` is present exactly on `user/message`, `assistant/message` and `tool/result`.
 //! 6. `sourceEventSeqs` lists earlier seqs without duplicates.
+//! 7. `request/*` events sit inside an open step and `todo/write` inside an open turn; other
+//!    plugin events (descriptor, inbox splices, policy) may sit between turns.
 //!
 //! A log is *balanced* when no turn or step is open and no tool call lacks its result.
 
@@ -156,10 +158,16 @@ impl LogShape {
                 }
                 self.answered_calls.insert(call_id.clone());
             }
-            EventKind::UserMessage(_)
-            | EventKind::InboxSpliced { .. }
-            | EventKind::EndSeed {}
-            | EventKind::Extension { .. } => {}
+            EventKind::Extension { event_type, .. } => match event_type.as_str() {
+                "request/header" | "request/context" if self.open_step.is_none() => {
+                    return fail("request events sit inside an open step");
+                }
+                "todo/write" if self.open_turn.is_none() => {
+                    return fail("todo/write sits inside an open turn");
+                }
+                _ => {}
+            },
+            EventKind::UserMessage(_) | EventKind::InboxSpliced { .. } | EventKind::EndSeed {} => {}
         }
         Ok(())
     }

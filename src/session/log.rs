@@ -138,6 +138,11 @@ impl SessionLog {
         self.lock().shape.is_balanced()
     }
 
+    /// Whether a step is open (a fault may have left it so).
+    pub fn has_open_step(&self) -> bool {
+        self.lock().shape.open_step().is_some()
+    }
+
     /// A copy of every event.
     pub fn events(&self) -> Vec<SessionEvent> {
         self.lock().events.clone()
@@ -171,7 +176,7 @@ impl SessionLog {
     /// # Errors
     /// As [`SessionLog::append`].
     pub fn append_with_sources(&self, kind: EventKind, sources: Vec<u64>) -> Result<u64> {
-        if let Some(value) = free_form_json(&kind) {
+        for value in free_form_json(&kind) {
             check_lossless(value)?;
         }
         let mut state = self.lock();

@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use crate::content::{Message, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::session::event::{EventKind, SessionEvent};
 use crate::session::invariants::LogShape;
@@ -50,12 +51,23 @@ pub fn check_lossless(value: &Value) -> Result<()> {
     })
 }
 
-/// The free-form JSON an event carries (extension payloads and tool metadata).
-pub(crate) fn free_form_json(kind: &EventKind) -> Option<&Value> {
+/// The free-form JSON an event carries: extension payloads, tool metadata, and the open
+/// `other` arm of message sources. Everything else is typed and lossless by construction.
+pub(crate) fn free_form_json(kind: &EventKind) -> Vec<&Value> {
+    fn source(message: &Message) -> Option<&Value> {
+        match &message.source {
+            MessageSource::Other(value) => Some(value),
+            _ => None,
+        }
+    }
     match kind {
-        EventKind::Extension { data, .. } => Some(data),
-        EventKind::ToolResult { meta, .. } => meta.as_ref(),
-        _ => None,
+        EventKind::Extension { data, .. } => vec![data],
+        EventKind::ToolResult { meta, message, .. } => meta.iter().chain(source(message)).collect(),
+        EventKind::UserMessage(message) | EventKind::AssistantMessage { message, .. } => {
+            source(message).into_iter().collect()
+        }
+        EventKind::InboxSpliced { inserted, .. } => inserted.iter().filter_map(source).collect(),
+        _ => Vec::new(),
     }
 }
 
@@ -75,7 +87,7 @@ pub fn validate_seed(seed: &[SessionEvent]) -> Result<LogShape> {
                 event.seq
             )));
         }
-        if let Some(value) = free_form_json(&event.kind) {
+        for value in free_form_json(&event.kind) {
             check_lossless(value)
                 .map_err(|e| invalid(format!("seed event {index}: {}", e.message())))?;
         }

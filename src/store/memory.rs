@@ -119,6 +119,7 @@ impl SessionPersistence for MemoryStore {
             .lock()
             .sessions
             .values()
+            .filter(|session| !session.events.is_empty())
             .map(|session| ListedSession::Header(session.header.clone()))
             .collect();
         Box::pin(future::ready(Ok(rows)))
@@ -129,7 +130,9 @@ impl SessionPersistence for MemoryStore {
             .lock()
             .sessions
             .values()
-            .filter(|session| session.header.parent_session == Some(parent))
+            .filter(|session| {
+                session.header.parent_session == Some(parent) && !session.events.is_empty()
+            })
             .map(|session| ListedSession::Header(session.header.clone()))
             .collect();
         Box::pin(future::ready(Ok(rows)))

@@ -8,6 +8,9 @@
 //! - `children`: parent id ‖ child id → empty; lists children without reading any log.
 //! - `projection_cache`: unit name ‖ 0x00 ‖ session id → row JSON.
 //!
+//! A session that never appended an event (created with an empty log) is left out of the
+//! listings until it does.
+//!
 //! Creates and appends are sled transactions over the trees they touch, so a crash never leaves
 //! half a batch. sled itself writes its log to the OS every 500 ms; [`SessionPersistence::flush`]
 //! (an fsync of the whole database) is the durability point.
@@ -83,6 +86,15 @@ impl SledStore {
             .map_err(|e| SubagentError::store_io(format!("reading header {id}"), e))?
             .ok_or_else(|| not_found(id))?;
         decode_header(id, &bytes)
+    }
+
+    /// Whether the session has appended anything (listings leave out sessions that never did).
+    /// An unreadable head counts as having events, so its session still shows up, as corrupt.
+    fn has_events(&self, id: SessionId) -> bool {
+        match self.heads.get(id.as_bytes()) {
+            Ok(Some(head)) => Head::decode(id, &head).map_or(true, |head| head.next_seq > 0),
+            Ok(None) | Err(_) => true,
+        }
     }
 
     fn listed(&self, id: SessionId, bytes: &[u8]) -> ListedSession {
@@ -304,6 +316,10 @@ impl SessionPersistence for SledStore {
         let outcome = self
             .headers
             .iter()
+            .filter(|row| match row {
+                Ok((key, _)) => id_from_key(key).is_none_or(|id| self.has_events(id)),
+                Err(_) => true,
+            })
             .map(|row| {
                 let (key, bytes) =
                     row.map_err(|e| SubagentError::store_io("listing sessions", e))?;
@@ -326,6 +342,13 @@ impl SessionPersistence for SledStore {
         let outcome = self
             .children
             .scan_prefix(parent.as_bytes())
+            .filter(|row| match row {
+                Ok((key, _)) => key
+                    .get(ID_LEN..)
+                    .and_then(id_from_key)
+                    .is_none_or(|id| self.has_events(id)),
+                Err(_) => true,
+            })
             .map(|row| {
                 let (key, _) = row.map_err(|e| SubagentError::store_io("listing children", e))?;
                 let child = key.get(ID_LEN..).and_then(id_from_key);

@@ -14,10 +14,11 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -373,7 +374,8 @@ impl ToolLayer {
         self.masks.iter().all(|mask| mask.admits(name))
     }
 
-    /// The tools this agent sees: its own first, then the admitted, unshadowed globals.
+    /// The tools this agent sees, sorted by name: its own, and the admitted globals it does not
+    /// shadow.
     pub fn visible(&self, globals: &ToolRegistry) -> Vec<Tool> {
         let state = globals.read();
         let mut tools = self.tools.clone();
@@ -386,6 +388,7 @@ impl ToolLayer {
                 })
                 .cloned(),
         );
+        tools.sort_by(|a, b| a.name().cmp(b.name()));
         tools
     }
 
@@ -406,12 +409,15 @@ impl ToolLayer {
     }
 
     /// The first refusal among the global and agent guards.
+    /// A guard that panics refuses the call: a broken policy must not let work through.
     pub fn check_guards(&self, globals: &ToolRegistry, call: &GuardedCall<'_>) -> Option<String> {
         let global_guards = globals.read().guards.clone();
-        global_guards
-            .iter()
-            .chain(&self.guards)
-            .find_map(|guard| guard(call))
+        global_guards.iter().chain(&self.guards).find_map(|guard| {
+            catch_unwind(AssertUnwindSafe(|| guard(call))).unwrap_or_else(|_| {
+                tracing::error!(session_id = %call.agent, tool = call.name, "a tool guard panicked");
+                Some("a tool guard failed".to_owned())
+            })
+        })
     }
 }
 
@@ -472,8 +478,14 @@ pub fn parse_arguments(raw: &str) -> Value {
     serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned()))
 }
 
-/// Runs one call to completion: lookup, guards, body. Cancellation of `ctx.cancel` while the
-/// body runs yields an `ABORTED` failure (the body lost the race to the cancel).
+/// The result code of a call that never started because the turn was cancelled first.
+pub const ABORTED_BEFORE_DISPATCH: &str = "ABORTED_BEFORE_DISPATCH";
+
+/// Runs one call to completion: lookup, guards, body.
+///
+/// A call whose turn is already cancelled never starts (`ABORTED_BEFORE_DISPATCH`); a
+/// cancellation while the body runs yields `ABORTED` (the body lost the race to the cancel); a
+/// body that panics yields `TOOL_PANICKED`. None of them unwinds into the caller.
 pub async fn execute(
     layer: &ToolLayer,
     globals: &ToolRegistry,
@@ -481,6 +493,13 @@ pub async fn execute(
     raw_arguments: &str,
 ) -> ToolExecutionResult {
     let name = ctx.name.clone();
+    if ctx.cancel.is_cancelled() {
+        return ToolExecutionResult::failure(
+            &name,
+            ABORTED_BEFORE_DISPATCH,
+            "tool call aborted before dispatch",
+        );
+    }
     let Some(tool) = layer.get(globals, &name) else {
         return ToolExecutionResult::failure(
             &name,
@@ -498,12 +517,16 @@ pub async fn execute(
         return ToolExecutionResult::failure(&name, "TOOL_DENIED", &reason);
     }
     let cancel = ctx.cancel.clone();
-    let body = (tool.body)(arguments, ctx.clone());
+    let body = AssertUnwindSafe(async { (tool.body)(arguments, ctx.clone()).await }).catch_unwind();
     tokio::select! {
         biased;
         outcome = body => match outcome {
-            Ok(output) => ToolExecutionResult::success(output, ctx.concluded()),
-            Err(error) => ToolExecutionResult::failure(&name, &error.code, &error.message),
+            Ok(Ok(output)) => ToolExecutionResult::success(output, ctx.concluded()),
+            Ok(Err(error)) => ToolExecutionResult::failure(&name, &error.code, &error.message),
+            Err(_) => {
+                tracing::error!(session_id = %ctx.agent, tool = %name, "a tool body panicked");
+                ToolExecutionResult::failure(&name, "TOOL_PANICKED", "the tool failed unexpectedly")
+            }
         },
         () = cancel.cancelled() => ToolExecutionResult::failure(&name, "ABORTED", "tool call aborted"),
     }
