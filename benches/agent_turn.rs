@@ -15,7 +15,7 @@ use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, Criterion};
 use subagents::{
     ContentBlock, CreateAgent, MemoryStore, MessageSource, Runtime, ScriptStep, ScriptedModel,
-    SessionPersistence, SledStore,
+    SessionEvent, SessionPersistence, SledStore,
 };
 
 struct Echo;
@@ -48,7 +48,8 @@ fn runtime(store: Arc<dyn SessionPersistence>) -> Runtime {
         .expect("runtime builds")
 }
 
-async fn one_lifecycle(rt: &Runtime) {
+/// Create → one text turn → when-idle → dispose; returns the agent's log.
+async fn one_lifecycle(rt: &Runtime) -> Vec<SessionEvent> {
     let handle = rt
         .agents()
         .create(CreateAgent::new())
@@ -60,39 +61,24 @@ async fn one_lifecycle(rt: &Runtime) {
         .await
         .expect("followup");
     handle.agent().when_idle().await;
+    let events = handle.agent().log().events();
     handle.dispose().await.expect("dispose");
+    events
 }
 
 /// The serialized events of one text turn, as the store writes them.
 fn turn_bytes(system: &SystemRunner) -> Vec<(Vec<u8>, Vec<u8>)> {
-    system.block_on(async {
-        let rt = runtime(Arc::new(MemoryStore::new()));
-        let handle = rt
-            .agents()
-            .create(CreateAgent::new())
-            .await
-            .expect("create");
-        handle
-            .agent()
-            .followup(vec![ContentBlock::text("work")], MessageSource::User)
-            .await
-            .expect("followup");
-        handle.agent().when_idle().await;
-        let id = handle.agent().id();
-        let rows = handle
-            .agent()
-            .log()
-            .events()
-            .iter()
-            .map(|event| {
-                let mut key = id.as_bytes().to_vec();
-                key.extend_from_slice(&event.seq.to_be_bytes());
-                (key, serde_json::to_vec(event).expect("event encodes"))
-            })
-            .collect();
-        handle.dispose().await.expect("dispose");
-        rows
-    })
+    let events =
+        system.block_on(async { one_lifecycle(&runtime(Arc::new(MemoryStore::new()))).await });
+    events
+        .iter()
+        .map(|event| {
+            // The store's key layout: session id (16 bytes) ‖ big-endian seq.
+            let mut key = [7u8; 16].to_vec();
+            key.extend_from_slice(&event.seq.to_be_bytes());
+            (key, serde_json::to_vec(event).expect("event encodes"))
+        })
+        .collect()
 }
 
 fn bench(c: &mut Criterion) {

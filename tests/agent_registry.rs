@@ -12,7 +12,7 @@ use subagents::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{text, turn_ends, user_texts, within};
+use crate::support::{run_prompt, text, turn_ends, user_texts};
 
 fn runtime_on(store: Arc<dyn SessionPersistence>, model: &ScriptedModel) -> Runtime {
     Runtime::builder()
@@ -188,12 +188,7 @@ async fn a_duplicate_live_id_is_refused_and_the_live_agent_is_untouched() {
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::DuplicateAgent);
     assert!(rt.agents().is_live(first.agent()).await);
-    first
-        .agent()
-        .followup(text("still works"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the live agent's turn", first.agent().when_idle()).await;
+    run_prompt(first.agent(), "still works").await;
     first.dispose().await.unwrap();
 }
 
@@ -204,12 +199,7 @@ async fn resume_reproduces_the_log_and_continues_turn_numbering() {
     let rt = runtime_on(store, &model);
     let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
     let id = handle.agent().id();
-    handle
-        .agent()
-        .followup(text("one"), MessageSource::User)
-        .await
-        .unwrap();
-    within("turn 1", handle.agent().when_idle()).await;
+    run_prompt(handle.agent(), "one").await;
     let before = handle.agent().log().events();
     handle.dispose().await.unwrap();
 
@@ -219,12 +209,7 @@ async fn resume_reproduces_the_log_and_continues_turn_numbering() {
         before,
         "resume loads the exact stored log"
     );
-    resumed
-        .agent()
-        .followup(text("two"), MessageSource::User)
-        .await
-        .unwrap();
-    within("turn 2", resumed.agent().when_idle()).await;
+    run_prompt(resumed.agent(), "two").await;
     let events = resumed.agent().log().events();
     assert_eq!(user_texts(&events), ["one", "two"]);
     assert!(events
@@ -318,12 +303,7 @@ async fn resume_on_another_runtime_revives_pending_work() {
         1,
         "the inbox replayed from the log"
     );
-    resumed
-        .agent()
-        .followup(text("go"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the resumed turn", resumed.agent().when_idle()).await;
+    run_prompt(resumed.agent(), "go").await;
     assert_eq!(
         user_texts(&resumed.agent().log().events()),
         ["go", "pending context"]
@@ -394,12 +374,7 @@ async fn a_seeded_agent_gets_an_end_seed_marker_and_ignores_inherited_splices() 
     let model = ScriptedModel::with_script([ScriptStep::text("parent"), ScriptStep::text("child")]);
     let rt = runtime_on(Arc::new(MemoryStore::new()), &model);
     let parent = rt.agents().create(CreateAgent::new()).await.unwrap();
-    parent
-        .agent()
-        .followup(text("p"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the parent turn", parent.agent().when_idle()).await;
+    run_prompt(parent.agent(), "p").await;
     let prefix = parent.agent().log().events();
     let inherited = u64::try_from(prefix.len()).unwrap();
 
@@ -423,12 +398,7 @@ async fn a_seeded_agent_gets_an_end_seed_marker_and_ignores_inherited_splices() 
         0,
         "the parent's splices are not replayed"
     );
-    child
-        .agent()
-        .followup(text("c"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the child turn", child.agent().when_idle()).await;
+    run_prompt(child.agent(), "c").await;
     assert!(
         child
             .agent()

@@ -12,7 +12,9 @@ use subagents::{
 };
 use tokio::sync::Notify;
 
-use crate::support::{memory_runtime, text, turn_ends, types, within};
+use crate::support::{
+    agent_with, memory_runtime, run_prompt, text, tool_error_codes, turn_ends, types, within,
+};
 
 fn runtime_with_tools(model: &ScriptedModel, tools: Vec<Tool>) -> Runtime {
     tools
@@ -253,22 +255,11 @@ async fn a_pre_step_reject_blocks_the_turn_before_any_step() {
     let model = ScriptedModel::new();
     let rt = memory_runtime(&model);
     let reject: PreStepHook = Arc::new(|_, _| PreStepDecision::Reject);
-    let handle = rt
-        .agents()
-        .create(CreateAgent::new().setup(
-            move |scope: &mut subagents::AgentScope, _: &subagents::SessionLog| {
-                scope.on_pre_step(reject);
-                Ok(None)
-            },
-        ))
-        .await
-        .unwrap();
-    handle
-        .agent()
-        .followup(text("x"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the turn", handle.agent().when_idle()).await;
+    let handle = agent_with(&rt, move |scope| {
+        scope.on_pre_step(reject);
+    })
+    .await;
+    run_prompt(handle.agent(), "x").await;
     let events = handle.agent().log().events();
     assert_eq!(turn_ends(&events), [TurnEndReason::Blocked]);
     assert!(!types(&events).contains(&"step/start".to_owned()));
@@ -291,22 +282,11 @@ async fn a_pre_step_hook_can_append_between_claim_and_step() {
         }
         decision
     });
-    let handle = rt
-        .agents()
-        .create(CreateAgent::new().setup(
-            move |scope: &mut subagents::AgentScope, _: &subagents::SessionLog| {
-                scope.on_pre_step(hook);
-                Ok(None)
-            },
-        ))
-        .await
-        .unwrap();
-    handle
-        .agent()
-        .followup(text("x"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the turn", handle.agent().when_idle()).await;
+    let handle = agent_with(&rt, move |scope| {
+        scope.on_pre_step(hook);
+    })
+    .await;
+    run_prompt(handle.agent(), "x").await;
     let events = handle.agent().log().events();
     assert_eq!(
         types(&events)[1..5],
@@ -404,13 +384,7 @@ async fn cancel_during_tools_aborts_the_running_call_and_never_dispatches_the_re
         .unwrap();
     within("the cancelled turn", agent.when_idle()).await;
     let events = agent.log().events();
-    let codes: Vec<_> = events
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::ToolResult { error, .. } => error.as_ref().map(|e| e.code.clone()),
-            _ => None,
-        })
-        .collect();
+    let codes = tool_error_codes(&events);
     assert_eq!(codes, ["ABORTED", "ABORTED_BEFORE_DISPATCH"]);
     let calls = events
         .iter()
@@ -558,18 +532,8 @@ async fn a_panicking_tool_is_an_error_result_and_the_agent_lives_on() {
     ]);
     let rt = runtime_with_tools(&model, vec![boom]);
     let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
-    handle
-        .agent()
-        .followup(text("x"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the turn", handle.agent().when_idle()).await;
-    handle
-        .agent()
-        .followup(text("y"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the next turn", handle.agent().when_idle()).await;
+    run_prompt(handle.agent(), "x").await;
+    run_prompt(handle.agent(), "y").await;
     let events = handle.agent().log().events();
     let code = events.iter().find_map(|e| match &e.kind {
         EventKind::ToolResult { error, .. } => error.as_ref().map(|e| e.code.clone()),
@@ -595,16 +559,10 @@ async fn a_panicking_pre_step_hook_blocks_the_turn_and_the_agent_lives_on() {
         }
         decision
     });
-    let handle = rt
-        .agents()
-        .create(CreateAgent::new().setup(
-            move |scope: &mut subagents::AgentScope, _: &subagents::SessionLog| {
-                scope.on_pre_step(hook);
-                Ok(None)
-            },
-        ))
-        .await
-        .unwrap();
+    let handle = agent_with(&rt, move |scope| {
+        scope.on_pre_step(hook);
+    })
+    .await;
     for prompt in ["a", "b"] {
         handle
             .agent()
@@ -647,31 +605,20 @@ async fn a_turn_stopping_hook_can_steer_one_more_step() {
     let model = ScriptedModel::with_script([ScriptStep::text("draft"), ScriptStep::text("final")]);
     let rt = memory_runtime(&model);
     let once = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let handle = rt
-        .agents()
-        .create(CreateAgent::new().setup(
-            move |scope: &mut subagents::AgentScope, _: &subagents::SessionLog| {
-                scope.on_turn_stopping(Arc::new(move |_| {
-                    if once.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                        vec![subagents::Message::user(
-                            text("double-check"),
-                            MessageSource::User,
-                        )]
-                    } else {
-                        Vec::new()
-                    }
-                }));
-                Ok(None)
-            },
-        ))
-        .await
-        .unwrap();
-    handle
-        .agent()
-        .followup(text("go"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the turn", handle.agent().when_idle()).await;
+    let handle = agent_with(&rt, move |scope| {
+        scope.on_turn_stopping(Arc::new(move |_| {
+            if once.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                vec![subagents::Message::user(
+                    text("double-check"),
+                    MessageSource::User,
+                )]
+            } else {
+                Vec::new()
+            }
+        }));
+    })
+    .await;
+    run_prompt(handle.agent(), "go").await;
     let events = handle.agent().log().events();
     assert_eq!(crate::support::user_texts(&events), ["go", "double-check"]);
     assert_eq!(

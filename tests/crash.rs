@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use subagents::{
-    EventKind, MessageSource, ResumeAgent, Runtime, ScriptStep, ScriptedModel, SessionId,
-    SessionPersistence, SledStore, TurnEndReason,
+    EventKind, ResumeAgent, Runtime, ScriptStep, ScriptedModel, SessionId, SessionPersistence,
+    SledStore, TurnEndReason,
 };
 
-use crate::support::{text, turn_ends, types, within};
+use crate::support::{run_prompt, turn_ends, types};
 
 /// Starts `subagents demo --stall`, waits until it reports the tool step durable, and kills
 /// it with SIGKILL. Returns the session id it printed.
@@ -94,12 +94,7 @@ fn a_killed_writer_loses_no_flushed_event_and_its_turn_is_repaired() {
             .resume(ResumeAgent::new(id))
             .await
             .expect("the session is resumable");
-        resumed
-            .agent()
-            .followup(text("are you there?"), MessageSource::User)
-            .await
-            .unwrap();
-        within("the resumed turn", resumed.agent().when_idle()).await;
+        run_prompt(resumed.agent(), "are you there?").await;
         let events = resumed.agent().log().events();
         assert_eq!(
             turn_ends(&events),

@@ -14,7 +14,7 @@ use subagents::{
     SledStore, TurnEndReason,
 };
 
-use crate::support::{text, within};
+use crate::support::run_prompt;
 
 fn note(seq: u64, label: &str) -> SessionEvent {
     SessionEvent::new(
@@ -391,12 +391,7 @@ async fn a_failed_write_behind_surfaces_at_the_next_flush() {
         .unwrap();
     let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
     faults.arm(StoreOperation::Append);
-    handle
-        .agent()
-        .followup(text("x"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the turn", handle.agent().when_idle()).await;
+    run_prompt(handle.agent(), "x").await;
     let error = handle.agent().log().flush().await.unwrap_err();
     assert_eq!(error.code(), ErrorCode::StoreIo);
     assert_eq!(

@@ -88,3 +88,40 @@ impl EventRecorder {
         self.seen.lock().unwrap().clone()
     }
 }
+
+/// Sends `prompt` as a follow-up, waits until the agent is idle, and returns its whole log.
+pub async fn run_prompt(agent: &subagents::AgentRef, prompt: &str) -> Vec<SessionEvent> {
+    agent
+        .followup(text(prompt), subagents::MessageSource::User)
+        .await
+        .expect("the follow-up is accepted");
+    within("the agent to go idle", agent.when_idle()).await;
+    agent.log().events()
+}
+
+/// The error codes of the failed tool results of a log, in order.
+pub fn tool_error_codes(events: &[SessionEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolResult { error, .. } => error.as_ref().map(|e| e.code.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Creates an agent whose setup runs `configure` on its fresh scope.
+pub async fn agent_with(
+    rt: &Runtime,
+    configure: impl FnOnce(&mut subagents::AgentScope) + Send + Sync + 'static,
+) -> subagents::AgentHandle {
+    rt.agents()
+        .create(subagents::CreateAgent::new().setup(
+            move |scope: &mut subagents::AgentScope, _: &subagents::SessionLog| {
+                configure(scope);
+                Ok(None)
+            },
+        ))
+        .await
+        .expect("the agent is created")
+}

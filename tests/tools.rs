@@ -6,12 +6,12 @@ use std::sync::Arc;
 use serde_json::json;
 use subagents::tools::{Concurrency, ToolLayer};
 use subagents::{
-    AgentScope, CreateAgent, ErrorCode, EventKind, MessageSource, Runtime, ScriptStep,
-    ScriptedModel, SessionLog, Tool, ToolFilter, ToolOutput, ToolRegistry,
+    AgentScope, CreateAgent, ErrorCode, EventKind, Runtime, ScriptStep, ScriptedModel, SessionLog,
+    Tool, ToolFilter, ToolOutput, ToolRegistry,
 };
 use tokio::sync::Barrier;
 
-use crate::support::{text, within};
+use crate::support::{run_prompt, text, tool_error_codes};
 
 fn named(name: &str, answer: &'static str) -> Tool {
     Tool::new(
@@ -134,22 +134,7 @@ async fn a_masked_tool_refuses_to_run_and_a_guard_refuses_with_its_reason() {
         )
         .await
         .unwrap();
-    handle
-        .agent()
-        .followup(text("go"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the turn", handle.agent().when_idle()).await;
-    let codes: Vec<_> = handle
-        .agent()
-        .log()
-        .events()
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::ToolResult { error, .. } => error.as_ref().map(|e| e.code.clone()),
-            _ => None,
-        })
-        .collect();
+    let codes = tool_error_codes(&run_prompt(handle.agent(), "go").await);
     assert_eq!(codes, ["UNKNOWN_TOOL", "TOOL_DENIED"]);
     let offered: Vec<_> = model.requests()[0]
         .tools
@@ -194,12 +179,7 @@ async fn concurrency_safe_calls_run_together_and_commit_in_model_order() {
         .build()
         .unwrap();
     let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
-    handle
-        .agent()
-        .followup(text("go"), MessageSource::User)
-        .await
-        .unwrap();
-    within("both parallel calls", handle.agent().when_idle()).await;
+    run_prompt(handle.agent(), "go").await;
     let results: Vec<_> = handle
         .agent()
         .log()
@@ -252,12 +232,7 @@ async fn a_failing_tool_is_an_error_result_and_observers_see_every_result() {
         )
         .await
         .unwrap();
-    handle
-        .agent()
-        .followup(text("go"), MessageSource::User)
-        .await
-        .unwrap();
-    within("the turn", handle.agent().when_idle()).await;
+    run_prompt(handle.agent(), "go").await;
     assert_eq!(*seen.lock().unwrap(), [("fail".to_owned(), true)]);
     let result = handle
         .agent()

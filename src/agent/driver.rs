@@ -34,7 +34,7 @@ use crate::session::{
     interrupted_turn_closers, CancelCause, EventKind, LlmFailure, SessionEvent, SessionLog,
     SurfaceOp, TokenUsage, TurnEndReason,
 };
-use crate::tools::{self, Concurrency, ToolCtx, ToolExecutionResult, ABORTED_BEFORE_DISPATCH};
+use crate::tools::{self, Concurrency, ToolCtx, ToolExecutionResult};
 
 /// How many concurrency-safe calls of one step run at once.
 const MAX_PARALLEL_TOOL_CALLS: usize = 10;
@@ -408,24 +408,8 @@ async fn run_tools(
     let mut concluded = false;
     let mut contexts = Vec::new();
     for group in group_calls(ctx, calls) {
-        if ctx.cancel.is_cancelled() {
-            for (call_id, name, arguments) in group {
-                let seq = ctx.append(EventKind::ToolCall {
-                    turn,
-                    step,
-                    call_id: call_id.clone(),
-                    name: name.clone(),
-                    arguments,
-                })?;
-                let result = ToolExecutionResult::failure(
-                    &name,
-                    ABORTED_BEFORE_DISPATCH,
-                    "tool call aborted before dispatch",
-                );
-                commit_result(ctx, turn, step, seq, &call_id, &name, result)?;
-            }
-            continue;
-        }
+        // After a cancel every call still gets its `tool/call`, and `tools::execute` answers
+        // it with `ABORTED_BEFORE_DISPATCH` without starting it.
         let mut dispatched = Vec::with_capacity(group.len());
         for (call_id, name, arguments) in group {
             let seq = ctx.append(EventKind::ToolCall {

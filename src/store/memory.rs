@@ -7,7 +7,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
-use super::{check_contiguous, not_found, LeaseEpoch, ListedSession, SessionPersistence};
+use super::{
+    check_append, check_contiguous, not_found, LeaseEpoch, ListedSession, SessionPersistence,
+};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
@@ -91,18 +93,7 @@ impl SessionPersistence for MemoryStore {
         let outcome = self.with_session(id, |session| {
             let next = u64::try_from(session.events.len())
                 .map_err(|_| SubagentError::bug("log length exceeds u64"))?;
-            if next != expected_next_seq {
-                return Err(SubagentError::new(
-                    ErrorCode::StoreConflict,
-                    format!("session {id}: expected next seq {expected_next_seq}, stored {next}"),
-                ));
-            }
-            if lease.is_some_and(|LeaseEpoch(epoch)| epoch < session.lease) {
-                return Err(SubagentError::new(
-                    ErrorCode::StoreConflict,
-                    format!("session {id}: stale lease epoch"),
-                ));
-            }
+            check_append(id, expected_next_seq, next, lease, session.lease)?;
             check_contiguous(id, next, &events)?;
             session.events.extend(events);
             Ok(())

@@ -224,6 +224,32 @@ pub(crate) fn check_contiguous(id: SessionId, next: u64, events: &[SessionEvent]
     Ok(())
 }
 
+/// The compare step of compare-and-append: the caller's expected next seq must be the stored
+/// one, and its lease (when given) must not be older than the stored epoch.
+pub(crate) fn check_append(
+    id: SessionId,
+    expected_next_seq: u64,
+    stored_next_seq: u64,
+    lease: Option<LeaseEpoch>,
+    stored_lease: u64,
+) -> Result<()> {
+    if stored_next_seq != expected_next_seq {
+        return Err(SubagentError::new(
+            ErrorCode::StoreConflict,
+            format!(
+                "session {id}: expected next seq {expected_next_seq}, stored {stored_next_seq}"
+            ),
+        ));
+    }
+    if lease.is_some_and(|LeaseEpoch(epoch)| epoch < stored_lease) {
+        return Err(SubagentError::new(
+            ErrorCode::StoreConflict,
+            format!("session {id}: stale lease epoch"),
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn not_found(id: SessionId) -> SubagentError {
     SubagentError::new(
         ErrorCode::SessionNotFound,

@@ -21,7 +21,9 @@ use futures::future::{self, BoxFuture};
 use serde_json::Value;
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 
-use super::{check_contiguous, not_found, LeaseEpoch, ListedSession, SessionPersistence};
+use super::{
+    check_append, check_contiguous, not_found, LeaseEpoch, ListedSession, SessionPersistence,
+};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
@@ -275,21 +277,8 @@ impl SessionPersistence for SledStore {
                         .get(id.as_bytes())?
                         .ok_or_else(|| abort(not_found(id)))?;
                     let head = Head::decode(id, &stored).map_err(abort)?;
-                    if head.next_seq != expected_next_seq {
-                        return Err(abort(SubagentError::new(
-                            ErrorCode::StoreConflict,
-                            format!(
-                                "session {id}: expected next seq {expected_next_seq}, stored {}",
-                                head.next_seq
-                            ),
-                        )));
-                    }
-                    if lease.is_some_and(|LeaseEpoch(epoch)| epoch < head.lease) {
-                        return Err(abort(SubagentError::new(
-                            ErrorCode::StoreConflict,
-                            format!("session {id}: stale lease epoch"),
-                        )));
-                    }
+                    check_append(id, expected_next_seq, head.next_seq, lease, head.lease)
+                        .map_err(abort)?;
                     for (seq, bytes) in &encoded {
                         event_tree.insert(&event_key(id, *seq), bytes.as_slice())?;
                     }
