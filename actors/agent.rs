@@ -4,7 +4,7 @@
 //! # The inbox is the mailbox's journaled state
 //! Every message for an agent (prompt, follow-up, steering, injected context) arrives as a
 //! [`Deliver`] in mailbox order and is journaled in the session log before it is pending. The
-//! actor owns the [`Inbox`]; the running turn claims from it by message ([`ClaimStep`]), so
+//! actor owns the [`Inbox`]; the running turn claims from it by message (`ClaimStep`), so
 //! nothing else queues work for the agent.
 //!
 //! # Turns
@@ -22,7 +22,7 @@
 //!   (unless the cause is disposal) its wake is latched and replayed once the turn has ended.
 //!
 //! # Stopping
-//! [`Retire`] (sent by disposal) discards what is still pending, runs the scope's disposers in
+//! `Retire` (sent by disposal) discards what is still pending, runs the scope's disposers in
 //! reverse order and stops the actor; later sends through any [`AgentRef`] fail with
 //! `AGENT_DISPOSED`.
 

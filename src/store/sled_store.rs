@@ -16,6 +16,7 @@
 //! (an fsync of the whole database) is the durability point.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
@@ -39,19 +40,43 @@ pub struct SledStore {
     cache: sled::Tree,
 }
 
+const LOCK_RETRY: Duration = Duration::from_millis(5);
+
 const SEQ_LEN: usize = 8;
 const ID_LEN: usize = 16;
 
 impl SledStore {
+    /// How long [`SledStore::open`] waits for a busy directory lock.
+    pub const LOCK_WAIT: Duration = Duration::from_secs(2);
+
     /// Opens (or creates) the store in directory `path`.
+    ///
+    /// sled holds an exclusive file lock on the directory. A store dropped in this process
+    /// releases it only once sled's background flusher has stopped, so `open` retries a busy
+    /// lock for up to [`SledStore::LOCK_WAIT`] before giving up; this is the only time it blocks its thread.
     ///
     /// # Errors
     /// `STORE_IO` when sled cannot open the directory (for example, another process holds it).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let db = sled::open(path)
-            .map_err(|e| SubagentError::store_io(format!("opening {}", path.display()), e))?;
-        Self::from_db(db)
+        let deadline = Instant::now() + Self::LOCK_WAIT;
+        loop {
+            match sled::open(path) {
+                Ok(db) => return Self::from_db(db),
+                Err(sled::Error::Io(error))
+                    if error.to_string().contains("could not acquire lock")
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(LOCK_RETRY);
+                }
+                Err(error) => {
+                    return Err(SubagentError::store_io(
+                        format!("opening {}", path.display()),
+                        error,
+                    ))
+                }
+            }
+        }
     }
 
     /// A store in a temporary directory that is deleted when the store is dropped.
