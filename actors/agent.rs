@@ -33,6 +33,7 @@ use actix::WeakAddr;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
+use crate::actors::agents::Agents;
 use crate::agent::driver::{run_turn, InboxPort, TurnCancel, TurnContext};
 use crate::agent::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, Disposer, Inbox,
@@ -508,6 +509,7 @@ pub struct AgentRef {
     addr: Addr<AgentActor>,
     log: SessionLog,
     options: Arc<AgentOptions>,
+    agents: Agents,
 }
 
 impl PartialEq for AgentRef {
@@ -534,6 +536,7 @@ impl AgentRef {
         addr: Addr<AgentActor>,
         log: SessionLog,
         options: Arc<AgentOptions>,
+        agents: Agents,
     ) -> Self {
         Self {
             id,
@@ -541,7 +544,14 @@ impl AgentRef {
             addr,
             log,
             options,
+            agents,
         }
+    }
+
+    /// The agents service this agent lives in (the Rust form of `agent.ctx.agents`): in-process
+    /// providers create children through it.
+    pub fn agents(&self) -> &Agents {
+        &self.agents
     }
 
     /// The session id.

@@ -15,8 +15,8 @@
 //!
 //! # Disposal order
 //! `dispose` = cancel the turn with cause `disposed`, discarding pending work and refusing new
-//! sends → wait until idle → unwind the scope and stop the actor → flush the log and detach it
-//! from the store → unregister (`agent/disposed`). The flush comes before the unregistration
+//! sends → wait until idle → unwind the scope and stop the actor → drain the log into the store
+//! and detach it → unregister (`agent/disposed`). The drain comes before the unregistration
 //! (upstream drains after it) so that the id stays reserved until the store holds the whole
 //! log: a resume can never load a store that lacks this log's tail.
 
@@ -385,6 +385,7 @@ impl Agents {
             context.address(),
             log.clone(),
             Arc::clone(&options),
+            self.clone(),
         );
         // The token owns the creation until here; from the reservation on, creation completes
         // or fails on its own (and a dropped future releases the reservation).
@@ -511,11 +512,13 @@ impl AgentHandle {
     }
 
     /// Releases the agent: cancel (cause `disposed`, pending work discarded) → idle → scope
-    /// unwound and actor stopped → unregistered (`agent/disposed`) → log flushed and detached.
+    /// unwound and actor stopped → log drained into the store and detached → unregistered
+    /// (`agent/disposed`). The drain hands every event to the store but does not force it to
+    /// disk: a caller that needs durability calls [`crate::SessionLog::flush`] first.
     /// Idempotent: every call, concurrent or later, returns the first call's outcome.
     ///
     /// # Errors
-    /// A store error from the final flush; the agent is released all the same.
+    /// A store error from the final drain; the agent is released all the same.
     ///
     /// # Cancel safety
     /// A dropped call does not stop the disposal that another caller awaits; if no caller
@@ -539,9 +542,9 @@ impl AgentHandle {
         agent.when_idle().await;
         // A stopped actor has nothing left to unwind.
         let _ = agent.addr().send(Retire).await;
-        // Flush and detach before unregistering: until the id is free, no resume can load a
+        // Drain and detach before unregistering: until the id is free, no resume can load a
         // store that is missing this log's tail.
-        let flushed = agent.log().flush().await;
+        let flushed = agent.log().drain().await;
         agent.log().detach();
         let removed = self
             .shared

@@ -2,3 +2,5 @@
 
 pub mod agent;
 pub mod agents;
+pub mod providers;
+pub mod runtime;

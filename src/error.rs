@@ -105,6 +105,10 @@ pub enum ErrorCode {
     InvalidRestriction,
     /// A model adapter failed outside a turn (for example, while listing routes).
     ModelUnavailable,
+    /// A prompt template names a variable that is not registered.
+    UnknownPromptVariable,
+    /// A listener refused an event that must not be contained (`subagent/provider-added`).
+    ListenerRejected,
     /// The runtime was built outside a running actix system.
     NoActorSystem,
     /// An internal invariant broke: a bug in this crate, please report it.
@@ -158,6 +162,8 @@ impl ErrorCode {
             Self::DuplicateTool => "DUPLICATE_TOOL",
             Self::InvalidRestriction => "INVALID_RESTRICTION",
             Self::ModelUnavailable => "MODEL_UNAVAILABLE",
+            Self::UnknownPromptVariable => "UNKNOWN_PROMPT_VARIABLE",
+            Self::ListenerRejected => "LISTENER_REJECTED",
             Self::NoActorSystem => "NO_ACTOR_SYSTEM",
             Self::ReportableBug => "REPORTABLE_BUG",
         }

@@ -165,6 +165,35 @@ impl<E: ScopedEvent> EventBus<E> {
         }
     }
 
+    /// Calls every matching listener in order, **uncontained**: the first one that fails or
+    /// panics stops the dispatch, and its failure is returned. For events whose listeners may
+    /// veto (a provider registration rolls back when a `provider-added` listener refuses it).
+    ///
+    /// # Errors
+    /// The first listener failure, in words.
+    pub fn emit_strict(&self, event: &E) -> Result<(), String> {
+        let key = event.scope_key();
+        let listeners: Vec<Listener<E>> = self
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|entry| match &entry.scope {
+                EventScope::All => true,
+                EventScope::Key(scope) => key.as_ref() == Some(scope),
+            })
+            .map(|entry| Arc::clone(&entry.listener))
+            .collect();
+        for listener in listeners {
+            match catch_unwind(AssertUnwindSafe(|| listener(event))) {
+                Ok(None) => {}
+                Ok(Some(error)) => return Err(error),
+                Err(_) => return Err(format!("a {} listener panicked", event.name())),
+            }
+        }
+        Ok(())
+    }
+
     /// How many listeners are registered.
     pub fn listener_count(&self) -> usize {
         self.entries

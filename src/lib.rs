@@ -46,6 +46,8 @@ pub mod events;
 pub mod ids;
 pub mod model;
 pub mod runtime;
+pub mod schema;
+pub mod seam;
 pub mod session;
 pub mod stop_reason;
 pub mod store;
@@ -53,6 +55,9 @@ pub mod tools;
 
 pub use actors::agent::{AgentRef, AgentSnapshot, InboxPolicy, Wake};
 pub use actors::agents::{AgentHandle, Agents, CreateAgent, ResumeAgent};
+pub use actors::providers::fork::ForkInProcess;
+pub use actors::providers::spawn::SpawnInProcess;
+pub use actors::runtime::{ProviderRegistration, Subagents};
 pub use agent::{
     AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, FlushPolicy, PromptSection,
 };
@@ -62,6 +67,11 @@ pub use events::{EventBus, EventScope, Subscription};
 pub use ids::{CallId, MessageId, RunId, SessionId};
 pub use model::{Gate, GenerateRequest, LlmAdapter, ScriptStep, ScriptedModel, StreamChunk};
 pub use runtime::{Runtime, RuntimeBuilder};
+pub use schema::ObjectSchema;
+pub use seam::{
+    ChildAgentOptions, SubagentCapabilities, SubagentDescriptor, SubagentEvent, SubagentProvider,
+    SubagentResult, SubagentRun, SubagentStartRequest,
+};
 pub use session::{CancelCause, EventKind, SessionEvent, SessionHeader, SessionLog, TurnEndReason};
 pub use stop_reason::StopReason;
 pub use store::{MemoryStore, SessionPersistence, SledStore};

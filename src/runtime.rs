@@ -4,10 +4,12 @@
 //! actor on the current arbiter. Everything it hands out (`Agents`, `AgentRef`, handles) is a
 //! cheap clone of actor addresses and shared configuration.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::actors::agents::{AgentHandle, Agents};
-use crate::agent::{AgentEnv, AgentEvent, PromptSection};
+use crate::actors::runtime::Subagents;
+use crate::agent::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::model::{LlmAdapter, ModelRouter};
@@ -21,6 +23,9 @@ pub struct RuntimeBuilder {
     models: ModelRouter,
     tools: Vec<Tool>,
     sections: Vec<PromptSection>,
+    variables: BTreeMap<String, String>,
+    delegation: Option<Arc<dyn DelegationPolicy>>,
+    pre_step: Vec<PreStepHook>,
 }
 
 impl RuntimeBuilder {
@@ -58,6 +63,28 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Registers a prompt variable for `{{name}}` interpolation in personas.
+    #[must_use]
+    pub fn prompt_variable(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.variables.insert(name.into(), value.into());
+        self
+    }
+
+    /// Installs the deployment's delegation policy (sandbox override and approval pin).
+    #[must_use]
+    pub fn delegation_policy(mut self, policy: impl DelegationPolicy) -> Self {
+        self.delegation = Some(Arc::new(policy));
+        self
+    }
+
+    /// Adds a pre-step hook every agent runs before its own hooks (a plugin's `agent/pre-step`
+    /// listener).
+    #[must_use]
+    pub fn pre_step_hook(mut self, hook: PreStepHook) -> Self {
+        self.pre_step.push(hook);
+        self
+    }
+
     /// Starts the runtime's actors on the current arbiter.
     ///
     /// # Errors
@@ -80,9 +107,13 @@ impl RuntimeBuilder {
             sections: self.sections,
             events: EventBus::new(),
             store: self.store,
+            variables: self.variables,
+            delegation: self.delegation,
+            pre_step: self.pre_step,
         });
         Ok(Runtime {
             agents: Agents::start(Arc::clone(&env)),
+            subagents: Subagents::start_service(),
             env,
         })
     }
@@ -92,6 +123,7 @@ impl RuntimeBuilder {
 #[derive(Clone)]
 pub struct Runtime {
     agents: Agents,
+    subagents: Subagents,
     env: Arc<AgentEnv>,
 }
 
@@ -110,6 +142,11 @@ impl Runtime {
     /// The agents service.
     pub fn agents(&self) -> &Agents {
         &self.agents
+    }
+
+    /// The delegation seam (`ctx.subagents`).
+    pub fn subagents(&self) -> &Subagents {
+        &self.subagents
     }
 
     /// Agent lifecycle and inbox events.

@@ -65,6 +65,8 @@ fn every_code_prints_its_stable_string() {
         (ErrorCode::DuplicateTool, "DUPLICATE_TOOL"),
         (ErrorCode::InvalidRestriction, "INVALID_RESTRICTION"),
         (ErrorCode::ModelUnavailable, "MODEL_UNAVAILABLE"),
+        (ErrorCode::UnknownPromptVariable, "UNKNOWN_PROMPT_VARIABLE"),
+        (ErrorCode::ListenerRejected, "LISTENER_REJECTED"),
         (ErrorCode::NoActorSystem, "NO_ACTOR_SYSTEM"),
         (ErrorCode::ReportableBug, "REPORTABLE_BUG"),
     ];

@@ -125,3 +125,87 @@ pub async fn agent_with(
         .await
         .expect("the agent is created")
 }
+
+/// A runtime over a fresh in-memory store, built from `builder`, with the in-process `spawn`
+/// and `fork` providers registered for its whole life.
+pub async fn seam_runtime_from(builder: subagents::RuntimeBuilder) -> Runtime {
+    let rt = builder
+        .store(MemoryStore::new())
+        .build()
+        .expect("runtime builds inside the actix system");
+    rt.subagents()
+        .register_provider(subagents::SpawnInProcess::default())
+        .await
+        .expect("spawn registers")
+        .keep();
+    rt.subagents()
+        .register_provider(subagents::ForkInProcess::default())
+        .await
+        .expect("fork registers")
+        .keep();
+    rt
+}
+
+/// [`seam_runtime_from`] with `model` as the only model.
+pub async fn seam_runtime(model: &ScriptedModel) -> Runtime {
+    seam_runtime_from(Runtime::builder().model("scripted", model.clone())).await
+}
+
+/// A root agent to delegate from.
+pub async fn root(rt: &Runtime) -> subagents::AgentHandle {
+    rt.agents()
+        .create(subagents::CreateAgent::new())
+        .await
+        .expect("the root agent is created")
+}
+
+/// Records the seam's lifecycle events of one scope, and lets a test wait for them.
+pub struct SeamRecorder {
+    pub seen: Arc<Mutex<Vec<subagents::SubagentEvent>>>,
+    changed: tokio::sync::watch::Receiver<usize>,
+    _subscription: Subscription,
+}
+
+impl SeamRecorder {
+    pub fn new(rt: &Runtime, scope: EventScope<SessionId>) -> Self {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        let (tick, changed) = tokio::sync::watch::channel(0usize);
+        let subscription =
+            rt.subagents()
+                .events()
+                .subscribe(scope, move |event: &subagents::SubagentEvent| {
+                    sink.lock().unwrap().push(event.clone());
+                    tick.send_modify(|count| *count += 1);
+                });
+        Self {
+            seen,
+            changed,
+            _subscription: subscription,
+        }
+    }
+
+    /// Waits (with the safety-net timeout) until `done` holds for the recorded events.
+    pub async fn wait_until(&self, what: &str, done: impl Fn(&[subagents::SubagentEvent]) -> bool) {
+        let mut changed = self.changed.clone();
+        within(what, changed.wait_for(|_| done(&self.seen.lock().unwrap())))
+            .await
+            .expect("the recorder lives as long as the test");
+    }
+
+    /// Waits until `count` events were recorded.
+    pub async fn wait_for_count(&self, count: usize) {
+        self.wait_until("lifecycle events", |events| events.len() >= count)
+            .await;
+    }
+
+    pub fn events(&self) -> Vec<subagents::SubagentEvent> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The names of the recorded events, in order.
+    pub fn names(&self) -> Vec<&'static str> {
+        use subagents::events::ScopedEvent;
+        self.events().iter().map(|e| e.name()).collect()
+    }
+}

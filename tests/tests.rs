@@ -16,6 +16,10 @@ mod errors;
 mod events;
 /// The scripted model and the block assembler.
 mod model;
+/// The seam: one-shot runs, depth and settlement.
+mod seam_one_shot;
+/// The seam: provider registry, capability validation, lifecycle events.
+mod seam_registry;
 /// Session log envelope, invariants, seeds, folds.
 mod session_log;
 /// Stores: the model-based property test, corruption, repair, leases.

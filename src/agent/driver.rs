@@ -186,16 +186,21 @@ async fn drive(
         if ctx.cancel.is_cancelled() {
             return Err(Fault::Aborted);
         }
+        // Runtime context rides along with real input only; it never opens a step by itself.
+        if !entering.is_empty() {
+            entering.extend(ctx.scope.runtime_context_message());
+        }
         let pre_step = PreStep {
             agent: ctx.agent,
             turn,
             step: step + 1,
             log: &ctx.log,
         };
-        let messages = match ctx
-            .scope
-            .pre_step(&pre_step, PreStepDecision::Enter(entering))
-        {
+        let messages = match ctx.scope.pre_step(
+            &ctx.env.pre_step,
+            &pre_step,
+            PreStepDecision::Enter(entering),
+        ) {
             PreStepDecision::Reject => return Ok(Some(Ending::Blocked)),
             PreStepDecision::Enter(messages) => messages,
         };
@@ -205,6 +210,7 @@ async fn drive(
         if messages.is_empty() && step_ended {
             return Ok(turn_ending);
         }
+        ctx.scope.step_entered(&pre_step);
         step += 1;
         ctx.append(EventKind::StepStart { turn, step })?;
         for message in messages {
@@ -419,26 +425,21 @@ async fn run_tools(
                 name: name.clone(),
                 arguments: arguments.clone(),
             })?;
-            dispatched.push((seq, call_id, name, arguments));
+            let tool_ctx = ToolCtx::new(ctx.agent, call_id, name, ctx.cancel.token.clone());
+            dispatched.push((seq, tool_ctx, arguments));
         }
         let layer = ctx.scope.tools();
         let results: Vec<ToolExecutionResult> =
-            stream::iter(dispatched.iter().map(|(_, call_id, name, arguments)| {
-                let tool_ctx = ToolCtx::new(
-                    ctx.agent,
-                    call_id.clone(),
-                    name.clone(),
-                    ctx.cancel.token.clone(),
-                );
-                tools::execute(layer, &ctx.env.tools, tool_ctx, arguments)
+            stream::iter(dispatched.iter().map(|(_, tool_ctx, arguments)| {
+                tools::execute(layer, &ctx.env.tools, tool_ctx.clone(), arguments)
             }))
             .buffered(MAX_PARALLEL_TOOL_CALLS)
             .collect()
             .await;
-        for ((seq, call_id, name, _), result) in dispatched.into_iter().zip(results) {
+        for ((seq, tool_ctx, _), result) in dispatched.into_iter().zip(results) {
             concluded |= result.concludes_turn && !result.is_error;
             contexts.extend(result.additional_contexts.iter().cloned());
-            commit_result(ctx, turn, step, seq, &call_id, &name, result)?;
+            commit_result(ctx, turn, step, seq, &tool_ctx, result)?;
         }
     }
     if !contexts.is_empty() {
@@ -475,11 +476,14 @@ fn commit_result(
     turn: u64,
     step: u64,
     call_seq: u64,
-    call_id: &CallId,
-    name: &str,
+    call: &ToolCtx,
     result: ToolExecutionResult,
 ) -> Result<(), Fault> {
-    let message = Message::tool_result(call_id.clone(), result.content.clone(), result.is_error);
+    let message = Message::tool_result(
+        call.call_id.clone(),
+        result.content.clone(),
+        result.is_error,
+    );
     ctx.append_with_sources(
         EventKind::ToolResult {
             turn,
@@ -492,8 +496,9 @@ fn commit_result(
     )?;
     ctx.scope.tool_result(&ToolResultSeen {
         agent: ctx.agent,
-        call_id,
-        name,
+        call_id: &call.call_id,
+        execution: call.execution(),
+        name: &call.name,
         result: &result,
     });
     Ok(())

@@ -5,6 +5,7 @@ pub(crate) mod driver;
 pub mod inbox;
 pub mod scope;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -18,8 +19,9 @@ use crate::tools::ToolRegistry;
 
 pub use inbox::Inbox;
 pub use scope::{
-    assemble_system_prompt, AgentScope, AgentSetup, Disposer, PreStep, PreStepDecision,
-    PreStepHook, PromptSection, SetupCommit, ToolResultObserver, ToolResultSeen, TurnStoppingHook,
+    assemble_system_prompt, interpolate_prompt, AgentScope, AgentSetup, Disposer, PreStep,
+    PreStepDecision, PreStepHook, PromptSection, SetupCommit, StepEnteredHook, ToolResultObserver,
+    ToolResultSeen, TurnStoppingHook, RUNTIME_CONTEXT_PLUGIN,
 };
 
 /// When a running agent makes its log durable on its own.
@@ -133,6 +135,27 @@ pub struct AgentEnv {
     pub events: Arc<EventBus<AgentEvent>>,
     /// The session store, when persistence is configured.
     pub store: Option<SharedStore>,
+    /// Prompt variables for `{{name}}` interpolation (personas).
+    pub variables: BTreeMap<String, String>,
+    /// The deployment's delegation policy, when it has sandbox or approval services.
+    pub delegation: Option<Arc<dyn DelegationPolicy>>,
+    /// Pre-step hooks every agent runs before its own (a plugin's `agent/pre-step` listeners).
+    pub pre_step: Vec<PreStepHook>,
+}
+
+/// The policy a delegating parent hands to its children, captured synchronously at delegation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DelegatedPolicy {
+    /// The parent's explicit sandbox override (never the deployment default).
+    pub sandbox_mode: Option<String>,
+    /// Whether an approval service exists; children then run with approvals pinned to `never`.
+    pub approval_pinned: bool,
+}
+
+/// A deployment's sandbox and approval services, as delegation sees them.
+pub trait DelegationPolicy: Send + Sync + 'static {
+    /// The policy `parent` hands to a child delegated now.
+    fn capture(&self, parent: SessionId) -> DelegatedPolicy;
 }
 
 impl std::fmt::Debug for AgentEnv {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::content::Message;
-use crate::error::Result;
+use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::{CallId, SessionId};
 use crate::session::SessionLog;
 use crate::tools::{Guard, Tool, ToolExecutionResult, ToolFilter, ToolLayer, ToolRegistry};
@@ -36,6 +36,39 @@ impl PromptSection {
             text: text.into(),
         }
     }
+}
+
+/// Interpolates `{{name}}` placeholders strictly: every name must be a registered variable.
+///
+/// # Errors
+/// `UNKNOWN_PROMPT_VARIABLE` naming the first unknown variable, or an unclosed `{{`.
+pub fn interpolate_prompt(
+    template: &str,
+    variables: &std::collections::BTreeMap<String, String>,
+) -> Result<String> {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find("{{") {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 2..];
+        let close = after.find("}}").ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::UnknownPromptVariable,
+                "unclosed {{ in a prompt template",
+            )
+        })?;
+        let name = after[..close].trim();
+        let value = variables.get(name).ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::UnknownPromptVariable,
+                format!("prompt variable \"{name}\" is not registered"),
+            )
+        })?;
+        out.push_str(value);
+        rest = &after[close + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Assembles the system prompt: sections sorted by order, agent sections shadowing global ones
@@ -98,11 +131,20 @@ pub struct ToolResultSeen<'a> {
     pub agent: SessionId,
     /// The call id.
     pub call_id: &'a CallId,
+    /// The execution's identity (see [`crate::tools::ToolCtx::execution`]).
+    pub execution: u64,
     /// The tool name.
     pub name: &'a str,
     /// The final result.
     pub result: &'a ToolExecutionResult,
 }
+
+/// Runs once the pre-step waterfall entered a step, before `step/start` (the one-shot
+/// descriptor is appended here, so a rejected step never records one).
+pub type StepEnteredHook = Arc<dyn Fn(&PreStep<'_>) + Send + Sync>;
+
+/// The plugin name on runtime-context messages.
+pub const RUNTIME_CONTEXT_PLUGIN: &str = "runtime-context";
 
 /// Observes every final tool result (observe only).
 pub type ToolResultObserver = Arc<dyn Fn(&ToolResultSeen<'_>) + Send + Sync>;
@@ -118,7 +160,10 @@ pub struct AgentScope {
     globals: Arc<ToolRegistry>,
     tools: ToolLayer,
     sections: Vec<PromptSection>,
+    contexts: Vec<PromptSection>,
+    last_context: std::sync::Mutex<Option<String>>,
     pre_step: Vec<PreStepHook>,
+    step_entered: Vec<StepEnteredHook>,
     turn_stopping: Vec<TurnStoppingHook>,
     tool_results: Vec<ToolResultObserver>,
     disposers: Vec<Disposer>,
@@ -139,7 +184,10 @@ impl AgentScope {
             globals,
             tools: ToolLayer::default(),
             sections: Vec::new(),
+            contexts: Vec::new(),
+            last_context: std::sync::Mutex::new(None),
             pre_step: Vec::new(),
+            step_entered: Vec::new(),
             turn_stopping: Vec::new(),
             tool_results: Vec::new(),
             disposers: Vec::new(),
@@ -171,6 +219,47 @@ impl AgentScope {
     pub fn section(&mut self, section: PromptSection) {
         self.sections.retain(|s| s.name != section.name);
         self.sections.push(section);
+    }
+
+    /// Adds a runtime-context statement: rendered (by order) into a plugin-sourced
+    /// `user/message` that enters the next step whenever the rendered text changed.
+    pub fn context(&mut self, section: PromptSection) {
+        self.contexts.retain(|s| s.name != section.name);
+        self.contexts.push(section);
+    }
+
+    /// The runtime-context message for the next step, if the rendered contexts changed since
+    /// the last one this agent saw.
+    pub fn runtime_context_message(&self) -> Option<Message> {
+        let text = assemble_system_prompt(&[], &self.contexts)?;
+        let mut last = self
+            .last_context
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.as_deref() == Some(text.as_str()) {
+            return None;
+        }
+        *last = Some(text.clone());
+        Some(Message::user(
+            vec![crate::content::ContentBlock::text(text)],
+            crate::content::MessageSource::Plugin {
+                plugin: RUNTIME_CONTEXT_PLUGIN.to_owned(),
+            },
+        ))
+    }
+
+    /// Adds a step-entered hook.
+    pub fn on_step_entered(&mut self, hook: StepEnteredHook) {
+        self.step_entered.push(hook);
+    }
+
+    /// Runs the step-entered hooks; a panicking hook is logged and skipped.
+    pub fn step_entered(&self, step: &PreStep<'_>) {
+        for hook in &self.step_entered {
+            if catch_unwind(AssertUnwindSafe(|| hook(step))).is_err() {
+                tracing::error!(session_id = %step.agent, turn = step.turn, "a step-entered hook panicked");
+            }
+        }
     }
 
     /// Adds a pre-step hook (run after those already added).
@@ -208,10 +297,16 @@ impl AgentScope {
         &self.sections
     }
 
-    /// Runs the pre-step waterfall. A hook that panics rejects the step (the turn ends
-    /// `blocked`): a broken policy must not let work through.
-    pub fn pre_step(&self, step: &PreStep<'_>, mut decision: PreStepDecision) -> PreStepDecision {
-        for hook in &self.pre_step {
+    /// Runs the pre-step waterfall: the runtime-wide hooks in `global`, then this agent's. A
+    /// hook that panics rejects the step (the turn ends `blocked`): a broken policy must not let
+    /// work through.
+    pub fn pre_step(
+        &self,
+        global: &[PreStepHook],
+        step: &PreStep<'_>,
+        mut decision: PreStepDecision,
+    ) -> PreStepDecision {
+        for hook in global.iter().chain(&self.pre_step) {
             let current = decision;
             decision = match catch_unwind(AssertUnwindSafe(|| hook(step, current))) {
                 Ok(next) => next,

@@ -54,7 +54,8 @@ impl Gate {
         let _ = reached.wait_for(|reached| *reached).await;
     }
 
-    async fn pass(&self) {
+    /// Marks the gate reached and waits until it is released.
+    pub async fn pass(&self) {
         self.reached.send_replace(true);
         let mut released = self.released.subscribe();
         let _ = released.wait_for(|released| *released).await;

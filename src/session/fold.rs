@@ -80,31 +80,55 @@ pub fn continuable_stop_reason(work: &ConsumedWork) -> StopReason {
     }
 }
 
-/// The output of a run: the content of the last non-empty `assistant/message`; failing that, the
-/// streamed text deltas as one text block; failing that, nothing.
-pub fn final_assistant_output(events: &[SessionEvent]) -> Vec<ContentBlock> {
-    let last_message = events.iter().rev().find_map(|event| match &event.kind {
-        EventKind::AssistantMessage { message, .. } if !message.content.is_empty() => {
-            Some(message.content.clone())
-        }
-        _ => None,
-    });
-    if let Some(content) = last_message {
-        return content;
+/// Folds a run's output incrementally: the last non-empty `assistant/message` (textless
+/// content such as reasoning counts; empty usage-only messages do not) wins; failing that, the
+/// streamed text deltas (and raw text pieces from transports without events) as one text block.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AssistantOutputFold {
+    candidate: Option<Vec<ContentBlock>>,
+    streamed: String,
+}
+
+impl AssistantOutputFold {
+    /// An empty fold.
+    pub fn new() -> Self {
+        Self::default()
     }
-    let streamed: String = events
-        .iter()
-        .filter_map(|event| match &event.kind {
+
+    /// Folds one event; reasoning deltas and tool results are ignored.
+    pub fn push_event(&mut self, event: &SessionEvent) {
+        match &event.kind {
+            EventKind::AssistantMessage { message, .. } if !message.content.is_empty() => {
+                self.candidate = Some(message.content.clone());
+            }
             EventKind::AssistantChunk {
                 chunk: StreamChunk::TextDelta { text, .. },
                 ..
-            } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
-    if streamed.is_empty() {
-        Vec::new()
-    } else {
-        vec![ContentBlock::text(streamed)]
+            } => self.streamed.push_str(text),
+            _ => {}
+        }
     }
+
+    /// Folds a raw text piece (a transport without session events); empty pieces are ignored.
+    pub fn push_text(&mut self, text: &str) {
+        self.streamed.push_str(text);
+    }
+
+    /// The output so far, or `None` when nothing was folded.
+    pub fn collect(&self) -> Option<Vec<ContentBlock>> {
+        if let Some(candidate) = &self.candidate {
+            return Some(candidate.clone());
+        }
+        (!self.streamed.is_empty()).then(|| vec![ContentBlock::text(self.streamed.clone())])
+    }
+}
+
+/// The output of a run: the content of the last non-empty `assistant/message`; failing that, the
+/// streamed text deltas as one text block; failing that, nothing.
+pub fn final_assistant_output(events: &[SessionEvent]) -> Vec<ContentBlock> {
+    let mut fold = AssistantOutputFold::new();
+    for event in events {
+        fold.push_event(event);
+    }
+    fold.collect().unwrap_or_default()
 }

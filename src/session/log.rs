@@ -39,7 +39,11 @@ struct LogState {
 
 enum WriterCommand {
     Append(Box<SessionEvent>),
-    Flush(oneshot::Sender<Result<()>>),
+    /// Reply once everything before is appended; fsync too when `durable`.
+    Barrier {
+        reply: oneshot::Sender<Result<()>>,
+        durable: bool,
+    },
 }
 
 impl std::fmt::Debug for SessionLog {
@@ -232,11 +236,31 @@ impl SessionLog {
     /// # Cancel safety
     /// Dropping the future abandons the wait; the writes still complete.
     pub async fn flush(&self) -> Result<()> {
+        self.barrier(true).await
+    }
+
+    /// Waits until every event committed before this call has been handed to the store, without
+    /// forcing it to disk: the final drain of a disposed session. After it, a reader of the
+    /// store in this process sees the whole log; only [`SessionLog::flush`] makes it survive a
+    /// crash.
+    ///
+    /// # Errors
+    /// As [`SessionLog::flush`].
+    ///
+    /// # Cancel safety
+    /// As [`SessionLog::flush`].
+    pub async fn drain(&self) -> Result<()> {
+        self.barrier(false).await
+    }
+
+    async fn barrier(&self, durable: bool) -> Result<()> {
         let (reply, done) = oneshot::channel();
         let sent = {
             let state = self.lock();
             match &state.writer {
-                Some(writer) => writer.send(WriterCommand::Flush(reply)).is_ok(),
+                Some(writer) => writer
+                    .send(WriterCommand::Barrier { reply, durable })
+                    .is_ok(),
                 None => return Ok(()),
             }
         };
@@ -270,7 +294,7 @@ async fn run_writer(
         while let Some(current) = command.take() {
             match current {
                 WriterCommand::Append(event) => batch.push(*event),
-                WriterCommand::Flush(reply) => flushes.push(reply),
+                WriterCommand::Barrier { reply, durable } => flushes.push((reply, durable)),
             }
             command = commands.try_recv().ok();
         }
@@ -284,11 +308,14 @@ async fn run_writer(
                 }
             }
         }
-        for reply in flushes {
-            let outcome = match &failure {
-                Some(error) => Err(error.clone()),
-                None => store.flush(id).await,
-            };
+        let durable = flushes.iter().any(|(_, durable)| *durable);
+        let flushed = match &failure {
+            Some(error) => Err(error.clone()),
+            None if durable => store.flush(id).await,
+            None => Ok(()),
+        };
+        for (reply, _) in flushes {
+            let outcome = flushed.clone();
             // The flusher may have stopped waiting; the flush still happened.
             let _ = reply.send(outcome);
         }

@@ -15,7 +15,7 @@ pub use event::{
 };
 pub use fold::{
     continuable_stop_reason, final_assistant_output, fold_consumed_work, one_shot_stop_reason,
-    ConsumedWork,
+    AssistantOutputFold, ConsumedWork,
 };
 pub use header::{SessionHeader, SessionOrigin, SESSION_FORMAT_VERSION};
 pub use invariants::LogShape;

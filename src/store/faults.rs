@@ -29,6 +29,7 @@ pub enum StoreOperation {
 pub struct FaultInjectingStore {
     inner: SharedStore,
     armed: Mutex<HashSet<StoreOperation>>,
+    flushes: std::sync::atomic::AtomicUsize,
 }
 
 impl FaultInjectingStore {
@@ -37,7 +38,13 @@ impl FaultInjectingStore {
         Self {
             inner,
             armed: Mutex::new(HashSet::new()),
+            flushes: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// How many flushes were asked for (armed or not).
+    pub fn flush_count(&self) -> usize {
+        self.flushes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Makes `operation` fail until [`FaultInjectingStore::disarm`].
@@ -90,6 +97,8 @@ impl SessionPersistence for FaultInjectingStore {
     }
 
     fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
+        self.flushes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.injected(StoreOperation::Flush)
             .unwrap_or_else(|| self.inner.flush(id))
     }

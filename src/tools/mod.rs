@@ -12,10 +12,12 @@
 //! A guard sees each call before it runs and may refuse it with a reason; refusals are
 //! monotonic (any guard refusing wins).
 
+pub mod structured_output;
+
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::future::{BoxFuture, FutureExt};
@@ -49,8 +51,12 @@ pub struct ToolCtx {
     pub name: String,
     /// Cancelled when the turn is cancelled.
     pub cancel: CancellationToken,
+    execution: u64,
     concludes: Arc<AtomicBool>,
 }
+
+/// Mints execution ids: unique per call in this process, even when the model reuses call ids.
+static EXECUTIONS: AtomicU64 = AtomicU64::new(1);
 
 impl ToolCtx {
     /// A context for one call.
@@ -60,8 +66,14 @@ impl ToolCtx {
             call_id,
             name,
             cancel,
+            execution: EXECUTIONS.fetch_add(1, Ordering::Relaxed),
             concludes: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// This execution's identity: distinct for every call, even one that reuses a call id.
+    pub fn execution(&self) -> u64 {
+        self.execution
     }
 
     /// Marks a successful result as ending the turn: no further model step follows.
@@ -196,6 +208,12 @@ pub struct GuardedCall<'a> {
 /// A guard: returns a refusal reason to stop the call.
 pub type Guard = Arc<dyn Fn(&GuardedCall<'_>) -> Option<String> + Send + Sync>;
 
+/// A post-execute hook: sees a ran call's result and returns the result to keep. It may accept,
+/// replace the content, or block (turn a success into a failure with feedback). Hooks run in
+/// registration order, global before agent-scoped: the last one is authoritative.
+pub type PostExecuteHook =
+    Arc<dyn Fn(&GuardedCall<'_>, ToolExecutionResult) -> ToolExecutionResult + Send + Sync>;
+
 /// An allow and/or deny list of global tool names.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolFilter {
@@ -250,6 +268,7 @@ pub struct ToolRegistry {
 struct GlobalTools {
     tools: Vec<Tool>,
     guards: Vec<Guard>,
+    post_execute: Vec<PostExecuteHook>,
 }
 
 impl ToolRegistry {
@@ -292,6 +311,11 @@ impl ToolRegistry {
         self.write().guards.push(guard);
     }
 
+    /// Adds a global post-execute hook.
+    pub fn post_execute(&self, hook: PostExecuteHook) {
+        self.write().post_execute.push(hook);
+    }
+
     fn contains(&self, name: &str) -> bool {
         self.read().tools.iter().any(|t| t.name() == name)
     }
@@ -310,6 +334,7 @@ pub struct ToolLayer {
     tools: Vec<Tool>,
     masks: Vec<ToolFilter>,
     guards: Vec<Guard>,
+    post_execute: Vec<PostExecuteHook>,
 }
 
 impl std::fmt::Debug for ToolLayer {
@@ -357,7 +382,7 @@ impl ToolLayer {
             if !globals.contains(name) {
                 return Err(SubagentError::new(
                     ErrorCode::UnknownTool,
-                    format!("unknown tool {name:?} in a restriction"),
+                    format!("unknown global tool \"{name}\" in a tool restriction"),
                 ));
             }
         }
@@ -368,6 +393,35 @@ impl ToolLayer {
     /// Adds an agent-scoped guard.
     pub fn guard(&mut self, guard: Guard) {
         self.guards.push(guard);
+    }
+
+    /// Adds an agent-scoped post-execute hook.
+    pub fn post_execute(&mut self, hook: PostExecuteHook) {
+        self.post_execute.push(hook);
+    }
+
+    /// Runs the post-execute hooks over a ran call's result. A hook that panics blocks the
+    /// result: a broken policy must not let a result through.
+    pub fn apply_post_execute(
+        &self,
+        globals: &ToolRegistry,
+        call: &GuardedCall<'_>,
+        mut result: ToolExecutionResult,
+    ) -> ToolExecutionResult {
+        let global_hooks = globals.read().post_execute.clone();
+        for hook in global_hooks.iter().chain(&self.post_execute) {
+            let current = result;
+            let fallback = ToolExecutionResult::failure(
+                call.name,
+                "POST_EXECUTE_FAILED",
+                "a post-execute hook failed",
+            );
+            result = catch_unwind(AssertUnwindSafe(|| hook(call, current))).unwrap_or_else(|_| {
+                tracing::error!(session_id = %call.agent, tool = call.name, "a post-execute hook panicked");
+                fallback
+            });
+        }
+        result
     }
 
     fn admits_global(&self, name: &str) -> bool {
@@ -517,8 +571,9 @@ pub async fn execute(
         return ToolExecutionResult::failure(&name, "TOOL_DENIED", &reason);
     }
     let cancel = ctx.cancel.clone();
-    let body = AssertUnwindSafe(async { (tool.body)(arguments, ctx.clone()).await }).catch_unwind();
-    tokio::select! {
+    let body = AssertUnwindSafe(async { (tool.body)(arguments.clone(), ctx.clone()).await })
+        .catch_unwind();
+    let ran = tokio::select! {
         biased;
         outcome = body => match outcome {
             Ok(Ok(output)) => ToolExecutionResult::success(output, ctx.concluded()),
@@ -528,6 +583,14 @@ pub async fn execute(
                 ToolExecutionResult::failure(&name, "TOOL_PANICKED", "the tool failed unexpectedly")
             }
         },
-        () = cancel.cancelled() => ToolExecutionResult::failure(&name, "ABORTED", "tool call aborted"),
-    }
+        () = cancel.cancelled() => {
+            return ToolExecutionResult::failure(&name, "ABORTED", "tool call aborted");
+        }
+    };
+    let call = GuardedCall {
+        agent: ctx.agent,
+        name: &name,
+        arguments: &arguments,
+    };
+    layer.apply_post_execute(globals, &call, ran)
 }

@@ -1,0 +1,84 @@
+//! Provides [`InProcessProvider`], the actor behind the in-process `spawn` and `fork` providers.
+//!
+//! The actor serializes nothing heavy: each start is validated and its seed cut in the handler
+//! (so a fork sees the parent's log as it is when the start arrives), then the child's creation
+//! runs as a future beside the mailbox, so starts overlap freely.
+
+use actix::prelude::*;
+
+use crate::error::Result;
+use crate::seam::in_process::{completed_turn_prefix, start_in_process_run};
+use crate::seam::{
+    ContinuableCreateRequest, ContinuableCreateSpec, ResolvedSubagentStartRequest, SubagentRun,
+};
+
+/// Whether children start fresh or seeded with the parent's completed turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeedPolicy {
+    /// A fresh child (`spawn`).
+    Fresh,
+    /// The parent's balanced completed-turn prefix (`fork`).
+    CompletedTurns,
+}
+
+/// One in-process provider: creates children in the parent's own runtime.
+pub struct InProcessProvider {
+    seed: SeedPolicy,
+    started: u64,
+}
+
+impl InProcessProvider {
+    /// A provider with the given seed policy.
+    pub fn new(seed: SeedPolicy) -> Self {
+        Self { seed, started: 0 }
+    }
+
+    fn seed_for(
+        &self,
+        parent: &crate::actors::agent::AgentRef,
+    ) -> Vec<crate::session::SessionEvent> {
+        match self.seed {
+            SeedPolicy::Fresh => Vec::new(),
+            SeedPolicy::CompletedTurns => completed_turn_prefix(parent.log()),
+        }
+    }
+}
+
+impl Actor for InProcessProvider {
+    type Context = Context<Self>;
+}
+
+/// Starts one one-shot child. Sent by the provider handle's `start`; replies once the child is
+/// published (or with the creation's error, nothing left behind). A stopped provider actor
+/// fails the send (`AGENT_DISPOSED`).
+#[derive(Message)]
+#[rtype(result = "Result<SubagentRun>")]
+pub struct StartOneShot(pub ResolvedSubagentStartRequest);
+
+impl Handler<StartOneShot> for InProcessProvider {
+    type Result = ResponseFuture<Result<SubagentRun>>;
+
+    fn handle(&mut self, msg: StartOneShot, _: &mut Context<Self>) -> Self::Result {
+        self.started += 1;
+        let seed = self.seed_for(&msg.0.request.parent);
+        tracing::debug!(parent = %msg.0.request.parent.id(), started = self.started, "one-shot start");
+        Box::pin(start_in_process_run(msg.0, seed))
+    }
+}
+
+/// Prepares a continuable child's creation inputs: nothing for `spawn`, the completed-turn
+/// prefix for `fork` (captured once, now).
+#[derive(Message)]
+#[rtype(result = "ContinuableCreateSpec")]
+pub struct Prepare(pub ContinuableCreateRequest);
+
+impl Handler<Prepare> for InProcessProvider {
+    type Result = MessageResult<Prepare>;
+
+    fn handle(&mut self, msg: Prepare, _: &mut Context<Self>) -> Self::Result {
+        let seed = self.seed_for(&msg.0.parent);
+        MessageResult(ContinuableCreateSpec {
+            seed: (!seed.is_empty()).then_some(seed),
+        })
+    }
+}

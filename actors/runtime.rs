@@ -1,0 +1,441 @@
+//! Provides [`SubagentService`], the actor that owns the provider registry and the seam's
+//! lifecycle events, and [`Subagents`], its cheap public handle (`ctx.subagents`).
+//!
+//! # One-shot start
+//! `start(name, request)` validates in the reference's order, all inside the service's handler
+//! (so a removal that the service handled first is always seen): the provider (`NO_PROVIDER`),
+//! each requested capability in the order output schema, max depth, tool filter, persona
+//! (`UNSUPPORTED_CAPABILITY`, first missing wins), the depth cap (`INVALID_MAX_DEPTH`), the
+//! schema (`UNSUPPORTED_SCHEMA`). It then snapshots the one-shot descriptor and hands the
+//! provider a copy of the request. The provider's own work runs beside the mailbox.
+//!
+//! # Observing a run
+//! A published run gets a fresh run id; `subagent/start` is emitted before `start` returns, and
+//! `subagent/end` once its result settles (with the final output, or with `error` and no output
+//! when the result failed as infrastructure). Both are scoped to the delegating parent and each
+//! listener is contained on its own. A provider whose start fails emits nothing.
+//!
+//! # Registration
+//! Providers are kept in insertion order under unique names (`DUPLICATE_PROVIDER`).
+//! `subagent/provider-added` is dispatched uncontained: a listener that refuses it rolls the
+//! registration back (`LISTENER_REJECTED`). Removal blocks new starts and never revokes runs
+//! already returned to their holders; `subagent/provider-removed` is contained.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::events::EventBus;
+use crate::ids::RunId;
+use crate::schema::ObjectSchema;
+use crate::seam::depth::check_max_depth;
+use crate::seam::{
+    ResolvedSubagentStartRequest, SubagentDescriptor, SubagentEvent, SubagentProvider, SubagentRun,
+    SubagentRunEndInfo, SubagentRunInfo, SubagentStartRequest,
+};
+use crate::stop_reason::StopReason;
+
+struct Registered {
+    id: u64,
+    name: String,
+    provider: Arc<dyn SubagentProvider>,
+}
+
+/// The provider registry and lifecycle emitter.
+pub struct SubagentService {
+    providers: Vec<Registered>,
+    next_registration: u64,
+    events: Arc<EventBus<SubagentEvent>>,
+}
+
+impl Actor for SubagentService {
+    type Context = Context<Self>;
+}
+
+impl SubagentService {
+    fn register(&mut self, provider: Arc<dyn SubagentProvider>) -> Result<u64> {
+        let name = provider.name().to_owned();
+        if name.is_empty() {
+            return Err(SubagentError::new(
+                ErrorCode::NoProvider,
+                "a provider name must be non-empty",
+            ));
+        }
+        if self.providers.iter().any(|p| p.name == name) {
+            return Err(SubagentError::new(
+                ErrorCode::DuplicateProvider,
+                format!("a subagent provider named \"{name}\" is already registered"),
+            ));
+        }
+        self.next_registration += 1;
+        let id = self.next_registration;
+        self.providers.push(Registered {
+            id,
+            name: name.clone(),
+            provider,
+        });
+        if let Err(refusal) = self
+            .events
+            .emit_strict(&SubagentEvent::ProviderAdded(name.clone()))
+        {
+            self.providers.retain(|p| p.id != id);
+            return Err(SubagentError::new(
+                ErrorCode::ListenerRejected,
+                format!("registering provider \"{name}\" was refused: {refusal}"),
+            ));
+        }
+        Ok(id)
+    }
+
+    fn remove(&mut self, id: u64) {
+        let Some(index) = self.providers.iter().position(|p| p.id == id) else {
+            return;
+        };
+        let removed = self.providers.remove(index);
+        self.events
+            .emit(&SubagentEvent::ProviderRemoved(removed.name));
+    }
+
+    fn lookup(&self, name: &str) -> Option<Arc<dyn SubagentProvider>> {
+        self.providers
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| Arc::clone(&p.provider))
+    }
+
+    /// Validates a start and resolves the provider-facing request.
+    fn resolve(
+        &self,
+        name: &str,
+        request: SubagentStartRequest,
+    ) -> Result<(Arc<dyn SubagentProvider>, ResolvedSubagentStartRequest)> {
+        let provider = self.lookup(name).ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::NoProvider,
+                format!("no subagent provider named \"{name}\""),
+            )
+        })?;
+        let capabilities = provider.capabilities();
+        let requested = [
+            (
+                request.output_schema.is_some(),
+                capabilities.output_schema,
+                "outputSchema",
+            ),
+            (
+                request.max_depth.is_some(),
+                capabilities.depth_limit,
+                "maxDepth",
+            ),
+            (
+                request.tool_filter.is_some(),
+                capabilities.tool_filter,
+                "toolFilter",
+            ),
+            (request.persona.is_some(), capabilities.persona, "persona"),
+        ];
+        if let Some((_, _, option)) = requested
+            .iter()
+            .find(|(asked, supported, _)| *asked && !supported)
+        {
+            return Err(SubagentError::new(
+                ErrorCode::UnsupportedCapability,
+                format!("subagent provider \"{name}\" does not support {option}"),
+            ));
+        }
+        check_max_depth(request.max_depth)?;
+        let output_schema = request
+            .output_schema
+            .clone()
+            .map(ObjectSchema::new)
+            .transpose()?;
+        let descriptor = SubagentDescriptor::one_shot(name, request.label.clone());
+        Ok((
+            provider,
+            ResolvedSubagentStartRequest {
+                request,
+                descriptor,
+                output_schema,
+            },
+        ))
+    }
+}
+
+/// Emits `subagent/start` for a published run and arranges `subagent/end` for its settlement.
+fn observe_run(
+    events: &Arc<EventBus<SubagentEvent>>,
+    provider: String,
+    parent: crate::ids::SessionId,
+    run: &SubagentRun,
+) {
+    let info = SubagentRunInfo {
+        run_id: RunId::new(),
+        provider,
+        id: run.id(),
+        local: run.local_agent().is_some(),
+        parent,
+    };
+    events.emit(&SubagentEvent::Start(info.clone()));
+    let events = Arc::clone(events);
+    let run = run.clone();
+    tokio::spawn(async move {
+        let (stop_reason, last_assistant_message) = match run.result().await {
+            Ok(result) => {
+                let output = (!result.output.is_empty()).then_some(result.output);
+                (result.stop_reason, output)
+            }
+            Err(error) => {
+                tracing::warn!(child_id = %info.id, %error, "a subagent run failed as infrastructure");
+                (StopReason::Error, None)
+            }
+        };
+        events.emit(&SubagentEvent::End(SubagentRunEndInfo {
+            info,
+            stop_reason,
+            last_assistant_message,
+        }));
+    });
+}
+
+/// Registers a provider; replies with its registration id. Errors: `DUPLICATE_PROVIDER`,
+/// `LISTENER_REJECTED`.
+#[derive(Message)]
+#[rtype(result = "Result<u64>")]
+struct Register(Arc<dyn SubagentProvider>);
+
+impl Handler<Register> for SubagentService {
+    type Result = Result<u64>;
+
+    fn handle(&mut self, msg: Register, _: &mut Context<Self>) -> Self::Result {
+        self.register(msg.0)
+    }
+}
+
+/// Removes a registration (a no-op when it is already gone). Sent with `do_send`: safe to lose
+/// only when the service itself is gone.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Remove(u64);
+
+impl Handler<Remove> for SubagentService {
+    type Result = ();
+
+    fn handle(&mut self, msg: Remove, _: &mut Context<Self>) {
+        self.remove(msg.0);
+    }
+}
+
+/// Looks a provider up by name.
+#[derive(Message)]
+#[rtype(result = "Option<Arc<dyn SubagentProvider>>")]
+struct Lookup(String);
+
+impl Handler<Lookup> for SubagentService {
+    type Result = Option<Arc<dyn SubagentProvider>>;
+
+    fn handle(&mut self, msg: Lookup, _: &mut Context<Self>) -> Self::Result {
+        self.lookup(&msg.0)
+    }
+}
+
+/// Lists provider names in insertion order.
+#[derive(Message)]
+#[rtype(result = "Vec<String>")]
+struct List;
+
+impl Handler<List> for SubagentService {
+    type Result = MessageResult<List>;
+
+    fn handle(&mut self, _: List, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.providers.iter().map(|p| p.name.clone()).collect())
+    }
+}
+
+/// Starts a one-shot run; see the module docs for the validation order.
+#[derive(Message)]
+#[rtype(result = "Result<SubagentRun>")]
+struct Start {
+    name: String,
+    request: SubagentStartRequest,
+}
+
+impl Handler<Start> for SubagentService {
+    type Result = ResponseFuture<Result<SubagentRun>>;
+
+    fn handle(&mut self, msg: Start, _: &mut Context<Self>) -> Self::Result {
+        let parent = msg.request.parent.id();
+        let resolved = self.resolve(&msg.name, msg.request);
+        let events = Arc::clone(&self.events);
+        Box::pin(async move {
+            let (provider, resolved) = resolved?;
+            let run = provider.start(resolved).await?;
+            observe_run(&events, msg.name, parent, &run);
+            Ok(run)
+        })
+    }
+}
+
+/// The public seam (`ctx.subagents`): providers, one-shot starts and lifecycle events. Cheap
+/// to clone.
+#[derive(Clone)]
+pub struct Subagents {
+    service: Addr<SubagentService>,
+    events: Arc<EventBus<SubagentEvent>>,
+}
+
+impl std::fmt::Debug for Subagents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subagents").finish_non_exhaustive()
+    }
+}
+
+/// Keeps a provider registered; [`ProviderRegistration::remove`] (or dropping it after
+/// [`ProviderRegistration::keep`] was not called) unregisters it.
+#[must_use = "dropping the registration removes the provider; call keep() to keep it"]
+pub struct ProviderRegistration {
+    id: u64,
+    name: String,
+    service: Option<Addr<SubagentService>>,
+}
+
+impl ProviderRegistration {
+    /// The registered name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Removes the provider: later starts fail with `NO_PROVIDER`; runs already returned are
+    /// not revoked.
+    pub fn remove(mut self) {
+        self.unregister();
+    }
+
+    /// Keeps the provider registered for the service's whole life.
+    pub fn keep(mut self) {
+        self.service = None;
+    }
+
+    fn unregister(&mut self) {
+        if let Some(service) = self.service.take() {
+            // Enqueued before any later start from this task, so that start sees the removal.
+            service.do_send(Remove(self.id));
+        }
+    }
+}
+
+impl Drop for ProviderRegistration {
+    fn drop(&mut self) {
+        self.unregister();
+    }
+}
+
+impl std::fmt::Debug for ProviderRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderRegistration")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl Subagents {
+    pub(crate) fn start_service() -> Self {
+        let events = EventBus::new();
+        let service = SubagentService {
+            providers: Vec::new(),
+            next_registration: 0,
+            events: Arc::clone(&events),
+        }
+        .start();
+        Self { service, events }
+    }
+
+    /// Registers `provider` under its name.
+    ///
+    /// # Errors
+    /// `DUPLICATE_PROVIDER`; `LISTENER_REJECTED` when a `provider-added` listener refused it
+    /// (the registration is rolled back).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may still register the provider, with no handle to remove it.
+    pub async fn register_provider(
+        &self,
+        provider: impl SubagentProvider,
+    ) -> Result<ProviderRegistration> {
+        self.register_shared(Arc::new(provider)).await
+    }
+
+    /// [`Subagents::register_provider`] for a provider already behind an `Arc`.
+    ///
+    /// # Errors
+    /// As [`Subagents::register_provider`].
+    pub async fn register_shared(
+        &self,
+        provider: Arc<dyn SubagentProvider>,
+    ) -> Result<ProviderRegistration> {
+        let name = provider.name().to_owned();
+        let id = self.service.send(Register(provider)).await??;
+        Ok(ProviderRegistration {
+            id,
+            name,
+            service: Some(self.service.clone()),
+        })
+    }
+
+    /// The provider registered under `name`.
+    pub async fn get_provider(&self, name: &str) -> Option<Arc<dyn SubagentProvider>> {
+        self.service
+            .send(Lookup(name.to_owned()))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Registered provider names, in insertion order.
+    pub async fn list(&self) -> Vec<String> {
+        self.service.send(List).await.unwrap_or_default()
+    }
+
+    /// Establishes a published one-shot child on the named provider.
+    ///
+    /// The parent's delegated policy (sandbox override, approval pin) is captured when this is
+    /// called, before the returned future first runs: a policy switched right after the call
+    /// does not reach the child.
+    ///
+    /// # Errors
+    /// Before anything exists: `NO_PROVIDER`, `UNSUPPORTED_CAPABILITY`, `INVALID_MAX_DEPTH`,
+    /// `UNSUPPORTED_SCHEMA`, and the provider's own creation errors (for in-process providers:
+    /// `ABORTED_BEFORE_PUBLICATION`, `DEPTH_EXCEEDED`, `UNKNOWN_TOOL`, ...). A failed start
+    /// emits no lifecycle event and leaves no run to dispose.
+    ///
+    /// # Cancel safety
+    /// Cancel through `request.cancel`, not by dropping the future: a dropped start may still
+    /// publish a child whose run nobody holds.
+    pub fn start(
+        &self,
+        name: &str,
+        mut request: SubagentStartRequest,
+    ) -> impl std::future::Future<Output = Result<SubagentRun>> + Send + 'static {
+        let parent = request.parent.id();
+        request.policy = request
+            .parent
+            .agents()
+            .env()
+            .delegation
+            .as_ref()
+            .map(|policy| policy.capture(parent));
+        let service = self.service.clone();
+        let name = name.to_owned();
+        async move {
+            service
+                .send(Start { name, request })
+                .await
+                .map_err(SubagentError::from)?
+        }
+    }
+
+    /// The seam's lifecycle events. Start and end are scoped to the delegating parent's session.
+    pub fn events(&self) -> &Arc<EventBus<SubagentEvent>> {
+        &self.events
+    }
+}

@@ -1,0 +1,329 @@
+//! Provides the in-process one-shot driver shared by the spawn and fork providers:
+//! [`start_in_process_run`] creates, publishes and drives one child agent in this runtime, and
+//! [`completed_turn_prefix`] cuts the balanced seed a fork child inherits.
+//!
+//! # A run, step by step
+//! 1. Check `max_depth`; a request already cancelled fails before anything exists.
+//! 2. Resolve the child's depth (parent depth + 1, checked against the cap).
+//! 3. Capture the delegated policy synchronously, then create the child in one transaction:
+//!    header (cwd, parent, origin `subagent`, depth, seed length), options (the parent's route
+//!    and token cap, overridden by the request, stamped with the depth), and a setup that appends
+//!    the policy events, adds the delegation context, the persona, the tool restriction, the
+//!    structured-output capture, and the hook that appends the descriptor inside the first turn.
+//!    Any failure — or the request's token firing — rolls the creation back.
+//! 4. Once published: the request's token now cancels the child's work (cause `parent`); it is
+//!    re-checked after the watcher is installed, so a cancel in between is never lost. The
+//!    prompt goes in as a follow-up, and the result is read once the child is idle.
+//! 5. The result folds the child's own events (after the seed): output, stop reason (one-shot
+//!    table), `aborted` when the owner cancelled before completion, and the structured value —
+//!    a clean finish without a capture is `error` (no re-prompt).
+//!
+//! The run adds no final durability checkpoint: disposal drains the child's log into the store
+//! without forcing it to disk.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::agent::{AgentRef, InboxPolicy};
+use crate::actors::agents::{AgentHandle, CreateAgent};
+use crate::agent::{interpolate_prompt, AgentOptions, AgentScope, DelegatedPolicy, PromptSection};
+use crate::content::{ContentBlock, MessageSource};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::seam::depth::{check_max_depth, resolve_child_depth};
+use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
+use crate::session::{
+    fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind,
+    SessionEvent, SessionLog,
+};
+use crate::stop_reason::StopReason;
+use crate::tools::structured_output::StructuredCapture;
+
+/// The persona section's name: an agent's persona shadows the deployment persona.
+pub const PERSONA_SECTION: &str = "deployment:persona";
+
+/// The delegation statement's context name and order.
+pub const DELEGATION_CONTEXT: &str = "subagent:delegation";
+const DELEGATION_ORDER: f64 = 120.0;
+
+/// The balanced prefix of `log` a fork child inherits: every event through the last `turn/end`
+/// (the in-flight turn is left out), or nothing before the first completed turn.
+pub fn completed_turn_prefix(log: &SessionLog) -> Vec<SessionEvent> {
+    log.with_events(|events| {
+        events
+            .iter()
+            .rposition(|event| matches!(event.kind, EventKind::TurnEnd { .. }))
+            .map(|last| events[..=last].to_vec())
+            .unwrap_or_default()
+    })
+}
+
+/// The child's model options: the parent's route and token cap, overridden by the request,
+/// stamped with the child's depth.
+fn child_options(
+    parent: &AgentRef,
+    request: &ResolvedSubagentStartRequest,
+    depth: u64,
+) -> AgentOptions {
+    let inherited = parent.options();
+    let overrides = request.request.agent_options.clone().unwrap_or_default();
+    AgentOptions {
+        provider: overrides.provider.or_else(|| inherited.provider.clone()),
+        model: overrides.model.unwrap_or_else(|| inherited.model.clone()),
+        max_tokens: overrides.max_tokens.or(inherited.max_tokens),
+        subagent_depth: depth,
+        flush: inherited.flush,
+    }
+}
+
+/// The statement every delegated child sees as runtime context.
+fn delegation_statement(parent: SessionId, policy: &DelegatedPolicy) -> String {
+    let mut lines = vec![format!(
+        "You are a delegated subagent working for session {parent}. Do the task you were given \
+         and end with your result; you cannot ask the user questions."
+    )];
+    if let Some(mode) = &policy.sandbox_mode {
+        lines.push(format!("Current DSH file policy: {mode}."));
+    }
+    if policy.approval_pinned {
+        lines.push("Approval prompts are disabled: actions that need approval are refused.".into());
+    }
+    lines.join("\n")
+}
+
+/// The policy events a child records at creation, after any seed.
+fn policy_events(policy: &DelegatedPolicy) -> Vec<EventKind> {
+    let mut events = Vec::new();
+    if let Some(mode) = &policy.sandbox_mode {
+        events.push(EventKind::Extension {
+            event_type: "sandbox/mode".into(),
+            data: json!({"mode": mode, "source": "delegation"}),
+        });
+    }
+    if policy.approval_pinned {
+        events.push(EventKind::Extension {
+            event_type: "approval/policy".into(),
+            data: json!({"policy": "never", "source": "delegation"}),
+        });
+    }
+    events
+}
+
+/// Creates, publishes and drives one child for a resolved one-shot request, seeded with `seed`
+/// (a fork prefix) or fresh.
+///
+/// # Errors
+/// Before publication only, with nothing left behind: `ABORTED_BEFORE_PUBLICATION`,
+/// `INVALID_MAX_DEPTH`, `INVALID_SUBAGENT_DEPTH`, `DEPTH_OVERFLOW`, `DEPTH_EXCEEDED`,
+/// `UNKNOWN_TOOL` (tool filter), `UNKNOWN_PROMPT_VARIABLE` (persona), store errors.
+pub async fn start_in_process_run(
+    resolved: ResolvedSubagentStartRequest,
+    seed: Vec<SessionEvent>,
+) -> Result<SubagentRun> {
+    let parent = resolved.request.parent.clone();
+    let token = resolved.request.cancel.clone();
+    check_max_depth(resolved.request.max_depth)?;
+    if token.is_cancelled() {
+        return Err(aborted_before_publication());
+    }
+    let depth = resolve_child_depth(&parent, resolved.request.max_depth)?;
+    if !parent.agents().is_live(&parent).await {
+        return Err(SubagentError::new(
+            ErrorCode::AgentDisposed,
+            format!(
+                "parent agent {} is not live (inactive context)",
+                parent.id()
+            ),
+        ));
+    }
+    let env = Arc::clone(parent.agents().env());
+    let policy = resolved
+        .request
+        .policy
+        .clone()
+        .or_else(|| {
+            env.delegation
+                .as_ref()
+                .map(|policy| policy.capture(parent.id()))
+        })
+        .unwrap_or_default();
+    let persona = resolved
+        .request
+        .persona
+        .as_deref()
+        .map(|template| interpolate_prompt(template, &env.variables))
+        .transpose()?;
+    let options = child_options(&parent, &resolved, depth);
+    let boundary = u64::try_from(seed.len()).map_err(|_| SubagentError::bug("seed too long"))?;
+    let capture_slot: Arc<std::sync::OnceLock<StructuredCapture>> = Arc::default();
+    let setup_slot = Arc::clone(&capture_slot);
+    let parent_id = parent.id();
+    let ResolvedSubagentStartRequest {
+        request,
+        descriptor,
+        output_schema,
+    } = resolved;
+    let filter = request.tool_filter.clone();
+    let setup = move |scope: &mut AgentScope,
+                      log: &SessionLog|
+          -> Result<Option<crate::agent::SetupCommit>> {
+        for event in policy_events(&policy) {
+            log.append(event)?;
+        }
+        scope.context(PromptSection::new(
+            DELEGATION_CONTEXT,
+            DELEGATION_ORDER,
+            delegation_statement(parent_id, &policy),
+        ));
+        if let Some(persona) = persona {
+            scope.section(PromptSection::new(PERSONA_SECTION, 0.0, persona));
+        }
+        if let Some(filter) = filter {
+            scope.restrict(filter)?;
+        }
+        if let Some(schema) = output_schema {
+            // The slot is fresh per run, so it is always empty here.
+            let _ = setup_slot.set(StructuredCapture::attach(scope, schema)?);
+        }
+        let appended = AtomicBool::new(false);
+        let event = descriptor.event();
+        scope.on_step_entered(Arc::new(move |step| {
+            if step.turn > 0 && !appended.swap(true, Ordering::SeqCst) {
+                if let Err(error) = step.log.append(event.clone()) {
+                    tracing::error!(session_id = %step.agent, %error, "could not record the descriptor");
+                }
+            }
+        }));
+        Ok(None)
+    };
+    let mut create = CreateAgent::new()
+        .delegated_by(parent.id(), depth)
+        .seed(seed, boundary)
+        .options(options)
+        .setup(setup)
+        .cancel(token.clone());
+    if let Some(cwd) = parent.header().cwd {
+        create = create.cwd(cwd);
+    }
+    let handle = parent.agents().create(create).await.map_err(|error| {
+        if error.code() == ErrorCode::Cancelled {
+            aborted_before_publication()
+        } else {
+            error
+        }
+    })?;
+    tracing::debug!(parent = %parent.id(), child_id = %handle.agent().id(), depth, "one-shot child published");
+    Ok(drive_published_run(
+        handle,
+        request.prompt,
+        token,
+        boundary,
+        capture_slot.get().cloned(),
+    ))
+}
+
+fn aborted_before_publication() -> SubagentError {
+    SubagentError::new(
+        ErrorCode::AbortedBeforePublication,
+        "subagent request was aborted before child publication",
+    )
+}
+
+/// Wires a published child into a run: the cancellation watcher, the prompt, the result, and
+/// the disposal.
+fn drive_published_run(
+    handle: AgentHandle,
+    prompt: Vec<ContentBlock>,
+    token: CancellationToken,
+    boundary: u64,
+    capture: Option<StructuredCapture>,
+) -> SubagentRun {
+    let child = handle.agent().clone();
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let watcher_done = CancellationToken::new();
+    {
+        let child = child.clone();
+        let cancelled = Arc::clone(&cancelled);
+        let token = token.clone();
+        let done = watcher_done.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = token.cancelled() => {
+                    cancelled.store(true, Ordering::SeqCst);
+                    // A child already gone has nothing left to cancel.
+                    let _ = child.cancel(CancelCause::Parent, InboxPolicy::Discard).await;
+                }
+                () = done.cancelled() => {}
+            }
+        });
+    }
+    let work = {
+        let child = child.clone();
+        let cancelled = Arc::clone(&cancelled);
+        async move {
+            // Re-checked after the watcher exists: a cancel that landed between publication and
+            // now still ends the run `aborted` without sending the prompt.
+            if token.is_cancelled() {
+                cancelled.store(true, Ordering::SeqCst);
+            } else {
+                child.followup(prompt, MessageSource::User).await?;
+                child.when_idle().await;
+            }
+            Ok(read_result(
+                &child.log().events_from(boundary),
+                cancelled.load(Ordering::SeqCst),
+                capture.as_ref(),
+            ))
+        }
+    };
+    let task = tokio::spawn(work);
+    let result = async move {
+        task.await
+            .map_err(|error| SubagentError::bug(format!("the run's task failed: {error}")))?
+    };
+    let run_cancelled = Arc::clone(&cancelled);
+    let id = child.id();
+    SubagentRun::new(id, Some(child), result, move || {
+        Box::pin(async move {
+            run_cancelled.store(true, Ordering::SeqCst);
+            watcher_done.cancel();
+            handle.dispose().await
+        })
+    })
+}
+
+/// Reads a one-shot result from the child's own events.
+fn read_result(
+    own: &[SessionEvent],
+    cancelled: bool,
+    capture: Option<&StructuredCapture>,
+) -> SubagentResult {
+    let work = fold_consumed_work(own);
+    let mut stop_reason = one_shot_stop_reason(work.end.as_ref());
+    if cancelled && stop_reason != StopReason::Completed {
+        stop_reason = StopReason::Aborted;
+    }
+    let mut fold = AssistantOutputFold::new();
+    for event in own {
+        fold.push_event(event);
+    }
+    let mut structured = None;
+    if let Some(capture) = capture {
+        structured = capture.captured();
+        if structured.is_none() && stop_reason == StopReason::Completed {
+            stop_reason = if cancelled {
+                StopReason::Aborted
+            } else {
+                StopReason::Error
+            };
+        }
+    }
+    SubagentResult {
+        output: fold.collect().unwrap_or_default(),
+        structured,
+        stop_reason,
+    }
+}

@@ -1,0 +1,27 @@
+//! Provides the delegation seam's vocabulary: capabilities, the start request, the result, the
+//! run, the provider contract, the durable descriptor, lifecycle events, depth rules, the
+//! in-process driver and run settlement.
+
+pub mod capabilities;
+pub mod depth;
+pub mod descriptor;
+pub mod events;
+pub mod in_process;
+pub mod provider;
+pub mod request;
+pub mod result;
+pub mod run;
+pub mod scripted;
+pub mod settlement;
+
+pub use capabilities::SubagentCapabilities;
+pub use descriptor::{DelegationMode, SubagentDescriptor, SUBAGENT_DESCRIPTOR_VERSION};
+pub use events::{SubagentEvent, SubagentRunEndInfo, SubagentRunInfo};
+pub use provider::{
+    ContinuableCreateRequest, ContinuableCreateSpec, PrepareContinuable, SubagentProvider,
+};
+pub use request::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentStartRequest};
+pub use result::SubagentResult;
+pub use run::SubagentRun;
+pub use scripted::ScriptedProvider;
+pub use settlement::{settle_run, JobOutcome};

@@ -1,0 +1,755 @@
+//! One-shot runs through the in-process providers: results, lineage, disposal, cancellation,
+//! options, depth and settlement.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use subagents::agent::{PreStepDecision, PreStepHook};
+use subagents::model::{BlockType, FinishReason, StreamChunk};
+use subagents::seam::{settle_run, JobOutcome, ScriptedProvider};
+use subagents::session::SessionOrigin;
+use subagents::store::FaultInjectingStore;
+use subagents::{
+    AgentEvent, AgentEventKind, AgentOptions, CancelCause, ChildAgentOptions, ContentBlock,
+    CreateAgent, ErrorCode, EventKind, EventScope, MemoryStore, Runtime, ScriptStep, ScriptedModel,
+    StopReason, SubagentError, SubagentStartRequest, TurnEndReason,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{
+    memory_runtime, root, run_prompt, seam_runtime, seam_runtime_from, text, turn_ends, within,
+};
+
+async fn spawn_run(
+    rt: &Runtime,
+    parent: &subagents::AgentRef,
+    prompt: &str,
+) -> subagents::SubagentRun {
+    rt.subagents()
+        .start("spawn", SubagentStartRequest::new(parent, text(prompt)))
+        .await
+        .expect("the spawn run starts")
+}
+
+// SPAWN-01 SPAWN-03 SPAWN-05 DRV-01 DRV-09
+#[actix_rt::test]
+async fn a_fresh_child_runs_to_completion_in_its_own_session_and_is_disposed() {
+    let model = ScriptedModel::with_script([ScriptStep::text("child answer")]);
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let run = spawn_run(&rt, parent.agent(), "do it").await;
+    let child = run
+        .local_agent()
+        .cloned()
+        .expect("an in-process run has a local child");
+    assert!(
+        rt.agents().is_live(&child).await,
+        "published before start returned"
+    );
+    assert_ne!(run.id(), parent.agent().id());
+    assert_eq!(child.id(), run.id());
+    let header = child.header();
+    assert_eq!(header.parent_session, Some(parent.agent().id()));
+    assert_eq!(header.origin, Some(SessionOrigin::Subagent));
+    assert_eq!(header.delegation_depth, Some(1));
+    assert_eq!(child.options().subagent_depth, 1);
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(result.output, text("child answer"));
+    assert!(
+        rt.agents().get(run.id()).await.is_some(),
+        "still registered until disposed"
+    );
+    run.dispose().await.unwrap();
+    run.dispose().await.unwrap();
+    assert!(
+        rt.agents().get(run.id()).await.is_none(),
+        "disposed to quiescence"
+    );
+}
+
+// SPAWN-08 SPAWN-09
+#[actix_rt::test]
+async fn child_turn_endings_map_to_stop_reasons() {
+    let cases = [
+        (
+            ScriptStep::max_tokens("cut"),
+            StopReason::MaxTokens,
+            text("cut"),
+        ),
+        (
+            ScriptStep::fail("SCRIPT_EXHAUSTED", "no more"),
+            StopReason::Error,
+            vec![],
+        ),
+        (ScriptStep::refusal("no"), StopReason::Refusal, text("no")),
+    ];
+    for (step, reason, output) in cases {
+        let model = ScriptedModel::with_script([step]);
+        let rt = seam_runtime(&model).await;
+        let parent = root(&rt).await;
+        let run = spawn_run(&rt, parent.agent(), "x").await;
+        let result = run.result().await.unwrap();
+        assert_eq!((result.stop_reason, result.output), (reason, output));
+        run.dispose().await.unwrap();
+    }
+}
+
+// SPAWN-14 CONT-86
+#[actix_rt::test]
+async fn a_one_shot_run_has_no_steering_and_spawn_prepares_fresh_continuable_children() {
+    use subagents::seam::{ContinuableCreateRequest, SubagentProvider};
+    let model = ScriptedModel::with_script([ScriptStep::text("ok")]);
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    // `SubagentRun` exposes only id, local_agent, result and dispose: steering and resume do
+    // not exist on the type, so there is nothing to call.
+    let run = spawn_run(&rt, parent.agent(), "x").await;
+    run.result().await.unwrap();
+    run.dispose().await.unwrap();
+    let spawn = subagents::SpawnInProcess::default();
+    let prepare = spawn
+        .continuable()
+        .expect("spawn can prepare continuable children");
+    let spec = prepare
+        .prepare_continuable(ContinuableCreateRequest {
+            session_id: subagents::SessionId::new(),
+            parent: parent.agent().clone(),
+            cancel: CancellationToken::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(spec.seed, None);
+}
+
+// SPAWN-15 DRV-02
+#[actix_rt::test]
+async fn the_child_inherits_the_parent_cwd_and_takes_explicit_model_selectors() {
+    let model = ScriptedModel::with_script([ScriptStep::text("ok")]);
+    let rt = seam_runtime(&model).await;
+    let parent = rt
+        .agents()
+        .create(CreateAgent::new().cwd("/workspace"))
+        .await
+        .unwrap();
+    let options = ChildAgentOptions {
+        provider: Some("scripted".into()),
+        model: Some("mock".into()),
+        max_tokens: None,
+    };
+    let run = rt
+        .subagents()
+        .start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("x")).agent_options(options),
+        )
+        .await
+        .unwrap();
+    let child = run.local_agent().unwrap().clone();
+    assert_eq!(
+        child.header().cwd.as_deref(),
+        Some(std::path::Path::new("/workspace"))
+    );
+    assert_eq!(child.options().provider.as_deref(), Some("scripted"));
+    assert_eq!(child.options().model, "mock");
+    assert_eq!(
+        run.result().await.unwrap().stop_reason,
+        StopReason::Completed
+    );
+    assert_eq!(model.requests()[0].model, "mock");
+    run.dispose().await.unwrap();
+}
+
+// SPAWN-16 DRV-15
+#[actix_rt::test]
+async fn a_routeless_parent_gives_the_child_only_its_depth() {
+    let model = ScriptedModel::with_script([ScriptStep::text("default route")]);
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let child = run.local_agent().unwrap().clone();
+    assert_eq!(
+        *child.options(),
+        AgentOptions {
+            subagent_depth: 1,
+            ..AgentOptions::default()
+        },
+        "no invented provider or model"
+    );
+    // Unlike upstream, this runtime has a default route, so the child still runs.
+    assert_eq!(
+        run.result().await.unwrap().stop_reason,
+        StopReason::Completed
+    );
+    run.dispose().await.unwrap();
+}
+
+// DRV-10
+#[actix_rt::test]
+async fn the_child_inherits_the_token_cap_and_accepts_an_override() {
+    for (override_cap, expected) in [(None, 111), (Some(222), 222)] {
+        let model = ScriptedModel::with_script([ScriptStep::text("ok")]);
+        let rt = seam_runtime(&model).await;
+        let options = AgentOptions {
+            max_tokens: Some(111),
+            ..AgentOptions::default()
+        };
+        let parent = rt
+            .agents()
+            .create(CreateAgent::new().options(options))
+            .await
+            .unwrap();
+        let mut request = SubagentStartRequest::new(parent.agent(), text("x"));
+        if let Some(cap) = override_cap {
+            request = request.agent_options(ChildAgentOptions {
+                max_tokens: Some(cap),
+                ..ChildAgentOptions::default()
+            });
+        }
+        let run = rt.subagents().start("spawn", request).await.unwrap();
+        run.result().await.unwrap();
+        assert_eq!(model.requests()[0].max_tokens, Some(expected));
+        assert_eq!(
+            run.local_agent().unwrap().options().max_tokens,
+            Some(expected)
+        );
+        run.dispose().await.unwrap();
+    }
+}
+
+// DRV-03
+#[actix_rt::test]
+async fn a_prompt_discarded_by_a_pre_step_rejection_is_a_refusal() {
+    let model = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let parent_id = Arc::new(std::sync::OnceLock::new());
+    let parent_only = Arc::clone(&parent_id);
+    let reject_children: PreStepHook = Arc::new(move |step, decision| {
+        if parent_only.get() == Some(&step.agent) {
+            decision
+        } else {
+            PreStepDecision::Reject
+        }
+    });
+    let rt = seam_runtime_from(
+        Runtime::builder()
+            .model("scripted", model.clone())
+            .pre_step_hook(reject_children),
+    )
+    .await;
+    let parent = root(&rt).await;
+    parent_id.set(parent.agent().id()).unwrap();
+    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Refusal);
+    let child_log = run.local_agent().unwrap().log().events();
+    assert!(
+        !child_log
+            .iter()
+            .any(|e| e.kind.type_name() == "subagent/descriptor"),
+        "a rejected first step records no descriptor"
+    );
+    run.dispose().await.unwrap();
+}
+
+// DRV-04 DRV-06
+#[actix_rt::test]
+async fn a_one_shot_run_adds_no_durability_checkpoint() {
+    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
+    let model = ScriptedModel::with_script([ScriptStep::max_tokens("long")]);
+    let rt = Runtime::builder()
+        .shared_store(faults.clone())
+        .model("scripted", model)
+        .build()
+        .unwrap();
+    rt.subagents()
+        .register_provider(subagents::SpawnInProcess::default())
+        .await
+        .unwrap()
+        .keep();
+    let parent = root(&rt).await;
+    let run = spawn_run(&rt, parent.agent(), "x").await;
+    assert_eq!(
+        run.result().await.unwrap().stop_reason,
+        StopReason::MaxTokens
+    );
+    let child = run.local_agent().unwrap().clone();
+    run.dispose().await.unwrap();
+    assert_eq!(faults.flush_count(), 0, "no flush was asked for");
+    assert_eq!(turn_ends(&child.log().events()), [TurnEndReason::MaxTokens]);
+    let stored = rt.store().unwrap().read_from(child.id(), 0).await.unwrap();
+    assert_eq!(
+        stored.len(),
+        child.log().len() as usize,
+        "disposal drained the whole log into the store"
+    );
+}
+
+// DRV-05 (the disposal channel)
+#[actix_rt::test]
+async fn a_failed_release_surfaces_on_dispose_not_on_the_result() {
+    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
+    let model = ScriptedModel::with_script([ScriptStep::text("fine")]);
+    let rt = Runtime::builder()
+        .shared_store(faults.clone())
+        .model("scripted", model)
+        .build()
+        .unwrap();
+    rt.subagents()
+        .register_provider(subagents::SpawnInProcess::default())
+        .await
+        .unwrap()
+        .keep();
+    let parent = root(&rt).await;
+    let run = spawn_run(&rt, parent.agent(), "x").await;
+    assert_eq!(
+        run.result().await.unwrap().stop_reason,
+        StopReason::Completed
+    );
+    faults.arm(subagents::store::StoreOperation::Append);
+    // Nothing is pending, so arm a failure the drain must report: one more event.
+    run.local_agent()
+        .unwrap()
+        .inject(text("late"), subagents::MessageSource::User)
+        .await
+        .unwrap();
+    let error = run.dispose().await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StoreIo);
+    assert_eq!(
+        run.result().await.unwrap().stop_reason,
+        StopReason::Completed,
+        "the result channel is untouched"
+    );
+    assert!(
+        rt.agents().get(run.id()).await.is_none(),
+        "the child was released all the same"
+    );
+}
+
+// DRV-07
+#[actix_rt::test]
+async fn earlier_text_survives_a_final_empty_usage_only_message() {
+    let first = match ScriptStep::tool_call("t1", "missing", json!({})) {
+        ScriptStep::Chunks(mut chunks) => {
+            chunks.insert(
+                0,
+                StreamChunk::BlockStart {
+                    index: 9,
+                    block_type: BlockType::Text,
+                },
+            );
+            chunks.insert(
+                1,
+                StreamChunk::TextDelta {
+                    index: 9,
+                    text: "partial one".into(),
+                },
+            );
+            chunks
+        }
+        _ => unreachable!(),
+    };
+    let usage_only = vec![StreamChunk::Finish {
+        reason: FinishReason::MaxTokens,
+    }];
+    let model =
+        ScriptedModel::with_script([ScriptStep::Chunks(first), ScriptStep::Chunks(usage_only)]);
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::MaxTokens);
+    assert!(
+        result.output.contains(&ContentBlock::text("partial one")),
+        "{:?}",
+        result.output
+    );
+    run.dispose().await.unwrap();
+}
+
+// DRV-14
+#[actix_rt::test]
+async fn an_already_cancelled_request_publishes_nothing() {
+    let rt = seam_runtime(&ScriptedModel::new()).await;
+    let parent = root(&rt).await;
+    let token = CancellationToken::new();
+    token.cancel();
+    let error = rt
+        .subagents()
+        .start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("x")).cancel(token),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AbortedBeforePublication);
+    assert_eq!(rt.agents().list().await.len(), 1);
+}
+
+// DRV-16
+#[actix_rt::test]
+async fn the_request_token_and_dispose_cancel_a_published_run() {
+    let gate = subagents::Gate::new();
+    let partial = vec![
+        StreamChunk::BlockStart {
+            index: 0,
+            block_type: BlockType::Text,
+        },
+        StreamChunk::TextDelta {
+            index: 0,
+            text: "partial".into(),
+        },
+    ];
+    let model = ScriptedModel::with_script([
+        ScriptStep::Split {
+            head: partial,
+            gate: gate.clone(),
+            tail: vec![],
+        },
+        ScriptStep::Hang,
+    ]);
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let token = CancellationToken::new();
+    let run = rt
+        .subagents()
+        .start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("x")).cancel(token.clone()),
+        )
+        .await
+        .unwrap();
+    within("the child mid-stream", gate.reached()).await;
+    token.cancel();
+    let result = within("the cancelled result", run.result()).await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Aborted);
+    assert_eq!(result.output, text("partial"));
+    assert!(model.requests()[0].cancel.is_cancelled());
+    let child_log = run.local_agent().unwrap().log().events();
+    assert_eq!(
+        turn_ends(&child_log),
+        [TurnEndReason::Aborted {
+            reason: CancelCause::Parent
+        }]
+    );
+    run.dispose().await.unwrap();
+
+    let second = spawn_run(&rt, parent.agent(), "y").await;
+    second.dispose().await.unwrap();
+    assert_eq!(
+        second.result().await.unwrap().stop_reason,
+        StopReason::Aborted,
+        "disposed mid-turn"
+    );
+}
+
+// DRV-18
+#[actix_rt::test]
+async fn a_cancel_right_after_publication_is_an_aborted_run_with_an_id() {
+    let model = ScriptedModel::repeating(ScriptStep::text("never sent"));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let token = CancellationToken::new();
+    let fire = token.clone();
+    let parent_id = parent.agent().id();
+    // Fires the moment the child is published, before the run's watcher exists.
+    let _sub = rt
+        .events()
+        .subscribe(EventScope::All, move |event: &AgentEvent| {
+            if event.kind == AgentEventKind::Created && event.agent != parent_id {
+                fire.cancel();
+            }
+        });
+    let run = rt
+        .subagents()
+        .start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("x")).cancel(token),
+        )
+        .await
+        .unwrap();
+    assert!(
+        rt.agents().get(run.id()).await.is_some(),
+        "the run was published"
+    );
+    let result = run.result().await.unwrap();
+    assert_eq!(
+        (result.stop_reason, result.output),
+        (StopReason::Aborted, vec![])
+    );
+    assert_eq!(model.request_count(), 0, "the prompt was never sent");
+    run.dispose().await.unwrap();
+    assert_eq!(rt.agents().list().await.len(), 1);
+}
+
+// SPAWN-26
+#[actix_rt::test]
+async fn a_disposed_parent_cannot_delegate() {
+    let rt = seam_runtime(&ScriptedModel::new()).await;
+    let parent = root(&rt).await;
+    let stale = parent.agent().clone();
+    parent.dispose().await.unwrap();
+    let error = rt
+        .subagents()
+        .start("spawn", SubagentStartRequest::new(&stale, text("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AgentDisposed);
+    assert!(error.message().contains("inactive context"));
+    assert!(rt.agents().list().await.is_empty(), "no orphaned child");
+}
+
+// SPAWN-06 SPAWN-07
+#[actix_rt::test]
+async fn child_depth_is_parent_depth_plus_one_and_the_cap_is_enforced() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let run = rt
+        .subagents()
+        .start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("x")).max_depth(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(run.local_agent().unwrap().options().subagent_depth, 1);
+    run.dispose().await.unwrap();
+    let error = rt
+        .subagents()
+        .start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("x")).max_depth(0),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::DepthExceeded);
+    assert_eq!(error.message(), "subagent depth 1 exceeds maxDepth 0");
+}
+
+// DRV-11 DRV-12
+#[actix_rt::test]
+async fn the_persisted_header_depth_is_a_floor_runtime_depth_can_only_deepen() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let cases = [
+        (1, 0, 1, "subagent depth 2 exceeds maxDepth 1"),
+        (2, 1, 2, "subagent depth 3 exceeds maxDepth 2"),
+    ];
+    for (header_depth, runtime_depth, cap, message) in cases {
+        let options = AgentOptions {
+            subagent_depth: runtime_depth,
+            ..AgentOptions::default()
+        };
+        let parent = rt
+            .agents()
+            .create(
+                CreateAgent::new()
+                    .delegated_by(subagents::SessionId::new(), header_depth)
+                    .options(options),
+            )
+            .await
+            .unwrap();
+        let error = rt
+            .subagents()
+            .start(
+                "spawn",
+                SubagentStartRequest::new(parent.agent(), text("x")).max_depth(cap),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (error.code(), error.message()),
+            (ErrorCode::DepthExceeded, message)
+        );
+    }
+}
+
+// DRV-13
+#[actix_rt::test]
+async fn invalid_depths_are_refused_before_publication() {
+    use subagents::seam::depth::parse_max_depth;
+    for bad in [
+        json!(-1),
+        json!(1.5),
+        json!(-0.0),
+        json!("2"),
+        json!(9_007_199_254_740_992_u64),
+    ] {
+        let error = parse_max_depth(&bad).unwrap_err();
+        assert_eq!(error.code(), ErrorCode::InvalidMaxDepth, "{bad}");
+    }
+    assert_eq!(parse_max_depth(&json!(3)).unwrap(), 3);
+    let rt = seam_runtime(&ScriptedModel::new()).await;
+    let max_safe = (1u64 << 53) - 1;
+    for (runtime_depth, code) in [
+        (max_safe + 1, ErrorCode::InvalidSubagentDepth),
+        (max_safe, ErrorCode::DepthOverflow),
+    ] {
+        let options = AgentOptions {
+            subagent_depth: runtime_depth,
+            ..AgentOptions::default()
+        };
+        let parent = rt
+            .agents()
+            .create(CreateAgent::new().options(options))
+            .await
+            .unwrap();
+        let error = rt
+            .subagents()
+            .start(
+                "spawn",
+                SubagentStartRequest::new(parent.agent(), text("x")),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), code);
+    }
+    assert_eq!(rt.agents().list().await.len(), 2, "no child was published");
+}
+
+// RSET-01
+#[actix_rt::test]
+async fn settle_run_maps_each_stop_reason_onto_a_job_outcome() {
+    let cases = [
+        (
+            StopReason::Completed,
+            JobOutcome::Completed {
+                output: "partial".into(),
+            },
+        ),
+        (StopReason::Aborted, JobOutcome::Killed),
+        (
+            StopReason::Error,
+            JobOutcome::Failed {
+                detail: "error".into(),
+            },
+        ),
+        (
+            StopReason::MaxTokens,
+            JobOutcome::Failed {
+                detail: "max-tokens".into(),
+            },
+        ),
+        (
+            StopReason::Refusal,
+            JobOutcome::Failed {
+                detail: "refusal".into(),
+            },
+        ),
+        (
+            StopReason::Other("paused".into()),
+            JobOutcome::Failed {
+                detail: "paused".into(),
+            },
+        ),
+    ];
+    for (reason, outcome) in cases {
+        let rt = memory_runtime(&ScriptedModel::new());
+        let parent = root(&rt).await;
+        rt.subagents()
+            .register_provider(ScriptedProvider::new("p").reply(text("partial"), reason))
+            .await
+            .unwrap()
+            .keep();
+        let run = rt
+            .subagents()
+            .start("p", SubagentStartRequest::new(parent.agent(), text("x")))
+            .await
+            .unwrap();
+        assert_eq!(settle_run(&run).await, outcome);
+    }
+}
+
+// RSET-02
+#[actix_rt::test]
+async fn settle_run_disposes_before_reporting_on_every_path() {
+    let transport = SubagentError::new(ErrorCode::StoreIo, "transport gone");
+    let reap = SubagentError::new(ErrorCode::StoreIo, "reap failed");
+    let cases = [
+        (
+            ScriptedProvider::new("p").fail_result(transport.clone()),
+            "STORE_IO: transport gone".to_owned(),
+        ),
+        (
+            ScriptedProvider::new("p").fail_dispose(reap.clone()),
+            "dispose failed: STORE_IO: reap failed".to_owned(),
+        ),
+        (
+            ScriptedProvider::new("p")
+                .fail_result(transport)
+                .fail_dispose(reap),
+            "STORE_IO: transport gone; dispose failed: STORE_IO: reap failed".to_owned(),
+        ),
+    ];
+    for (provider, detail) in cases {
+        let rt = memory_runtime(&ScriptedModel::new());
+        let parent = root(&rt).await;
+        rt.subagents()
+            .register_provider(provider)
+            .await
+            .unwrap()
+            .keep();
+        let run = rt
+            .subagents()
+            .start("p", SubagentStartRequest::new(parent.agent(), text("x")))
+            .await
+            .unwrap();
+        assert_eq!(settle_run(&run).await, JobOutcome::Failed { detail });
+    }
+}
+
+// MULTI-02
+#[actix_rt::test]
+async fn one_parent_drives_a_spawn_child_and_a_fork_child_then_keeps_working() {
+    let model = ScriptedModel::with_script([
+        ScriptStep::text("parent turn one"),
+        ScriptStep::text("spawn reply"),
+        ScriptStep::text("fork reply"),
+        ScriptStep::text("parent turn two"),
+    ]);
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    run_prompt(parent.agent(), "first").await;
+    let spawned = spawn_run(&rt, parent.agent(), "spawned task").await;
+    assert_eq!(spawned.result().await.unwrap().output, text("spawn reply"));
+    let forked = rt
+        .subagents()
+        .start(
+            "fork",
+            SubagentStartRequest::new(parent.agent(), text("forked task")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forked.result().await.unwrap().output, text("fork reply"));
+    assert_ne!(spawned.id(), forked.id());
+    let spawn_log = spawned.local_agent().unwrap().log().events();
+    let fork_log = forked.local_agent().unwrap().log().events();
+    let first_user = |events: &[subagents::SessionEvent]| {
+        events.iter().find_map(|e| match &e.kind {
+            EventKind::UserMessage(m) => Some(m.text()),
+            _ => None,
+        })
+    };
+    assert_eq!(
+        first_user(&spawn_log).as_deref(),
+        Some("spawned task"),
+        "spawn inherits nothing"
+    );
+    assert_eq!(
+        first_user(&fork_log).as_deref(),
+        Some("first"),
+        "fork inherits the parent's turn"
+    );
+    spawned.dispose().await.unwrap();
+    forked.dispose().await.unwrap();
+    let events = run_prompt(parent.agent(), "second").await;
+    assert_eq!(
+        turn_ends(&events).len(),
+        2,
+        "the parent's log holds only its own turns"
+    );
+    assert_eq!(
+        subagents::session::final_assistant_output(&events),
+        text("parent turn two")
+    );
+}
