@@ -162,7 +162,7 @@ async fn removing_a_provider_never_revokes_an_accepted_run() {
         "the child stays registered"
     );
     assert!(
-        rt.tools().unregister("structured_output") == false,
+        !rt.tools().unregister("structured_output"),
         "nothing was registered globally"
     );
     token.cancel();
