@@ -85,6 +85,7 @@ fn every_code_prints_its_stable_string() {
     }
 }
 
+// SVC-15
 #[test]
 fn an_error_shows_its_code_and_keeps_its_cause() {
     let io = std::io::Error::other("disk on fire");

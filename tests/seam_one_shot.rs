@@ -366,7 +366,7 @@ async fn earlier_text_survives_a_final_empty_usage_only_message() {
     run.dispose().await.unwrap();
 }
 
-// DRV-14
+// DRV-14 SPAWN-10
 #[actix_rt::test]
 async fn an_already_cancelled_request_publishes_nothing() {
     let rt = seam_runtime(&ScriptedModel::new()).await;
@@ -385,7 +385,7 @@ async fn an_already_cancelled_request_publishes_nothing() {
     assert_eq!(rt.agents().list().await.len(), 1);
 }
 
-// DRV-16
+// DRV-16 SPAWN-12 SPAWN-13
 #[actix_rt::test]
 async fn the_request_token_and_dispose_cancel_a_published_run() {
     let gate = subagents::Gate::new();
@@ -440,6 +440,31 @@ async fn the_request_token_and_dispose_cancel_a_published_run() {
         StopReason::Aborted,
         "disposed mid-turn"
     );
+}
+
+// SPAWN-11
+#[actix_rt::test]
+async fn a_same_tick_cancel_rejects_the_start_and_publishes_nothing() {
+    let rt = seam_runtime(&ScriptedModel::new()).await;
+    let parent = root(&rt).await;
+    let created = crate::support::EventRecorder::new(&rt, parent.agent().id());
+    let seam = crate::support::SeamRecorder::new(&rt, EventScope::All);
+    let token = CancellationToken::new();
+    let starting = rt.subagents().start(
+        "spawn",
+        SubagentStartRequest::new(parent.agent(), text("x")).cancel(token.clone()),
+    );
+    token.cancel();
+    let error = starting.await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AbortedBeforePublication);
+    assert_eq!(rt.agents().list().await.len(), 1, "no child agent");
+    assert_eq!(
+        rt.store().unwrap().list().await.unwrap().len(),
+        0,
+        "no child session"
+    );
+    assert!(seam.events().is_empty(), "no subagent/start or end");
+    assert!(created.kinds().is_empty());
 }
 
 // DRV-18

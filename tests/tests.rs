@@ -16,10 +16,18 @@ mod errors;
 mod events;
 /// The scripted model and the block assembler.
 mod model;
+/// The seam: descriptor, persona, tool filter, delegated policy.
+mod seam_composition;
+/// The seam: fork seeding.
+mod seam_fork;
 /// The seam: one-shot runs, depth and settlement.
 mod seam_one_shot;
+/// The seam: output selection.
+mod seam_output;
 /// The seam: provider registry, capability validation, lifecycle events.
 mod seam_registry;
+/// The seam: structured output and the schema subset.
+mod seam_structured;
 /// Session log envelope, invariants, seeds, folds.
 mod session_log;
 /// Stores: the model-based property test, corruption, repair, leases.
