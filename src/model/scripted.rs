@@ -224,12 +224,26 @@ struct Shared {
     state: Mutex<ScriptState>,
 }
 
-#[derive(Default)]
 struct ScriptState {
     steps: VecDeque<ScriptStep>,
     fallback: Option<ScriptStep>,
     latency: Option<Duration>,
     requests: Vec<GenerateRequest>,
+    request_count: usize,
+    recording: bool,
+}
+
+impl Default for ScriptState {
+    fn default() -> Self {
+        Self {
+            steps: VecDeque::new(),
+            fallback: None,
+            latency: None,
+            requests: Vec::new(),
+            request_count: 0,
+            recording: true,
+        }
+    }
 }
 
 impl ScriptedModel {
@@ -277,9 +291,19 @@ impl ScriptedModel {
         self.lock().requests.clone()
     }
 
-    /// How many requests were received.
+    /// How many requests were received (counted even when recording is off).
     pub fn request_count(&self) -> usize {
-        self.lock().requests.len()
+        self.lock().request_count
+    }
+
+    /// Turns the record of requests on (the default) or off. Load runs turn it off: the record
+    /// keeps every request's history, so it grows with every call.
+    pub fn set_recording(&self, recording: bool) {
+        let mut state = self.lock();
+        state.recording = recording;
+        if !recording {
+            state.requests = Vec::new();
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, ScriptState> {
@@ -338,7 +362,10 @@ impl LlmAdapter for ScriptedModel {
     ) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
         let (step, latency) = {
             let mut state = self.lock();
-            state.requests.push(request.clone());
+            state.request_count += 1;
+            if state.recording {
+                state.requests.push(request.clone());
+            }
             let step = state.steps.pop_front().or_else(|| state.fallback.clone());
             (step, state.latency)
         };

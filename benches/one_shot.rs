@@ -1,0 +1,198 @@
+//! Benchmarks one-shot delegations: `spawn` and `fork`, one at a time and with 100 / 1,000 /
+//! 10,000 in flight, against a zero-latency scripted model, on the in-memory and the sled
+//! store. The floors of `agent_turn` are measured in the same run so results can be quoted as
+//! ratios:
+//!
+//! - `floor/actor_spawn_round_trip`: start a bare actix actor, one request/response, stop it.
+//! - `floor/sled_insert_turn_bytes`: one sled batch of a child turn's event bytes.
+//!
+//! A run here is: `start` → `result` → `dispose`. Run with `cargo bench --bench one_shot`.
+//! At the end the bench prints the resident memory per in-flight child (RSS delta while 4,000
+//! children are held mid-turn, divided by 4,000).
+
+use std::hint::black_box;
+
+/// The bench runs on mimalloc, as the `subagents` binary does: glibc's allocator fragments
+/// badly under tens of thousands of short-lived children.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use futures::future::join_all;
+use subagents::{
+    AgentHandle, ContentBlock, CreateAgent, ForkInProcess, Gate, MemoryStore, MessageSource,
+    Runtime, ScriptStep, ScriptedModel, SessionPersistence, SledStore, SpawnInProcess,
+    SubagentStartRequest,
+};
+
+struct Echo;
+
+impl Actor for Echo {
+    type Context = Context<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "u64")]
+struct Ping(u64);
+
+impl Handler<Ping> for Echo {
+    type Result = u64;
+
+    fn handle(&mut self, msg: Ping, ctx: &mut Context<Self>) -> u64 {
+        ctx.stop();
+        msg.0
+    }
+}
+
+/// A runtime with both in-process providers and a parent that completed one turn (so a fork
+/// child inherits a real prefix).
+async fn setup(store: Arc<dyn SessionPersistence>, model: ScriptedModel) -> (Runtime, AgentHandle) {
+    model.set_recording(false);
+    let rt = Runtime::builder()
+        .shared_store(store)
+        .model("scripted", model)
+        .build()
+        .expect("runtime builds");
+    rt.subagents().register_provider(SpawnInProcess::default()).await.expect("spawn").keep();
+    rt.subagents().register_provider(ForkInProcess::default()).await.expect("fork").keep();
+    let parent = rt.agents().create(CreateAgent::new()).await.expect("parent");
+    parent
+        .agent()
+        .followup(vec![ContentBlock::text("context for forks")], MessageSource::User)
+        .await
+        .expect("parent turn");
+    parent.agent().when_idle().await;
+    (rt, parent)
+}
+
+async fn one_run(rt: &Runtime, parent: &AgentHandle, provider: &str) {
+    let run = rt
+        .subagents()
+        .start(provider, SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]))
+        .await
+        .expect("start");
+    black_box(run.result().await.expect("result"));
+    run.dispose().await.expect("dispose");
+}
+
+async fn many_runs(rt: &Runtime, parent: &AgentHandle, provider: &str, in_flight: usize) {
+    join_all((0..in_flight).map(|_| one_run(rt, parent, provider))).await;
+}
+
+fn floors(c: &mut Criterion, system: &SystemRunner) {
+    let mut group = c.benchmark_group("one_shot");
+    group.measurement_time(Duration::from_secs(3)).sample_size(30);
+    group.bench_function("floor/actor_spawn_round_trip", |b| {
+        b.iter(|| system.block_on(async { black_box(Echo.start().send(Ping(7)).await.expect("reply")) }));
+    });
+    let db = sled::Config::new().temporary(true).open().expect("sled opens");
+    let tree = db.open_tree("events").expect("tree opens");
+    let value = vec![b'x'; 300];
+    let mut round = 0u64;
+    group.bench_function("floor/sled_insert_turn_bytes", |b| {
+        b.iter(|| {
+            round += 1;
+            let mut batch = sled::Batch::default();
+            for seq in 0..14u64 {
+                let mut key = [7u8; 16].to_vec();
+                key.extend_from_slice(&round.to_be_bytes());
+                key.extend_from_slice(&seq.to_be_bytes());
+                batch.insert(key, value.as_slice());
+            }
+            tree.apply_batch(batch).expect("batch applies");
+        });
+    });
+    group.finish();
+}
+
+fn stores() -> Vec<(&'static str, Arc<dyn SessionPersistence>)> {
+    vec![
+        ("memory", Arc::new(MemoryStore::new())),
+        ("sled", Arc::new(SledStore::temporary().expect("sled store"))),
+    ]
+}
+
+fn sequential(c: &mut Criterion, system: &SystemRunner) {
+    let mut group = c.benchmark_group("one_shot/sequential");
+    group.measurement_time(Duration::from_secs(4)).sample_size(30).throughput(Throughput::Elements(1));
+    for (store_name, store) in stores() {
+        let (rt, parent) = system.block_on(setup(store, ScriptedModel::repeating(ScriptStep::text("done"))));
+        for provider in ["spawn", "fork"] {
+            group.bench_function(BenchmarkId::new(provider, store_name), |b| {
+                b.iter(|| system.block_on(one_run(&rt, &parent, provider)));
+            });
+        }
+    }
+    group.finish();
+}
+
+fn in_flight(c: &mut Criterion, system: &SystemRunner) {
+    let mut group = c.benchmark_group("one_shot/in_flight");
+    group.measurement_time(Duration::from_secs(6)).sample_size(10);
+    for (store_name, store) in stores() {
+        let (rt, parent) = system.block_on(setup(store, ScriptedModel::repeating(ScriptStep::text("done"))));
+        for n in [100usize, 1_000, 10_000] {
+            group.throughput(Throughput::Elements(u64::try_from(n).expect("small")));
+            for provider in ["spawn", "fork"] {
+                group.bench_function(BenchmarkId::new(format!("{provider}/{store_name}"), n), |b| {
+                    b.iter(|| system.block_on(many_runs(&rt, &parent, provider, n)));
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
+}
+
+/// Resident memory per in-flight child: 4,000 runs held at a gate mid-turn.
+fn memory_per_child(system: &SystemRunner) {
+    const HELD: usize = 4_000;
+    let gate = Gate::new();
+    // The parent's own turn answers at once; every child's answer is held at the gate.
+    let model = ScriptedModel::with_script([ScriptStep::text("parent")]);
+    model.set_fallback(ScriptStep::text("held").gated(&gate));
+    let (rt, parent) = system.block_on(setup(Arc::new(MemoryStore::new()), model.clone()));
+    let before = rss_bytes();
+    let runs = system.block_on(async {
+        let runs = join_all((0..HELD).map(|_| {
+            rt.subagents()
+                .start("spawn", SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]))
+        }))
+        .await;
+        // Every child is mid-turn once its model request is waiting at the gate.
+        while model.request_count() < HELD + 1 {
+            tokio::task::yield_now().await;
+        }
+        runs.into_iter().map(|run| run.expect("start")).collect::<Vec<_>>()
+    });
+    let held = rss_bytes();
+    gate.release();
+    system.block_on(async {
+        for run in &runs {
+            run.result().await.expect("result");
+            run.dispose().await.expect("dispose");
+        }
+    });
+    let per_child = held.saturating_sub(before) / u64::try_from(HELD).expect("small");
+    eprintln!("memory: {HELD} children in flight held {} KiB of RSS, {per_child} bytes per child", (held - before) / 1024);
+}
+
+fn bench(c: &mut Criterion) {
+    let system = System::new();
+    floors(c, &system);
+    sequential(c, &system);
+    in_flight(c, &system);
+    memory_per_child(&system);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
