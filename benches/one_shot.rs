@@ -57,12 +57,27 @@ async fn setup(store: Arc<dyn SessionPersistence>, model: ScriptedModel) -> (Run
         .model("scripted", model)
         .build()
         .expect("runtime builds");
-    rt.subagents().register_provider(SpawnInProcess::default()).await.expect("spawn").keep();
-    rt.subagents().register_provider(ForkInProcess::default()).await.expect("fork").keep();
-    let parent = rt.agents().create(CreateAgent::new()).await.expect("parent");
+    rt.subagents()
+        .register_provider(SpawnInProcess::default())
+        .await
+        .expect("spawn")
+        .keep();
+    rt.subagents()
+        .register_provider(ForkInProcess::default())
+        .await
+        .expect("fork")
+        .keep();
+    let parent = rt
+        .agents()
+        .create(CreateAgent::new())
+        .await
+        .expect("parent");
     parent
         .agent()
-        .followup(vec![ContentBlock::text("context for forks")], MessageSource::User)
+        .followup(
+            vec![ContentBlock::text("context for forks")],
+            MessageSource::User,
+        )
         .await
         .expect("parent turn");
     parent.agent().when_idle().await;
@@ -72,7 +87,10 @@ async fn setup(store: Arc<dyn SessionPersistence>, model: ScriptedModel) -> (Run
 async fn one_run(rt: &Runtime, parent: &AgentHandle, provider: &str) {
     let run = rt
         .subagents()
-        .start(provider, SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]))
+        .start(
+            provider,
+            SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]),
+        )
         .await
         .expect("start");
     black_box(run.result().await.expect("result"));
@@ -85,11 +103,18 @@ async fn many_runs(rt: &Runtime, parent: &AgentHandle, provider: &str, in_flight
 
 fn floors(c: &mut Criterion, system: &SystemRunner) {
     let mut group = c.benchmark_group("one_shot");
-    group.measurement_time(Duration::from_secs(3)).sample_size(30);
+    group
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(30);
     group.bench_function("floor/actor_spawn_round_trip", |b| {
-        b.iter(|| system.block_on(async { black_box(Echo.start().send(Ping(7)).await.expect("reply")) }));
+        b.iter(|| {
+            system.block_on(async { black_box(Echo.start().send(Ping(7)).await.expect("reply")) })
+        });
     });
-    let db = sled::Config::new().temporary(true).open().expect("sled opens");
+    let db = sled::Config::new()
+        .temporary(true)
+        .open()
+        .expect("sled opens");
     let tree = db.open_tree("events").expect("tree opens");
     let value = vec![b'x'; 300];
     let mut round = 0u64;
@@ -112,15 +137,24 @@ fn floors(c: &mut Criterion, system: &SystemRunner) {
 fn stores() -> Vec<(&'static str, Arc<dyn SessionPersistence>)> {
     vec![
         ("memory", Arc::new(MemoryStore::new())),
-        ("sled", Arc::new(SledStore::temporary().expect("sled store"))),
+        (
+            "sled",
+            Arc::new(SledStore::temporary().expect("sled store")),
+        ),
     ]
 }
 
 fn sequential(c: &mut Criterion, system: &SystemRunner) {
     let mut group = c.benchmark_group("one_shot/sequential");
-    group.measurement_time(Duration::from_secs(4)).sample_size(30).throughput(Throughput::Elements(1));
+    group
+        .measurement_time(Duration::from_secs(4))
+        .sample_size(30)
+        .throughput(Throughput::Elements(1));
     for (store_name, store) in stores() {
-        let (rt, parent) = system.block_on(setup(store, ScriptedModel::repeating(ScriptStep::text("done"))));
+        let (rt, parent) = system.block_on(setup(
+            store,
+            ScriptedModel::repeating(ScriptStep::text("done")),
+        ));
         for provider in ["spawn", "fork"] {
             group.bench_function(BenchmarkId::new(provider, store_name), |b| {
                 b.iter(|| system.block_on(one_run(&rt, &parent, provider)));
@@ -132,15 +166,23 @@ fn sequential(c: &mut Criterion, system: &SystemRunner) {
 
 fn in_flight(c: &mut Criterion, system: &SystemRunner) {
     let mut group = c.benchmark_group("one_shot/in_flight");
-    group.measurement_time(Duration::from_secs(6)).sample_size(10);
+    group
+        .measurement_time(Duration::from_secs(6))
+        .sample_size(10);
     for (store_name, store) in stores() {
-        let (rt, parent) = system.block_on(setup(store, ScriptedModel::repeating(ScriptStep::text("done"))));
+        let (rt, parent) = system.block_on(setup(
+            store,
+            ScriptedModel::repeating(ScriptStep::text("done")),
+        ));
         for n in [100usize, 1_000, 10_000] {
             group.throughput(Throughput::Elements(u64::try_from(n).expect("small")));
             for provider in ["spawn", "fork"] {
-                group.bench_function(BenchmarkId::new(format!("{provider}/{store_name}"), n), |b| {
-                    b.iter(|| system.block_on(many_runs(&rt, &parent, provider, n)));
-                });
+                group.bench_function(
+                    BenchmarkId::new(format!("{provider}/{store_name}"), n),
+                    |b| {
+                        b.iter(|| system.block_on(many_runs(&rt, &parent, provider, n)));
+                    },
+                );
             }
         }
     }
@@ -149,7 +191,11 @@ fn in_flight(c: &mut Criterion, system: &SystemRunner) {
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
     pages * 4096
 }
 
@@ -164,15 +210,19 @@ fn memory_per_child(system: &SystemRunner) {
     let before = rss_bytes();
     let runs = system.block_on(async {
         let runs = join_all((0..HELD).map(|_| {
-            rt.subagents()
-                .start("spawn", SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]))
+            rt.subagents().start(
+                "spawn",
+                SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]),
+            )
         }))
         .await;
         // Every child is mid-turn once its model request is waiting at the gate.
         while model.request_count() < HELD + 1 {
             tokio::task::yield_now().await;
         }
-        runs.into_iter().map(|run| run.expect("start")).collect::<Vec<_>>()
+        runs.into_iter()
+            .map(|run| run.expect("start"))
+            .collect::<Vec<_>>()
     });
     let held = rss_bytes();
     gate.release();
@@ -183,7 +233,10 @@ fn memory_per_child(system: &SystemRunner) {
         }
     });
     let per_child = held.saturating_sub(before) / u64::try_from(HELD).expect("small");
-    eprintln!("memory: {HELD} children in flight held {} KiB of RSS, {per_child} bytes per child", (held - before) / 1024);
+    eprintln!(
+        "memory: {HELD} children in flight held {} KiB of RSS, {per_child} bytes per child",
+        (held - before) / 1024
+    );
 }
 
 fn bench(c: &mut Criterion) {

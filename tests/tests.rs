@@ -16,6 +16,8 @@ mod errors;
 mod events;
 /// The scripted model and the block assembler.
 mod model;
+/// The OpenAI-compatible adapter against a scripted local server; one turn through the runtime.
+mod openai;
 /// The seam: descriptor, persona, tool filter, delegated policy.
 mod seam_composition;
 /// The seam: fork seeding.

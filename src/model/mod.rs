@@ -6,6 +6,7 @@
 //! that ends without `finish` still ends the step (`error`, or `stop` for a silent end).
 
 mod assembler;
+pub mod openai;
 mod scripted;
 
 use std::collections::HashMap;
@@ -21,6 +22,7 @@ use crate::ids::{CallId, SessionId};
 use crate::session::{LlmFailure, TokenUsage};
 
 pub use assembler::BlockAssembler;
+pub use openai::{OpenAiAdapter, OpenAiConfig};
 pub use scripted::{Gate, Responder, ScriptStep, ScriptedModel};
 
 /// The kind of block a `block-start` chunk opens.
