@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use subagents::model::{OpenAiAdapter, OpenAiConfig};
 use subagents::{
     AgentOptions, ContentBlock, CreateAgent, EventKind, FlushPolicy, Gate, MessageSource, Runtime,
     ScriptStep, ScriptedModel, SessionEvent, SledStore, SubagentError, Tool, ToolOutput,
@@ -34,20 +35,71 @@ struct DemoArgs {
     /// until the process is killed. Prints `stalled <session-id>` when it is safe to kill.
     #[arg(long)]
     stall: bool,
+    /// Which model answers: the deterministic scripted model, or an OpenAI-compatible endpoint.
+    #[arg(long, value_enum, default_value_t = ModelChoice::Scripted)]
+    model: ModelChoice,
+    /// The endpoint's base URL (with `--model openai`), e.g. `https://api.openai.com/v1`.
+    #[arg(long)]
+    base_url: Option<String>,
+    /// The model name to request (with `--model openai`).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// The environment variable holding the API key (with `--model openai`).
+    #[arg(long, default_value = "OPENAI_API_KEY")]
+    api_key_env: String,
+}
+
+/// Which model the demo runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ModelChoice {
+    /// The deterministic scripted model (no network).
+    Scripted,
+    /// An OpenAI-compatible chat-completions endpoint.
+    Openai,
 }
 
 /// The demo's validated plan: what the command line asked for, before any actor starts.
 struct DemoPlan {
     store: PathBuf,
     stall: bool,
+    model: DemoModel,
+}
+
+/// The model half of the plan.
+enum DemoModel {
+    Scripted,
+    OpenAi(OpenAiConfig),
 }
 
 impl DemoPlan {
-    fn from_args(args: DemoArgs) -> Self {
-        Self {
+    fn from_args(args: DemoArgs) -> Result<Self, SubagentError> {
+        let model = match args.model {
+            ModelChoice::Scripted => DemoModel::Scripted,
+            ModelChoice::Openai => {
+                let missing = |flag: &str| {
+                    SubagentError::new(
+                        subagents::ErrorCode::ModelUnavailable,
+                        format!("--model openai needs {flag}"),
+                    )
+                };
+                let base_url = args.base_url.ok_or_else(|| missing("--base-url"))?;
+                let name = args.model_name.ok_or_else(|| missing("--model-name"))?;
+                let config = OpenAiConfig::new(base_url, name).api_key_env(args.api_key_env);
+                config.validate()?;
+                DemoModel::OpenAi(config)
+            }
+        };
+        if args.stall && !matches!(model, DemoModel::Scripted) {
+            return Err(SubagentError::new(
+                subagents::ErrorCode::ModelUnavailable,
+                "--stall drills crash recovery with the scripted model only",
+            ));
+        }
+        Ok(Self {
             store: args.store,
             stall: args.stall,
-        }
+            model,
+        })
     }
 }
 
@@ -59,8 +111,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Demo(args) => {
-            let plan = DemoPlan::from_args(args);
-            actix::System::new().block_on(run_demo(plan))
+            DemoPlan::from_args(args).and_then(|plan| actix::System::new().block_on(run_demo(plan)))
         }
     };
     match outcome {
@@ -114,11 +165,12 @@ async fn run_demo(plan: DemoPlan) -> Result<(), SubagentError> {
         },
     ]);
     let store = SledStore::open(&plan.store)?;
-    let rt = Runtime::builder()
-        .store(store)
-        .model("scripted", model)
-        .tool(word_count_tool())
-        .build()?;
+    let builder = Runtime::builder().store(store).tool(word_count_tool());
+    let builder = match plan.model {
+        DemoModel::Scripted => builder.model("scripted", model),
+        DemoModel::OpenAi(config) => builder.model("openai", OpenAiAdapter::new(config)?),
+    };
+    let rt = builder.build()?;
     let cwd = std::env::current_dir().map_err(|e| {
         SubagentError::new(
             subagents::ErrorCode::StoreIo,
