@@ -400,3 +400,37 @@ async fn a_failed_write_behind_surfaces_at_the_next_flush() {
         "dispose reports the lost writes"
     );
 }
+
+#[test]
+fn events_past_the_head_are_an_unfinished_append_and_stay_invisible() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = SessionId::new();
+    {
+        let store = SledStore::open(dir.path()).unwrap();
+        block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
+        block_on(store.flush(id)).unwrap();
+    }
+    // A crash between an append's event batch and its head update leaves events past the head.
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let events = db.open_tree("events").unwrap();
+        let mut key = id.as_bytes().to_vec();
+        key.extend_from_slice(&2u64.to_be_bytes());
+        events
+            .insert(key, serde_json::to_vec(&note(2, "orphan")).unwrap())
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let store = SledStore::open(dir.path()).unwrap();
+    assert_eq!(
+        block_on(store.read_from(id, 0)).unwrap().len(),
+        2,
+        "the orphan is not part of the log"
+    );
+    block_on(store.append(id, 2, notes(2, 1), None)).unwrap();
+    let events = block_on(store.read_from(id, 0)).unwrap();
+    assert!(
+        matches!(&events[2].kind, EventKind::UserMessage(m) if m.text() == "n2"),
+        "the next append replaced it"
+    );
+}

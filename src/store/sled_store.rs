@@ -11,16 +11,20 @@
 //! A session that never appended an event (created with an empty log) is left out of the
 //! listings until it does.
 //!
-//! Creates and appends are sled transactions over the trees they touch, so a crash never leaves
-//! half a batch. sled itself writes its log to the OS every 500 ms; [`SessionPersistence::flush`]
+//! Writes need no sled transaction: a session's head (next seq, lease) is its commit point.
+//! An append writes its events as one sled batch, then moves the head; a create writes the seed,
+//! the head, then the header that makes the session visible. Readers trust events only below the
+//! head, so a crash between the two writes loses that batch whole and nothing else. Within this
+//! process a writer lock makes compare-and-append atomic; sled's directory lock keeps other
+//! processes out. sled itself writes its log to the OS every 500 ms; [`SessionPersistence::flush`]
 //! (an fsync of the whole database) is the durability point.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
-use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 
 use super::{
     check_append, check_contiguous, not_found, LeaseEpoch, ListedSession, SessionPersistence,
@@ -38,6 +42,7 @@ pub struct SledStore {
     events: sled::Tree,
     children: sled::Tree,
     cache: sled::Tree,
+    writing: Arc<Mutex<()>>,
 }
 
 const LOCK_RETRY: Duration = Duration::from_millis(5);
@@ -61,7 +66,7 @@ impl SledStore {
         let path = path.as_ref();
         let deadline = Instant::now() + Self::LOCK_WAIT;
         loop {
-            match sled::open(path) {
+            match Self::config().path(path).open() {
                 Ok(db) => return Self::from_db(db),
                 Err(sled::Error::Io(error))
                     if error.to_string().contains("could not acquire lock")
@@ -84,11 +89,16 @@ impl SledStore {
     /// # Errors
     /// `STORE_IO`.
     pub fn temporary() -> Result<Self> {
-        let db = sled::Config::new()
+        let db = Self::config()
             .temporary(true)
             .open()
             .map_err(|e| SubagentError::store_io("opening a temporary store", e))?;
         Self::from_db(db)
+    }
+
+    /// sled's configuration (its defaults: the high-throughput mode measured no faster here).
+    fn config() -> sled::Config {
+        sled::Config::new()
     }
 
     fn from_db(db: sled::Db) -> Result<Self> {
@@ -102,8 +112,25 @@ impl SledStore {
             events: tree("events")?,
             children: tree("children")?,
             cache: tree("projection_cache")?,
+            writing: Arc::default(),
             db,
         })
+    }
+
+    /// Serializes the check-then-write of creates, appends and leases in this process (sled's
+    /// directory lock keeps other processes out), so compare-and-append needs no transaction.
+    fn write_lock(&self) -> MutexGuard<'_, ()> {
+        // The guarded data is `()`: a panic cannot leave it inconsistent.
+        self.writing.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn read_head(&self, id: SessionId) -> Result<Head> {
+        let stored = self
+            .heads
+            .get(id.as_bytes())
+            .map_err(io("reading a head"))?
+            .ok_or_else(|| not_found(id))?;
+        Head::decode(id, &stored)
     }
 
     fn read_header(&self, id: SessionId) -> Result<SessionHeader> {
@@ -238,11 +265,16 @@ fn encode_events(events: &[SessionEvent]) -> Result<Vec<(u64, Vec<u8>)>> {
         .collect()
 }
 
-fn transaction_error(what: &str, error: TransactionError<SubagentError>) -> SubagentError {
-    match error {
-        TransactionError::Abort(error) => error,
-        TransactionError::Storage(error) => SubagentError::store_io(what, error),
+fn io(what: &'static str) -> impl Fn(sled::Error) -> SubagentError {
+    move |error| SubagentError::store_io(what, error)
+}
+
+fn event_batch(id: SessionId, encoded: &[(u64, Vec<u8>)]) -> sled::Batch {
+    let mut batch = sled::Batch::default();
+    for (seq, bytes) in encoded {
+        batch.insert(&event_key(id, *seq), bytes.as_slice());
     }
+    batch
 }
 
 impl SessionPersistence for SledStore {
@@ -260,25 +292,34 @@ impl SessionPersistence for SledStore {
             let encoded = encode_events(&events)?;
             let next_seq =
                 u64::try_from(events.len()).map_err(|_| SubagentError::bug("seed too long"))?;
-            (&self.headers, &self.heads, &self.events, &self.children)
-                .transaction(|(headers, heads, event_tree, children)| {
-                    if headers.get(id.as_bytes())?.is_some() {
-                        return Err(ConflictableTransactionError::Abort(SubagentError::new(
-                            ErrorCode::SessionExists,
-                            format!("session {id} is already stored"),
-                        )));
-                    }
-                    headers.insert(id.as_bytes(), header_bytes.as_slice())?;
-                    heads.insert(id.as_bytes(), &Head { next_seq, lease: 0 }.encode())?;
-                    for (seq, bytes) in &encoded {
-                        event_tree.insert(&event_key(id, *seq), bytes.as_slice())?;
-                    }
-                    if let Some(parent) = header.parent_session {
-                        children.insert(&pair_key(parent, id), &[])?;
-                    }
-                    Ok(())
-                })
-                .map_err(|e| transaction_error("creating a session", e))
+            let _writing = self.write_lock();
+            if self
+                .headers
+                .contains_key(id.as_bytes())
+                .map_err(io("creating a session"))?
+            {
+                return Err(SubagentError::new(
+                    ErrorCode::SessionExists,
+                    format!("session {id} is already stored"),
+                ));
+            }
+            // Data first, commit points last: the head, then the header that makes the
+            // session visible. A crash in between leaves only invisible leftovers.
+            self.events
+                .apply_batch(event_batch(id, &encoded))
+                .map_err(io("writing a seed"))?;
+            if let Some(parent) = header.parent_session {
+                self.children
+                    .insert(pair_key(parent, id), &[])
+                    .map_err(io("indexing a child"))?;
+            }
+            self.heads
+                .insert(id.as_bytes(), &Head { next_seq, lease: 0 }.encode())
+                .map_err(io("writing a head"))?;
+            self.headers
+                .insert(id.as_bytes(), header_bytes)
+                .map_err(io("writing a header"))?;
+            Ok(())
         })();
         Box::pin(future::ready(outcome))
     }
@@ -295,23 +336,19 @@ impl SessionPersistence for SledStore {
             let encoded = encode_events(&events)?;
             let count =
                 u64::try_from(events.len()).map_err(|_| SubagentError::bug("batch too long"))?;
-            (&self.heads, &self.events)
-                .transaction(|(heads, event_tree)| {
-                    let abort = ConflictableTransactionError::Abort;
-                    let stored = heads
-                        .get(id.as_bytes())?
-                        .ok_or_else(|| abort(not_found(id)))?;
-                    let head = Head::decode(id, &stored).map_err(abort)?;
-                    check_append(id, expected_next_seq, head.next_seq, lease, head.lease)
-                        .map_err(abort)?;
-                    for (seq, bytes) in &encoded {
-                        event_tree.insert(&event_key(id, *seq), bytes.as_slice())?;
-                    }
-                    let next_seq = head.next_seq + count;
-                    heads.insert(id.as_bytes(), &Head { next_seq, ..head }.encode())?;
-                    Ok(())
-                })
-                .map_err(|e| transaction_error("appending events", e))
+            let _writing = self.write_lock();
+            let head = self.read_head(id)?;
+            check_append(id, expected_next_seq, head.next_seq, lease, head.lease)?;
+            // The events first, then the head that commits them: a reader trusts events only
+            // below the head, so a crash between the two loses the batch whole.
+            self.events
+                .apply_batch(event_batch(id, &encoded))
+                .map_err(io("appending events"))?;
+            let next_seq = head.next_seq + count;
+            self.heads
+                .insert(id.as_bytes(), &Head { next_seq, ..head }.encode())
+                .map_err(io("committing an append"))?;
+            Ok(())
         })();
         Box::pin(future::ready(outcome))
     }
@@ -393,17 +430,15 @@ impl SessionPersistence for SledStore {
 
     fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>> {
         let outcome = (|| {
-            if !self
-                .heads
-                .contains_key(id.as_bytes())
-                .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?
-            {
-                return Err(not_found(id));
-            }
+            // The head is the commit point: events at or past it are an unfinished append.
+            let head = self.read_head(id)?;
             let mut events = Vec::new();
+            if from_seq >= head.next_seq {
+                return Ok(events);
+            }
             for (row, expected) in self
                 .events
-                .range(event_key(id, from_seq)..=event_key(id, u64::MAX))
+                .range(event_key(id, from_seq)..event_key(id, head.next_seq))
                 .zip(from_seq..)
             {
                 let (key, bytes) =
@@ -429,19 +464,15 @@ impl SessionPersistence for SledStore {
     }
 
     fn acquire_lease(&self, id: SessionId) -> BoxFuture<'_, Result<LeaseEpoch>> {
-        let outcome = self
-            .heads
-            .transaction(|heads| {
-                let abort = ConflictableTransactionError::Abort;
-                let stored = heads
-                    .get(id.as_bytes())?
-                    .ok_or_else(|| abort(not_found(id)))?;
-                let head = Head::decode(id, &stored).map_err(abort)?;
-                let lease = head.lease + 1;
-                heads.insert(id.as_bytes(), &Head { lease, ..head }.encode())?;
-                Ok(LeaseEpoch(lease))
-            })
-            .map_err(|e| transaction_error("acquiring a lease", e));
+        let outcome = (|| {
+            let _writing = self.write_lock();
+            let head = self.read_head(id)?;
+            let lease = head.lease + 1;
+            self.heads
+                .insert(id.as_bytes(), &Head { lease, ..head }.encode())
+                .map_err(io("acquiring a lease"))?;
+            Ok(LeaseEpoch(lease))
+        })();
         Box::pin(future::ready(outcome))
     }
 
