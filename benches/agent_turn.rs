@@ -7,7 +7,6 @@
 //!
 //! Run with `cargo bench --bench agent_turn`; compare the lifecycle to the floors as ratios.
 
-use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,24 +17,8 @@ use subagents::{
     SessionEvent, SessionPersistence, SledStore,
 };
 
-struct Echo;
-
-impl Actor for Echo {
-    type Context = Context<Self>;
-}
-
-#[derive(Message)]
-#[rtype(result = "u64")]
-struct Ping(u64);
-
-impl Handler<Ping> for Echo {
-    type Result = u64;
-
-    fn handle(&mut self, msg: Ping, ctx: &mut Context<Self>) -> u64 {
-        ctx.stop();
-        msg.0
-    }
-}
+#[path = "support/floors.rs"]
+mod floors;
 
 fn runtime(store: Arc<dyn SessionPersistence>) -> Runtime {
     Runtime::builder()
@@ -88,31 +71,8 @@ fn bench(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(4))
         .sample_size(40);
 
-    group.bench_function("floor/actor_spawn_round_trip", |b| {
-        b.iter(|| {
-            system.block_on(async { black_box(Echo.start().send(Ping(7)).await.expect("reply")) })
-        });
-    });
-
-    let rows = turn_bytes(&system);
-    let db = sled::Config::new()
-        .temporary(true)
-        .open()
-        .expect("sled opens");
-    let tree = db.open_tree("events").expect("tree opens");
-    let mut round = 0u64;
-    group.bench_function("floor/sled_insert_turn_bytes", |b| {
-        b.iter(|| {
-            round += 1;
-            let mut batch = sled::Batch::default();
-            for (key, value) in &rows {
-                let mut key = key.clone();
-                key.extend_from_slice(&round.to_be_bytes());
-                batch.insert(key, value.as_slice());
-            }
-            tree.apply_batch(batch).expect("batch applies");
-        });
-    });
+    floors::actor_round_trip(&mut group, &system);
+    floors::sled_insert(&mut group, &turn_bytes(&system));
 
     let memory = system.block_on(async { runtime(Arc::new(MemoryStore::new())) });
     group.bench_function("lifecycle/memory", |b| {

@@ -29,24 +29,8 @@ use subagents::{
     SubagentStartRequest,
 };
 
-struct Echo;
-
-impl Actor for Echo {
-    type Context = Context<Self>;
-}
-
-#[derive(Message)]
-#[rtype(result = "u64")]
-struct Ping(u64);
-
-impl Handler<Ping> for Echo {
-    type Result = u64;
-
-    fn handle(&mut self, msg: Ping, ctx: &mut Context<Self>) -> u64 {
-        ctx.stop();
-        msg.0
-    }
-}
+#[path = "support/floors.rs"]
+mod floors;
 
 /// A runtime with both in-process providers and a parent that completed one turn (so a fork
 /// child inherits a real prefix).
@@ -106,31 +90,16 @@ fn floors(c: &mut Criterion, system: &SystemRunner) {
     group
         .measurement_time(Duration::from_secs(3))
         .sample_size(30);
-    group.bench_function("floor/actor_spawn_round_trip", |b| {
-        b.iter(|| {
-            system.block_on(async { black_box(Echo.start().send(Ping(7)).await.expect("reply")) })
-        });
-    });
-    let db = sled::Config::new()
-        .temporary(true)
-        .open()
-        .expect("sled opens");
-    let tree = db.open_tree("events").expect("tree opens");
-    let value = vec![b'x'; 300];
-    let mut round = 0u64;
-    group.bench_function("floor/sled_insert_turn_bytes", |b| {
-        b.iter(|| {
-            round += 1;
-            let mut batch = sled::Batch::default();
-            for seq in 0..14u64 {
-                let mut key = [7u8; 16].to_vec();
-                key.extend_from_slice(&round.to_be_bytes());
-                key.extend_from_slice(&seq.to_be_bytes());
-                batch.insert(key, value.as_slice());
-            }
-            tree.apply_batch(batch).expect("batch applies");
-        });
-    });
+    floors::actor_round_trip(&mut group, system);
+    // A child turn's 14 events at a typical ~300 bytes each.
+    let rows: Vec<(Vec<u8>, Vec<u8>)> = (0..14u64)
+        .map(|seq| {
+            let mut key = [7u8; 16].to_vec();
+            key.extend_from_slice(&seq.to_be_bytes());
+            (key, vec![b'x'; 300])
+        })
+        .collect();
+    floors::sled_insert(&mut group, &rows);
     group.finish();
 }
 

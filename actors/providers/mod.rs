@@ -4,6 +4,7 @@ pub mod fork;
 pub mod in_process;
 pub mod spawn;
 
+use std::marker::PhantomData;
 use std::sync::OnceLock;
 
 use actix::prelude::*;
@@ -11,29 +12,63 @@ use futures::future::BoxFuture;
 
 use crate::error::{Result, SubagentError};
 use crate::seam::{
-    ContinuableCreateRequest, ContinuableCreateSpec, ResolvedSubagentStartRequest, SubagentRun,
+    ContinuableCreateRequest, ContinuableCreateSpec, PrepareContinuable,
+    ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentRun,
 };
 use in_process::{InProcessProvider, Prepare, SeedPolicy, StartOneShot};
 
-/// The actor behind an in-process provider handle, started on first use (inside the actor
-/// system) so a handle can be built anywhere.
-struct LazyProvider {
-    seed: SeedPolicy,
-    addr: OnceLock<Addr<InProcessProvider>>,
+/// What distinguishes one in-process provider from another: its name and how it seeds children.
+pub trait InProcessKind: Send + Sync + 'static {
+    /// The registry name.
+    const NAME: &'static str;
+    /// How children are seeded.
+    const SEED: SeedPolicy;
 }
 
-impl LazyProvider {
-    const fn new(seed: SeedPolicy) -> Self {
+/// An in-process provider handle ([`spawn::SpawnInProcess`], [`fork::ForkInProcess`]). Its
+/// actor is started on first use, inside the actor system, so the handle can be built anywhere.
+pub struct InProcess<K: InProcessKind> {
+    addr: OnceLock<Addr<InProcessProvider>>,
+    kind: PhantomData<K>,
+}
+
+impl<K: InProcessKind> Default for InProcess<K> {
+    fn default() -> Self {
         Self {
-            seed,
             addr: OnceLock::new(),
+            kind: PhantomData,
         }
     }
+}
+
+impl<K: InProcessKind> std::fmt::Debug for InProcess<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcess").field("name", &K::NAME).finish()
+    }
+}
+
+impl<K: InProcessKind> InProcess<K> {
+    /// The provider's registry name.
+    pub const NAME: &'static str = K::NAME;
 
     fn addr(&self) -> Addr<InProcessProvider> {
         self.addr
-            .get_or_init(|| InProcessProvider::new(self.seed).start())
+            .get_or_init(|| InProcessProvider::new(K::SEED).start())
             .clone()
+    }
+}
+
+impl<K: InProcessKind> SubagentProvider for InProcess<K> {
+    fn name(&self) -> &str {
+        K::NAME
+    }
+
+    fn capabilities(&self) -> SubagentCapabilities {
+        SubagentCapabilities::ALL
+    }
+
+    fn inherits_parent_context(&self) -> bool {
+        K::SEED == SeedPolicy::CompletedTurns
     }
 
     fn start(
@@ -48,7 +83,13 @@ impl LazyProvider {
         })
     }
 
-    fn prepare(
+    fn continuable(&self) -> Option<&dyn PrepareContinuable> {
+        Some(self)
+    }
+}
+
+impl<K: InProcessKind> PrepareContinuable for InProcess<K> {
+    fn prepare_continuable(
         &self,
         request: ContinuableCreateRequest,
     ) -> BoxFuture<'static, Result<ContinuableCreateSpec>> {
