@@ -1,4 +1,4 @@
-//! Benchmarks one-shot delegations: `spawn` and `fork`, one at a time and with 100 / 1,000 /
+//! Benchmarks one-shot delegations: `spawn` and `fork`, one at a time and with 100 / 1,000 / 4,000 /
 //! 10,000 in flight, against a zero-latency scripted model, on the in-memory and the sled
 //! store. The floors of `agent_turn` are measured in the same run so results can be quoted as
 //! ratios:
@@ -143,7 +143,7 @@ fn in_flight(c: &mut Criterion, system: &SystemRunner) {
             store,
             ScriptedModel::repeating(ScriptStep::text("done")),
         ));
-        for n in [100usize, 1_000, 10_000] {
+        for n in [100usize, 1_000, 4_000, 10_000] {
             group.throughput(Throughput::Elements(u64::try_from(n).expect("small")));
             for provider in ["spawn", "fork"] {
                 group.bench_function(
@@ -210,10 +210,11 @@ fn memory_per_child(system: &SystemRunner) {
 
 fn bench(c: &mut Criterion) {
     let system = System::new();
+    // First, while the heap is fresh: later benches leave freed pages the allocator reuses.
+    memory_per_child(&system);
     floors(c, &system);
     sequential(c, &system);
     in_flight(c, &system);
-    memory_per_child(&system);
 }
 
 criterion_group!(benches, bench);
