@@ -416,14 +416,7 @@ impl Subagents {
         name: &str,
         mut request: SubagentStartRequest,
     ) -> impl std::future::Future<Output = Result<SubagentRun>> + Send + 'static {
-        let parent = request.parent.id();
-        request.policy = request
-            .parent
-            .agents()
-            .env()
-            .delegation
-            .as_ref()
-            .map(|policy| policy.capture(parent));
+        request.capture_policy();
         let service = self.service.clone();
         let name = name.to_owned();
         async move {

@@ -251,7 +251,7 @@ async fn a_prompt_discarded_by_a_pre_step_rejection_is_a_refusal() {
     run.dispose().await.unwrap();
 }
 
-// DRV-04 DRV-06
+// DRV-04
 #[actix_rt::test]
 async fn a_one_shot_run_adds_no_durability_checkpoint() {
     let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
@@ -440,6 +440,24 @@ async fn the_request_token_and_dispose_cancel_a_published_run() {
         StopReason::Aborted,
         "disposed mid-turn"
     );
+}
+
+// A dropped dispose never strands the disposal.
+#[actix_rt::test]
+async fn a_dispose_dropped_after_its_first_poll_still_releases_the_child() {
+    let model = ScriptedModel::with_script([ScriptStep::Hang]);
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let child = run.local_agent().unwrap().clone();
+    {
+        let mut first = Box::pin(run.dispose());
+        assert!(futures::poll!(first.as_mut()).is_pending());
+    }
+    within("the shared disposal", run.dispose()).await.unwrap();
+    assert!(!child.is_alive(), "the child was released");
+    assert!(rt.agents().get(run.id()).await.is_none());
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Aborted);
 }
 
 // SPAWN-11

@@ -139,7 +139,7 @@ async fn spawn_and_fork_coexist_and_unregister() {
     assert!(rt.subagents().list().await.is_empty());
 }
 
-// SPAWN-20 STRUCT-25
+// SPAWN-20
 #[actix_rt::test]
 async fn removing_a_provider_never_revokes_an_accepted_run() {
     let model = ScriptedModel::with_script([ScriptStep::Hang]);
@@ -169,6 +169,44 @@ async fn removing_a_provider_never_revokes_an_accepted_run() {
     let result = within("the cancelled run", run.result()).await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Aborted);
     run.dispose().await.unwrap();
+    assert!(rt.agents().get(run.id()).await.is_none());
+}
+
+// STRUCT-25
+#[actix_rt::test]
+async fn a_capture_still_works_after_the_provider_is_removed_and_dies_with_the_child() {
+    let gate = Gate::new();
+    let model = ScriptedModel::with_script([ScriptStep::tool_call(
+        "c1",
+        "structured_output",
+        json!({"answer": 4}),
+    )
+    .gated(&gate)]);
+    let rt = memory_runtime(&model);
+    let registration = rt
+        .subagents()
+        .register_provider(subagents::SpawnInProcess::default())
+        .await
+        .unwrap();
+    let parent = root(&rt).await;
+    let request = SubagentStartRequest::new(parent.agent(), text("work"))
+        .output_schema(json!({"type": "object", "properties": {"answer": {"type": "number"}}}));
+    let run = rt.subagents().start("spawn", request).await.unwrap();
+    within("the child's model call", gate.reached()).await;
+    registration.remove();
+    assert!(rt.subagents().get_provider("spawn").await.is_none());
+    gate.release();
+    let result = within("the capture", run.result()).await.unwrap();
+    assert_eq!(
+        (result.stop_reason, result.structured),
+        (StopReason::Completed, Some(json!({"answer": 4})))
+    );
+    let child = run.local_agent().unwrap().clone();
+    run.dispose().await.unwrap();
+    assert!(
+        !child.is_alive(),
+        "the tool's only home, the child's scope, is gone"
+    );
     assert!(rt.agents().get(run.id()).await.is_none());
 }
 
@@ -536,6 +574,29 @@ async fn subagent_start_names_the_published_child() {
         let model = ScriptedModel::with_script([ScriptStep::text("ok")]);
         let rt = seam_runtime(&model).await;
         let parent = root(&rt).await;
+        // Every agent published so far, and whether each start named an already published one.
+        let published = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&published);
+        let _created = rt
+            .events()
+            .subscribe(EventScope::All, move |e: &subagents::AgentEvent| {
+                if e.kind == subagents::AgentEventKind::Created {
+                    sink.lock().unwrap().push(e.agent);
+                }
+            });
+        let checks = Arc::new(Mutex::new(Vec::new()));
+        let (seen, record) = (Arc::clone(&published), Arc::clone(&checks));
+        let _start =
+            rt.subagents()
+                .events()
+                .subscribe(EventScope::All, move |e: &SubagentEvent| {
+                    if let SubagentEvent::Start(info) = e {
+                        record
+                            .lock()
+                            .unwrap()
+                            .push(seen.lock().unwrap().contains(&info.id));
+                    }
+                });
         let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
         let run = rt
             .subagents()

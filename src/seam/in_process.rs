@@ -24,6 +24,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use futures::future::FutureExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -75,7 +76,8 @@ fn child_options(
         model: overrides.model.unwrap_or_else(|| inherited.model.clone()),
         max_tokens: overrides.max_tokens.or(inherited.max_tokens),
         subagent_depth: depth,
-        flush: inherited.flush,
+        // A one-shot child adds no durability checkpoint of its own, whatever its parent does.
+        flush: crate::agent::FlushPolicy::default(),
     }
 }
 
@@ -157,6 +159,12 @@ pub async fn start_in_process_run(
         .map(|template| interpolate_prompt(template, &env.variables))
         .transpose()?;
     let options = child_options(&parent, &resolved, depth);
+    // The persona takes the deployment persona's place in the prompt.
+    let persona_order = env
+        .sections
+        .iter()
+        .find(|section| section.name == PERSONA_SECTION)
+        .map_or(0.0, |section| section.order);
     let boundary = u64::try_from(seed.len()).map_err(|_| SubagentError::bug("seed too long"))?;
     let capture_slot: Arc<std::sync::OnceLock<StructuredCapture>> = Arc::default();
     let setup_slot = Arc::clone(&capture_slot);
@@ -179,7 +187,7 @@ pub async fn start_in_process_run(
             delegation_statement(parent_id, &policy),
         ));
         if let Some(persona) = persona {
-            scope.section(PromptSection::new(PERSONA_SECTION, 0.0, persona));
+            scope.section(PromptSection::new(PERSONA_SECTION, persona_order, persona));
         }
         if let Some(filter) = filter {
             scope.restrict(filter)?;
@@ -264,33 +272,42 @@ fn drive_published_run(
         let child = child.clone();
         let cancelled = Arc::clone(&cancelled);
         async move {
-            // Re-checked after the watcher exists: a cancel that landed between publication and
-            // now still ends the run `aborted` without sending the prompt.
-            if token.is_cancelled() {
-                cancelled.store(true, Ordering::SeqCst);
-            } else {
-                child.followup(prompt, MessageSource::User).await?;
+            // The owner has cancelled once the token fired or the run is being disposed; the
+            // token is re-checked here, after the watcher exists, so a cancel that landed
+            // between publication and now ends the run `aborted` without sending the prompt.
+            let owner_cancelled = || cancelled.load(Ordering::SeqCst) || token.is_cancelled();
+            if !owner_cancelled() {
+                if let Err(error) = child.followup(prompt, MessageSource::User).await {
+                    // A child disposed under us was cancelled, not broken.
+                    if !owner_cancelled() {
+                        return Err(error);
+                    }
+                }
                 child.when_idle().await;
             }
-            Ok(read_result(
-                &child.log().events_from(boundary),
-                cancelled.load(Ordering::SeqCst),
-                capture.as_ref(),
-            ))
+            let own = child.log().events_from(boundary);
+            Ok(read_result(&own, owner_cancelled(), capture.as_ref()))
         }
     };
     let task = tokio::spawn(work);
     let result = async move {
         task.await
             .map_err(|error| SubagentError::bug(format!("the run's task failed: {error}")))?
-    };
+    }
+    .boxed()
+    .shared();
     let run_cancelled = Arc::clone(&cancelled);
+    let settled = result.clone();
     let id = child.id();
     SubagentRun::new(id, Some(child), result, move || {
         Box::pin(async move {
             run_cancelled.store(true, Ordering::SeqCst);
             watcher_done.cancel();
-            handle.dispose().await
+            let released = handle.dispose().await;
+            // Disposal returns once the result is settled too; only a release failure is
+            // reported here (a failed result stays on the result channel).
+            let _ = settled.await;
+            released
         })
     })
 }

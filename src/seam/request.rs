@@ -123,6 +123,22 @@ impl SubagentStartRequest {
     }
 }
 
+impl SubagentStartRequest {
+    /// Captures the parent's delegated policy now, unless it already was.
+    pub(crate) fn capture_policy(&mut self) {
+        if self.policy.is_none() {
+            let parent = self.parent.id();
+            self.policy = self
+                .parent
+                .agents()
+                .env()
+                .delegation
+                .as_ref()
+                .map(|policy| policy.capture(parent));
+        }
+    }
+}
+
 /// The provider-facing request: the caller's request after the service checked every
 /// capability, validated depth and schema, and snapshotted the durable descriptor.
 #[derive(Debug, Clone)]

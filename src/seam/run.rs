@@ -1,10 +1,9 @@
 //! Provides [`SubagentRun`]: the consumer-owned handle of one published one-shot child.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
-use tokio::sync::OnceCell;
 
 use crate::actors::agent::AgentRef;
 use crate::error::Result;
@@ -12,6 +11,7 @@ use crate::ids::SessionId;
 use crate::seam::SubagentResult;
 
 type SharedResult = Shared<BoxFuture<'static, Result<SubagentResult>>>;
+type SharedDisposal = Shared<BoxFuture<'static, Result<()>>>;
 type Dispose = Box<dyn FnOnce() -> BoxFuture<'static, Result<()>> + Send>;
 
 /// One published one-shot child: one disposable foreground delegation with one result. It has
@@ -29,7 +29,7 @@ struct RunInner {
     local_agent: Option<AgentRef>,
     result: SharedResult,
     dispose: Mutex<Option<Dispose>>,
-    disposed: OnceCell<Result<()>>,
+    disposal: OnceLock<SharedDisposal>,
 }
 
 impl std::fmt::Debug for SubagentRun {
@@ -57,7 +57,7 @@ impl SubagentRun {
                 local_agent,
                 result: result.boxed().shared(),
                 dispose: Mutex::new(Some(Box::new(dispose))),
-                disposed: OnceCell::new(),
+                disposal: OnceLock::new(),
             }),
         }
     }
@@ -88,26 +88,38 @@ impl SubagentRun {
     /// every call returns the first call's outcome.
     ///
     /// # Errors
-    /// Only a release failure (for example, the child's final flush).
+    /// Only a release failure (for example, the child's final drain).
     ///
     /// # Cancel safety
-    /// A dropped call leaves the disposal to the next caller, which awaits the same outcome.
+    /// Cancel safe: the disposal runs as its own task once started, so a dropped call never
+    /// strands it, and every later call awaits the same outcome.
     pub async fn dispose(&self) -> Result<()> {
         self.inner
-            .disposed
-            .get_or_init(|| async {
+            .disposal
+            .get_or_init(|| {
                 let dispose = self
                     .inner
                     .dispose
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .take();
-                match dispose {
-                    Some(dispose) => dispose().await,
-                    None => Ok(()),
+                let task = tokio::spawn(async move {
+                    match dispose {
+                        Some(dispose) => dispose().await,
+                        None => Ok(()),
+                    }
+                });
+                async move {
+                    task.await.map_err(|error| {
+                        crate::error::SubagentError::bug(format!(
+                            "the disposal task failed: {error}"
+                        ))
+                    })?
                 }
+                .boxed()
+                .shared()
             })
-            .await
             .clone()
+            .await
     }
 }
