@@ -20,6 +20,17 @@ use crate::support::{
     memory_runtime, root, run_prompt, seam_runtime, seam_runtime_from, text, turn_ends, within,
 };
 
+/// A seam runtime whose store can be made to fail, and that counts flushes.
+async fn faulty_runtime(model: ScriptedModel) -> (Runtime, Arc<FaultInjectingStore>) {
+    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
+    let rt = crate::support::seam_runtime_on(
+        Runtime::builder().model("scripted", model),
+        faults.clone(),
+    )
+    .await;
+    (rt, faults)
+}
+
 async fn spawn_run(
     rt: &Runtime,
     parent: &subagents::AgentRef,
@@ -254,18 +265,8 @@ async fn a_prompt_discarded_by_a_pre_step_rejection_is_a_refusal() {
 // DRV-04
 #[actix_rt::test]
 async fn a_one_shot_run_adds_no_durability_checkpoint() {
-    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
-    let model = ScriptedModel::with_script([ScriptStep::max_tokens("long")]);
-    let rt = Runtime::builder()
-        .shared_store(faults.clone())
-        .model("scripted", model)
-        .build()
-        .unwrap();
-    rt.subagents()
-        .register_provider(subagents::SpawnInProcess::default())
-        .await
-        .unwrap()
-        .keep();
+    let (rt, faults) =
+        faulty_runtime(ScriptedModel::with_script([ScriptStep::max_tokens("long")])).await;
     let parent = root(&rt).await;
     let run = spawn_run(&rt, parent.agent(), "x").await;
     assert_eq!(
@@ -287,18 +288,7 @@ async fn a_one_shot_run_adds_no_durability_checkpoint() {
 // DRV-05 (the disposal channel)
 #[actix_rt::test]
 async fn a_failed_release_surfaces_on_dispose_not_on_the_result() {
-    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
-    let model = ScriptedModel::with_script([ScriptStep::text("fine")]);
-    let rt = Runtime::builder()
-        .shared_store(faults.clone())
-        .model("scripted", model)
-        .build()
-        .unwrap();
-    rt.subagents()
-        .register_provider(subagents::SpawnInProcess::default())
-        .await
-        .unwrap()
-        .keep();
+    let (rt, faults) = faulty_runtime(ScriptedModel::with_script([ScriptStep::text("fine")])).await;
     let parent = root(&rt).await;
     let run = spawn_run(&rt, parent.agent(), "x").await;
     assert_eq!(

@@ -129,8 +129,16 @@ pub async fn agent_with(
 /// A runtime over a fresh in-memory store, built from `builder`, with the in-process `spawn`
 /// and `fork` providers registered for its whole life.
 pub async fn seam_runtime_from(builder: subagents::RuntimeBuilder) -> Runtime {
+    seam_runtime_on(builder, Arc::new(MemoryStore::new())).await
+}
+
+/// [`seam_runtime_from`] over `store`.
+pub async fn seam_runtime_on(
+    builder: subagents::RuntimeBuilder,
+    store: Arc<dyn subagents::SessionPersistence>,
+) -> Runtime {
     let rt = builder
-        .store(MemoryStore::new())
+        .shared_store(store)
         .build()
         .expect("runtime builds inside the actix system");
     rt.subagents()
