@@ -14,9 +14,9 @@
 //! a log loaded (and crash-repaired) by [`crate::SessionPersistence::prepare`].
 //!
 //! # Disposal order
-//! `dispose` = cancel the turn with cause `disposed`, discarding pending work and refusing new
-//! sends → wait until idle → unwind the scope and stop the actor → drain the log into the store
-//! and detach it → unregister (`agent/disposed`). The drain comes before the unregistration
+//! `dispose` = one `Retire` message (refuse new sends, cancel a running turn with cause
+//! `disposed` and wait for it to close, discard pending work, unwind the scope, stop the actor)
+//! → drain the log into the store and detach it → unregister (`agent/disposed`). The drain comes before the unregistration
 //! (upstream drains after it) so that the id stays reserved until the store holds the whole
 //! log: a resume can never load a store that lacks this log's tail.
 
@@ -29,13 +29,13 @@ use actix::prelude::*;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::agent::{AgentActor, AgentRef, InboxPolicy, Retire};
+use crate::actors::agent::{AgentActor, AgentRef, Retire};
 use crate::agent::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
 };
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
-use crate::session::{CancelCause, SessionEvent, SessionHeader, SessionLog, SessionOrigin};
+use crate::session::{SessionEvent, SessionHeader, SessionLog, SessionOrigin};
 
 /// The registry of live agents.
 #[derive(Default)]
@@ -533,14 +533,9 @@ impl AgentHandle {
 
     async fn release(&self) -> Result<()> {
         let agent = &self.agent;
-        if let Err(error) = agent
-            .cancel(CancelCause::Disposed, InboxPolicy::Discard)
-            .await
-        {
-            tracing::debug!(session_id = %agent.id(), %error, "agent already stopped at disposal");
-        }
-        agent.when_idle().await;
-        // A stopped actor has nothing left to unwind.
+        // One message does the first three steps: `Retire` refuses new work, cancels a running
+        // turn (cause `disposed`) and waits for it to close, discards what is pending, unwinds
+        // the scope and stops the actor. A stopped actor has nothing left to unwind.
         let _ = agent.addr().send(Retire).await;
         // Drain and detach before unregistering: until the id is free, no resume can load a
         // store that is missing this log's tail.

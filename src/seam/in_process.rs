@@ -132,7 +132,8 @@ pub async fn start_in_process_run(
         return Err(aborted_before_publication());
     }
     let depth = resolve_child_depth(&parent, resolved.request.max_depth)?;
-    if !parent.agents().is_live(&parent).await {
+    // A disposed (or replaced) parent's actor has stopped.
+    if !parent.is_alive() {
         return Err(SubagentError::new(
             ErrorCode::AgentDisposed,
             format!(
