@@ -37,10 +37,16 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader, SessionLog, SessionOrigin};
 
+/// One id's entry: reserved by a creation in progress, or held by a live agent.
+enum Slot {
+    Reserved(u64),
+    Live(AgentRef),
+}
+
 /// The registry of live agents.
 #[derive(Default)]
 pub struct AgentRegistry {
-    live: HashMap<SessionId, AgentRef>,
+    slots: HashMap<SessionId, Slot>,
 }
 
 impl Actor for AgentRegistry {
@@ -48,49 +54,90 @@ impl Actor for AgentRegistry {
 }
 
 impl AgentRegistry {
-    fn reserve(&mut self, agent: AgentRef) -> Result<()> {
-        if self.live.contains_key(&agent.id()) {
+    fn reserve(&mut self, id: SessionId, incarnation: u64) -> Result<()> {
+        if self.slots.contains_key(&id) {
             return Err(SubagentError::new(
                 ErrorCode::DuplicateAgent,
-                format!("agent {} is already live", agent.id()),
+                format!("agent {id} is already live"),
             ));
         }
-        self.live.insert(agent.id(), agent);
+        self.slots.insert(id, Slot::Reserved(incarnation));
         Ok(())
     }
 
-    fn unregister(&mut self, agent: &AgentRef) -> bool {
-        if self.live.get(&agent.id()) == Some(agent) {
-            self.live.remove(&agent.id());
-            return true;
+    fn publish(&mut self, agent: AgentRef) {
+        if let Some(slot) = self.slots.get_mut(&agent.id()) {
+            if matches!(slot, Slot::Reserved(incarnation) if *incarnation == agent.incarnation()) {
+                *slot = Slot::Live(agent);
+            }
         }
-        false
+    }
+
+    /// Frees the id if its entry is exactly this incarnation (reserved or live).
+    fn release(&mut self, id: SessionId, incarnation: u64) -> bool {
+        let exact = match self.slots.get(&id) {
+            Some(Slot::Reserved(reserved)) => *reserved == incarnation,
+            Some(Slot::Live(agent)) => agent.incarnation() == incarnation,
+            None => false,
+        };
+        if exact {
+            self.slots.remove(&id);
+        }
+        exact
+    }
+
+    fn live(&self, id: SessionId) -> Option<AgentRef> {
+        match self.slots.get(&id) {
+            Some(Slot::Live(agent)) => Some(agent.clone()),
+            _ => None,
+        }
     }
 }
 
-/// Reserves the agent's id; replies `DUPLICATE_AGENT` when another agent with that id is live.
+/// Reserves an id for a creation in progress; replies `DUPLICATE_AGENT` when the id is live or
+/// reserved.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
-struct Reserve(AgentRef);
+struct Reserve {
+    id: SessionId,
+    incarnation: u64,
+}
 
 impl Handler<Reserve> for AgentRegistry {
     type Result = Result<()>;
 
     fn handle(&mut self, msg: Reserve, _: &mut Context<Self>) -> Self::Result {
-        self.reserve(msg.0)
+        self.reserve(msg.id, msg.incarnation)
     }
 }
 
-/// Removes the agent if the live entry is exactly it; replies whether it was removed.
+/// Makes a reserved id live. Sent with `do_send` right after the agent starts: a lookup sent
+/// later by the same task is handled after it.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Publish(AgentRef);
+
+impl Handler<Publish> for AgentRegistry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Publish, _: &mut Context<Self>) {
+        self.publish(msg.0);
+    }
+}
+
+/// Frees an id if its entry is exactly this incarnation; replies whether it did.
 #[derive(Message)]
 #[rtype(result = "bool")]
-struct Unregister(AgentRef);
+struct Release {
+    id: SessionId,
+    incarnation: u64,
+}
 
-impl Handler<Unregister> for AgentRegistry {
+impl Handler<Release> for AgentRegistry {
     type Result = bool;
 
-    fn handle(&mut self, msg: Unregister, _: &mut Context<Self>) -> bool {
-        self.unregister(&msg.0)
+    fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> bool {
+        self.release(msg.id, msg.incarnation)
     }
 }
 
@@ -103,7 +150,7 @@ impl Handler<Lookup> for AgentRegistry {
     type Result = Option<AgentRef>;
 
     fn handle(&mut self, msg: Lookup, _: &mut Context<Self>) -> Self::Result {
-        self.live.get(&msg.0).cloned()
+        self.live(msg.0)
     }
 }
 
@@ -116,7 +163,15 @@ impl Handler<ListLive> for AgentRegistry {
     type Result = MessageResult<ListLive>;
 
     fn handle(&mut self, _: ListLive, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.live.values().cloned().collect())
+        MessageResult(
+            self.slots
+                .values()
+                .filter_map(|slot| match slot {
+                    Slot::Live(agent) => Some(agent.clone()),
+                    Slot::Reserved(_) => None,
+                })
+                .collect(),
+        )
     }
 }
 
@@ -242,6 +297,7 @@ pub struct Agents {
     registry: Addr<AgentRegistry>,
     env: Arc<AgentEnv>,
     incarnations: Arc<AtomicU64>,
+    workers: Option<Arc<WorkerPool>>,
 }
 
 impl std::fmt::Debug for Agents {
@@ -272,11 +328,12 @@ struct Staged {
 }
 
 impl Agents {
-    pub(crate) fn start(env: Arc<AgentEnv>) -> Self {
+    pub(crate) fn start(env: Arc<AgentEnv>, workers: Option<Arc<WorkerPool>>) -> Self {
         Self {
             registry: AgentRegistry::default().start(),
             env,
             incarnations: Arc::new(AtomicU64::new(1)),
+            workers,
         }
     }
 
@@ -362,11 +419,48 @@ impl Agents {
             cancel,
             stored_len,
         } = staged;
-        let commit = match setup {
-            Some(setup) => setup.run(&mut scope, &log).await?,
-            None => None,
+        let outcome = async {
+            let commit = match setup {
+                Some(setup) => setup.run(&mut scope, &log).await?,
+                None => None,
+            };
+            check_token(cancel.as_ref())?;
+            let incarnation = self.incarnations.fetch_add(1, Ordering::Relaxed);
+            // The token owns the creation until here; from the reservation on, creation
+            // completes or fails on its own (and a dropped future releases the reservation).
+            let id = log.id();
+            self.registry.send(Reserve { id, incarnation }).await??;
+            let reservation = Reservation {
+                registry: self.registry.clone(),
+                slot: Some((id, incarnation)),
+            };
+            if let Some(store) = &self.env.store {
+                let next_seq = match stored_len {
+                    Some(len) => len,
+                    None => {
+                        let initial = log.events();
+                        let count = u64::try_from(initial.len())
+                            .map_err(|_| SubagentError::bug("initial log too long"))?;
+                        store.create(log.header(), initial).await?;
+                        count
+                    }
+                };
+                log.attach(Arc::clone(store), next_seq);
+            }
+            Ok((commit, incarnation, reservation))
+        }
+        .await;
+        let (commit, incarnation, reservation) = match outcome {
+            Ok(published) => published,
+            Err(error) => {
+                // Roll back what the setup registered on the scope.
+                unwind(scope.take_disposers());
+                return Err(error);
+            }
         };
-        check_token(cancel.as_ref())?;
+        if let Some(commit) = commit {
+            commit();
+        }
         let header = log.header();
         let id = header.id;
         let inbox = log.with_events(|events| {
@@ -376,50 +470,21 @@ impl Agents {
             Inbox::replay(&events[own..])
         });
         let disposers = scope.take_disposers();
-        let options = Arc::new(options);
-        let incarnation = self.incarnations.fetch_add(1, Ordering::Relaxed);
-        let context = Context::<AgentActor>::new();
-        let agent = AgentRef::new(
-            id,
-            incarnation,
-            context.address(),
-            log.clone(),
-            Arc::clone(&options),
-            self.clone(),
-        );
-        // The token owns the creation until here; from the reservation on, creation completes
-        // or fails on its own (and a dropped future releases the reservation).
-        self.registry.send(Reserve(agent.clone())).await??;
-        let reservation = Reservation {
-            registry: self.registry.clone(),
-            agent: Some(agent.clone()),
-        };
-        if let Some(store) = &self.env.store {
-            let next_seq = match stored_len {
-                Some(len) => len,
-                None => {
-                    let initial = log.events();
-                    let count = u64::try_from(initial.len())
-                        .map_err(|_| SubagentError::bug("initial log too long"))?;
-                    store.create(header, initial).await?;
-                    count
-                }
-            };
-            log.attach(Arc::clone(store), next_seq);
-        }
-        reservation.keep();
-        if let Some(commit) = commit {
-            commit();
-        }
         let actor = AgentActor::new(
-            log,
+            log.clone(),
             inbox,
             Arc::clone(&self.env),
             Arc::new(scope),
-            (*options).clone(),
+            options.clone(),
             disposers,
         );
-        context.run(actor);
+        let addr = match &self.workers {
+            Some(workers) => AgentActor::start_in_arbiter(&workers.next(), move |_| actor),
+            None => actor.start(),
+        };
+        let agent = AgentRef::new(id, incarnation, addr, log, Arc::new(options), self.clone());
+        self.registry.do_send(Publish(agent.clone()));
+        reservation.keep();
         tracing::debug!(session_id = %id, incarnation, "agent published");
         self.env.events.emit(&AgentEvent {
             agent: id,
@@ -454,21 +519,50 @@ impl Agents {
 /// Releases a registry reservation unless the publication completed.
 struct Reservation {
     registry: Addr<AgentRegistry>,
-    agent: Option<AgentRef>,
+    slot: Option<(SessionId, u64)>,
 }
 
 impl Reservation {
     fn keep(mut self) {
-        self.agent = None;
+        self.slot = None;
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(agent) = self.agent.take() {
+        if let Some((id, incarnation)) = self.slot.take() {
             // The registry outlives every creation; a stopped registry has nothing to release.
-            self.registry.do_send(Unregister(agent));
+            self.registry.do_send(Release { id, incarnation });
         }
+    }
+}
+
+/// Runs scope disposers in reverse registration order, each contained.
+fn unwind(disposers: Vec<crate::agent::Disposer>) {
+    for disposer in disposers.into_iter().rev() {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(disposer)).is_err() {
+            tracing::error!("a scope disposer panicked during a rollback");
+        }
+    }
+}
+
+/// Arbiters agents are spread over, round-robin (see [`crate::RuntimeBuilder::workers`]).
+pub(crate) struct WorkerPool {
+    arbiters: Vec<actix::Arbiter>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl WorkerPool {
+    pub(crate) fn new(count: usize) -> Self {
+        Self {
+            arbiters: (0..count).map(|_| actix::Arbiter::new()).collect(),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn next(&self) -> actix::ArbiterHandle {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.arbiters.len().max(1);
+        self.arbiters[index].handle()
     }
 }
 
@@ -544,7 +638,10 @@ impl AgentHandle {
         let removed = self
             .shared
             .registry
-            .send(Unregister(agent.clone()))
+            .send(Release {
+                id: agent.id(),
+                incarnation: agent.incarnation(),
+            })
             .await
             .unwrap_or(false);
         if removed {

@@ -35,8 +35,18 @@ mod floors;
 /// A runtime with both in-process providers and a parent that completed one turn (so a fork
 /// child inherits a real prefix).
 async fn setup(store: Arc<dyn SessionPersistence>, model: ScriptedModel) -> (Runtime, AgentHandle) {
+    setup_on(store, model, 1).await
+}
+
+/// [`setup`] with agents spread over `workers` threads.
+async fn setup_on(
+    store: Arc<dyn SessionPersistence>,
+    model: ScriptedModel,
+    workers: usize,
+) -> (Runtime, AgentHandle) {
     model.set_recording(false);
     let rt = Runtime::builder()
+        .workers(workers)
         .shared_store(store)
         .model("scripted", model)
         .build()
@@ -158,6 +168,26 @@ fn in_flight(c: &mut Criterion, system: &SystemRunner) {
     group.finish();
 }
 
+/// The same in-flight loads with agents spread over both cores.
+fn in_flight_two_workers(c: &mut Criterion, system: &SystemRunner) {
+    let mut group = c.benchmark_group("one_shot/in_flight_2_workers");
+    group
+        .measurement_time(Duration::from_secs(6))
+        .sample_size(10);
+    let (rt, parent) = system.block_on(setup_on(
+        Arc::new(MemoryStore::new()),
+        ScriptedModel::repeating(ScriptStep::text("done")),
+        2,
+    ));
+    for n in [1usize, 1_000, 4_000] {
+        group.throughput(Throughput::Elements(u64::try_from(n).expect("small")));
+        group.bench_function(BenchmarkId::new("spawn/memory", n), |b| {
+            b.iter(|| system.block_on(many_runs(&rt, &parent, "spawn", n)));
+        });
+    }
+    group.finish();
+}
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm
@@ -215,6 +245,7 @@ fn bench(c: &mut Criterion) {
     floors(c, &system);
     sequential(c, &system);
     in_flight(c, &system);
+    in_flight_two_workers(c, &system);
 }
 
 criterion_group!(benches, bench);

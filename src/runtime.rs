@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::actors::agents::{AgentHandle, Agents};
+use crate::actors::agents::{AgentHandle, Agents, WorkerPool};
 use crate::actors::runtime::Subagents;
 use crate::agent::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -26,6 +26,7 @@ pub struct RuntimeBuilder {
     variables: BTreeMap<String, String>,
     delegation: Option<Arc<dyn DelegationPolicy>>,
     pre_step: Vec<PreStepHook>,
+    workers: usize,
 }
 
 impl RuntimeBuilder {
@@ -85,6 +86,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Spreads agents over `count` worker threads (actix arbiters), round-robin, to use more
+    /// than one core. The default, 0 or 1, runs every agent on the current arbiter, which keeps
+    /// a test's scheduling on one thread. The registry, the service and the providers always
+    /// run on the current arbiter.
+    #[must_use]
+    pub fn workers(mut self, count: usize) -> Self {
+        self.workers = count;
+        self
+    }
+
     /// Starts the runtime's actors on the current arbiter.
     ///
     /// # Errors
@@ -112,7 +123,10 @@ impl RuntimeBuilder {
             pre_step: self.pre_step,
         });
         Ok(Runtime {
-            agents: Agents::start(Arc::clone(&env)),
+            agents: Agents::start(
+                Arc::clone(&env),
+                (self.workers > 1).then(|| Arc::new(WorkerPool::new(self.workers))),
+            ),
             subagents: Subagents::start_service(),
             env,
         })

@@ -60,10 +60,13 @@ async fn a_failing_setup_rolls_the_creation_back() {
     let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
     let rt = runtime_on(Arc::clone(&store), &ScriptedModel::new());
     let (created, _sub) = count_created(&rt);
+    let unwound = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&unwound);
     let error = rt
         .agents()
         .create(
             CreateAgent::new().setup(move |scope: &mut AgentScope, _: &SessionLog| {
+                scope.on_dispose(Box::new(move || flag.store(true, Ordering::SeqCst)));
                 scope.register_tool(Tool::new("mine", "", json!({}), |_, _| async {
                     Ok(ToolOutput::default())
                 }))?;
@@ -76,6 +79,10 @@ async fn a_failing_setup_rolls_the_creation_back() {
         .await
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::ActivationSetupRevoked);
+    assert!(
+        unwound.load(Ordering::SeqCst),
+        "what the setup registered was unwound"
+    );
     assert_nothing_published(&rt, &store, &created).await;
 }
 

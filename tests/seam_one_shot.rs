@@ -786,3 +786,39 @@ async fn one_parent_drives_a_spawn_child_and_a_fork_child_then_keeps_working() {
         text("parent turn two")
     );
 }
+
+// Agents spread over worker threads behave as on one: every run completes and is released.
+#[actix_rt::test]
+async fn runs_spread_over_worker_threads_all_complete() {
+    let model = ScriptedModel::repeating(ScriptStep::text("done"));
+    model.set_recording(false);
+    let rt = seam_runtime_from(
+        Runtime::builder()
+            .model("scripted", model.clone())
+            .workers(2),
+    )
+    .await;
+    let parent = root(&rt).await;
+    let runs = futures::future::join_all((0..200).map(|i| {
+        rt.subagents().start(
+            if i % 2 == 0 { "spawn" } else { "fork" },
+            SubagentStartRequest::new(parent.agent(), text("x")),
+        )
+    }))
+    .await;
+    for run in runs {
+        let run = run.unwrap();
+        let result = within("a run on a worker", run.result()).await.unwrap();
+        assert_eq!(
+            (result.stop_reason, result.output),
+            (StopReason::Completed, text("done"))
+        );
+        run.dispose().await.unwrap();
+    }
+    assert_eq!(model.request_count(), 200);
+    assert_eq!(
+        rt.agents().list().await.len(),
+        1,
+        "every child was released"
+    );
+}
