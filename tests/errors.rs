@@ -117,4 +117,11 @@ fn public_handles_are_send_and_sync() {
     assert_send_sync::<subagents::RunId>();
     assert_send_sync::<SubagentError>();
     assert_send_sync::<subagents::ScriptedModel>();
+    assert_send_sync::<subagents::Subagents>();
+    assert_send_sync::<subagents::SubagentRun>();
+    assert_send_sync::<subagents::SubagentStartRequest>();
+    assert_send_sync::<subagents::SpawnInProcess>();
+    assert_send_sync::<subagents::ForkInProcess>();
+    assert_send_sync::<subagents::ProviderRegistration>();
+    assert_send_sync::<subagents::model::OpenAiAdapter>();
 }
