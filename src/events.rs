@@ -137,30 +137,36 @@ impl<E: ScopedEvent> EventBus<E> {
         }
     }
 
-    /// Calls every matching listener, each contained on its own.
-    pub fn emit(&self, event: &E) {
+    /// The listeners `event` reaches, in registration order. A snapshot, so a listener may
+    /// subscribe or unsubscribe while being called without deadlocking.
+    fn listeners_for(&self, event: &E) -> Vec<Listener<E>> {
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
         if entries.is_empty() {
-            return;
+            return Vec::new();
         }
         let key = event.scope_key();
-        // Snapshot first so a listener may subscribe or unsubscribe without deadlocking.
-        let listeners: Vec<Listener<E>> = entries
+        entries
             .iter()
             .filter(|entry| match &entry.scope {
                 EventScope::All => true,
                 EventScope::Key(scope) => key.as_ref() == Some(scope),
             })
             .map(|entry| Arc::clone(&entry.listener))
-            .collect();
-        drop(entries);
-        for listener in listeners {
-            match catch_unwind(AssertUnwindSafe(|| listener(event))) {
-                Ok(None) => {}
-                Ok(Some(error)) => {
-                    tracing::warn!(event = event.name(), %error, "event listener failed")
-                }
-                Err(_) => tracing::error!(event = event.name(), "event listener panicked"),
+            .collect()
+    }
+
+    /// Calls one listener, turning a panic into a failure.
+    fn call(listener: &Listener<E>, event: &E) -> Option<String> {
+        catch_unwind(AssertUnwindSafe(|| listener(event)))
+            .unwrap_or_else(|_| Some(format!("a {} listener panicked", event.name())))
+    }
+
+    /// Calls every matching listener, each contained on its own: a failure or panic is logged
+    /// and the next listener still runs.
+    pub fn emit(&self, event: &E) {
+        for listener in self.listeners_for(event) {
+            if let Some(error) = Self::call(&listener, event) {
+                tracing::warn!(event = event.name(), %error, "event listener failed");
             }
         }
     }
@@ -172,23 +178,9 @@ impl<E: ScopedEvent> EventBus<E> {
     /// # Errors
     /// The first listener failure, in words.
     pub fn emit_strict(&self, event: &E) -> Result<(), String> {
-        let key = event.scope_key();
-        let listeners: Vec<Listener<E>> = self
-            .entries
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|entry| match &entry.scope {
-                EventScope::All => true,
-                EventScope::Key(scope) => key.as_ref() == Some(scope),
-            })
-            .map(|entry| Arc::clone(&entry.listener))
-            .collect();
-        for listener in listeners {
-            match catch_unwind(AssertUnwindSafe(|| listener(event))) {
-                Ok(None) => {}
-                Ok(Some(error)) => return Err(error),
-                Err(_) => return Err(format!("a {} listener panicked", event.name())),
+        for listener in self.listeners_for(event) {
+            if let Some(error) = Self::call(&listener, event) {
+                return Err(error);
             }
         }
         Ok(())
