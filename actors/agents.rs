@@ -34,6 +34,7 @@ use crate::agent::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
 };
 use crate::error::{ErrorCode, Result, SubagentError};
+use crate::events::EventBus;
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader, SessionLog, SessionOrigin};
 
@@ -44,9 +45,13 @@ enum Slot {
 }
 
 /// The registry of live agents.
-#[derive(Default)]
 pub struct AgentRegistry {
     slots: HashMap<SessionId, Slot>,
+    /// Set by shutdown: new reservations are refused.
+    closing: bool,
+    /// Shutdown waits here until no creation is in progress.
+    settled: Vec<tokio::sync::oneshot::Sender<()>>,
+    events: Arc<EventBus<AgentEvent>>,
 }
 
 impl Actor for AgentRegistry {
@@ -54,7 +59,38 @@ impl Actor for AgentRegistry {
 }
 
 impl AgentRegistry {
+    fn new(events: Arc<EventBus<AgentEvent>>) -> Self {
+        Self {
+            slots: HashMap::new(),
+            closing: false,
+            settled: Vec::new(),
+            events,
+        }
+    }
+
+    fn reserved(&self) -> usize {
+        self.slots
+            .values()
+            .filter(|slot| matches!(slot, Slot::Reserved(_)))
+            .count()
+    }
+
+    fn notify_if_settled(&mut self) {
+        if self.reserved() == 0 {
+            for waiter in self.settled.drain(..) {
+                // A waiter that stopped listening needs no answer.
+                let _ = waiter.send(());
+            }
+        }
+    }
+
     fn reserve(&mut self, id: SessionId, incarnation: u64) -> Result<()> {
+        if self.closing {
+            return Err(SubagentError::new(
+                ErrorCode::Draining,
+                "the runtime is shutting down: no agent can be created",
+            ));
+        }
         if self.slots.contains_key(&id) {
             return Err(SubagentError::new(
                 ErrorCode::DuplicateAgent,
@@ -71,6 +107,7 @@ impl AgentRegistry {
                 *slot = Slot::Live(agent);
             }
         }
+        self.notify_if_settled();
     }
 
     /// Frees the id if its entry is exactly this incarnation (reserved or live).
@@ -81,7 +118,15 @@ impl AgentRegistry {
             None => false,
         };
         if exact {
-            self.slots.remove(&id);
+            // `agent/disposed` goes out here, in registry order, so it always precedes the
+            // `agent/created` of a later incarnation of the same id.
+            if let Some(Slot::Live(_)) = self.slots.remove(&id) {
+                self.events.emit(&AgentEvent {
+                    agent: id,
+                    kind: AgentEventKind::Disposed,
+                });
+            }
+            self.notify_if_settled();
         }
         exact
     }
@@ -138,6 +183,39 @@ impl Handler<Release> for AgentRegistry {
 
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> bool {
         self.release(msg.id, msg.incarnation)
+    }
+}
+
+/// Whether an id is live or reserved by a creation in progress.
+#[derive(Message)]
+#[rtype(result = "bool")]
+struct IsTaken(SessionId);
+
+impl Handler<IsTaken> for AgentRegistry {
+    type Result = bool;
+
+    fn handle(&mut self, msg: IsTaken, _: &mut Context<Self>) -> bool {
+        self.slots.contains_key(&msg.0)
+    }
+}
+
+/// Shutdown: refuses new reservations, and resolves once no creation is in progress.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Close;
+
+impl Handler<Close> for AgentRegistry {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Close, _: &mut Context<Self>) -> Self::Result {
+        self.closing = true;
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        self.settled.push(sender);
+        self.notify_if_settled();
+        Box::pin(async move {
+            // A dropped sender means the registry stopped: nothing is in progress any more.
+            let _ = receiver.await;
+        })
     }
 }
 
@@ -330,7 +408,7 @@ struct Staged {
 impl Agents {
     pub(crate) fn start(env: Arc<AgentEnv>, workers: Option<Arc<WorkerPool>>) -> Self {
         Self {
-            registry: AgentRegistry::default().start(),
+            registry: AgentRegistry::new(Arc::clone(&env.events)).start(),
             env,
             incarnations: Arc::new(AtomicU64::new(1)),
             workers,
@@ -389,7 +467,12 @@ impl Agents {
                 "resume requires session persistence",
             )
         })?;
-        if self.get(request.id).await.is_some() {
+        if self
+            .registry
+            .send(IsTaken(request.id))
+            .await
+            .unwrap_or(false)
+        {
             return Err(SubagentError::new(
                 ErrorCode::DuplicateAgent,
                 format!("agent {} is already live", request.id),
@@ -452,11 +535,8 @@ impl Agents {
         .await;
         let (commit, incarnation, reservation) = match outcome {
             Ok(published) => published,
-            Err(error) => {
-                // Roll back what the setup registered on the scope.
-                unwind(scope.take_disposers());
-                return Err(error);
-            }
+            // Dropping the unpublished scope unwinds what the setup registered on it.
+            Err(error) => return Err(error),
         };
         if let Some(commit) = commit {
             commit();
@@ -482,6 +562,14 @@ impl Agents {
             Some(workers) => AgentActor::start_in_arbiter(&workers.next(), move |_| actor),
             None => actor.start(),
         };
+        if !addr.connected() {
+            // The worker arbiter has stopped (the system is shutting down): the actor never ran.
+            log.detach();
+            return Err(SubagentError::new(
+                ErrorCode::AgentDisposed,
+                format!("agent {id} could not start: its worker has stopped"),
+            ));
+        }
         let agent = AgentRef::new(id, incarnation, addr, log, Arc::new(options), self.clone());
         self.registry.do_send(Publish(agent.clone()));
         reservation.keep();
@@ -494,10 +582,24 @@ impl Agents {
             agent,
             shared: Arc::new(HandleShared {
                 registry: self.registry.clone(),
-                env: Arc::clone(&self.env),
                 disposed: OnceCell::new(),
             }),
         })
+    }
+
+    /// Refuses new creations (`DRAINING`) and waits until none is in progress, so a following
+    /// [`Agents::list`] sees every agent that will ever be live.
+    pub(crate) async fn close(&self) {
+        let _ = self.registry.send(Close).await;
+    }
+
+    /// Stops the worker threads (after every agent on them was released).
+    pub(crate) fn stop_workers(&self) {
+        if let Some(workers) = &self.workers {
+            for arbiter in &workers.arbiters {
+                arbiter.stop();
+            }
+        }
     }
 
     /// The live agent of session `id`, if any.
@@ -537,15 +639,6 @@ impl Drop for Reservation {
     }
 }
 
-/// Runs scope disposers in reverse registration order, each contained.
-fn unwind(disposers: Vec<crate::agent::Disposer>) {
-    for disposer in disposers.into_iter().rev() {
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(disposer)).is_err() {
-            tracing::error!("a scope disposer panicked during a rollback");
-        }
-    }
-}
-
 /// Arbiters agents are spread over, round-robin (see [`crate::RuntimeBuilder::workers`]).
 pub(crate) struct WorkerPool {
     arbiters: Vec<actix::Arbiter>,
@@ -568,7 +661,6 @@ impl WorkerPool {
 
 struct HandleShared {
     registry: Addr<AgentRegistry>,
-    env: Arc<AgentEnv>,
     disposed: OnceCell<Result<()>>,
 }
 
@@ -594,7 +686,6 @@ impl AgentHandle {
             agent,
             shared: Arc::new(HandleShared {
                 registry: agents.registry.clone(),
-                env: Arc::clone(&agents.env),
                 disposed: OnceCell::new(),
             }),
         }
@@ -635,21 +726,15 @@ impl AgentHandle {
         // store that is missing this log's tail.
         let flushed = agent.log().drain().await;
         agent.log().detach();
-        let removed = self
+        // The registry emits `agent/disposed` as it frees the id.
+        let _ = self
             .shared
             .registry
             .send(Release {
                 id: agent.id(),
                 incarnation: agent.incarnation(),
             })
-            .await
-            .unwrap_or(false);
-        if removed {
-            self.shared.env.events.emit(&AgentEvent {
-                agent: agent.id(),
-                kind: AgentEventKind::Disposed,
-            });
-        }
+            .await;
         flushed
     }
 }

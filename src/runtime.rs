@@ -178,12 +178,15 @@ impl Runtime {
         self.env.store.as_ref()
     }
 
-    /// Disposes every live agent (each in the disposal order of [`AgentHandle::dispose`]) and
-    /// flushes their logs.
+    /// Refuses new agents (`DRAINING`), waits for creations in progress, disposes every live
+    /// agent (each in the disposal order of [`AgentHandle::dispose`]), then stops the worker
+    /// threads.
     ///
     /// # Errors
     /// The first flush error; every agent is released all the same.
     pub async fn shutdown(&self) -> Result<()> {
+        // No new agent from here on, and none half-created left behind.
+        self.agents.close().await;
         let mut first_error = None;
         for agent in self.agents.list().await {
             let handle = AgentHandle::adopt(&self.agents, agent);
@@ -191,6 +194,7 @@ impl Runtime {
                 first_error.get_or_insert(error);
             }
         }
+        self.agents.stop_workers();
         first_error.map_or(Ok(()), Err)
     }
 }

@@ -480,3 +480,49 @@ async fn a_send_racing_disposal_never_starts_another_turn() {
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::AgentDisposed);
 }
+
+#[actix_rt::test]
+async fn shutdown_releases_every_agent_and_refuses_new_ones() {
+    let model = ScriptedModel::with_script([ScriptStep::Hang]);
+    let rt = runtime_on(Arc::new(MemoryStore::new()), &model);
+    let busy = rt.agents().create(CreateAgent::new()).await.unwrap();
+    busy.agent()
+        .followup(text("hang"), MessageSource::User)
+        .await
+        .unwrap();
+    let idle = rt.agents().create(CreateAgent::new()).await.unwrap();
+    crate::support::within("the shutdown", rt.shutdown()).await.unwrap();
+    assert!(rt.agents().list().await.is_empty());
+    assert!(!busy.agent().is_alive() && !idle.agent().is_alive());
+    let error = rt.agents().create(CreateAgent::new()).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Draining);
+}
+
+#[actix_rt::test]
+async fn a_creation_dropped_mid_way_unwinds_its_setup_and_frees_the_id() {
+    let rt = runtime_on(Arc::new(MemoryStore::new()), &ScriptedModel::new());
+    let unwound = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&unwound);
+    let id = subagents::SessionId::new();
+    {
+        let creating = rt.agents().create(CreateAgent::new().id(id).setup(
+            move |scope: &mut AgentScope, _: &SessionLog| {
+                scope.on_dispose(Box::new(move || flag.store(true, Ordering::SeqCst)));
+                Ok(None)
+            },
+        ));
+        let mut creating = Box::pin(creating);
+        // The first poll runs the setup and stops at the registry; then the caller gives up.
+        assert!(futures::poll!(creating.as_mut()).is_pending());
+    }
+    assert!(
+        unwound.load(Ordering::SeqCst),
+        "the dropped creation unwound its setup"
+    );
+    let handle = rt
+        .agents()
+        .create(CreateAgent::new().id(id))
+        .await
+        .expect("the id is free");
+    handle.dispose().await.unwrap();
+}

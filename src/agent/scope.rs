@@ -348,6 +348,19 @@ impl AgentScope {
     }
 }
 
+/// A scope dropped while it still owns disposers belongs to a creation that never published
+/// (failed, or its future was dropped): what its setup registered is unwound here, in reverse
+/// order, each disposer contained. A published agent's actor takes the disposers first.
+impl Drop for AgentScope {
+    fn drop(&mut self) {
+        for disposer in self.disposers.drain(..).rev() {
+            if catch_unwind(AssertUnwindSafe(disposer)).is_err() {
+                tracing::error!("a scope disposer panicked while an unpublished scope unwound");
+            }
+        }
+    }
+}
+
 /// The setup step of a create or resume transaction: fills the new agent's scope (and may
 /// append setup events to its log) before publication. A failure rolls the creation back.
 pub trait AgentSetup: Send + 'static {

@@ -94,6 +94,13 @@ impl SubagentRun {
     /// Cancel safe: the disposal runs as its own task once started, so a dropped call never
     /// strands it, and every later call awaits the same outcome.
     pub async fn dispose(&self) -> Result<()> {
+        if self.inner.disposal.get().is_none() && tokio::runtime::Handle::try_current().is_err() {
+            // Nothing is taken: a later call from inside the actor system can still dispose.
+            return Err(crate::error::SubagentError::new(
+                crate::error::ErrorCode::NoActorSystem,
+                "dispose must be called inside the actor system",
+            ));
+        }
         self.inner
             .disposal
             .get_or_init(|| {
