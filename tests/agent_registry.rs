@@ -491,7 +491,9 @@ async fn shutdown_releases_every_agent_and_refuses_new_ones() {
         .await
         .unwrap();
     let idle = rt.agents().create(CreateAgent::new()).await.unwrap();
-    crate::support::within("the shutdown", rt.shutdown()).await.unwrap();
+    crate::support::within("the shutdown", rt.shutdown())
+        .await
+        .unwrap();
     assert!(rt.agents().list().await.is_empty());
     assert!(!busy.agent().is_alive() && !idle.agent().is_alive());
     let error = rt.agents().create(CreateAgent::new()).await.unwrap_err();
