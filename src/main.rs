@@ -44,9 +44,10 @@ struct DemoArgs {
     /// The model name to request (with `--model openai`).
     #[arg(long)]
     model_name: Option<String>,
-    /// The environment variable holding the API key (with `--model openai`).
-    #[arg(long, default_value = "OPENAI_API_KEY")]
-    api_key_env: String,
+    /// The environment variable holding the API key (with `--model openai`); omit it for
+    /// endpoints without authentication (a local vLLM or Ollama).
+    #[arg(long)]
+    api_key_env: Option<String>,
 }
 
 /// Which model the demo runs against.
@@ -84,7 +85,10 @@ impl DemoPlan {
                 };
                 let base_url = args.base_url.ok_or_else(|| missing("--base-url"))?;
                 let name = args.model_name.ok_or_else(|| missing("--model-name"))?;
-                let config = OpenAiConfig::new(base_url, name).api_key_env(args.api_key_env);
+                let mut config = OpenAiConfig::new(base_url, name);
+                if let Some(variable) = args.api_key_env {
+                    config = config.api_key_env(variable);
+                }
                 config.validate()?;
                 DemoModel::OpenAi(config)
             }

@@ -200,7 +200,7 @@ pub async fn start_in_process_run(
         let appended = AtomicBool::new(false);
         let event = descriptor.event();
         scope.on_step_entered(Arc::new(move |step| {
-            if step.turn > 0 && !appended.swap(true, Ordering::SeqCst) {
+            if !appended.swap(true, Ordering::SeqCst) {
                 if let Err(error) = step.log.append(event.clone()) {
                     tracing::error!(session_id = %step.agent, %error, "could not record the descriptor");
                 }
