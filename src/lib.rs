@@ -1,7 +1,14 @@
 //! `subagents`: lets an agent delegate work to child agents, on an actix actor system with
 //! sled-backed session logs.
 //!
-//! This crate's foundation is the host runtime the delegation seam stands on:
+//! The **delegation seam** ([`Subagents`], `ctx.subagents` upstream) holds named providers and
+//! starts one-shot children: [`SpawnInProcess`] (a fresh child) and [`ForkInProcess`] (a child
+//! seeded with the parent's completed turns) run them in this runtime; a [`SubagentRun`] yields
+//! one [`SubagentResult`] (output, optional structured value checked against a JSON Schema
+//! subset, stop reason) and is always disposed. Requests are checked against each provider's
+//! [`SubagentCapabilities`] before anything exists.
+//!
+//! It stands on the **host runtime**:
 //!
 //! - **Agents** ([`Agents`], [`AgentRef`], [`AgentHandle`]): one actor per live agent. Its
 //!   mailbox feeds its one journaled inbox; a turn runs as a spawned future, so cancel and
@@ -11,7 +18,8 @@
 //! - **Storage** ([`SessionPersistence`]): [`SledStore`] by default, [`MemoryStore`] for tests.
 //!   `flush` is the durability point; a turn interrupted by a crash is repaired on load.
 //! - **Models** ([`LlmAdapter`]): [`ScriptedModel`] drives tests and load runs
-//!   deterministically, with gates that hold a response until released.
+//!   deterministically, with gates that hold a response until released;
+//!   [`model::OpenAiAdapter`] talks to any OpenAI-compatible chat-completions endpoint.
 //! - **Tools** ([`Tool`], [`ToolRegistry`]): global and agent-scoped layers, restrictions,
 //!   guards, conclude-turn.
 //! - **Events** ([`EventBus`]): each listener contained on its own.
