@@ -333,6 +333,18 @@ fn final_failure(items: &[Item]) -> LlmFailure {
     }
 }
 
+/// Calls a server that answers one `status` error with `body` (retries allowed) and returns the
+/// failure and how many requests the server saw.
+async fn refused_once(status: u16, body: Value) -> (LlmFailure, usize) {
+    let server = Server::start(vec![Reply::error(status, &body)]).await;
+    let items = run_call(
+        &adapter(server.config().max_retries(2)),
+        request(&CancellationToken::new()),
+    )
+    .await;
+    (final_failure(&items), server.requests().len())
+}
+
 /// The blocks the deltas alone build (`block-end` left out).
 fn assemble_deltas(chunks: &[StreamChunk]) -> Vec<ContentBlock> {
     let mut assembler = BlockAssembler::new();
@@ -673,50 +685,38 @@ async fn server_errors_exhaust_the_retries_and_report_a_provider_failure() {
 
 #[actix_rt::test]
 async fn an_exhausted_quota_is_a_quota_failure_and_is_not_retried() {
-    let server = Server::start(vec![Reply::error(
+    let (failure, requests) = refused_once(
         429,
-        &json!({"error": {
+        json!({"error": {
             "message": "You exceeded your current quota, please check your plan.",
             "type": "insufficient_quota",
             "code": "insufficient_quota",
         }}),
-    )])
-    .await;
-    let items = run_call(
-        &adapter(server.config().max_retries(2)),
-        request(&CancellationToken::new()),
     )
     .await;
-    let failure = final_failure(&items);
     assert_eq!(failure.category, Some(FailureCategory::Quota));
     assert_eq!(failure.code, codes::INSUFFICIENT_QUOTA);
     assert_eq!(failure.status, Some(429));
     assert!(failure.message.contains("exceeded your current quota"));
-    assert_eq!(server.requests().len(), 1, "a quota failure is final");
+    assert_eq!(requests, 1, "a quota failure is final");
 }
 
 #[actix_rt::test]
 async fn refused_credentials_are_an_auth_failure_and_are_not_retried() {
-    let server = Server::start(vec![Reply::error(
+    let (failure, requests) = refused_once(
         401,
-        &json!({"error": {
+        json!({"error": {
             "message": "Incorrect API key provided",
             "type": "invalid_request_error",
             "code": "invalid_api_key",
         }}),
-    )])
-    .await;
-    let items = run_call(
-        &adapter(server.config().max_retries(2)),
-        request(&CancellationToken::new()),
     )
     .await;
-    let failure = final_failure(&items);
     assert_eq!(failure.category, Some(FailureCategory::Auth));
     assert_eq!(failure.code, codes::AUTH_FAILED);
     assert_eq!(failure.status, Some(401));
     assert!(failure.message.contains("Incorrect API key provided"));
-    assert_eq!(server.requests().len(), 1);
+    assert_eq!(requests, 1);
 }
 
 #[actix_rt::test]

@@ -13,7 +13,8 @@ use subagents::{
 };
 
 use crate::support::{
-    memory_runtime, root, run_prompt, seam_runtime, seam_runtime_from, text, tool_error_codes,
+    memory_runtime, root, run_prompt, seam_runtime, seam_runtime_from, start_run, text,
+    tool_error_codes,
 };
 
 fn descriptor_event(data: Value) -> SessionEvent {
@@ -37,11 +38,7 @@ async fn the_provider_receives_a_copy_with_the_one_shot_descriptor() {
         .await
         .unwrap()
         .keep();
-    let run = rt
-        .subagents()
-        .start("p", SubagentStartRequest::new(parent.agent(), text("x")))
-        .await
-        .unwrap();
+    let run = start_run(&rt, "p", parent.agent(), "x").await;
     let received = provider.requests();
     assert_eq!(received.len(), 1);
     assert_eq!(
@@ -372,6 +369,15 @@ impl DelegationPolicy for SwitchablePolicy {
     }
 }
 
+/// A seam runtime under `policy`, whose model answers "ok" to every call.
+async fn policy_runtime(policy: SwitchablePolicy) -> (Runtime, ScriptedModel) {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let builder = Runtime::builder()
+        .model("scripted", model.clone())
+        .delegation_policy(policy);
+    (seam_runtime_from(builder).await, model)
+}
+
 fn policy_types(log: &[SessionEvent]) -> Vec<(u64, String, Value)> {
     log.iter()
         .filter_map(|e| match &e.kind {
@@ -390,22 +396,9 @@ async fn the_parent_sandbox_override_and_approval_pin_are_recorded_before_public
         sandbox: Arc::new(Mutex::new(Some("read-only".into()))),
         approvals: true,
     };
-    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    let rt = seam_runtime_from(
-        Runtime::builder()
-            .model("scripted", model.clone())
-            .delegation_policy(policy),
-    )
-    .await;
+    let (rt, model) = policy_runtime(policy).await;
     let parent = root(&rt).await;
-    let run = rt
-        .subagents()
-        .start(
-            "spawn",
-            SubagentStartRequest::new(parent.agent(), text("x")),
-        )
-        .await
-        .unwrap();
+    let run = start_run(&rt, "spawn", parent.agent(), "x").await;
     run.result().await.unwrap();
     let child = run.local_agent().unwrap().clone();
     let log = child.log().events();
@@ -463,13 +456,7 @@ async fn inherited_policy_follows_a_fork_prefix_so_fresh_policy_wins() {
         sandbox: Arc::new(Mutex::new(Some("read-only".into()))),
         approvals: false,
     };
-    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    let rt = seam_runtime_from(
-        Runtime::builder()
-            .model("scripted", model)
-            .delegation_policy(policy),
-    )
-    .await;
+    let (rt, _) = policy_runtime(policy).await;
     let parent = root(&rt).await;
     // A parent whose own log records an older sandbox mode before its first turn ends.
     let stale = EventKind::Extension {
@@ -478,11 +465,7 @@ async fn inherited_policy_follows_a_fork_prefix_so_fresh_policy_wins() {
     };
     parent.agent().log().append(stale).unwrap();
     run_prompt(parent.agent(), "first").await;
-    let run = rt
-        .subagents()
-        .start("fork", SubagentStartRequest::new(parent.agent(), text("x")))
-        .await
-        .unwrap();
+    let run = start_run(&rt, "fork", parent.agent(), "x").await;
     run.result().await.unwrap();
     let log = run.local_agent().unwrap().log().events();
     let seed_len =
@@ -513,13 +496,7 @@ async fn policy_is_captured_when_the_delegation_is_called() {
         approvals: false,
     };
     let switch = Arc::clone(&policy.sandbox);
-    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    let rt = seam_runtime_from(
-        Runtime::builder()
-            .model("scripted", model)
-            .delegation_policy(policy),
-    )
-    .await;
+    let (rt, _) = policy_runtime(policy).await;
     let parent = root(&rt).await;
     let starting = rt.subagents().start(
         "spawn",
@@ -539,22 +516,9 @@ async fn an_unswitched_sandbox_records_only_the_approval_pin() {
         sandbox: Arc::default(),
         approvals: true,
     };
-    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    let rt = seam_runtime_from(
-        Runtime::builder()
-            .model("scripted", model)
-            .delegation_policy(policy),
-    )
-    .await;
+    let (rt, _) = policy_runtime(policy).await;
     let parent = root(&rt).await;
-    let run = rt
-        .subagents()
-        .start(
-            "spawn",
-            SubagentStartRequest::new(parent.agent(), text("x")),
-        )
-        .await
-        .unwrap();
+    let run = start_run(&rt, "spawn", parent.agent(), "x").await;
     let log = run.local_agent().unwrap().log().events();
     assert_eq!(
         policy_types(&log),

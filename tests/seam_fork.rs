@@ -11,18 +11,7 @@ use subagents::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{root, run_prompt, seam_runtime, text, turn_ends, user_texts};
-
-async fn fork_run(
-    rt: &subagents::Runtime,
-    parent: &subagents::AgentRef,
-    prompt: &str,
-) -> subagents::SubagentRun {
-    rt.subagents()
-        .start("fork", SubagentStartRequest::new(parent, text(prompt)))
-        .await
-        .expect("the fork run starts")
-}
+use crate::support::{root, run_prompt, seam_runtime, start_run, text, turn_ends, user_texts};
 
 // SPAWN-04
 #[actix_rt::test]
@@ -31,14 +20,7 @@ async fn a_spawned_child_does_not_inherit_the_parent_conversation() {
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
     run_prompt(parent.agent(), "parent question").await;
-    let run = rt
-        .subagents()
-        .start(
-            "spawn",
-            SubagentStartRequest::new(parent.agent(), text("own prompt")),
-        )
-        .await
-        .unwrap();
+    let run = start_run(&rt, "spawn", parent.agent(), "own prompt").await;
     run.result().await.unwrap();
     let log = run.local_agent().unwrap().log().events();
     assert_eq!(user_texts(&log)[0], "own prompt");
@@ -52,7 +34,7 @@ async fn a_parent_without_a_completed_turn_forks_a_fresh_child() {
     let model = ScriptedModel::with_script([ScriptStep::text("fresh child")]);
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
-    let run = fork_run(&rt, parent.agent(), "go").await;
+    let run = start_run(&rt, "fork", parent.agent(), "go").await;
     assert_eq!(run.result().await.unwrap().output, text("fresh child"));
     let child = run.local_agent().unwrap().clone();
     assert_eq!(turn_ends(&child.log().events()).len(), 1);
@@ -73,7 +55,7 @@ async fn every_completed_parent_turn_is_seeded() {
     run_prompt(parent.agent(), "first").await;
     run_prompt(parent.agent(), "second").await;
     let parent_log = parent.agent().log().events();
-    let run = fork_run(&rt, parent.agent(), "fork task").await;
+    let run = start_run(&rt, "fork", parent.agent(), "fork task").await;
     assert_eq!(run.result().await.unwrap().output, text("child answer"));
     let child = run.local_agent().unwrap().clone();
     let n = parent_log.len();
@@ -114,7 +96,7 @@ async fn forking_mid_turn_leaves_the_open_turn_out() {
         .followup(text("second (hangs)"), subagents::MessageSource::User)
         .await
         .unwrap();
-    let run = fork_run(&rt, parent.agent(), "fork now").await;
+    let run = start_run(&rt, "fork", parent.agent(), "fork now").await;
     assert_eq!(
         run.result().await.unwrap().stop_reason,
         StopReason::Completed
@@ -140,7 +122,7 @@ async fn the_seeded_parent_output_is_never_the_child_output() {
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
     run_prompt(parent.agent(), "first").await;
-    let run = fork_run(&rt, parent.agent(), "say nothing").await;
+    let run = start_run(&rt, "fork", parent.agent(), "say nothing").await;
     let result = run.result().await.unwrap();
     assert_eq!(
         (result.stop_reason, result.output),

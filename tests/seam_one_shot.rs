@@ -17,7 +17,8 @@ use subagents::{
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    memory_runtime, root, run_prompt, seam_runtime, seam_runtime_from, text, turn_ends, within,
+    memory_runtime, root, run_prompt, seam_runtime, seam_runtime_from, start_run, text, turn_ends,
+    within,
 };
 
 /// A seam runtime whose store can be made to fail, and that counts flushes.
@@ -31,24 +32,13 @@ async fn faulty_runtime(model: ScriptedModel) -> (Runtime, Arc<FaultInjectingSto
     (rt, faults)
 }
 
-async fn spawn_run(
-    rt: &Runtime,
-    parent: &subagents::AgentRef,
-    prompt: &str,
-) -> subagents::SubagentRun {
-    rt.subagents()
-        .start("spawn", SubagentStartRequest::new(parent, text(prompt)))
-        .await
-        .expect("the spawn run starts")
-}
-
 // SPAWN-01 SPAWN-03 SPAWN-05 DRV-01 DRV-09
 #[actix_rt::test]
 async fn a_fresh_child_runs_to_completion_in_its_own_session_and_is_disposed() {
     let model = ScriptedModel::with_script([ScriptStep::text("child answer")]);
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
-    let run = spawn_run(&rt, parent.agent(), "do it").await;
+    let run = start_run(&rt, "spawn", parent.agent(), "do it").await;
     let child = run
         .local_agent()
         .cloned()
@@ -99,7 +89,7 @@ async fn child_turn_endings_map_to_stop_reasons() {
         let model = ScriptedModel::with_script([step]);
         let rt = seam_runtime(&model).await;
         let parent = root(&rt).await;
-        let run = spawn_run(&rt, parent.agent(), "x").await;
+        let run = start_run(&rt, "spawn", parent.agent(), "x").await;
         let result = run.result().await.unwrap();
         assert_eq!((result.stop_reason, result.output), (reason, output));
         run.dispose().await.unwrap();
@@ -115,7 +105,7 @@ async fn a_one_shot_run_has_no_steering_and_spawn_prepares_fresh_continuable_chi
     let parent = root(&rt).await;
     // `SubagentRun` exposes only id, local_agent, result and dispose: steering and resume do
     // not exist on the type, so there is nothing to call.
-    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let run = start_run(&rt, "spawn", parent.agent(), "x").await;
     run.result().await.unwrap();
     run.dispose().await.unwrap();
     let spawn = subagents::SpawnInProcess::default();
@@ -177,7 +167,7 @@ async fn a_routeless_parent_gives_the_child_only_its_depth() {
     let model = ScriptedModel::with_script([ScriptStep::text("default route")]);
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
-    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let run = start_run(&rt, "spawn", parent.agent(), "x").await;
     let child = run.local_agent().unwrap().clone();
     assert_eq!(
         *child.options(),
@@ -249,7 +239,7 @@ async fn a_prompt_discarded_by_a_pre_step_rejection_is_a_refusal() {
     .await;
     let parent = root(&rt).await;
     parent_id.set(parent.agent().id()).unwrap();
-    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let run = start_run(&rt, "spawn", parent.agent(), "x").await;
     let result = run.result().await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Refusal);
     let child_log = run.local_agent().unwrap().log().events();
@@ -268,7 +258,7 @@ async fn a_one_shot_run_adds_no_durability_checkpoint() {
     let (rt, faults) =
         faulty_runtime(ScriptedModel::with_script([ScriptStep::max_tokens("long")])).await;
     let parent = root(&rt).await;
-    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let run = start_run(&rt, "spawn", parent.agent(), "x").await;
     assert_eq!(
         run.result().await.unwrap().stop_reason,
         StopReason::MaxTokens
@@ -290,7 +280,7 @@ async fn a_one_shot_run_adds_no_durability_checkpoint() {
 async fn a_failed_release_surfaces_on_dispose_not_on_the_result() {
     let (rt, faults) = faulty_runtime(ScriptedModel::with_script([ScriptStep::text("fine")])).await;
     let parent = root(&rt).await;
-    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let run = start_run(&rt, "spawn", parent.agent(), "x").await;
     assert_eq!(
         run.result().await.unwrap().stop_reason,
         StopReason::Completed
@@ -345,7 +335,7 @@ async fn earlier_text_survives_a_final_empty_usage_only_message() {
         ScriptedModel::with_script([ScriptStep::Chunks(first), ScriptStep::Chunks(usage_only)]);
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
-    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let run = start_run(&rt, "spawn", parent.agent(), "x").await;
     let result = run.result().await.unwrap();
     assert_eq!(result.stop_reason, StopReason::MaxTokens);
     assert!(
@@ -423,7 +413,7 @@ async fn the_request_token_and_dispose_cancel_a_published_run() {
     );
     run.dispose().await.unwrap();
 
-    let second = spawn_run(&rt, parent.agent(), "y").await;
+    let second = start_run(&rt, "spawn", parent.agent(), "y").await;
     second.dispose().await.unwrap();
     assert_eq!(
         second.result().await.unwrap().stop_reason,
@@ -438,7 +428,7 @@ async fn a_dispose_dropped_after_its_first_poll_still_releases_the_child() {
     let model = ScriptedModel::with_script([ScriptStep::Hang]);
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
-    let run = spawn_run(&rt, parent.agent(), "x").await;
+    let run = start_run(&rt, "spawn", parent.agent(), "x").await;
     let child = run.local_agent().unwrap().clone();
     {
         let mut first = Box::pin(run.dispose());
@@ -684,11 +674,7 @@ async fn settle_run_maps_each_stop_reason_onto_a_job_outcome() {
             .await
             .unwrap()
             .keep();
-        let run = rt
-            .subagents()
-            .start("p", SubagentStartRequest::new(parent.agent(), text("x")))
-            .await
-            .unwrap();
+        let run = start_run(&rt, "p", parent.agent(), "x").await;
         assert_eq!(settle_run(&run).await, outcome);
     }
 }
@@ -722,11 +708,7 @@ async fn settle_run_disposes_before_reporting_on_every_path() {
             .await
             .unwrap()
             .keep();
-        let run = rt
-            .subagents()
-            .start("p", SubagentStartRequest::new(parent.agent(), text("x")))
-            .await
-            .unwrap();
+        let run = start_run(&rt, "p", parent.agent(), "x").await;
         assert_eq!(settle_run(&run).await, JobOutcome::Failed { detail });
     }
 }
@@ -743,16 +725,9 @@ async fn one_parent_drives_a_spawn_child_and_a_fork_child_then_keeps_working() {
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
     run_prompt(parent.agent(), "first").await;
-    let spawned = spawn_run(&rt, parent.agent(), "spawned task").await;
+    let spawned = start_run(&rt, "spawn", parent.agent(), "spawned task").await;
     assert_eq!(spawned.result().await.unwrap().output, text("spawn reply"));
-    let forked = rt
-        .subagents()
-        .start(
-            "fork",
-            SubagentStartRequest::new(parent.agent(), text("forked task")),
-        )
-        .await
-        .unwrap();
+    let forked = start_run(&rt, "fork", parent.agent(), "forked task").await;
     assert_eq!(forked.result().await.unwrap().output, text("fork reply"));
     assert_ne!(spawned.id(), forked.id());
     let spawn_log = spawned.local_agent().unwrap().log().events();

@@ -9,7 +9,7 @@ use subagents::{
     SubagentError, SubagentEvent, SubagentProvider, SubagentStartRequest,
 };
 
-use crate::support::{memory_runtime, root, seam_runtime, text, within, SeamRecorder};
+use crate::support::{memory_runtime, root, seam_runtime, start_run, text, within, SeamRecorder};
 
 fn start_info(event: &SubagentEvent) -> Option<&SubagentRunInfo> {
     match event {
@@ -37,14 +37,7 @@ async fn registers_lists_looks_up_starts_and_removes_providers() {
         Arc::ptr_eq(&found, &shared),
         "lookup returns the registered provider itself"
     );
-    let run = rt
-        .subagents()
-        .start(
-            "alpha",
-            SubagentStartRequest::new(parent.agent(), text("go")),
-        )
-        .await
-        .unwrap();
+    let run = start_run(&rt, "alpha", parent.agent(), "go").await;
     assert_eq!(
         run.result().await.unwrap().stop_reason,
         StopReason::Completed
@@ -367,11 +360,7 @@ async fn repeated_child_ids_still_get_distinct_run_ids() {
         .keep();
     let recorder = SeamRecorder::new(&rt, EventScope::All);
     for _ in 0..2 {
-        let run = rt
-            .subagents()
-            .start("same", SubagentStartRequest::new(parent.agent(), text("x")))
-            .await
-            .unwrap();
+        let run = start_run(&rt, "same", parent.agent(), "x").await;
         assert_eq!(run.id(), id);
         run.dispose().await.unwrap();
     }
@@ -424,11 +413,7 @@ async fn end_of(
         .unwrap()
         .keep();
     let recorder = SeamRecorder::new(rt, EventScope::Key(parent.agent().id()));
-    let run = rt
-        .subagents()
-        .start("p", SubagentStartRequest::new(parent.agent(), text("x")))
-        .await
-        .unwrap();
+    let run = start_run(&rt, "p", parent.agent(), "x").await;
     let result = run.result().await;
     recorder.wait_for_count(2).await;
     let Some(SubagentEvent::End(end)) = recorder.events().pop() else {
@@ -540,14 +525,7 @@ async fn a_panicking_start_or_end_listener_starves_no_later_listener() {
         }
     });
     let recorder = SeamRecorder::new(&rt, EventScope::All);
-    let run = rt
-        .subagents()
-        .start(
-            "spawn",
-            SubagentStartRequest::new(parent.agent(), text("go")),
-        )
-        .await
-        .unwrap();
+    let run = start_run(&rt, "spawn", parent.agent(), "go").await;
     assert_eq!(
         *starts.lock().unwrap(),
         1,
@@ -598,14 +576,7 @@ async fn subagent_start_names_the_published_child() {
                     }
                 });
         let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-        let run = rt
-            .subagents()
-            .start(
-                provider,
-                SubagentStartRequest::new(parent.agent(), text("go")),
-            )
-            .await
-            .unwrap();
+        let run = start_run(&rt, provider, parent.agent(), "go").await;
         let infos: Vec<_> = recorder
             .events()
             .iter()

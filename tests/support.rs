@@ -217,3 +217,19 @@ impl SeamRecorder {
         self.events().iter().map(|e| e.name()).collect()
     }
 }
+
+/// Starts a plain one-shot run of `prompt` on `provider` under `parent`.
+pub async fn start_run(
+    rt: &Runtime,
+    provider: &str,
+    parent: &subagents::AgentRef,
+    prompt: &str,
+) -> subagents::SubagentRun {
+    rt.subagents()
+        .start(
+            provider,
+            subagents::SubagentStartRequest::new(parent, text(prompt)),
+        )
+        .await
+        .expect("the run starts")
+}
