@@ -413,7 +413,7 @@ async fn end_of(
         .unwrap()
         .keep();
     let recorder = SeamRecorder::new(rt, EventScope::Key(parent.agent().id()));
-    let run = start_run(&rt, "p", parent.agent(), "x").await;
+    let run = start_run(rt, "p", parent.agent(), "x").await;
     let result = run.result().await;
     recorder.wait_for_count(2).await;
     let Some(SubagentEvent::End(end)) = recorder.events().pop() else {
