@@ -35,6 +35,7 @@ use tokio::sync::oneshot;
 
 use crate::actors::agents::Agents;
 use crate::agent::driver::{run_turn, InboxPort, TurnCancel, TurnContext};
+use crate::agent::state::{Admission, AgentState, Next};
 use crate::agent::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, Disposer, Inbox,
 };
@@ -76,11 +77,8 @@ pub struct AgentSnapshot {
     pub next_step: usize,
     /// Whether pending work is parked by a keep-inbox cancel.
     pub parked: bool,
-}
-
-enum Phase {
-    Idle,
-    Running { turn: u64, cancel: TurnCancel },
+    /// Whether a durable write failed: the agent refuses new work.
+    pub faulted: bool,
 }
 
 /// One live agent.
@@ -92,15 +90,7 @@ pub struct AgentActor {
     scope: Arc<AgentScope>,
     options: AgentOptions,
     disposers: Vec<Disposer>,
-    phase: Phase,
-    parked: bool,
-    wake_latched: bool,
-    /// A waking `next-step` send arrived while the turn ran and no claim has taken it yet.
-    step_wake_pending: bool,
-    /// Set by a `disposed` cancel: new sends are refused and no turn restarts.
-    disposing: bool,
-    /// A [`Retire`] arrived mid-turn; the actor stops when the turn ends.
-    retiring: bool,
+    state: AgentState,
     idle_waiters: Vec<oneshot::Sender<()>>,
     retire_waiters: Vec<oneshot::Sender<()>>,
 }
@@ -126,12 +116,7 @@ impl AgentActor {
             scope,
             options,
             disposers,
-            phase: Phase::Idle,
-            parked: false,
-            wake_latched: false,
-            step_wake_pending: false,
-            disposing: false,
-            retiring: false,
+            state: AgentState::new(),
             idle_waiters: Vec::new(),
             retire_waiters: Vec::new(),
         }
@@ -151,54 +136,48 @@ impl AgentActor {
         wake: Wake,
         ctx: &mut Context<Self>,
     ) -> Result<MessageId> {
-        if self.disposing {
-            return Err(SubagentError::agent_gone(self.id));
+        if let Some(refusal) = self.state.refusal(self.id) {
+            return Err(refusal);
         }
-        let mut target = target;
-        let cancelled_cause = match &self.phase {
-            Phase::Running { cancel, .. } if cancel.is_cancelled() => Some(cancel.cause().cloned()),
-            _ => None,
-        };
-        if wake == Wake::Wake && cancelled_cause.is_some() {
-            target = InboxTarget::NextTurn;
-        }
+        let target = self.state.route(target, wake);
         let id = message.id;
         self.inbox.insert(&self.log, target, message)?;
         self.emit(AgentEventKind::InboxInserted {
             message: id,
             target,
         });
-        if wake == Wake::Wake {
-            match (&self.phase, cancelled_cause) {
-                (Phase::Idle, _) => {
-                    self.parked = false;
-                    self.start_turn(ctx);
-                }
-                (Phase::Running { .. }, Some(_)) => self.wake_latched = true,
-                (Phase::Running { .. }, None) => {
-                    self.parked = false;
-                    // The driver may already be past its last claim; make sure the message is
-                    // picked up by a step of this turn or by the next turn.
-                    self.step_wake_pending |= target == InboxTarget::NextStep;
-                }
+        let next = self.state.delivered(target, wake);
+        self.apply(next, ctx);
+        Ok(id)
+    }
+
+    /// Carries out what a transition decided.
+    fn apply(&mut self, next: Next, ctx: &mut Context<Self>) {
+        match next {
+            Next::Stay => {}
+            Next::StartTurn => self.start_turn(ctx),
+            Next::Idle => self.become_idle(),
+            Next::Retire => {
+                self.become_idle();
+                self.retire(ctx);
             }
         }
-        Ok(id)
     }
 
     fn start_turn(&mut self, ctx: &mut Context<Self>) {
         let turn = self.log.last_turn() + 1;
-        if let Err(error) = self.log.append(EventKind::TurnStart { turn }) {
-            tracing::error!(session_id = %self.id, turn, %error, "could not open a turn");
-            self.become_idle();
-            return;
-        }
-        self.step_wake_pending = false;
-        let claimed = match self.inbox.claim(&self.log, InboxTarget::NextTurn) {
+        let claimed = self
+            .log
+            .append(EventKind::TurnStart { turn })
+            .and_then(|_| self.inbox.claim(&self.log, InboxTarget::NextTurn));
+        let claimed = match claimed {
             Ok(claimed) => claimed,
             Err(error) => {
-                tracing::error!(session_id = %self.id, turn, %error, "could not claim the turn's work");
-                Vec::new()
+                // Nothing can be journaled: fault rather than retry the same turn forever.
+                tracing::error!(session_id = %self.id, turn, %error, "could not open a turn");
+                self.fault(error);
+                self.become_idle();
+                return;
             }
         };
         for message in &claimed {
@@ -208,10 +187,7 @@ impl AgentActor {
             });
         }
         let cancel = TurnCancel::new();
-        self.phase = Phase::Running {
-            turn,
-            cancel: cancel.clone(),
-        };
+        self.state.turn_started(turn, cancel.clone());
         let turn_ctx = TurnContext {
             agent: self.id,
             log: self.log.clone(),
@@ -231,27 +207,12 @@ impl AgentActor {
 
     fn turn_finished(&mut self, turn: u64, reason: TurnEndReason, ctx: &mut Context<Self>) {
         tracing::debug!(session_id = %self.id, turn, ?reason, "turn ended");
-        self.phase = Phase::Idle;
         self.emit(AgentEventKind::TurnEnded { turn, reason });
-        if self.retiring {
-            self.become_idle();
-            self.retire(ctx);
-            return;
-        }
-        let latched = std::mem::take(&mut self.wake_latched);
-        if latched {
-            self.parked = false;
-        }
-        let pending = self.inbox.has_next_turn() || self.step_wake_pending;
-        if !self.disposing && (latched || (!self.parked && pending)) {
-            self.start_turn(ctx);
-        } else {
-            self.become_idle();
-        }
+        let next = self.state.turn_finished(self.inbox.has_next_turn());
+        self.apply(next, ctx);
     }
 
     fn become_idle(&mut self) {
-        self.phase = Phase::Idle;
         for waiter in self.idle_waiters.drain(..) {
             // A waiter that stopped listening needs no answer.
             let _ = waiter.send(());
@@ -259,31 +220,31 @@ impl AgentActor {
     }
 
     fn cancel(&mut self, cause: CancelCause, policy: InboxPolicy) -> Result<()> {
-        if cause == CancelCause::Disposed {
-            // Disposal refuses new work from here on and never restarts a turn.
-            self.disposing = true;
-        }
+        let (running, discard) = self.state.cancelled(&cause, policy);
         // The token first: a failed discard below must not leave the turn running.
-        if let Phase::Running { cancel, turn } = &self.phase {
-            tracing::debug!(session_id = %self.id, turn, ?cause, ?policy, "cancelling the running turn");
+        if let Some(cancel) = running {
+            tracing::debug!(session_id = %self.id, ?cause, ?policy, "cancelling the running turn");
             cancel.cancel(cause);
         }
-        match policy {
-            InboxPolicy::Discard => {
-                self.wake_latched = false;
-                self.discard_pending()
-            }
-            InboxPolicy::Keep => {
-                if matches!(self.phase, Phase::Running { .. }) {
-                    self.parked = true;
-                }
-                Ok(())
-            }
+        if discard {
+            self.discard_pending()?;
         }
+        Ok(())
+    }
+
+    /// A durable write failed: refuse new work, end the running turn (its end reason is the
+    /// fault, see the driver), and report it.
+    fn fault(&mut self, error: SubagentError) {
+        if let Some(cancel) = self.state.faulted(error.clone()) {
+            // The log records why the turn stopped; its end reason is the fault itself.
+            cancel.cancel(CancelCause::Hook {
+                reason: "a durable write of this session failed".into(),
+            });
+        }
+        self.emit(AgentEventKind::Faulted { error });
     }
 
     fn discard_pending(&mut self) -> Result<()> {
-        self.step_wake_pending = false;
         for message in self.inbox.clear(&self.log)? {
             self.emit(AgentEventKind::InboxDiscarded {
                 message: message.id,
@@ -293,21 +254,23 @@ impl AgentActor {
     }
 
     fn snapshot(&self) -> AgentSnapshot {
-        let (status, turn) = match &self.phase {
-            Phase::Idle => (AgentStatus::Idle, None),
-            Phase::Running { turn, .. } => (AgentStatus::Running, Some(*turn)),
-        };
+        let turn = self.state.turn();
         AgentSnapshot {
-            status,
+            status: if turn.is_some() {
+                AgentStatus::Running
+            } else {
+                AgentStatus::Idle
+            },
             turn,
             next_turn: self.inbox.next_turn_len(),
             next_step: self.inbox.next_step_len(),
-            parked: self.parked,
+            parked: self.state.parked,
+            faulted: matches!(self.state.admission, Admission::Faulted(_)),
         }
     }
 
     fn claim_step(&mut self, turn: u64) -> Vec<Message> {
-        self.step_wake_pending = false;
+        self.state.step_claimed();
         match self.inbox.claim(&self.log, InboxTarget::NextStep) {
             Ok(claimed) => {
                 for message in &claimed {
@@ -320,17 +283,16 @@ impl AgentActor {
             }
             Err(error) => {
                 tracing::error!(session_id = %self.id, turn, %error, "could not claim next-step work");
+                self.fault(error);
                 Vec::new()
             }
         }
     }
 
     fn retire(&mut self, ctx: &mut Context<Self>) {
-        self.disposing = true;
-        if let Phase::Running { cancel, .. } = &self.phase {
+        if let Some(cancel) = self.state.retire() {
             // Stop only once the turn has closed its log; `turn_finished` comes back here.
             cancel.cancel(CancelCause::Disposed);
-            self.retiring = true;
             return;
         }
         if let Err(error) = self.discard_pending() {
@@ -355,13 +317,10 @@ impl AgentActor {
 /// (`AGENT_DISPOSED`).
 #[derive(Message)]
 #[rtype(result = "Result<MessageId>")]
-pub struct Deliver {
-    /// The message.
-    pub message: Message,
-    /// Its list.
-    pub target: InboxTarget,
-    /// Whether it wakes the agent.
-    pub wake: Wake,
+pub(crate) struct Deliver {
+    pub(crate) message: Message,
+    pub(crate) target: InboxTarget,
+    pub(crate) wake: Wake,
 }
 
 impl Handler<Deliver> for AgentActor {
@@ -376,11 +335,9 @@ impl Handler<Deliver> for AgentActor {
 /// first cause of a turn wins; cancelling an idle agent does not affect later work.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
-pub struct Cancel {
-    /// Why.
-    pub cause: CancelCause,
-    /// What happens to pending work.
-    pub inbox: InboxPolicy,
+pub(crate) struct Cancel {
+    pub(crate) cause: CancelCause,
+    pub(crate) inbox: InboxPolicy,
 }
 
 impl Handler<Cancel> for AgentActor {
@@ -394,13 +351,13 @@ impl Handler<Cancel> for AgentActor {
 /// Resolves when the agent is idle (the whole agent is quiescent, not one message).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct WhenIdle;
+pub(crate) struct WhenIdle;
 
 impl Handler<WhenIdle> for AgentActor {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, _: WhenIdle, _: &mut Context<Self>) -> Self::Result {
-        if matches!(self.phase, Phase::Idle) {
+        if self.state.turn().is_none() {
             return Box::pin(async {});
         }
         let (sender, receiver) = oneshot::channel();
@@ -415,7 +372,7 @@ impl Handler<WhenIdle> for AgentActor {
 /// Reads the agent's state.
 #[derive(Message)]
 #[rtype(result = "AgentSnapshot")]
-pub struct Status;
+pub(crate) struct Status;
 
 impl Handler<Status> for AgentActor {
     type Result = MessageResult<Status>;
@@ -479,6 +436,20 @@ impl Handler<Retire> for AgentActor {
     }
 }
 
+/// Internal, sent by the log's write-behind: a durable write failed (`do_send`; a stopped
+/// agent has nothing left to fault).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Faulted(pub(crate) SubagentError);
+
+impl Handler<Faulted> for AgentActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Faulted, _: &mut Context<Self>) {
+        self.fault(msg.0);
+    }
+}
+
 impl InboxPort for WeakAddr<AgentActor> {
     fn claim_next_step(&self, turn: u64) -> BoxFuture<'static, Vec<Message>> {
         let addr = self.upgrade();
@@ -506,7 +477,8 @@ impl InboxPort for WeakAddr<AgentActor> {
 pub struct AgentRef {
     id: SessionId,
     incarnation: u64,
-    addr: Addr<AgentActor>,
+    /// Weak: a reference never keeps a stopped agent's mailbox alive.
+    addr: WeakAddr<AgentActor>,
     log: SessionLog,
     options: Arc<AgentOptions>,
     agents: Agents,
@@ -533,7 +505,7 @@ impl AgentRef {
     pub(crate) fn new(
         id: SessionId,
         incarnation: u64,
-        addr: Addr<AgentActor>,
+        addr: &Addr<AgentActor>,
         log: SessionLog,
         options: Arc<AgentOptions>,
         agents: Agents,
@@ -541,7 +513,7 @@ impl AgentRef {
         Self {
             id,
             incarnation,
-            addr,
+            addr: addr.downgrade(),
             log,
             options,
             agents,
@@ -581,7 +553,17 @@ impl AgentRef {
 
     /// Whether the agent's actor still runs.
     pub fn is_alive(&self) -> bool {
-        self.addr.connected()
+        self.addr().is_some_and(|addr| addr.connected())
+    }
+
+    /// The actor's address, while it runs.
+    pub(crate) fn addr(&self) -> Option<Addr<AgentActor>> {
+        self.addr.upgrade()
+    }
+
+    fn live_addr(&self) -> Result<Addr<AgentActor>> {
+        self.addr()
+            .ok_or_else(|| SubagentError::agent_gone(self.id))
     }
 
     async fn deliver(
@@ -590,7 +572,17 @@ impl AgentRef {
         target: InboxTarget,
         wake: Wake,
     ) -> Result<MessageId> {
-        self.addr
+        // Backpressure: a sender waits while the session's write-behind queue is full.
+        self.log.reserve().await.map_err(|error| {
+            SubagentError::new(
+                crate::error::ErrorCode::AgentFaulted,
+                format!(
+                    "agent {} is faulted and takes no new work: {error}",
+                    self.id
+                ),
+            )
+        })?;
+        self.live_addr()?
             .send(Deliver {
                 message,
                 target,
@@ -667,9 +659,17 @@ impl AgentRef {
     /// Cancels the running turn and applies `inbox` to pending work.
     ///
     /// # Errors
-    /// `AGENT_DISPOSED`; a store error if the discard could not be journaled.
+    /// `AGENT_DISPOSED`; `INVALID_ARGS` for cause `disposed` (reserved for disposal); a store
+    /// error if the discard could not be journaled.
     pub async fn cancel(&self, cause: CancelCause, inbox: InboxPolicy) -> Result<()> {
-        self.addr
+        if cause == CancelCause::Disposed {
+            // Only disposal cancels with `disposed`: it also unregisters the agent.
+            return Err(SubagentError::new(
+                crate::error::ErrorCode::InvalidArgs,
+                "cancel with cause `disposed` is reserved for disposal: dispose the agent's handle",
+            ));
+        }
+        self.live_addr()?
             .send(Cancel { cause, inbox })
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))?
@@ -681,7 +681,9 @@ impl AgentRef {
     /// Cancel safe.
     pub async fn when_idle(&self) {
         // A stopped agent is idle for good.
-        let _ = self.addr.send(WhenIdle).await;
+        if let Some(addr) = self.addr() {
+            let _ = addr.send(WhenIdle).await;
+        }
     }
 
     /// The agent's state.
@@ -689,13 +691,9 @@ impl AgentRef {
     /// # Errors
     /// `AGENT_DISPOSED`.
     pub async fn status(&self) -> Result<AgentSnapshot> {
-        self.addr
+        self.live_addr()?
             .send(Status)
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))
-    }
-
-    pub(crate) fn addr(&self) -> &Addr<AgentActor> {
-        &self.addr
     }
 }

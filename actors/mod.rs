@@ -1,6 +1,8 @@
-//! Every actix actor of the crate, one file per actor kind.
+//! Every actix actor of the crate, one file per actor kind, and the services that talk to them.
 
 pub mod agent;
 pub mod agents;
 pub mod providers;
+pub(crate) mod registry;
 pub mod runtime;
+pub(crate) mod workers;

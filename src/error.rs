@@ -113,6 +113,14 @@ pub enum ErrorCode {
     NoActorSystem,
     /// An internal invariant broke: a bug in this crate, please report it.
     ReportableBug,
+    /// The session's lease is held by another runtime: the session is live there.
+    SessionLeased,
+    /// This writer's lease is no longer current (it expired and another runtime took it); its
+    /// append was refused.
+    LeaseLost,
+    /// A durable write of the agent's session failed: the agent refuses new work, and its
+    /// `flush` and `dispose` return the write's error.
+    AgentFaulted,
 }
 
 impl ErrorCode {
@@ -166,6 +174,9 @@ impl ErrorCode {
             Self::ListenerRejected => "LISTENER_REJECTED",
             Self::NoActorSystem => "NO_ACTOR_SYSTEM",
             Self::ReportableBug => "REPORTABLE_BUG",
+            Self::SessionLeased => "SESSION_LEASED",
+            Self::LeaseLost => "LEASE_LOST",
+            Self::AgentFaulted => "AGENT_FAULTED",
         }
     }
 }
@@ -234,6 +245,13 @@ impl SubagentError {
             ErrorCode::AgentDisposed,
             format!("agent {id} was disposed or replaced"),
         )
+    }
+}
+
+/// Errors compare by code and message; the cause is context, not identity.
+impl PartialEq for SubagentError {
+    fn eq(&self, other: &Self) -> bool {
+        self.code == other.code && self.message == other.message
     }
 }
 

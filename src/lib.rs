@@ -62,13 +62,14 @@ pub mod store;
 pub mod tools;
 
 pub use actors::agent::{AgentRef, AgentSnapshot, InboxPolicy, Wake};
-pub use actors::agents::{AgentHandle, Agents, CreateAgent, ResumeAgent};
+pub use actors::agents::Agents;
 pub use actors::providers::fork::ForkInProcess;
 pub use actors::providers::spawn::SpawnInProcess;
 pub use actors::runtime::{ProviderRegistration, Subagents};
 pub use agent::{
     AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, FlushPolicy, PromptSection,
 };
+pub use agent::{AgentHandle, CreateAgent, ResumeAgent};
 pub use content::{ContentBlock, Message, MessageSource, Role};
 pub use error::{ErrorCode, Result, SubagentError};
 pub use events::{EventBus, EventScope, Subscription};

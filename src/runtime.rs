@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::actors::agents::{AgentHandle, Agents, WorkerPool};
+use crate::actors::agents::Agents;
 use crate::actors::runtime::Subagents;
+use crate::actors::workers::WorkerPool;
 use crate::agent::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
@@ -178,20 +179,33 @@ impl Runtime {
         self.env.store.as_ref()
     }
 
-    /// Refuses new agents (`DRAINING`), waits for creations in progress, disposes every live
-    /// agent (each in the disposal order of [`AgentHandle::dispose`]), then stops the worker
-    /// threads.
+    /// Refuses new agents (`DRAINING`), waits for creations in progress, then disposes the
+    /// whole ownership forest child first (each root by [`crate::AgentHandle::dispose`], which
+    /// releases its children before itself), then stops the worker threads.
     ///
     /// # Errors
-    /// The first flush error; every agent is released all the same.
+    /// The first disposal error (a faulted session); every agent is released all the same.
+    ///
+    /// # Cancel safety
+    /// Each disposal runs as its own task; a dropped shutdown leaves the rest undisposed but
+    /// never half-disposes an agent.
     pub async fn shutdown(&self) -> Result<()> {
         // No new agent from here on, and none half-created left behind.
         self.agents.close().await;
         let mut first_error = None;
-        for agent in self.agents.list().await {
-            let handle = AgentHandle::adopt(&self.agents, agent);
-            if let Err(error) = handle.dispose().await {
-                first_error.get_or_insert(error);
+        // Roots first; disposing a root releases its children before it. An agent whose owner
+        // was released meanwhile becomes a root of the next round.
+        loop {
+            let roots = self.agents.roots().await;
+            if roots.is_empty() {
+                break;
+            }
+            let outcomes =
+                futures::future::join_all(roots.iter().map(crate::AgentHandle::dispose)).await;
+            for outcome in outcomes {
+                if let Err(error) = outcome {
+                    first_error.get_or_insert(error);
+                }
             }
         }
         self.agents.stop_workers();

@@ -289,7 +289,7 @@ async fn resume_requires_persistence_and_refuses_a_live_agent() {
 }
 
 #[actix_rt::test]
-async fn resume_on_another_runtime_revives_pending_work() {
+async fn resume_on_another_runtime_is_refused_while_the_session_is_live_there() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
     let first = runtime_on(Arc::clone(&store), &model);
@@ -302,18 +302,30 @@ async fn resume_on_another_runtime_revives_pending_work() {
         .unwrap();
     handle.agent().log().flush().await.unwrap();
 
-    // A second node over the same store, as after a crash of the first.
+    // A second node over the same store while the first still drives the session.
     let second = runtime_on(Arc::clone(&store), &model);
+    let refused = second
+        .agents()
+        .resume(ResumeAgent::new(id))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::SessionLeased);
+    assert!(second.agents().get(id).await.is_none(), "nothing published");
+    run_prompt(handle.agent(), "still mine").await;
+    handle
+        .agent()
+        .log()
+        .flush()
+        .await
+        .expect("the first writer is not fenced");
+    handle.dispose().await.unwrap();
+
+    // Released: the second node takes over, and the pending work revives there.
     let resumed = second.agents().resume(ResumeAgent::new(id)).await.unwrap();
-    assert_eq!(
-        resumed.agent().status().await.unwrap().next_step,
-        1,
-        "the inbox replayed from the log"
-    );
     run_prompt(resumed.agent(), "go").await;
     assert_eq!(
         user_texts(&resumed.agent().log().events()),
-        ["go", "pending context"]
+        ["still mine", "pending context", "go"]
     );
     resumed.dispose().await.unwrap();
 }

@@ -69,6 +69,9 @@ fn every_code_prints_its_stable_string() {
         (ErrorCode::ListenerRejected, "LISTENER_REJECTED"),
         (ErrorCode::NoActorSystem, "NO_ACTOR_SYSTEM"),
         (ErrorCode::ReportableBug, "REPORTABLE_BUG"),
+        (ErrorCode::SessionLeased, "SESSION_LEASED"),
+        (ErrorCode::LeaseLost, "LEASE_LOST"),
+        (ErrorCode::AgentFaulted, "AGENT_FAULTED"),
     ];
     for (code, text) in pinned {
         assert_eq!(code.as_str(), text);

@@ -3,11 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::executor::block_on;
 use proptest::prelude::*;
 use subagents::content::Message;
-use subagents::store::{FaultInjectingStore, ListedSession, StoreOperation};
+use subagents::store::{FaultInjectingStore, LeaseHolder, ListedSession, StoreOperation};
 use subagents::{
     ContentBlock, CreateAgent, ErrorCode, EventKind, MemoryStore, MessageSource, Runtime,
     ScriptStep, ScriptedModel, SessionEvent, SessionHeader, SessionId, SessionPersistence,
@@ -175,25 +176,102 @@ proptest! {
 }
 
 #[test]
-fn a_lease_fences_out_older_epochs() {
+fn a_lease_fences_out_older_epochs_and_refuses_a_second_holder() {
     for store in [
         Arc::new(MemoryStore::new()) as Arc<dyn SessionPersistence>,
         Arc::new(SledStore::temporary().unwrap()),
     ] {
         let id = SessionId::new();
         block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
-        let first = block_on(store.acquire_lease(id)).unwrap();
-        let second = block_on(store.acquire_lease(id)).unwrap();
-        assert!(second > first);
-        let stale = block_on(store.append(id, 0, notes(0, 1), Some(first))).unwrap_err();
-        assert_eq!(stale.code(), ErrorCode::StoreConflict);
-        block_on(store.append(id, 0, notes(0, 1), Some(second))).unwrap();
+        let runtime = LeaseHolder::new();
+        let first = block_on(store.acquire_lease(id, runtime.clone())).unwrap();
+        let second = block_on(store.acquire_lease(id, runtime.clone())).unwrap();
+        assert!(second.epoch > first.epoch, "each grant is a newer epoch");
+        assert_eq!(second.ttl, None, "embedded leases need no renewal");
+
+        let stale = block_on(store.append(id, 0, notes(0, 1), Some(first.epoch))).unwrap_err();
+        assert_eq!(stale.code(), ErrorCode::LeaseLost);
+        block_on(store.append(id, 0, notes(0, 1), Some(second.epoch))).unwrap();
         assert_eq!(
             block_on(store.read_from(id, 0)).unwrap().len(),
             1,
             "the stale write left nothing"
         );
+
+        let other = LeaseHolder::new();
+        let refused = block_on(store.acquire_lease(id, other.clone())).unwrap_err();
+        assert_eq!(refused.code(), ErrorCode::SessionLeased);
+        let renewed_stale = block_on(store.renew_lease(id, first.epoch)).unwrap_err();
+        assert_eq!(renewed_stale.code(), ErrorCode::LeaseLost);
+
+        // A stale release is a no-op; the current one frees the lease.
+        block_on(store.release_lease(id, first.epoch)).unwrap();
+        assert_eq!(
+            block_on(store.acquire_lease(id, other.clone()))
+                .unwrap_err()
+                .code(),
+            ErrorCode::SessionLeased
+        );
+        block_on(store.release_lease(id, second.epoch)).unwrap();
+        let taken = block_on(store.acquire_lease(id, other.clone())).unwrap();
+        assert!(taken.epoch > second.epoch);
+
+        // A holder that is gone (its runtime dropped) holds nothing.
+        drop(other);
+        let third = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
+        assert!(third.epoch > taken.epoch);
     }
+}
+
+#[test]
+fn the_fencing_epoch_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = SessionId::new();
+    let before = {
+        let store = SledStore::open(dir.path()).unwrap();
+        block_on(store.create(SessionHeader::new(id), notes(0, 1))).unwrap();
+        let lease = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
+        block_on(store.flush(id)).unwrap();
+        lease
+    };
+    let store = SledStore::open(dir.path()).unwrap();
+    // The process that held it is gone: the lease is free, and its epoch is fenced.
+    let after = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
+    assert!(after.epoch > before.epoch);
+    let stale = block_on(store.append(id, 1, notes(1, 1), Some(before.epoch))).unwrap_err();
+    assert_eq!(stale.code(), ErrorCode::LeaseLost);
+}
+
+#[actix_rt::test]
+async fn a_lease_with_a_ttl_expires_unless_renewed() {
+    tokio::time::pause();
+    let store = MemoryStore::with_lease_ttl(Duration::from_secs(30));
+    let id = SessionId::new();
+    store.create(SessionHeader::new(id), vec![]).await.unwrap();
+    let owner = LeaseHolder::new();
+    let first = store.acquire_lease(id, owner.clone()).await.unwrap();
+    assert_eq!(first.ttl, Some(Duration::from_secs(30)));
+    let holder = LeaseHolder::new();
+    tokio::time::advance(Duration::from_secs(20)).await;
+    store.renew_lease(id, first.epoch).await.unwrap();
+    tokio::time::advance(Duration::from_secs(20)).await;
+    assert_eq!(
+        store
+            .acquire_lease(id, holder.clone())
+            .await
+            .unwrap_err()
+            .code(),
+        ErrorCode::SessionLeased,
+        "a renewed lease is still held"
+    );
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let taken = store.acquire_lease(id, holder).await.unwrap();
+    assert!(taken.epoch > first.epoch, "an expired lease is taken over");
+    drop(owner);
+    assert_eq!(
+        store.renew_lease(id, first.epoch).await.unwrap_err().code(),
+        ErrorCode::LeaseLost
+    );
 }
 
 #[test]
@@ -302,7 +380,7 @@ fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
             2,
             "inspect commits nothing"
         );
-        let prepared = block_on(store.prepare(id)).unwrap();
+        let prepared = block_on(store.prepare(id, None)).unwrap();
         let kinds =
             |events: &[SessionEvent]| events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>();
         assert_eq!(
@@ -322,7 +400,7 @@ fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
     let stored = block_on(reopened.read_from(id, 0)).unwrap();
     assert_eq!(stored.len(), 4, "the repair survived a reopen");
     assert_eq!(
-        block_on(reopened.prepare(id)).unwrap().events.len(),
+        block_on(reopened.prepare(id, None)).unwrap().events.len(),
         4,
         "repair happens once"
     );

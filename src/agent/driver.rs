@@ -70,10 +70,6 @@ impl TurnCancel {
         self.token.is_cancelled()
     }
 
-    pub(crate) fn cause(&self) -> Option<&CancelCause> {
-        self.cause.get()
-    }
-
     fn reason(&self) -> CancelCause {
         self.cause.get().cloned().unwrap_or(CancelCause::User)
     }
@@ -110,9 +106,38 @@ impl TurnContext {
     }
 
     fn append_with_sources(&self, kind: EventKind, sources: Vec<u64>) -> Result<u64, Fault> {
+        self.check_fault()?;
         self.log
             .append_with_sources(kind, sources)
             .map_err(|error| Fault::Failed(LlmFailure::new("UNKNOWN", error.to_string())))
+    }
+
+    /// A faulted log ends the turn: nothing more it does could be made durable.
+    fn check_fault(&self) -> Result<(), Fault> {
+        match self.log.is_faulted() {
+            true => Err(Fault::Failed(self.fault_failure())),
+            false => Ok(()),
+        }
+    }
+
+    fn fault_failure(&self) -> LlmFailure {
+        let error = self.log.fault();
+        let (code, message) = error.map_or_else(
+            || ("STORE_IO".to_owned(), "a durable write failed".to_owned()),
+            |error| (error.code().as_str().to_owned(), error.message().to_owned()),
+        );
+        LlmFailure::new(
+            code,
+            format!("the session could not be persisted: {message}"),
+        )
+    }
+
+    /// Waits for room in the write-behind queue (backpressure); a fault ends the turn.
+    async fn reserve(&self) -> Result<(), Fault> {
+        self.log
+            .reserve()
+            .await
+            .map_err(|_| Fault::Failed(self.fault_failure()))
     }
 }
 
@@ -134,6 +159,10 @@ pub(crate) async fn run_turn(ctx: &TurnContext, turn: u64, claimed: Vec<Message>
             )))
         });
     let reason = match outcome {
+        // A faulted log ends the turn with the fault, whatever else happened.
+        _ if ctx.log.is_faulted() => TurnEndReason::Error {
+            error: ctx.fault_failure(),
+        },
         // A failure that follows a cancel is the cancel's doing.
         Err(Fault::Aborted | Fault::Failed(_)) if ctx.cancel.is_cancelled() => {
             TurnEndReason::Aborted {
@@ -210,6 +239,7 @@ async fn drive(
         if messages.is_empty() && step_ended {
             return Ok(turn_ending);
         }
+        ctx.reserve().await?;
         ctx.scope.step_entered(&pre_step);
         step += 1;
         ctx.append(EventKind::StepStart { turn, step })?;
@@ -218,10 +248,9 @@ async fn drive(
         }
         let stepped = run_step(ctx, turn, step).await;
         ctx.append(EventKind::StepEnd { turn, step })?;
-        if ctx.options.flush == FlushPolicy::EveryStep {
-            if let Err(error) = ctx.log.flush().await {
-                tracing::warn!(session_id = %ctx.agent, turn, step, %error, "step flush failed");
-            }
+        if ctx.options.flush == FlushPolicy::EveryStep && ctx.log.flush().await.is_err() {
+            // The log is faulted; the turn ends with the fault.
+            return Err(Fault::Failed(ctx.fault_failure()));
         }
         let step_ending = stepped?;
         if let Some(ending) = step_ending {
@@ -312,6 +341,7 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
             }
             Err(failure) => return Err(Fault::Failed(failure)),
             Ok(chunk) => {
+                ctx.reserve().await?;
                 match &chunk {
                     StreamChunk::Usage { usage: counts } => usage = Some(*counts),
                     StreamChunk::Finish { reason } => finish = Some(reason.clone()),

@@ -1,15 +1,20 @@
-//! Provides the parts of an agent that are not actors: its options, inbox, scope, events and
-//! the turn driver. The actors themselves live in `actors/agent.rs` and `actors/agents.rs`.
+//! Provides the parts of an agent that are not actors: its options, inbox, scope, events, the
+//! creation requests, the owning handle, the actor's state machine and the turn driver. The
+//! actors themselves live in `actors/agent.rs` (one agent) and `actors/registry.rs`.
 
 pub(crate) mod driver;
+pub mod handle;
 pub mod inbox;
+pub mod request;
 pub mod scope;
+pub(crate) mod state;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::SubagentError;
 use crate::events::{EventBus, ScopedEvent};
 use crate::ids::{MessageId, SessionId};
 use crate::model::ModelRouter;
@@ -17,7 +22,9 @@ use crate::session::{InboxTarget, TurnEndReason};
 use crate::store::SharedStore;
 use crate::tools::ToolRegistry;
 
+pub use handle::AgentHandle;
 pub use inbox::Inbox;
+pub use request::{CreateAgent, ResumeAgent};
 pub use scope::{
     assemble_system_prompt, interpolate_prompt, AgentScope, AgentSetup, Disposer, PreStep,
     PreStepDecision, PreStepHook, PromptSection, SetupCommit, StepEnteredHook, ToolResultObserver,
@@ -71,6 +78,7 @@ pub struct AgentEvent {
 
 /// The agent lifecycle and inbox events.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum AgentEventKind {
     /// The agent was published.
     Created,
@@ -100,6 +108,12 @@ pub enum AgentEventKind {
         /// How.
         reason: TurnEndReason,
     },
+    /// A durable write of the agent's session failed: the running turn ends with an error, new
+    /// sends are refused (`AGENT_FAULTED`), and `flush`/`dispose` return this error.
+    Faulted {
+        /// The failed write's error.
+        error: SubagentError,
+    },
     /// The agent was disposed and unregistered.
     Disposed,
 }
@@ -118,6 +132,7 @@ impl ScopedEvent for AgentEvent {
             AgentEventKind::InboxClaimed { .. } => "agent/inbox/claimed",
             AgentEventKind::InboxDiscarded { .. } => "agent/inbox/discarded",
             AgentEventKind::TurnEnded { .. } => "agent/turn-ended",
+            AgentEventKind::Faulted { .. } => "agent/faulted",
             AgentEventKind::Disposed => "agent/disposed",
         }
     }

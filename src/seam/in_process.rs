@@ -29,8 +29,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::actors::agent::{AgentRef, InboxPolicy};
-use crate::actors::agents::{AgentHandle, CreateAgent};
 use crate::agent::{interpolate_prompt, AgentOptions, AgentScope, DelegatedPolicy, PromptSection};
+use crate::agent::{AgentHandle, CreateAgent};
 use crate::content::{ContentBlock, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -209,7 +209,7 @@ pub async fn start_in_process_run(
         Ok(None)
     };
     let mut create = CreateAgent::new()
-        .delegated_by(parent.id(), depth)
+        .owned_by(&parent, depth)
         .seed(seed, boundary)
         .options(options)
         .setup(setup)

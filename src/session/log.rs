@@ -7,14 +7,30 @@
 //! the log unchanged. Appends are synchronous and in memory.
 //!
 //! # Durability
-//! Once the registry publishes the session, the log is *attached* to a store: every committed
-//! event is handed, in order, to a per-session writer task that appends batches to the store
-//! (write-behind). [`SessionLog::flush`] is the durability barrier: when it returns `Ok`, every
-//! event committed before the call is durable in the store.
+//! Once the registry publishes the session, the log is *attached* to a store under the session's
+//! lease (see [`crate::store::lease`]): a per-session writer task appends what the log committed
+//! to the store, in order and in batches, naming the lease's fencing epoch (write-behind), and
+//! renews the lease when the store asks for renewal. The writer reads straight from the log, so
+//! the write-behind queue costs no memory beyond the log itself.
+//!
+//! - [`SessionLog::flush`] is the durability barrier: when it returns `Ok`, every event committed
+//!   before the call is durable in the store.
+//! - **The queue is bounded.** At most [`WRITE_BEHIND_LIMIT`] committed events may wait for the
+//!   store. Appends themselves never block (they run on an actor's thread); the async producers —
+//!   the turn driver before each step and each streamed chunk, and every send into the inbox —
+//!   first wait for room, so a slow store slows its agents instead of growing their memory.
+//! - **A failed write faults the log.** When an append, a flush or a lease renewal fails, the
+//!   writer stops, the log is *faulted* and keeps that first error: every later flush or drain
+//!   returns it, appends stay in memory only, and the fault hook tells the agent (which then
+//!   ends its turn with an error and refuses new work). What the store holds is a prefix of the
+//!   log that contains every event a successful flush covered.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -22,28 +38,75 @@ use crate::session::event::{EventKind, SessionEvent};
 use crate::session::header::SessionHeader;
 use crate::session::invariants::LogShape;
 use crate::session::seed::{check_lossless, free_form_json, validate_seed};
-use crate::store::SharedStore;
+use crate::store::{Lease, SharedStore};
+
+/// How many committed events may wait for the store before producers wait for room.
+pub const WRITE_BEHIND_LIMIT: u64 = 4096;
+
+/// The most events one store append carries.
+const MAX_BATCH: u64 = 1024;
+
+/// Told once, with the error, when the log faults.
+pub(crate) type FaultHook = Box<dyn FnOnce(SubagentError) + Send>;
 
 /// One session's log. Cloning gives another handle to the same log.
 #[derive(Clone)]
 pub struct SessionLog {
-    inner: Arc<Mutex<LogState>>,
+    inner: Arc<LogInner>,
+}
+
+struct LogInner {
+    state: Mutex<LogState>,
+    /// Mirrors `state.fault.is_some()`, so the hot path checks it without the lock.
+    faulted: AtomicBool,
 }
 
 struct LogState {
     header: SessionHeader,
     events: Vec<SessionEvent>,
     shape: LogShape,
-    writer: Option<mpsc::UnboundedSender<WriterCommand>>,
+    write_behind: Option<WriteBehind>,
+    /// The first failed durable write; set once, never cleared.
+    fault: Option<SubagentError>,
 }
 
-enum WriterCommand {
-    Append(Box<SessionEvent>),
-    /// Reply once everything before is appended; fsync too when `durable`.
-    Barrier {
-        reply: oneshot::Sender<Result<()>>,
-        durable: bool,
-    },
+/// The attached log's half of write-behind; the writer task holds the other.
+struct WriteBehind {
+    /// Events below this seq are in the store.
+    written: u64,
+    /// Events below this seq are durable (a store flush covered them).
+    durable: u64,
+    barriers: Vec<Barrier>,
+    /// Wakes the writer.
+    wake: Arc<Notify>,
+    /// Wakes producers waiting for room.
+    room: Arc<Notify>,
+    /// Set by [`SessionLog::close`]: write what is left, release the lease, stop.
+    closing: Option<oneshot::Sender<Result<()>>>,
+    closing_requested: bool,
+    on_fault: Option<FaultHook>,
+}
+
+impl Drop for WriteBehind {
+    fn drop(&mut self) {
+        // The last handle of the log is gone: let the writer notice and stop.
+        self.wake.notify_one();
+    }
+}
+
+/// A flush or drain waiting for the writer.
+struct Barrier {
+    target: u64,
+    durable: bool,
+    reply: oneshot::Sender<Result<()>>,
+}
+
+/// What the writer does next.
+enum Work {
+    Append { from: u64, batch: Vec<SessionEvent> },
+    Flush { upto: u64 },
+    Idle,
+    Exit,
 }
 
 impl std::fmt::Debug for SessionLog {
@@ -97,19 +160,21 @@ impl SessionLog {
 
     fn from_parts(header: SessionHeader, events: Vec<SessionEvent>, shape: LogShape) -> Self {
         Self {
-            inner: Arc::new(Mutex::new(LogState {
-                header,
-                events,
-                shape,
-                writer: None,
-            })),
+            inner: Arc::new(LogInner {
+                state: Mutex::new(LogState {
+                    header,
+                    events,
+                    shape,
+                    write_behind: None,
+                    fault: None,
+                }),
+                faulted: AtomicBool::new(false),
+            }),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, LogState> {
-        // A panic while the lock was held cannot leave the state half-written: every mutation
-        // is checked first and committed with one push.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        lock_state(&self.inner)
     }
 
     /// The session id.
@@ -189,40 +254,141 @@ impl SessionLog {
         let mut event = SessionEvent::new(seq, kind);
         event.source_event_seqs = sources;
         state.shape.admit(&event)?;
-        if let Some(writer) = &state.writer {
-            if writer
-                .send(WriterCommand::Append(Box::new(event.clone())))
-                .is_err()
-            {
-                tracing::warn!(session_id = %state.header.id, seq, "session writer stopped; event kept in memory only");
-            }
-        }
         state.events.push(event);
+        if let Some(write_behind) = &state.write_behind {
+            write_behind.wake.notify_one();
+        }
         Ok(seq)
     }
 
-    /// Starts write-behind to `store`: events from `next_seq` on are appended to the store.
-    pub(crate) fn attach(&self, store: SharedStore, next_seq: u64) {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let id = {
-            let mut state = self.lock();
-            for event in state
-                .events
-                .iter()
-                .skip(usize::try_from(next_seq).unwrap_or(usize::MAX))
-            {
-                // The receiver is alive: it is only moved into the task below.
-                let _ = sender.send(WriterCommand::Append(Box::new(event.clone())));
-            }
-            state.writer = Some(sender);
-            state.header.id
-        };
-        tokio::spawn(run_writer(store, id, next_seq, receiver));
+    /// The error that faulted the log, if a durable write failed.
+    pub fn fault(&self) -> Option<SubagentError> {
+        if !self.inner.faulted.load(Ordering::Acquire) {
+            return None;
+        }
+        self.lock().fault.clone()
     }
 
-    /// Stops write-behind after the events already committed are written.
-    pub(crate) fn detach(&self) {
-        self.lock().writer = None;
+    /// Whether a durable write of this log failed.
+    pub fn is_faulted(&self) -> bool {
+        self.inner.faulted.load(Ordering::Acquire)
+    }
+
+    /// Starts write-behind to `store` under `lease`: events from `next_seq` on are appended to
+    /// the store; `on_fault` is told once if a durable write fails.
+    pub(crate) fn attach(
+        &self,
+        store: SharedStore,
+        next_seq: u64,
+        lease: Option<Lease>,
+        on_fault: FaultHook,
+    ) {
+        let wake = Arc::new(Notify::new());
+        let id = {
+            let mut state = self.lock();
+            state.write_behind = Some(WriteBehind {
+                written: next_seq,
+                durable: next_seq,
+                barriers: Vec::new(),
+                wake: Arc::clone(&wake),
+                room: Arc::new(Notify::new()),
+                closing: None,
+                closing_requested: false,
+                on_fault: Some(on_fault),
+            });
+            state.header.id
+        };
+        wake.notify_one();
+        let writer = Writer {
+            log: Arc::downgrade(&self.inner),
+            store,
+            id,
+            lease,
+            wake,
+        };
+        tokio::spawn(writer.run());
+    }
+
+    /// Writes what is left, releases the lease and stops write-behind; appends after it stay in
+    /// memory. A log that was never attached closes trivially.
+    ///
+    /// # Errors
+    /// The fault, when a durable write failed (before or during the close).
+    ///
+    /// # Cancel safety
+    /// Dropping the future abandons the wait; the writer still finishes and stops.
+    pub(crate) async fn close(&self) -> Result<()> {
+        let (reply, closed) = oneshot::channel();
+        let first_close = {
+            let mut state = self.lock();
+            if let Some(fault) = &state.fault {
+                return Err(fault.clone());
+            }
+            let Some(write_behind) = state.write_behind.as_mut() else {
+                return Ok(());
+            };
+            let first = !write_behind.closing_requested;
+            if first {
+                write_behind.closing_requested = true;
+                write_behind.closing = Some(reply);
+                write_behind.wake.notify_one();
+            }
+            first
+        };
+        if !first_close {
+            // A second close waits like a drain of the same writer.
+            return self.barrier(false).await;
+        }
+        closed
+            .await
+            .unwrap_or_else(|_| self.fault().map_or(Ok(()), Err))
+    }
+
+    /// Waits until the write-behind queue has room (see the module docs).
+    ///
+    /// # Errors
+    /// The fault, when the log faulted.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub(crate) async fn reserve(&self) -> Result<()> {
+        loop {
+            let room = {
+                let state = self.lock();
+                if let Some(fault) = &state.fault {
+                    return Err(fault.clone());
+                }
+                let backlog = match &state.write_behind {
+                    Some(write_behind) => {
+                        len_of(&state.events).saturating_sub(write_behind.written)
+                    }
+                    None => return Ok(()),
+                };
+                if backlog < WRITE_BEHIND_LIMIT {
+                    return Ok(());
+                }
+                state
+                    .write_behind
+                    .as_ref()
+                    .map(|write_behind| Arc::clone(&write_behind.room))
+            };
+            let Some(room) = room else { return Ok(()) };
+            let notified = room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Re-check after enabling: the writer may have made room in between.
+            let backlog_left = {
+                let state = self.lock();
+                state.fault.is_none()
+                    && state.write_behind.as_ref().is_some_and(|write_behind| {
+                        len_of(&state.events).saturating_sub(write_behind.written)
+                            >= WRITE_BEHIND_LIMIT
+                    })
+            };
+            if backlog_left {
+                notified.await;
+            }
+        }
     }
 
     /// Waits until every event committed before this call is durable in the store.
@@ -231,7 +397,8 @@ impl SessionLog {
     /// trivially.
     ///
     /// # Errors
-    /// `STORE_IO` or `STORE_CONFLICT` when a write-behind batch or the flush failed.
+    /// The fault (`STORE_IO`, `STORE_CONFLICT`, `LEASE_LOST`, ...) when a durable write of this
+    /// log failed, now or earlier.
     ///
     /// # Cancel safety
     /// Dropping the future abandons the wait; the writes still complete.
@@ -240,9 +407,8 @@ impl SessionLog {
     }
 
     /// Waits until every event committed before this call has been handed to the store, without
-    /// forcing it to disk: the final drain of a disposed session. After it, a reader of the
-    /// store in this process sees the whole log; only [`SessionLog::flush`] makes it survive a
-    /// crash.
+    /// forcing it to disk. After it, a reader of the store in this process sees the whole log;
+    /// only [`SessionLog::flush`] makes it survive a crash.
     ///
     /// # Errors
     /// As [`SessionLog::flush`].
@@ -255,69 +421,245 @@ impl SessionLog {
 
     async fn barrier(&self, durable: bool) -> Result<()> {
         let (reply, done) = oneshot::channel();
-        let sent = {
-            let state = self.lock();
-            match &state.writer {
-                Some(writer) => writer
-                    .send(WriterCommand::Barrier { reply, durable })
-                    .is_ok(),
-                None => return Ok(()),
+        {
+            let mut state = self.lock();
+            if let Some(fault) = &state.fault {
+                return Err(fault.clone());
             }
-        };
-        if !sent {
-            return Err(SubagentError::new(
-                ErrorCode::StoreIo,
-                "session writer stopped before the flush",
-            ));
+            let target = len_of(&state.events);
+            let Some(write_behind) = state.write_behind.as_mut() else {
+                return Ok(());
+            };
+            let reached = if durable {
+                write_behind.durable
+            } else {
+                write_behind.written
+            };
+            if target <= reached {
+                return Ok(());
+            }
+            write_behind.barriers.push(Barrier {
+                target,
+                durable,
+                reply,
+            });
+            write_behind.wake.notify_one();
         }
-        done.await.map_err(|_| {
-            SubagentError::new(
-                ErrorCode::StoreIo,
-                "session writer stopped during the flush",
-            )
-        })?
+        done.await.unwrap_or_else(|_| {
+            // The writer stopped without answering: only a fault or a dropped log does that.
+            Err(self.fault().unwrap_or_else(|| {
+                SubagentError::new(
+                    ErrorCode::StoreIo,
+                    "session writer stopped before the flush",
+                )
+            }))
+        })
     }
 }
 
-/// The write-behind task of one session: drains the queue in batches, in order.
-async fn run_writer(
+fn lock_state(inner: &LogInner) -> MutexGuard<'_, LogState> {
+    // A panic while the lock was held cannot leave the state half-written: every mutation is
+    // checked first and committed with one push or one assignment.
+    inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn len_of(events: &[SessionEvent]) -> u64 {
+    u64::try_from(events.len()).unwrap_or(u64::MAX)
+}
+
+/// The write-behind task of one session.
+struct Writer {
+    /// Weak, so a log dropped without a close still frees its memory; the writer then stops.
+    log: Weak<LogInner>,
     store: SharedStore,
     id: SessionId,
-    mut next_seq: u64,
-    mut commands: mpsc::UnboundedReceiver<WriterCommand>,
-) {
-    let mut failure: Option<SubagentError> = None;
-    while let Some(first) = commands.recv().await {
-        let mut batch = Vec::new();
-        let mut flushes = Vec::new();
-        let mut command = Some(first);
-        while let Some(current) = command.take() {
-            match current {
-                WriterCommand::Append(event) => batch.push(*event),
-                WriterCommand::Barrier { reply, durable } => flushes.push((reply, durable)),
-            }
-            command = commands.try_recv().ok();
-        }
-        if !batch.is_empty() && failure.is_none() {
-            let count = u64::try_from(batch.len()).unwrap_or(u64::MAX);
-            match store.append(id, next_seq, batch, None).await {
-                Ok(()) => next_seq += count,
-                Err(error) => {
-                    tracing::error!(session_id = %id, %error, "write-behind append failed");
-                    failure = Some(error);
+    lease: Option<Lease>,
+    wake: Arc<Notify>,
+}
+
+impl Writer {
+    async fn run(self) {
+        let mut renew_at = self.renewal_after(Instant::now());
+        let outcome = loop {
+            if let Some(at) = renew_at.filter(|at| *at <= Instant::now()) {
+                if let Err(error) = self.renew().await {
+                    break Err(error);
                 }
+                renew_at = self.renewal_after(at);
+            }
+            let Some(inner) = self.log.upgrade() else {
+                break Ok(());
+            };
+            let work = next_work(&mut lock_state(&inner));
+            drop(inner);
+            let step = match work {
+                Work::Append { from, batch } => self.append(from, batch).await,
+                Work::Flush { upto } => self.flush(upto).await,
+                Work::Exit => break Ok(()),
+                Work::Idle => {
+                    match renew_at {
+                        Some(at) => {
+                            tokio::select! {
+                                () = self.wake.notified() => {}
+                                () = tokio::time::sleep_until(at) => {}
+                            }
+                        }
+                        None => self.wake.notified().await,
+                    }
+                    Ok(())
+                }
+            };
+            if let Err(error) = step {
+                break Err(error);
+            }
+        };
+        let outcome = match outcome {
+            Ok(()) => self.release().await,
+            Err(error) => Err(error),
+        };
+        self.finish(outcome);
+    }
+
+    /// When to renew next: a third of the lease's time-to-live after `from`.
+    fn renewal_after(&self, from: Instant) -> Option<Instant> {
+        let ttl = self.lease?.ttl?;
+        Some(from + (ttl / 3).max(Duration::from_millis(1)))
+    }
+
+    async fn renew(&self) -> Result<()> {
+        let Some(lease) = self.lease else {
+            return Ok(());
+        };
+        match self.store.renew_lease(self.id, lease.epoch).await {
+            Ok(()) => Ok(()),
+            Err(error) if error.code() == ErrorCode::LeaseLost => Err(error),
+            Err(error) => {
+                // A passing fault: try again next time. If the lease expires meanwhile, the next
+                // append is refused by its fencing epoch and faults the log.
+                tracing::warn!(session_id = %self.id, %error, "lease renewal failed; retrying");
+                Ok(())
             }
         }
-        let durable = flushes.iter().any(|(_, durable)| *durable);
-        let flushed = match &failure {
-            Some(error) => Err(error.clone()),
-            None if durable => store.flush(id).await,
-            None => Ok(()),
+    }
+
+    async fn release(&self) -> Result<()> {
+        let Some(lease) = self.lease else {
+            return Ok(());
         };
-        for (reply, _) in flushes {
-            let outcome = flushed.clone();
-            // The flusher may have stopped waiting; the flush still happened.
-            let _ = reply.send(outcome);
+        self.store
+            .release_lease(self.id, lease.epoch)
+            .await
+            .inspect_err(|error| {
+                tracing::warn!(session_id = %self.id, %error, "lease release failed");
+            })
+    }
+
+    async fn append(&self, from: u64, batch: Vec<SessionEvent>) -> Result<()> {
+        let count = len_of(&batch);
+        let epoch = self.lease.map(|lease| lease.epoch);
+        self.store.append(self.id, from, batch, epoch).await?;
+        if let Some(inner) = self.log.upgrade() {
+            let mut state = lock_state(&inner);
+            if let Some(write_behind) = state.write_behind.as_mut() {
+                write_behind.written = from + count;
+                write_behind.room.notify_waiters();
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&self, upto: u64) -> Result<()> {
+        self.store.flush(self.id).await?;
+        if let Some(inner) = self.log.upgrade() {
+            let mut state = lock_state(&inner);
+            if let Some(write_behind) = state.write_behind.as_mut() {
+                write_behind.durable = write_behind.durable.max(upto);
+                let durable = write_behind.durable;
+                answer_barriers(&mut write_behind.barriers, |barrier| {
+                    (barrier.durable && barrier.target <= durable).then_some(Ok(()))
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops write-behind: answers every waiter with `outcome` and, on an error, faults the log.
+    fn finish(&self, outcome: Result<()>) {
+        let Some(inner) = self.log.upgrade() else {
+            if let Err(error) = outcome {
+                tracing::error!(session_id = %self.id, %error, "write-behind of a dropped log failed");
+            }
+            return;
+        };
+        let mut state = lock_state(&inner);
+        let Some(mut write_behind) = state.write_behind.take() else {
+            return;
+        };
+        let mut hook = None;
+        if let Err(error) = &outcome {
+            tracing::error!(session_id = %self.id, %error, "durable write failed: the session is faulted");
+            state.fault.get_or_insert_with(|| error.clone());
+            inner.faulted.store(true, Ordering::Release);
+            hook = write_behind.on_fault.take();
+        }
+        answer_barriers(&mut write_behind.barriers, |_| Some(outcome.clone()));
+        write_behind.room.notify_waiters();
+        if let Some(closing) = write_behind.closing.take() {
+            // The closer may have stopped waiting; the close still happened.
+            let _ = closing.send(outcome.clone());
+        }
+        drop(state);
+        if let (Some(hook), Err(error)) = (hook, outcome) {
+            hook(error);
+        }
+    }
+}
+
+/// What the writer does next, decided under the log lock: append what is unwritten (in
+/// batches), answer the drains it satisfied, flush for a waiting durable barrier, or stop once
+/// closing and done.
+fn next_work(state: &mut LogState) -> Work {
+    let len = len_of(&state.events);
+    let Some(write_behind) = state.write_behind.as_mut() else {
+        return Work::Exit;
+    };
+    if write_behind.written < len {
+        let from = write_behind.written;
+        let end = len.min(from.saturating_add(MAX_BATCH));
+        let start = usize::try_from(from).unwrap_or(usize::MAX);
+        let stop = usize::try_from(end).unwrap_or(usize::MAX);
+        return Work::Append {
+            from,
+            batch: state.events[start..stop].to_vec(),
+        };
+    }
+    let written = write_behind.written;
+    answer_barriers(&mut write_behind.barriers, |barrier| {
+        (!barrier.durable && barrier.target <= written).then_some(Ok(()))
+    });
+    if write_behind.barriers.iter().any(|barrier| barrier.durable) {
+        return Work::Flush { upto: written };
+    }
+    if write_behind.closing_requested {
+        return Work::Exit;
+    }
+    Work::Idle
+}
+
+/// Answers (and removes) every barrier for which `answer` has an outcome.
+fn answer_barriers(
+    barriers: &mut Vec<Barrier>,
+    mut answer: impl FnMut(&Barrier) -> Option<Result<()>>,
+) {
+    let mut index = 0;
+    while index < barriers.len() {
+        match answer(&barriers[index]) {
+            Some(outcome) => {
+                let barrier = barriers.swap_remove(index);
+                // A waiter that stopped listening needs no answer.
+                let _ = barrier.reply.send(outcome);
+            }
+            None => index += 1,
         }
     }
 }

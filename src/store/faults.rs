@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
-use super::{LeaseEpoch, ListedSession, SessionPersistence, SharedStore};
+use super::{Lease, LeaseEpoch, LeaseHolder, ListedSession, SessionPersistence, SharedStore};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
@@ -23,6 +23,12 @@ pub enum StoreOperation {
     Flush,
     /// [`SessionPersistence::read_from`] and [`SessionPersistence::header`].
     Read,
+    /// [`SessionPersistence::acquire_lease`].
+    AcquireLease,
+    /// [`SessionPersistence::renew_lease`].
+    RenewLease,
+    /// [`SessionPersistence::release_lease`].
+    ReleaseLease,
 }
 
 /// Wraps a store; each armed operation fails with `STORE_IO` until disarmed.
@@ -121,8 +127,19 @@ impl SessionPersistence for FaultInjectingStore {
             .unwrap_or_else(|| self.inner.read_from(id, from_seq))
     }
 
-    fn acquire_lease(&self, id: SessionId) -> BoxFuture<'_, Result<LeaseEpoch>> {
-        self.inner.acquire_lease(id)
+    fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
+        self.injected(StoreOperation::AcquireLease)
+            .unwrap_or_else(|| self.inner.acquire_lease(id, holder))
+    }
+
+    fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        self.injected(StoreOperation::RenewLease)
+            .unwrap_or_else(|| self.inner.renew_lease(id, epoch))
+    }
+
+    fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        self.injected(StoreOperation::ReleaseLease)
+            .unwrap_or_else(|| self.inner.release_lease(id, epoch))
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {

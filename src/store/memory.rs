@@ -7,8 +7,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
+use super::lease::LeaseTable;
 use super::{
-    check_append, check_contiguous, not_found, LeaseEpoch, ListedSession, SessionPersistence,
+    check_append, check_contiguous, not_found, Lease, LeaseEpoch, LeaseHolder, ListedSession,
+    SessionPersistence,
 };
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -24,6 +26,7 @@ pub struct MemoryStore {
 struct MemoryState {
     sessions: BTreeMap<SessionId, MemorySession>,
     cache: HashMap<(String, SessionId), Value>,
+    leases: LeaseTable,
 }
 
 #[derive(Debug)]
@@ -34,9 +37,17 @@ struct MemorySession {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store whose leases last until released or until their holder is gone.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store whose leases expire unless renewed within `ttl`, as a networked store's
+    /// do; the runtime then renews every live session's lease on its own.
+    pub fn with_lease_ttl(ttl: std::time::Duration) -> Self {
+        let store = Self::default();
+        store.lock().leases = LeaseTable::new(Some(ttl));
+        store
     }
 
     fn lock(&self) -> MutexGuard<'_, MemoryState> {
@@ -145,12 +156,27 @@ impl SessionPersistence for MemoryStore {
         Box::pin(future::ready(outcome))
     }
 
-    fn acquire_lease(&self, id: SessionId) -> BoxFuture<'_, Result<LeaseEpoch>> {
-        let outcome = self.with_session(id, |session| {
-            session.lease += 1;
-            Ok(LeaseEpoch(session.lease))
-        });
+    fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
+        let outcome = (|| {
+            let mut state = self.lock();
+            let MemoryState {
+                sessions, leases, ..
+            } = &mut *state;
+            let session = sessions.get_mut(&id).ok_or_else(|| not_found(id))?;
+            let lease = leases.acquire(id, &holder, session.lease)?;
+            session.lease = lease.epoch.0;
+            Ok(lease)
+        })();
         Box::pin(future::ready(outcome))
+    }
+
+    fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        Box::pin(future::ready(self.lock().leases.renew(id, epoch)))
+    }
+
+    fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        self.lock().leases.release(id, epoch);
+        Box::pin(future::ready(Ok(())))
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {

@@ -13,12 +13,15 @@
 //!   panics and never hides other sessions from [`SessionPersistence::list`].
 //!
 //! # Leases
-//! A node may drive a session only while it holds its lease. [`SessionPersistence::acquire_lease`]
-//! bumps the session's fencing epoch; an append that names an older epoch is refused with
-//! `STORE_CONFLICT`. On an embedded store the lease is trivially local; a networked backend maps
-//! it to an advisory lock plus an epoch column.
+//! A runtime may drive a session only while it holds its lease (see [`lease`]).
+//! [`SessionPersistence::acquire_lease`] refuses a lease another live runtime holds
+//! (`SESSION_LEASED`) and bumps the session's durable fencing epoch; an append that names an
+//! epoch that is no longer current is refused with `LEASE_LOST`. On an embedded store the holders
+//! live in memory (one process owns the directory); a networked backend maps the lease to a row
+//! with a holder, an expiry and an epoch column.
 
 mod faults;
+pub mod lease;
 mod memory;
 mod sled_store;
 
@@ -32,6 +35,7 @@ use crate::ids::SessionId;
 use crate::session::{interrupted_turn_closers, SessionEvent, SessionHeader};
 
 pub use faults::{FaultInjectingStore, StoreOperation};
+pub use lease::{Lease, LeaseEpoch, LeaseHolder};
 pub use memory::MemoryStore;
 pub use sled_store::SledStore;
 
@@ -79,10 +83,6 @@ impl ListedSession {
     }
 }
 
-/// A session lease's fencing epoch: larger is newer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct LeaseEpoch(pub u64);
-
 /// The storage seam.
 ///
 /// Every method is async so networked backends fit without a rewrite. Implementations must
@@ -96,11 +96,12 @@ pub trait SessionPersistence: Send + Sync + 'static {
     fn create(&self, header: SessionHeader, events: Vec<SessionEvent>)
         -> BoxFuture<'_, Result<()>>;
 
-    /// Appends `events` if the session's next stored seq is `expected_next_seq` (and `lease`, when
-    /// given, is not older than the session's current epoch).
+    /// Appends `events` if the session's next stored seq is `expected_next_seq` and `lease`, when
+    /// given, is the session's current epoch. The batch is all or nothing.
     ///
     /// # Errors
-    /// `SESSION_NOT_FOUND`; `STORE_CONFLICT` on a seq or lease mismatch; `STORE_IO`.
+    /// `SESSION_NOT_FOUND`; `STORE_CONFLICT` on a seq mismatch; `LEASE_LOST` when `lease` is not
+    /// the current epoch; `STORE_IO`.
     fn append(
         &self,
         id: SessionId,
@@ -139,11 +140,25 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// `SESSION_NOT_FOUND`; `STORE_CORRUPT` naming the bad record; `STORE_IO`.
     fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>>;
 
-    /// Takes the session's lease, returning a fresh, larger fencing epoch.
+    /// Grants `holder` the session's lease with a fresh, larger fencing epoch (durable), unless
+    /// another live holder holds it. A holder that asks again for its own lease gets a new epoch,
+    /// which fences its older writer.
     ///
     /// # Errors
-    /// `SESSION_NOT_FOUND`; `STORE_IO`.
-    fn acquire_lease(&self, id: SessionId) -> BoxFuture<'_, Result<LeaseEpoch>>;
+    /// `SESSION_NOT_FOUND`; `SESSION_LEASED` when another runtime holds the lease; `STORE_IO`.
+    fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>>;
+
+    /// Extends a lease that has a time-to-live.
+    ///
+    /// # Errors
+    /// `LEASE_LOST` when `epoch` is no longer the session's current lease; `STORE_IO`.
+    fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>>;
+
+    /// Frees the lease if `epoch` is still current (a stale release is a no-op).
+    ///
+    /// # Errors
+    /// `STORE_IO`.
+    fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>>;
 
     /// Reads a projection-cache row for (`unit`, `id`).
     ///
@@ -172,12 +187,16 @@ pub trait SessionPersistence: Send + Sync + 'static {
         })
     }
 
-    /// Loads the session for a resume: an interrupted last turn is closed durably (appended and
-    /// flushed) before the balanced log is returned.
+    /// Loads the session for a resume: an interrupted last turn is closed durably (appended
+    /// under `lease` and flushed) before the balanced log is returned.
     ///
     /// # Errors
     /// As [`SessionPersistence::inspect`], plus the append and flush errors of the repair.
-    fn prepare(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
+    fn prepare(
+        &self,
+        id: SessionId,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<StoredSession>> {
         Box::pin(async move {
             let header = self.header(id).await?;
             let mut events = self.read_from(id, 0).await?;
@@ -185,7 +204,7 @@ pub trait SessionPersistence: Send + Sync + 'static {
             if !closers.is_empty() {
                 let next = seq_of(events.len())?;
                 tracing::info!(session_id = %id, repaired = closers.len(), "repairing an interrupted turn");
-                self.append(id, next, closers.clone(), None).await?;
+                self.append(id, next, closers.clone(), lease).await?;
                 self.flush(id).await?;
                 events.extend(closers);
             }
@@ -225,7 +244,7 @@ pub(crate) fn check_contiguous(id: SessionId, next: u64, events: &[SessionEvent]
 }
 
 /// The compare step of compare-and-append: the caller's expected next seq must be the stored
-/// one, and its lease (when given) must not be older than the stored epoch.
+/// one, and its lease (when given) must be the stored epoch.
 pub(crate) fn check_append(
     id: SessionId,
     expected_next_seq: u64,
@@ -233,18 +252,16 @@ pub(crate) fn check_append(
     lease: Option<LeaseEpoch>,
     stored_lease: u64,
 ) -> Result<()> {
+    // The lease first: a fenced writer's seq is stale too, and the lease says why.
+    if lease.is_some_and(|LeaseEpoch(epoch)| epoch != stored_lease) {
+        return Err(lease::lease_lost(id));
+    }
     if stored_next_seq != expected_next_seq {
         return Err(SubagentError::new(
             ErrorCode::StoreConflict,
             format!(
                 "session {id}: expected next seq {expected_next_seq}, stored {stored_next_seq}"
             ),
-        ));
-    }
-    if lease.is_some_and(|LeaseEpoch(epoch)| epoch < stored_lease) {
-        return Err(SubagentError::new(
-            ErrorCode::StoreConflict,
-            format!("session {id}: stale lease epoch"),
         ));
     }
     Ok(())

@@ -11,13 +11,18 @@
 //! A session that never appended an event (created with an empty log) is left out of the
 //! listings until it does.
 //!
-//! Writes need no sled transaction: a session's head (next seq, lease) is its commit point.
-//! An append writes its events as one sled batch, then moves the head; a create writes the seed,
-//! the head, then the header that makes the session visible. Readers trust events only below the
-//! head, so a crash between the two writes loses that batch whole and nothing else. Within this
-//! process a writer lock makes compare-and-append atomic; sled's directory lock keeps other
-//! processes out. sled itself writes its log to the OS every 500 ms; [`SessionPersistence::flush`]
-//! (an fsync of the whole database) is the durability point.
+//! # Commit points
+//! Writes need no sled transaction; each has one commit point, written last:
+//! - **create** writes the seed events, the head, the children-index row, and last the header.
+//!   The header is the commit point: a session without one does not exist, and readers skip
+//!   whatever a crash left of it (an index row whose child has no header is not listed).
+//! - **append** writes its events as one sled batch, then moves the head. Readers trust events
+//!   only below the head, so a crash between the two loses that batch whole and nothing else.
+//!
+//! Within this process a writer lock makes compare-and-append atomic (it also guards the lease
+//! table); sled's directory lock keeps other processes out. sled itself writes its log to the OS
+//! every 500 ms; [`SessionPersistence::flush`] (an fsync of the whole database) is the
+//! durability point.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,8 +31,10 @@ use std::time::{Duration, Instant};
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
+use super::lease::LeaseTable;
 use super::{
-    check_append, check_contiguous, not_found, LeaseEpoch, ListedSession, SessionPersistence,
+    check_append, check_contiguous, not_found, Lease, LeaseEpoch, LeaseHolder, ListedSession,
+    SessionPersistence,
 };
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -42,7 +49,8 @@ pub struct SledStore {
     events: sled::Tree,
     children: sled::Tree,
     cache: sled::Tree,
-    writing: Arc<Mutex<()>>,
+    /// The writer lock; the lease holders of this process live under it.
+    writing: Arc<Mutex<LeaseTable>>,
 }
 
 const LOCK_RETRY: Duration = Duration::from_millis(5);
@@ -119,8 +127,8 @@ impl SledStore {
 
     /// Serializes the check-then-write of creates, appends and leases in this process (sled's
     /// directory lock keeps other processes out), so compare-and-append needs no transaction.
-    fn write_lock(&self) -> MutexGuard<'_, ()> {
-        // The guarded data is `()`: a panic cannot leave it inconsistent.
+    fn write_lock(&self) -> MutexGuard<'_, LeaseTable> {
+        // Every lease-table change is one map operation: a panic cannot leave it half-done.
         self.writing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -142,23 +150,93 @@ impl SledStore {
         decode_header(id, &bytes)
     }
 
-    /// Whether the session has appended anything (listings leave out sessions that never did).
-    /// An unreadable head counts as having events, so its session still shows up, as corrupt.
-    fn has_events(&self, id: SessionId) -> bool {
-        match self.heads.get(id.as_bytes()) {
-            Ok(Some(head)) => Head::decode(id, &head).map_or(true, |head| head.next_seq > 0),
-            Ok(None) | Err(_) => true,
+    /// The listing row of a committed session (its header bytes in hand), or `None` for one that
+    /// never appended an event. A header whose head is missing or unreadable is corrupt: the
+    /// head is written before the header.
+    fn listed(&self, id: SessionId, header: &[u8]) -> Option<ListedSession> {
+        let corrupt = |error| ListedSession::Corrupt {
+            id: Some(id),
+            error,
+        };
+        match self.read_head(id) {
+            Ok(head) if head.next_seq == 0 => return None,
+            Ok(_) => {}
+            Err(error) if error.code() == ErrorCode::SessionNotFound => {
+                return Some(corrupt(SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    format!("session {id}: header without a head"),
+                )))
+            }
+            Err(error) => return Some(corrupt(error)),
         }
+        Some(match decode_header(id, header) {
+            Ok(header) => ListedSession::Header(header),
+            Err(error) => corrupt(error),
+        })
     }
 
-    fn listed(&self, id: SessionId, bytes: &[u8]) -> ListedSession {
-        match decode_header(id, bytes) {
-            Ok(header) => ListedSession::Header(header),
-            Err(error) => ListedSession::Corrupt {
-                id: Some(id),
-                error,
-            },
+    /// Writes a new session's records in commit order, stopping after `steps` writes when given
+    /// (the failpoint the crash tests use); see the module docs.
+    fn write_creation(
+        &self,
+        header: &SessionHeader,
+        events: &[SessionEvent],
+        steps: Option<usize>,
+    ) -> Result<()> {
+        header.validate()?;
+        check_contiguous(header.id, 0, events)?;
+        let id = header.id;
+        let header_bytes = serde_json::to_vec(header)
+            .map_err(|e| SubagentError::new(ErrorCode::InvalidHeader, e.to_string()))?;
+        let encoded = encode_events(events)?;
+        let next_seq =
+            u64::try_from(events.len()).map_err(|_| SubagentError::bug("seed too long"))?;
+        let _writing = self.write_lock();
+        if self
+            .headers
+            .contains_key(id.as_bytes())
+            .map_err(io("creating a session"))?
+        {
+            return Err(SubagentError::new(
+                ErrorCode::SessionExists,
+                format!("session {id} is already stored"),
+            ));
         }
+        let mut budget = steps.unwrap_or(usize::MAX);
+        let mut step = |write: &mut dyn FnMut() -> Result<()>| -> Result<bool> {
+            if budget == 0 {
+                return Ok(false);
+            }
+            budget -= 1;
+            write().map(|()| true)
+        };
+        let written = step(&mut || {
+            self.events
+                .apply_batch(event_batch(id, &encoded))
+                .map_err(io("writing a seed"))
+        })? && step(&mut || {
+            self.heads
+                .insert(id.as_bytes(), &Head { next_seq, lease: 0 }.encode())
+                .map(drop)
+                .map_err(io("writing a head"))
+        })? && step(&mut || match header.parent_session {
+            Some(parent) => self
+                .children
+                .insert(pair_key(parent, id), &[])
+                .map(drop)
+                .map_err(io("indexing a child")),
+            None => Ok(()),
+        })? && step(&mut || {
+            // The commit point.
+            self.headers
+                .insert(id.as_bytes(), header_bytes.as_slice())
+                .map(drop)
+                .map_err(io("writing a header"))
+        })?;
+        if !written {
+            tracing::debug!(session_id = %id, "creation stopped at a failpoint");
+        }
+        Ok(())
     }
 }
 
@@ -283,45 +361,7 @@ impl SessionPersistence for SledStore {
         header: SessionHeader,
         events: Vec<SessionEvent>,
     ) -> BoxFuture<'_, Result<()>> {
-        let outcome = (|| {
-            header.validate()?;
-            check_contiguous(header.id, 0, &events)?;
-            let id = header.id;
-            let header_bytes = serde_json::to_vec(&header)
-                .map_err(|e| SubagentError::new(ErrorCode::InvalidHeader, e.to_string()))?;
-            let encoded = encode_events(&events)?;
-            let next_seq =
-                u64::try_from(events.len()).map_err(|_| SubagentError::bug("seed too long"))?;
-            let _writing = self.write_lock();
-            if self
-                .headers
-                .contains_key(id.as_bytes())
-                .map_err(io("creating a session"))?
-            {
-                return Err(SubagentError::new(
-                    ErrorCode::SessionExists,
-                    format!("session {id} is already stored"),
-                ));
-            }
-            // Data first, commit points last: the head, then the header that makes the
-            // session visible. A crash in between leaves only invisible leftovers.
-            self.events
-                .apply_batch(event_batch(id, &encoded))
-                .map_err(io("writing a seed"))?;
-            if let Some(parent) = header.parent_session {
-                self.children
-                    .insert(pair_key(parent, id), &[])
-                    .map_err(io("indexing a child"))?;
-            }
-            self.heads
-                .insert(id.as_bytes(), &Head { next_seq, lease: 0 }.encode())
-                .map_err(io("writing a head"))?;
-            self.headers
-                .insert(id.as_bytes(), header_bytes)
-                .map_err(io("writing a header"))?;
-            Ok(())
-        })();
-        Box::pin(future::ready(outcome))
+        Box::pin(future::ready(self.write_creation(&header, &events, None)))
     }
 
     fn append(
@@ -364,64 +404,52 @@ impl SessionPersistence for SledStore {
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
-        let outcome = self
-            .headers
-            .iter()
-            .filter(|row| match row {
-                Ok((key, _)) => id_from_key(key).is_none_or(|id| self.has_events(id)),
-                Err(_) => true,
-            })
-            .map(|row| {
-                let (key, bytes) =
-                    row.map_err(|e| SubagentError::store_io("listing sessions", e))?;
-                Ok(match id_from_key(&key) {
-                    Some(id) if key.len() == ID_LEN => self.listed(id, &bytes),
-                    _ => ListedSession::Corrupt {
-                        id: None,
-                        error: SubagentError::new(
-                            ErrorCode::StoreCorrupt,
-                            "header key is not a session id",
-                        ),
-                    },
-                })
-            })
-            .collect();
-        Box::pin(future::ready(outcome))
+        let mut rows = Vec::new();
+        let outcome = self.headers.iter().try_for_each(|row| {
+            let (key, bytes) = row.map_err(|e| SubagentError::store_io("listing sessions", e))?;
+            match id_from_key(&key) {
+                Some(id) if key.len() == ID_LEN => rows.extend(self.listed(id, &bytes)),
+                _ => rows.push(ListedSession::Corrupt {
+                    id: None,
+                    error: SubagentError::new(
+                        ErrorCode::StoreCorrupt,
+                        "header key is not a session id",
+                    ),
+                }),
+            }
+            Ok(())
+        });
+        Box::pin(future::ready(outcome.map(|()| rows)))
     }
 
     fn list_children(&self, parent: SessionId) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        let mut rows = Vec::new();
         let outcome = self
             .children
             .scan_prefix(parent.as_bytes())
-            .filter(|row| match row {
-                Ok((key, _)) => key
-                    .get(ID_LEN..)
-                    .and_then(id_from_key)
-                    .is_none_or(|id| self.has_events(id)),
-                Err(_) => true,
-            })
-            .map(|row| {
+            .try_for_each(|row| {
                 let (key, _) = row.map_err(|e| SubagentError::store_io("listing children", e))?;
-                let child = key.get(ID_LEN..).and_then(id_from_key);
-                Ok(match child {
-                    Some(id) => match self.read_header(id) {
-                        Ok(header) => ListedSession::Header(header),
-                        Err(error) => ListedSession::Corrupt {
-                            id: Some(id),
-                            error,
-                        },
-                    },
-                    None => ListedSession::Corrupt {
+                let Some(child) = key.get(ID_LEN..).and_then(id_from_key) else {
+                    rows.push(ListedSession::Corrupt {
                         id: None,
                         error: SubagentError::new(
                             ErrorCode::StoreCorrupt,
                             "child index key is malformed",
                         ),
-                    },
-                })
-            })
-            .collect();
-        Box::pin(future::ready(outcome))
+                    });
+                    return Ok(());
+                };
+                let header = self
+                    .headers
+                    .get(child.as_bytes())
+                    .map_err(|e| SubagentError::store_io(format!("reading header {child}"), e))?;
+                // No header: a creation that never reached its commit point.
+                if let Some(header) = header {
+                    rows.extend(self.listed(child, &header));
+                }
+                Ok(())
+            });
+        Box::pin(future::ready(outcome.map(|()| rows)))
     }
 
     fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
@@ -463,17 +491,31 @@ impl SessionPersistence for SledStore {
         Box::pin(future::ready(outcome))
     }
 
-    fn acquire_lease(&self, id: SessionId) -> BoxFuture<'_, Result<LeaseEpoch>> {
+    fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
         let outcome = (|| {
-            let _writing = self.write_lock();
+            let mut leases = self.write_lock();
             let head = self.read_head(id)?;
-            let lease = head.lease + 1;
-            self.heads
-                .insert(id.as_bytes(), &Head { lease, ..head }.encode())
-                .map_err(io("acquiring a lease"))?;
-            Ok(LeaseEpoch(lease))
+            let lease = leases.acquire(id, &holder, head.lease)?;
+            let durable = Head {
+                lease: lease.epoch.0,
+                ..head
+            };
+            if let Err(error) = self.heads.insert(id.as_bytes(), &durable.encode()) {
+                leases.release(id, lease.epoch);
+                return Err(SubagentError::store_io("acquiring a lease", error));
+            }
+            Ok(lease)
         })();
         Box::pin(future::ready(outcome))
+    }
+
+    fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        Box::pin(future::ready(self.write_lock().renew(id, epoch)))
+    }
+
+    fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        self.write_lock().release(id, epoch);
+        Box::pin(future::ready(Ok(())))
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {

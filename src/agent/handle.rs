@@ -1,0 +1,180 @@
+//! Provides [`AgentHandle`]: ownership of a published agent, whose idempotent
+//! [`AgentHandle::dispose`] releases the agent and, first, every child it owns.
+//!
+//! # Disposal order (child first)
+//! 1. The registry marks the agent retiring: it takes no new children, and a child still being
+//!    created under it is refused at publication.
+//! 2. The agent's running turn is cancelled (cause `disposed`) and new sends are refused, so
+//!    cancellation reaches the agent before its children (top-down).
+//! 3. Every live child is disposed, each by these same steps (its own children first).
+//! 4. The agent's actor retires (pending work discarded, scope unwound, actor stopped).
+//! 5. The log's write-behind is closed: what is left is written and the session's lease is
+//!    released. The store then holds the whole log (not forced to disk: flush first where that
+//!    matters).
+//! 6. The registry frees the id (`agent/disposed`). Until then no resume can load a store that
+//!    lacks this log's tail.
+
+use std::sync::{Arc, OnceLock};
+
+use actix::Addr;
+use futures::future::{BoxFuture, FutureExt, Shared};
+
+use crate::actors::agent::{AgentActor, AgentRef, Cancel, InboxPolicy, Retire};
+use crate::actors::registry::{AgentRegistry, BeginRetire, Release};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::session::CancelCause;
+
+type SharedOutcome = Shared<BoxFuture<'static, Result<()>>>;
+
+/// A task started at most once and awaited by every caller; dropping a caller never stops it.
+#[derive(Default)]
+pub(crate) struct OnceTask {
+    task: OnceLock<SharedOutcome>,
+}
+
+impl OnceTask {
+    /// Starts `start()` as its own task on the first call; every call awaits its outcome.
+    ///
+    /// # Errors
+    /// The task's outcome; `NO_ACTOR_SYSTEM` when called outside a runtime before the task
+    /// started (nothing is taken then, so a later call inside the system can start it).
+    pub(crate) async fn run(
+        &self,
+        start: impl FnOnce() -> BoxFuture<'static, Result<()>>,
+    ) -> Result<()> {
+        if self.task.get().is_none() && tokio::runtime::Handle::try_current().is_err() {
+            return Err(SubagentError::new(
+                ErrorCode::NoActorSystem,
+                "dispose must be called inside the actor system",
+            ));
+        }
+        self.task
+            .get_or_init(|| {
+                let task = tokio::spawn(start());
+                async move {
+                    task.await.map_err(|error| {
+                        SubagentError::bug(format!("a disposal task failed: {error}"))
+                    })?
+                }
+                .boxed()
+                .shared()
+            })
+            .clone()
+            .await
+    }
+
+    /// Whether the task was started.
+    pub(crate) fn started(&self) -> bool {
+        self.task.get().is_some()
+    }
+}
+
+struct HandleShared {
+    registry: Addr<AgentRegistry>,
+    /// The one strong address of the agent's actor: it runs while an owning handle (the
+    /// registry's copy included) exists. References hold it weakly.
+    actor: Addr<AgentActor>,
+    disposal: OnceTask,
+}
+
+/// Owns a published agent. Clones (and the registry's own copy) share one disposal.
+///
+/// Dropping a handle does not dispose the agent: the registry still owns it, and
+/// [`crate::Runtime::shutdown`] releases it. Dispose what you create.
+#[derive(Clone)]
+#[must_use = "an agent lives until it is disposed: call `dispose` when done with it"]
+pub struct AgentHandle {
+    agent: AgentRef,
+    shared: Arc<HandleShared>,
+}
+
+impl std::fmt::Debug for AgentHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentHandle")
+            .field("agent", &self.agent)
+            .finish()
+    }
+}
+
+impl AgentHandle {
+    pub(crate) fn new(
+        agent: AgentRef,
+        actor: Addr<AgentActor>,
+        registry: Addr<AgentRegistry>,
+    ) -> Self {
+        Self {
+            agent,
+            shared: Arc::new(HandleShared {
+                registry,
+                actor,
+                disposal: OnceTask::default(),
+            }),
+        }
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> &AgentRef {
+        &self.agent
+    }
+
+    /// Whether disposal has begun.
+    pub fn is_disposing(&self) -> bool {
+        self.shared.disposal.started()
+    }
+
+    /// Releases the agent and, first, every child it owns, in the order of the module docs.
+    /// Idempotent: every call, concurrent or later, returns the first call's outcome.
+    ///
+    /// # Errors
+    /// The fault of this agent's log (a durable write that failed, now or earlier), else the
+    /// first error of a child's disposal. The agent and its children are released all the same.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the disposal runs as its own task once started; a dropped call never stops
+    /// it, and every later call awaits the same outcome.
+    pub async fn dispose(&self) -> Result<()> {
+        let handle = self.clone();
+        self.shared
+            .disposal
+            .run(move || release_boxed(handle))
+            .await
+    }
+
+    /// The disposal of each child, type-erased: disposal recurses through the ownership tree.
+    fn dispose_boxed(&self) -> BoxFuture<'static, Result<()>> {
+        let handle = self.clone();
+        Box::pin(async move { handle.dispose().await })
+    }
+
+    async fn release(self) -> Result<()> {
+        let agent = &self.agent;
+        let exact = (agent.id(), agent.incarnation());
+        let children = self
+            .shared
+            .registry
+            .send(BeginRetire(exact))
+            .await
+            .unwrap_or_default();
+        let actor = &self.shared.actor;
+        // Top-down: this agent stops before its children do. A stopped actor has nothing left
+        // to cancel.
+        let _ = actor
+            .send(Cancel {
+                cause: CancelCause::Disposed,
+                inbox: InboxPolicy::Discard,
+            })
+            .await;
+        let released_children =
+            futures::future::join_all(children.iter().map(AgentHandle::dispose_boxed)).await;
+        // Refuses new work, waits for the cancelled turn to close, unwinds the scope, stops.
+        let _ = actor.send(Retire).await;
+        let closed = agent.log().close().await;
+        self.shared.registry.send(Release(exact)).await.ok();
+        closed?;
+        released_children.into_iter().collect()
+    }
+}
+
+fn release_boxed(handle: AgentHandle) -> BoxFuture<'static, Result<()>> {
+    Box::pin(handle.release())
+}

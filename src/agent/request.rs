@@ -1,0 +1,138 @@
+//! Provides [`CreateAgent`] and [`ResumeAgent`]: what the agents service is asked to create or
+//! resume, built step by step and checked by the creation transaction.
+
+use std::path::PathBuf;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::agent::AgentRef;
+use crate::agent::{AgentOptions, AgentSetup};
+use crate::ids::SessionId;
+use crate::session::{SessionEvent, SessionOrigin};
+
+/// What to create: the session's identity and lineage, its seed, options and setup.
+#[derive(Default)]
+pub struct CreateAgent {
+    pub(crate) id: Option<SessionId>,
+    pub(crate) cwd: Option<PathBuf>,
+    pub(crate) parent_session: Option<SessionId>,
+    pub(crate) origin: Option<SessionOrigin>,
+    pub(crate) delegation_depth: Option<u64>,
+    pub(crate) seed: Vec<SessionEvent>,
+    pub(crate) seed_length: Option<u64>,
+    pub(crate) options: AgentOptions,
+    pub(crate) setup: Option<Box<dyn AgentSetup>>,
+    pub(crate) cancel: Option<CancellationToken>,
+    pub(crate) owner: Option<AgentRef>,
+}
+
+impl CreateAgent {
+    /// A fresh root agent with default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Uses this session id instead of a fresh one.
+    #[must_use]
+    pub fn id(mut self, id: SessionId) -> Self {
+        self.id = Some(id);
+        self
+    }
+
+    /// The working directory (absolute).
+    #[must_use]
+    pub fn cwd(mut self, cwd: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Marks the session as delegated by `parent` at `depth`.
+    #[must_use]
+    pub fn delegated_by(mut self, parent: SessionId, depth: u64) -> Self {
+        self.parent_session = Some(parent);
+        self.origin = Some(SessionOrigin::Subagent);
+        self.delegation_depth = Some(depth);
+        self
+    }
+
+    /// Makes the new agent a child owned by `owner` (exactly this incarnation): the creation is
+    /// refused with `AGENT_DISPOSED` unless `owner` is live and not being disposed, both when the
+    /// id is reserved and when the agent is published, and disposing `owner` disposes the child
+    /// first. The header names `owner` as parent at `depth` (see [`CreateAgent::delegated_by`]).
+    #[must_use]
+    pub fn owned_by(mut self, owner: &AgentRef, depth: u64) -> Self {
+        self.owner = Some(owner.clone());
+        self.delegated_by(owner.id(), depth)
+    }
+
+    /// Seeds the log; `inherited` is how many of the events count as inherited lineage
+    /// (`seedLength`). A non-empty seed gets a `session/end-seed` marker.
+    #[must_use]
+    pub fn seed(mut self, seed: Vec<SessionEvent>, inherited: u64) -> Self {
+        self.seed = seed;
+        self.seed_length = (inherited > 0).then_some(inherited);
+        self
+    }
+
+    /// The agent's model options.
+    #[must_use]
+    pub fn options(mut self, options: AgentOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The setup step (see [`AgentSetup`]).
+    #[must_use]
+    pub fn setup(mut self, setup: impl AgentSetup) -> Self {
+        self.setup = Some(Box::new(setup));
+        self
+    }
+
+    /// The creation-abort token: if it fires before publication, nothing is published.
+    #[must_use]
+    pub fn cancel(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+}
+
+/// What to resume: a stored session, its options and setup.
+pub struct ResumeAgent {
+    pub(crate) id: SessionId,
+    pub(crate) options: AgentOptions,
+    pub(crate) setup: Option<Box<dyn AgentSetup>>,
+    pub(crate) cancel: Option<CancellationToken>,
+}
+
+impl ResumeAgent {
+    /// Resumes session `id` with default options.
+    pub fn new(id: SessionId) -> Self {
+        Self {
+            id,
+            options: AgentOptions::default(),
+            setup: None,
+            cancel: None,
+        }
+    }
+
+    /// The agent's model options.
+    #[must_use]
+    pub fn options(mut self, options: AgentOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The setup step.
+    #[must_use]
+    pub fn setup(mut self, setup: impl AgentSetup) -> Self {
+        self.setup = Some(Box::new(setup));
+        self
+    }
+
+    /// The creation-abort token.
+    #[must_use]
+    pub fn cancel(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+}

@@ -1,0 +1,171 @@
+//! Provides session leases: [`LeaseHolder`] (one runtime), [`Lease`] (what a holder was granted)
+//! and the in-process [`LeaseTable`] the embedded stores keep.
+//!
+//! # Why leases
+//! A live session is written by exactly one runtime. The runtime takes the session's lease when
+//! it creates or resumes an agent, names the lease's fencing epoch on every append, renews it
+//! while the agent lives (when the store asks for renewal) and releases it on disposal. A second
+//! runtime asking for a held lease is refused with `SESSION_LEASED`; a writer whose epoch is no
+//! longer current (its lease expired and another runtime took it) is refused with `LEASE_LOST`.
+//!
+//! # Embedded stores
+//! Only one process opens a sled directory, so a lease recorded by an earlier process is void:
+//! the holders live in memory, and a lease is free again once its holder (every clone of the
+//! runtime's [`LeaseHolder`]) is dropped, or once its time-to-live passes unrenewed. The epoch
+//! itself is durable, so fencing survives a reopen.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+
+/// A session lease's fencing epoch: larger is newer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseEpoch(pub u64);
+
+/// Who holds leases: one runtime. Clones are the same holder.
+#[derive(Debug, Clone)]
+pub struct LeaseHolder {
+    id: uuid::Uuid,
+    alive: Arc<()>,
+}
+
+impl Default for LeaseHolder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LeaseHolder {
+    /// A new holder with a fresh id.
+    pub fn new() -> Self {
+        Self {
+            id: uuid::Uuid::new_v4(),
+            alive: Arc::new(()),
+        }
+    }
+
+    /// The holder's id, as a networked store would record it.
+    pub fn id(&self) -> uuid::Uuid {
+        self.id
+    }
+
+    fn liveness(&self) -> Weak<()> {
+        Arc::downgrade(&self.alive)
+    }
+}
+
+/// A granted lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The fencing epoch every append must name.
+    pub epoch: LeaseEpoch,
+    /// How long the lease lasts unrenewed; `None` when it lasts until released or until the
+    /// holder is gone (the embedded stores' default).
+    pub ttl: Option<Duration>,
+}
+
+/// One held lease, as an embedded store records it.
+#[derive(Debug)]
+struct HeldLease {
+    holder: uuid::Uuid,
+    alive: Weak<()>,
+    epoch: u64,
+    expires: Option<Instant>,
+}
+
+impl HeldLease {
+    fn is_held(&self, now: Instant) -> bool {
+        self.alive.strong_count() > 0 && self.expires.is_none_or(|at| at > now)
+    }
+}
+
+/// The in-process record of who holds which session's lease (the embedded stores' half of
+/// leasing; the epoch itself lives with the session).
+#[derive(Debug, Default)]
+pub(crate) struct LeaseTable {
+    held: HashMap<SessionId, HeldLease>,
+    ttl: Option<Duration>,
+}
+
+impl LeaseTable {
+    /// A table whose leases last `ttl` unrenewed (`None`: until released or the holder is gone).
+    pub(crate) fn new(ttl: Option<Duration>) -> Self {
+        Self {
+            held: HashMap::new(),
+            ttl,
+        }
+    }
+
+    /// Grants `holder` the lease of `id`, whose stored epoch is `stored_epoch`; the caller
+    /// persists the returned epoch.
+    ///
+    /// # Errors
+    /// `SESSION_LEASED` when another live holder holds an unexpired lease.
+    pub(crate) fn acquire(
+        &mut self,
+        id: SessionId,
+        holder: &LeaseHolder,
+        stored_epoch: u64,
+    ) -> Result<Lease> {
+        let now = Instant::now();
+        if let Some(held) = self.held.get(&id) {
+            if held.holder != holder.id && held.is_held(now) {
+                return Err(SubagentError::new(
+                    ErrorCode::SessionLeased,
+                    format!("session {id} is live in another runtime (its lease is held)"),
+                ));
+            }
+        }
+        let epoch = stored_epoch
+            .checked_add(1)
+            .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
+        self.held.insert(
+            id,
+            HeldLease {
+                holder: holder.id,
+                alive: holder.liveness(),
+                epoch,
+                expires: self.ttl.map(|ttl| now + ttl),
+            },
+        );
+        Ok(Lease {
+            epoch: LeaseEpoch(epoch),
+            ttl: self.ttl,
+        })
+    }
+
+    /// Extends the lease of `id` if `epoch` is still its current one.
+    ///
+    /// # Errors
+    /// `LEASE_LOST` when the lease was released, or expired and taken by another holder.
+    pub(crate) fn renew(&mut self, id: SessionId, epoch: LeaseEpoch) -> Result<()> {
+        let now = Instant::now();
+        match self.held.get_mut(&id) {
+            Some(held) if held.epoch == epoch.0 => {
+                held.expires = self.ttl.map(|ttl| now + ttl);
+                Ok(())
+            }
+            _ => Err(lease_lost(id)),
+        }
+    }
+
+    /// Frees the lease of `id` if `epoch` is its current one; a stale release is a no-op.
+    pub(crate) fn release(&mut self, id: SessionId, epoch: LeaseEpoch) {
+        if self.held.get(&id).is_some_and(|held| held.epoch == epoch.0) {
+            self.held.remove(&id);
+        }
+    }
+}
+
+/// The error of a writer whose lease is no longer current.
+pub(crate) fn lease_lost(id: SessionId) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::LeaseLost,
+        format!("session {id}: this writer's lease is no longer current (fenced by a newer one)"),
+    )
+}
