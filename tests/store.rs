@@ -45,7 +45,17 @@ enum Op {
         session: usize,
         from: u64,
     },
+    Flush(usize),
     Reopen,
+    /// Only for stores that can crash: reopen what a killed process leaves, unflushed.
+    Crash,
+}
+
+/// A session of the model: its events, and how many of them a flush covered.
+#[derive(Debug, Default, Clone)]
+struct ModelSession {
+    events: Vec<String>,
+    flushed: usize,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -62,18 +72,28 @@ fn op() -> impl Strategy<Value = Op> {
                 skew
             }),
         (0..4usize, 0..12u64).prop_map(|(session, from)| Op::Read { session, from }),
+        (0..4usize).prop_map(Op::Flush),
         Just(Op::Reopen),
     ]
 }
 
+/// The sled model's extra operation: a crash (the directory as the OS holds it, with no flush).
+fn op_or_crash() -> impl Strategy<Value = Op> {
+    prop_oneof![4 => op(), 1 => Just(Op::Crash)]
+}
+
 /// Runs `ops` against `store` and a `BTreeMap` model, checking every answer.
+///
+/// `crash` opens the store a killed process would leave: every session must then read back as a
+/// prefix of its model log that holds at least every flushed event, and the model adopts it.
 fn check_against_model(
     ops: &[Op],
     mut store: Arc<dyn SessionPersistence>,
     reopen: &dyn Fn(Arc<dyn SessionPersistence>) -> Arc<dyn SessionPersistence>,
+    crash: &dyn Fn() -> Arc<dyn SessionPersistence>,
 ) {
     let ids: Vec<SessionId> = (0..4).map(|_| SessionId::new()).collect();
-    let mut model: BTreeMap<SessionId, Vec<String>> = BTreeMap::new();
+    let mut model: BTreeMap<SessionId, ModelSession> = BTreeMap::new();
     for op in ops {
         match *op {
             Op::Create(session) => {
@@ -85,7 +105,10 @@ fn check_against_model(
                     }
                     std::collections::btree_map::Entry::Vacant(slot) => {
                         outcome.unwrap();
-                        slot.insert(vec!["n0".into()]);
+                        slot.insert(ModelSession {
+                            events: vec!["n0".into()],
+                            flushed: 0,
+                        });
                     }
                 }
             }
@@ -97,7 +120,7 @@ fn check_against_model(
                 let id = ids[session];
                 let next = model
                     .get(&id)
-                    .map_or(0, |events| u64::try_from(events.len()).unwrap());
+                    .map_or(0, |session| u64::try_from(session.events.len()).unwrap());
                 let expected = next.saturating_add_signed(i64::from(skew));
                 let outcome = block_on(store.append(id, expected, notes(expected, count), None));
                 match model.get_mut(&id) {
@@ -105,9 +128,11 @@ fn check_against_model(
                     Some(_) if expected != next => {
                         assert_eq!(outcome.unwrap_err().code(), ErrorCode::StoreConflict)
                     }
-                    Some(events) => {
+                    Some(session) => {
                         outcome.unwrap();
-                        events.extend((expected..expected + count).map(|seq| format!("n{seq}")));
+                        session
+                            .events
+                            .extend((expected..expected + count).map(|seq| format!("n{seq}")));
                     }
                 }
             }
@@ -116,16 +141,10 @@ fn check_against_model(
                 let outcome = block_on(store.read_from(id, from));
                 match model.get(&id) {
                     None => assert_eq!(outcome.unwrap_err().code(), ErrorCode::SessionNotFound),
-                    Some(events) => {
-                        let got: Vec<(u64, String)> = outcome
-                            .unwrap()
-                            .iter()
-                            .map(|e| match &e.kind {
-                                EventKind::UserMessage(m) => (e.seq, m.text()),
-                                other => panic!("unexpected {other:?}"),
-                            })
-                            .collect();
-                        let want: Vec<(u64, String)> = events
+                    Some(session) => {
+                        let got = labelled(outcome.unwrap());
+                        let want: Vec<(u64, String)> = session
+                            .events
                             .iter()
                             .enumerate()
                             .map(|(seq, label)| (u64::try_from(seq).unwrap(), label.clone()))
@@ -135,11 +154,53 @@ fn check_against_model(
                     }
                 }
             }
+            Op::Flush(session) => {
+                let id = ids[session];
+                let outcome = block_on(store.flush(id));
+                if let Some(session) = model.get_mut(&id) {
+                    outcome.unwrap();
+                    session.flushed = session.events.len();
+                }
+            }
             Op::Reopen => {
-                for id in model.keys() {
+                for (id, session) in &mut model {
                     block_on(store.flush(*id)).unwrap();
+                    session.flushed = session.events.len();
                 }
                 store = reopen(store);
+            }
+            Op::Crash => {
+                store = crash();
+                for (id, session) in std::mem::take(&mut model) {
+                    let survived = match block_on(store.read_from(id, 0)) {
+                        Ok(events) => labelled(events),
+                        Err(error) => {
+                            assert_eq!(error.code(), ErrorCode::SessionNotFound);
+                            assert_eq!(session.flushed, 0, "a flushed session survives a crash");
+                            continue;
+                        }
+                    };
+                    let labels: Vec<String> = survived.into_iter().map(|(_, l)| l).collect();
+                    assert!(
+                        labels.len() >= session.flushed,
+                        "every flushed event survives: {} < {}",
+                        labels.len(),
+                        session.flushed
+                    );
+                    assert_eq!(
+                        labels[..],
+                        session.events[..labels.len()],
+                        "what survives is a prefix of what was written"
+                    );
+                    let flushed = labels.len();
+                    model.insert(
+                        id,
+                        ModelSession {
+                            events: labels,
+                            flushed,
+                        },
+                    );
+                }
             }
         }
     }
@@ -155,23 +216,66 @@ fn check_against_model(
     assert_eq!(got, want, "list shows exactly the created sessions");
 }
 
+/// The seq and label of each event of a model log.
+fn labelled(events: Vec<SessionEvent>) -> Vec<(u64, String)> {
+    events
+        .iter()
+        .map(|e| match &e.kind {
+            EventKind::UserMessage(m) => (e.seq, m.text()),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+}
+
+/// Copies a live sled directory as the OS holds it: what a process killed now leaves behind.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     #[test]
     fn the_memory_store_acts_like_the_model(ops in prop::collection::vec(op(), 1..40)) {
-        check_against_model(&ops, Arc::new(MemoryStore::new()), &|store| store);
+        check_against_model(&ops, Arc::new(MemoryStore::new()), &|store| store, &|| unreachable!("op() never crashes"));
     }
 
     #[test]
-    fn the_sled_store_acts_like_the_model_even_across_reopens(ops in prop::collection::vec(op(), 1..40)) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().to_owned();
-        let store: Arc<dyn SessionPersistence> = Arc::new(SledStore::open(&path).unwrap());
-        check_against_model(&ops, store, &move |old| {
-            drop(old);
-            Arc::new(SledStore::open(&path).unwrap())
-        });
+    fn the_sled_store_acts_like_the_model_even_across_reopens_and_crashes(
+        ops in prop::collection::vec(op_or_crash(), 1..40)
+    ) {
+        let root = tempfile::tempdir().unwrap();
+        let generation = std::cell::Cell::new(0u32);
+        let path = move |generation: u32| root.path().join(format!("g{generation}"));
+        let first = path(0);
+        let store: Arc<dyn SessionPersistence> = Arc::new(SledStore::open(&first).unwrap());
+        let current = std::cell::RefCell::new(first);
+        check_against_model(
+            &ops,
+            store,
+            &|old| {
+                drop(old);
+                Arc::new(SledStore::open(&*current.borrow()).unwrap())
+            },
+            &|| {
+                // The live store stays open until replaced (a killed process never flushes on
+                // its way out); the copy is what the OS held at the kill.
+                generation.set(generation.get() + 1);
+                let next = path(generation.get());
+                copy_dir(&current.borrow(), &next);
+                *current.borrow_mut() = next;
+                Arc::new(SledStore::open(&*current.borrow()).unwrap())
+            },
+        );
     }
 }
 

@@ -2,6 +2,8 @@
 
 mod support;
 
+/// Durability of live agents: faults on failed writes, leases.
+mod agent_durability;
 /// Agent inbox: follow-up FIFO, inject, steer, cancel with and without keep-inbox.
 mod agent_inbox;
 /// The registry: create/resume transactions, exact identity, disposal.

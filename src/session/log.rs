@@ -663,3 +663,148 @@ fn answer_barriers(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::store::{
+        FaultInjectingStore, LeaseHolder, MemoryStore, SessionPersistence, StoreOperation,
+    };
+
+    fn note(log: &SessionLog) {
+        log.append(EventKind::Extension {
+            event_type: "test/note".into(),
+            data: serde_json::json!({}),
+        })
+        .expect("a note appends");
+    }
+
+    async fn attached(store: &Arc<FaultInjectingStore>) -> (SessionLog, Arc<AtomicUsize>) {
+        let log = SessionLog::new(SessionHeader::new(SessionId::new()), Vec::new()).unwrap();
+        store.create(log.header(), Vec::new()).await.unwrap();
+        let lease = store
+            .acquire_lease(log.id(), LeaseHolder::new())
+            .await
+            .unwrap();
+        let faults = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&faults);
+        log.attach(
+            Arc::clone(store) as SharedStore,
+            0,
+            Some(lease),
+            Box::new(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        (log, faults)
+    }
+
+    fn faulting_store() -> Arc<FaultInjectingStore> {
+        Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())))
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_makes_producers_wait_until_the_store_catches_up() {
+        let store = faulting_store();
+        store.hold(StoreOperation::Append);
+        let (log, _) = attached(&store).await;
+        for _ in 0..WRITE_BEHIND_LIMIT {
+            note(&log);
+        }
+        assert!(
+            log.reserve().now_or_never().is_none(),
+            "a producer waits while {WRITE_BEHIND_LIMIT} events wait for the store"
+        );
+        store.release(StoreOperation::Append);
+        log.reserve().await.expect("room once the store caught up");
+        log.flush().await.unwrap();
+        assert_eq!(
+            store.read_from(log.id(), 0).await.unwrap().len(),
+            usize::try_from(WRITE_BEHIND_LIMIT).unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_append_faults_the_log_once_and_every_barrier_reports_it() {
+        let store = faulting_store();
+        let (log, faults) = attached(&store).await;
+        note(&log);
+        log.flush().await.expect("the first event is durable");
+        store.arm(StoreOperation::Append);
+        note(&log);
+        let error = log.flush().await.unwrap_err();
+        assert_eq!(error.code(), ErrorCode::StoreIo);
+        assert!(log.is_faulted());
+        assert_eq!(log.fault(), Some(error.clone()));
+        assert_eq!(faults.load(Ordering::SeqCst), 1, "the hook is told once");
+        store.disarm(StoreOperation::Append);
+        note(&log);
+        assert_eq!(log.drain().await.unwrap_err(), error, "the fault sticks");
+        assert_eq!(log.close().await.unwrap_err(), error);
+        assert_eq!(log.reserve().await.unwrap_err(), error);
+        assert_eq!(
+            store.read_from(log.id(), 0).await.unwrap().len(),
+            1,
+            "the store holds the flushed prefix and nothing after the fault"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_flush_faults_the_log() {
+        let store = faulting_store();
+        let (log, faults) = attached(&store).await;
+        note(&log);
+        store.arm(StoreOperation::Flush);
+        assert_eq!(log.flush().await.unwrap_err().code(), ErrorCode::StoreIo);
+        assert_eq!(faults.load(Ordering::SeqCst), 1);
+        assert!(log.is_faulted());
+    }
+
+    #[tokio::test]
+    async fn a_flush_already_covered_needs_no_store_round_trip() {
+        let store = faulting_store();
+        let (log, _) = attached(&store).await;
+        note(&log);
+        log.flush().await.unwrap();
+        let flushes = store.flush_count();
+        log.flush().await.unwrap();
+        assert_eq!(store.flush_count(), flushes, "nothing new to make durable");
+    }
+
+    #[tokio::test]
+    async fn close_writes_the_tail_and_releases_the_lease() {
+        let store = faulting_store();
+        let (log, _) = attached(&store).await;
+        note(&log);
+        note(&log);
+        log.close().await.unwrap();
+        assert_eq!(store.read_from(log.id(), 0).await.unwrap().len(), 2);
+        store
+            .acquire_lease(log.id(), LeaseHolder::new())
+            .await
+            .expect("the lease was released");
+        log.close().await.expect("a second close is a no-op");
+    }
+
+    #[tokio::test]
+    async fn a_fenced_writer_faults_with_lease_lost() {
+        let store = faulting_store();
+        let (log, faults) = attached(&store).await;
+        note(&log);
+        log.flush().await.unwrap();
+        // Another runtime took over (the lease was released behind this writer's back).
+        let holder = LeaseHolder::new();
+        store
+            .release_lease(log.id(), crate::store::LeaseEpoch(1))
+            .await
+            .unwrap();
+        store.acquire_lease(log.id(), holder.clone()).await.unwrap();
+        note(&log);
+        assert_eq!(log.flush().await.unwrap_err().code(), ErrorCode::LeaseLost);
+        assert_eq!(faults.load(Ordering::SeqCst), 1);
+    }
+}

@@ -1,5 +1,6 @@
 //! Provides [`FaultInjectingStore`]: a [`SessionPersistence`] wrapper that fails chosen
-//! operations on demand, so tests reach the error paths of every store I/O.
+//! operations on demand, or holds them until released, so tests reach the error paths of every
+//! store I/O and the backpressure of a slow store.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -31,10 +32,12 @@ pub enum StoreOperation {
     ReleaseLease,
 }
 
-/// Wraps a store; each armed operation fails with `STORE_IO` until disarmed.
+/// Wraps a store; each armed operation fails with `STORE_IO` until disarmed, and each held
+/// operation waits until released.
 pub struct FaultInjectingStore {
     inner: SharedStore,
     armed: Mutex<HashSet<StoreOperation>>,
+    held: tokio::sync::watch::Sender<HashSet<StoreOperation>>,
     flushes: std::sync::atomic::AtomicUsize,
 }
 
@@ -44,8 +47,40 @@ impl FaultInjectingStore {
         Self {
             inner,
             armed: Mutex::new(HashSet::new()),
+            held: tokio::sync::watch::Sender::new(HashSet::new()),
             flushes: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Makes `operation` wait (before reaching the inner store) until [`FaultInjectingStore::release`].
+    pub fn hold(&self, operation: StoreOperation) {
+        self.held.send_modify(|held| {
+            held.insert(operation);
+        });
+    }
+
+    /// Lets held calls of `operation`, and later ones, through.
+    pub fn release(&self, operation: StoreOperation) {
+        self.held.send_modify(|held| {
+            held.remove(&operation);
+        });
+    }
+
+    /// Runs `call` once `operation` is not held.
+    fn gated<'a, T: Send + 'a>(
+        &'a self,
+        operation: StoreOperation,
+        call: impl FnOnce() -> BoxFuture<'a, Result<T>> + Send + 'a,
+    ) -> BoxFuture<'a, Result<T>> {
+        if !self.held.borrow().contains(&operation) {
+            return call();
+        }
+        let mut released = self.held.subscribe();
+        Box::pin(async move {
+            // The sender lives as long as `self`, which this future borrows.
+            let _ = released.wait_for(|held| !held.contains(&operation)).await;
+            call().await
+        })
     }
 
     /// How many flushes were asked for (armed or not).
@@ -98,15 +133,18 @@ impl SessionPersistence for FaultInjectingStore {
         events: Vec<SessionEvent>,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        self.injected(StoreOperation::Append)
-            .unwrap_or_else(|| self.inner.append(id, expected_next_seq, events, lease))
+        self.injected(StoreOperation::Append).unwrap_or_else(|| {
+            self.gated(StoreOperation::Append, move || {
+                self.inner.append(id, expected_next_seq, events, lease)
+            })
+        })
     }
 
     fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
         self.flushes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.injected(StoreOperation::Flush)
-            .unwrap_or_else(|| self.inner.flush(id))
+            .unwrap_or_else(|| self.gated(StoreOperation::Flush, move || self.inner.flush(id)))
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {

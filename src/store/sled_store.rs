@@ -549,3 +549,66 @@ impl SessionPersistence for SledStore {
         Box::pin(future::ready(outcome))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::executor::block_on;
+
+    use super::*;
+    use crate::content::Message;
+    use crate::session::EventKind;
+
+    fn seed() -> Vec<SessionEvent> {
+        vec![SessionEvent::new(
+            0,
+            EventKind::UserMessage(Message::user(
+                vec![crate::content::ContentBlock::text("seed")],
+                crate::content::MessageSource::User,
+            )),
+        )]
+    }
+
+    /// A crash between any two of creation's writes leaves either nothing visible or the whole
+    /// session: never a corrupt listing row, and the id can be created again.
+    #[test]
+    fn a_creation_stopped_between_any_two_writes_leaves_nothing_visible() {
+        let parent = SessionId::new();
+        for steps in 0..4 {
+            let store = SledStore::temporary().unwrap();
+            let child = SessionId::new();
+            let mut header = SessionHeader::new(child);
+            header.parent_session = Some(parent);
+            store.write_creation(&header, &seed(), Some(steps)).unwrap();
+            assert!(
+                block_on(store.list()).unwrap().is_empty(),
+                "{steps} writes: nothing listed"
+            );
+            assert!(
+                block_on(store.list_children(parent)).unwrap().is_empty(),
+                "{steps} writes: no child row, not even a corrupt one"
+            );
+            assert_eq!(
+                block_on(store.header(child)).unwrap_err().code(),
+                ErrorCode::SessionNotFound
+            );
+            block_on(store.create(header, seed())).expect("the id is free to create");
+            let children = block_on(store.list_children(parent)).unwrap();
+            assert_eq!(children.len(), 1);
+            assert!(children[0].header().is_some(), "{steps} writes: a good row");
+        }
+    }
+
+    #[test]
+    fn a_header_without_a_head_is_listed_as_corrupt() {
+        let store = SledStore::temporary().unwrap();
+        let id = SessionId::new();
+        block_on(store.create(SessionHeader::new(id), seed())).unwrap();
+        store.heads.remove(id.as_bytes()).unwrap();
+        let listed = block_on(store.list()).unwrap();
+        assert!(matches!(
+            &listed[..],
+            [ListedSession::Corrupt { id: Some(bad), error }]
+                if *bad == id && error.code() == ErrorCode::StoreCorrupt
+        ));
+    }
+}
