@@ -221,6 +221,8 @@ impl Agents {
             }
             (None, _) => (0, None),
         };
+        // The token owns the creation until publication (a fired token publishes nothing).
+        check_token(cancel.as_ref())?;
         if let Some(commit) = commit {
             commit();
         }
@@ -272,13 +274,14 @@ impl Agents {
             .send(Publish {
                 handle: handle.clone(),
                 owner: owner_exact,
+                cancel: cancel.clone(),
             })
             .await
             .map_err(SubagentError::from)
             .and_then(|outcome| outcome);
         if let Err(error) = published {
-            // The owner began retiring while the child was being created: unwind the started
-            // actor and its write-behind; the registry already freed the reservation.
+            // The owner began retiring, or the token fired, while the agent was being created:
+            // unwind the started actor and its write-behind; the registry freed the reservation.
             let _ = addr.send(Retire).await;
             let _ = handle.agent().log().close().await;
             return Err(error);

@@ -15,6 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use actix::prelude::*;
+use tokio_util::sync::CancellationToken;
 
 use crate::agent::handle::AgentHandle;
 use crate::agent::{AgentEvent, AgentEventKind};
@@ -136,7 +137,12 @@ impl AgentRegistry {
 
     /// Makes a reserved id live, if its owner (when it has one) still takes children;
     /// otherwise frees the reservation and refuses.
-    fn publish(&mut self, handle: AgentHandle, owner: Option<Exact>) -> Result<()> {
+    fn publish(
+        &mut self,
+        handle: AgentHandle,
+        owner: Option<Exact>,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<()> {
         let agent = handle.agent();
         let exact = (agent.id(), agent.incarnation());
         let reserved = matches!(
@@ -148,6 +154,12 @@ impl AgentRegistry {
                 "agent {} was published without its reservation",
                 exact.0
             )))
+        } else if cancel.is_some_and(CancellationToken::is_cancelled) {
+            // The token owns the creation until this instant.
+            Err(SubagentError::new(
+                ErrorCode::Cancelled,
+                "agent creation was cancelled before publication",
+            ))
         } else if let Some(owner) = owner {
             self.check_owner(owner)
         } else {
@@ -266,20 +278,22 @@ impl Handler<Reserve> for AgentRegistry {
     }
 }
 
-/// Makes a reserved id live. Replies `AGENT_DISPOSED` (and frees the reservation) when the
-/// owner stopped taking children meanwhile; the creation then unwinds the started agent.
+/// Makes a reserved id live. Replies `CANCELLED` when the creation token fired, or
+/// `AGENT_DISPOSED` when the owner stopped taking children meanwhile (freeing the reservation
+/// either way); the creation then unwinds the started agent.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
 pub(crate) struct Publish {
     pub(crate) handle: AgentHandle,
     pub(crate) owner: Option<Exact>,
+    pub(crate) cancel: Option<CancellationToken>,
 }
 
 impl Handler<Publish> for AgentRegistry {
     type Result = Result<()>;
 
     fn handle(&mut self, msg: Publish, _: &mut Context<Self>) -> Self::Result {
-        self.publish(msg.handle, msg.owner)
+        self.publish(msg.handle, msg.owner, msg.cancel.as_ref())
     }
 }
 

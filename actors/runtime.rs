@@ -178,9 +178,9 @@ fn observe_run(
     };
     events.emit(&SubagentEvent::Start(info.clone()));
     let events = Arc::clone(events);
-    let run = run.clone();
+    let result = run.result_watch();
     tokio::spawn(async move {
-        let (stop_reason, last_assistant_message) = match run.result().await {
+        let (stop_reason, last_assistant_message) = match result.await {
             Ok(result) => {
                 let output = (!result.output.is_empty()).then_some(result.output);
                 (result.stop_reason, output)

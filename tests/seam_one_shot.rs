@@ -504,7 +504,6 @@ async fn a_cancel_right_after_publication_is_an_aborted_run_with_an_id() {
     assert_eq!(rt.agents().list().await.len(), 1);
 }
 
-// SPAWN-26
 #[actix_rt::test]
 async fn a_disposed_parent_cannot_delegate() {
     let rt = seam_runtime(&ScriptedModel::new()).await;

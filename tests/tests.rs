@@ -20,6 +20,8 @@ mod events;
 mod model;
 /// The OpenAI-compatible adapter against a scripted local server; one turn through the runtime.
 mod openai;
+/// Ownership: edges, retiring owners, child-first disposal and shutdown, drop safety.
+mod ownership;
 /// The seam: descriptor, persona, tool filter, delegated policy.
 mod seam_composition;
 /// The seam: fork seeding.

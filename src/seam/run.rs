@@ -1,25 +1,28 @@
 //! Provides [`SubagentRun`]: the consumer-owned handle of one published one-shot child.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 
 use crate::actors::agent::AgentRef;
+use crate::agent::handle::OnceTask;
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::seam::SubagentResult;
 
 type SharedResult = Shared<BoxFuture<'static, Result<SubagentResult>>>;
-type SharedDisposal = Shared<BoxFuture<'static, Result<()>>>;
 type Dispose = Box<dyn FnOnce() -> BoxFuture<'static, Result<()>> + Send>;
 
 /// One published one-shot child: one disposable foreground delegation with one result. It has
 /// no steering and no resume. Cheap to clone; clones share the result and the disposal.
 ///
-/// Consumers await [`SubagentRun::result`] and must always [`SubagentRun::dispose`] to cancel
-/// remaining work and reach quiescence.
+/// Consumers await [`SubagentRun::result`] and should always [`SubagentRun::dispose`] to cancel
+/// remaining work and reach quiescence, and to learn whether the release failed. A run whose
+/// last clone is dropped undisposed is disposed in the background (its error, if any, is
+/// logged), so a forgotten run never keeps a live child or its watcher.
 #[derive(Clone)]
+#[must_use = "a run owns a live child: await `result` and call `dispose`"]
 pub struct SubagentRun {
     inner: Arc<RunInner>,
 }
@@ -29,7 +32,43 @@ struct RunInner {
     local_agent: Option<AgentRef>,
     result: SharedResult,
     dispose: Mutex<Option<Dispose>>,
-    disposal: OnceLock<SharedDisposal>,
+    disposal: OnceTask,
+}
+
+impl RunInner {
+    fn take_dispose(&self) -> BoxFuture<'static, Result<()>> {
+        let dispose = self
+            .dispose
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match dispose {
+            Some(dispose) => dispose(),
+            None => Box::pin(async { Ok(()) }),
+        }
+    }
+}
+
+impl Drop for RunInner {
+    fn drop(&mut self) {
+        if self.disposal.started() {
+            return;
+        }
+        let id = self.id;
+        let release = self.take_dispose();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(error) = release.await {
+                        tracing::warn!(child_id = %id, %error, "disposing a dropped run failed");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::warn!(child_id = %id, "a run was dropped outside the actor system: its child is left to shutdown");
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for SubagentRun {
@@ -57,7 +96,7 @@ impl SubagentRun {
                 local_agent,
                 result: result.boxed().shared(),
                 dispose: Mutex::new(Some(Box::new(dispose))),
-                disposal: OnceLock::new(),
+                disposal: OnceTask::default(),
             }),
         }
     }
@@ -70,6 +109,12 @@ impl SubagentRun {
     /// The exact published in-process child, or `None` for a remote run.
     pub fn local_agent(&self) -> Option<&AgentRef> {
         self.inner.local_agent.as_ref()
+    }
+
+    /// The result alone, without holding the run: an observer of it never keeps a dropped run
+    /// (and its child) alive.
+    pub(crate) fn result_watch(&self) -> SharedResult {
+        self.inner.result.clone()
     }
 
     /// The child's terminal result.
@@ -94,39 +139,7 @@ impl SubagentRun {
     /// Cancel safe: the disposal runs as its own task once started, so a dropped call never
     /// strands it, and every later call awaits the same outcome.
     pub async fn dispose(&self) -> Result<()> {
-        if self.inner.disposal.get().is_none() && tokio::runtime::Handle::try_current().is_err() {
-            // Nothing is taken: a later call from inside the actor system can still dispose.
-            return Err(crate::error::SubagentError::new(
-                crate::error::ErrorCode::NoActorSystem,
-                "dispose must be called inside the actor system",
-            ));
-        }
-        self.inner
-            .disposal
-            .get_or_init(|| {
-                let dispose = self
-                    .inner
-                    .dispose
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take();
-                let task = tokio::spawn(async move {
-                    match dispose {
-                        Some(dispose) => dispose().await,
-                        None => Ok(()),
-                    }
-                });
-                async move {
-                    task.await.map_err(|error| {
-                        crate::error::SubagentError::bug(format!(
-                            "the disposal task failed: {error}"
-                        ))
-                    })?
-                }
-                .boxed()
-                .shared()
-            })
-            .clone()
-            .await
+        let inner = Arc::clone(&self.inner);
+        self.inner.disposal.run(move || inner.take_dispose()).await
     }
 }

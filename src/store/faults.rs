@@ -38,6 +38,8 @@ pub struct FaultInjectingStore {
     inner: SharedStore,
     armed: Mutex<HashSet<StoreOperation>>,
     held: tokio::sync::watch::Sender<HashSet<StoreOperation>>,
+    /// How many calls have waited at a hold so far.
+    waited: tokio::sync::watch::Sender<usize>,
     flushes: std::sync::atomic::AtomicUsize,
 }
 
@@ -48,6 +50,7 @@ impl FaultInjectingStore {
             inner,
             armed: Mutex::new(HashSet::new()),
             held: tokio::sync::watch::Sender::new(HashSet::new()),
+            waited: tokio::sync::watch::Sender::new(0),
             flushes: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -66,6 +69,14 @@ impl FaultInjectingStore {
         });
     }
 
+    /// Resolves once `count` calls in all have waited at a hold, so a test knows a held call
+    /// is really held.
+    pub async fn held_calls(&self, count: usize) {
+        let mut waited = self.waited.subscribe();
+        // The sender lives in `self`, which this future borrows.
+        let _ = waited.wait_for(|waited| *waited >= count).await;
+    }
+
     /// Runs `call` once `operation` is not held.
     fn gated<'a, T: Send + 'a>(
         &'a self,
@@ -76,6 +87,7 @@ impl FaultInjectingStore {
             return call();
         }
         let mut released = self.held.subscribe();
+        self.waited.send_modify(|waited| *waited += 1);
         Box::pin(async move {
             // The sender lives as long as `self`, which this future borrows.
             let _ = released.wait_for(|held| !held.contains(&operation)).await;
@@ -122,8 +134,11 @@ impl SessionPersistence for FaultInjectingStore {
         header: SessionHeader,
         events: Vec<SessionEvent>,
     ) -> BoxFuture<'_, Result<()>> {
-        self.injected(StoreOperation::Create)
-            .unwrap_or_else(|| self.inner.create(header, events))
+        self.injected(StoreOperation::Create).unwrap_or_else(|| {
+            self.gated(StoreOperation::Create, move || {
+                self.inner.create(header, events)
+            })
+        })
     }
 
     fn append(
