@@ -412,7 +412,19 @@ fn children_are_listed_by_parent_without_reading_logs() {
 
 /// Rewrites one raw sled value, as a torn disk or a bad tool would.
 fn corrupt(path: &std::path::Path, tree: &str, key: Vec<u8>) {
-    let db = sled::open(path).unwrap();
+    // A store dropped in this process frees the directory lock only once sled's flusher thread
+    // has stopped: retry the lock as `SledStore::open` does.
+    let deadline = std::time::Instant::now() + SledStore::LOCK_WAIT;
+    let db = loop {
+        match sled::open(path) {
+            Ok(db) => break db,
+            Err(error) if std::time::Instant::now() < deadline => {
+                drop(error);
+                std::thread::park_timeout(Duration::from_millis(5));
+            }
+            Err(error) => panic!("opening {}: {error}", path.display()),
+        }
+    };
     db.open_tree(tree)
         .unwrap()
         .insert(key, b"{not json".to_vec())
