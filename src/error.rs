@@ -231,10 +231,10 @@ impl SubagentError {
         what: impl fmt::Display,
         source: impl StdError + Send + Sync + 'static,
     ) -> Self {
-        Self::new(ErrorCode::StoreIo, format!("{what}: {source}")).with_source(source)
+        // The cause stays the source, not part of the message, so a chain printer shows it once.
+        Self::new(ErrorCode::StoreIo, what.to_string()).with_source(source)
     }
 
-    /// A broken internal invariant.
     pub(crate) fn bug(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::ReportableBug, message)
     }

@@ -1,15 +1,18 @@
 //! The `subagents` command-line tool.
 //!
-//! Exit codes: 0 on success, 2 on any error (the cause chain is printed once to stderr).
+//! Exit codes: 0 on success (and when standard output is closed early, as by `| head`); 2 on any
+//! error, whose cause chain is printed once to stderr, for a person to read.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use subagents::model::{OpenAiAdapter, OpenAiConfig};
+use subagents::model::{OpenAiAdapter, OpenAiConfig, StreamChunk};
 use subagents::{
-    AgentOptions, ContentBlock, CreateAgent, EventKind, FlushPolicy, Gate, MessageSource, Runtime,
-    ScriptStep, ScriptedModel, SessionEvent, SledStore, SubagentError, Tool, ToolOutput,
+    AgentOptions, ContentBlock, CreateAgent, ErrorCode, EventKind, FlushPolicy, Gate,
+    MessageSource, Runtime, ScriptStep, ScriptedModel, SessionEvent, SledStore, SubagentError,
+    Tool, ToolOutput, TurnEndReason,
 };
 
 /// Delegate work from an agent to child agents.
@@ -22,7 +25,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a scripted agent that calls a tool, in a sled store, and print its session log.
+    /// Run an agent that calls a tool, in a sled store, and print its session log and answer.
     Demo(DemoArgs),
 }
 
@@ -33,15 +36,20 @@ struct DemoArgs {
     store: PathBuf,
     /// Crash-recovery drill: after the tool step is durable, hold the model's final answer
     /// until the process is killed. Prints `stalled <session-id>` when it is safe to kill.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "burst")]
     stall: bool,
+    /// Crash-recovery drill: run this many turns back to back, each flushed at every step
+    /// end, printing `flushed <session-id> <events>` after each acknowledged flush.
+    #[arg(long, value_name = "TURNS")]
+    burst: Option<u32>,
     /// Which model answers: the deterministic scripted model, or an OpenAI-compatible endpoint.
     #[arg(long, value_enum, default_value_t = ModelChoice::Scripted)]
     model: ModelChoice,
     /// The endpoint's base URL (with `--model openai`), e.g. `https://api.openai.com/v1`.
     #[arg(long)]
     base_url: Option<String>,
-    /// The model name to request (with `--model openai`).
+    /// The model name to request: required with `--model openai`; recorded in the session
+    /// with the scripted model (default `scripted-demo`).
     #[arg(long)]
     model_name: Option<String>,
     /// The environment variable holding the API key (with `--model openai`); omit it for
@@ -62,8 +70,16 @@ enum ModelChoice {
 /// The demo's validated plan: what the command line asked for, before any actor starts.
 struct DemoPlan {
     store: PathBuf,
-    stall: bool,
+    drill: Drill,
     model: DemoModel,
+    model_name: String,
+}
+
+/// A crash-recovery drill, or none.
+enum Drill {
+    None,
+    Stall,
+    Burst(u32),
 }
 
 /// The model half of the plan.
@@ -72,19 +88,43 @@ enum DemoModel {
     OpenAi(OpenAiConfig),
 }
 
+fn usage(message: impl Into<String>) -> SubagentError {
+    SubagentError::new(ErrorCode::InvalidArgs, message)
+}
+
 impl DemoPlan {
     fn from_args(args: DemoArgs) -> Result<Self, SubagentError> {
+        let drill = match (args.stall, args.burst) {
+            (true, _) => Drill::Stall,
+            (false, Some(0)) => return Err(usage("--burst needs at least one turn")),
+            (false, Some(turns)) => Drill::Burst(turns),
+            (false, None) => Drill::None,
+        };
         let model = match args.model {
-            ModelChoice::Scripted => DemoModel::Scripted,
+            ModelChoice::Scripted => {
+                for (given, flag) in [
+                    (args.base_url.is_some(), "--base-url"),
+                    (args.api_key_env.is_some(), "--api-key-env"),
+                ] {
+                    if given {
+                        return Err(usage(format!("{flag} only applies with --model openai")));
+                    }
+                }
+                DemoModel::Scripted
+            }
             ModelChoice::Openai => {
-                let missing = |flag: &str| {
-                    SubagentError::new(
-                        subagents::ErrorCode::ModelUnavailable,
-                        format!("--model openai needs {flag}"),
-                    )
-                };
-                let base_url = args.base_url.ok_or_else(|| missing("--base-url"))?;
-                let name = args.model_name.ok_or_else(|| missing("--model-name"))?;
+                if !matches!(drill, Drill::None) {
+                    return Err(usage(
+                        "--stall and --burst drill crash recovery with the scripted model only",
+                    ));
+                }
+                let base_url = args
+                    .base_url
+                    .ok_or_else(|| usage("--model openai needs --base-url"))?;
+                let name = args
+                    .model_name
+                    .clone()
+                    .ok_or_else(|| usage("--model openai needs --model-name"))?;
                 let mut config = OpenAiConfig::new(base_url, name);
                 if let Some(variable) = args.api_key_env {
                     config = config.api_key_env(variable);
@@ -93,17 +133,39 @@ impl DemoPlan {
                 DemoModel::OpenAi(config)
             }
         };
-        if args.stall && !matches!(model, DemoModel::Scripted) {
-            return Err(SubagentError::new(
-                subagents::ErrorCode::ModelUnavailable,
-                "--stall drills crash recovery with the scripted model only",
-            ));
-        }
         Ok(Self {
             store: args.store,
-            stall: args.stall,
+            drill,
             model,
+            model_name: args.model_name.unwrap_or_else(|| "scripted-demo".into()),
         })
+    }
+}
+
+/// Why the CLI stops early.
+enum Failure {
+    /// Standard output was closed (`| head`): not an error.
+    ClosedOutput,
+    /// Anything else: printed for a person, exit code 2.
+    Error(SubagentError),
+}
+
+impl From<SubagentError> for Failure {
+    fn from(error: SubagentError) -> Self {
+        Self::Error(error)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(error: std::io::Error) -> Self {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            Self::ClosedOutput
+        } else {
+            Self::Error(SubagentError::new(
+                ErrorCode::StoreIo,
+                format!("writing the output: {error}"),
+            ))
+        }
     }
 }
 
@@ -111,25 +173,35 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
+        // A closed stderr (`2>&1 | head`) must not turn every later log line into a panic.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Demo(args) => {
-            DemoPlan::from_args(args).and_then(|plan| actix::System::new().block_on(run_demo(plan)))
-        }
+        Command::Demo(args) => DemoPlan::from_args(args)
+            .map_err(Failure::from)
+            .and_then(|plan| actix::System::new().block_on(run_demo(plan))),
     };
     match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            let mut source = std::error::Error::source(&error);
-            while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
-                source = cause.source();
-            }
+        Ok(()) | Err(Failure::ClosedOutput) => ExitCode::SUCCESS,
+        Err(Failure::Error(error)) => {
+            report(&error);
             ExitCode::from(2)
         }
     }
+}
+
+/// Prints `error` and its cause chain once, for a person.
+fn report(error: &SubagentError) {
+    let mut stderr = std::io::stderr().lock();
+    // Nothing is left to tell if stderr itself is closed.
+    let _ = writeln!(stderr, "error: {}", error.message());
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let _ = writeln!(stderr, "  caused by: {cause}");
+        source = cause.source();
+    }
+    let _ = writeln!(stderr, "  (code {})", error.code());
 }
 
 fn word_count_tool() -> Tool {
@@ -152,22 +224,37 @@ fn word_count_tool() -> Tool {
     )
 }
 
-async fn run_demo(plan: DemoPlan) -> Result<(), SubagentError> {
-    let question = "the quick brown fox jumps over the lazy dog";
-    let gate = Gate::new();
-    let answer = ScriptStep::text("The sentence has 9 words.");
-    let model = ScriptedModel::with_script([
+const QUESTION_TEXT: &str = "the quick brown fox jumps over the lazy dog";
+
+fn question() -> Vec<ContentBlock> {
+    vec![ContentBlock::text(format!(
+        "How many words are in \"{QUESTION_TEXT}\"?"
+    ))]
+}
+
+/// One scripted turn: a `word_count` call, then the answer.
+fn scripted_turn(turn: u32) -> [ScriptStep; 2] {
+    [
         ScriptStep::tool_call(
-            "call-1",
+            &format!("call-{turn}"),
             "word_count",
-            serde_json::json!({ "text": question }),
+            serde_json::json!({ "text": QUESTION_TEXT }),
         ),
-        if plan.stall {
-            answer.gated(&gate)
-        } else {
-            answer
-        },
-    ]);
+        ScriptStep::text("The sentence has 9 words."),
+    ]
+}
+
+async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
+    let gate = Gate::new();
+    let model = ScriptedModel::new();
+    match plan.drill {
+        Drill::None => model.push_all(scripted_turn(1)),
+        Drill::Stall => {
+            let [call, answer] = scripted_turn(1);
+            model.push_all([call, answer.gated(&gate)]);
+        }
+        Drill::Burst(turns) => (1..=turns).for_each(|turn| model.push_all(scripted_turn(turn))),
+    }
     let store = SledStore::open(&plan.store)?;
     let builder = Runtime::builder().store(store).tool(word_count_tool());
     let builder = match plan.model {
@@ -176,17 +263,13 @@ async fn run_demo(plan: DemoPlan) -> Result<(), SubagentError> {
     };
     let rt = builder.build()?;
     let cwd = std::env::current_dir().map_err(|e| {
-        SubagentError::new(
-            subagents::ErrorCode::StoreIo,
-            format!("no working directory: {e}"),
-        )
+        SubagentError::new(ErrorCode::InvalidArgs, format!("no working directory: {e}"))
     })?;
     let options = AgentOptions {
-        model: "scripted-demo".into(),
-        flush: if plan.stall {
-            FlushPolicy::EveryStep
-        } else {
-            FlushPolicy::OnRequest
+        model: plan.model_name.clone(),
+        flush: match plan.drill {
+            Drill::None => FlushPolicy::OnRequest,
+            Drill::Stall | Drill::Burst(_) => FlushPolicy::EveryStep,
         },
         ..AgentOptions::default()
     };
@@ -195,55 +278,129 @@ async fn run_demo(plan: DemoPlan) -> Result<(), SubagentError> {
         .create(CreateAgent::new().cwd(cwd).options(options))
         .await?;
     let agent = handle.agent().clone();
-    agent
-        .followup(
-            vec![ContentBlock::text(format!(
-                "How many words are in \"{question}\"?"
-            ))],
-            MessageSource::User,
-        )
-        .await?;
-    if plan.stall {
-        gate.reached().await;
-        println!("stalled {}", agent.id());
-        // Hold the turn open until the process is killed.
-        std::future::pending::<()>().await;
+    let mut out = std::io::stdout().lock();
+    let turns = match plan.drill {
+        Drill::Burst(turns) => turns,
+        Drill::None | Drill::Stall => 1,
+    };
+    for _ in 0..turns {
+        agent.followup(question(), MessageSource::User).await?;
+        if matches!(plan.drill, Drill::Stall) {
+            gate.reached().await;
+            writeln!(out, "stalled {}", agent.id())?;
+            out.flush()?;
+            // Hold the turn open until the process is killed.
+            std::future::pending::<()>().await;
+        }
+        agent.when_idle().await;
+        agent.log().flush().await?;
+        if matches!(plan.drill, Drill::Burst(_)) {
+            writeln!(out, "flushed {} {}", agent.id(), agent.log().len())?;
+            out.flush()?;
+        }
     }
-    agent.when_idle().await;
-    agent.log().flush().await?;
-    println!("session {} in {}", agent.id(), plan.store.display());
-    for event in agent.log().events() {
-        println!("{}", describe(&event));
+    let events = agent.log().events();
+    writeln!(out, "session {} in {}", agent.id(), plan.store.display())?;
+    for event in &events {
+        writeln!(out, "{}", describe(event))?;
     }
-    handle.dispose().await
+    let outcome = turn_outcome(&events);
+    if let Ok(answer) = &outcome {
+        writeln!(out, "answer: {answer}")?;
+    }
+    handle.dispose().await?;
+    outcome.map(drop).map_err(Failure::Error)
 }
 
+/// The last turn's answer, or the error it ended with.
+fn turn_outcome(events: &[SessionEvent]) -> Result<String, SubagentError> {
+    let reason = events.iter().rev().find_map(|event| match &event.kind {
+        EventKind::TurnEnd { reason, .. } => Some(reason),
+        _ => None,
+    });
+    match reason {
+        Some(TurnEndReason::Completed) => {
+            let answer = subagents::session::final_assistant_output(events);
+            Ok(answer
+                .iter()
+                .filter_map(ContentBlock::as_text)
+                .collect::<Vec<_>>()
+                .join(""))
+        }
+        Some(TurnEndReason::Error { error }) => Err(SubagentError::new(
+            ErrorCode::ModelUnavailable,
+            format!("the turn failed: {} ({})", error.message, error.code),
+        )),
+        Some(other) => Err(SubagentError::new(
+            ErrorCode::ModelUnavailable,
+            format!("the turn did not complete: {}", wire_name(other, "kind")),
+        )),
+        None => Err(SubagentError::new(
+            ErrorCode::ReportableBug,
+            "the demo's turn never ended",
+        )),
+    }
+}
+
+/// The blocks of a message as text: tool calls as `name(arguments)`, results by their content.
+fn text_of(content: &[ContentBlock]) -> String {
+    content
+        .iter()
+        .map(|block| match block {
+            ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text.clone(),
+            ContentBlock::ToolCall {
+                name, arguments, ..
+            } => format!("{name}({arguments})"),
+            ContentBlock::ToolResult { content, .. } => text_of(content),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The serde tag `field` of `value` (its name on the wire), for display.
+fn wire_name(value: &impl serde::Serialize, field: &str) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|value| value.get(field)?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// One line of the session log, for a person: text rather than `Debug` dumps.
 fn describe(event: &SessionEvent) -> String {
     let detail = match &event.kind {
         EventKind::TurnStart { turn } => format!("turn {turn}"),
-        EventKind::TurnEnd { turn, reason } => format!("turn {turn}: {reason:?}"),
+        EventKind::TurnEnd { turn, reason } => {
+            format!("turn {turn}: {}", wire_name(reason, "kind"))
+        }
         EventKind::StepStart { turn, step } | EventKind::StepEnd { turn, step } => {
             format!("turn {turn} step {step}")
         }
-        EventKind::UserMessage(message) => format!("{:?}", message.text()),
-        EventKind::AssistantChunk { chunk, .. } => format!("{chunk:?}"),
-        EventKind::AssistantMessage { message, .. } => format!("{:?}", message.content),
+        EventKind::UserMessage(message) => message.text(),
+        EventKind::AssistantChunk { chunk, .. } => match chunk {
+            StreamChunk::TextDelta { text, .. } | StreamChunk::ReasoningDelta { text, .. } => {
+                format!("{} {text:?}", wire_name(chunk, "type"))
+            }
+            other => wire_name(other, "type"),
+        },
+        EventKind::AssistantMessage { message, .. } => text_of(&message.content),
         EventKind::ToolCall {
             name, arguments, ..
         } => format!("{name}({arguments})"),
-        EventKind::ToolResult { message, .. } => format!("{:?}", message.content),
+        EventKind::ToolResult { message, .. } => text_of(&message.content),
         EventKind::InboxSpliced {
             target,
             inserted,
             removed_count,
             ..
-        } => {
-            format!(
-                "{target:?} +{} -{}",
-                inserted.len(),
-                removed_count.unwrap_or(0)
-            )
-        }
+        } => format!(
+            "{} +{} -{}",
+            serde_json::to_value(target)
+                .ok()
+                .and_then(|value| value.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            inserted.len(),
+            removed_count.unwrap_or(0)
+        ),
         EventKind::EndSeed {} => String::new(),
         EventKind::Extension { data, .. } => data.to_string(),
     };

@@ -117,3 +117,81 @@ fn a_killed_writer_loses_no_flushed_event_and_its_turn_is_repaired() {
         );
     });
 }
+
+/// Starts `subagents demo --burst`, reads `flushed <id> <events>` lines until `acknowledged`
+/// flushes were reported, and kills it with SIGKILL while it keeps writing. Returns the session
+/// id and the largest acknowledged event count.
+fn burst_and_kill(store: &std::path::Path, acknowledged: usize) -> (SessionId, u64) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["demo", "--burst", "100000", "--store"])
+        .arg(store)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the demo binary starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut last = None;
+    for _ in 0..acknowledged {
+        let line = received
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the demo reports a flush (safety net: 60 s)");
+        let mut words = line.split_whitespace();
+        assert_eq!(words.next(), Some("flushed"), "{line}");
+        let id: SessionId = words.next().expect("an id").parse().expect("a session id");
+        let events: u64 = words.next().expect("a count").parse().expect("a number");
+        last = Some((id, events));
+    }
+    // The process is mid-burst: its next turns are being written as it dies.
+    child.kill().expect("SIGKILL delivered");
+    child.wait().expect("the killed child is reaped");
+    last.expect("at least one flush was acknowledged")
+}
+
+#[test]
+fn a_write_burst_killed_mid_flight_keeps_every_acknowledged_event_and_no_torn_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (id, acknowledged) = burst_and_kill(dir.path(), 5);
+
+    let store = SledStore::open(dir.path()).expect("the store reopens after the crash");
+    let raw = block_on(store.read_from(id, 0)).expect("every stored event decodes");
+    let stored = u64::try_from(raw.len()).unwrap();
+    assert!(
+        stored >= acknowledged,
+        "every acknowledged event is present: {stored} < {acknowledged}"
+    );
+    for (event, seq) in raw.iter().zip(0..) {
+        assert_eq!(event.seq, seq, "seqs run without gaps");
+    }
+    assert!(
+        turn_ends(&raw[..usize::try_from(acknowledged).unwrap()])
+            .iter()
+            .all(|reason| *reason == TurnEndReason::Completed),
+        "the acknowledged turns completed"
+    );
+    // What survived past the last acknowledgement is whole batches: the log (repaired in memory
+    // at most for its last, interrupted turn) keeps every invariant, so it resumes.
+    actix::System::new().block_on(async move {
+        let model = ScriptedModel::with_script([ScriptStep::text("after the crash")]);
+        let rt = Runtime::builder()
+            .store(store)
+            .model("scripted", model)
+            .build()
+            .unwrap();
+        let resumed = rt
+            .agents()
+            .resume(ResumeAgent::new(id))
+            .await
+            .expect("the surviving log is whole and resumable");
+        let events = run_prompt(resumed.agent(), "still there?").await;
+        assert_eq!(turn_ends(&events).last(), Some(&TurnEndReason::Completed));
+        resumed.dispose().await.unwrap();
+    });
+}

@@ -82,9 +82,20 @@ impl SledStore {
                 {
                     std::thread::sleep(LOCK_RETRY);
                 }
+                Err(sled::Error::Io(error))
+                    if error.to_string().contains("could not acquire lock") =>
+                {
+                    return Err(SubagentError::new(
+                        ErrorCode::StoreIo,
+                        format!(
+                            "the store {} is in use by another process (its directory is locked)",
+                            path.display()
+                        ),
+                    ))
+                }
                 Err(error) => {
                     return Err(SubagentError::store_io(
-                        format!("opening {}", path.display()),
+                        format!("opening the store {}", path.display()),
                         error,
                     ))
                 }
