@@ -34,21 +34,21 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
 use crate::actors::agents::Agents;
-use crate::agent::driver::{run_turn, InboxPort, TurnCancel, TurnContext};
-use crate::agent::state::{Admission, AgentState, Next};
-use crate::agent::{
-    AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, Disposer, Inbox,
-};
 use crate::content::{ContentBlock, Message, MessageSource};
 use crate::error::{Result, SubagentError};
+use crate::host::driver::{run_turn, InboxPort, TurnCancel, TurnContext};
+use crate::host::state::{Admission, AgentState, Next};
+use crate::host::{
+    AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, Disposer, Inbox,
+};
 use crate::ids::{MessageId, SessionId};
 use crate::session::{
-    CancelCause, EventKind, InboxTarget, SessionHeader, SessionLog, TurnEndReason,
+    CancelCause, EventKind, InboxTarget, SessionHeader, SessionLog, SessionLogView, TurnEndReason,
 };
 
 /// Whether a send starts (or continues) processing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
+pub(crate) enum Wake {
     /// Start a turn on an idle agent.
     Wake,
     /// Wait for the next turn or step to pick it up.
@@ -479,7 +479,7 @@ pub struct AgentRef {
     incarnation: u64,
     /// Weak: a reference never keeps a stopped agent's mailbox alive.
     addr: WeakAddr<AgentActor>,
-    log: SessionLog,
+    log: SessionLogView,
     options: Arc<AgentOptions>,
     agents: Agents,
 }
@@ -514,7 +514,7 @@ impl AgentRef {
             id,
             incarnation,
             addr: addr.downgrade(),
-            log,
+            log: SessionLogView::new(log),
             options,
             agents,
         }
@@ -536,8 +536,8 @@ impl AgentRef {
         self.incarnation
     }
 
-    /// The agent's session log.
-    pub fn log(&self) -> &SessionLog {
+    /// The agent's session log, read-only: only the agent's actor writes it.
+    pub fn log(&self) -> &SessionLogView {
         &self.log
     }
 
@@ -573,7 +573,7 @@ impl AgentRef {
         wake: Wake,
     ) -> Result<MessageId> {
         // Backpressure: a sender waits while the session's write-behind queue is full.
-        self.log.reserve().await.map_err(|error| {
+        self.log.inner().reserve().await.map_err(|error| {
             SubagentError::new(
                 crate::error::ErrorCode::AgentFaulted,
                 format!(

@@ -28,12 +28,12 @@ use crate::actors::registry::{
     Abandon, AgentRegistry, Close, Exact, IsTaken, ListLive, Lookup, Publish, Reserve, Roots,
 };
 use crate::actors::workers::WorkerPool;
-use crate::agent::handle::AgentHandle;
-use crate::agent::request::{CreateAgent, ResumeAgent};
-use crate::agent::{
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::host::handle::AgentHandle;
+use crate::host::request::{CreateAgent, ResumeAgent};
+use crate::host::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
 };
-use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionHeader, SessionLog};
 use crate::store::{Lease, LeaseHolder, SharedStore};
@@ -283,7 +283,7 @@ impl Agents {
             // The owner began retiring, or the token fired, while the agent was being created:
             // unwind the started actor and its write-behind; the registry freed the reservation.
             let _ = addr.send(Retire).await;
-            let _ = handle.agent().log().close().await;
+            let _ = handle.agent().log().inner().close().await;
             return Err(error);
         }
         reservation.keep();

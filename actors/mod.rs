@@ -4,5 +4,5 @@ pub mod agent;
 pub mod agents;
 pub mod providers;
 pub(crate) mod registry;
-pub mod runtime;
+pub mod service;
 pub(crate) mod workers;

@@ -17,10 +17,10 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::handle::AgentHandle;
-use crate::agent::{AgentEvent, AgentEventKind};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
+use crate::host::handle::AgentHandle;
+use crate::host::{AgentEvent, AgentEventKind};
 use crate::ids::SessionId;
 
 /// An exact agent identity: session id and incarnation.

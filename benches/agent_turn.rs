@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, Criterion};
+use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
-    ContentBlock, CreateAgent, MemoryStore, MessageSource, Runtime, ScriptStep, ScriptedModel,
-    SessionEvent, SessionPersistence, SledStore,
+    ContentBlock, CreateAgent, MemoryStore, MessageSource, Runtime, SessionEvent,
+    SessionPersistence, SledStore,
 };
 
 #[path = "support/floors.rs"]

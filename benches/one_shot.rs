@@ -23,10 +23,10 @@ use std::time::Duration;
 use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use futures::future::join_all;
+use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    AgentHandle, ContentBlock, CreateAgent, ForkInProcess, Gate, MemoryStore, MessageSource,
-    Runtime, ScriptStep, ScriptedModel, SessionPersistence, SledStore, SpawnInProcess,
-    SubagentStartRequest,
+    AgentHandle, ContentBlock, CreateAgent, ForkInProcess, MemoryStore, MessageSource, Runtime,
+    SessionPersistence, SledStore, SpawnInProcess, SubagentStartRequest,
 };
 
 #[path = "support/floors.rs"]

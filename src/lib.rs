@@ -17,7 +17,7 @@
 //!   the turn/step invariants, seeded only with balanced prefixes.
 //! - **Storage** ([`SessionPersistence`]): [`SledStore`] by default, [`MemoryStore`] for tests.
 //!   `flush` is the durability point; a turn interrupted by a crash is repaired on load.
-//! - **Models** ([`LlmAdapter`]): [`ScriptedModel`] drives tests and load runs
+//! - **Models** ([`LlmAdapter`]): [`testing::ScriptedModel`] drives tests and load runs
 //!   deterministically, with gates that hold a response until released;
 //!   [`model::OpenAiAdapter`] talks to any OpenAI-compatible chat-completions endpoint.
 //! - **Tools** ([`Tool`], [`ToolRegistry`]): global and agent-scoped layers, restrictions,
@@ -25,7 +25,8 @@
 //! - **Events** ([`EventBus`]): each listener contained on its own.
 //!
 //! ```
-//! use subagents::{ContentBlock, CreateAgent, MessageSource, MemoryStore, Runtime, ScriptStep, ScriptedModel};
+//! use subagents::testing::{ScriptStep, ScriptedModel};
+//! use subagents::{ContentBlock, CreateAgent, MessageSource, MemoryStore, Runtime};
 //!
 //! # fn main() -> Result<(), subagents::SubagentError> {
 //! actix::System::new().block_on(async {
@@ -47,10 +48,10 @@
 
 #[path = "../actors/mod.rs"]
 pub mod actors;
-pub mod agent;
 pub mod content;
 pub mod error;
 pub mod events;
+pub mod host;
 pub mod ids;
 pub mod model;
 pub mod runtime;
@@ -59,29 +60,32 @@ pub mod seam;
 pub mod session;
 pub mod stop_reason;
 pub mod store;
+pub mod testing;
 pub mod tools;
 
-pub use actors::agent::{AgentRef, AgentSnapshot, InboxPolicy, Wake};
+pub use actors::agent::{AgentRef, AgentSnapshot, InboxPolicy};
 pub use actors::agents::Agents;
 pub use actors::providers::fork::ForkInProcess;
 pub use actors::providers::spawn::SpawnInProcess;
-pub use actors::runtime::{ProviderRegistration, Subagents};
-pub use agent::{
-    AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, FlushPolicy, PromptSection,
-};
-pub use agent::{AgentHandle, CreateAgent, ResumeAgent};
+pub use actors::service::{ProviderRegistration, Subagents};
 pub use content::{ContentBlock, Message, MessageSource, Role};
 pub use error::{ErrorCode, Result, SubagentError};
 pub use events::{EventBus, EventScope, Subscription};
+pub use host::{
+    AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, FlushPolicy, PromptSection,
+};
+pub use host::{AgentHandle, CreateAgent, ResumeAgent};
 pub use ids::{CallId, MessageId, RunId, SessionId};
-pub use model::{Gate, GenerateRequest, LlmAdapter, ScriptStep, ScriptedModel, StreamChunk};
+pub use model::{GenerateRequest, LlmAdapter, StreamChunk};
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use schema::ObjectSchema;
 pub use seam::{
     ChildAgentOptions, SubagentCapabilities, SubagentDescriptor, SubagentEvent, SubagentProvider,
     SubagentResult, SubagentRun, SubagentStartRequest,
 };
-pub use session::{CancelCause, EventKind, SessionEvent, SessionHeader, SessionLog, TurnEndReason};
+pub use session::{
+    CancelCause, EventKind, SessionEvent, SessionHeader, SessionLog, SessionLogView, TurnEndReason,
+};
 pub use stop_reason::StopReason;
 pub use store::{MemoryStore, SessionPersistence, SledStore};
 pub use tools::{Tool, ToolCtx, ToolError, ToolFilter, ToolOutput, ToolRegistry};

@@ -9,10 +9,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use subagents::model::{OpenAiAdapter, OpenAiConfig, StreamChunk};
+use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    AgentOptions, ContentBlock, CreateAgent, ErrorCode, EventKind, FlushPolicy, Gate,
-    MessageSource, Runtime, ScriptStep, ScriptedModel, SessionEvent, SledStore, SubagentError,
-    Tool, ToolOutput, TurnEndReason,
+    AgentOptions, ContentBlock, CreateAgent, ErrorCode, EventKind, FlushPolicy, MessageSource,
+    Runtime, SessionEvent, SledStore, SubagentError, Tool, ToolOutput, TurnEndReason,
 };
 
 /// Delegate work from an agent to child agents.

@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::actors::agents::Agents;
-use crate::actors::runtime::Subagents;
+use crate::actors::service::Subagents;
 use crate::actors::workers::WorkerPool;
-use crate::agent::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
+use crate::host::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
 use crate::model::{LlmAdapter, ModelRouter};
 use crate::store::{SessionPersistence, SharedStore};
 use crate::tools::{Tool, ToolRegistry};

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use subagents::store::{FaultInjectingStore, SharedStore, StoreOperation};
+use subagents::store::SharedStore;
+use subagents::testing::{FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
-    AgentEventKind, AgentOptions, CreateAgent, ErrorCode, FlushPolicy, Gate, MemoryStore,
-    MessageSource, ResumeAgent, Runtime, ScriptStep, ScriptedModel, SessionPersistence,
-    TurnEndReason,
+    AgentEventKind, AgentOptions, CreateAgent, ErrorCode, FlushPolicy, MemoryStore, MessageSource,
+    ResumeAgent, Runtime, SessionPersistence, TurnEndReason,
 };
 
 use crate::support::{run_prompt, text, turn_ends, user_texts, within, EventRecorder};

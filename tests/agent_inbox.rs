@@ -3,9 +3,10 @@
 
 use futures::future::join_all;
 use subagents::session::InboxTarget;
+use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    AgentEventKind, AgentStatus, CancelCause, CreateAgent, EventKind, Gate, InboxPolicy,
-    MessageSource, ScriptStep, ScriptedModel, TurnEndReason,
+    AgentEventKind, AgentStatus, CancelCause, CreateAgent, EventKind, InboxPolicy, MessageSource,
+    TurnEndReason,
 };
 
 use crate::support::{memory_runtime, text, turn_ends, user_texts, within, EventRecorder};

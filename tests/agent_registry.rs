@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
-use subagents::store::{FaultInjectingStore, StoreOperation};
+use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     AgentEvent, AgentEventKind, AgentScope, CreateAgent, ErrorCode, EventKind, EventScope,
-    MemoryStore, MessageSource, ResumeAgent, Runtime, ScriptStep, ScriptedModel, SessionLog,
-    SessionPersistence, SubagentError, Tool, ToolFilter, ToolOutput, TurnEndReason,
+    MemoryStore, MessageSource, ResumeAgent, Runtime, SessionLog, SessionPersistence,
+    SubagentError, Tool, ToolFilter, ToolOutput, TurnEndReason,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -120,7 +120,7 @@ async fn a_creation_token_fired_during_setup_publishes_nothing() {
             move |_: &mut AgentScope, _: &SessionLog| {
                 fire.cancel();
                 Ok(Some(Box::new(move || flag.store(true, Ordering::SeqCst))
-                    as subagents::agent::SetupCommit))
+                    as subagents::host::SetupCommit))
             },
         ))
         .await
@@ -169,7 +169,7 @@ async fn a_setup_commit_runs_once_and_setup_events_are_stored() {
                     data: json!({"mode": "read-only"}),
                 })?;
                 Ok(Some(Box::new(move || flag.store(true, Ordering::SeqCst))
-                    as subagents::agent::SetupCommit))
+                    as subagents::host::SetupCommit))
             }),
         )
         .await

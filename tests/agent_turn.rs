@@ -3,12 +3,13 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use subagents::agent::{PreStepDecision, PreStepHook};
+use subagents::host::{PreStepDecision, PreStepHook};
 use subagents::model::{BlockType, FinishReason, StreamChunk};
 use subagents::session::{fold_consumed_work, one_shot_stop_reason, LlmFailure};
+use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
     CancelCause, ContentBlock, CreateAgent, EventKind, InboxPolicy, MessageSource, Runtime,
-    ScriptStep, ScriptedModel, StopReason, Tool, ToolError, ToolOutput, TurnEndReason,
+    StopReason, Tool, ToolError, ToolOutput, TurnEndReason,
 };
 use tokio::sync::Notify;
 
@@ -302,7 +303,7 @@ async fn a_pre_step_hook_can_append_between_claim_and_step() {
 
 #[actix_rt::test]
 async fn cancel_mid_stream_records_the_partial_text_as_interrupted() {
-    let gate = subagents::Gate::new();
+    let gate = subagents::testing::Gate::new();
     let partial = vec![
         StreamChunk::BlockStart {
             index: 0,
@@ -486,7 +487,7 @@ async fn turn_numbers_continue_across_turns() {
 
 #[actix_rt::test]
 async fn a_steered_tool_step_after_a_finished_step_still_reaches_the_model() {
-    let gate = subagents::Gate::new();
+    let gate = subagents::testing::Gate::new();
     let model = ScriptedModel::with_script([
         ScriptStep::text("first answer").gated(&gate),
         ScriptStep::tool_call("c1", "echo", json!({"text": "x"})),

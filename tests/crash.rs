@@ -7,9 +7,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::executor::block_on;
+use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
-    EventKind, ResumeAgent, Runtime, ScriptStep, ScriptedModel, SessionId, SessionPersistence,
-    SledStore, TurnEndReason,
+    EventKind, ResumeAgent, Runtime, SessionId, SessionPersistence, SledStore, TurnEndReason,
 };
 
 use crate::support::{run_prompt, turn_ends, types};

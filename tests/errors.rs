@@ -119,7 +119,7 @@ fn public_handles_are_send_and_sync() {
     assert_send_sync::<subagents::MessageId>();
     assert_send_sync::<subagents::RunId>();
     assert_send_sync::<SubagentError>();
-    assert_send_sync::<subagents::ScriptedModel>();
+    assert_send_sync::<subagents::testing::ScriptedModel>();
     assert_send_sync::<subagents::Subagents>();
     assert_send_sync::<subagents::SubagentRun>();
     assert_send_sync::<subagents::SubagentStartRequest>();

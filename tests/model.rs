@@ -3,9 +3,8 @@
 use futures::StreamExt;
 use serde_json::json;
 use subagents::model::{BlockAssembler, BlockType, FinishReason, StreamChunk};
-use subagents::{
-    CallId, ContentBlock, Gate, GenerateRequest, LlmAdapter, ScriptStep, ScriptedModel,
-};
+use subagents::testing::{Gate, ScriptStep, ScriptedModel};
+use subagents::{CallId, ContentBlock, GenerateRequest, LlmAdapter};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::within;

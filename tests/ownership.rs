@@ -5,11 +5,11 @@
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
-use subagents::store::{FaultInjectingStore, LeaseHolder, StoreOperation};
+use subagents::store::LeaseHolder;
+use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     AgentEvent, AgentEventKind, CreateAgent, ErrorCode, EventScope, MemoryStore, MessageSource,
-    Runtime, ScriptStep, ScriptedModel, SessionId, SessionPersistence, StopReason,
-    SubagentStartRequest, Subscription,
+    Runtime, SessionId, SessionPersistence, StopReason, SubagentStartRequest, Subscription,
 };
 use tokio_util::sync::CancellationToken;
 

@@ -4,12 +4,13 @@
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
-use subagents::agent::{DelegatedPolicy, DelegationPolicy, PromptSection};
-use subagents::seam::{DelegationMode, ScriptedProvider, SubagentDescriptor};
+use subagents::host::{DelegatedPolicy, DelegationPolicy, PromptSection};
+use subagents::seam::{DelegationMode, SubagentDescriptor};
 use subagents::session::SessionEvent;
+use subagents::testing::{ScriptStep, ScriptedModel, ScriptedProvider};
 use subagents::{
-    EventKind, MessageSource, Runtime, ScriptStep, ScriptedModel, SessionId, StopReason,
-    SubagentStartRequest, Tool, ToolFilter, ToolOutput,
+    EventKind, MessageSource, Runtime, SessionId, StopReason, SubagentStartRequest, Tool,
+    ToolFilter, ToolOutput,
 };
 
 use crate::support::{
@@ -457,13 +458,20 @@ async fn inherited_policy_follows_a_fork_prefix_so_fresh_policy_wins() {
         approvals: false,
     };
     let (rt, _) = policy_runtime(policy).await;
-    let parent = root(&rt).await;
     // A parent whose own log records an older sandbox mode before its first turn ends.
-    let stale = EventKind::Extension {
-        event_type: "sandbox/mode".into(),
-        data: json!({"mode": "workspace-write", "source": "user"}),
-    };
-    parent.agent().log().append(stale).unwrap();
+    let parent = rt
+        .agents()
+        .create(subagents::CreateAgent::new().setup(
+            |_: &mut subagents::AgentScope, log: &subagents::SessionLog| {
+                log.append(EventKind::Extension {
+                    event_type: "sandbox/mode".into(),
+                    data: json!({"mode": "workspace-write", "source": "user"}),
+                })?;
+                Ok(None)
+            },
+        ))
+        .await
+        .unwrap();
     run_prompt(parent.agent(), "first").await;
     let run = start_run(&rt, "fork", parent.agent(), "x").await;
     run.result().await.unwrap();

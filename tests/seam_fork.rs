@@ -2,13 +2,10 @@
 //! its own output.
 
 use serde_json::json;
-use subagents::seam::in_process::{completed_turn_prefix, start_in_process_run};
-use subagents::seam::{
-    ContinuableCreateRequest, ResolvedSubagentStartRequest, SubagentDescriptor, SubagentProvider,
-};
-use subagents::{
-    EventKind, ForkInProcess, ScriptStep, ScriptedModel, StopReason, SubagentStartRequest,
-};
+use subagents::seam::child_run::completed_turn_prefix;
+use subagents::seam::{ContinuableCreateRequest, SubagentProvider};
+use subagents::testing::{ScriptStep, ScriptedModel};
+use subagents::{EventKind, ForkInProcess, StopReason, SubagentStartRequest};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{root, run_prompt, seam_runtime, start_run, text, turn_ends, user_texts};
@@ -179,12 +176,7 @@ async fn the_driver_reads_only_the_child_owned_output_of_a_seeded_child() {
     let parent = root(&rt).await;
     run_prompt(parent.agent(), "first").await;
     let seed = parent.agent().log().events();
-    let resolved = ResolvedSubagentStartRequest {
-        request: SubagentStartRequest::new(parent.agent(), text("child task")),
-        descriptor: SubagentDescriptor::one_shot("fork", None),
-        output_schema: None,
-    };
-    let run = start_in_process_run(resolved, seed.clone()).await.unwrap();
+    let run = start_run(&rt, "fork", parent.agent(), "child task").await;
     assert_eq!(run.result().await.unwrap().output, text("child answer"));
     let child = run.local_agent().unwrap().clone();
     assert_eq!(

@@ -4,15 +4,15 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use subagents::agent::{PreStepDecision, PreStepHook};
+use subagents::host::{PreStepDecision, PreStepHook};
 use subagents::model::{BlockType, FinishReason, StreamChunk};
-use subagents::seam::{settle_run, JobOutcome, ScriptedProvider};
+use subagents::seam::{settle_run, JobOutcome};
 use subagents::session::SessionOrigin;
-use subagents::store::FaultInjectingStore;
+use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, ScriptedProvider};
 use subagents::{
     AgentEvent, AgentEventKind, AgentOptions, CancelCause, ChildAgentOptions, ContentBlock,
-    CreateAgent, ErrorCode, EventKind, EventScope, MemoryStore, Runtime, ScriptStep, ScriptedModel,
-    StopReason, SubagentError, SubagentStartRequest, TurnEndReason,
+    CreateAgent, ErrorCode, EventKind, EventScope, MemoryStore, Runtime, StopReason, SubagentError,
+    SubagentStartRequest, TurnEndReason,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -285,7 +285,7 @@ async fn a_failed_release_surfaces_on_dispose_not_on_the_result() {
         run.result().await.unwrap().stop_reason,
         StopReason::Completed
     );
-    faults.arm(subagents::store::StoreOperation::Append);
+    faults.arm(subagents::testing::StoreOperation::Append);
     // Nothing is pending, so arm a failure the drain must report: one more event.
     run.local_agent()
         .unwrap()
@@ -368,7 +368,7 @@ async fn an_already_cancelled_request_publishes_nothing() {
 // DRV-16 SPAWN-12 SPAWN-13
 #[actix_rt::test]
 async fn the_request_token_and_dispose_cancel_a_published_run() {
-    let gate = subagents::Gate::new();
+    let gate = subagents::testing::Gate::new();
     let partial = vec![
         StreamChunk::BlockStart {
             index: 0,

@@ -3,10 +3,11 @@
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
-use subagents::seam::{ScriptedProvider, SubagentRunInfo};
+use subagents::seam::SubagentRunInfo;
+use subagents::testing::{Gate, ScriptStep, ScriptedModel, ScriptedProvider};
 use subagents::{
-    ErrorCode, EventScope, Gate, ScriptStep, ScriptedModel, StopReason, SubagentCapabilities,
-    SubagentError, SubagentEvent, SubagentProvider, SubagentStartRequest,
+    ErrorCode, EventScope, StopReason, SubagentCapabilities, SubagentError, SubagentEvent,
+    SubagentProvider, SubagentStartRequest,
 };
 
 use crate::support::{memory_runtime, root, seam_runtime, start_run, text, within, SeamRecorder};

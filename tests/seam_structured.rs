@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 use subagents::schema::{assert_object_json_schema, ObjectSchema};
+use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::tools::structured_output::STRUCTURED_OUTPUT_INSTRUCTION;
 use subagents::tools::{PostExecuteHook, ToolExecutionResult};
 use subagents::{
     AgentEvent, AgentEventKind, ContentBlock, ErrorCode, EventKind, EventScope, PromptSection,
-    Runtime, ScriptStep, ScriptedModel, StopReason, SubagentStartRequest, Tool, ToolOutput,
+    Runtime, StopReason, SubagentStartRequest, Tool, ToolOutput,
 };
 use tokio_util::sync::CancellationToken;
 

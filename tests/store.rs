@@ -8,11 +8,11 @@ use std::time::Duration;
 use futures::executor::block_on;
 use proptest::prelude::*;
 use subagents::content::Message;
-use subagents::store::{FaultInjectingStore, LeaseHolder, ListedSession, StoreOperation};
+use subagents::store::{LeaseHolder, ListedSession};
+use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     ContentBlock, CreateAgent, ErrorCode, EventKind, MemoryStore, MessageSource, Runtime,
-    ScriptStep, ScriptedModel, SessionEvent, SessionHeader, SessionId, SessionPersistence,
-    SledStore, TurnEndReason,
+    SessionEvent, SessionHeader, SessionId, SessionPersistence, SledStore, TurnEndReason,
 };
 
 use crate::support::run_prompt;

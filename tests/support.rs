@@ -5,9 +5,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use subagents::testing::ScriptedModel;
 use subagents::{
     AgentEvent, AgentEventKind, ContentBlock, EventKind, EventScope, MemoryStore, Runtime,
-    ScriptedModel, SessionEvent, SessionId, Subscription,
+    SessionEvent, SessionId, Subscription,
 };
 
 /// Awaits `future`, failing the test if it takes longer than 20 s. Ordering never depends on

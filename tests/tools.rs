@@ -4,10 +4,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde_json::json;
+use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::tools::{Concurrency, ToolLayer};
 use subagents::{
-    AgentScope, CreateAgent, ErrorCode, EventKind, Runtime, ScriptStep, ScriptedModel, SessionLog,
-    Tool, ToolFilter, ToolOutput, ToolRegistry,
+    AgentScope, CreateAgent, ErrorCode, EventKind, Runtime, SessionLog, Tool, ToolFilter,
+    ToolOutput, ToolRegistry,
 };
 use tokio::sync::Barrier;
 

@@ -7,7 +7,7 @@
 use actix::prelude::*;
 
 use crate::error::Result;
-use crate::seam::in_process::{completed_turn_prefix, start_in_process_run};
+use crate::seam::child_run::{completed_turn_prefix, start_in_process_run};
 use crate::seam::{
     ContinuableCreateRequest, ContinuableCreateSpec, ResolvedSubagentStartRequest, SubagentRun,
 };
@@ -53,7 +53,7 @@ impl Actor for InProcessProvider {
 /// fails the send (`AGENT_DISPOSED`).
 #[derive(Message)]
 #[rtype(result = "Result<SubagentRun>")]
-pub struct StartOneShot(pub ResolvedSubagentStartRequest);
+pub(crate) struct StartOneShot(pub(crate) ResolvedSubagentStartRequest);
 
 impl Handler<StartOneShot> for InProcessProvider {
     type Result = ResponseFuture<Result<SubagentRun>>;
@@ -70,7 +70,7 @@ impl Handler<StartOneShot> for InProcessProvider {
 /// prefix for `fork` (captured once, now).
 #[derive(Message)]
 #[rtype(result = "ContinuableCreateSpec")]
-pub struct Prepare(pub ContinuableCreateRequest);
+pub(crate) struct Prepare(pub(crate) ContinuableCreateRequest);
 
 impl Handler<Prepare> for InProcessProvider {
     type Result = MessageResult<Prepare>;

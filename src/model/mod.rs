@@ -7,7 +7,7 @@
 
 mod assembler;
 pub mod openai;
-mod scripted;
+pub(crate) mod scripted;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,7 +23,6 @@ use crate::session::{LlmFailure, TokenUsage};
 
 pub use assembler::BlockAssembler;
 pub use openai::{OpenAiAdapter, OpenAiConfig};
-pub use scripted::{Gate, Responder, ScriptStep, ScriptedModel};
 
 /// The kind of block a `block-start` chunk opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,15 +3,15 @@
 //! in-process driver and run settlement.
 
 pub mod capabilities;
+pub mod child_run;
 pub mod depth;
 pub mod descriptor;
 pub mod events;
-pub mod in_process;
 pub mod provider;
 pub mod request;
 pub mod result;
 pub mod run;
-pub mod scripted;
+pub(crate) mod scripted;
 pub mod settlement;
 
 pub use capabilities::SubagentCapabilities;
@@ -23,5 +23,4 @@ pub use provider::{
 pub use request::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentStartRequest};
 pub use result::SubagentResult;
 pub use run::SubagentRun;
-pub use scripted::ScriptedProvider;
 pub use settlement::{settle_run, JobOutcome};

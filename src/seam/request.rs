@@ -6,8 +6,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::actors::agent::AgentRef;
-use crate::agent::DelegatedPolicy;
 use crate::content::ContentBlock;
+use crate::host::DelegatedPolicy;
 use crate::schema::ObjectSchema;
 use crate::seam::SubagentDescriptor;
 use crate::tools::ToolFilter;

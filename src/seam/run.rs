@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::future::{BoxFuture, FutureExt, Shared};
 
 use crate::actors::agent::AgentRef;
-use crate::agent::handle::OnceTask;
 use crate::error::Result;
+use crate::host::handle::OnceTask;
 use crate::ids::SessionId;
 use crate::seam::SubagentResult;
 

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
-use crate::model::Gate;
+use crate::testing::Gate;
 use crate::seam::{
     ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
     SubagentRun,

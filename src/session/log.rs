@@ -671,9 +671,8 @@ mod tests {
     use futures::FutureExt;
 
     use super::*;
-    use crate::store::{
-        FaultInjectingStore, LeaseHolder, MemoryStore, SessionPersistence, StoreOperation,
-    };
+    use crate::store::{LeaseHolder, MemoryStore, SessionPersistence};
+    use crate::testing::{FaultInjectingStore, StoreOperation};
 
     fn note(log: &SessionLog) {
         log.append(EventKind::Extension {

@@ -8,6 +8,7 @@ pub mod invariants;
 pub mod log;
 pub mod repair;
 pub mod seed;
+pub mod view;
 
 pub use event::{
     CancelCause, EventKind, FailureCategory, InboxTarget, LlmFailure, SessionEvent, SpliceOutcome,
@@ -22,3 +23,4 @@ pub use invariants::LogShape;
 pub use log::SessionLog;
 pub use repair::interrupted_turn_closers;
 pub use seed::{check_lossless, validate_seed};
+pub use view::SessionLogView;

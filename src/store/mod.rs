@@ -20,7 +20,7 @@
 //! live in memory (one process owns the directory); a networked backend maps the lease to a row
 //! with a holder, an expiry and an epoch column.
 
-mod faults;
+pub(crate) mod faults;
 pub mod lease;
 mod memory;
 mod sled_store;
@@ -34,7 +34,6 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{interrupted_turn_closers, SessionEvent, SessionHeader};
 
-pub use faults::{FaultInjectingStore, StoreOperation};
 pub use lease::{Lease, LeaseEpoch, LeaseHolder};
 pub use memory::MemoryStore;
 pub use sled_store::SledStore;

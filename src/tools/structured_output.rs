@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::{json, Value};
 
-use crate::agent::{AgentScope, PromptSection};
 use crate::error::Result;
+use crate::host::{AgentScope, PromptSection};
 use crate::schema::ObjectSchema;
 use crate::tools::{Tool, ToolError, ToolOutput};
 

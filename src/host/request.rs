@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
 use crate::actors::agent::AgentRef;
-use crate::agent::{AgentOptions, AgentSetup};
+use crate::host::{AgentOptions, AgentSetup};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionOrigin};
 

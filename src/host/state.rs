@@ -24,8 +24,8 @@
 //! | fault | any | admission `Faulted`; a running turn is cancelled |
 //! | failed claim | any | admission `Faulted`: a claim that cannot be journaled never restarts a turn |
 
-use crate::agent::driver::TurnCancel;
 use crate::error::{ErrorCode, SubagentError};
+use crate::host::driver::TurnCancel;
 use crate::ids::SessionId;
 use crate::session::{CancelCause, InboxTarget};
 

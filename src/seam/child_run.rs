@@ -29,16 +29,16 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::actors::agent::{AgentRef, InboxPolicy};
-use crate::agent::{interpolate_prompt, AgentOptions, AgentScope, DelegatedPolicy, PromptSection};
-use crate::agent::{AgentHandle, CreateAgent};
 use crate::content::{ContentBlock, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
+use crate::host::{interpolate_prompt, AgentOptions, AgentScope, DelegatedPolicy, PromptSection};
+use crate::host::{AgentHandle, CreateAgent};
 use crate::ids::SessionId;
 use crate::seam::depth::{check_max_depth, resolve_child_depth};
 use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::session::{
     fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind,
-    SessionEvent, SessionLog,
+    SessionEvent, SessionLog, SessionLogView,
 };
 use crate::stop_reason::StopReason;
 use crate::tools::structured_output::StructuredCapture;
@@ -52,7 +52,7 @@ const DELEGATION_ORDER: f64 = 120.0;
 
 /// The balanced prefix of `log` a fork child inherits: every event through the last `turn/end`
 /// (the in-flight turn is left out), or nothing before the first completed turn.
-pub fn completed_turn_prefix(log: &SessionLog) -> Vec<SessionEvent> {
+pub fn completed_turn_prefix(log: &SessionLogView) -> Vec<SessionEvent> {
     log.with_events(|events| {
         events
             .iter()
@@ -77,7 +77,7 @@ fn child_options(
         max_tokens: overrides.max_tokens.or(inherited.max_tokens),
         subagent_depth: depth,
         // A one-shot child adds no durability checkpoint of its own, whatever its parent does.
-        flush: crate::agent::FlushPolicy::default(),
+        flush: crate::host::FlushPolicy::default(),
     }
 }
 
@@ -121,7 +121,7 @@ fn policy_events(policy: &DelegatedPolicy) -> Vec<EventKind> {
 /// Before publication only, with nothing left behind: `ABORTED_BEFORE_PUBLICATION`,
 /// `INVALID_MAX_DEPTH`, `INVALID_SUBAGENT_DEPTH`, `DEPTH_OVERFLOW`, `DEPTH_EXCEEDED`,
 /// `UNKNOWN_TOOL` (tool filter), `UNKNOWN_PROMPT_VARIABLE` (persona), store errors.
-pub async fn start_in_process_run(
+pub(crate) async fn start_in_process_run(
     resolved: ResolvedSubagentStartRequest,
     seed: Vec<SessionEvent>,
 ) -> Result<SubagentRun> {
@@ -178,7 +178,7 @@ pub async fn start_in_process_run(
     let filter = request.tool_filter.clone();
     let setup = move |scope: &mut AgentScope,
                       log: &SessionLog|
-          -> Result<Option<crate::agent::SetupCommit>> {
+          -> Result<Option<crate::host::SetupCommit>> {
         for event in policy_events(&policy) {
             log.append(event)?;
         }

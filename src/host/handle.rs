@@ -168,7 +168,7 @@ impl AgentHandle {
             futures::future::join_all(children.iter().map(AgentHandle::dispose_boxed)).await;
         // Refuses new work, waits for the cancelled turn to close, unwinds the scope, stops.
         let _ = actor.send(Retire).await;
-        let closed = agent.log().close().await;
+        let closed = agent.log().inner().close().await;
         self.shared.registry.send(Release(exact)).await.ok();
         closed?;
         released_children.into_iter().collect()

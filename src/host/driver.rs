@@ -23,11 +23,11 @@ use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{self, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::scope::{
+use crate::content::{ContentBlock, Message};
+use crate::host::scope::{
     assemble_system_prompt, AgentScope, PreStep, PreStepDecision, ToolResultSeen,
 };
-use crate::agent::{AgentEnv, AgentOptions, FlushPolicy};
-use crate::content::{ContentBlock, Message};
+use crate::host::{AgentEnv, AgentOptions, FlushPolicy};
 use crate::ids::{CallId, SessionId};
 use crate::model::{FinishReason, GenerateRequest, StreamChunk};
 use crate::session::{

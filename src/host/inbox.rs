@@ -76,15 +76,6 @@ impl Inbox {
         self.next_step.len()
     }
 
-    /// The ids of every pending message, `next-step` first.
-    pub fn pending_ids(&self) -> Vec<MessageId> {
-        self.next_step
-            .iter()
-            .chain(&self.next_turn)
-            .map(|message| message.id)
-            .collect()
-    }
-
     fn contains(&self, id: MessageId) -> bool {
         self.next_step
             .iter()

@@ -4,7 +4,7 @@
 
 pub(crate) mod driver;
 pub mod handle;
-pub mod inbox;
+pub(crate) mod inbox;
 pub mod request;
 pub mod scope;
 pub(crate) mod state;
@@ -23,7 +23,7 @@ use crate::store::SharedStore;
 use crate::tools::ToolRegistry;
 
 pub use handle::AgentHandle;
-pub use inbox::Inbox;
+pub(crate) use inbox::Inbox;
 pub use request::{CreateAgent, ResumeAgent};
 pub use scope::{
     assemble_system_prompt, interpolate_prompt, AgentScope, AgentSetup, Disposer, PreStep,

@@ -1,0 +1,10 @@
+//! Provides the test doubles a host or an integration harness needs, in one place: a
+//! deterministic [`ScriptedModel`] (text, tool calls, failures, hangs, and [`Gate`]s that hold a
+//! response until released), a [`ScriptedProvider`] for the delegation seam, and a
+//! [`FaultInjectingStore`] that fails or holds chosen store operations.
+//!
+//! They are ordinary public types: the load harness drives the scripted model too.
+
+pub use crate::model::scripted::{Gate, Responder, ScriptStep, ScriptedModel};
+pub use crate::seam::scripted::ScriptedProvider;
+pub use crate::store::faults::{FaultInjectingStore, StoreOperation};
