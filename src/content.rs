@@ -76,6 +76,7 @@ pub enum Role {
 /// The set is open: a source this crate does not know deserializes as [`MessageSource::Other`]
 /// and serializes back unchanged, so logs written by newer hosts stay readable.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum MessageSource {
     /// Typed by the user or the host.
     User,

@@ -403,6 +403,8 @@ fn describe(event: &SessionEvent) -> String {
         ),
         EventKind::EndSeed {} => String::new(),
         EventKind::Extension { data, .. } => data.to_string(),
+        // A kind added after this CLI was written: its type name says enough.
+        _ => String::new(),
     };
     format!("{:>4}  {:<20} {detail}", event.seq, event.kind.type_name())
 }

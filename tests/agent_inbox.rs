@@ -397,3 +397,21 @@ async fn a_duplicate_pending_message_id_is_refused() {
     );
     handle.dispose().await.unwrap();
 }
+
+#[actix_rt::test]
+async fn a_reference_cannot_cancel_with_the_disposal_cause() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = memory_runtime(&model);
+    let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let agent = handle.agent().clone();
+    let error = agent
+        .cancel(CancelCause::Disposed, InboxPolicy::Discard)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), subagents::ErrorCode::InvalidArgs);
+    // The agent is untouched: registered, and still taking work.
+    let events = crate::support::run_prompt(&agent, "still mine").await;
+    assert_eq!(user_texts(&events), ["still mine"]);
+    assert!(rt.agents().is_live(&agent).await);
+    handle.dispose().await.unwrap();
+}

@@ -37,6 +37,7 @@ pub struct SubagentRunEndInfo {
 
 /// A lifecycle event of the seam.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum SubagentEvent {
     /// A provider established a published child (for in-process providers the child is
     /// registered while this is delivered).

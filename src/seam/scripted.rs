@@ -16,12 +16,12 @@ use tokio_util::sync::CancellationToken;
 use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
-use crate::testing::Gate;
 use crate::seam::{
     ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
     SubagentRun,
 };
 use crate::stop_reason::StopReason;
+use crate::testing::Gate;
 
 /// A scripted provider. Clones share the start counter and the record of requests.
 #[derive(Clone)]

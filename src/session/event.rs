@@ -104,6 +104,7 @@ pub enum CancelCause {
 /// How a turn ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum TurnEndReason {
     /// The model finished.
     Completed,
@@ -155,6 +156,7 @@ pub struct ToolErrorInfo {
 /// The kinds of session event the runtime reads and writes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "data")]
+#[non_exhaustive]
 pub enum EventKind {
     /// A turn begins; numbers start at 1 and continue across a seed.
     #[serde(rename = "turn/start")]
