@@ -5,10 +5,14 @@
 //! - `floor/sled_insert_turn_bytes`: insert into a bare sled tree the same bytes one turn's
 //!   events serialize to (one batch, no flush), as the store does for one turn.
 //!
+//! - `history/step_at/N`: one more text turn of a conversation that already holds N turns. The
+//!   model history is kept incrementally, so this stays flat as N grows (a conversation costs
+//!   O(turns) in total); the conversation is re-seeded, untimed, before it grows by 2%.
+//!
 //! Run with `cargo bench --bench agent_turn`; compare the lifecycle to the floors as ratios.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -86,6 +90,88 @@ fn bench(c: &mut Criterion) {
         b.iter(|| system.block_on(one_lifecycle(&sled_rt)));
     });
     group.finish();
+
+    let mut group = c.benchmark_group("history");
+    group
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20);
+    let rt = system.block_on(async { quiet_runtime() });
+    for turns in [10u64, 1_000, 10_000] {
+        let seed = system.block_on(conversation(&rt, turns));
+        let mut current: Option<(subagents::AgentHandle, u64)> = None;
+        group.bench_function(format!("step_at/{turns}"), |b| {
+            b.iter_custom(|iters| {
+                system.block_on(async {
+                    let mut timed = Duration::ZERO;
+                    for _ in 0..iters {
+                        let fresh = match &current {
+                            Some((_, grown)) => *grown > (turns / 50).max(10),
+                            None => true,
+                        };
+                        if fresh {
+                            if let Some((old, _)) = current.take() {
+                                old.dispose().await.expect("dispose");
+                            }
+                            current = Some((seeded(&rt, &seed).await, 0));
+                        }
+                        let (handle, grown) = current.as_mut().expect("an agent");
+                        let start = Instant::now();
+                        one_turn(handle.agent()).await;
+                        timed += start.elapsed();
+                        *grown += 1;
+                    }
+                    timed
+                })
+            });
+        });
+        if let Some((old, _)) = current.take() {
+            system.block_on(old.dispose()).expect("dispose");
+        }
+    }
+    group.finish();
+}
+
+/// A memory-store runtime whose scripted model keeps no request (as a load run does).
+fn quiet_runtime() -> Runtime {
+    let model = ScriptedModel::repeating(ScriptStep::text("done"));
+    model.set_recording(false);
+    Runtime::builder()
+        .store(MemoryStore::new())
+        .model("scripted", model)
+        .build()
+        .expect("runtime builds")
+}
+
+async fn one_turn(agent: &subagents::AgentRef) {
+    agent
+        .followup(vec![ContentBlock::text("work")], MessageSource::User)
+        .await
+        .expect("followup");
+    agent.when_idle().await;
+}
+
+/// The log of a conversation of `turns` text turns.
+async fn conversation(rt: &Runtime, turns: u64) -> Vec<SessionEvent> {
+    let handle = rt
+        .agents()
+        .create(CreateAgent::new())
+        .await
+        .expect("create");
+    for _ in 0..turns {
+        one_turn(handle.agent()).await;
+    }
+    let events = handle.agent().log().events();
+    handle.dispose().await.expect("dispose");
+    events
+}
+
+/// A fresh agent that continues the conversation `seed`.
+async fn seeded(rt: &Runtime, seed: &[SessionEvent]) -> subagents::AgentHandle {
+    let inherited = u64::try_from(seed.len()).expect("seed length");
+    rt.agents()
+        .create(CreateAgent::new().seed(seed.to_vec(), inherited))
+        .await
+        .expect("a seeded agent")
 }
 
 criterion_group!(benches, bench);

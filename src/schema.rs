@@ -16,13 +16,19 @@
 //!   a single schema), `enum`/`const` off a scalar;
 //! - `required` naming an undeclared property, `additionalProperties` that is not a boolean;
 //! - an empty `enum`, an `enum` or `const` value of another type, a `const` outside its `enum`;
-//! - a root whose `type` is not `object`.
+//! - a root whose `type` is not `object`;
+//! - a schema nested deeper than [`MAX_SCHEMA_DEPTH`] levels (the check itself is iterative, but
+//!   no validator should be handed an unbounded recursion).
 //!
-//! Every violation is collected and reported in one `UNSUPPORTED_SCHEMA` error.
+//! Every violation is collected and reported in one `UNSUPPORTED_SCHEMA` error. Literals compare
+//! as JSON values: numbers by value, so `const: 1.0` is a member of `enum: [1, 2]`.
 //!
 //! # Values
 //! Validation runs the `jsonschema` crate (whose semantics match the subset for every keyword
-//! it keeps) and then the subset's own rule that JSON stays lossless: `-0` is not a number.
+//! it keeps) and then the subset's own rule that JSON stays lossless: `-0` is not a number. The
+//! validator is compiled from the schema without its annotations and with `required` names
+//! deduplicated: annotations constrain no value, and the subset accepts what the draft's own
+//! meta-schema would refuse there (an `examples` that is not an array, a repeated name).
 
 use std::sync::Arc;
 
@@ -30,6 +36,11 @@ use serde_json::{Map, Value};
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::session::check_lossless;
+
+/// How deeply schema nodes may nest (the root is level 1).
+pub const MAX_SCHEMA_DEPTH: usize = 64;
+
+const ANNOTATIONS: &[&str] = &["description", "title", "default", "examples"];
 
 const TYPES: &[&str] = &[
     "object", "array", "string", "number", "integer", "boolean", "null",
@@ -69,8 +80,12 @@ impl ObjectSchema {
     /// # Errors
     /// `UNSUPPORTED_SCHEMA`: "unsupported JSON schema: " followed by every violation.
     pub fn new(schema: Value) -> Result<Self> {
-        assert_object_json_schema(&schema)?;
-        let validator = jsonschema::validator_for(&schema).map_err(|error| {
+        if let Err(error) = assert_object_json_schema(&schema) {
+            // A refused schema may be nested arbitrarily deep: take it apart without recursion.
+            drop_iteratively(schema);
+            return Err(error);
+        }
+        let validator = jsonschema::validator_for(&for_validation(&schema)).map_err(|error| {
             SubagentError::new(
                 ErrorCode::UnsupportedSchema,
                 format!("unsupported JSON schema: {error}"),
@@ -121,10 +136,28 @@ impl ObjectSchema {
 /// `UNSUPPORTED_SCHEMA` listing every violation.
 pub fn assert_object_json_schema(schema: &Value) -> Result<()> {
     let mut violations = Vec::new();
-    let mut stack: Vec<(String, &Value)> = vec![("schema".to_owned(), schema)];
-    while let Some((path, node)) = stack.pop() {
+    let mut stack: Vec<Pending<'_>> = vec![Pending {
+        path: "schema".to_owned(),
+        node: schema,
+        depth: 1,
+    }];
+    while let Some(Pending { path, node, depth }) = stack.pop() {
+        if depth > MAX_SCHEMA_DEPTH {
+            violations.push(format!(
+                "{path}: schemas may nest at most {MAX_SCHEMA_DEPTH} levels deep"
+            ));
+            continue;
+        }
         match node {
-            Value::Object(map) => check_node(&path, map, &mut violations, &mut stack),
+            Value::Object(map) => {
+                let mut children = Vec::new();
+                check_node(&path, map, &mut violations, &mut children);
+                stack.extend(children.into_iter().map(|(path, node)| Pending {
+                    path,
+                    node,
+                    depth: depth + 1,
+                }));
+            }
             _ => violations.push(format!("{path} must be an object")),
         }
     }
@@ -139,6 +172,76 @@ pub fn assert_object_json_schema(schema: &Value) -> Result<()> {
         ErrorCode::UnsupportedSchema,
         format!("unsupported JSON schema: {}", violations.join("; ")),
     ))
+}
+
+/// Drops `value` without recursing, however deeply it nests (serde_json's own drop recurses
+/// once per level).
+fn drop_iteratively(value: Value) {
+    let mut pending = vec![value];
+    while let Some(value) = pending.pop() {
+        match value {
+            Value::Array(items) => pending.extend(items),
+            Value::Object(map) => pending.extend(map.into_iter().map(|(_, child)| child)),
+            _ => {}
+        }
+    }
+}
+
+/// A schema node still to check.
+struct Pending<'a> {
+    path: String,
+    node: &'a Value,
+    depth: usize,
+}
+
+/// The schema the validator compiles: annotations dropped, `required` names deduplicated (see
+/// the module docs). Only called on a schema that passed the subset check, so its depth is
+/// bounded.
+fn for_validation(schema: &Value) -> Value {
+    match schema {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(key, _)| !ANNOTATIONS.contains(&key.as_str()))
+                .map(|(key, value)| {
+                    let value = match key.as_str() {
+                        "properties" => match value {
+                            Value::Object(properties) => Value::Object(
+                                properties
+                                    .iter()
+                                    .map(|(name, property)| {
+                                        (name.clone(), for_validation(property))
+                                    })
+                                    .collect(),
+                            ),
+                            other => other.clone(),
+                        },
+                        "items" => for_validation(value),
+                        "oneOf" => match value {
+                            Value::Array(branches) => {
+                                Value::Array(branches.iter().map(for_validation).collect())
+                            }
+                            other => other.clone(),
+                        },
+                        "required" => match value {
+                            Value::Array(names) => {
+                                let mut unique: Vec<Value> = Vec::with_capacity(names.len());
+                                for name in names {
+                                    if !unique.contains(name) {
+                                        unique.push(name.clone());
+                                    }
+                                }
+                                Value::Array(unique)
+                            }
+                            other => other.clone(),
+                        },
+                        _ => value.clone(),
+                    };
+                    (key.clone(), value)
+                })
+                .collect::<Map<String, Value>>(),
+        ),
+        other => other.clone(),
+    }
 }
 
 fn check_node<'a>(
@@ -296,10 +399,24 @@ fn check_literals(
             violations.push(format!("{path}.const must be of type {node_type}"));
         }
         if let Some(Value::Array(values)) = map.get("enum") {
-            if !values.contains(value) {
+            if !values.iter().any(|member| same_literal(member, value)) {
                 violations.push(format!("{path}.const must be a member of enum"));
             }
         }
+    }
+}
+
+/// Whether two literals are the same JSON value: numbers compare by value (`1.0` is `1`).
+fn same_literal(left: &Value, right: &Value) -> bool {
+    match (left, right) {
+        (Value::Number(a), Value::Number(b)) => {
+            match (a.as_i64(), b.as_i64(), a.as_u64(), b.as_u64()) {
+                (Some(a), Some(b), _, _) => a == b,
+                (_, _, Some(a), Some(b)) => a == b,
+                _ => a.as_f64().zip(b.as_f64()).is_some_and(|(a, b)| a == b),
+            }
+        }
+        _ => left == right,
     }
 }
 

@@ -113,7 +113,7 @@ fn a_killed_writer_loses_no_flushed_event_and_its_turn_is_repaired() {
         assert_eq!(
             stored.len(),
             events.len(),
-            "the resumed turn was flushed at disposal"
+            "disposal drained the resumed turn into the store"
         );
     });
 }

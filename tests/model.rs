@@ -13,7 +13,7 @@ fn request(cancel: &CancellationToken) -> GenerateRequest {
     GenerateRequest {
         provider: "scripted".into(),
         model: "m".into(),
-        messages: vec![],
+        messages: Vec::new().into(),
         system: None,
         tools: vec![],
         max_tokens: None,

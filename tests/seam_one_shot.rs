@@ -98,16 +98,34 @@ async fn child_turn_endings_map_to_stop_reasons() {
 
 // SPAWN-14 CONT-86
 #[actix_rt::test]
-async fn a_one_shot_run_has_no_steering_and_spawn_prepares_fresh_continuable_children() {
+async fn a_one_shot_run_offers_no_continuation_and_continuable_creation_is_a_provider_capability() {
     use subagents::seam::{ContinuableCreateRequest, SubagentProvider};
+    use subagents::testing::ScriptedProvider;
     let model = ScriptedModel::with_script([ScriptStep::text("ok")]);
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
-    // `SubagentRun` exposes only id, local_agent, result and dispose: steering and resume do
-    // not exist on the type, so there is nothing to call.
+    // A run is one delegation: `SubagentRun` has no steer and no resume (the type offers
+    // nothing to call), and once disposed its child is gone for good.
     let run = start_run(&rt, "spawn", parent.agent(), "x").await;
+    let child = run.local_agent().unwrap().clone();
     run.result().await.unwrap();
     run.dispose().await.unwrap();
+    assert_eq!(
+        child
+            .steer(text("more"), subagents::MessageSource::User)
+            .await
+            .unwrap_err()
+            .code(),
+        ErrorCode::AgentDisposed,
+        "a disposed one-shot child takes no steering"
+    );
+    assert!(rt.agents().get(child.id()).await.is_none());
+
+    // Continuable creation is a capability a provider has or lacks.
+    assert!(
+        ScriptedProvider::new("plain").continuable().is_none(),
+        "a provider without prepare_continuable cannot make continuable children"
+    );
     let spawn = subagents::SpawnInProcess::default();
     let prepare = spawn
         .continuable()
@@ -120,7 +138,7 @@ async fn a_one_shot_run_has_no_steering_and_spawn_prepares_fresh_continuable_chi
         })
         .await
         .unwrap();
-    assert_eq!(spec.seed, None);
+    assert_eq!(spec.seed, None, "spawn children start fresh");
 }
 
 // SPAWN-15 DRV-02
@@ -518,6 +536,28 @@ async fn a_disposed_parent_cannot_delegate() {
     assert_eq!(error.code(), ErrorCode::AgentDisposed);
     assert!(error.message().contains("inactive context"));
     assert!(rt.agents().list().await.is_empty(), "no orphaned child");
+}
+
+// DRV-06
+#[actix_rt::test]
+async fn a_max_tokens_turn_is_reported_as_max_tokens_with_no_flush() {
+    let (rt, faults) = faulty_runtime(ScriptedModel::with_script([ScriptStep::max_tokens(
+        "cut short",
+    )]))
+    .await;
+    let parent = root(&rt).await;
+    let flushes = faults.flush_count();
+    let run = start_run(&rt, "spawn", parent.agent(), "long task").await;
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::MaxTokens);
+    let events = run.local_agent().unwrap().log().events();
+    assert_eq!(turn_ends(&events).last(), Some(&TurnEndReason::MaxTokens));
+    assert_eq!(
+        faults.flush_count(),
+        flushes,
+        "the one-shot path never flushes"
+    );
+    run.dispose().await.unwrap();
 }
 
 // SPAWN-06 SPAWN-07

@@ -365,6 +365,7 @@ async fn repeated_child_ids_still_get_distinct_run_ids() {
         assert_eq!(run.id(), id);
         run.dispose().await.unwrap();
     }
+    recorder.wait_for_count(4).await;
     let starts: Vec<_> = recorder
         .events()
         .iter()
@@ -372,7 +373,16 @@ async fn repeated_child_ids_still_get_distinct_run_ids() {
         .map(|i| i.run_id)
         .collect();
     assert_eq!(starts.len(), 2);
-    assert_ne!(starts[0], starts[1]);
+    assert_ne!(starts[0], starts[1], "one child id, two runs");
+    let ends: Vec<_> = recorder
+        .events()
+        .into_iter()
+        .filter_map(|event| match event {
+            subagents::SubagentEvent::End(end) => Some(end.info.run_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, starts, "each end names its own start's run");
 }
 
 // SVC-12

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use subagents::schema::{assert_object_json_schema, ObjectSchema};
 use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::tools::structured_output::STRUCTURED_OUTPUT_INSTRUCTION;
-use subagents::tools::{PostExecuteHook, ToolExecutionResult};
+use subagents::tools::{PostExecuteHook, PreToolDecision, ToolExecutionResult};
 use subagents::{
     AgentEvent, AgentEventKind, ContentBlock, ErrorCode, EventKind, EventScope, PromptSection,
     Runtime, StopReason, SubagentStartRequest, Tool, ToolOutput,
@@ -124,6 +124,79 @@ async fn calls_after_the_capture_in_the_same_response_never_run() {
         "{outcome:?}"
     );
     run.dispose().await.unwrap();
+}
+
+// STRUCT-04
+#[actix_rt::test]
+async fn a_later_prepended_pre_execute_listener_cannot_resurrect_dispatch_after_capture() {
+    let ran = Arc::new(AtomicBool::new(false));
+    let model = ScriptedModel::with_script([ScriptStep::tool_calls(&[
+        ("c1", "structured_output", json!({"answer": 5})),
+        ("c2", "side_effect", json!({})),
+    ])]);
+    let rt = seam_runtime_from(
+        Runtime::builder()
+            .model("scripted", model)
+            .tool(side_effect_tool(&ran)),
+    )
+    .await;
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&asked);
+    // The outermost listener consults the rest, then allows whatever they said.
+    rt.tools().pre_execute_first(Arc::new(move |_, next| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let _ = next();
+        PreToolDecision::Allow
+    }));
+    let (_parent, run) = structured_run(&rt, answer_schema()).await;
+    let result = run.result().await.unwrap();
+    assert_eq!(result.structured, Some(json!({"answer": 5})));
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        2,
+        "the listener saw both calls"
+    );
+    assert!(!ran.load(Ordering::SeqCst), "the side effect never ran");
+    let outcome = results(&run);
+    assert!(outcome[1].0, "its tool result is an error: {outcome:?}");
+    run.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_pre_execute_listener_can_deny_and_an_ask_without_approval_is_refused() {
+    let ran = Arc::new(AtomicBool::new(false));
+    let model = ScriptedModel::with_script([
+        ScriptStep::tool_calls(&[
+            ("c1", "side_effect", json!({})),
+            ("c2", "side_effect", json!({"ask": true})),
+        ]),
+        ScriptStep::text("done"),
+    ]);
+    let rt = seam_runtime_from(
+        Runtime::builder()
+            .model("scripted", model)
+            .tool(side_effect_tool(&ran)),
+    )
+    .await;
+    rt.tools().pre_execute(Arc::new(|call, next| {
+        if call.arguments.get("ask").is_some() {
+            PreToolDecision::Ask {
+                reason: Some("writes".into()),
+            }
+        } else {
+            match next() {
+                PreToolDecision::Allow => PreToolDecision::Deny {
+                    reason: "not today".into(),
+                },
+                other => other,
+            }
+        }
+    }));
+    let parent = root(&rt).await;
+    let events = run_prompt(parent.agent(), "go").await;
+    assert!(!ran.load(Ordering::SeqCst));
+    assert_eq!(tool_error_codes(&events), ["TOOL_DENIED", "TOOL_DENIED"]);
+    parent.dispose().await.unwrap();
 }
 
 // STRUCT-05
@@ -560,4 +633,67 @@ fn values_are_validated_against_the_subset() {
     ] {
         assert!(schema.validate(&bad).is_err(), "{bad} should fail");
     }
+}
+
+// design-notes §8: what the subset accepts, the validator must accept too.
+#[test]
+fn annotations_repeated_required_names_and_numbers_by_value_are_accepted() {
+    let schema = ObjectSchema::new(json!({
+        "type": "object",
+        "examples": {"not": "an array"},
+        "properties": {
+            "n": {"type": "number", "enum": [1, 2], "const": 1.0, "examples": "one"}
+        },
+        "required": ["n", "n"]
+    }))
+    .expect("the subset accepts it, and so does the validator");
+    schema.validate(&json!({"n": 1})).unwrap();
+    assert!(schema.validate(&json!({"n": 2})).is_err(), "const wins");
+    assert!(schema.validate(&json!({})).is_err(), "required still holds");
+}
+
+#[test]
+fn a_schema_nested_too_deep_is_refused_without_crashing() {
+    // Built by hand: `json!` would re-serialize the inner value at every level.
+    fn nested(levels: usize) -> Value {
+        let mut schema = json!({"type": "string"});
+        for _ in 0..levels {
+            let mut properties = serde_json::Map::new();
+            properties.insert("x".into(), schema);
+            let mut node = serde_json::Map::new();
+            node.insert("type".into(), json!("object"));
+            node.insert("properties".into(), Value::Object(properties));
+            schema = Value::Object(node);
+        }
+        schema
+    }
+    let error = ObjectSchema::new(nested(4_096)).unwrap_err();
+    assert_eq!(error.code(), ErrorCode::UnsupportedSchema);
+    assert!(error.message().contains("nest at most"), "{error}");
+    ObjectSchema::new(nested(subagents::schema::MAX_SCHEMA_DEPTH - 1))
+        .expect("the deepest allowed schema compiles");
+}
+
+#[actix_rt::test]
+async fn a_structured_childs_end_event_agrees_with_its_result() {
+    let model = ScriptedModel::with_script([capture(json!({"answer": 1}))]);
+    let rt = seam_runtime(&model).await;
+    let recorder = crate::support::SeamRecorder::new(&rt, EventScope::All);
+    let (_parent, run) = structured_run(&rt, answer_schema()).await;
+    let result = run.result().await.unwrap();
+    recorder.wait_for_count(2).await;
+    let end = recorder
+        .events()
+        .into_iter()
+        .find_map(|event| match event {
+            subagents::SubagentEvent::End(end) => Some(end),
+            _ => None,
+        })
+        .expect("subagent/end");
+    assert_eq!(
+        end.last_assistant_message.unwrap_or_default(),
+        result.output,
+        "the end event shows exactly the result's output"
+    );
+    run.dispose().await.unwrap();
 }

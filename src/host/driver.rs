@@ -31,8 +31,8 @@ use crate::host::{AgentEnv, AgentOptions, FlushPolicy};
 use crate::ids::{CallId, SessionId};
 use crate::model::{FinishReason, GenerateRequest, StreamChunk};
 use crate::session::{
-    interrupted_turn_closers, CancelCause, EventKind, LlmFailure, SessionEvent, SessionLog,
-    SurfaceOp, TokenUsage, TurnEndReason,
+    interrupted_turn_closers, CancelCause, EventKind, LlmFailure, SessionLog, TokenUsage,
+    TurnEndReason,
 };
 use crate::tools::{self, Concurrency, ToolCtx, ToolExecutionResult};
 
@@ -275,32 +275,6 @@ async fn drive(
     }
 }
 
-/// The model history: surface events in order, leaving out empty assistant messages.
-pub fn derive_messages(events: &[SessionEvent]) -> Vec<Message> {
-    let mut history: Vec<Message> = Vec::new();
-    for event in events {
-        let message = match &event.kind {
-            EventKind::UserMessage(message) => message,
-            EventKind::AssistantMessage { message, .. } if !message.content.is_empty() => message,
-            EventKind::ToolResult { message, .. } => message,
-            _ => continue,
-        };
-        match event.surface_op {
-            Some(SurfaceOp::Replace { start, end }) => {
-                let start = usize::try_from(start)
-                    .unwrap_or(usize::MAX)
-                    .min(history.len());
-                let end = usize::try_from(end)
-                    .unwrap_or(usize::MAX)
-                    .clamp(start, history.len());
-                history.splice(start..end, [message.clone()]);
-            }
-            _ => history.push(message.clone()),
-        }
-    }
-    history
-}
-
 async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Ending>, Fault> {
     let (provider, adapter) = ctx
         .env
@@ -311,7 +285,7 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
     let request = GenerateRequest {
         provider: provider.clone(),
         model: ctx.options.model.clone(),
-        messages: ctx.log.with_events(derive_messages),
+        messages: ctx.log.history(),
         system: assemble_system_prompt(&ctx.env.sections, ctx.scope.sections()),
         tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
         max_tokens: ctx.options.max_tokens,
@@ -352,6 +326,9 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
             }
         }
     }
+    // The request (and its history snapshot) goes with the stream, before the history grows:
+    // the log then extends its history in place instead of copying it.
+    drop(stream);
     let finish = finish.unwrap_or(FinishReason::Stop);
     let content = match &finish {
         FinishReason::Error { failure } | FinishReason::Aborted { failure } => {

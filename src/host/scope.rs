@@ -146,6 +146,10 @@ pub type StepEnteredHook = Arc<dyn Fn(&PreStep<'_>) + Send + Sync>;
 /// The plugin name on runtime-context messages.
 pub const RUNTIME_CONTEXT_PLUGIN: &str = "runtime-context";
 
+/// The first line of every runtime-context message.
+pub const RUNTIME_CONTEXT_HEADER: &str =
+    "Current runtime context. This snapshot supersedes earlier runtime-context snapshots.";
+
 /// Observes every final tool result (observe only).
 pub type ToolResultObserver = Arc<dyn Fn(&ToolResultSeen<'_>) + Send + Sync>;
 
@@ -231,7 +235,9 @@ impl AgentScope {
     /// The runtime-context message for the next step, if the rendered contexts changed since
     /// the last one this agent saw.
     pub fn runtime_context_message(&self) -> Option<Message> {
-        let text = assemble_system_prompt(&[], &self.contexts)?;
+        let sections = assemble_system_prompt(&[], &self.contexts)?;
+        // The header tells the model this is standing context, not a request.
+        let text = format!("{RUNTIME_CONTEXT_HEADER}\n\n{sections}");
         let mut last = self
             .last_context
             .lock()

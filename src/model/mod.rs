@@ -17,9 +17,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::content::{ContentBlock, Message};
+use crate::content::ContentBlock;
 use crate::ids::{CallId, SessionId};
-use crate::session::{LlmFailure, TokenUsage};
+use crate::session::{History, LlmFailure, TokenUsage};
 
 pub use assembler::BlockAssembler;
 pub use openai::{OpenAiAdapter, OpenAiConfig};
@@ -138,8 +138,8 @@ pub struct GenerateRequest {
     pub provider: String,
     /// The model name.
     pub model: String,
-    /// The history (surface messages), oldest first.
-    pub messages: Vec<Message>,
+    /// The history (surface messages), oldest first: a shared snapshot, cheap to clone.
+    pub messages: History,
     /// The assembled system prompt.
     pub system: Option<String>,
     /// The tools the agent may call.

@@ -33,7 +33,6 @@ use crate::content::{ContentBlock, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::{interpolate_prompt, AgentOptions, AgentScope, DelegatedPolicy, PromptSection};
 use crate::host::{AgentHandle, CreateAgent};
-use crate::ids::SessionId;
 use crate::seam::depth::{check_max_depth, resolve_child_depth};
 use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::session::{
@@ -81,19 +80,45 @@ fn child_options(
     }
 }
 
-/// The statement every delegated child sees as runtime context.
-fn delegation_statement(parent: SessionId, policy: &DelegatedPolicy) -> String {
-    let mut lines = vec![format!(
-        "You are a delegated subagent working for session {parent}. Do the task you were given \
-         and end with your result; you cannot ask the user questions."
-    )];
+/// The statement every delegated child sees as runtime context (after its task, as the
+/// reference orders them): what being delegated means for what it may do.
+pub const DELEGATION_STATEMENT: &str = "You are a delegated subagent: your permission scope was \
+     fixed when you were started and cannot be widened from inside this session \u{2014} operations \
+     that require approval are rejected automatically. When the task needs access beyond that \
+     scope, do not retry the denied operation; state the limitation in your reply so the \
+     delegating agent can handle it.";
+
+/// The sandbox and approval sentences, as their own contexts before the delegation statement.
+const SANDBOX_CONTEXT: (&str, f64) = ("sandbox:policy", 110.0);
+const APPROVAL_CONTEXT: (&str, f64) = ("approval:policy", 115.0);
+
+/// The runtime contexts a delegated child carries: its sandbox mode and approval pin (when
+/// the policy has them) and the delegation statement.
+fn delegation_contexts(policy: &DelegatedPolicy) -> Vec<PromptSection> {
+    let mut contexts = Vec::new();
     if let Some(mode) = &policy.sandbox_mode {
-        lines.push(format!("Current DSH file policy: {mode}."));
+        contexts.push(PromptSection::new(
+            SANDBOX_CONTEXT.0,
+            SANDBOX_CONTEXT.1,
+            format!(
+                "Current DSH file policy: {mode}. Any available operation outside it is refused."
+            ),
+        ));
     }
     if policy.approval_pinned {
-        lines.push("Approval prompts are disabled: actions that need approval are refused.".into());
+        contexts.push(PromptSection::new(
+            APPROVAL_CONTEXT.0,
+            APPROVAL_CONTEXT.1,
+            "Approval prompts are disabled in this session: actions that require approval are \
+             rejected automatically \u{2014} do not request sandbox escalation.",
+        ));
     }
-    lines.join("\n")
+    contexts.push(PromptSection::new(
+        DELEGATION_CONTEXT,
+        DELEGATION_ORDER,
+        DELEGATION_STATEMENT,
+    ));
+    contexts
 }
 
 /// The policy events a child records at creation, after any seed.
@@ -169,7 +194,6 @@ pub(crate) async fn start_in_process_run(
     let boundary = u64::try_from(seed.len()).map_err(|_| SubagentError::bug("seed too long"))?;
     let capture_slot: Arc<std::sync::OnceLock<StructuredCapture>> = Arc::default();
     let setup_slot = Arc::clone(&capture_slot);
-    let parent_id = parent.id();
     let ResolvedSubagentStartRequest {
         request,
         descriptor,
@@ -182,11 +206,9 @@ pub(crate) async fn start_in_process_run(
         for event in policy_events(&policy) {
             log.append(event)?;
         }
-        scope.context(PromptSection::new(
-            DELEGATION_CONTEXT,
-            DELEGATION_ORDER,
-            delegation_statement(parent_id, &policy),
-        ));
+        for context in delegation_contexts(&policy) {
+            scope.context(context);
+        }
         if let Some(persona) = persona {
             scope.section(PromptSection::new(PERSONA_SECTION, persona_order, persona));
         }

@@ -36,6 +36,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::event::{EventKind, SessionEvent};
 use crate::session::header::SessionHeader;
+use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
 use crate::session::seed::{check_lossless, free_form_json, validate_seed};
 use crate::store::{Lease, SharedStore};
@@ -65,6 +66,8 @@ struct LogState {
     header: SessionHeader,
     events: Vec<SessionEvent>,
     shape: LogShape,
+    /// The model history, folded in as events are appended.
+    history: Projection,
     write_behind: Option<WriteBehind>,
     /// The first failed durable write; set once, never cleared.
     fault: Option<SubagentError>,
@@ -159,12 +162,17 @@ impl SessionLog {
     }
 
     fn from_parts(header: SessionHeader, events: Vec<SessionEvent>, shape: LogShape) -> Self {
+        let mut history = Projection::default();
+        for event in &events {
+            history.push(event);
+        }
         Self {
             inner: Arc::new(LogInner {
                 state: Mutex::new(LogState {
                     header,
                     events,
                     shape,
+                    history,
                     write_behind: None,
                     fault: None,
                 }),
@@ -226,6 +234,12 @@ impl SessionLog {
         state.events[start..].to_vec()
     }
 
+    /// The model history so far (its surface messages): an O(1) snapshot, kept up to date as
+    /// events are appended (see [`crate::session::history`]).
+    pub fn history(&self) -> History {
+        self.lock().history.snapshot()
+    }
+
     /// Runs `read` over the events without copying them. `read` must not touch this log.
     pub fn with_events<R>(&self, read: impl FnOnce(&[SessionEvent]) -> R) -> R {
         read(&self.lock().events)
@@ -254,6 +268,7 @@ impl SessionLog {
         let mut event = SessionEvent::new(seq, kind);
         event.source_event_seqs = sources;
         state.shape.admit(&event)?;
+        state.history.push(&event);
         state.events.push(event);
         if let Some(write_behind) = &state.write_behind {
             write_behind.wake.notify_one();

@@ -4,6 +4,7 @@
 pub mod event;
 pub mod fold;
 pub mod header;
+pub mod history;
 pub mod invariants;
 pub mod log;
 pub mod repair;
@@ -19,6 +20,7 @@ pub use fold::{
     AssistantOutputFold, ConsumedWork,
 };
 pub use header::{SessionHeader, SessionOrigin, SESSION_FORMAT_VERSION};
+pub use history::History;
 pub use invariants::LogShape;
 pub use log::SessionLog;
 pub use repair::interrupted_turn_closers;

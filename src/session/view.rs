@@ -4,7 +4,7 @@
 
 use crate::error::{Result, SubagentError};
 use crate::ids::SessionId;
-use crate::session::{SessionEvent, SessionHeader, SessionLog};
+use crate::session::{History, SessionEvent, SessionHeader, SessionLog};
 
 /// A read-only view of a live agent's [`SessionLog`]. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -58,6 +58,11 @@ impl SessionLogView {
     /// A copy of the events from `seq` on.
     pub fn events_from(&self, seq: u64) -> Vec<SessionEvent> {
         self.0.events_from(seq)
+    }
+
+    /// The model history so far: an O(1) snapshot.
+    pub fn history(&self) -> History {
+        self.0.history()
     }
 
     /// Runs `read` over the events without copying them. `read` must not touch this log.

@@ -208,6 +208,31 @@ pub struct GuardedCall<'a> {
 /// A guard: returns a refusal reason to stop the call.
 pub type Guard = Arc<dyn Fn(&GuardedCall<'_>) -> Option<String> + Send + Sync>;
 
+/// What a pre-execute listener decides about a pending call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PreToolDecision {
+    /// Let the call through to the guards.
+    Allow,
+    /// Refuse the call with a reason.
+    Deny {
+        /// Why, shown to the model in the call's error result.
+        reason: String,
+    },
+    /// Ask an approval service. This runtime composes none, so an ask is a refusal.
+    Ask {
+        /// Why approval is needed.
+        reason: Option<String>,
+    },
+}
+
+/// A pre-execute listener: sees a pending call and `next`, the decision of the listeners after
+/// it (allow when there are none), and returns the decision to keep. Listeners form a waterfall:
+/// the outermost runs first. Whatever they decide, the guards run after an allow and can only
+/// refuse, so no listener can resurrect a call a guard refuses.
+pub type PreExecuteHook =
+    Arc<dyn Fn(&GuardedCall<'_>, &dyn Fn() -> PreToolDecision) -> PreToolDecision + Send + Sync>;
+
 /// A post-execute hook: sees a ran call's result and returns the result to keep. It may accept,
 /// replace the content, or block (turn a success into a failure with feedback). Hooks run in
 /// registration order, global before agent-scoped: the last one is authoritative.
@@ -268,6 +293,7 @@ pub struct ToolRegistry {
 struct GlobalTools {
     tools: Vec<Tool>,
     guards: Vec<Guard>,
+    pre_execute: Vec<PreExecuteHook>,
     post_execute: Vec<PostExecuteHook>,
 }
 
@@ -316,6 +342,17 @@ impl ToolRegistry {
         self.write().post_execute.push(hook);
     }
 
+    /// Adds a global pre-execute listener inside those already added (it runs after them).
+    pub fn pre_execute(&self, hook: PreExecuteHook) {
+        self.write().pre_execute.push(hook);
+    }
+
+    /// Adds a global pre-execute listener outside every other (it runs first): upstream's
+    /// `prepend`.
+    pub fn pre_execute_first(&self, hook: PreExecuteHook) {
+        self.write().pre_execute.insert(0, hook);
+    }
+
     fn contains(&self, name: &str) -> bool {
         self.read().tools.iter().any(|t| t.name() == name)
     }
@@ -328,11 +365,27 @@ fn duplicate(name: &str) -> SubagentError {
     )
 }
 
-/// One agent's tool layer: its own tools, masks over the globals, and its guards.
+/// Runs `listeners[0]` with a `next` that runs the rest; the end of the chain allows.
+fn waterfall(listeners: &[PreExecuteHook], call: &GuardedCall<'_>) -> PreToolDecision {
+    let Some((first, rest)) = listeners.split_first() else {
+        return PreToolDecision::Allow;
+    };
+    let next = || waterfall(rest, call);
+    catch_unwind(AssertUnwindSafe(|| first(call, &next))).unwrap_or_else(|_| {
+        tracing::error!(session_id = %call.agent, tool = call.name, "a pre-execute listener panicked");
+        PreToolDecision::Deny {
+            reason: "a pre-execute listener failed".to_owned(),
+        }
+    })
+}
+
+/// One agent's tool layer: its own tools, masks over the globals, its pre-execute listeners
+/// and its guards.
 #[derive(Default, Clone)]
 pub struct ToolLayer {
     tools: Vec<Tool>,
     masks: Vec<ToolFilter>,
+    pre_execute: Vec<PreExecuteHook>,
     guards: Vec<Guard>,
     post_execute: Vec<PostExecuteHook>,
 }
@@ -398,6 +451,34 @@ impl ToolLayer {
     /// Adds an agent-scoped post-execute hook.
     pub fn post_execute(&mut self, hook: PostExecuteHook) {
         self.post_execute.push(hook);
+    }
+
+    /// Adds an agent-scoped pre-execute listener; it sees only this agent's calls and runs
+    /// inside the global listeners.
+    pub fn pre_execute(&mut self, hook: PreExecuteHook) {
+        self.pre_execute.push(hook);
+    }
+
+    /// Runs the pre-execute waterfall (global listeners outermost), then — after an allow —
+    /// the guards. Returns the refusal reason, if any. A listener that panics refuses the call.
+    pub fn decide(&self, globals: &ToolRegistry, call: &GuardedCall<'_>) -> Option<String> {
+        let listeners: Vec<PreExecuteHook> = globals
+            .read()
+            .pre_execute
+            .iter()
+            .chain(&self.pre_execute)
+            .cloned()
+            .collect();
+        match waterfall(&listeners, call) {
+            PreToolDecision::Allow => self.check_guards(globals, call),
+            PreToolDecision::Deny { reason } => Some(reason),
+            PreToolDecision::Ask { reason } => Some(match reason {
+                Some(reason) => {
+                    format!("approval required, and no approval service exists: {reason}")
+                }
+                None => "approval required, and no approval service exists".to_owned(),
+            }),
+        }
     }
 
     /// Runs the post-execute hooks over a ran call's result. A hook that panics blocks the
@@ -535,7 +616,8 @@ pub fn parse_arguments(raw: &str) -> Value {
 /// The result code of a call that never started because the turn was cancelled first.
 pub const ABORTED_BEFORE_DISPATCH: &str = "ABORTED_BEFORE_DISPATCH";
 
-/// Runs one call to completion: lookup, guards, body.
+/// Runs one call to completion: lookup, the pre-execute waterfall, guards, body, post-execute
+/// hooks.
 ///
 /// A call whose turn is already cancelled never starts (`ABORTED_BEFORE_DISPATCH`); a
 /// cancellation while the body runs yields `ABORTED` (the body lost the race to the cancel); a
@@ -567,7 +649,7 @@ pub async fn execute(
         name: &name,
         arguments: &arguments,
     };
-    if let Some(reason) = layer.check_guards(globals, &call) {
+    if let Some(reason) = layer.decide(globals, &call) {
         return ToolExecutionResult::failure(&name, "TOOL_DENIED", &reason);
     }
     let cancel = ctx.cancel.clone();
