@@ -7,7 +7,8 @@
 //!    owner is exactly live (same incarnation) and not retiring; the child is published only if
 //!    that still holds, so no child ever outlives, or escapes, its owner.
 //! 3. A retiring agent takes no new children; its live children are handed to its disposal,
-//!    which releases them before it releases the owner (child first).
+//!    which releases them before it releases the owner (child first). An agent that never had
+//!    a child retires without asking the registry (see `host::handle::Ownership`).
 //! 4. `agent/disposed` is emitted as a live slot is freed, in registry order, so it precedes
 //!    the `agent/created` of a later incarnation of the same id.
 
@@ -95,12 +96,19 @@ impl AgentRegistry {
         match self.slots.get(&owner) {
             Some(Slot {
                 incarnation: live,
-                state: SlotState::Live {
-                    retiring: false, ..
-                },
+                state: SlotState::Live { handle, retiring },
                 ..
-            }) if *live == incarnation => Ok(()),
+            }) if *live == incarnation && !*retiring && !handle.ownership().is_retiring() => Ok(()),
             _ => Err(owner_gone(owner)),
+        }
+    }
+
+    /// [`AgentRegistry::check_owner`], and tells the owner's disposal that it has a child.
+    fn admit_child(&self, owner: Exact) -> Result<()> {
+        self.check_owner(owner)?;
+        match &self.slots.get(&owner.0).map(|slot| &slot.state) {
+            Some(SlotState::Live { handle, .. }) if handle.ownership().admit_child() => Ok(()),
+            _ => Err(owner_gone(owner.0)),
         }
     }
 
@@ -118,7 +126,7 @@ impl AgentRegistry {
             ));
         }
         if let Some(owner) = owner {
-            self.check_owner(owner)?;
+            self.admit_child(owner)?;
             if let Some(slot) = self.slots.get_mut(&owner.0) {
                 slot.children.insert(id);
             }

@@ -121,17 +121,17 @@ impl SubagentService {
             (
                 request.output_schema.is_some(),
                 capabilities.output_schema,
-                "outputSchema",
+                "output_schema",
             ),
             (
                 request.max_depth.is_some(),
                 capabilities.depth_limit,
-                "maxDepth",
+                "max_depth",
             ),
             (
                 request.tool_filter.is_some(),
                 capabilities.tool_filter,
-                "toolFilter",
+                "tool_filter",
             ),
             (request.persona.is_some(), capabilities.persona, "persona"),
         ];

@@ -28,30 +28,27 @@ for f in sorted(glob.glob('tests/*.rs')):
                     ported.setdefault(i,[]).append(f'{mod}::{fm.group(1)}'+(f' {note}' if note else ''))
                 break
 na={
- 'SVC-05':'pending — continuable children: manager drains (not yet filed)',
- 'SVC-06':'pending — continuable children: interrupt (not yet filed)',
- 'SVC-07':'pending — continuable children: start/follow-up without a manager (not yet filed)',
+ 'SVC-05':'pending — continuable children: manager drains (issue #8)',
+ 'SVC-06':'pending — continuable children: interrupt (issue #8)',
+ 'SVC-07':'pending — continuable children: start/follow-up without a manager (issue #8)',
  'SPAWN-22':'n/a — asserts the TypeScript plugin module shape; providers here are Rust types registered explicitly',
  'FORK-11':'n/a — as SPAWN-22',
- 'SPAWN-27':'adapted — the parent-owned fiber is TypeScript scoping; the creation token rolling setup back is agent_registry::a_creation_token_fired_during_setup_publishes_nothing',
  'SPAWN-E2E':'n/a — needs a real, key-gated model and a bash tool',
  'STRUCT-16':'n/a — Code Mode (`run_code`) has no counterpart in this runtime',
  'STRUCT-17':'n/a — Code Mode nested captures',
  'STRUCT-18':'n/a — Code Mode nested captures',
- 'STRUCT-04':'n/a — guards here can only refuse (there is no allow-capable pre-execute hook), so nothing can resurrect a refused call; STRUCT-03 covers the refusal',
- 'DRV-06':'n/a — there is no flush listener that could append late metadata; the one-shot path never flushes (DRV-04)',
  'DRV-05':'partly — the disposal channel is seam_one_shot::a_failed_release_surfaces_on_dispose_not_on_the_result; a prompt submission that fails without a cancel has no fault hook here',
  'STRUCT-27':'n/a — every tool call in this runtime has a calling agent; a tool absent from the caller’s layers is UNKNOWN_TOOL (STRUCT-26)',
  'RSET-03':'n/a — `diagnostic` is a non-seed extension this port does not keep (seed-differences #7)',
  'RSET-04':'n/a — as RSET-03',
- 'DINH-05':'n/a — this host has no approval service to escalate to; the recorded pin is DINH-01/DINH-04',
+ 'DINH-05':'n/a — the seam only asks whether an approval service exists (host-runtime §1 lists approval prompts as not used by the seam), and this runtime composes none: an escalation can never reach an answerer, because a pre-execute `Ask` is refused outright (seam_structured::a_pre_execute_listener_can_deny_and_an_ask_without_approval_is_refused); the pin itself is DINH-01/DINH-04. Porting the test needs an approval service with asked/decided events and sandbox escalation, which belong to the host, not the seam',
  'PRESET-01':'n/a — presets are out of scope (seed-differences #10)',
 }
 pending={
- 'CONT':'pending — continuable children (not yet filed)','CINH':'pending — continuable children (not yet filed)',
- 'LIST':'pending — durable listing (not yet filed)','SETUP':'pending — continuable setup registry (not yet filed)',
- 'TIME':'pending — projections (not yet filed)','INV':'pending — lifecycle invariant checker (not yet filed)',
- 'OOP':'pending — out-of-process providers (not yet filed)',
+ 'CONT':'pending — continuable children (issue #8)','CINH':'pending — continuable children (issue #8)',
+ 'LIST':'pending — durable listing (issue #9)','SETUP':'pending — continuable setup registry (issue #8)',
+ 'TIME':'pending — projections (issue #9)','INV':'pending — lifecycle invariant checker (issue #8)',
+ 'OOP':'pending — out-of-process providers (issue #12)',
  'PRESET':'n/a — presets are out of scope (seed-differences #10: a child gets a flat scope; host-runtime §12 omits presets)',
 }
 def key(r):

@@ -13,16 +13,23 @@
 //! - **Agents** ([`Agents`], [`AgentRef`], [`AgentHandle`]): one actor per live agent. Its
 //!   mailbox feeds its one journaled inbox; a turn runs as a spawned future, so cancel and
 //!   status reach it mid-turn. An [`AgentRef`] is exact identity (session id + incarnation).
-//! - **Session logs** ([`SessionLog`]): append-only, seq contiguous from 0, checked against
-//!   the turn/step invariants, seeded only with balanced prefixes.
+//!   Every child is owned by its exact parent, and disposal and [`Runtime::shutdown`] release
+//!   children first.
+//! - **Session logs** ([`SessionLog`], read-only as [`SessionLogView`] for a live agent):
+//!   append-only, seq contiguous from 0, checked against the turn/step invariants, seeded only
+//!   with balanced prefixes; the model [`History`] is kept incrementally.
 //! - **Storage** ([`SessionPersistence`]): [`SledStore`] by default, [`MemoryStore`] for tests.
-//!   `flush` is the durability point; a turn interrupted by a crash is repaired on load.
+//!   `flush` is the durability point; a failed write faults its agent instead of vanishing;
+//!   every live session is written under its lease's fencing epoch; a turn interrupted by a
+//!   crash is repaired on load.
 //! - **Models** ([`LlmAdapter`]): [`testing::ScriptedModel`] drives tests and load runs
 //!   deterministically, with gates that hold a response until released;
 //!   [`model::OpenAiAdapter`] talks to any OpenAI-compatible chat-completions endpoint.
 //! - **Tools** ([`Tool`], [`ToolRegistry`]): global and agent-scoped layers, restrictions,
 //!   guards, conclude-turn.
 //! - **Events** ([`EventBus`]): each listener contained on its own.
+//! - **Test doubles** ([`testing`]): the scripted model, a scripted provider, a store that
+//!   fails or holds chosen operations.
 //!
 //! ```
 //! use subagents::testing::{ScriptStep, ScriptedModel};
@@ -76,18 +83,25 @@ pub use host::{
 };
 pub use host::{AgentHandle, CreateAgent, ResumeAgent};
 pub use ids::{CallId, MessageId, RunId, SessionId};
-pub use model::{GenerateRequest, LlmAdapter, StreamChunk};
+pub use model::{BlockType, FinishReason, GenerateRequest, LlmAdapter, StreamChunk};
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use schema::ObjectSchema;
 pub use seam::{
-    ChildAgentOptions, SubagentCapabilities, SubagentDescriptor, SubagentEvent, SubagentProvider,
-    SubagentResult, SubagentRun, SubagentStartRequest,
+    ChildAgentOptions, ContinuableCreateRequest, ContinuableCreateSpec, PrepareContinuable,
+    ResolvedSubagentStartRequest, SubagentCapabilities, SubagentDescriptor, SubagentEvent,
+    SubagentProvider, SubagentResult, SubagentRun, SubagentStartRequest,
 };
 pub use session::{
-    CancelCause, EventKind, SessionEvent, SessionHeader, SessionLog, SessionLogView, TurnEndReason,
+    CancelCause, EventKind, FailureCategory, History, LlmFailure, SessionEvent, SessionHeader,
+    SessionLog, SessionLogView, TokenUsage, TurnEndReason,
 };
 pub use stop_reason::StopReason;
-pub use store::{MemoryStore, SessionPersistence, SledStore};
+pub use store::{
+    Lease, LeaseEpoch, LeaseHolder, MemoryStore, SessionPersistence, SharedStore, SledStore,
+};
+/// The cancellation token every cancellable operation takes (re-exported from `tokio-util`, so
+/// a host needs no direct dependency to build one).
+pub use tokio_util::sync::CancellationToken;
 pub use tools::{Tool, ToolCtx, ToolError, ToolFilter, ToolOutput, ToolRegistry};
 
 #[cfg(doctest)]

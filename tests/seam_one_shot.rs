@@ -585,7 +585,7 @@ async fn child_depth_is_parent_depth_plus_one_and_the_cap_is_enforced() {
         .await
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::DepthExceeded);
-    assert_eq!(error.message(), "subagent depth 1 exceeds maxDepth 0");
+    assert_eq!(error.message(), "subagent depth 1 exceeds max_depth 0");
 }
 
 // DRV-11 DRV-12
@@ -594,8 +594,8 @@ async fn the_persisted_header_depth_is_a_floor_runtime_depth_can_only_deepen() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let rt = seam_runtime(&model).await;
     let cases = [
-        (1, 0, 1, "subagent depth 2 exceeds maxDepth 1"),
-        (2, 1, 2, "subagent depth 3 exceeds maxDepth 2"),
+        (1, 0, 1, "subagent depth 2 exceeds max_depth 1"),
+        (2, 1, 2, "subagent depth 3 exceeds max_depth 2"),
     ];
     for (header_depth, runtime_depth, cap, message) in cases {
         let options = AgentOptions {

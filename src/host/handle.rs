@@ -14,6 +14,7 @@
 //! 6. The registry frees the id (`agent/disposed`). Until then no resume can load a store that
 //!    lacks this log's tail.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use actix::Addr;
@@ -25,6 +26,38 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::session::CancelCause;
 
 type SharedOutcome = Shared<BoxFuture<'static, Result<()>>>;
+
+/// Two flags an agent's disposal and the registry share.
+///
+/// The disposal sets `retiring`, then reads `has_children`; the registry, reserving a child,
+/// sets `has_children`, then reads `retiring` (and refuses the child if it is set). Both are
+/// sequentially consistent, so at least one side sees the other: either the disposal knows it
+/// has children (and asks the registry for them), or the registry refuses the child.
+#[derive(Default)]
+pub(crate) struct Ownership {
+    retiring: AtomicBool,
+    has_children: AtomicBool,
+}
+
+impl Ownership {
+    /// The registry's side: records that a child is being reserved; false if the owner is
+    /// retiring (the child must be refused).
+    pub(crate) fn admit_child(&self) -> bool {
+        self.has_children.store(true, Ordering::SeqCst);
+        !self.retiring.load(Ordering::SeqCst)
+    }
+
+    /// Whether the owner has begun retiring.
+    pub(crate) fn is_retiring(&self) -> bool {
+        self.retiring.load(Ordering::SeqCst)
+    }
+
+    /// The disposal's side: marks the agent retiring; returns whether it may own children.
+    fn retire(&self) -> bool {
+        self.retiring.store(true, Ordering::SeqCst);
+        self.has_children.load(Ordering::SeqCst)
+    }
+}
 
 /// A task started at most once and awaited by every caller; dropping a caller never stops it.
 #[derive(Default)]
@@ -71,6 +104,9 @@ impl OnceTask {
 
 struct HandleShared {
     registry: Addr<AgentRegistry>,
+    /// Ownership flags shared with the registry, so a childless agent's disposal needs no
+    /// registry round trip to retire (see [`Ownership`]).
+    ownership: Ownership,
     /// The one strong address of the agent's actor: it runs while an owning handle (the
     /// registry's copy included) exists. References hold it weakly.
     actor: Addr<AgentActor>,
@@ -106,6 +142,7 @@ impl AgentHandle {
             agent,
             shared: Arc::new(HandleShared {
                 registry,
+                ownership: Ownership::default(),
                 actor,
                 disposal: OnceTask::default(),
             }),
@@ -120,6 +157,11 @@ impl AgentHandle {
     /// Whether disposal has begun.
     pub fn is_disposing(&self) -> bool {
         self.shared.disposal.started()
+    }
+
+    /// The ownership flags the registry shares with this agent's disposal.
+    pub(crate) fn ownership(&self) -> &Ownership {
+        &self.shared.ownership
     }
 
     /// Releases the agent and, first, every child it owns, in the order of the module docs.
@@ -149,26 +191,34 @@ impl AgentHandle {
     async fn release(self) -> Result<()> {
         let agent = &self.agent;
         let exact = (agent.id(), agent.incarnation());
-        let children = self
-            .shared
-            .registry
-            .send(BeginRetire(exact))
-            .await
-            .unwrap_or_default();
+        let children = if self.shared.ownership.retire() {
+            self.shared
+                .registry
+                .send(BeginRetire(exact))
+                .await
+                .unwrap_or_default()
+        } else {
+            // Never owned a child, and none can be admitted from here on.
+            Vec::new()
+        };
         let actor = &self.shared.actor;
-        // Top-down: this agent stops before its children do. A stopped actor has nothing left
-        // to cancel.
-        let _ = actor
-            .send(Cancel {
-                cause: CancelCause::Disposed,
-                inbox: InboxPolicy::Discard,
-            })
-            .await;
+        if !children.is_empty() {
+            // Top-down: this agent stops before its children do (without children, `Retire`
+            // below cancels it). A stopped actor has nothing left to cancel.
+            let _ = actor
+                .send(Cancel {
+                    cause: CancelCause::Disposed,
+                    inbox: InboxPolicy::Discard,
+                })
+                .await;
+        }
         let released_children =
             futures::future::join_all(children.iter().map(AgentHandle::dispose_boxed)).await;
         // Refuses new work, waits for the cancelled turn to close, unwinds the scope, stops.
         let _ = actor.send(Retire).await;
         let closed = agent.log().inner().close().await;
+        // A disposed agent keeps its events for readers, and nothing else.
+        agent.log().inner().retire();
         self.shared.registry.send(Release(exact)).await.ok();
         closed?;
         released_children.into_iter().collect()

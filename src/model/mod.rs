@@ -153,6 +153,22 @@ pub struct GenerateRequest {
 }
 
 /// A model adapter: one streaming call per request.
+///
+/// # The chunk protocol
+/// A response streams as [`StreamChunk`]s, which the turn driver assembles into content blocks
+/// (see [`BlockAssembler`]):
+/// 1. Each content block opens with `BlockStart { index, block_type }`; indexes count from 0 in
+///    the order blocks open.
+/// 2. Its content follows as `TextDelta`, `ReasoningDelta` or `ToolCallDelta` chunks naming the
+///    same index (deltas of different blocks may interleave).
+/// 3. `BlockEnd { index, .. }` closes it; its content, when given, is authoritative over the
+///    deltas.
+/// 4. `Usage` (at most once; counts are disjoint) and then `Finish { reason }` end the response.
+///
+/// Then the stream ends. An `Err` item ends it as a failure (the step ends `error`); a stream
+/// that ends without `Finish` counts as `stop`. The adapter must stop promptly once
+/// [`GenerateRequest::cancel`] fires, and must never panic: report failures as
+/// [`crate::LlmFailure`] items.
 pub trait LlmAdapter: Send + Sync + 'static {
     /// Streams the response to `request`. An `Err` item ends the stream as a failure.
     fn stream(

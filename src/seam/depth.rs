@@ -14,7 +14,7 @@ use crate::session::header::MAX_SAFE_INTEGER;
 /// Checks a `max_depth` cap.
 ///
 /// # Errors
-/// `INVALID_MAX_DEPTH`: "subagent maxDepth must be a non-negative safe integer".
+/// `INVALID_MAX_DEPTH`: "subagent max_depth must be a non-negative safe integer".
 pub fn check_max_depth(max_depth: Option<u64>) -> Result<()> {
     match max_depth {
         Some(depth) if depth > MAX_SAFE_INTEGER => Err(invalid_max_depth()),
@@ -25,7 +25,7 @@ pub fn check_max_depth(max_depth: Option<u64>) -> Result<()> {
 fn invalid_max_depth() -> SubagentError {
     SubagentError::new(
         ErrorCode::InvalidMaxDepth,
-        "subagent maxDepth must be a non-negative safe integer",
+        "subagent max_depth must be a non-negative safe integer",
     )
 }
 
@@ -64,7 +64,7 @@ pub fn delegation_depth_of(parent: &AgentRef) -> Result<u64> {
 ///
 /// # Errors
 /// `INVALID_MAX_DEPTH`, `INVALID_SUBAGENT_DEPTH`, `DEPTH_OVERFLOW` ("subagent child depth
-/// exceeds the safe-integer range"), `DEPTH_EXCEEDED` ("subagent depth A exceeds maxDepth M").
+/// exceeds the safe-integer range"), `DEPTH_EXCEEDED` ("subagent depth A exceeds max_depth M").
 pub fn resolve_child_depth(parent: &AgentRef, max_depth: Option<u64>) -> Result<u64> {
     check_max_depth(max_depth)?;
     let depth = delegation_depth_of(parent)?
@@ -80,7 +80,7 @@ pub fn resolve_child_depth(parent: &AgentRef, max_depth: Option<u64>) -> Result<
         if depth > cap {
             return Err(SubagentError::new(
                 ErrorCode::DepthExceeded,
-                format!("subagent depth {depth} exceeds maxDepth {cap}"),
+                format!("subagent depth {depth} exceeds max_depth {cap}"),
             ));
         }
     }

@@ -359,6 +359,12 @@ impl SessionLog {
             .unwrap_or_else(|_| self.fault().map_or(Ok(()), Err))
     }
 
+    /// Releases what only a live agent needs (the model-history projection); the events stay
+    /// readable. Called once the agent is disposed.
+    pub(crate) fn retire(&self) {
+        self.lock().history = Projection::default();
+    }
+
     /// Waits until the write-behind queue has room (see the module docs).
     ///
     /// # Errors

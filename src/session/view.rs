@@ -60,7 +60,7 @@ impl SessionLogView {
         self.0.events_from(seq)
     }
 
-    /// The model history so far: an O(1) snapshot.
+    /// The model history so far: an O(1) snapshot (empty once the agent is disposed).
     pub fn history(&self) -> History {
         self.0.history()
     }
