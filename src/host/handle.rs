@@ -81,19 +81,30 @@ impl OnceTask {
                 "dispose must be called inside the actor system",
             ));
         }
-        self.task
-            .get_or_init(|| {
-                let task = tokio::spawn(start());
-                async move {
-                    task.await.map_err(|error| {
-                        SubagentError::bug(format!("a disposal task failed: {error}"))
-                    })?
-                }
-                .boxed()
-                .shared()
-            })
-            .clone()
-            .await
+        self.shared(|| {
+            let task = tokio::spawn(start());
+            async move {
+                task.await.map_err(|error| {
+                    SubagentError::bug(format!("a disposal task failed: {error}"))
+                })?
+            }
+            .boxed()
+        })
+        .await
+    }
+
+    /// As [`OnceTask::run`], but the first caller drives the work in its own task instead of
+    /// spawning one: for a caller that is itself a task nobody drops (it saves a spawn). Other
+    /// callers share the same outcome.
+    pub(crate) async fn run_in_caller(
+        &self,
+        start: impl FnOnce() -> BoxFuture<'static, Result<()>>,
+    ) -> Result<()> {
+        self.shared(start).await
+    }
+
+    fn shared(&self, start: impl FnOnce() -> BoxFuture<'static, Result<()>>) -> SharedOutcome {
+        self.task.get_or_init(|| start().shared()).clone()
     }
 
     /// Whether the task was started.
@@ -179,6 +190,16 @@ impl AgentHandle {
         self.shared
             .disposal
             .run(move || release_boxed(handle))
+            .await
+    }
+
+    /// [`AgentHandle::dispose`] driven by the calling task, which must itself be a task nobody
+    /// drops (a run's own disposal task): it saves spawning another.
+    pub(crate) async fn dispose_in_caller(&self) -> Result<()> {
+        let handle = self.clone();
+        self.shared
+            .disposal
+            .run_in_caller(move || release_boxed(handle))
             .await
     }
 

@@ -165,7 +165,9 @@ pub struct AgentScope {
     tools: ToolLayer,
     sections: Vec<PromptSection>,
     contexts: Vec<PromptSection>,
-    last_context: std::sync::Mutex<Option<String>>,
+    /// The contexts rendered as one message text, kept up to date by [`AgentScope::context`].
+    rendered_context: Option<Arc<str>>,
+    last_context: std::sync::Mutex<Option<Arc<str>>>,
     pre_step: Vec<PreStepHook>,
     step_entered: Vec<StepEnteredHook>,
     turn_stopping: Vec<TurnStoppingHook>,
@@ -189,6 +191,7 @@ impl AgentScope {
             tools: ToolLayer::default(),
             sections: Vec::new(),
             contexts: Vec::new(),
+            rendered_context: None,
             last_context: std::sync::Mutex::new(None),
             pre_step: Vec::new(),
             step_entered: Vec::new(),
@@ -230,24 +233,29 @@ impl AgentScope {
     pub fn context(&mut self, section: PromptSection) {
         self.contexts.retain(|s| s.name != section.name);
         self.contexts.push(section);
+        // Rendered once here, not at every step.
+        self.rendered_context = assemble_system_prompt(&[], &self.contexts)
+            .map(|sections| Arc::from(format!("{RUNTIME_CONTEXT_HEADER}\n\n{sections}")));
     }
 
     /// The runtime-context message for the next step, if the rendered contexts changed since
     /// the last one this agent saw.
     pub fn runtime_context_message(&self) -> Option<Message> {
-        let sections = assemble_system_prompt(&[], &self.contexts)?;
-        // The header tells the model this is standing context, not a request.
-        let text = format!("{RUNTIME_CONTEXT_HEADER}\n\n{sections}");
+        let text = self.rendered_context.as_ref()?;
         let mut last = self
             .last_context
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if last.as_deref() == Some(text.as_str()) {
+        if last
+            .as_ref()
+            .is_some_and(|seen| Arc::ptr_eq(seen, text) || seen == text)
+        {
             return None;
         }
-        *last = Some(text.clone());
+        *last = Some(Arc::clone(text));
+        // The header tells the model this is standing context, not a request.
         Some(Message::user(
-            vec![crate::content::ContentBlock::text(text)],
+            vec![crate::content::ContentBlock::text(text.as_ref())],
             crate::content::MessageSource::Plugin {
                 plugin: RUNTIME_CONTEXT_PLUGIN.to_owned(),
             },
