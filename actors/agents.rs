@@ -212,7 +212,7 @@ impl Agents {
         let (next_seq, lease) = match (&self.env.store, resumed) {
             (Some(_), Some((stored_len, lease))) => (stored_len, Some(lease)),
             (Some(store), None) => {
-                let initial = log.events();
+                let initial = log.with_events(<[_]>::to_vec);
                 let count = u64::try_from(initial.len())
                     .map_err(|_| SubagentError::bug("initial log too long"))?;
                 store.create(log.header(), initial).await?;

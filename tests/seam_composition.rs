@@ -52,7 +52,7 @@ async fn the_provider_receives_a_copy_with_the_one_shot_descriptor() {
 // SVC-16
 #[test]
 fn descriptors_omit_absent_fields_and_fold_back() {
-    assert_eq!(SubagentDescriptor::fold(&[]).unwrap(), None);
+    assert_eq!(SubagentDescriptor::fold::<SessionEvent>(&[]).unwrap(), None);
     let minimal = SubagentDescriptor::one_shot("spawn", None);
     assert_eq!(
         minimal.to_json(),

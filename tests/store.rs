@@ -27,9 +27,9 @@ fn note(seq: u64, label: &str) -> SessionEvent {
     )
 }
 
-fn notes(from: u64, count: u64) -> Vec<SessionEvent> {
+fn notes(from: u64, count: u64) -> Vec<Arc<SessionEvent>> {
     (from..from + count)
-        .map(|seq| note(seq, &format!("n{seq}")))
+        .map(|seq| Arc::new(note(seq, &format!("n{seq}"))))
         .collect()
 }
 
@@ -471,10 +471,13 @@ fn a_corrupt_record_is_a_typed_error_for_its_session_only() {
         .any(|row| row.header().is_some_and(|h| h.id == good)));
 }
 
-fn open_turn_events() -> Vec<SessionEvent> {
+fn open_turn_events() -> Vec<Arc<SessionEvent>> {
     vec![
-        SessionEvent::new(0, EventKind::TurnStart { turn: 1 }),
-        SessionEvent::new(1, EventKind::StepStart { turn: 1, step: 1 }),
+        Arc::new(SessionEvent::new(0, EventKind::TurnStart { turn: 1 })),
+        Arc::new(SessionEvent::new(
+            1,
+            EventKind::StepStart { turn: 1, step: 1 },
+        )),
     ]
 }
 
@@ -544,7 +547,7 @@ fn flushed_writes_survive_a_reopen() {
     };
     assert_eq!(
         labels(block_on(store.read_from(id, 0)).unwrap()),
-        labels(notes(0, 5))
+        labels(notes(0, 5).iter().map(|e| (**e).clone()).collect())
     );
     assert_eq!(
         block_on(store.read_from(id, 3))
@@ -565,7 +568,7 @@ fn a_bad_header_is_refused_at_create() {
         block_on(store.create(header, vec![])).unwrap_err().code(),
         ErrorCode::InvalidHeader
     );
-    let gap = vec![note(1, "x")];
+    let gap = vec![Arc::new(note(1, "x"))];
     assert_eq!(
         block_on(store.create(SessionHeader::new(SessionId::new()), gap))
             .unwrap_err()

@@ -4,6 +4,7 @@
 //! context, drained whole at the next step boundary. Every change appends an
 //! `agent/inbox/spliced` event **first** and only then changes the live list, so replaying the
 //! splices of a log rebuilds the pending work exactly (even after a crash).
+use std::borrow::Borrow;
 
 use std::collections::VecDeque;
 
@@ -26,7 +27,7 @@ fn len_u64(len: usize) -> u64 {
 impl Inbox {
     /// Rebuilds the pending lists from the splices in `events` (an agent's own events: from the
     /// seed length on, so a fork prefix's parent splices are ignored).
-    pub fn replay(events: &[SessionEvent]) -> Self {
+    pub fn replay<E: Borrow<SessionEvent>>(events: &[E]) -> Self {
         let mut inbox = Self::default();
         for event in events {
             if let EventKind::InboxSpliced {
@@ -35,7 +36,7 @@ impl Inbox {
                 removed_count,
                 inserted,
                 ..
-            } = &event.kind
+            } = &event.borrow().kind
             {
                 let start = usize::try_from(*start).unwrap_or(usize::MAX);
                 let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);

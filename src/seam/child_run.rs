@@ -21,6 +21,7 @@
 //! The run adds no final durability checkpoint: disposal drains the child's log into the store
 //! without forcing it to disk.
 
+use std::borrow::Borrow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -56,7 +57,12 @@ pub fn completed_turn_prefix(log: &SessionLogView) -> Vec<SessionEvent> {
         events
             .iter()
             .rposition(|event| matches!(event.kind, EventKind::TurnEnd { .. }))
-            .map(|last| events[..=last].to_vec())
+            .map(|last| {
+                events[..=last]
+                    .iter()
+                    .map(|event| (**event).clone())
+                    .collect()
+            })
             .unwrap_or_default()
     })
 }
@@ -308,8 +314,13 @@ fn drive_published_run(
                 }
                 child.when_idle().await;
             }
-            let own = child.log().events_from(boundary);
-            Ok(read_result(&own, owner_cancelled(), capture.as_ref()))
+            let cancelled = owner_cancelled();
+            Ok(child.log().with_events(|events| {
+                let own = usize::try_from(boundary)
+                    .unwrap_or(usize::MAX)
+                    .min(events.len());
+                read_result(&events[own..], cancelled, capture.as_ref())
+            }))
         }
     };
     let task = tokio::spawn(work);
@@ -337,8 +348,8 @@ fn drive_published_run(
 }
 
 /// Reads a one-shot result from the child's own events.
-fn read_result(
-    own: &[SessionEvent],
+fn read_result<E: Borrow<SessionEvent>>(
+    own: &[E],
     cancelled: bool,
     capture: Option<&StructuredCapture>,
 ) -> SubagentResult {
@@ -349,7 +360,7 @@ fn read_result(
     }
     let mut fold = AssistantOutputFold::new();
     for event in own {
-        fold.push_event(event);
+        fold.push_event(event.borrow());
     }
     let mut structured = None;
     if let Some(capture) = capture {

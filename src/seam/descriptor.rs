@@ -8,6 +8,7 @@
 //! Folding reads the **first** descriptor of a child's own events. A payload of another version
 //! is unclassifiable (no descriptor), not an error; a malformed current-version payload is an
 //! `INVALID_DESCRIPTOR` error naming the first broken field.
+use std::borrow::Borrow;
 
 use std::collections::BTreeSet;
 
@@ -184,8 +185,8 @@ impl SubagentDescriptor {
     ///
     /// # Errors
     /// `INVALID_DESCRIPTOR` for a malformed current-version payload.
-    pub fn fold(events: &[SessionEvent]) -> Result<Option<Self>> {
-        let first = events.iter().find_map(|event| match &event.kind {
+    pub fn fold<E: Borrow<SessionEvent>>(events: &[E]) -> Result<Option<Self>> {
+        let first = events.iter().find_map(|event| match &event.borrow().kind {
             EventKind::Extension { event_type, data } if event_type == DESCRIPTOR_EVENT => {
                 Some(data)
             }

@@ -5,6 +5,7 @@ use crate::content::ContentBlock;
 use crate::model::StreamChunk;
 use crate::session::event::{EventKind, SessionEvent, TurnEndReason};
 use crate::stop_reason::StopReason;
+use std::borrow::Borrow;
 
 /// What a run's events say about the work it consumed.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -18,13 +19,13 @@ pub struct ConsumedWork {
 }
 
 /// Folds events in one pass (upstream `foldConsumedWork`).
-pub fn fold_consumed_work(events: &[SessionEvent]) -> ConsumedWork {
+pub fn fold_consumed_work<E: Borrow<SessionEvent>>(events: &[E]) -> ConsumedWork {
     let mut work = ConsumedWork::default();
     let mut open_turn = false;
     let mut stepped = false;
     let mut claimed = false;
     for event in events {
-        match &event.kind {
+        match &event.borrow().kind {
             EventKind::TurnStart { .. } => {
                 open_turn = true;
                 stepped = false;
@@ -125,10 +126,10 @@ impl AssistantOutputFold {
 
 /// The output of a run: the content of the last non-empty `assistant/message`; failing that, the
 /// streamed text deltas as one text block; failing that, nothing.
-pub fn final_assistant_output(events: &[SessionEvent]) -> Vec<ContentBlock> {
+pub fn final_assistant_output<E: Borrow<SessionEvent>>(events: &[E]) -> Vec<ContentBlock> {
     let mut fold = AssistantOutputFold::new();
     for event in events {
-        fold.push_event(event);
+        fold.push_event(event.borrow());
     }
     fold.collect().unwrap_or_default()
 }

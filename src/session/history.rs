@@ -8,6 +8,7 @@
 //! reference-counted pointer, O(1) to take. The next append copies the messages only if a
 //! snapshot is still held (an adapter or a recording model that keeps requests); the turn driver
 //! drops its request before it appends, so a conversation costs O(turns) in total.
+use std::borrow::Borrow;
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -21,10 +22,10 @@ pub struct History(Arc<Vec<Message>>);
 
 impl History {
     /// The history of `events`, folded from scratch.
-    pub fn of(events: &[SessionEvent]) -> Self {
+    pub fn of<E: Borrow<SessionEvent>>(events: &[E]) -> Self {
         let mut projection = Projection::default();
         for event in events {
-            projection.push(event);
+            projection.push(event.borrow());
         }
         projection.snapshot()
     }

@@ -64,7 +64,9 @@ struct LogInner {
 
 struct LogState {
     header: SessionHeader,
-    events: Vec<SessionEvent>,
+    /// Shared with the write-behind batches and the store: an event is never deep-copied to
+    /// be persisted.
+    events: Vec<Arc<SessionEvent>>,
     shape: LogShape,
     /// The model history, folded in as events are appended.
     history: Projection,
@@ -106,8 +108,13 @@ struct Barrier {
 
 /// What the writer does next.
 enum Work {
-    Append { from: u64, batch: Vec<SessionEvent> },
-    Flush { upto: u64 },
+    Append {
+        from: u64,
+        batch: Vec<Arc<SessionEvent>>,
+    },
+    Flush {
+        upto: u64,
+    },
     Idle,
     Exit,
 }
@@ -166,6 +173,7 @@ impl SessionLog {
         for event in &events {
             history.push(event);
         }
+        let events = events.into_iter().map(Arc::new).collect();
         Self {
             inner: Arc::new(LogInner {
                 state: Mutex::new(LogState {
@@ -222,7 +230,11 @@ impl SessionLog {
 
     /// A copy of every event.
     pub fn events(&self) -> Vec<SessionEvent> {
-        self.lock().events.clone()
+        self.lock()
+            .events
+            .iter()
+            .map(|event| (**event).clone())
+            .collect()
     }
 
     /// A copy of the events from `seq` on.
@@ -231,7 +243,10 @@ impl SessionLog {
         let start = usize::try_from(seq)
             .unwrap_or(usize::MAX)
             .min(state.events.len());
-        state.events[start..].to_vec()
+        state.events[start..]
+            .iter()
+            .map(|event| (**event).clone())
+            .collect()
     }
 
     /// The model history so far (its surface messages): an O(1) snapshot, kept up to date as
@@ -241,7 +256,7 @@ impl SessionLog {
     }
 
     /// Runs `read` over the events without copying them. `read` must not touch this log.
-    pub fn with_events<R>(&self, read: impl FnOnce(&[SessionEvent]) -> R) -> R {
+    pub fn with_events<R>(&self, read: impl FnOnce(&[Arc<SessionEvent>]) -> R) -> R {
         read(&self.lock().events)
     }
 
@@ -269,7 +284,7 @@ impl SessionLog {
         event.source_event_seqs = sources;
         state.shape.admit(&event)?;
         state.history.push(&event);
-        state.events.push(event);
+        state.events.push(Arc::new(event));
         if let Some(write_behind) = &state.write_behind {
             write_behind.wake.notify_one();
         }
@@ -484,7 +499,7 @@ fn lock_state(inner: &LogInner) -> MutexGuard<'_, LogState> {
     inner.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn len_of(events: &[SessionEvent]) -> u64 {
+fn len_of<E>(events: &[E]) -> u64 {
     u64::try_from(events.len()).unwrap_or(u64::MAX)
 }
 
@@ -575,7 +590,7 @@ impl Writer {
             })
     }
 
-    async fn append(&self, from: u64, batch: Vec<SessionEvent>) -> Result<()> {
+    async fn append(&self, from: u64, batch: Vec<Arc<SessionEvent>>) -> Result<()> {
         let count = len_of(&batch);
         let epoch = self.lease.map(|lease| lease.epoch);
         self.store.append(self.id, from, batch, epoch).await?;

@@ -3,7 +3,7 @@
 //! store I/O and the backpressure of a slow store.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
@@ -132,7 +132,7 @@ impl SessionPersistence for FaultInjectingStore {
     fn create(
         &self,
         header: SessionHeader,
-        events: Vec<SessionEvent>,
+        events: Vec<Arc<SessionEvent>>,
     ) -> BoxFuture<'_, Result<()>> {
         self.injected(StoreOperation::Create).unwrap_or_else(|| {
             self.gated(StoreOperation::Create, move || {
@@ -145,7 +145,7 @@ impl SessionPersistence for FaultInjectingStore {
         &self,
         id: SessionId,
         expected_next_seq: u64,
-        events: Vec<SessionEvent>,
+        events: Vec<Arc<SessionEvent>>,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
         self.injected(StoreOperation::Append).unwrap_or_else(|| {

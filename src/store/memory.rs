@@ -2,7 +2,7 @@
 //! need no disk. It upholds every guarantee of the seam except surviving the process.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
@@ -32,7 +32,8 @@ struct MemoryState {
 #[derive(Debug)]
 struct MemorySession {
     header: SessionHeader,
-    events: Vec<SessionEvent>,
+    /// Shared with the log that wrote them.
+    events: Vec<Arc<SessionEvent>>,
     lease: u64,
 }
 
@@ -70,7 +71,7 @@ impl SessionPersistence for MemoryStore {
     fn create(
         &self,
         header: SessionHeader,
-        events: Vec<SessionEvent>,
+        events: Vec<Arc<SessionEvent>>,
     ) -> BoxFuture<'_, Result<()>> {
         let outcome = header.validate().and_then(|()| {
             check_contiguous(header.id, 0, &events)?;
@@ -98,7 +99,7 @@ impl SessionPersistence for MemoryStore {
         &self,
         id: SessionId,
         expected_next_seq: u64,
-        events: Vec<SessionEvent>,
+        events: Vec<Arc<SessionEvent>>,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
         let outcome = self.with_session(id, |session| {
@@ -151,7 +152,10 @@ impl SessionPersistence for MemoryStore {
             let start = usize::try_from(from_seq)
                 .unwrap_or(usize::MAX)
                 .min(session.events.len());
-            Ok(session.events[start..].to_vec())
+            Ok(session.events[start..]
+                .iter()
+                .map(|event| (**event).clone())
+                .collect())
         });
         Box::pin(future::ready(outcome))
     }

@@ -89,11 +89,16 @@ impl ListedSession {
 /// them against a model.
 pub trait SessionPersistence: Send + Sync + 'static {
     /// Stores a new session: its header and initial events (seed, markers, setup events).
+    /// Events arrive shared with the log that committed them: a store that keeps them in memory
+    /// keeps the same allocation.
     ///
     /// # Errors
     /// `SESSION_EXISTS` when the id is taken; `INVALID_HEADER`; `STORE_IO`.
-    fn create(&self, header: SessionHeader, events: Vec<SessionEvent>)
-        -> BoxFuture<'_, Result<()>>;
+    fn create(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+    ) -> BoxFuture<'_, Result<()>>;
 
     /// Appends `events` if the session's next stored seq is `expected_next_seq` and `lease`, when
     /// given, is the session's current epoch. The batch is all or nothing.
@@ -105,7 +110,7 @@ pub trait SessionPersistence: Send + Sync + 'static {
         &self,
         id: SessionId,
         expected_next_seq: u64,
-        events: Vec<SessionEvent>,
+        events: Vec<Arc<SessionEvent>>,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>>;
 
@@ -203,7 +208,8 @@ pub trait SessionPersistence: Send + Sync + 'static {
             if !closers.is_empty() {
                 let next = seq_of(events.len())?;
                 tracing::info!(session_id = %id, repaired = closers.len(), "repairing an interrupted turn");
-                self.append(id, next, closers.clone(), lease).await?;
+                let shared = closers.iter().cloned().map(Arc::new).collect();
+                self.append(id, next, shared, lease).await?;
                 self.flush(id).await?;
                 events.extend(closers);
             }
@@ -227,8 +233,12 @@ fn seq_of(len: usize) -> Result<u64> {
 }
 
 /// Checks that `events` continue a log whose next seq is `next`.
-pub(crate) fn check_contiguous(id: SessionId, next: u64, events: &[SessionEvent]) -> Result<()> {
-    for (event, expected) in events.iter().zip(next..) {
+pub(crate) fn check_contiguous<E: std::borrow::Borrow<SessionEvent>>(
+    id: SessionId,
+    next: u64,
+    events: &[E],
+) -> Result<()> {
+    for (event, expected) in events.iter().map(std::borrow::Borrow::borrow).zip(next..) {
         if event.seq != expected {
             return Err(SubagentError::new(
                 ErrorCode::StoreConflict,

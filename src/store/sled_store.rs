@@ -191,7 +191,7 @@ impl SledStore {
     fn write_creation(
         &self,
         header: &SessionHeader,
-        events: &[SessionEvent],
+        events: &[Arc<SessionEvent>],
         steps: Option<usize>,
     ) -> Result<()> {
         header.validate()?;
@@ -338,11 +338,11 @@ fn id_from_key(key: &[u8]) -> Option<SessionId> {
     Some(SessionId::from_uuid(uuid::Uuid::from_bytes(bytes)))
 }
 
-fn encode_events(events: &[SessionEvent]) -> Result<Vec<(u64, Vec<u8>)>> {
+fn encode_events(events: &[Arc<SessionEvent>]) -> Result<Vec<(u64, Vec<u8>)>> {
     events
         .iter()
         .map(|event| {
-            serde_json::to_vec(event)
+            serde_json::to_vec(event.as_ref())
                 .map(|bytes| (event.seq, bytes))
                 .map_err(|e| {
                     SubagentError::new(
@@ -370,7 +370,7 @@ impl SessionPersistence for SledStore {
     fn create(
         &self,
         header: SessionHeader,
-        events: Vec<SessionEvent>,
+        events: Vec<Arc<SessionEvent>>,
     ) -> BoxFuture<'_, Result<()>> {
         Box::pin(future::ready(self.write_creation(&header, &events, None)))
     }
@@ -379,7 +379,7 @@ impl SessionPersistence for SledStore {
         &self,
         id: SessionId,
         expected_next_seq: u64,
-        events: Vec<SessionEvent>,
+        events: Vec<Arc<SessionEvent>>,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
         let outcome = (|| {
@@ -569,14 +569,14 @@ mod tests {
     use crate::content::Message;
     use crate::session::EventKind;
 
-    fn seed() -> Vec<SessionEvent> {
-        vec![SessionEvent::new(
+    fn seed() -> Vec<Arc<SessionEvent>> {
+        vec![Arc::new(SessionEvent::new(
             0,
             EventKind::UserMessage(Message::user(
                 vec![crate::content::ContentBlock::text("seed")],
                 crate::content::MessageSource::User,
             )),
-        )]
+        ))]
     }
 
     /// A crash between any two of creation's writes leaves either nothing visible or the whole
