@@ -269,22 +269,30 @@ impl Agents {
         }
         let agent = AgentRef::new(id, incarnation, &addr, log, Arc::new(options), self.clone());
         let handle = AgentHandle::new(agent, addr.clone(), self.registry.clone());
-        let published = self
-            .registry
-            .send(Publish {
-                handle: handle.clone(),
-                owner: owner_exact,
-                cancel: cancel.clone(),
-            })
-            .await
-            .map_err(SubagentError::from)
-            .and_then(|outcome| outcome);
-        if let Err(error) = published {
-            // The owner began retiring, or the token fired, while the agent was being created:
-            // unwind the started actor and its write-behind; the registry freed the reservation.
-            let _ = addr.send(Retire).await;
-            let _ = handle.agent().log().inner().close().await;
-            return Err(error);
+        let publish = Publish {
+            handle: handle.clone(),
+            owner: owner_exact,
+            cancel: cancel.clone(),
+        };
+        if owner_exact.is_none() && cancel.is_none() {
+            // Nothing can refuse this publication (no owner to retire, no token to fire), so
+            // it needs no reply: a lookup sent after this is handled after it.
+            self.registry.do_send(publish);
+        } else {
+            let published = self
+                .registry
+                .send(publish)
+                .await
+                .map_err(SubagentError::from)
+                .and_then(|outcome| outcome);
+            if let Err(error) = published {
+                // The owner began retiring, or the token fired, while the agent was being
+                // created: unwind the started actor and its write-behind; the registry freed
+                // the reservation.
+                let _ = addr.send(Retire).await;
+                let _ = handle.agent().log().inner().close().await;
+                return Err(error);
+            }
         }
         reservation.keep();
         tracing::debug!(session_id = %id, incarnation, "agent published");

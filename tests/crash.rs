@@ -2,7 +2,7 @@
 //! repaired on load, and the session resumes.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -14,11 +14,12 @@ use subagents::{
 
 use crate::support::{run_prompt, turn_ends, types};
 
-/// Starts `subagents demo --stall`, waits until it reports the tool step durable, and kills
-/// it with SIGKILL. Returns the session id it printed.
-fn run_and_kill(store: &std::path::Path) -> SessionId {
+/// Starts `subagents demo` with `args` over `store`; its stdout arrives line by line.
+fn spawn_demo(args: &[&str], store: &std::path::Path) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args(["demo", "--stall", "--store"])
+        .arg("demo")
+        .args(args)
+        .arg("--store")
         .arg(store)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -33,6 +34,13 @@ fn run_and_kill(store: &std::path::Path) -> SessionId {
             }
         }
     });
+    (child, received)
+}
+
+/// Starts `subagents demo --stall`, waits until it reports the tool step durable, and kills
+/// it with SIGKILL. Returns the session id it printed.
+fn run_and_kill(store: &std::path::Path) -> SessionId {
+    let (mut child, received) = spawn_demo(&["--stall"], store);
     let line = received
         .recv_timeout(Duration::from_secs(60))
         .expect("the demo reports its stall (safety net: 60 s)");
@@ -122,22 +130,7 @@ fn a_killed_writer_loses_no_flushed_event_and_its_turn_is_repaired() {
 /// flushes were reported, and kills it with SIGKILL while it keeps writing. Returns the session
 /// id and the largest acknowledged event count.
 fn burst_and_kill(store: &std::path::Path, acknowledged: usize) -> (SessionId, u64) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args(["demo", "--burst", "100000", "--store"])
-        .arg(store)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the demo binary starts");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (lines, received) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut child, received) = spawn_demo(&["--burst", "100000"], store);
     let mut last = None;
     for _ in 0..acknowledged {
         let line = received

@@ -97,20 +97,25 @@ fn side_effect_tool(ran: &Arc<AtomicBool>) -> Tool {
     })
 }
 
-// STRUCT-03
-#[actix_rt::test]
-async fn calls_after_the_capture_in_the_same_response_never_run() {
-    let ran = Arc::new(AtomicBool::new(false));
+/// A runtime whose model captures, then calls `side_effect` in the same response.
+async fn capture_then_side_effect(ran: &Arc<AtomicBool>) -> Runtime {
     let model = ScriptedModel::with_script([ScriptStep::tool_calls(&[
         ("c1", "structured_output", json!({"answer": 5})),
         ("c2", "side_effect", json!({})),
     ])]);
-    let rt = seam_runtime_from(
+    seam_runtime_from(
         Runtime::builder()
             .model("scripted", model)
-            .tool(side_effect_tool(&ran)),
+            .tool(side_effect_tool(ran)),
     )
-    .await;
+    .await
+}
+
+// STRUCT-03
+#[actix_rt::test]
+async fn calls_after_the_capture_in_the_same_response_never_run() {
+    let ran = Arc::new(AtomicBool::new(false));
+    let rt = capture_then_side_effect(&ran).await;
     let (_parent, run) = structured_run(&rt, answer_schema()).await;
     let result = run.result().await.unwrap();
     assert_eq!(
@@ -130,16 +135,7 @@ async fn calls_after_the_capture_in_the_same_response_never_run() {
 #[actix_rt::test]
 async fn a_later_prepended_pre_execute_listener_cannot_resurrect_dispatch_after_capture() {
     let ran = Arc::new(AtomicBool::new(false));
-    let model = ScriptedModel::with_script([ScriptStep::tool_calls(&[
-        ("c1", "structured_output", json!({"answer": 5})),
-        ("c2", "side_effect", json!({})),
-    ])]);
-    let rt = seam_runtime_from(
-        Runtime::builder()
-            .model("scripted", model)
-            .tool(side_effect_tool(&ran)),
-    )
-    .await;
+    let rt = capture_then_side_effect(&ran).await;
     let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = Arc::clone(&asked);
     // The outermost listener consults the rest, then allows whatever they said.

@@ -26,11 +26,9 @@
 //!   log that contains every event a successful flush covered.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{oneshot, Notify};
-use tokio::time::Instant;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -39,16 +37,8 @@ use crate::session::header::SessionHeader;
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
 use crate::session::seed::{check_lossless, free_form_json, validate_seed};
+use crate::session::write_behind::{Barrier, FaultHook, WriteBehind, Writer, WRITE_BEHIND_LIMIT};
 use crate::store::{Lease, SharedStore};
-
-/// How many committed events may wait for the store before producers wait for room.
-pub const WRITE_BEHIND_LIMIT: u64 = 4096;
-
-/// The most events one store append carries.
-const MAX_BATCH: u64 = 1024;
-
-/// Told once, with the error, when the log faults.
-pub(crate) type FaultHook = Box<dyn FnOnce(SubagentError) + Send>;
 
 /// One session's log. Cloning gives another handle to the same log.
 #[derive(Clone)]
@@ -56,67 +46,23 @@ pub struct SessionLog {
     inner: Arc<LogInner>,
 }
 
-struct LogInner {
-    state: Mutex<LogState>,
+pub(super) struct LogInner {
+    pub(super) state: Mutex<LogState>,
     /// Mirrors `state.fault.is_some()`, so the hot path checks it without the lock.
-    faulted: AtomicBool,
+    pub(super) faulted: AtomicBool,
 }
 
-struct LogState {
-    header: SessionHeader,
+pub(super) struct LogState {
+    pub(super) header: SessionHeader,
     /// Shared with the write-behind batches and the store: an event is never deep-copied to
     /// be persisted.
-    events: Vec<Arc<SessionEvent>>,
-    shape: LogShape,
+    pub(super) events: Vec<Arc<SessionEvent>>,
+    pub(super) shape: LogShape,
     /// The model history, folded in as events are appended.
-    history: Projection,
-    write_behind: Option<WriteBehind>,
+    pub(super) history: Projection,
+    pub(super) write_behind: Option<WriteBehind>,
     /// The first failed durable write; set once, never cleared.
-    fault: Option<SubagentError>,
-}
-
-/// The attached log's half of write-behind; the writer task holds the other.
-struct WriteBehind {
-    /// Events below this seq are in the store.
-    written: u64,
-    /// Events below this seq are durable (a store flush covered them).
-    durable: u64,
-    barriers: Vec<Barrier>,
-    /// Wakes the writer.
-    wake: Arc<Notify>,
-    /// Wakes producers waiting for room.
-    room: Arc<Notify>,
-    /// Set by [`SessionLog::close`]: write what is left, release the lease, stop.
-    closing: Option<oneshot::Sender<Result<()>>>,
-    closing_requested: bool,
-    on_fault: Option<FaultHook>,
-}
-
-impl Drop for WriteBehind {
-    fn drop(&mut self) {
-        // The last handle of the log is gone: let the writer notice and stop.
-        self.wake.notify_one();
-    }
-}
-
-/// A flush or drain waiting for the writer.
-struct Barrier {
-    target: u64,
-    durable: bool,
-    reply: oneshot::Sender<Result<()>>,
-}
-
-/// What the writer does next.
-enum Work {
-    Append {
-        from: u64,
-        batch: Vec<Arc<SessionEvent>>,
-    },
-    Flush {
-        upto: u64,
-    },
-    Idle,
-    Exit,
+    pub(super) fault: Option<SubagentError>,
 }
 
 impl std::fmt::Debug for SessionLog {
@@ -493,211 +439,14 @@ impl SessionLog {
     }
 }
 
-fn lock_state(inner: &LogInner) -> MutexGuard<'_, LogState> {
+pub(super) fn lock_state(inner: &LogInner) -> MutexGuard<'_, LogState> {
     // A panic while the lock was held cannot leave the state half-written: every mutation is
     // checked first and committed with one push or one assignment.
     inner.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn len_of<E>(events: &[E]) -> u64 {
+pub(super) fn len_of<E>(events: &[E]) -> u64 {
     u64::try_from(events.len()).unwrap_or(u64::MAX)
-}
-
-/// The write-behind task of one session.
-struct Writer {
-    /// Weak, so a log dropped without a close still frees its memory; the writer then stops.
-    log: Weak<LogInner>,
-    store: SharedStore,
-    id: SessionId,
-    lease: Option<Lease>,
-    wake: Arc<Notify>,
-}
-
-impl Writer {
-    async fn run(self) {
-        let mut renew_at = self.renewal_after(Instant::now());
-        let outcome = loop {
-            if let Some(at) = renew_at.filter(|at| *at <= Instant::now()) {
-                if let Err(error) = self.renew().await {
-                    break Err(error);
-                }
-                renew_at = self.renewal_after(at);
-            }
-            let Some(inner) = self.log.upgrade() else {
-                break Ok(());
-            };
-            let work = next_work(&mut lock_state(&inner));
-            drop(inner);
-            let step = match work {
-                Work::Append { from, batch } => self.append(from, batch).await,
-                Work::Flush { upto } => self.flush(upto).await,
-                Work::Exit => break Ok(()),
-                Work::Idle => {
-                    match renew_at {
-                        Some(at) => {
-                            tokio::select! {
-                                () = self.wake.notified() => {}
-                                () = tokio::time::sleep_until(at) => {}
-                            }
-                        }
-                        None => self.wake.notified().await,
-                    }
-                    Ok(())
-                }
-            };
-            if let Err(error) = step {
-                break Err(error);
-            }
-        };
-        let outcome = match outcome {
-            Ok(()) => self.release().await,
-            Err(error) => Err(error),
-        };
-        self.finish(outcome);
-    }
-
-    /// When to renew next: a third of the lease's time-to-live after `from`.
-    fn renewal_after(&self, from: Instant) -> Option<Instant> {
-        let ttl = self.lease?.ttl?;
-        Some(from + (ttl / 3).max(Duration::from_millis(1)))
-    }
-
-    async fn renew(&self) -> Result<()> {
-        let Some(lease) = self.lease else {
-            return Ok(());
-        };
-        match self.store.renew_lease(self.id, lease.epoch).await {
-            Ok(()) => Ok(()),
-            Err(error) if error.code() == ErrorCode::LeaseLost => Err(error),
-            Err(error) => {
-                // A passing fault: try again next time. If the lease expires meanwhile, the next
-                // append is refused by its fencing epoch and faults the log.
-                tracing::warn!(session_id = %self.id, %error, "lease renewal failed; retrying");
-                Ok(())
-            }
-        }
-    }
-
-    async fn release(&self) -> Result<()> {
-        let Some(lease) = self.lease else {
-            return Ok(());
-        };
-        self.store
-            .release_lease(self.id, lease.epoch)
-            .await
-            .inspect_err(|error| {
-                tracing::warn!(session_id = %self.id, %error, "lease release failed");
-            })
-    }
-
-    async fn append(&self, from: u64, batch: Vec<Arc<SessionEvent>>) -> Result<()> {
-        let count = len_of(&batch);
-        let epoch = self.lease.map(|lease| lease.epoch);
-        self.store.append(self.id, from, batch, epoch).await?;
-        if let Some(inner) = self.log.upgrade() {
-            let mut state = lock_state(&inner);
-            if let Some(write_behind) = state.write_behind.as_mut() {
-                write_behind.written = from + count;
-                write_behind.room.notify_waiters();
-            }
-        }
-        Ok(())
-    }
-
-    async fn flush(&self, upto: u64) -> Result<()> {
-        self.store.flush(self.id).await?;
-        if let Some(inner) = self.log.upgrade() {
-            let mut state = lock_state(&inner);
-            if let Some(write_behind) = state.write_behind.as_mut() {
-                write_behind.durable = write_behind.durable.max(upto);
-                let durable = write_behind.durable;
-                answer_barriers(&mut write_behind.barriers, |barrier| {
-                    (barrier.durable && barrier.target <= durable).then_some(Ok(()))
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Stops write-behind: answers every waiter with `outcome` and, on an error, faults the log.
-    fn finish(&self, outcome: Result<()>) {
-        let Some(inner) = self.log.upgrade() else {
-            if let Err(error) = outcome {
-                tracing::error!(session_id = %self.id, %error, "write-behind of a dropped log failed");
-            }
-            return;
-        };
-        let mut state = lock_state(&inner);
-        let Some(mut write_behind) = state.write_behind.take() else {
-            return;
-        };
-        let mut hook = None;
-        if let Err(error) = &outcome {
-            tracing::error!(session_id = %self.id, %error, "durable write failed: the session is faulted");
-            state.fault.get_or_insert_with(|| error.clone());
-            inner.faulted.store(true, Ordering::Release);
-            hook = write_behind.on_fault.take();
-        }
-        answer_barriers(&mut write_behind.barriers, |_| Some(outcome.clone()));
-        write_behind.room.notify_waiters();
-        if let Some(closing) = write_behind.closing.take() {
-            // The closer may have stopped waiting; the close still happened.
-            let _ = closing.send(outcome.clone());
-        }
-        drop(state);
-        if let (Some(hook), Err(error)) = (hook, outcome) {
-            hook(error);
-        }
-    }
-}
-
-/// What the writer does next, decided under the log lock: append what is unwritten (in
-/// batches), answer the drains it satisfied, flush for a waiting durable barrier, or stop once
-/// closing and done.
-fn next_work(state: &mut LogState) -> Work {
-    let len = len_of(&state.events);
-    let Some(write_behind) = state.write_behind.as_mut() else {
-        return Work::Exit;
-    };
-    if write_behind.written < len {
-        let from = write_behind.written;
-        let end = len.min(from.saturating_add(MAX_BATCH));
-        let start = usize::try_from(from).unwrap_or(usize::MAX);
-        let stop = usize::try_from(end).unwrap_or(usize::MAX);
-        return Work::Append {
-            from,
-            batch: state.events[start..stop].to_vec(),
-        };
-    }
-    let written = write_behind.written;
-    answer_barriers(&mut write_behind.barriers, |barrier| {
-        (!barrier.durable && barrier.target <= written).then_some(Ok(()))
-    });
-    if write_behind.barriers.iter().any(|barrier| barrier.durable) {
-        return Work::Flush { upto: written };
-    }
-    if write_behind.closing_requested {
-        return Work::Exit;
-    }
-    Work::Idle
-}
-
-/// Answers (and removes) every barrier for which `answer` has an outcome.
-fn answer_barriers(
-    barriers: &mut Vec<Barrier>,
-    mut answer: impl FnMut(&Barrier) -> Option<Result<()>>,
-) {
-    let mut index = 0;
-    while index < barriers.len() {
-        match answer(&barriers[index]) {
-            Some(outcome) => {
-                let barrier = barriers.swap_remove(index);
-                // A waiter that stopped listening needs no answer.
-                let _ = barrier.reply.send(outcome);
-            }
-            None => index += 1,
-        }
-    }
 }
 
 #[cfg(test)]

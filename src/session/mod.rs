@@ -10,6 +10,7 @@ pub mod log;
 pub mod repair;
 pub mod seed;
 pub mod view;
+pub(crate) mod write_behind;
 
 pub use event::{
     CancelCause, EventKind, FailureCategory, InboxTarget, LlmFailure, SessionEvent, SpliceOutcome,
@@ -26,3 +27,4 @@ pub use log::SessionLog;
 pub use repair::interrupted_turn_closers;
 pub use seed::{check_lossless, validate_seed};
 pub use view::SessionLogView;
+pub use write_behind::WRITE_BEHIND_LIMIT;

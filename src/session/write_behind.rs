@@ -1,0 +1,268 @@
+//! Provides the write-behind of an attached [`SessionLog`]: the log's half
+//! ([`WriteBehind`]: watermarks, waiting barriers, the fault hook) and the per-session [`Writer`]
+//! task that appends what the log committed to the store, flushes for durable barriers, renews
+//! the session's lease, and faults the log when a durable write fails. The guarantees are
+//! stated in [`crate::session::log`].
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::session::event::SessionEvent;
+use crate::session::log::{len_of, lock_state, LogInner, LogState};
+use crate::store::{Lease, SharedStore};
+
+/// How many committed events may wait for the store before producers wait for room.
+pub const WRITE_BEHIND_LIMIT: u64 = 4096;
+
+/// The most events one store append carries.
+const MAX_BATCH: u64 = 1024;
+
+/// Told once, with the error, when the log faults.
+pub(crate) type FaultHook = Box<dyn FnOnce(SubagentError) + Send>;
+
+/// The attached log's half of write-behind; the writer task holds the other.
+pub(super) struct WriteBehind {
+    /// Events below this seq are in the store.
+    pub(super) written: u64,
+    /// Events below this seq are durable (a store flush covered them).
+    pub(super) durable: u64,
+    pub(super) barriers: Vec<Barrier>,
+    /// Wakes the writer.
+    pub(super) wake: Arc<Notify>,
+    /// Wakes producers waiting for room.
+    pub(super) room: Arc<Notify>,
+    /// Set by [`SessionLog::close`]: write what is left, release the lease, stop.
+    pub(super) closing: Option<oneshot::Sender<Result<()>>>,
+    pub(super) closing_requested: bool,
+    pub(super) on_fault: Option<FaultHook>,
+}
+
+impl Drop for WriteBehind {
+    fn drop(&mut self) {
+        // The last handle of the log is gone: let the writer notice and stop.
+        self.wake.notify_one();
+    }
+}
+
+/// A flush or drain waiting for the writer.
+pub(super) struct Barrier {
+    pub(super) target: u64,
+    pub(super) durable: bool,
+    pub(super) reply: oneshot::Sender<Result<()>>,
+}
+
+/// What the writer does next.
+enum Work {
+    Append {
+        from: u64,
+        batch: Vec<Arc<SessionEvent>>,
+    },
+    Flush {
+        upto: u64,
+    },
+    Idle,
+    Exit,
+}
+
+/// The write-behind task of one session.
+pub(super) struct Writer {
+    /// Weak, so a log dropped without a close still frees its memory; the writer then stops.
+    pub(super) log: Weak<LogInner>,
+    pub(super) store: SharedStore,
+    pub(super) id: SessionId,
+    pub(super) lease: Option<Lease>,
+    pub(super) wake: Arc<Notify>,
+}
+
+impl Writer {
+    pub(super) async fn run(self) {
+        let mut renew_at = self.renewal_after(Instant::now());
+        let outcome = loop {
+            if let Some(at) = renew_at.filter(|at| *at <= Instant::now()) {
+                if let Err(error) = self.renew().await {
+                    break Err(error);
+                }
+                renew_at = self.renewal_after(at);
+            }
+            let Some(inner) = self.log.upgrade() else {
+                break Ok(());
+            };
+            let work = next_work(&mut lock_state(&inner));
+            drop(inner);
+            let step = match work {
+                Work::Append { from, batch } => self.append(from, batch).await,
+                Work::Flush { upto } => self.flush(upto).await,
+                Work::Exit => break Ok(()),
+                Work::Idle => {
+                    match renew_at {
+                        Some(at) => {
+                            tokio::select! {
+                                () = self.wake.notified() => {}
+                                () = tokio::time::sleep_until(at) => {}
+                            }
+                        }
+                        None => self.wake.notified().await,
+                    }
+                    Ok(())
+                }
+            };
+            if let Err(error) = step {
+                break Err(error);
+            }
+        };
+        let outcome = match outcome {
+            Ok(()) => self.release().await,
+            Err(error) => Err(error),
+        };
+        self.finish(outcome);
+    }
+
+    /// When to renew next: a third of the lease's time-to-live after `from`.
+    fn renewal_after(&self, from: Instant) -> Option<Instant> {
+        let ttl = self.lease?.ttl?;
+        Some(from + (ttl / 3).max(Duration::from_millis(1)))
+    }
+
+    async fn renew(&self) -> Result<()> {
+        let Some(lease) = self.lease else {
+            return Ok(());
+        };
+        match self.store.renew_lease(self.id, lease.epoch).await {
+            Ok(()) => Ok(()),
+            Err(error) if error.code() == ErrorCode::LeaseLost => Err(error),
+            Err(error) => {
+                // A passing fault: try again next time. If the lease expires meanwhile, the next
+                // append is refused by its fencing epoch and faults the log.
+                tracing::warn!(session_id = %self.id, %error, "lease renewal failed; retrying");
+                Ok(())
+            }
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        let Some(lease) = self.lease else {
+            return Ok(());
+        };
+        self.store
+            .release_lease(self.id, lease.epoch)
+            .await
+            .inspect_err(|error| {
+                tracing::warn!(session_id = %self.id, %error, "lease release failed");
+            })
+    }
+
+    async fn append(&self, from: u64, batch: Vec<Arc<SessionEvent>>) -> Result<()> {
+        let count = len_of(&batch);
+        let epoch = self.lease.map(|lease| lease.epoch);
+        self.store.append(self.id, from, batch, epoch).await?;
+        if let Some(inner) = self.log.upgrade() {
+            let mut state = lock_state(&inner);
+            if let Some(write_behind) = state.write_behind.as_mut() {
+                write_behind.written = from + count;
+                write_behind.room.notify_waiters();
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&self, upto: u64) -> Result<()> {
+        self.store.flush(self.id).await?;
+        if let Some(inner) = self.log.upgrade() {
+            let mut state = lock_state(&inner);
+            if let Some(write_behind) = state.write_behind.as_mut() {
+                write_behind.durable = write_behind.durable.max(upto);
+                let durable = write_behind.durable;
+                answer_barriers(&mut write_behind.barriers, |barrier| {
+                    (barrier.durable && barrier.target <= durable).then_some(Ok(()))
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops write-behind: answers every waiter with `outcome` and, on an error, faults the log.
+    fn finish(&self, outcome: Result<()>) {
+        let Some(inner) = self.log.upgrade() else {
+            if let Err(error) = outcome {
+                tracing::error!(session_id = %self.id, %error, "write-behind of a dropped log failed");
+            }
+            return;
+        };
+        let mut state = lock_state(&inner);
+        let Some(mut write_behind) = state.write_behind.take() else {
+            return;
+        };
+        let mut hook = None;
+        if let Err(error) = &outcome {
+            tracing::error!(session_id = %self.id, %error, "durable write failed: the session is faulted");
+            state.fault.get_or_insert_with(|| error.clone());
+            inner.faulted.store(true, Ordering::Release);
+            hook = write_behind.on_fault.take();
+        }
+        answer_barriers(&mut write_behind.barriers, |_| Some(outcome.clone()));
+        write_behind.room.notify_waiters();
+        if let Some(closing) = write_behind.closing.take() {
+            // The closer may have stopped waiting; the close still happened.
+            let _ = closing.send(outcome.clone());
+        }
+        drop(state);
+        if let (Some(hook), Err(error)) = (hook, outcome) {
+            hook(error);
+        }
+    }
+}
+
+/// What the writer does next, decided under the log lock: append what is unwritten (in
+/// batches), answer the drains it satisfied, flush for a waiting durable barrier, or stop once
+/// closing and done.
+fn next_work(state: &mut LogState) -> Work {
+    let len = len_of(&state.events);
+    let Some(write_behind) = state.write_behind.as_mut() else {
+        return Work::Exit;
+    };
+    if write_behind.written < len {
+        let from = write_behind.written;
+        let end = len.min(from.saturating_add(MAX_BATCH));
+        let start = usize::try_from(from).unwrap_or(usize::MAX);
+        let stop = usize::try_from(end).unwrap_or(usize::MAX);
+        return Work::Append {
+            from,
+            batch: state.events[start..stop].to_vec(),
+        };
+    }
+    let written = write_behind.written;
+    answer_barriers(&mut write_behind.barriers, |barrier| {
+        (!barrier.durable && barrier.target <= written).then_some(Ok(()))
+    });
+    if write_behind.barriers.iter().any(|barrier| barrier.durable) {
+        return Work::Flush { upto: written };
+    }
+    if write_behind.closing_requested {
+        return Work::Exit;
+    }
+    Work::Idle
+}
+
+/// Answers (and removes) every barrier for which `answer` has an outcome.
+fn answer_barriers(
+    barriers: &mut Vec<Barrier>,
+    mut answer: impl FnMut(&Barrier) -> Option<Result<()>>,
+) {
+    let mut index = 0;
+    while index < barriers.len() {
+        match answer(&barriers[index]) {
+            Some(outcome) => {
+                let barrier = barriers.swap_remove(index);
+                // A waiter that stopped listening needs no answer.
+                let _ = barrier.reply.send(outcome);
+            }
+            None => index += 1,
+        }
+    }
+}
