@@ -3,23 +3,27 @@
 //!
 //! # The inbox is the mailbox's journaled state
 //! Every message for an agent (prompt, follow-up, steering, injected context) arrives as a
-//! [`Deliver`] in mailbox order and is journaled in the session log before it is pending. The
-//! actor owns the [`Inbox`]; the running turn claims from it by message (`ClaimStep`), so
-//! nothing else queues work for the agent.
+//! `Deliver` message in mailbox order and is journaled in the session log before it is pending.
+//! The actor owns the inbox; the running turn claims from it by message (`ClaimStep`), so
+//! nothing else queues work for the agent. The messages are crate-private: a host reaches the
+//! actor only through [`AgentRef`] and [`crate::AgentHandle`].
 //!
 //! # Turns
-//! A turn runs as a future spawned on the actor's context (never `ctx.wait`), so [`Cancel`],
-//! [`Deliver`] and [`Status`] are handled while it runs. The actor is a small state machine:
+//! A turn runs as a future spawned on the actor's context (never `ctx.wait`), so `Cancel`,
+//! `Deliver` and `Status` are handled while it runs. The transitions live in one state machine
+//! (`host::state`), unit-tested without an actor system:
 //!
-//! - **Idle** → a waking [`Deliver`] opens a turn (`turn/start`, first claim) → **Running**.
+//! - **Idle** → a waking send opens a turn (`turn/start`, first claim) → **Running**.
 //! - **Running** → the turn ends → another turn if `next-turn` has work and the inbox is not
-//!   parked, otherwise **Idle** and every [`WhenIdle`] waiter resolves.
-//! - [`Cancel`] with [`InboxPolicy::Discard`] journals the discard of everything pending (even
+//!   parked, otherwise **Idle** and every idle waiter resolves.
+//! - A cancel with [`InboxPolicy::Discard`] journals the discard of everything pending (even
 //!   when idle); with [`InboxPolicy::Keep`] the pending work is parked: it survives but only the
 //!   next waking send resumes it, parked items first. Work the cancelled turn already claimed is
 //!   never put back.
 //! - A waking send that arrives after the running turn was cancelled goes to `next-turn`, and
 //!   (unless the cause is disposal) its wake is latched and replayed once the turn has ended.
+//! - A durable write that fails faults the agent: the running turn ends with the write's error,
+//!   and sends are refused with `AGENT_FAULTED`; a faulted agent never starts another turn.
 //!
 //! # Stopping
 //! `Retire` (sent by disposal) discards what is still pending, runs the scope's disposers in

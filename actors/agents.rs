@@ -1,5 +1,5 @@
 //! Provides [`Agents`], the agents service: the create and resume transactions over the
-//! [`AgentRegistry`] actor, and lookups by session id.
+//! `AgentRegistry` actor, and lookups by session id.
 //!
 //! # The creation transaction
 //! 1. Check the creation-abort token; build and validate the header and seed; stage the log.

@@ -1,5 +1,5 @@
 //! Provides the in-process one-shot driver shared by the spawn and fork providers:
-//! [`start_in_process_run`] creates, publishes and drives one child agent in this runtime, and
+//! `start_in_process_run` creates, publishes and drives one child agent in this runtime, and
 //! [`completed_turn_prefix`] cuts the balanced seed a fork child inherits.
 //!
 //! # A run, step by step

@@ -1,5 +1,5 @@
 //! Provides session leases: [`LeaseHolder`] (one runtime), [`Lease`] (what a holder was granted)
-//! and the in-process [`LeaseTable`] the embedded stores keep.
+//! and the in-process lease table the embedded stores keep.
 //!
 //! # Why leases
 //! A live session is written by exactly one runtime. The runtime takes the session's lease when

@@ -1,5 +1,5 @@
 //! Provides [`SessionPersistence`], the storage seam, and its two backends: [`SledStore`] (the
-//! embedded default) and [`MemoryStore`] (tests), plus [`FaultInjectingStore`] for failure tests.
+//! embedded default) and [`MemoryStore`] (tests), plus [`crate::testing::FaultInjectingStore`] for failure tests.
 //!
 //! # Guarantees
 //! - A session's log is append-only and its seqs run from 0 without gaps.
