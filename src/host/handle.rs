@@ -27,6 +27,19 @@ use crate::session::CancelCause;
 
 type SharedOutcome = Shared<BoxFuture<'static, Result<()>>>;
 
+/// Finishes a shared task in the background if its last caller stopped waiting for it.
+struct FinishOnDrop(Option<SharedOutcome>);
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if let Some(rest) = self.0.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                tokio::spawn(rest);
+            }
+        }
+    }
+}
+
 /// Two flags an agent's disposal and the registry share.
 ///
 /// The disposal sets `retiring`, then reads `has_children`; the registry, reserving a child,
@@ -59,7 +72,8 @@ impl Ownership {
     }
 }
 
-/// A task started at most once and awaited by every caller; dropping a caller never stops it.
+/// Work started at most once and awaited by every caller; dropping a caller never stops it
+/// (the work then finishes in a task of its own).
 #[derive(Default)]
 pub(crate) struct OnceTask {
     task: OnceLock<SharedOutcome>,
@@ -81,26 +95,13 @@ impl OnceTask {
                 "dispose must be called inside the actor system",
             ));
         }
-        self.shared(|| {
-            let task = tokio::spawn(start());
-            async move {
-                task.await.map_err(|error| {
-                    SubagentError::bug(format!("a disposal task failed: {error}"))
-                })?
-            }
-            .boxed()
-        })
-        .await
-    }
-
-    /// As [`OnceTask::run`], but the first caller drives the work in its own task instead of
-    /// spawning one: for a caller that is itself a task nobody drops (it saves a spawn). Other
-    /// callers share the same outcome.
-    pub(crate) async fn run_in_caller(
-        &self,
-        start: impl FnOnce() -> BoxFuture<'static, Result<()>>,
-    ) -> Result<()> {
-        self.shared(start).await
+        let shared = self.shared(start);
+        // The caller drives the work; if it stops waiting first, the guard hands the rest to a
+        // task of its own, so the work always completes (and costs no spawn when awaited).
+        let mut guard = FinishOnDrop(Some(shared.clone()));
+        let outcome = shared.await;
+        guard.0 = None;
+        outcome
     }
 
     fn shared(&self, start: impl FnOnce() -> BoxFuture<'static, Result<()>>) -> SharedOutcome {
@@ -183,23 +184,14 @@ impl AgentHandle {
     /// first error of a child's disposal. The agent and its children are released all the same.
     ///
     /// # Cancel safety
-    /// Cancel safe: the disposal runs as its own task once started; a dropped call never stops
-    /// it, and every later call awaits the same outcome.
+    /// Cancel safe: the caller drives the disposal; a call dropped before it finishes hands
+    /// the rest to a task of its own, so it is never stranded, and every later call awaits the
+    /// same outcome.
     pub async fn dispose(&self) -> Result<()> {
         let handle = self.clone();
         self.shared
             .disposal
             .run(move || release_boxed(handle))
-            .await
-    }
-
-    /// [`AgentHandle::dispose`] driven by the calling task, which must itself be a task nobody
-    /// drops (a run's own disposal task): it saves spawning another.
-    pub(crate) async fn dispose_in_caller(&self) -> Result<()> {
-        let handle = self.clone();
-        self.shared
-            .disposal
-            .run_in_caller(move || release_boxed(handle))
             .await
     }
 

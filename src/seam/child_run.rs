@@ -337,8 +337,7 @@ fn drive_published_run(
         Box::pin(async move {
             run_cancelled.store(true, Ordering::SeqCst);
             watcher_done.cancel();
-            // This closure runs in the run's own disposal task: drive the release here.
-            let released = handle.dispose_in_caller().await;
+            let released = handle.dispose().await;
             // Disposal returns once the result is settled too; only a release failure is
             // reported here (a failed result stays on the result channel).
             let _ = settled.await;

@@ -136,8 +136,9 @@ impl SubagentRun {
     /// Only a release failure (for example, the child's final drain).
     ///
     /// # Cancel safety
-    /// Cancel safe: the disposal runs as its own task once started, so a dropped call never
-    /// strands it, and every later call awaits the same outcome.
+    /// Cancel safe: the caller drives the disposal; a call dropped before it finishes hands
+    /// the rest to a task of its own, so it is never stranded, and every later call awaits the
+    /// same outcome.
     pub async fn dispose(&self) -> Result<()> {
         let inner = Arc::clone(&self.inner);
         self.inner.disposal.run(move || inner.take_dispose()).await

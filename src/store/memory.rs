@@ -32,8 +32,9 @@ struct MemoryState {
 #[derive(Debug)]
 struct MemorySession {
     header: SessionHeader,
-    /// Shared with the log that wrote them.
-    events: Vec<Arc<SessionEvent>>,
+    /// Copied out of the shared events into one contiguous buffer: a store that outlives its
+    /// agents keeps them compactly (one `Arc` allocation per retained event fragments the heap).
+    events: Vec<SessionEvent>,
     lease: u64,
 }
 
@@ -86,7 +87,7 @@ impl SessionPersistence for MemoryStore {
                 header.id,
                 MemorySession {
                     header,
-                    events,
+                    events: events.iter().map(|event| (**event).clone()).collect(),
                     lease: 0,
                 },
             );
@@ -107,7 +108,9 @@ impl SessionPersistence for MemoryStore {
                 .map_err(|_| SubagentError::bug("log length exceeds u64"))?;
             check_append(id, expected_next_seq, next, lease, session.lease)?;
             check_contiguous(id, next, &events)?;
-            session.events.extend(events);
+            session
+                .events
+                .extend(events.iter().map(|event| (**event).clone()));
             Ok(())
         });
         Box::pin(future::ready(outcome))
@@ -152,10 +155,7 @@ impl SessionPersistence for MemoryStore {
             let start = usize::try_from(from_seq)
                 .unwrap_or(usize::MAX)
                 .min(session.events.len());
-            Ok(session.events[start..]
-                .iter()
-                .map(|event| (**event).clone())
-                .collect())
+            Ok(session.events[start..].to_vec())
         });
         Box::pin(future::ready(outcome))
     }
