@@ -2,10 +2,11 @@
 //! [`AgentHandle::dispose`] releases the agent and, first, every child it owns.
 //!
 //! # Disposal order (child first)
-//! 1. The registry marks the agent retiring: it takes no new children, and a child still being
-//!    created under it is refused at publication.
-//! 2. The agent's running turn is cancelled (cause `disposed`) and new sends are refused, so
-//!    cancellation reaches the agent before its children (top-down).
+//! 1. The agent is marked retiring (a flag the registry reads; an agent that has had children
+//!    also asks the registry for its live ones): it takes no new children, and a child still
+//!    being created under it is refused at publication.
+//! 2. With children, the agent's running turn is cancelled first (cause `disposed`) and new
+//!    sends are refused, so cancellation reaches the agent before its children (top-down).
 //! 3. Every live child is disposed, each by these same steps (its own children first).
 //! 4. The agent's actor retires (pending work discarded, scope unwound, actor stopped).
 //! 5. The log's write-behind is closed: what is left is written and the session's lease is
