@@ -5,7 +5,6 @@
 //! `agent/inbox/spliced` event **first** and only then changes the live list, so replaying the
 //! splices of a log rebuilds the pending work exactly (even after a crash).
 use std::borrow::Borrow;
-
 use std::collections::VecDeque;
 
 use crate::content::Message;

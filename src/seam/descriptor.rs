@@ -9,7 +9,6 @@
 //! is unclassifiable (no descriptor), not an error; a malformed current-version payload is an
 //! `INVALID_DESCRIPTOR` error naming the first broken field.
 use std::borrow::Borrow;
-
 use std::collections::BTreeSet;
 
 use serde_json::{json, Map, Value};

@@ -1,11 +1,12 @@
 //! Provides the folds over a run's own events: [`fold_consumed_work`], the stop-reason tables
 //! ([`one_shot_stop_reason`], [`continuable_stop_reason`]) and [`final_assistant_output`].
 
+use std::borrow::Borrow;
+
 use crate::content::ContentBlock;
 use crate::model::StreamChunk;
 use crate::session::event::{EventKind, SessionEvent, TurnEndReason};
 use crate::stop_reason::StopReason;
-use std::borrow::Borrow;
 
 /// What a run's events say about the work it consumed.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -9,7 +9,6 @@
 //! snapshot is still held (an adapter or a recording model that keeps requests); the turn driver
 //! drops its request before it appends, so a conversation costs O(turns) in total.
 use std::borrow::Borrow;
-
 use std::ops::Deref;
 use std::sync::Arc;
 
