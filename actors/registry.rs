@@ -182,7 +182,9 @@ impl AgentRegistry {
                     };
                 }
             }
-            Err(_) => {
+            Err(ref error) => {
+                // With a `do_send` publication nobody hears this reply: say it here.
+                tracing::debug!(session_id = %exact.0, %error, "publication refused");
                 self.remove(exact);
             }
         }

@@ -9,10 +9,31 @@ use std::time::Duration;
 use futures::executor::block_on;
 use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
-    EventKind, ResumeAgent, Runtime, SessionId, SessionPersistence, SledStore, TurnEndReason,
+    AgentHandle, EventKind, ResumeAgent, Runtime, SessionId, SessionPersistence, SledStore,
+    TurnEndReason,
 };
 
 use crate::support::{run_prompt, turn_ends, types};
+
+/// A runtime over the reopened `store` that resumes session `id` (the surviving log must be
+/// whole and resumable).
+async fn resume_on(
+    store: SledStore,
+    id: SessionId,
+    model: &ScriptedModel,
+) -> (Runtime, AgentHandle) {
+    let rt = Runtime::builder()
+        .store(store)
+        .model("scripted", model.clone())
+        .build()
+        .unwrap();
+    let resumed = rt
+        .agents()
+        .resume(ResumeAgent::new(id))
+        .await
+        .expect("the surviving session is resumable");
+    (rt, resumed)
+}
 
 /// Starts `subagents demo` with `args` over `store`; its stdout arrives line by line.
 fn spawn_demo(args: &[&str], store: &std::path::Path) -> (Child, mpsc::Receiver<String>) {
@@ -92,16 +113,7 @@ fn a_killed_writer_loses_no_flushed_event_and_its_turn_is_repaired() {
 
     actix::System::new().block_on(async move {
         let model = ScriptedModel::with_script([ScriptStep::text("back again")]);
-        let rt = Runtime::builder()
-            .store(store)
-            .model("scripted", model.clone())
-            .build()
-            .unwrap();
-        let resumed = rt
-            .agents()
-            .resume(ResumeAgent::new(id))
-            .await
-            .expect("the session is resumable");
+        let (rt, resumed) = resume_on(store, id, &model).await;
         run_prompt(resumed.agent(), "are you there?").await;
         let events = resumed.agent().log().events();
         assert_eq!(
@@ -173,16 +185,7 @@ fn a_write_burst_killed_mid_flight_keeps_every_acknowledged_event_and_no_torn_ba
     // at most for its last, interrupted turn) keeps every invariant, so it resumes.
     actix::System::new().block_on(async move {
         let model = ScriptedModel::with_script([ScriptStep::text("after the crash")]);
-        let rt = Runtime::builder()
-            .store(store)
-            .model("scripted", model)
-            .build()
-            .unwrap();
-        let resumed = rt
-            .agents()
-            .resume(ResumeAgent::new(id))
-            .await
-            .expect("the surviving log is whole and resumable");
+        let (_rt, resumed) = resume_on(store, id, &model).await;
         let events = run_prompt(resumed.agent(), "still there?").await;
         assert_eq!(turn_ends(&events).last(), Some(&TurnEndReason::Completed));
         resumed.dispose().await.unwrap();
