@@ -97,7 +97,23 @@ pub struct AgentActor {
     state: AgentState,
     idle_waiters: Vec<oneshot::Sender<()>>,
     retire_waiters: Vec<oneshot::Sender<()>>,
+    /// The continuation manager's view of this agent, when it is a resident Activation.
+    activity: Option<ActivityObserver>,
 }
+
+/// What an Activation's settlement watcher learns from its agent, in the agent's own order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activity {
+    /// A turn claimed this message: the agent is running.
+    Claimed(MessageId),
+    /// A cancel discarded this pending message.
+    Discarded(MessageId),
+    /// The agent became idle (its driver exited with nothing left to run).
+    Idle,
+}
+
+/// Receives an agent's [`Activity`]; called on the agent's thread, so it must not block.
+pub(crate) type ActivityObserver = Arc<dyn Fn(SessionId, Activity) + Send + Sync>;
 
 impl Actor for AgentActor {
     type Context = Context<Self>;
@@ -123,6 +139,13 @@ impl AgentActor {
             state: AgentState::new(),
             idle_waiters: Vec::new(),
             retire_waiters: Vec::new(),
+            activity: None,
+        }
+    }
+
+    fn notify(&self, activity: Activity) {
+        if let Some(observer) = &self.activity {
+            observer(self.id, activity);
         }
     }
 
@@ -189,6 +212,7 @@ impl AgentActor {
                 message: message.id,
                 turn,
             });
+            self.notify(Activity::Claimed(message.id));
         }
         let cancel = TurnCancel::new();
         self.state.turn_started(turn, cancel.clone());
@@ -221,6 +245,7 @@ impl AgentActor {
             // A waiter that stopped listening needs no answer.
             let _ = waiter.send(());
         }
+        self.notify(Activity::Idle);
     }
 
     fn cancel(&mut self, cause: CancelCause, policy: InboxPolicy) -> Result<()> {
@@ -253,6 +278,7 @@ impl AgentActor {
             self.emit(AgentEventKind::InboxDiscarded {
                 message: message.id,
             });
+            self.notify(Activity::Discarded(message.id));
         }
         Ok(())
     }
@@ -282,6 +308,7 @@ impl AgentActor {
                         message: message.id,
                         turn,
                     });
+                    self.notify(Activity::Claimed(message.id));
                 }
                 claimed
             }
@@ -332,6 +359,60 @@ impl Handler<Deliver> for AgentActor {
 
     fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) -> Self::Result {
         self.deliver(msg.message, msg.target, msg.wake, ctx)
+    }
+}
+
+/// Where a [`Post`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PostTarget {
+    /// A list and a wake, as [`Deliver`].
+    Inbox(InboxTarget, Wake),
+    /// A settlement notice: one later turn of an idle agent, or the next step of a running one
+    /// (so notices that arrive together are read in one step).
+    TurnOrStep,
+}
+
+/// [`Deliver`] for the continuation manager: sent with `do_send` so that it is in the agent's
+/// mailbox, in order, the moment the manager decides (a bounded `send` could be queued behind a
+/// later cancel), and answered through `reply` once journaled and pending.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Post {
+    pub(crate) message: Message,
+    pub(crate) target: PostTarget,
+    pub(crate) reply: oneshot::Sender<Result<MessageId>>,
+}
+
+impl Handler<Post> for AgentActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Post, ctx: &mut Context<Self>) {
+        let (target, wake) = match msg.target {
+            PostTarget::Inbox(target, wake) => (target, wake),
+            PostTarget::TurnOrStep if self.state.turn().is_some() => {
+                (InboxTarget::NextStep, Wake::Wake)
+            }
+            PostTarget::TurnOrStep => (InboxTarget::NextTurn, Wake::Wake),
+        };
+        let outcome = self.deliver(msg.message, target, wake, ctx);
+        // A poster that stopped waiting learns nothing it needs.
+        let _ = msg.reply.send(outcome);
+    }
+}
+
+/// Installs the continuation manager's activity observer (sent before any work is posted).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Observe(pub(crate) ActivityObserver);
+
+impl Handler<Observe> for AgentActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Observe, _: &mut Context<Self>) {
+        self.activity = Some(msg.0);
+        if self.state.turn().is_none() {
+            self.notify(Activity::Idle);
+        }
     }
 }
 
@@ -677,6 +758,43 @@ impl AgentRef {
             .send(Cancel { cause, inbox })
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))?
+    }
+
+    /// Posts `message` in mailbox order now; the returned future resolves at acceptance.
+    pub(crate) fn post(
+        &self,
+        message: Message,
+        target: PostTarget,
+    ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
+        let (reply, accepted) = oneshot::channel();
+        let id = self.id;
+        match self.addr() {
+            Some(addr) => addr.do_send(Post {
+                message,
+                target,
+                reply,
+            }),
+            None => drop(reply),
+        }
+        async move {
+            accepted
+                .await
+                .unwrap_or_else(|_| Err(SubagentError::agent_gone(id)))
+        }
+    }
+
+    /// Cancels in mailbox order now, without waiting (a gone agent has nothing to cancel).
+    pub(crate) fn cancel_now(&self, cause: CancelCause, inbox: InboxPolicy) {
+        if let Some(addr) = self.addr() {
+            addr.do_send(Cancel { cause, inbox });
+        }
+    }
+
+    /// Installs the manager's activity observer, in mailbox order.
+    pub(crate) fn observe(&self, observer: ActivityObserver) {
+        if let Some(addr) = self.addr() {
+            addr.do_send(Observe(observer));
+        }
     }
 
     /// Resolves once the agent is idle (immediately for a stopped agent).

@@ -25,11 +25,22 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
+use crate::actors::agent::AgentRef;
+use crate::actors::agents::Agents;
+use crate::actors::manager::{
+    ContinuationManager, DrainAll, DrainDescendants, Followup, Interrupt, ReportFrom,
+    ResidentCount, Routed, StartContinuable,
+};
+use crate::content::{ContentBlock, Message};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
-use crate::ids::RunId;
+use crate::ids::{MessageId, RunId, SessionId};
 use crate::schema::ObjectSchema;
+use crate::seam::continuable::{
+    ContinuableStart, ContinuableStartSpec, FollowupOptions, InterruptAuthority, ReportOptions,
+};
 use crate::seam::depth::check_max_depth;
+use crate::seam::setup::{ContinuableSetupContribution, SetupRegistration, SetupRegistry};
 use crate::seam::{
     ResolvedSubagentStartRequest, SubagentDescriptor, SubagentEvent, SubagentProvider, SubagentRun,
     SubagentRunEndInfo, SubagentRunInfo, SubagentStartRequest,
@@ -252,6 +263,33 @@ impl Handler<List> for SubagentService {
     }
 }
 
+/// Looks up a provider for a continuable start: `NO_PROVIDER`, or `UNSUPPORTED_CAPABILITY`
+/// when it has no `prepare_continuable` (the one-shot capability flags are not consulted).
+#[derive(Message)]
+#[rtype(result = "Result<Arc<dyn SubagentProvider>>")]
+pub(crate) struct LookupContinuable(pub(crate) String);
+
+impl Handler<LookupContinuable> for SubagentService {
+    type Result = Result<Arc<dyn SubagentProvider>>;
+
+    fn handle(&mut self, msg: LookupContinuable, _: &mut Context<Self>) -> Self::Result {
+        let name = msg.0;
+        let provider = self.lookup(&name).ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::NoProvider,
+                format!("no subagent provider named \"{name}\""),
+            )
+        })?;
+        if provider.continuable().is_none() {
+            return Err(SubagentError::new(
+                ErrorCode::UnsupportedCapability,
+                format!("subagent provider \"{name}\" does not support continuable children"),
+            ));
+        }
+        Ok(provider)
+    }
+}
+
 /// Starts a one-shot run; see the module docs for the validation order.
 #[derive(Message)]
 #[rtype(result = "Result<SubagentRun>")]
@@ -276,11 +314,13 @@ impl Handler<Start> for SubagentService {
     }
 }
 
-/// The public seam (`ctx.subagents`): providers, one-shot starts and lifecycle events. Cheap
-/// to clone.
+/// The public seam (`ctx.subagents`): providers, one-shot starts, continuable children and
+/// lifecycle events. Cheap to clone.
 #[derive(Clone)]
 pub struct Subagents {
     service: Addr<SubagentService>,
+    manager: Addr<ContinuationManager>,
+    setup: Arc<SetupRegistry>,
     events: Arc<EventBus<SubagentEvent>>,
 }
 
@@ -339,15 +379,30 @@ impl std::fmt::Debug for ProviderRegistration {
 }
 
 impl Subagents {
-    pub(crate) fn start_service() -> Self {
+    /// Starts the provider service and the continuation manager, which creates and resumes
+    /// continuable children through `agents`.
+    pub(crate) fn start_service(agents: Agents) -> Self {
         let events = EventBus::new();
+        let setup = Arc::new(SetupRegistry::default());
         let service = SubagentService {
             providers: Vec::new(),
             next_registration: 0,
             events: Arc::clone(&events),
         }
         .start();
-        Self { service, events }
+        let manager = ContinuationManager::new(
+            agents,
+            service.clone(),
+            Arc::clone(&events),
+            Arc::clone(&setup),
+        )
+        .start();
+        Self {
+            service,
+            manager,
+            setup,
+            events,
+        }
     }
 
     /// Registers `provider` under its name.
@@ -430,5 +485,165 @@ impl Subagents {
     /// The seam's lifecycle events. Start and end are scoped to the delegating parent's session.
     pub fn events(&self) -> &Arc<EventBus<SubagentEvent>> {
         &self.events
+    }
+
+    /// Starts a continuable child: the manager mints its id, snapshots its descriptor, asks
+    /// the provider only for its creation spec (a fork seed or nothing), creates the child,
+    /// takes ownership under a continuable parent, and submits the prompt. Resolves with
+    /// `{child_id, message_id}` at inbox acceptance, before any turn runs or anything is
+    /// logged. The parent's delegated policy is captured when this is called.
+    ///
+    /// # Errors
+    /// With no id, no Activation and no ownership left behind: `DRAINING`,
+    /// `PERSISTENCE_UNAVAILABLE`, `INVALID_MAX_DEPTH`, `DEPTH_EXCEEDED`, `NO_PROVIDER`,
+    /// `UNSUPPORTED_CAPABILITY` (no `prepare_continuable`), `CANCELLED` (the token fired
+    /// before acceptance), `ACTIVATION_CLOSING` (the parent Activation is settling),
+    /// `ACTIVATION_SETUP_REVOKED`, and creation errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the start runs as its own task, so dropping the future leaves either an
+    /// accepted child (owned by the manager) or nothing.
+    pub fn start_continuable(
+        &self,
+        mut spec: ContinuableStartSpec,
+    ) -> impl std::future::Future<Output = Result<ContinuableStart>> + Send + 'static {
+        spec.capture_policy();
+        let request = self.manager.send(StartContinuable(spec));
+        own_task(async move { request.await.map_err(SubagentError::from)? })
+    }
+
+    /// Delivers `content` to a continuable child as its next FIFO turn: a running child
+    /// enqueues it, a waiting one wakes, an absent one is cold-resumed from the store (its
+    /// session lease taken first, its descriptor folded from its own events, its parent's
+    /// authority checked before anything is loaded and again after every await). A delivery
+    /// that loses the race with the child's settlement waits for the teardown and
+    /// cold-resumes.
+    ///
+    /// # Errors
+    /// `DRAINING`, `CANCELLED` (before acceptance only; afterwards the token no longer
+    /// matters), `UNAUTHORIZED` (not the exact live direct parent), `NOT_RESUMABLE`,
+    /// `SESSION_LEASED` (resident in another runtime), `PERSISTENCE_UNAVAILABLE`,
+    /// `INVALID_DESCRIPTOR`, and resume errors as they are.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`Subagents::start_continuable`].
+    pub fn followup(
+        &self,
+        parent: &AgentRef,
+        child_id: SessionId,
+        content: Vec<ContentBlock>,
+        options: FollowupOptions,
+    ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
+        let manager = self.manager.clone();
+        let parent = parent.clone();
+        let message = Message::user(content, options.source);
+        let token = options.cancel;
+        own_task(async move {
+            loop {
+                let routed = manager
+                    .send(Followup {
+                        parent: parent.clone(),
+                        child: child_id,
+                        message: message.clone(),
+                        token: token.clone(),
+                    })
+                    .await
+                    .map_err(SubagentError::from)??;
+                if let Routed::Accepted(id) = routed {
+                    return Ok(id);
+                }
+            }
+        })
+    }
+
+    /// Interrupts a resident continuable child's current turn under `authority`: the cancel
+    /// (cause `user` or `parent`, inbox kept) is issued before this returns, without waiting
+    /// for quiescence. Pending messages stay parked until the next waking send; claimed work
+    /// is not requeued; descendants and the Activation are untouched. An absent target
+    /// (unknown, one-shot, settled) is an accepted no-op.
+    ///
+    /// # Errors
+    /// `UNAUTHORIZED`: a wrong parent address, a caller outside the target's live ancestry,
+    /// a stale ancestor, or an ancestor naming itself.
+    pub async fn interrupt(&self, target: SessionId, authority: InterruptAuthority) -> Result<()> {
+        self.manager
+            .send(Interrupt { target, authority })
+            .await
+            .map_err(SubagentError::from)?
+    }
+
+    /// Delivers `content` from a resident continuable child to its durable direct parent,
+    /// framed as one `subagent-report` message: `Wakeup` as one later parent turn, `Quiet` as
+    /// context for the parent's next step. Reporting ends neither the child's turn nor its
+    /// Activation; the child still gets its settled notice.
+    ///
+    /// # Errors
+    /// `CANCELLED`, `DRAINING`, `UNAUTHORIZED` (not the exact resident child),
+    /// `ACTIVATION_CLOSING`, `PARENT_UNAVAILABLE` (the parent is not live or refused).
+    pub fn report_from(
+        &self,
+        child: &AgentRef,
+        content: Vec<ContentBlock>,
+        options: ReportOptions,
+    ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
+        let request = self.manager.send(ReportFrom {
+            child: child.clone(),
+            content,
+            delivery: options.delivery,
+            token: options.cancel,
+        });
+        async move { request.await.map_err(SubagentError::from)??.await }
+    }
+
+    /// Registers a setup contribution installed into every later continuable child's
+    /// unpublished scope (fresh or cold-resumed), after its base composition. Removing the
+    /// registration revokes every resident installation at once.
+    pub fn register_continuable_setup(
+        &self,
+        contribution: ContinuableSetupContribution,
+    ) -> SetupRegistration {
+        let id = self.setup.register(contribution);
+        SetupRegistration::new(Arc::clone(&self.setup), id)
+    }
+
+    /// Closes continuable admission below the exact live `parents` (until each leaves the
+    /// registry), opens every descendant Activation's disposal now (top-down), then waits for
+    /// admitted materializations below them and releases those forests child first. A
+    /// continuable parent itself survives; unrelated forests stay live; stale parents are
+    /// ignored. The drain is requested when this is called, before the future is polled.
+    ///
+    /// # Errors
+    /// `ACTIVATION_TEARDOWN_FAILED` after every branch settled, when any failed.
+    pub fn drain_continuable_descendants(
+        &self,
+        parents: &[AgentRef],
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        let request = self.manager.send(DrainDescendants(parents.to_vec()));
+        async move { request.await.map_err(SubagentError::from)? }
+    }
+
+    /// The manager-wide drain run by [`crate::Runtime::shutdown`].
+    pub(crate) async fn drain_all(&self) -> Result<()> {
+        self.manager
+            .send(DrainAll)
+            .await
+            .map_err(SubagentError::from)?
+    }
+
+    /// How many continuable children are resident now.
+    pub async fn resident_count(&self) -> usize {
+        self.manager.send(ResidentCount).await.unwrap_or(0)
+    }
+}
+
+/// Runs `work` as a task of its own, so a caller that drops the future cannot leave it half
+/// done.
+fn own_task<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> impl std::future::Future<Output = Result<T>> + Send + 'static {
+    let task = tokio::spawn(work);
+    async move {
+        task.await
+            .map_err(|error| SubagentError::bug(format!("a seam task failed: {error}")))?
     }
 }

@@ -87,9 +87,12 @@ pub use model::{BlockType, FinishReason, GenerateRequest, LlmAdapter, StreamChun
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use schema::ObjectSchema;
 pub use seam::{
-    ChildAgentOptions, ContinuableCreateRequest, ContinuableCreateSpec, PrepareContinuable,
-    ResolvedSubagentStartRequest, SubagentCapabilities, SubagentDescriptor, SubagentEvent,
-    SubagentProvider, SubagentResult, SubagentRun, SubagentStartRequest,
+    ChildAgentOptions, ContinuableCreateRequest, ContinuableCreateSpec,
+    ContinuableSetupContribution, ContinuableStart, ContinuableStartSpec, FollowupOptions,
+    InterruptAuthority, PrepareContinuable, ReportDelivery, ReportOptions,
+    ResolvedSubagentStartRequest, SetupDisposer, SetupRegistration, SubagentCapabilities,
+    SubagentDescriptor, SubagentEvent, SubagentProvider, SubagentResult, SubagentRun,
+    SubagentStartRequest,
 };
 pub use session::{
     CancelCause, EventKind, FailureCategory, History, LlmFailure, SessionEvent, SessionHeader,

@@ -123,12 +123,13 @@ impl RuntimeBuilder {
             delegation: self.delegation,
             pre_step: self.pre_step,
         });
+        let agents = Agents::start(
+            Arc::clone(&env),
+            (self.workers > 1).then(|| Arc::new(WorkerPool::new(self.workers))),
+        );
         Ok(Runtime {
-            agents: Agents::start(
-                Arc::clone(&env),
-                (self.workers > 1).then(|| Arc::new(WorkerPool::new(self.workers))),
-            ),
-            subagents: Subagents::start_service(),
+            subagents: Subagents::start_service(agents.clone()),
+            agents,
             env,
         })
     }
@@ -179,8 +180,10 @@ impl Runtime {
         self.env.store.as_ref()
     }
 
-    /// Refuses new agents (`DRAINING`), waits for creations in progress, then disposes the
-    /// whole ownership forest child first (each root by [`crate::AgentHandle::dispose`], which
+    /// Drains every continuable forest (manager-wide: admission closed, admitted
+    /// materializations awaited, Activations released child first), then refuses new agents
+    /// (`DRAINING`), waits for creations in progress, and disposes the whole ownership forest
+    /// child first (each root by [`crate::AgentHandle::dispose`], which
     /// releases its children before itself), then stops the worker threads.
     ///
     /// # Errors
@@ -190,9 +193,9 @@ impl Runtime {
     /// Each disposal runs as its own task; a dropped shutdown leaves the rest undisposed but
     /// never half-disposes an agent.
     pub async fn shutdown(&self) -> Result<()> {
+        let mut first_error = self.subagents.drain_all().await.err();
         // No new agent from here on, and none half-created left behind.
         self.agents.close().await;
-        let mut first_error = None;
         // Roots first; disposing a root releases its children before it. An agent whose owner
         // was released meanwhile becomes a root of the next round.
         loop {

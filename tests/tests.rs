@@ -10,6 +10,8 @@ mod agent_inbox;
 mod agent_registry;
 /// The turn driver: tools, stop reasons, cancellation records.
 mod agent_turn;
+/// Continuable children: start, follow-up, interrupt, reports, notices, drains.
+mod continuable;
 /// Killing a writer process mid-turn and recovering its store.
 mod crash;
 /// The error surface: every code's string is pinned.

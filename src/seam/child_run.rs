@@ -32,16 +32,19 @@ use tokio_util::sync::CancellationToken;
 use crate::actors::agent::{AgentRef, InboxPolicy};
 use crate::content::{ContentBlock, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
-use crate::host::{interpolate_prompt, AgentOptions, AgentScope, DelegatedPolicy, PromptSection};
+use crate::host::{
+    interpolate_prompt, AgentEnv, AgentOptions, AgentScope, DelegatedPolicy, PromptSection,
+};
 use crate::host::{AgentHandle, CreateAgent};
 use crate::seam::depth::{check_max_depth, resolve_child_depth};
-use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
+use crate::seam::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::session::{
     fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind,
     SessionEvent, SessionLog, SessionLogView,
 };
 use crate::stop_reason::StopReason;
 use crate::tools::structured_output::StructuredCapture;
+use crate::tools::ToolFilter;
 
 /// The persona section's name: an agent's persona shadows the deployment persona.
 pub const PERSONA_SECTION: &str = "deployment:persona";
@@ -69,13 +72,13 @@ pub fn completed_turn_prefix(log: &SessionLogView) -> Vec<SessionEvent> {
 
 /// The child's model options: the parent's route and token cap, overridden by the request,
 /// stamped with the child's depth.
-fn child_options(
+pub(crate) fn child_options(
     parent: &AgentRef,
-    request: &ResolvedSubagentStartRequest,
+    overrides: Option<ChildAgentOptions>,
     depth: u64,
 ) -> AgentOptions {
     let inherited = parent.options();
-    let overrides = request.request.agent_options.clone().unwrap_or_default();
+    let overrides = overrides.unwrap_or_default();
     AgentOptions {
         provider: overrides.provider.or_else(|| inherited.provider.clone()),
         model: overrides.model.unwrap_or_else(|| inherited.model.clone()),
@@ -84,6 +87,24 @@ fn child_options(
         // A one-shot child adds no durability checkpoint of its own, whatever its parent does.
         flush: crate::host::FlushPolicy::default(),
     }
+}
+
+/// The policy `parent` hands a child: the one captured when the delegation was called, else
+/// the deployment's answer now.
+pub(crate) fn delegated_policy(
+    parent: &AgentRef,
+    captured: Option<DelegatedPolicy>,
+) -> DelegatedPolicy {
+    captured
+        .or_else(|| {
+            parent
+                .agents()
+                .env()
+                .delegation
+                .as_ref()
+                .map(|policy| policy.capture(parent.id()))
+        })
+        .unwrap_or_default()
 }
 
 /// The statement every delegated child sees as runtime context (after its task, as the
@@ -145,6 +166,70 @@ fn policy_events(policy: &DelegatedPolicy) -> Vec<EventKind> {
     events
 }
 
+/// How a delegated child is composed, for one-shot and continuable children alike: the
+/// delegated policy (recorded as events on creation, shown as runtime context), the persona in
+/// the deployment persona's place, and the tool restriction. A child never copies its parent's
+/// registrations: it gets a flat scope of its own.
+pub(crate) struct ChildComposition {
+    /// The policy to record at creation; `None` on a cold resume, which never re-records it.
+    record: Option<DelegatedPolicy>,
+    contexts: Vec<PromptSection>,
+    persona: Option<PromptSection>,
+    tool_filter: Option<ToolFilter>,
+}
+
+impl ChildComposition {
+    /// Interpolates `persona` against the deployment's prompt variables.
+    ///
+    /// # Errors
+    /// `UNKNOWN_PROMPT_VARIABLE`.
+    pub(crate) fn new(
+        env: &AgentEnv,
+        record: Option<DelegatedPolicy>,
+        persona: Option<&str>,
+        tool_filter: Option<ToolFilter>,
+    ) -> Result<Self> {
+        // The persona takes the deployment persona's place in the prompt.
+        let persona_order = env
+            .sections
+            .iter()
+            .find(|section| section.name == PERSONA_SECTION)
+            .map_or(0.0, |section| section.order);
+        let persona = persona
+            .map(|template| interpolate_prompt(template, &env.variables))
+            .transpose()?
+            .map(|text| PromptSection::new(PERSONA_SECTION, persona_order, text));
+        Ok(Self {
+            contexts: delegation_contexts(record.as_ref().unwrap_or(&DelegatedPolicy::default())),
+            record,
+            persona,
+            tool_filter,
+        })
+    }
+
+    /// Records the policy (fresh children only) and composes the scope.
+    ///
+    /// # Errors
+    /// `UNKNOWN_TOOL` for a filter naming an unknown tool; a journal error.
+    pub(crate) fn apply(self, scope: &mut AgentScope, log: &SessionLog) -> Result<()> {
+        if let Some(policy) = &self.record {
+            for event in policy_events(policy) {
+                log.append(event)?;
+            }
+        }
+        for context in self.contexts {
+            scope.context(context);
+        }
+        if let Some(persona) = self.persona {
+            scope.section(persona);
+        }
+        if let Some(filter) = self.tool_filter {
+            scope.restrict(filter)?;
+        }
+        Ok(())
+    }
+}
+
 /// Creates, publishes and drives one child for a resolved one-shot request, seeded with `seed`
 /// (a fork prefix) or fresh.
 ///
@@ -174,29 +259,14 @@ pub(crate) async fn start_in_process_run(
         ));
     }
     let env = Arc::clone(parent.agents().env());
-    let policy = resolved
-        .request
-        .policy
-        .clone()
-        .or_else(|| {
-            env.delegation
-                .as_ref()
-                .map(|policy| policy.capture(parent.id()))
-        })
-        .unwrap_or_default();
-    let persona = resolved
-        .request
-        .persona
-        .as_deref()
-        .map(|template| interpolate_prompt(template, &env.variables))
-        .transpose()?;
-    let options = child_options(&parent, &resolved, depth);
-    // The persona takes the deployment persona's place in the prompt.
-    let persona_order = env
-        .sections
-        .iter()
-        .find(|section| section.name == PERSONA_SECTION)
-        .map_or(0.0, |section| section.order);
+    let policy = delegated_policy(&parent, resolved.request.policy.clone());
+    let composition = ChildComposition::new(
+        &env,
+        Some(policy),
+        resolved.request.persona.as_deref(),
+        resolved.request.tool_filter.clone(),
+    )?;
+    let options = child_options(&parent, resolved.request.agent_options.clone(), depth);
     let boundary = u64::try_from(seed.len()).map_err(|_| SubagentError::bug("seed too long"))?;
     let capture_slot: Arc<std::sync::OnceLock<StructuredCapture>> = Arc::default();
     let setup_slot = Arc::clone(&capture_slot);
@@ -205,22 +275,10 @@ pub(crate) async fn start_in_process_run(
         descriptor,
         output_schema,
     } = resolved;
-    let filter = request.tool_filter.clone();
     let setup = move |scope: &mut AgentScope,
                       log: &SessionLog|
           -> Result<Option<crate::host::SetupCommit>> {
-        for event in policy_events(&policy) {
-            log.append(event)?;
-        }
-        for context in delegation_contexts(&policy) {
-            scope.context(context);
-        }
-        if let Some(persona) = persona {
-            scope.section(PromptSection::new(PERSONA_SECTION, persona_order, persona));
-        }
-        if let Some(filter) = filter {
-            scope.restrict(filter)?;
-        }
+        composition.apply(scope, log)?;
         if let Some(schema) = output_schema {
             // The slot is fresh per run, so it is always empty here.
             let _ = setup_slot.set(StructuredCapture::attach(scope, schema)?);

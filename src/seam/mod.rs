@@ -4,6 +4,7 @@
 
 pub mod capabilities;
 pub mod child_run;
+pub mod continuable;
 pub mod depth;
 pub mod descriptor;
 pub mod events;
@@ -13,8 +14,13 @@ pub mod result;
 pub mod run;
 pub(crate) mod scripted;
 pub mod settlement;
+pub mod setup;
 
 pub use capabilities::SubagentCapabilities;
+pub use continuable::{
+    ContinuableStart, ContinuableStartSpec, FollowupOptions, InterruptAuthority, ReportDelivery,
+    ReportOptions,
+};
 pub use descriptor::{DelegationMode, SubagentDescriptor, SUBAGENT_DESCRIPTOR_VERSION};
 pub use events::{SubagentEvent, SubagentRunEndInfo, SubagentRunInfo};
 pub use provider::{
@@ -24,3 +30,4 @@ pub use request::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentStart
 pub use result::SubagentResult;
 pub use run::SubagentRun;
 pub use settlement::{settle_run, JobOutcome};
+pub use setup::{ContinuableSetupContribution, SetupDisposer, SetupRegistration};

@@ -1,0 +1,129 @@
+//! Provides [`Activation`], the actor that holds one resident continuable child: its retained
+//! [`AgentHandle`] and the epoch's boundary in the child's log.
+//!
+//! The continuation manager decides everything about an Activation (admission, ownership,
+//! settlement) in its own handler; the Activation carries out the one long piece of work that
+//! must not hold the manager up: the teardown of its epoch. Teardown awaits the owned children's
+//! disposals (already opened top-down by the manager), waits for the child to be quiescent,
+//! captures the epoch's terminal facts while the child is still registered, and disposes the
+//! handle (which drains the session log into the store and releases the lease). It answers the
+//! facts and stops.
+
+use actix::prelude::*;
+use futures::future::{join_all, BoxFuture, Shared};
+
+use crate::content::ContentBlock;
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::host::AgentHandle;
+use crate::session::{continuable_stop_reason, final_assistant_output, fold_consumed_work};
+use crate::stop_reason::StopReason;
+
+/// A disposal in progress, shared by everyone who waits for it.
+pub(crate) type Disposal = Shared<BoxFuture<'static, Result<()>>>;
+
+/// How an epoch ended, as the parent's notice and `subagent/end` report it.
+#[derive(Debug, Clone)]
+pub(crate) struct Terminal {
+    /// The epoch's own stop reason (`error` when any teardown step failed).
+    pub(crate) stop_reason: StopReason,
+    /// The epoch's final assistant output; withheld when teardown failed.
+    pub(crate) output: Option<Vec<ContentBlock>>,
+    /// Every teardown failure, combined.
+    pub(crate) failure: Option<SubagentError>,
+}
+
+/// One resident continuable child.
+pub(crate) struct Activation {
+    handle: Option<AgentHandle>,
+    /// The child's log length when this epoch began: a resumed epoch never reports an earlier
+    /// epoch's answer.
+    boundary: usize,
+}
+
+impl Activation {
+    pub(crate) fn new(handle: AgentHandle, boundary: usize) -> Self {
+        Self {
+            handle: Some(handle),
+            boundary,
+        }
+    }
+}
+
+impl Actor for Activation {
+    type Context = Context<Self>;
+}
+
+/// Tears the epoch down: owned children first, then the child itself. Sent once per
+/// Activation (the manager memoizes the disposal).
+#[derive(Message)]
+#[rtype(result = "Terminal")]
+pub(crate) struct Teardown {
+    /// The owned children's disposals, opened before this one's.
+    pub(crate) children: Vec<Disposal>,
+}
+
+impl Handler<Teardown> for Activation {
+    type Result = ResponseActFuture<Self, Terminal>;
+
+    fn handle(&mut self, msg: Teardown, _: &mut Context<Self>) -> Self::Result {
+        let handle = self.handle.take();
+        let boundary = self.boundary;
+        Box::pin(
+            async move {
+                let mut failures = Vec::new();
+                let children = join_all(msg.children).await;
+                let failed_children = children.iter().filter(|outcome| outcome.is_err()).count();
+                if failed_children > 0 {
+                    failures.push(format!(
+                        "child teardown failed ({failed_children} branch(es))"
+                    ));
+                }
+                let Some(handle) = handle else {
+                    return Terminal {
+                        stop_reason: StopReason::Error,
+                        output: None,
+                        failure: Some(SubagentError::bug("an Activation was torn down twice")),
+                    };
+                };
+                let child = handle.agent().clone();
+                child.when_idle().await;
+                // Captured while the child is still registered, from this epoch's events only.
+                let (stop_reason, output) = child.log().with_events(|events| {
+                    let own = &events[boundary.min(events.len())..];
+                    (
+                        continuable_stop_reason(&fold_consumed_work(own)),
+                        final_assistant_output(own),
+                    )
+                });
+                if let Err(error) = handle.dispose().await {
+                    failures.push(format!("the child's handle failed to dispose: {error}"));
+                }
+                if failures.is_empty() {
+                    Terminal {
+                        stop_reason,
+                        output: Some(output),
+                        failure: None,
+                    }
+                } else {
+                    Terminal {
+                        stop_reason: StopReason::Error,
+                        output: None,
+                        failure: Some(SubagentError::new(
+                            ErrorCode::ActivationTeardownFailed,
+                            format!(
+                                "continuable child {} failed to tear down: {}",
+                                child.id(),
+                                failures.join("; ")
+                            ),
+                        )),
+                    }
+                }
+            }
+            .into_actor(self)
+            .map(|terminal, _, ctx| {
+                ctx.stop();
+                terminal
+            }),
+        )
+    }
+}

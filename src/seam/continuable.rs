@@ -1,0 +1,299 @@
+//! Provides the data of the continuable seam: what a caller passes to `start_continuable`,
+//! `followup`, `interrupt` and `report_from`, what they answer, and how the runtime frames a
+//! child's report and its settled notice for the parent.
+//!
+//! A continuable child is one durable session with at most one resident Activation. The
+//! continuation manager (`actors/manager.rs`) owns everything after the provider prepared the
+//! child's creation spec; these types carry no capability, only requests and identities.
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::agent::AgentRef;
+use crate::content::{ContentBlock, MessageSource};
+use crate::host::DelegatedPolicy;
+use crate::ids::{MessageId, SessionId};
+use crate::seam::ChildAgentOptions;
+use crate::stop_reason::StopReason;
+use crate::tools::ToolFilter;
+
+/// What `start_continuable` is asked for: the provider, the delegation's durable label, the
+/// delegating parent and prompt, optional composition inputs, and the caller's cancellation.
+///
+/// The child id is always minted by the manager (the seed has no caller-chosen id), and a
+/// continuable child carries no output schema: structured output is one run's contract, not a
+/// durable child's.
+#[derive(Debug, Clone)]
+pub struct ContinuableStartSpec {
+    /// The subagent provider's name; it must offer `prepare_continuable`.
+    pub provider: String,
+    /// The delegation description, persisted as the child's durable label.
+    pub label: String,
+    /// The exact live delegating parent.
+    pub parent: AgentRef,
+    /// The initial prompt, delivered as the child's first inbox message.
+    pub prompt: Vec<ContentBlock>,
+    /// Model options for the child; unset fields come from the parent and are recorded in the
+    /// descriptor so a cold resume uses the same route.
+    pub agent_options: Option<ChildAgentOptions>,
+    /// An absolute cap on the child's delegation depth (checked, never recorded).
+    pub max_depth: Option<u64>,
+    /// Global tools hidden from the child (recorded, re-applied on cold resume).
+    pub tool_filter: Option<ToolFilter>,
+    /// The child's persona (recorded, re-applied on cold resume).
+    pub persona: Option<String>,
+    /// Owns the start only until the prompt is accepted into the child's inbox.
+    pub cancel: CancellationToken,
+    pub(crate) policy: Option<DelegatedPolicy>,
+}
+
+impl ContinuableStartSpec {
+    /// A start of `prompt` under `parent` on `provider`, labelled `label`.
+    pub fn new(
+        provider: impl Into<String>,
+        label: impl Into<String>,
+        parent: &AgentRef,
+        prompt: Vec<ContentBlock>,
+    ) -> Self {
+        Self {
+            provider: provider.into(),
+            label: label.into(),
+            parent: parent.clone(),
+            prompt,
+            agent_options: None,
+            max_depth: None,
+            tool_filter: None,
+            persona: None,
+            cancel: CancellationToken::new(),
+            policy: None,
+        }
+    }
+
+    /// Sets the child's model options.
+    #[must_use]
+    pub fn agent_options(mut self, options: ChildAgentOptions) -> Self {
+        self.agent_options = Some(options);
+        self
+    }
+
+    /// Caps the child's delegation depth.
+    #[must_use]
+    pub fn max_depth(mut self, depth: u64) -> Self {
+        self.max_depth = Some(depth);
+        self
+    }
+
+    /// Scopes the child's global tools.
+    #[must_use]
+    pub fn tool_filter(mut self, filter: ToolFilter) -> Self {
+        self.tool_filter = Some(filter);
+        self
+    }
+
+    /// Sets the child's persona.
+    #[must_use]
+    pub fn persona(mut self, persona: impl Into<String>) -> Self {
+        self.persona = Some(persona.into());
+        self
+    }
+
+    /// Sets the caller's cancellation token.
+    #[must_use]
+    pub fn cancel(mut self, token: CancellationToken) -> Self {
+        self.cancel = token;
+        self
+    }
+
+    /// Captures the parent's delegated policy now, unless it already was.
+    pub(crate) fn capture_policy(&mut self) {
+        if self.policy.is_none() {
+            self.policy = Some(crate::seam::child_run::delegated_policy(&self.parent, None));
+        }
+    }
+}
+
+/// The identities a continuable start answers once the child accepted its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContinuableStart {
+    /// The durable child session id, stable across Activations.
+    pub child_id: SessionId,
+    /// The accepted initial prompt's inbox message id.
+    pub message_id: MessageId,
+}
+
+/// Options of one follow-up.
+#[derive(Debug, Clone)]
+pub struct FollowupOptions {
+    /// Durable attribution kept on the delivered message; it grants no authority.
+    pub source: MessageSource,
+    /// Owns the follow-up only until inbox acceptance.
+    pub cancel: CancellationToken,
+}
+
+impl FollowupOptions {
+    /// A follow-up attributed to `source`, with a fresh token.
+    pub fn new(source: MessageSource) -> Self {
+        Self {
+            source,
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Sets the caller's cancellation token.
+    #[must_use]
+    pub fn cancel(mut self, token: CancellationToken) -> Self {
+        self.cancel = token;
+        self
+    }
+}
+
+/// The authority under which one interrupt is admitted.
+#[derive(Debug, Clone)]
+pub enum InterruptAuthority {
+    /// A human client holding the target's durable direct-parent address.
+    User {
+        /// The parent session id the client presents.
+        parent_session_id: SessionId,
+    },
+    /// An exact live agent whose recorded lineage the target's must contain.
+    Ancestor(AgentRef),
+}
+
+/// How a report reaches the parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReportDelivery {
+    /// Injected context: no inbox turn, no wake; the parent reads it at its next step.
+    Quiet,
+    /// One ordinary later parent turn (a follow-up); never joins a turn already running.
+    #[default]
+    Wakeup,
+}
+
+/// Options of one report.
+#[derive(Debug, Clone)]
+pub struct ReportOptions {
+    /// The parent's scheduling policy, already resolved.
+    pub delivery: ReportDelivery,
+    /// Owns authorization and admission until acceptance.
+    pub cancel: CancellationToken,
+}
+
+impl ReportOptions {
+    /// A report delivered as `delivery`, with a fresh token.
+    pub fn new(delivery: ReportDelivery) -> Self {
+        Self {
+            delivery,
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Sets the caller's cancellation token.
+    #[must_use]
+    pub fn cancel(mut self, token: CancellationToken) -> Self {
+        self.cancel = token;
+        self
+    }
+}
+
+/// The longest settled-notice summary kept in the message source, in characters.
+pub const SETTLED_SUMMARY_LIMIT: usize = 120;
+
+/// The content of a report: a header naming the child, then the selected blocks.
+pub(crate) fn report_content(child: SessionId, content: Vec<ContentBlock>) -> Vec<ContentBlock> {
+    let mut framed = Vec::with_capacity(content.len() + 1);
+    framed.push(ContentBlock::text(format!(
+        "Background subagent {child} reported:"
+    )));
+    framed.extend(content);
+    framed
+}
+
+/// The one-line account of how a child's epoch ended.
+pub(crate) fn settled_summary(child: SessionId, stop_reason: &StopReason) -> String {
+    let how = match stop_reason {
+        StopReason::Completed => "finished and will do no further work unless you send it more.",
+        StopReason::Aborted => "was stopped before it finished.",
+        StopReason::MaxTokens => "ran out of room before it finished.",
+        StopReason::Refusal => "declined the task.",
+        StopReason::Error => "failed before it finished.",
+        other => {
+            return format!(
+                "Background subagent {child} ended abnormally ({}) before it finished.",
+                other.as_str()
+            )
+        }
+    };
+    format!("Background subagent {child} {how}")
+}
+
+/// The settled notice: the summary, then the closing message or its absence, attributed to the
+/// runtime (`subagent-settled`), never to the child.
+pub(crate) fn settled_notice(
+    child: SessionId,
+    stop_reason: &StopReason,
+    output: Option<Vec<ContentBlock>>,
+) -> (Vec<ContentBlock>, MessageSource) {
+    let summary = settled_summary(child, stop_reason);
+    let mut content = vec![ContentBlock::text(summary.clone())];
+    match output {
+        Some(output) if !output.is_empty() => {
+            content.push(ContentBlock::text("Its closing message:"));
+            content.extend(output);
+        }
+        _ => content.push(ContentBlock::text("It left no closing message.")),
+    }
+    let source = MessageSource::SubagentSettledNotice {
+        summary: bound_summary(&summary),
+        sender_session_id: child,
+    };
+    (content, source)
+}
+
+/// Bounds a summary to [`SETTLED_SUMMARY_LIMIT`] characters, ending a cut one with `…`.
+fn bound_summary(summary: &str) -> String {
+    if summary.chars().count() <= SETTLED_SUMMARY_LIMIT {
+        return summary.to_owned();
+    }
+    let mut bounded: String = summary.chars().take(SETTLED_SUMMARY_LIMIT - 1).collect();
+    bounded.push('\u{2026}');
+    bounded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_follow_the_stop_reason() {
+        let child = SessionId::new();
+        assert!(settled_summary(child, &StopReason::Completed)
+            .ends_with("finished and will do no further work unless you send it more."));
+        assert!(settled_summary(child, &StopReason::Other("stalled".into()))
+            .ends_with("ended abnormally (stalled) before it finished."));
+    }
+
+    #[test]
+    fn a_long_summary_is_bounded_with_an_ellipsis() {
+        let long = "x".repeat(300);
+        let bounded = bound_summary(&long);
+        assert_eq!(bounded.chars().count(), SETTLED_SUMMARY_LIMIT);
+        assert!(bounded.ends_with('\u{2026}'));
+        assert_eq!(bound_summary("short"), "short");
+    }
+
+    #[test]
+    fn a_notice_without_output_says_so() {
+        let child = SessionId::new();
+        let (content, source) = settled_notice(child, &StopReason::Refusal, None);
+        assert_eq!(content.len(), 2);
+        assert_eq!(
+            content[1],
+            ContentBlock::text("It left no closing message.")
+        );
+        assert!(matches!(
+            source,
+            MessageSource::SubagentSettledNotice { sender_session_id, .. } if sender_session_id == child
+        ));
+    }
+}
