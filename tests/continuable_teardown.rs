@@ -1,0 +1,553 @@
+//! Continuable children at the edges: teardown failures, drains racing starts and deliveries,
+//! notices to a parent whose lineage is tearing down, setup contributions, delegated policy.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+use subagents::host::{DelegatedPolicy, DelegationPolicy};
+use subagents::testing::{FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation};
+use subagents::{
+    AgentEvent, AgentEventKind, AgentHandle, AgentRef, CancellationToken, ContentBlock,
+    ContinuableStart, ContinuableStartSpec, ErrorCode, EventKind, EventScope, FollowupOptions,
+    MemoryStore, MessageSource, Runtime, SessionId, SetupDisposer, StopReason, SubagentEvent,
+    SubagentStartRequest,
+};
+
+use crate::support::{
+    root, seam_runtime, seam_runtime_from, seam_runtime_on, text, within, SeamRecorder,
+};
+
+async fn start(rt: &Runtime, parent: &AgentRef, prompt: &str) -> ContinuableStart {
+    rt.subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "task",
+            parent,
+            text(prompt),
+        ))
+        .await
+        .expect("the continuable start is accepted")
+}
+
+async fn settled(recorder: &SeamRecorder, child: SessionId) -> subagents::seam::SubagentRunEndInfo {
+    recorder
+        .wait_until("the child to settle", |events| {
+            events
+                .iter()
+                .any(|event| matches!(event, SubagentEvent::End(end) if end.info.id == child))
+        })
+        .await;
+    recorder
+        .events()
+        .into_iter()
+        .find_map(|event| match event {
+            SubagentEvent::End(end) if end.info.id == child => Some(end),
+            _ => None,
+        })
+        .expect("an end event")
+}
+
+/// The settled notices in `agent`'s log, as texts.
+fn notices(agent: &AgentRef) -> Vec<String> {
+    agent
+        .log()
+        .events()
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::UserMessage(message)
+                if matches!(message.source, MessageSource::SubagentSettledNotice { .. }) =>
+            {
+                Some(message.text())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether an inbox insertion of a settled notice was journaled in `agent`'s log.
+fn notice_inserted(agent: &AgentRef) -> bool {
+    agent.log().events().iter().any(|event| {
+        matches!(&event.kind, EventKind::InboxSpliced { inserted, .. }
+            if inserted.iter().any(|message| matches!(message.source, MessageSource::SubagentSettledNotice { .. })))
+    })
+}
+
+async fn faulty(model: &ScriptedModel) -> (Runtime, Arc<FaultInjectingStore>, AgentHandle) {
+    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        faults.clone(),
+    )
+    .await;
+    let parent = root(&rt).await;
+    (rt, faults, parent)
+}
+
+// CONT-30 CONT-54 CONT-73
+#[actix_rt::test]
+async fn a_child_whose_release_fails_settles_as_error_and_withholds_its_output() {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("noted"));
+    model.push(ScriptStep::text("the answer").gated(&gate));
+    let (rt, faults, parent) = faulty(&model).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let started = start(&rt, parent.agent(), "task").await;
+    gate.reached().await;
+    faults.arm(StoreOperation::ReleaseLease);
+    gate.release();
+    let end = settled(&recorder, started.child_id).await;
+    assert_eq!(end.stop_reason, StopReason::Error);
+    assert_eq!(end.last_assistant_message, None, "the outcome is withheld");
+    assert!(
+        rt.agents().get(started.child_id).await.is_none(),
+        "released anyway"
+    );
+    faults.disarm(StoreOperation::ReleaseLease);
+    within("the notice", async {
+        while notices(parent.agent()).is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let notice = &notices(parent.agent())[0];
+    assert!(notice.contains("failed before it finished."), "{notice}");
+    assert!(notice.contains("It left no closing message."), "{notice}");
+}
+
+// CONT-92 CONT-41
+#[actix_rt::test]
+async fn a_drain_reports_a_failing_branch_after_every_branch_settled() {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("held").gated(&gate));
+    let (rt, faults, parent) = faulty(&model).await;
+    let started = start(&rt, parent.agent(), "task").await;
+    gate.reached().await;
+    faults.arm(StoreOperation::ReleaseLease);
+    let drain = rt
+        .subagents()
+        .drain_continuable_descendants(&[parent.agent().clone()]);
+    gate.release();
+    let error = within("the drain", drain).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ActivationTeardownFailed);
+    assert!(rt.agents().get(started.child_id).await.is_none());
+    faults.disarm(StoreOperation::ReleaseLease);
+}
+
+// CONT-43 CONT-83
+#[actix_rt::test]
+async fn a_drain_begun_at_start_publication_rolls_the_start_back_silently() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let drained = Arc::new(Mutex::new(None));
+    let subagents = rt.subagents().clone();
+    let drain_parent = parent.agent().clone();
+    let slot = Arc::clone(&drained);
+    let _listener = rt.subagents().events().subscribe(
+        EventScope::Key(parent.agent().id()),
+        move |event: &SubagentEvent| {
+            if matches!(event, SubagentEvent::Start(_)) {
+                // Requested now, inside the listener; awaited by the test.
+                let drain =
+                    subagents.drain_continuable_descendants(std::slice::from_ref(&drain_parent));
+                *slot.lock().unwrap() = Some(tokio::spawn(drain));
+            }
+        },
+    );
+    let inserted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&inserted);
+    let parent_id = parent.agent().id();
+    let _inbox = rt
+        .events()
+        .subscribe(EventScope::All, move |event: &AgentEvent| {
+            if event.agent != parent_id
+                && matches!(event.kind, AgentEventKind::InboxInserted { .. })
+            {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    let error = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "t",
+            parent.agent(),
+            text("go"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Draining);
+    let drain = drained
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the listener drained");
+    within("the drain", drain).await.unwrap().unwrap();
+    assert_eq!(
+        inserted.load(Ordering::SeqCst),
+        0,
+        "no inbox insertion was ever observed"
+    );
+    assert_eq!(rt.agents().list().await.len(), 1, "only the parent remains");
+    assert!(
+        notices(parent.agent()).is_empty() && !notice_inserted(parent.agent()),
+        "no notice for a child the caller never saw"
+    );
+    // Its lifecycle pair still closes.
+    recorder.wait_for_count(2).await;
+    assert_eq!(recorder.names(), ["subagent/start", "subagent/end"]);
+}
+
+// CONT-07
+#[actix_rt::test]
+async fn a_token_fired_at_start_publication_rolls_the_child_back() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let token = CancellationToken::new();
+    let fire = token.clone();
+    let _listener = rt.subagents().events().subscribe(
+        EventScope::Key(parent.agent().id()),
+        move |event: &SubagentEvent| {
+            if matches!(event, SubagentEvent::Start(_)) {
+                fire.cancel();
+            }
+        },
+    );
+    let error = rt
+        .subagents()
+        .start_continuable(
+            ContinuableStartSpec::new("spawn", "t", parent.agent(), text("go")).cancel(token),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Cancelled);
+    within("the rollback", async {
+        while rt.agents().list().await.len() > 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(rt.subagents().resident_count().await, 0);
+}
+
+// CONT-58 CONT-46 CONT-78
+#[actix_rt::test]
+async fn a_drain_discards_accepted_work_and_records_the_notice_without_a_wake() {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("held").gated(&gate));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let started = start(&rt, parent.agent(), "task").await;
+    gate.reached().await;
+    rt.subagents()
+        .followup(
+            parent.agent(),
+            started.child_id,
+            text("queued"),
+            FollowupOptions::new(MessageSource::User),
+        )
+        .await
+        .unwrap();
+    let drain = rt
+        .subagents()
+        .drain_continuable_descendants(&[parent.agent().clone()]);
+    gate.release();
+    within("the drain", drain).await.unwrap();
+    assert_eq!(rt.subagents().resident_count().await, 0);
+    let events = rt
+        .store()
+        .unwrap()
+        .read_from(started.child_id, 0)
+        .await
+        .unwrap();
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(&e.kind, EventKind::UserMessage(m) if m.text() == "queued")),
+        "accepted but never run: no automatic replay"
+    );
+    within("the notice", async {
+        while !notice_inserted(parent.agent()) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    parent.agent().when_idle().await;
+    assert_eq!(
+        parent.agent().log().last_turn(),
+        0,
+        "a tearing-down lineage is not woken"
+    );
+    let snapshot = parent.agent().status().await.unwrap();
+    assert_eq!(snapshot.next_step, 1, "the notice waits as context");
+}
+
+// CONT-75
+#[actix_rt::test]
+async fn notices_to_a_busy_parent_join_its_running_turn() {
+    let parent_gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let first = start(&rt, parent.agent(), "one").await;
+    let second = start(&rt, parent.agent(), "two").await;
+    // Hold the parent inside a turn while both children settle.
+    model.push(ScriptStep::text("parent busy").gated(&parent_gate));
+    parent
+        .agent()
+        .followup(text("work"), MessageSource::User)
+        .await
+        .unwrap();
+    parent_gate.reached().await;
+    settled(&recorder, first.child_id).await;
+    settled(&recorder, second.child_id).await;
+    within("both notices pending", async {
+        loop {
+            if parent.agent().status().await.unwrap().next_step == 2 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    parent_gate.release();
+    within("the parent's turn", parent.agent().when_idle()).await;
+    assert_eq!(parent.agent().log().last_turn(), 1, "no new parent turn");
+    assert_eq!(notices(parent.agent()).len(), 2, "both consumed");
+}
+
+// CONT-25
+#[actix_rt::test]
+async fn a_follow_up_racing_settlement_is_delivered() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    for _ in 0..10 {
+        let started = start(&rt, parent.agent(), "task").await;
+        let child = rt.agents().get(started.child_id).await;
+        if let Some(child) = child {
+            child.when_idle().await;
+        }
+        // Sent the moment the child went idle: it races the settlement decision.
+        rt.subagents()
+            .followup(
+                parent.agent(),
+                started.child_id,
+                text("late"),
+                FollowupOptions::new(MessageSource::User),
+            )
+            .await
+            .expect("a delivery that loses the race cold-resumes");
+        within("the late message to be logged", async {
+            loop {
+                let events = rt
+                    .store()
+                    .unwrap()
+                    .read_from(started.child_id, 0)
+                    .await
+                    .unwrap();
+                let logged = events
+                    .iter()
+                    .any(|e| matches!(&e.kind, EventKind::UserMessage(m) if m.text() == "late"));
+                if logged && rt.agents().get(started.child_id).await.is_none() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+    }
+}
+
+// CONT-38
+#[actix_rt::test]
+async fn a_scoped_drain_finds_descendants_below_a_departed_one_shot_child() {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let run = rt
+        .subagents()
+        .start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("intermediate")),
+        )
+        .await
+        .unwrap();
+    let intermediate = run.local_agent().cloned().unwrap();
+    run.result().await.unwrap();
+    model.push(ScriptStep::text("held").gated(&gate));
+    let descendant = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "below",
+            &intermediate,
+            text("go"),
+        ))
+        .await
+        .unwrap();
+    gate.reached().await;
+    run.dispose().await.unwrap();
+    assert!(rt.agents().get(intermediate.id()).await.is_none());
+    let drain = rt
+        .subagents()
+        .drain_continuable_descendants(&[parent.agent().clone()]);
+    gate.release();
+    within("the drain", drain).await.unwrap();
+    assert!(rt.agents().get(descendant.child_id).await.is_none());
+}
+
+// SETUP facade (seed-differences row 6)
+#[actix_rt::test]
+async fn a_setup_contribution_reaches_later_children_and_removal_revokes_it() {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("held").gated(&gate));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let installed = Arc::new(AtomicUsize::new(0));
+    let released = Arc::new(AtomicUsize::new(0));
+    let (i, r) = (Arc::clone(&installed), Arc::clone(&released));
+    let registration = rt.subagents().register_continuable_setup(Arc::new(
+        move |_scope: &mut subagents::AgentScope| {
+            i.fetch_add(1, Ordering::SeqCst);
+            let r = Arc::clone(&r);
+            Ok(Box::new(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }) as SetupDisposer)
+        },
+    ));
+    let started = start(&rt, parent.agent(), "task").await;
+    gate.reached().await;
+    assert_eq!(installed.load(Ordering::SeqCst), 1);
+    registration.remove().unwrap();
+    assert_eq!(
+        released.load(Ordering::SeqCst),
+        1,
+        "revoked from the resident child at once"
+    );
+    gate.release();
+    settled(&recorder, started.child_id).await;
+    assert_eq!(released.load(Ordering::SeqCst), 1, "released exactly once");
+    let later = start(&rt, parent.agent(), "again").await;
+    settled(&recorder, later.child_id).await;
+    assert_eq!(
+        installed.load(Ordering::SeqCst),
+        1,
+        "a removed contribution is not installed"
+    );
+}
+
+/// A deployment whose sandbox override can be switched.
+#[derive(Clone, Default)]
+struct SwitchablePolicy {
+    sandbox: Arc<Mutex<Option<String>>>,
+}
+
+impl DelegationPolicy for SwitchablePolicy {
+    fn capture(&self, _parent: SessionId) -> DelegatedPolicy {
+        DelegatedPolicy {
+            sandbox_mode: self.sandbox.lock().unwrap().clone(),
+            approval_pinned: true,
+        }
+    }
+}
+
+fn policy_events(events: &[subagents::SessionEvent]) -> Vec<(String, serde_json::Value)> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Extension { event_type, data } if event_type != "subagent/descriptor" => {
+                Some((event_type.clone(), data.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+// CINH-01 CINH-02 CINH-06
+#[actix_rt::test]
+async fn a_continuable_child_records_the_policy_captured_at_delegation_once() {
+    let policy = SwitchablePolicy {
+        sandbox: Arc::new(Mutex::new(Some("read-only".into()))),
+    };
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime_from(
+        Runtime::builder()
+            .model("scripted", model.clone())
+            .delegation_policy(policy.clone()),
+    )
+    .await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let start = rt.subagents().start_continuable(ContinuableStartSpec::new(
+        "spawn",
+        "t",
+        parent.agent(),
+        text("go"),
+    ));
+    // Switched right after the call: the child keeps what was captured.
+    *policy.sandbox.lock().unwrap() = Some("danger-full-access".into());
+    let started = start.await.unwrap();
+    settled(&recorder, started.child_id).await;
+    let expected = vec![
+        (
+            "sandbox/mode".to_owned(),
+            json!({"mode": "read-only", "source": "delegation"}),
+        ),
+        (
+            "approval/policy".to_owned(),
+            json!({"policy": "never", "source": "delegation"}),
+        ),
+    ];
+    let store = rt.store().unwrap().clone();
+    assert_eq!(
+        policy_events(&store.read_from(started.child_id, 0).await.unwrap()),
+        expected
+    );
+    rt.subagents()
+        .followup(
+            parent.agent(),
+            started.child_id,
+            text("more"),
+            FollowupOptions::new(MessageSource::User),
+        )
+        .await
+        .unwrap();
+    recorder
+        .wait_until("the second epoch", |events| {
+            events
+                .iter()
+                .filter(|e| matches!(e, SubagentEvent::End(end) if end.info.id == started.child_id))
+                .count()
+                >= 2
+        })
+        .await;
+    assert_eq!(
+        policy_events(&store.read_from(started.child_id, 0).await.unwrap()),
+        expected,
+        "a cold resume never re-captures the parent"
+    );
+    let first_request = model
+        .requests()
+        .into_iter()
+        .find(|request| request.session_id == Some(started.child_id))
+        .unwrap();
+    let context: Vec<ContentBlock> = first_request
+        .messages
+        .iter()
+        .flat_map(|message| message.content.clone())
+        .collect();
+    assert!(context
+        .iter()
+        .any(|block| matches!(block, ContentBlock::Text { text } if text.contains("You are a delegated subagent"))));
+}
