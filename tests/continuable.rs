@@ -1072,3 +1072,128 @@ async fn a_persona_is_recorded_and_reapplied_on_cold_resume() {
     assert!(system.contains("You are scoped."), "{system}");
     assert!(delivered(&persisted(&rt, started.child_id).await).contains(&"more".to_owned()));
 }
+
+// CONT-61 CONT-67
+#[actix_rt::test]
+async fn a_child_whose_first_step_is_refused_settles_as_a_refusal() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let parent_id = Arc::new(std::sync::Mutex::new(None::<SessionId>));
+    let allowed = Arc::clone(&parent_id);
+    let hook: subagents::host::PreStepHook = Arc::new(move |step, decision| {
+        if Some(step.agent) == *allowed.lock().unwrap() {
+            decision
+        } else {
+            subagents::host::PreStepDecision::Reject
+        }
+    });
+    let rt = crate::support::seam_runtime_from(
+        Runtime::builder()
+            .model("scripted", model.clone())
+            .pre_step_hook(hook),
+    )
+    .await;
+    let parent = root(&rt).await;
+    *parent_id.lock().unwrap() = Some(parent.agent().id());
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let started = start(&rt, parent.agent(), "task").await;
+    settled(&recorder, started.child_id, 1).await;
+    let end = &ends_of(&recorder, started.child_id)[0];
+    assert_eq!(end.stop_reason, StopReason::Refusal);
+    assert_eq!(end.last_assistant_message, None);
+    within("the notice", async {
+        loop {
+            let found = parent.agent().log().events().iter().any(|event| {
+                matches!(&event.kind, EventKind::UserMessage(m)
+                    if m.text().contains("declined the task.") && m.text().contains("It left no closing message."))
+            });
+            if found {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+// CONT-13 CONT-18
+#[actix_rt::test]
+async fn a_cold_resume_needs_neither_the_provider_nor_an_undeclared_route() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = Runtime::builder()
+        .store(subagents::MemoryStore::new())
+        .model("scripted", model.clone())
+        .build()
+        .unwrap();
+    let registration = rt
+        .subagents()
+        .register_provider(subagents::SpawnInProcess::default())
+        .await
+        .unwrap();
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let started = start(&rt, parent.agent(), "task").await;
+    settled(&recorder, started.child_id, 1).await;
+    registration.remove();
+    followup(&rt, parent.agent(), started.child_id, "after removal")
+        .await
+        .expect("a cold resume never asks the provider");
+    settled(&recorder, started.child_id, 2).await;
+    let request = last_request_of(&model, started.child_id);
+    assert_eq!(request.model, "", "no model the descriptor never declared");
+    let starts: Vec<String> = recorder
+        .events()
+        .into_iter()
+        .filter_map(|event| match event {
+            SubagentEvent::Start(info) => Some(info.provider),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts, ["spawn", "spawn"]);
+}
+
+// CONT-97 CONT-99
+#[actix_rt::test]
+async fn an_interrupt_stops_only_its_target() {
+    let child_gate = Gate::new();
+    let grand_gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("child").gated(&child_gate));
+    model.push(ScriptStep::text("grandchild").gated(&grand_gate));
+    let (rt, parent, recorder) = fixture(&model).await;
+    let started = start(&rt, parent.agent(), "task").await;
+    child_gate.reached().await;
+    let child = rt.agents().get(started.child_id).await.unwrap();
+    let grand = grandchild(&rt, &child).await;
+    grand_gate.reached().await;
+    // A deep exact live ancestor interrupts the child only.
+    rt.subagents()
+        .interrupt(
+            started.child_id,
+            InterruptAuthority::Ancestor(parent.agent().clone()),
+        )
+        .await
+        .unwrap();
+    child_gate.release();
+    within("the child's interrupted turn", child.when_idle()).await;
+    let grand_agent = rt.agents().get(grand.child_id).await.unwrap();
+    assert_eq!(
+        grand_agent.status().await.unwrap().turn,
+        Some(1),
+        "the grandchild runs on"
+    );
+    assert!(
+        rt.agents().get(started.child_id).await.is_some(),
+        "the child waits"
+    );
+    grand_gate.release();
+    settled(&recorder, started.child_id, 1).await;
+    let grand_events = grand_agent.log().events();
+    assert_eq!(turn_ends(&grand_events), [TurnEndReason::Completed]);
+    let child_events = persisted(&rt, started.child_id).await;
+    assert_eq!(
+        turn_ends(&child_events)[0],
+        TurnEndReason::Aborted {
+            reason: CancelCause::Parent
+        }
+    );
+}
