@@ -1,0 +1,196 @@
+//! Benchmarks continuable children beside the actor floor measured in the same run:
+//!
+//! - `start_and_settle/memory`: one continuable start, from the call to its `subagent/end`
+//!   (creation, the prompt's turn, the teardown and the parent's settled notice).
+//! - `cold_resume/memory`: a follow-up to a released child, to its `subagent/end`: the store
+//!   is read, the descriptor folded, the agent resumed under its lease, one turn, settlement.
+//! - `reference/1000`: the reference's scenario: 1,000 children under one parked parent are
+//!   started, each gets one cold-resume follow-up, then everything is drained (the reference
+//!   took 13.2 s on a machine of this kind).
+//!
+//! Run with `cargo bench --bench continuable`.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use criterion::{criterion_group, criterion_main, Criterion};
+use subagents::testing::{ScriptStep, ScriptedModel};
+use subagents::{
+    AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, EventScope, FollowupOptions,
+    MemoryStore, MessageSource, Runtime, SessionId, SpawnInProcess, SubagentEvent,
+};
+use tokio::sync::mpsc;
+
+#[path = "support/floors.rs"]
+mod floors;
+
+/// The bench runs on mimalloc, as the `subagents` binary does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+struct Fixture {
+    rt: Runtime,
+    parent: AgentHandle,
+    /// Child ids as their epochs end.
+    ended: mpsc::UnboundedReceiver<SessionId>,
+    _subscription: subagents::Subscription,
+}
+
+async fn fixture() -> Fixture {
+    // The parent's notice turns are refused by nobody: it answers them with one step.
+    let rt = Runtime::builder()
+        .store(MemoryStore::new())
+        .model(
+            "scripted",
+            ScriptedModel::repeating(ScriptStep::text("done")),
+        )
+        .build()
+        .expect("runtime builds");
+    rt.subagents()
+        .register_provider(SpawnInProcess::default())
+        .await
+        .expect("spawn registers")
+        .keep();
+    let parent = rt
+        .agents()
+        .create(CreateAgent::new())
+        .await
+        .expect("parent");
+    let (sender, ended) = mpsc::unbounded_channel();
+    let subscription = rt.subagents().events().subscribe(
+        EventScope::Key(parent.agent().id()),
+        move |event: &SubagentEvent| {
+            if let SubagentEvent::End(end) = event {
+                let _ = sender.send(end.info.id);
+            }
+        },
+    );
+    Fixture {
+        rt,
+        parent,
+        ended,
+        _subscription: subscription,
+    }
+}
+
+fn prompt() -> Vec<ContentBlock> {
+    vec![ContentBlock::text("work")]
+}
+
+async fn start(fixture: &Fixture) -> SessionId {
+    fixture
+        .rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "bench",
+            fixture.parent.agent(),
+            prompt(),
+        ))
+        .await
+        .expect("start")
+        .child_id
+}
+
+async fn followup(fixture: &Fixture, child: SessionId) {
+    fixture
+        .rt
+        .subagents()
+        .followup(
+            fixture.parent.agent(),
+            child,
+            prompt(),
+            FollowupOptions::new(MessageSource::User),
+        )
+        .await
+        .expect("follow-up");
+}
+
+/// Waits until `count` epochs ended.
+async fn ended(fixture: &mut Fixture, count: usize) {
+    for _ in 0..count {
+        fixture.ended.recv().await.expect("end events");
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let system = System::new();
+    let mut group = c.benchmark_group("continuable");
+    group
+        .measurement_time(Duration::from_secs(4))
+        .sample_size(20);
+    floors::actor_round_trip(&mut group, &system);
+
+    group.bench_function("start_and_settle/memory", |b| {
+        b.iter_custom(|iters| {
+            system.block_on(async {
+                let mut fixture = fixture().await;
+                let began = Instant::now();
+                for _ in 0..iters {
+                    start(&fixture).await;
+                    ended(&mut fixture, 1).await;
+                }
+                let elapsed = began.elapsed();
+                fixture.rt.shutdown().await.expect("shutdown");
+                elapsed
+            })
+        });
+    });
+
+    group.bench_function("cold_resume/memory", |b| {
+        b.iter_custom(|iters| {
+            system.block_on(async {
+                let mut fixture = fixture().await;
+                let child = start(&fixture).await;
+                ended(&mut fixture, 1).await;
+                let began = Instant::now();
+                for _ in 0..iters {
+                    followup(&fixture, child).await;
+                    ended(&mut fixture, 1).await;
+                }
+                let elapsed = began.elapsed();
+                fixture.rt.shutdown().await.expect("shutdown");
+                elapsed
+            })
+        });
+    });
+    group.finish();
+
+    let mut reference = c.benchmark_group("reference");
+    reference
+        .measurement_time(Duration::from_secs(10))
+        .sample_size(10);
+    reference.bench_function("1000_children_start_resume_drain", |b| {
+        b.iter_custom(|iters| {
+            system.block_on(async {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let mut fixture = fixture().await;
+                    let began = Instant::now();
+                    let mut children = Vec::with_capacity(1000);
+                    for _ in 0..1000 {
+                        children.push(start(&fixture).await);
+                    }
+                    ended(&mut fixture, 1000).await;
+                    for child in &children {
+                        followup(&fixture, *child).await;
+                    }
+                    ended(&mut fixture, 1000).await;
+                    fixture
+                        .rt
+                        .subagents()
+                        .drain_continuable_descendants(&[fixture.parent.agent().clone()])
+                        .await
+                        .expect("drain");
+                    total += began.elapsed();
+                    fixture.rt.shutdown().await.expect("shutdown");
+                }
+                total
+            })
+        });
+    });
+    reference.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
