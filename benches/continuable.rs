@@ -3,13 +3,15 @@
 //! - `start_and_settle/memory`: one continuable start, from the call to its `subagent/end`
 //!   (creation, the prompt's turn, the teardown and the parent's settled notice).
 //! - `cold_resume/memory`: a follow-up to a released child, to its `subagent/end`: the store
-//!   is read, the descriptor folded, the agent resumed under its lease, one turn, settlement.
+//!   is read, the descriptor folded, the agent resumed under its lease, one turn, settlement;
+//!   on the in-memory store and on sled (`cold_resume/sled`), where the log keeps growing.
 //! - `reference/1000`: the reference's scenario: 1,000 children under one parked parent are
 //!   started, each gets one cold-resume follow-up, then everything is drained (the reference
 //!   took 13.2 s on a machine of this kind).
 //!
 //! Run with `cargo bench --bench continuable`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -17,10 +19,13 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
     AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, EventScope, FollowupOptions,
-    MemoryStore, MessageSource, Runtime, SessionId, SpawnInProcess, SubagentEvent,
+    MemoryStore, MessageSource, Runtime, SessionId, SessionPersistence, SledStore, SpawnInProcess,
+    SubagentEvent,
 };
 use tokio::sync::mpsc;
 
+// Only the actor floor applies here: a cold resume reads a whole log, not one turn's batch.
+#[allow(dead_code)]
 #[path = "support/floors.rs"]
 mod floors;
 
@@ -37,9 +42,14 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
-    // The parent's notice turns are refused by nobody: it answers them with one step.
+    fixture_on(Arc::new(MemoryStore::new())).await
+}
+
+/// A runtime over `store` with `spawn` registered and one root parent; the parent answers each
+/// settled notice with one scripted step.
+async fn fixture_on(store: Arc<dyn SessionPersistence>) -> Fixture {
     let rt = Runtime::builder()
-        .store(MemoryStore::new())
+        .shared_store(store)
         .model(
             "scripted",
             ScriptedModel::repeating(ScriptStep::text("done")),
@@ -141,6 +151,25 @@ fn bench(c: &mut Criterion) {
         b.iter_custom(|iters| {
             system.block_on(async {
                 let mut fixture = fixture().await;
+                let child = start(&fixture).await;
+                ended(&mut fixture, 1).await;
+                let began = Instant::now();
+                for _ in 0..iters {
+                    followup(&fixture, child).await;
+                    ended(&mut fixture, 1).await;
+                }
+                let elapsed = began.elapsed();
+                fixture.rt.shutdown().await.expect("shutdown");
+                elapsed
+            })
+        });
+    });
+    group.bench_function("cold_resume/sled", |b| {
+        b.iter_custom(|iters| {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            system.block_on(async {
+                let store = SledStore::open(dir.path()).expect("sled opens");
+                let mut fixture = fixture_on(Arc::new(store)).await;
                 let child = start(&fixture).await;
                 ended(&mut fixture, 1).await;
                 let began = Instant::now();
