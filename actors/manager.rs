@@ -369,22 +369,23 @@ impl ContinuationManager {
         let message = Message::user(content, source);
         let parent_lineage = self.lineage_of(&resident.parent);
         let closing = self.is_closing(&parent_lineage);
+        // A parent whose lineage is tearing down, or whose own disposal has begun, records the
+        // notice without a wake: waking it would start a turn its teardown must then cancel.
         let recipient = match self.residents.get_mut(&resident.parent_session) {
             Some(parent) if !closing && parent.disposal.is_none() => {
                 // Counted before the send, so the parent cannot look settled meanwhile.
                 parent.accepted.insert(message.id);
-                Some((parent.agent.clone(), true))
+                Some((parent.agent.clone(), true, false))
             }
-            Some(parent) => Some((parent.agent.clone(), false)),
-            None if resident.parent.is_alive() => Some((resident.parent.clone(), false)),
+            Some(parent) => Some((parent.agent.clone(), false, true)),
+            None if resident.parent.is_alive() => Some((resident.parent.clone(), false, closing)),
             None => None,
         };
-        let Some((parent, counted)) = recipient else {
+        let Some((parent, counted, quiet)) = recipient else {
             tracing::debug!(%child, "the settled child's parent is gone; its session is the record");
             return;
         };
-        // A parent whose lineage is tearing down records the notice without a wake.
-        let target = if closing {
+        let target = if quiet {
             PostTarget::Inbox(InboxTarget::NextStep, Wake::Quiet)
         } else {
             PostTarget::TurnOrStep

@@ -907,8 +907,14 @@ async fn shutdown_drains_every_forest_child_first() {
         "the grandchild is released first: {order:?}"
     );
     assert!(rt.agents().list().await.is_empty());
-    // The child's session survives the process-local teardown.
-    assert!(!persisted(&rt, started.child_id).await.is_empty());
+    // The child's session survives the process-local teardown, and the grandchild's notice
+    // did not wake the tearing-down child into another turn.
+    let child_events = persisted(&rt, started.child_id).await;
+    let turns = child_events
+        .iter()
+        .filter(|event| matches!(event.kind, EventKind::TurnStart { .. }))
+        .count();
+    assert_eq!(turns, 1, "no turn after the teardown began");
 }
 
 // CONT-42 CONT-91
