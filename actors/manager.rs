@@ -91,11 +91,9 @@ struct ClosingScope {
 struct Resident {
     agent: AgentRef,
     activation: Addr<Activation>,
-    /// The exact parent the Activation was materialized under (notices go there when the
-    /// parent is not itself resident).
+    /// The exact parent the Activation was materialized under; its id is the child's durable
+    /// direct parent (`header.parentSession`), and notices go to it when it is not resident.
     parent: AgentRef,
-    /// The durable direct parent (`header.parentSession`).
-    parent_session: SessionId,
     /// The child, its parent and the parent's ancestors, observed at materialization; it
     /// survives intermediates leaving the registry.
     ancestry: Vec<SessionId>,
@@ -218,16 +216,28 @@ impl ContinuationManager {
         self.assert_admitting(lineage).is_err()
     }
 
+    /// Registers an admitted materialization below `lineage` (and, for a cold resume, as the
+    /// child's resume in flight); the guard ends it on every exit path.
     fn register_materialization(
         &mut self,
         lineage: Vec<SessionId>,
-    ) -> (u64, tokio::sync::oneshot::Sender<()>) {
+        resuming: Option<SessionId>,
+        ctx: &Context<Self>,
+    ) -> MaterializationGuard {
         self.next_materialization += 1;
         let id = self.next_materialization;
         let (done, over) = signal();
+        if let Some(child) = resuming {
+            self.resuming.insert(child, over.clone());
+        }
         self.materializations
             .insert(id, Materialization { lineage, over });
-        (id, done)
+        MaterializationGuard {
+            manager: ctx.address(),
+            id,
+            resuming,
+            done: Some(done),
+        }
     }
 
     /// Admits `message` for `child` under `parent` and posts it, in one span: the caller's
@@ -264,7 +274,7 @@ impl ContinuationManager {
                 parent.id()
             )));
         }
-        if resident.parent_session != parent.id() {
+        if resident.parent.id() != parent.id() {
             return Err(unauthorized(format!(
                 "continuable child {child} belongs to another parent session"
             )));
@@ -371,7 +381,7 @@ impl ContinuationManager {
         let closing = self.is_closing(&parent_lineage);
         // A parent whose lineage is tearing down, or whose own disposal has begun, records the
         // notice without a wake: waking it would start a turn its teardown must then cancel.
-        let recipient = match self.residents.get_mut(&resident.parent_session) {
+        let recipient = match self.residents.get_mut(&resident.parent.id()) {
             Some(parent) if !closing && parent.disposal.is_none() => {
                 // Counted before the send, so the parent cannot look settled meanwhile.
                 parent.accepted.insert(message.id);
@@ -681,7 +691,6 @@ impl Handler<Install> for ContinuationManager {
             Resident {
                 agent: child,
                 activation,
-                parent_session: parent.id(),
                 parent,
                 ancestry,
                 owner,
@@ -781,19 +790,13 @@ impl Handler<StartContinuable> for ContinuationManager {
 
     fn handle(&mut self, msg: StartContinuable, ctx: &mut Context<Self>) -> Self::Result {
         let spec = msg.0;
-        let admitted = self.admit_start(&spec);
+        let admitted = self.admit_start(&spec, ctx);
         let manager = ctx.address();
         let service = self.service.clone();
         let agents = self.agents.clone();
         let registry = Arc::clone(&self.setup);
         Box::pin(async move {
-            let (plan, guard) = admitted?;
-            let _guard = MaterializationGuard {
-                manager: manager.clone(),
-                id: guard.0,
-                resuming: None,
-                done: Some(guard.1),
-            };
+            let (plan, _guard) = admitted?;
             let StartPlan {
                 child,
                 depth,
@@ -891,7 +894,8 @@ impl ContinuationManager {
     fn admit_start(
         &mut self,
         spec: &ContinuableStartSpec,
-    ) -> Result<(StartPlan, (u64, tokio::sync::oneshot::Sender<()>))> {
+        ctx: &Context<Self>,
+    ) -> Result<(StartPlan, MaterializationGuard)> {
         let parent = &spec.parent;
         let lineage = self.lineage_of(parent);
         self.assert_admitting(&lineage)?;
@@ -921,7 +925,7 @@ impl ContinuationManager {
             spec.persona.as_deref(),
             spec.tool_filter.clone(),
         )?;
-        let materialization = self.register_materialization(lineage.clone());
+        let materialization = self.register_materialization(lineage.clone(), None, ctx);
         Ok((
             StartPlan {
                 child: SessionId::new(),
@@ -982,17 +986,7 @@ impl Handler<Followup> for ContinuationManager {
                 Ok(Routed::Retry)
             });
         }
-        let (id, done) = self.register_materialization(lineage.clone());
-        if let Some(materialization) = self.materializations.get(&id) {
-            self.resuming
-                .insert(msg.child, materialization.over.clone());
-        }
-        let guard = MaterializationGuard {
-            manager: ctx.address(),
-            id,
-            resuming: Some(msg.child),
-            done: Some(done),
-        };
+        let guard = self.register_materialization(lineage.clone(), Some(msg.child), ctx);
         let resume = ColdResume {
             manager: ctx.address(),
             agents: self.agents.clone(),
@@ -1133,7 +1127,7 @@ impl Handler<Interrupt> for ContinuationManager {
         };
         let cause = match &msg.authority {
             InterruptAuthority::User { parent_session_id } => {
-                if resident.parent_session != *parent_session_id {
+                if resident.parent.id() != *parent_session_id {
                     return Err(unauthorized(format!(
                         "continuable child {target} belongs to another parent session"
                     )));
@@ -1192,7 +1186,7 @@ impl Handler<ReportFrom> for ContinuationManager {
                 format!("continuable child {child} is already settling"),
             ));
         }
-        let parent_session = resident.parent_session;
+        let parent_session = resident.parent.id();
         let captured = resident.parent.clone();
         let message = Message::user(
             report_content(child, msg.content),

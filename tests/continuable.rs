@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use subagents::testing::{Gate, ScriptStep, ScriptedModel, ScriptedProvider};
+use subagents::testing::{
+    FaultInjectingStore, Gate, ScriptStep, ScriptedModel, ScriptedProvider, StoreOperation,
+};
 use subagents::{
     AgentHandle, AgentRef, CancelCause, CancellationToken, ChildAgentOptions, ContentBlock,
     ContinuableStart, ContinuableStartSpec, ErrorCode, EventKind, EventScope, FollowupOptions,
@@ -12,60 +14,10 @@ use subagents::{
     StopReason, SubagentEvent, SubagentStartRequest, ToolFilter, TurnEndReason,
 };
 
-use crate::support::{root, seam_runtime, text, turn_ends, within, SeamRecorder};
-
-async fn start(rt: &Runtime, parent: &AgentRef, prompt: &str) -> ContinuableStart {
-    rt.subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "child task",
-            parent,
-            text(prompt),
-        ))
-        .await
-        .expect("the continuable start is accepted")
-}
-
-async fn followup(
-    rt: &Runtime,
-    parent: &AgentRef,
-    child: SessionId,
-    prompt: &str,
-) -> subagents::Result<subagents::MessageId> {
-    rt.subagents()
-        .followup(
-            parent,
-            child,
-            text(prompt),
-            FollowupOptions::new(MessageSource::User),
-        )
-        .await
-}
-
-/// The `subagent/end` events recorded for `child`, in order.
-fn ends_of(recorder: &SeamRecorder, child: SessionId) -> Vec<subagents::seam::SubagentRunEndInfo> {
-    recorder
-        .events()
-        .into_iter()
-        .filter_map(|event| match event {
-            SubagentEvent::End(end) if end.info.id == child => Some(end),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Waits until `child` has settled `epochs` times.
-async fn settled(recorder: &SeamRecorder, child: SessionId, epochs: usize) {
-    recorder
-        .wait_until("the child to settle", |events| {
-            events
-                .iter()
-                .filter(|event| matches!(event, SubagentEvent::End(end) if end.info.id == child))
-                .count()
-                >= epochs
-        })
-        .await;
-}
+use crate::support::{
+    ends_of, eventually, followup_child, idle_after_turns, notices, persisted, root, seam_runtime,
+    settled, start_continuable, text, turn_ends, within, SeamRecorder,
+};
 
 /// The texts of the messages delivered to a log (runtime context left out), in order.
 fn delivered(events: &[subagents::SessionEvent]) -> Vec<String> {
@@ -90,15 +42,6 @@ fn last_request_of(model: &ScriptedModel, session: SessionId) -> subagents::Gene
         .rev()
         .find(|request| request.session_id == Some(session))
         .expect("the session made a request")
-}
-
-/// The persisted log of `id`.
-async fn persisted(rt: &Runtime, id: SessionId) -> Vec<subagents::SessionEvent> {
-    rt.store()
-        .expect("the runtime has a store")
-        .read_from(id, 0)
-        .await
-        .expect("the session is persisted")
 }
 
 fn descriptors(events: &[subagents::SessionEvent]) -> Vec<serde_json::Value> {
@@ -128,19 +71,16 @@ async fn a_start_answers_both_ids_at_acceptance_and_records_the_descriptor_first
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("child answer").gated(&gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "child task").await;
+    let started = start_continuable(&rt, parent.agent(), "child task").await;
     assert_ne!(started.child_id, parent.agent().id());
     let child = within("the child", rt.agents().get(started.child_id))
         .await
         .expect("the child is live");
-    let prompt_claimed = child.log().events().iter().any(|event| {
-        matches!(&event.kind, EventKind::UserMessage(message) if message.id == started.message_id)
-    });
     gate.reached().await;
-    assert!(
-        prompt_claimed || child.log().events().iter().any(|event| matches!(&event.kind, EventKind::UserMessage(m) if m.id == started.message_id)),
-        "the accepted id is the prompt's id"
-    );
+    // The turn holding at the gate claimed the prompt: the accepted id is the prompt's.
+    assert!(child.log().events().iter().any(|event| {
+        matches!(&event.kind, EventKind::UserMessage(message) if message.id == started.message_id)
+    }));
     gate.release();
     settled(&recorder, started.child_id, 1).await;
     let events = persisted(&rt, started.child_id).await;
@@ -293,7 +233,7 @@ async fn the_descriptor_records_declared_composition_and_the_resolved_route() {
         })]
     );
     // A cold resume uses the recorded route.
-    followup(&rt, parent.agent(), started.child_id, "again")
+    followup_child(&rt, parent.agent(), started.child_id, "again")
         .await
         .unwrap();
     settled(&recorder, started.child_id, 2).await;
@@ -310,13 +250,13 @@ async fn follow_ups_to_a_running_child_queue_in_its_own_inbox() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("first").gated(&gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "child task").await;
+    let started = start_continuable(&rt, parent.agent(), "child task").await;
     gate.reached().await;
     let child = rt.agents().get(started.child_id).await.unwrap();
-    let first = followup(&rt, parent.agent(), started.child_id, "first follow-up")
+    let first = followup_child(&rt, parent.agent(), started.child_id, "first follow-up")
         .await
         .unwrap();
-    let second = followup(&rt, parent.agent(), started.child_id, "second follow-up")
+    let second = followup_child(&rt, parent.agent(), started.child_id, "second follow-up")
         .await
         .unwrap();
     assert_ne!(first, second);
@@ -340,14 +280,14 @@ async fn follow_ups_to_a_running_child_queue_in_its_own_inbox() {
 async fn a_settled_child_is_cold_resumed_into_a_new_epoch() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "child task").await;
+    let started = start_continuable(&rt, parent.agent(), "child task").await;
     settled(&recorder, started.child_id, 1).await;
     assert!(
         rt.agents().get(started.child_id).await.is_none(),
         "settled children are released"
     );
     assert_eq!(rt.subagents().resident_count().await, 0);
-    followup(&rt, parent.agent(), started.child_id, "continue please")
+    followup_child(&rt, parent.agent(), started.child_id, "continue please")
         .await
         .unwrap();
     settled(&recorder, started.child_id, 2).await;
@@ -391,10 +331,10 @@ async fn each_epoch_reports_its_own_output() {
     ]);
     model.set_fallback(ScriptStep::text("ok"));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "child task").await;
+    let started = start_continuable(&rt, parent.agent(), "child task").await;
     settled(&recorder, started.child_id, 1).await;
     within("the parent's notice turn", parent.agent().when_idle()).await;
-    followup(&rt, parent.agent(), started.child_id, "again")
+    followup_child(&rt, parent.agent(), started.child_id, "again")
         .await
         .unwrap();
     settled(&recorder, started.child_id, 2).await;
@@ -408,10 +348,10 @@ async fn each_epoch_reports_its_own_output() {
 async fn only_the_exact_live_direct_parent_may_follow_up() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "child task").await;
+    let started = start_continuable(&rt, parent.agent(), "child task").await;
     settled(&recorder, started.child_id, 1).await;
     let stranger = root(&rt).await;
-    let error = followup(&rt, stranger.agent(), started.child_id, "hi")
+    let error = followup_child(&rt, stranger.agent(), started.child_id, "hi")
         .await
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::Unauthorized);
@@ -421,7 +361,7 @@ async fn only_the_exact_live_direct_parent_may_follow_up() {
     // A stale reference (its agent was disposed) is refused too.
     let stale = stranger.agent().clone();
     stranger.dispose().await.unwrap();
-    let error = followup(&rt, &stale, started.child_id, "hi")
+    let error = followup_child(&rt, &stale, started.child_id, "hi")
         .await
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::Unauthorized);
@@ -443,12 +383,12 @@ async fn a_child_without_a_continuable_descriptor_is_not_resumable() {
     let one_shot = run.id();
     run.result().await.unwrap();
     run.dispose().await.unwrap();
-    let error = followup(&rt, parent.agent(), one_shot, "again")
+    let error = followup_child(&rt, parent.agent(), one_shot, "again")
         .await
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::NotResumable);
     assert!(error.message().contains("no supported continuation state"));
-    let error = followup(&rt, parent.agent(), SessionId::new(), "hello")
+    let error = followup_child(&rt, parent.agent(), SessionId::new(), "hello")
         .await
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::NotResumable);
@@ -460,18 +400,9 @@ async fn the_parent_is_told_what_the_child_finished_with() {
     let model = ScriptedModel::with_script([ScriptStep::text("the answer")]);
     model.set_fallback(ScriptStep::text("noted"));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "child task").await;
+    let started = start_continuable(&rt, parent.agent(), "child task").await;
     settled(&recorder, started.child_id, 1).await;
-    within("the parent's notice turn", async {
-        loop {
-            parent.agent().when_idle().await;
-            if parent.agent().log().last_turn() >= 1 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    idle_after_turns(parent.agent(), 1).await;
     let events = parent.agent().log().events();
     let notices: Vec<_> = events
         .iter()
@@ -515,18 +446,14 @@ async fn the_notice_and_end_carry_the_terminal_reason() {
     let model = ScriptedModel::with_script([ScriptStep::max_tokens("half an ans")]);
     model.set_fallback(ScriptStep::text("noted"));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "child task").await;
+    let started = start_continuable(&rt, parent.agent(), "child task").await;
     settled(&recorder, started.child_id, 1).await;
     let end = &ends_of(&recorder, started.child_id)[0];
     assert_eq!(end.stop_reason, StopReason::MaxTokens);
-    within("the notice", async {
-        loop {
-            let found = parent.agent().log().events().iter().any(|event| matches!(&event.kind, EventKind::UserMessage(m) if m.text().contains("ran out of room before it finished.") && m.text().contains("half an ans")));
-            if found {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+    eventually("the notice", || {
+        notices(parent.agent()).iter().any(|notice| {
+            notice.contains("ran out of room before it finished.") && notice.contains("half an ans")
+        })
     })
     .await;
 }
@@ -538,12 +465,12 @@ async fn an_interrupt_parks_accepted_follow_ups_until_a_waking_send() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("slow").gated(&gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
-    followup(&rt, parent.agent(), started.child_id, "B")
+    followup_child(&rt, parent.agent(), started.child_id, "B")
         .await
         .unwrap();
-    followup(&rt, parent.agent(), started.child_id, "C")
+    followup_child(&rt, parent.agent(), started.child_id, "C")
         .await
         .unwrap();
     rt.subagents()
@@ -565,7 +492,7 @@ async fn an_interrupt_parks_accepted_follow_ups_until_a_waking_send() {
         "still resident"
     );
     assert_eq!(rt.subagents().resident_count().await, 1);
-    followup(&rt, parent.agent(), started.child_id, "D")
+    followup_child(&rt, parent.agent(), started.child_id, "D")
         .await
         .unwrap();
     settled(&recorder, started.child_id, 1).await;
@@ -591,7 +518,7 @@ async fn interrupt_authority_is_checked_against_the_live_target() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("slow").gated(&gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
     let wrong = rt
         .subagents()
@@ -669,7 +596,7 @@ async fn a_wakeup_report_gives_an_idle_parent_one_turn() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("working").gated(&gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
     let child = rt.agents().get(started.child_id).await.unwrap();
     let id = rt
@@ -681,16 +608,7 @@ async fn a_wakeup_report_gives_an_idle_parent_one_turn() {
         )
         .await
         .unwrap();
-    within("the parent's report turn", async {
-        loop {
-            parent.agent().when_idle().await;
-            if parent.agent().log().last_turn() >= 1 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    idle_after_turns(parent.agent(), 1).await;
     let report = parent
         .agent()
         .log()
@@ -719,16 +637,7 @@ async fn a_wakeup_report_gives_an_idle_parent_one_turn() {
     );
     gate.release();
     settled(&recorder, started.child_id, 1).await;
-    within("the parent's notice turn", async {
-        loop {
-            parent.agent().when_idle().await;
-            if parent.agent().log().last_turn() >= 2 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    idle_after_turns(parent.agent(), 2).await;
 }
 
 // CONT-65
@@ -738,7 +647,7 @@ async fn a_quiet_report_still_leaves_one_settled_notice() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("working").gated(&gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
     let child = rt.agents().get(started.child_id).await.unwrap();
     rt.subagents()
@@ -756,16 +665,7 @@ async fn a_quiet_report_still_leaves_one_settled_notice() {
     );
     gate.release();
     settled(&recorder, started.child_id, 1).await;
-    within("the notice turn", async {
-        loop {
-            parent.agent().when_idle().await;
-            if parent.agent().log().last_turn() >= 1 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    idle_after_turns(parent.agent(), 1).await;
     let notices = parent
         .agent()
         .log()
@@ -816,7 +716,7 @@ async fn a_waiting_child_is_woken_and_settles_after_its_grandchild() {
     model.push(ScriptStep::text("child works").gated(&child_gate));
     model.push(ScriptStep::text("grandchild works").gated(&grand_gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "child task").await;
+    let started = start_continuable(&rt, parent.agent(), "child task").await;
     child_gate.reached().await;
     let child = rt.agents().get(started.child_id).await.unwrap();
     let grand = grandchild(&rt, &child).await;
@@ -828,7 +728,7 @@ async fn a_waiting_child_is_woken_and_settles_after_its_grandchild() {
         rt.agents().get(started.child_id).await.is_some(),
         "a waiting child stays"
     );
-    followup(&rt, parent.agent(), started.child_id, "while waiting")
+    followup_child(&rt, parent.agent(), started.child_id, "while waiting")
         .await
         .unwrap();
     assert_eq!(
@@ -856,7 +756,7 @@ async fn a_waiting_child_is_woken_and_settles_after_its_grandchild() {
 async fn a_top_level_parent_is_outside_the_waiting_graph() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     settled(&recorder, started.child_id, 1).await;
     assert!(rt.agents().get(parent.agent().id()).await.is_some());
     // A parent disposed before its child settles: the child still settles.
@@ -864,7 +764,7 @@ async fn a_top_level_parent_is_outside_the_waiting_graph() {
     model.push(ScriptStep::text("slow").gated(&gate));
     let other = root(&rt).await;
     let other_recorder = SeamRecorder::new(&rt, EventScope::Key(other.agent().id()));
-    let second = start(&rt, other.agent(), "task").await;
+    let second = start_continuable(&rt, other.agent(), "task").await;
     gate.reached().await;
     other.dispose().await.unwrap();
     gate.release();
@@ -884,7 +784,7 @@ async fn shutdown_drains_every_forest_child_first() {
     model.push(ScriptStep::text("child").gated(&child_gate));
     model.push(ScriptStep::text("grandchild").gated(&grand_gate));
     let (rt, parent, _) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     child_gate.reached().await;
     let child = rt.agents().get(started.child_id).await.unwrap();
     let grand = grandchild(&rt, &child).await;
@@ -919,14 +819,57 @@ async fn shutdown_drains_every_forest_child_first() {
 
 // CONT-42 CONT-91
 #[actix_rt::test]
-async fn after_a_manager_drain_nothing_is_admitted() {
+async fn once_a_manager_drain_begins_nothing_is_admitted() {
+    let gate = Gate::new();
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
-    settled(&recorder, started.child_id, 1).await;
-    rt.shutdown().await.unwrap();
-    let parent = rt.agents().get(parent.agent().id()).await;
-    assert!(parent.is_none(), "shutdown released the parent too");
+    model.push(ScriptStep::text("slow").gated(&gate));
+    let faults = Arc::new(FaultInjectingStore::new(Arc::new(
+        subagents::MemoryStore::new(),
+    )));
+    let rt = crate::support::seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        faults.clone(),
+    )
+    .await;
+    let parent = root(&rt).await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
+    gate.reached().await;
+    let child = rt.agents().get(started.child_id).await.unwrap();
+    // The drain stays under way while the child's teardown waits to release its lease.
+    faults.hold(StoreOperation::ReleaseLease);
+    let shutdown = tokio::spawn({
+        let rt = rt.clone();
+        async move { rt.shutdown().await }
+    });
+    gate.release();
+    within("the child's lease release to be held", faults.held_calls(1)).await;
+    let refused = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "t",
+            parent.agent(),
+            text("new"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Draining);
+    let refused = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new("spawn", "t", &child, text("new")))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        ErrorCode::Draining,
+        "nothing below the draining child"
+    );
+    let refused = followup_child(&rt, parent.agent(), started.child_id, "late")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Draining);
+    faults.release(StoreOperation::ReleaseLease);
+    within("shutdown", shutdown).await.unwrap().unwrap();
 }
 
 // CONT-32 CONT-33
@@ -938,11 +881,11 @@ async fn a_scoped_drain_closes_one_forest_only() {
     let rt = seam_runtime(&model).await;
     let p = root(&rt).await;
     let s = root(&rt).await;
-    let p_child = start(&rt, p.agent(), "p task").await;
+    let p_child = start_continuable(&rt, p.agent(), "p task").await;
     p_gate.reached().await;
     let s_gate = Gate::new();
     model.push(ScriptStep::text("s child").gated(&s_gate));
-    let s_child = start(&rt, s.agent(), "s task").await;
+    let s_child = start_continuable(&rt, s.agent(), "s task").await;
     s_gate.reached().await;
     within(
         "the scoped drain",
@@ -959,7 +902,7 @@ async fn a_scoped_drain_closes_one_forest_only() {
         rt.agents().get(s_child.child_id).await.is_some(),
         "S's forest is untouched"
     );
-    followup(&rt, s.agent(), s_child.child_id, "still fine")
+    followup_child(&rt, s.agent(), s_child.child_id, "still fine")
         .await
         .expect("S's child accepts follow-ups");
     let refused = rt
@@ -977,7 +920,7 @@ async fn a_scoped_drain_closes_one_forest_only() {
         ErrorCode::Draining,
         "the cutoff persists below P"
     );
-    let refused = followup(&rt, p.agent(), p_child.child_id, "again")
+    let refused = followup_child(&rt, p.agent(), p_child.child_id, "again")
         .await
         .unwrap_err();
     assert_eq!(refused.code(), ErrorCode::Draining);
@@ -998,7 +941,7 @@ async fn the_callers_token_owns_a_follow_up_only_until_acceptance() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("slow").gated(&gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
     let aborted = CancellationToken::new();
     aborted.cancel();
@@ -1068,7 +1011,7 @@ async fn a_persona_is_recorded_and_reapplied_on_cold_resume() {
         descriptors(&persisted(&rt, started.child_id).await)[0]["persona"],
         "You are scoped."
     );
-    followup(&rt, parent.agent(), started.child_id, "more")
+    followup_child(&rt, parent.agent(), started.child_id, "more")
         .await
         .unwrap();
     settled(&recorder, started.child_id, 2).await;
@@ -1101,22 +1044,15 @@ async fn a_child_whose_first_step_is_refused_settles_as_a_refusal() {
     let parent = root(&rt).await;
     *parent_id.lock().unwrap() = Some(parent.agent().id());
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     settled(&recorder, started.child_id, 1).await;
     let end = &ends_of(&recorder, started.child_id)[0];
     assert_eq!(end.stop_reason, StopReason::Refusal);
     assert_eq!(end.last_assistant_message, None);
-    within("the notice", async {
-        loop {
-            let found = parent.agent().log().events().iter().any(|event| {
-                matches!(&event.kind, EventKind::UserMessage(m)
-                    if m.text().contains("declined the task.") && m.text().contains("It left no closing message."))
-            });
-            if found {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+    eventually("the notice", || {
+        notices(parent.agent()).iter().any(|notice| {
+            notice.contains("declined the task.") && notice.contains("It left no closing message.")
+        })
     })
     .await;
 }
@@ -1137,10 +1073,10 @@ async fn a_cold_resume_needs_neither_the_provider_nor_an_undeclared_route() {
         .unwrap();
     let parent = root(&rt).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     settled(&recorder, started.child_id, 1).await;
     registration.remove();
-    followup(&rt, parent.agent(), started.child_id, "after removal")
+    followup_child(&rt, parent.agent(), started.child_id, "after removal")
         .await
         .expect("a cold resume never asks the provider");
     settled(&recorder, started.child_id, 2).await;
@@ -1166,7 +1102,7 @@ async fn an_interrupt_stops_only_its_target() {
     model.push(ScriptStep::text("child").gated(&child_gate));
     model.push(ScriptStep::text("grandchild").gated(&grand_gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     child_gate.reached().await;
     let child = rt.agents().get(started.child_id).await.unwrap();
     let grand = grandchild(&rt, &child).await;

@@ -9,60 +9,22 @@ use subagents::host::{DelegatedPolicy, DelegationPolicy};
 use subagents::testing::{FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     AgentEvent, AgentEventKind, AgentHandle, AgentRef, CancellationToken, ContentBlock,
-    ContinuableStart, ContinuableStartSpec, ErrorCode, EventKind, EventScope, FollowupOptions,
-    MemoryStore, MessageSource, Runtime, SessionId, SetupDisposer, StopReason, SubagentEvent,
-    SubagentStartRequest,
+    ContinuableStartSpec, ErrorCode, EventKind, EventScope, MemoryStore, MessageSource, Runtime,
+    SessionId, SetupDisposer, StopReason, SubagentEvent, SubagentStartRequest,
 };
 
 use crate::support::{
-    root, seam_runtime, seam_runtime_from, seam_runtime_on, text, within, SeamRecorder,
+    ends_of, eventually, followup_child, notices, persisted, root, seam_runtime, seam_runtime_from,
+    seam_runtime_on, settled, start_continuable, text, within, SeamRecorder,
 };
 
-async fn start(rt: &Runtime, parent: &AgentRef, prompt: &str) -> ContinuableStart {
-    rt.subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "task",
-            parent,
-            text(prompt),
-        ))
-        .await
-        .expect("the continuable start is accepted")
-}
-
-async fn settled(recorder: &SeamRecorder, child: SessionId) -> subagents::seam::SubagentRunEndInfo {
-    recorder
-        .wait_until("the child to settle", |events| {
-            events
-                .iter()
-                .any(|event| matches!(event, SubagentEvent::End(end) if end.info.id == child))
-        })
-        .await;
-    recorder
-        .events()
-        .into_iter()
-        .find_map(|event| match event {
-            SubagentEvent::End(end) if end.info.id == child => Some(end),
-            _ => None,
-        })
-        .expect("an end event")
-}
-
-/// The settled notices in `agent`'s log, as texts.
-fn notices(agent: &AgentRef) -> Vec<String> {
-    agent
-        .log()
-        .events()
-        .iter()
-        .filter_map(|event| match &event.kind {
-            EventKind::UserMessage(message)
-                if matches!(message.source, MessageSource::SubagentSettledNotice { .. }) =>
-            {
-                Some(message.text())
-            }
-            _ => None,
-        })
-        .collect()
+/// Waits until `child` settled once; its `subagent/end`.
+async fn settled_once(
+    recorder: &SeamRecorder,
+    child: SessionId,
+) -> subagents::seam::SubagentRunEndInfo {
+    settled(recorder, child, 1).await;
+    ends_of(recorder, child).remove(0)
 }
 
 /// Whether an inbox insertion of a settled notice was journaled in `agent`'s log.
@@ -92,11 +54,11 @@ async fn a_child_whose_release_fails_settles_as_error_and_withholds_its_output()
     model.push(ScriptStep::text("the answer").gated(&gate));
     let (rt, faults, parent) = faulty(&model).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
     faults.arm(StoreOperation::ReleaseLease);
     gate.release();
-    let end = settled(&recorder, started.child_id).await;
+    let end = settled_once(&recorder, started.child_id).await;
     assert_eq!(end.stop_reason, StopReason::Error);
     assert_eq!(end.last_assistant_message, None, "the outcome is withheld");
     assert!(
@@ -104,12 +66,7 @@ async fn a_child_whose_release_fails_settles_as_error_and_withholds_its_output()
         "released anyway"
     );
     faults.disarm(StoreOperation::ReleaseLease);
-    within("the notice", async {
-        while notices(parent.agent()).is_empty() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    eventually("the notice", || !notices(parent.agent()).is_empty()).await;
     let notice = &notices(parent.agent())[0];
     assert!(notice.contains("failed before it finished."), "{notice}");
     assert!(notice.contains("It left no closing message."), "{notice}");
@@ -122,7 +79,7 @@ async fn a_drain_reports_a_failing_branch_after_every_branch_settled() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("held").gated(&gate));
     let (rt, faults, parent) = faulty(&model).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
     faults.arm(StoreOperation::ReleaseLease);
     let drain = rt
@@ -242,15 +199,9 @@ async fn a_drain_discards_accepted_work_and_records_the_notice_without_a_wake() 
     model.push(ScriptStep::text("held").gated(&gate));
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
-    rt.subagents()
-        .followup(
-            parent.agent(),
-            started.child_id,
-            text("queued"),
-            FollowupOptions::new(MessageSource::User),
-        )
+    followup_child(&rt, parent.agent(), started.child_id, "queued")
         .await
         .unwrap();
     let drain = rt
@@ -259,24 +210,14 @@ async fn a_drain_discards_accepted_work_and_records_the_notice_without_a_wake() 
     gate.release();
     within("the drain", drain).await.unwrap();
     assert_eq!(rt.subagents().resident_count().await, 0);
-    let events = rt
-        .store()
-        .unwrap()
-        .read_from(started.child_id, 0)
-        .await
-        .unwrap();
+    let events = persisted(&rt, started.child_id).await;
     assert!(
         !events
             .iter()
             .any(|e| matches!(&e.kind, EventKind::UserMessage(m) if m.text() == "queued")),
         "accepted but never run: no automatic replay"
     );
-    within("the notice", async {
-        while !notice_inserted(parent.agent()) {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    eventually("the notice", || notice_inserted(parent.agent())).await;
     parent.agent().when_idle().await;
     assert_eq!(
         parent.agent().log().last_turn(),
@@ -295,8 +236,8 @@ async fn notices_to_a_busy_parent_join_its_running_turn() {
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    let first = start(&rt, parent.agent(), "one").await;
-    let second = start(&rt, parent.agent(), "two").await;
+    let first = start_continuable(&rt, parent.agent(), "one").await;
+    let second = start_continuable(&rt, parent.agent(), "two").await;
     // Hold the parent inside a turn while both children settle.
     model.push(ScriptStep::text("parent busy").gated(&parent_gate));
     parent
@@ -305,8 +246,8 @@ async fn notices_to_a_busy_parent_join_its_running_turn() {
         .await
         .unwrap();
     parent_gate.reached().await;
-    settled(&recorder, first.child_id).await;
-    settled(&recorder, second.child_id).await;
+    settled_once(&recorder, first.child_id).await;
+    settled_once(&recorder, second.child_id).await;
     within("both notices pending", async {
         loop {
             if parent.agent().status().await.unwrap().next_step == 2 {
@@ -329,29 +270,18 @@ async fn a_follow_up_racing_settlement_is_delivered() {
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
     for _ in 0..10 {
-        let started = start(&rt, parent.agent(), "task").await;
+        let started = start_continuable(&rt, parent.agent(), "task").await;
         let child = rt.agents().get(started.child_id).await;
         if let Some(child) = child {
             child.when_idle().await;
         }
         // Sent the moment the child went idle: it races the settlement decision.
-        rt.subagents()
-            .followup(
-                parent.agent(),
-                started.child_id,
-                text("late"),
-                FollowupOptions::new(MessageSource::User),
-            )
+        followup_child(&rt, parent.agent(), started.child_id, "late")
             .await
             .expect("a delivery that loses the race cold-resumes");
         within("the late message to be logged", async {
             loop {
-                let events = rt
-                    .store()
-                    .unwrap()
-                    .read_from(started.child_id, 0)
-                    .await
-                    .unwrap();
+                let events = persisted(&rt, started.child_id).await;
                 let logged = events
                     .iter()
                     .any(|e| matches!(&e.kind, EventKind::UserMessage(m) if m.text() == "late"));
@@ -426,7 +356,7 @@ async fn a_setup_contribution_reaches_later_children_and_removal_revokes_it() {
             }) as SetupDisposer)
         },
     ));
-    let started = start(&rt, parent.agent(), "task").await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
     assert_eq!(installed.load(Ordering::SeqCst), 1);
     registration.remove().unwrap();
@@ -436,10 +366,10 @@ async fn a_setup_contribution_reaches_later_children_and_removal_revokes_it() {
         "revoked from the resident child at once"
     );
     gate.release();
-    settled(&recorder, started.child_id).await;
+    settled_once(&recorder, started.child_id).await;
     assert_eq!(released.load(Ordering::SeqCst), 1, "released exactly once");
-    let later = start(&rt, parent.agent(), "again").await;
-    settled(&recorder, later.child_id).await;
+    let later = start_continuable(&rt, parent.agent(), "again").await;
+    settled_once(&recorder, later.child_id).await;
     assert_eq!(
         installed.load(Ordering::SeqCst),
         1,
@@ -498,7 +428,7 @@ async fn a_continuable_child_records_the_policy_captured_at_delegation_once() {
     // Switched right after the call: the child keeps what was captured.
     *policy.sandbox.lock().unwrap() = Some("danger-full-access".into());
     let started = start.await.unwrap();
-    settled(&recorder, started.child_id).await;
+    settled_once(&recorder, started.child_id).await;
     let expected = vec![
         (
             "sandbox/mode".to_owned(),
@@ -509,18 +439,11 @@ async fn a_continuable_child_records_the_policy_captured_at_delegation_once() {
             json!({"policy": "never", "source": "delegation"}),
         ),
     ];
-    let store = rt.store().unwrap().clone();
     assert_eq!(
-        policy_events(&store.read_from(started.child_id, 0).await.unwrap()),
+        policy_events(&persisted(&rt, started.child_id).await),
         expected
     );
-    rt.subagents()
-        .followup(
-            parent.agent(),
-            started.child_id,
-            text("more"),
-            FollowupOptions::new(MessageSource::User),
-        )
+    followup_child(&rt, parent.agent(), started.child_id, "more")
         .await
         .unwrap();
     recorder
@@ -533,7 +456,7 @@ async fn a_continuable_child_records_the_policy_captured_at_delegation_once() {
         })
         .await;
     assert_eq!(
-        policy_events(&store.read_from(started.child_id, 0).await.unwrap()),
+        policy_events(&persisted(&rt, started.child_id).await),
         expected,
         "a cold resume never re-captures the parent"
     );

@@ -410,12 +410,12 @@ fn children_are_listed_by_parent_without_reading_logs() {
     }
 }
 
-/// Rewrites one raw sled value, as a torn disk or a bad tool would.
-fn corrupt(path: &std::path::Path, tree: &str, key: Vec<u8>) {
-    // A store dropped in this process frees the directory lock only once sled's flusher thread
-    // has stopped: retry the lock as `SledStore::open` does.
+/// Opens a store's directory as a raw sled database. A store dropped in this process frees the
+/// directory lock only once sled's flusher thread has stopped: retry the lock as
+/// `SledStore::open` does.
+fn open_raw(path: &std::path::Path) -> sled::Db {
     let deadline = std::time::Instant::now() + SledStore::LOCK_WAIT;
-    let db = loop {
+    loop {
         match sled::open(path) {
             Ok(db) => break db,
             Err(error) if std::time::Instant::now() < deadline => {
@@ -424,7 +424,12 @@ fn corrupt(path: &std::path::Path, tree: &str, key: Vec<u8>) {
             }
             Err(error) => panic!("opening {}: {error}", path.display()),
         }
-    };
+    }
+}
+
+/// Rewrites one raw sled value, as a torn disk or a bad tool would.
+fn corrupt(path: &std::path::Path, tree: &str, key: Vec<u8>) {
+    let db = open_raw(path);
     db.open_tree(tree)
         .unwrap()
         .insert(key, b"{not json".to_vec())
@@ -609,7 +614,7 @@ fn events_past_the_head_are_an_unfinished_append_and_stay_invisible() {
     }
     // A crash between an append's event batch and its head update leaves events past the head.
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = open_raw(dir.path());
         let events = db.open_tree("events").unwrap();
         let mut key = id.as_bytes().to_vec();
         key.extend_from_slice(&2u64.to_be_bytes());

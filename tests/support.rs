@@ -234,3 +234,121 @@ pub async fn start_run(
         .await
         .expect("the run starts")
 }
+
+/// Starts a continuable `spawn` child labelled "child task" under `parent`.
+pub async fn start_continuable(
+    rt: &Runtime,
+    parent: &subagents::AgentRef,
+    prompt: &str,
+) -> subagents::ContinuableStart {
+    rt.subagents()
+        .start_continuable(subagents::ContinuableStartSpec::new(
+            "spawn",
+            "child task",
+            parent,
+            text(prompt),
+        ))
+        .await
+        .expect("the continuable start is accepted")
+}
+
+/// Sends `prompt` to the continuable `child` of `parent`.
+pub async fn followup_child(
+    rt: &Runtime,
+    parent: &subagents::AgentRef,
+    child: SessionId,
+    prompt: &str,
+) -> subagents::Result<subagents::MessageId> {
+    rt.subagents()
+        .followup(
+            parent,
+            child,
+            text(prompt),
+            subagents::FollowupOptions::new(subagents::MessageSource::User),
+        )
+        .await
+}
+
+/// The `subagent/end` events recorded for `child`, in order.
+pub fn ends_of(
+    recorder: &SeamRecorder,
+    child: SessionId,
+) -> Vec<subagents::seam::SubagentRunEndInfo> {
+    recorder
+        .events()
+        .into_iter()
+        .filter_map(|event| match event {
+            subagents::SubagentEvent::End(end) if end.info.id == child => Some(end),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits until `child` has settled `epochs` times.
+pub async fn settled(recorder: &SeamRecorder, child: SessionId, epochs: usize) {
+    recorder
+        .wait_until("the child to settle", |events| {
+            events
+                .iter()
+                .filter(|event| {
+                    matches!(event, subagents::SubagentEvent::End(end) if end.info.id == child)
+                })
+                .count()
+                >= epochs
+        })
+        .await;
+}
+
+/// The persisted log of `id`.
+pub async fn persisted(rt: &Runtime, id: SessionId) -> Vec<SessionEvent> {
+    rt.store()
+        .expect("the runtime has a store")
+        .read_from(id, 0)
+        .await
+        .expect("the session is persisted")
+}
+
+/// Waits (with the safety-net timeout) until `holds` is true, letting the actors run between
+/// checks. For conditions no event announces, such as a message reaching a parent's log.
+pub async fn eventually(what: &str, holds: impl Fn() -> bool) {
+    within(what, async {
+        while !holds() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+/// Waits until `agent` is idle having run at least `turns` turns.
+pub async fn idle_after_turns(agent: &subagents::AgentRef, turns: u64) {
+    within("the agent's turns", async {
+        loop {
+            agent.when_idle().await;
+            if agent.log().last_turn() >= turns {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+/// The texts of the settled notices in `agent`'s log.
+pub fn notices(agent: &subagents::AgentRef) -> Vec<String> {
+    agent
+        .log()
+        .events()
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::UserMessage(message)
+                if matches!(
+                    message.source,
+                    subagents::MessageSource::SubagentSettledNotice { .. }
+                ) =>
+            {
+                Some(message.text())
+            }
+            _ => None,
+        })
+        .collect()
+}

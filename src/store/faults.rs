@@ -182,17 +182,29 @@ impl SessionPersistence for FaultInjectingStore {
 
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
         self.injected(StoreOperation::AcquireLease)
-            .unwrap_or_else(|| self.inner.acquire_lease(id, holder))
+            .unwrap_or_else(|| {
+                self.gated(StoreOperation::AcquireLease, move || {
+                    self.inner.acquire_lease(id, holder)
+                })
+            })
     }
 
     fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
         self.injected(StoreOperation::RenewLease)
-            .unwrap_or_else(|| self.inner.renew_lease(id, epoch))
+            .unwrap_or_else(|| {
+                self.gated(StoreOperation::RenewLease, move || {
+                    self.inner.renew_lease(id, epoch)
+                })
+            })
     }
 
     fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
         self.injected(StoreOperation::ReleaseLease)
-            .unwrap_or_else(|| self.inner.release_lease(id, epoch))
+            .unwrap_or_else(|| {
+                self.gated(StoreOperation::ReleaseLease, move || {
+                    self.inner.release_lease(id, epoch)
+                })
+            })
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
