@@ -14,8 +14,10 @@ use futures::future::{join_all, BoxFuture, Shared};
 
 use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
-use crate::host::AgentHandle;
-use crate::session::{continuable_stop_reason, final_assistant_output, fold_consumed_work};
+use crate::host::{AgentHandle, BudgetLimit};
+use crate::session::{
+    continuable_stop_reason, final_assistant_output, fold_consumed_work, TurnEndReason,
+};
 use crate::stop_reason::StopReason;
 
 /// A disposal in progress, shared by everyone who waits for it.
@@ -30,6 +32,20 @@ pub(crate) struct Terminal {
     pub(crate) output: Option<Vec<ContentBlock>>,
     /// Every teardown failure, combined.
     pub(crate) failure: Option<SubagentError>,
+    /// The budget limit the epoch's last turn reached, when it ended `budget-exhausted`.
+    pub(crate) exhausted: Option<BudgetLimit>,
+}
+
+impl Terminal {
+    /// An epoch whose teardown failed: `error`, output withheld.
+    pub(crate) fn failed(failure: SubagentError) -> Self {
+        Self {
+            stop_reason: StopReason::Error,
+            output: None,
+            failure: Some(failure),
+            exhausted: None,
+        }
+    }
 }
 
 /// One resident continuable child.
@@ -79,44 +95,40 @@ impl Handler<Teardown> for Activation {
                     ));
                 }
                 let Some(handle) = handle else {
-                    return Terminal {
-                        stop_reason: StopReason::Error,
-                        output: None,
-                        failure: Some(SubagentError::bug("an Activation was torn down twice")),
-                    };
+                    return Terminal::failed(SubagentError::bug(
+                        "an Activation was torn down twice",
+                    ));
                 };
                 let child = handle.agent().clone();
                 child.when_idle().await;
                 // Captured while the child is still registered, from this epoch's events only.
-                let (stop_reason, output) = child.log().with_events(|events| {
+                let (work, output) = child.log().with_events(|events| {
                     let own = &events[boundary.min(events.len())..];
-                    (
-                        continuable_stop_reason(&fold_consumed_work(own)),
-                        final_assistant_output(own),
-                    )
+                    (fold_consumed_work(own), final_assistant_output(own))
                 });
+                let exhausted = match &work.end {
+                    Some(TurnEndReason::BudgetExhausted { limit }) => Some(*limit),
+                    _ => None,
+                };
                 if let Err(error) = handle.dispose().await {
                     failures.push(format!("the child's handle failed to dispose: {error}"));
                 }
                 if failures.is_empty() {
                     Terminal {
-                        stop_reason,
+                        stop_reason: continuable_stop_reason(&work),
                         output: Some(output),
                         failure: None,
+                        exhausted,
                     }
                 } else {
-                    Terminal {
-                        stop_reason: StopReason::Error,
-                        output: None,
-                        failure: Some(SubagentError::new(
-                            ErrorCode::ActivationTeardownFailed,
-                            format!(
-                                "continuable child {} failed to tear down: {}",
-                                child.id(),
-                                failures.join("; ")
-                            ),
-                        )),
-                    }
+                    Terminal::failed(SubagentError::new(
+                        ErrorCode::ActivationTeardownFailed,
+                        format!(
+                            "continuable child {} failed to tear down: {}",
+                            child.id(),
+                            failures.join("; ")
+                        ),
+                    ))
                 }
             }
             .into_actor(self)

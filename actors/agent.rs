@@ -43,7 +43,8 @@ use crate::error::{Result, SubagentError};
 use crate::host::driver::{run_turn, InboxPort, TurnCancel, TurnContext};
 use crate::host::state::{Admission, AgentState, Next};
 use crate::host::{
-    AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, Disposer, Inbox,
+    AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, BudgetMeter,
+    BudgetRaise, Disposer, Inbox,
 };
 use crate::ids::{MessageId, SessionId};
 use crate::session::{
@@ -99,6 +100,8 @@ pub struct AgentActor {
     retire_waiters: Vec<oneshot::Sender<()>>,
     /// The continuation manager's view of this agent, when it is a resident Activation.
     activity: Option<ActivityObserver>,
+    /// The budget every turn is charged against, when the agent has one.
+    budget: Option<BudgetMeter>,
 }
 
 /// What an Activation's settlement watcher learns from its agent, in the agent's own order.
@@ -140,6 +143,7 @@ impl AgentActor {
             idle_waiters: Vec::new(),
             retire_waiters: Vec::new(),
             activity: None,
+            budget: None,
         }
     }
 
@@ -163,6 +167,18 @@ impl AgentActor {
         wake: Wake,
         ctx: &mut Context<Self>,
     ) -> Result<MessageId> {
+        let (id, next) = self.insert(message, target, wake)?;
+        self.apply(next, ctx);
+        Ok(id)
+    }
+
+    /// Journals `message` as pending and decides what follows, without carrying it out.
+    fn insert(
+        &mut self,
+        message: Message,
+        target: InboxTarget,
+        wake: Wake,
+    ) -> Result<(MessageId, Next)> {
         if let Some(refusal) = self.state.refusal(self.id) {
             return Err(refusal);
         }
@@ -173,9 +189,20 @@ impl AgentActor {
             message: id,
             target,
         });
-        let next = self.state.delivered(target, wake);
-        self.apply(next, ctx);
-        Ok(id)
+        Ok((id, self.state.delivered(target, wake)))
+    }
+
+    /// Records a raised budget and applies it to the meter, before any turn can open on it.
+    fn raise_budget(&mut self, raise: BudgetRaise) {
+        if let Err(error) = self.log.append(raise.record) {
+            // The log is faulted: the agent refuses work from here on, and says why.
+            tracing::error!(session_id = %self.id, %error, "could not record a raised budget");
+            return;
+        }
+        // Every continuable child is metered from its Activation's start.
+        if let Some(meter) = &self.budget {
+            meter.set_budget(raise.budget);
+        }
     }
 
     /// Carries out what a transition decided.
@@ -224,6 +251,7 @@ impl AgentActor {
             options: self.options.clone(),
             cancel,
             inbox: Arc::new(ctx.address().downgrade()),
+            budget: self.budget.clone(),
         };
         let driver = async move { run_turn(&turn_ctx, turn, claimed).await };
         ctx.spawn(
@@ -380,6 +408,9 @@ pub(crate) enum PostTarget {
 pub(crate) struct Post {
     pub(crate) message: Message,
     pub(crate) target: PostTarget,
+    /// A budget raised with this message: recorded and applied once the message is accepted,
+    /// before it can open a turn.
+    pub(crate) raise: Option<BudgetRaise>,
     pub(crate) reply: oneshot::Sender<Result<MessageId>>,
 }
 
@@ -394,22 +425,33 @@ impl Handler<Post> for AgentActor {
             }
             PostTarget::TurnOrStep => (InboxTarget::NextTurn, Wake::Wake),
         };
-        let outcome = self.deliver(msg.message, target, wake, ctx);
+        let outcome = self.insert(msg.message, target, wake).map(|(id, next)| {
+            if let Some(raise) = msg.raise {
+                self.raise_budget(raise);
+            }
+            self.apply(next, ctx);
+            id
+        });
         // A poster that stopped waiting learns nothing it needs.
         let _ = msg.reply.send(outcome);
     }
 }
 
-/// Installs the continuation manager's activity observer (sent before any work is posted).
+/// Installs the continuation manager's activity observer and the child's budget meter (sent
+/// before any work is posted, so the first turn is already metered).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct Observe(pub(crate) ActivityObserver);
+pub(crate) struct Observe {
+    pub(crate) observer: ActivityObserver,
+    pub(crate) budget: Option<BudgetMeter>,
+}
 
 impl Handler<Observe> for AgentActor {
     type Result = ();
 
     fn handle(&mut self, msg: Observe, _: &mut Context<Self>) {
-        self.activity = Some(msg.0);
+        self.activity = Some(msg.observer);
+        self.budget = msg.budget;
         if self.state.turn().is_none() {
             self.notify(Activity::Idle);
         }
@@ -765,6 +807,7 @@ impl AgentRef {
         &self,
         message: Message,
         target: PostTarget,
+        raise: Option<BudgetRaise>,
     ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
         let (reply, accepted) = oneshot::channel();
         let id = self.id;
@@ -772,6 +815,7 @@ impl AgentRef {
             Some(addr) => addr.do_send(Post {
                 message,
                 target,
+                raise,
                 reply,
             }),
             None => drop(reply),
@@ -790,10 +834,11 @@ impl AgentRef {
         }
     }
 
-    /// Installs the manager's activity observer, in mailbox order.
-    pub(crate) fn observe(&self, observer: ActivityObserver) {
+    /// Installs the manager's activity observer and the child's budget meter, in mailbox
+    /// order.
+    pub(crate) fn observe(&self, observer: ActivityObserver, budget: Option<BudgetMeter>) {
         if let Some(addr) = self.addr() {
-            addr.do_send(Observe(observer));
+            addr.do_send(Observe { observer, budget });
         }
     }
 

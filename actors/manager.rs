@@ -43,8 +43,12 @@ use crate::actors::service::{LookupContinuable, SubagentService};
 use crate::content::{ContentBlock, Message, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
-use crate::host::{AgentHandle, AgentOptions, AgentScope, CreateAgent, ResumeAgent, SetupCommit};
+use crate::host::{
+    AgentHandle, AgentOptions, AgentScope, Budget, BudgetMeter, BudgetRaise, BudgetSpent,
+    CreateAgent, ResumeAgent, SetupCommit,
+};
 use crate::ids::{MessageId, RunId, SessionId};
+use crate::seam::budget;
 use crate::seam::child_run::{child_options, ChildComposition};
 use crate::seam::continuable::{
     report_content, settled_notice, ContinuableStart, ContinuableStartSpec, InterruptAuthority,
@@ -110,6 +114,8 @@ struct Resident {
     announced: bool,
     disposal: Option<Disposal>,
     run: SubagentRunInfo,
+    /// The child's budget and spending, shared with its agent's turn driver.
+    budget: BudgetMeter,
 }
 
 /// The continuation manager actor.
@@ -247,10 +253,11 @@ impl ContinuationManager {
         &mut self,
         child: SessionId,
         parent: &AgentRef,
-        message: Message,
+        delivery: Delivery,
         token: &CancellationToken,
         ctx: &mut Context<Self>,
     ) -> Result<BoxFuture<'static, Result<MessageId>>> {
+        let Delivery { message, raise } = delivery;
         if token.is_cancelled() {
             return Err(cancelled());
         }
@@ -279,6 +286,12 @@ impl ContinuationManager {
                 "continuable child {child} belongs to another parent session"
             )));
         }
+        let (current, spent) = resident.budget.snapshot();
+        budget::admit(child, &raise.unwrap_or(current), &spent)?;
+        let raise = raise.map(|budget| BudgetRaise {
+            budget,
+            record: budget::budget_event(&budget),
+        });
         let id = message.id;
         resident.accepted.insert(id);
         resident.armed = true;
@@ -286,6 +299,7 @@ impl ContinuationManager {
         let accepted = resident.agent.post(
             message,
             PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
+            raise,
         );
         let manager = ctx.address();
         Ok(async move {
@@ -339,10 +353,8 @@ impl ContinuationManager {
             let terminal = activation
                 .send(Teardown { children })
                 .await
-                .unwrap_or_else(|_| Terminal {
-                    stop_reason: crate::stop_reason::StopReason::Error,
-                    output: None,
-                    failure: Some(SubagentError::bug("an Activation stopped before teardown")),
+                .unwrap_or_else(|_| {
+                    Terminal::failed(SubagentError::bug("an Activation stopped before teardown"))
                 });
             let outcome = manager
                 .send(Finished { child, terminal })
@@ -374,8 +386,12 @@ impl ContinuationManager {
         ctx: &mut Context<Self>,
     ) {
         let child = resident.agent.id();
-        let (content, source) =
-            settled_notice(child, &terminal.stop_reason, terminal.output.clone());
+        let (content, source) = settled_notice(
+            child,
+            &terminal.stop_reason,
+            terminal.exhausted,
+            terminal.output.clone(),
+        );
         let message = Message::user(content, source);
         let parent_lineage = self.lineage_of(&resident.parent);
         let closing = self.is_closing(&parent_lineage);
@@ -402,7 +418,7 @@ impl ContinuationManager {
         };
         let id = message.id;
         let parent_id = parent.id();
-        let accepted = parent.post(message, target);
+        let accepted = parent.post(message, target, None);
         let manager = ctx.address();
         tokio::spawn(async move {
             if let Err(error) = accepted.await {
@@ -564,13 +580,21 @@ struct Installing {
     lineage: Vec<SessionId>,
     provider: String,
     boundary: usize,
+    budget: BudgetMeter,
+}
+
+/// A message for a resident child, and the budget it raises (if it does).
+#[derive(Clone)]
+pub(crate) struct Delivery {
+    pub(crate) message: Message,
+    pub(crate) raise: Option<Budget>,
 }
 
 /// Installs an Activation and submits its first message; rolls back on any failure.
 async fn install_and_submit(
     manager: Addr<ContinuationManager>,
     installing: Installing,
-    message: Message,
+    delivery: Delivery,
     token: CancellationToken,
 ) -> Result<MessageId> {
     let handle = installing.handle.clone();
@@ -595,7 +619,7 @@ async fn install_and_submit(
         .send(Submit {
             child,
             parent,
-            message,
+            delivery,
             token,
         })
         .await
@@ -639,6 +663,7 @@ impl Handler<Install> for ContinuationManager {
             lineage,
             provider,
             boundary,
+            budget,
         } = msg.installing;
         if msg.token.is_cancelled() {
             return Err(cancelled());
@@ -672,9 +697,12 @@ impl Handler<Install> for ContinuationManager {
             _ => None,
         };
         let manager = ctx.address();
-        child.observe(Arc::new(move |child, activity| {
-            manager.do_send(AgentActivity { child, activity });
-        }));
+        child.observe(
+            Arc::new(move |child, activity| {
+                manager.do_send(AgentActivity { child, activity });
+            }),
+            Some(budget.clone()),
+        );
         let activation = Activation::new(handle, boundary).start();
         let mut ancestry = Vec::with_capacity(lineage.len() + 1);
         ancestry.push(id);
@@ -701,6 +729,7 @@ impl Handler<Install> for ContinuationManager {
                 announced: false,
                 disposal: None,
                 run: run.clone(),
+                budget,
             },
         );
         self.events.emit(&SubagentEvent::Start(run));
@@ -714,7 +743,7 @@ impl Handler<Install> for ContinuationManager {
 struct Submit {
     child: SessionId,
     parent: AgentRef,
-    message: Message,
+    delivery: Delivery,
     token: CancellationToken,
 }
 
@@ -722,7 +751,7 @@ impl Handler<Submit> for ContinuationManager {
     type Result = Result<BoxFuture<'static, Result<MessageId>>>;
 
     fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) -> Self::Result {
-        self.submit(msg.child, &msg.parent, msg.message, &msg.token, ctx)
+        self.submit(msg.child, &msg.parent, msg.delivery, &msg.token, ctx)
     }
 }
 
@@ -805,6 +834,7 @@ impl Handler<StartContinuable> for ContinuationManager {
                 descriptor,
                 composition,
             } = plan;
+            let descriptor_budget = descriptor.budget;
             let ContinuableStartSpec {
                 provider,
                 parent,
@@ -859,9 +889,16 @@ impl Handler<StartContinuable> for ContinuationManager {
                 lineage,
                 provider,
                 boundary,
+                budget: BudgetMeter::new(
+                    descriptor_budget.unwrap_or_default(),
+                    BudgetSpent::default(),
+                ),
             };
-            let message = Message::user(prompt, MessageSource::User);
-            let message_id = install_and_submit(manager, installing, message, token).await?;
+            let delivery = Delivery {
+                message: Message::user(prompt, MessageSource::User),
+                raise: None,
+            };
+            let message_id = install_and_submit(manager, installing, delivery, token).await?;
             Ok(ContinuableStart {
                 child_id: child,
                 message_id,
@@ -919,6 +956,10 @@ impl ContinuationManager {
         descriptor.agent_model = (!options.model.is_empty()).then(|| options.model.clone());
         descriptor.persona.clone_from(&spec.persona);
         descriptor.tool_filter.clone_from(&spec.tool_filter);
+        if let Some(limits) = &spec.budget {
+            budget::validate(limits)?;
+        }
+        descriptor.budget = spec.budget;
         let composition = ChildComposition::new(
             &env,
             Some(spec.policy.clone().unwrap_or_default()),
@@ -954,7 +995,7 @@ pub(crate) enum Routed {
 pub(crate) struct Followup {
     pub(crate) parent: AgentRef,
     pub(crate) child: SessionId,
-    pub(crate) message: Message,
+    pub(crate) delivery: Delivery,
     pub(crate) token: CancellationToken,
 }
 
@@ -977,7 +1018,7 @@ impl Handler<Followup> for ContinuationManager {
                     Ok(Routed::Retry)
                 });
             }
-            let accepted = self.submit(msg.child, &msg.parent, msg.message, &msg.token, ctx);
+            let accepted = self.submit(msg.child, &msg.parent, msg.delivery, &msg.token, ctx);
             return Box::pin(async move { Ok(Routed::Accepted(accepted?.await?)) });
         }
         if let Some(resuming) = self.resuming.get(&msg.child).cloned() {
@@ -996,7 +1037,7 @@ impl Handler<Followup> for ContinuationManager {
         Box::pin(async move {
             let _guard = guard;
             let id = resume
-                .run(msg.parent, msg.child, msg.message, msg.token)
+                .run(msg.parent, msg.child, msg.delivery, msg.token)
                 .await?;
             Ok(Routed::Accepted(id))
         })
@@ -1016,7 +1057,7 @@ impl ColdResume {
         self,
         parent: AgentRef,
         child: SessionId,
-        message: Message,
+        delivery: Delivery,
         token: CancellationToken,
     ) -> Result<MessageId> {
         let env = Arc::clone(self.agents.env());
@@ -1048,7 +1089,8 @@ impl ColdResume {
         let own = usize::try_from(stored.header.seed_len())
             .unwrap_or(usize::MAX)
             .min(stored.events.len());
-        let descriptor = SubagentDescriptor::fold(&stored.events[own..])?
+        let own = &stored.events[own..];
+        let descriptor = SubagentDescriptor::fold(own)?
             .filter(|descriptor| descriptor.mode == DelegationMode::Continuable)
             .ok_or_else(|| {
                 SubagentError::new(
@@ -1059,6 +1101,10 @@ impl ColdResume {
                     ),
                 )
             })?;
+        // A spent budget refuses before anything is loaded or leased.
+        let recorded = budget::current(own, descriptor.budget)?.unwrap_or_default();
+        let spent = BudgetSpent::fold(own);
+        budget::admit(child, &delivery.raise.unwrap_or(recorded), &spent)?;
         // Only the recorded route: no token cap, no depth (the header's depth is the floor).
         let options = AgentOptions {
             provider: descriptor.agent_provider.clone(),
@@ -1090,8 +1136,9 @@ impl ColdResume {
             lineage: self.lineage,
             provider: descriptor.provider,
             boundary,
+            budget: BudgetMeter::new(recorded, spent),
         };
-        install_and_submit(self.manager, installing, message, token).await
+        install_and_submit(self.manager, installing, delivery, token).await
     }
 }
 
@@ -1213,7 +1260,7 @@ impl Handler<ReportFrom> for ContinuationManager {
             ReportDelivery::Quiet => PostTarget::Inbox(InboxTarget::NextStep, Wake::Quiet),
             ReportDelivery::Wakeup => PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
         };
-        let accepted = parent.post(message, target);
+        let accepted = parent.post(message, target, None);
         let manager = ctx.address();
         let parent_id = parent.id();
         Ok(async move {

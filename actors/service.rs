@@ -28,7 +28,7 @@ use actix::prelude::*;
 use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
 use crate::actors::manager::{
-    ContinuationManager, DrainAll, DrainDescendants, Followup, Interrupt, ReportFrom,
+    ContinuationManager, Delivery, DrainAll, DrainDescendants, Followup, Interrupt, ReportFrom,
     ResidentCount, Routed, StartContinuable,
 };
 use crate::content::{ContentBlock, Message};
@@ -36,6 +36,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::ids::{MessageId, RunId, SessionId};
 use crate::schema::ObjectSchema;
+use crate::seam::budget;
 use crate::seam::continuable::{
     ContinuableStart, ContinuableStartSpec, FollowupOptions, InterruptAuthority, ReportOptions,
 };
@@ -498,7 +499,7 @@ impl Subagents {
     /// `PERSISTENCE_UNAVAILABLE`, `INVALID_MAX_DEPTH`, `DEPTH_EXCEEDED`, `NO_PROVIDER`,
     /// `UNSUPPORTED_CAPABILITY` (no `prepare_continuable`), `CANCELLED` (the token fired
     /// before acceptance), `ACTIVATION_CLOSING` (the parent Activation is settling),
-    /// `ACTIVATION_SETUP_REVOKED`, and creation errors.
+    /// `ACTIVATION_SETUP_REVOKED`, `INVALID_BUDGET` (a zero limit), and creation errors.
     ///
     /// # Cancel safety
     /// Cancel safe: the start runs as its own task, so dropping the future leaves either an
@@ -523,7 +524,9 @@ impl Subagents {
     /// `DRAINING`, `CANCELLED` (before acceptance only; afterwards the token no longer
     /// matters), `UNAUTHORIZED` (not the exact live direct parent), `NOT_RESUMABLE`,
     /// `SESSION_LEASED` (resident in another runtime), `PERSISTENCE_UNAVAILABLE`,
-    /// `INVALID_DESCRIPTOR`, and resume errors as they are.
+    /// `INVALID_DESCRIPTOR`, `BUDGET_EXHAUSTED` (the child spent a limit of its budget and
+    /// this follow-up does not raise it; nothing is loaded), `INVALID_BUDGET` (a raise with a
+    /// zero limit), and resume errors as they are.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`Subagents::start_continuable`].
@@ -536,15 +539,21 @@ impl Subagents {
     ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
         let manager = self.manager.clone();
         let parent = parent.clone();
-        let message = Message::user(content, options.source);
+        let delivery = Delivery {
+            message: Message::user(content, options.source),
+            raise: options.budget,
+        };
         let token = options.cancel;
         own_task(async move {
+            if let Some(raise) = &delivery.raise {
+                budget::validate(raise)?;
+            }
             loop {
                 let routed = manager
                     .send(Followup {
                         parent: parent.clone(),
                         child: child_id,
-                        message: message.clone(),
+                        delivery: delivery.clone(),
                         token: token.clone(),
                     })
                     .await

@@ -121,6 +121,11 @@ pub enum ErrorCode {
     /// A durable write of the agent's session failed: the agent refuses new work, and its
     /// `flush` and `dispose` return the write's error.
     AgentFaulted,
+    /// A continuable child has spent a limit of its budget (turns, tokens or wall time): it
+    /// takes no more work until a follow-up raises that limit.
+    BudgetExhausted,
+    /// A budget limit is zero: a child under it could never run.
+    InvalidBudget,
 }
 
 impl ErrorCode {
@@ -177,6 +182,8 @@ impl ErrorCode {
             Self::SessionLeased => "SESSION_LEASED",
             Self::LeaseLost => "LEASE_LOST",
             Self::AgentFaulted => "AGENT_FAULTED",
+            Self::BudgetExhausted => "BUDGET_EXHAUSTED",
+            Self::InvalidBudget => "INVALID_BUDGET",
         }
     }
 }

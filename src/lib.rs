@@ -81,7 +81,7 @@ pub use events::{EventBus, EventScope, Subscription};
 pub use host::{
     AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, FlushPolicy, PromptSection,
 };
-pub use host::{AgentHandle, CreateAgent, ResumeAgent};
+pub use host::{AgentHandle, Budget, BudgetLimit, BudgetSpent, CreateAgent, ResumeAgent};
 pub use ids::{CallId, MessageId, RunId, SessionId};
 pub use model::{BlockType, FinishReason, GenerateRequest, LlmAdapter, StreamChunk};
 pub use runtime::{Runtime, RuntimeBuilder};

@@ -1,6 +1,7 @@
 //! Provides [`StopReason`], why a subagent run or epoch ended: an open set.
 //!
-//! The five known reasons are `completed`, `aborted`, `error`, `max-tokens` and `refusal`. A
+//! The known reasons are the seed's five, `completed`, `aborted`, `error`, `max-tokens` and
+//! `refusal`, and this runtime's `budget-exhausted` (a continuable child spent its budget). A
 //! backend may add more; they arrive as [`StopReason::Other`], and consumers must treat any
 //! reason they do not know as a failure ([`StopReason::is_success`] is true for `completed`
 //! only).
@@ -23,6 +24,8 @@ pub enum StopReason {
     MaxTokens,
     /// The model or a hook refused.
     Refusal,
+    /// The child's budget (turns, tokens or wall time) ran out; output may be partial.
+    BudgetExhausted,
     /// A reason added by a backend; consumers treat it as a failure.
     Other(String),
 }
@@ -36,6 +39,7 @@ impl StopReason {
             Self::Error => "error",
             Self::MaxTokens => "max-tokens",
             Self::Refusal => "refusal",
+            Self::BudgetExhausted => "budget-exhausted",
             Self::Other(other) => other,
         }
     }
@@ -48,6 +52,7 @@ impl StopReason {
             "error" => Self::Error,
             "max-tokens" => Self::MaxTokens,
             "refusal" => Self::Refusal,
+            "budget-exhausted" => Self::BudgetExhausted,
             other => Self::Other(other.to_owned()),
         }
     }

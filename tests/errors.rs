@@ -72,6 +72,8 @@ fn every_code_prints_its_stable_string() {
         (ErrorCode::SessionLeased, "SESSION_LEASED"),
         (ErrorCode::LeaseLost, "LEASE_LOST"),
         (ErrorCode::AgentFaulted, "AGENT_FAULTED"),
+        (ErrorCode::BudgetExhausted, "BUDGET_EXHAUSTED"),
+        (ErrorCode::InvalidBudget, "INVALID_BUDGET"),
     ];
     for (code, text) in pinned {
         assert_eq!(code.as_str(), text);

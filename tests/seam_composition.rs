@@ -85,7 +85,7 @@ fn descriptors_omit_absent_fields_and_fold_back() {
         );
     }
     let mut future = full.to_json();
-    future["version"] = json!(3);
+    future["version"] = json!(4);
     future["mode"] = json!("something-new");
     assert_eq!(
         SubagentDescriptor::from_json(&future).unwrap(),
@@ -93,6 +93,39 @@ fn descriptors_omit_absent_fields_and_fold_back() {
         "another version is unclassifiable"
     );
     assert_eq!(full.mode, DelegationMode::Continuable);
+}
+
+#[test]
+fn a_budget_is_written_as_version_3_and_a_descriptor_without_one_stays_version_2() {
+    let plain = SubagentDescriptor::continuable("spawn", "t");
+    assert_eq!(plain.to_json()["version"], 2);
+    let mut budgeted = SubagentDescriptor::continuable("spawn", "t");
+    budgeted.budget = Some(
+        subagents::Budget::unlimited()
+            .turns(3)
+            .tokens(5_000)
+            .wall_time(std::time::Duration::from_millis(90_000)),
+    );
+    let payload = budgeted.to_json();
+    assert_eq!(payload["version"], 3);
+    assert_eq!(
+        payload["budget"],
+        json!({"turns": 3, "tokens": 5000, "wallTimeMs": 90000})
+    );
+    assert_eq!(
+        SubagentDescriptor::from_json(&payload).unwrap(),
+        Some(budgeted)
+    );
+    // The seed's version has no budget field, and a limit must be a count.
+    let mut seed_format = payload.clone();
+    seed_format["version"] = json!(2);
+    let error = SubagentDescriptor::from_json(&seed_format).unwrap_err();
+    assert!(error.message().contains("unknown field \"budget\""));
+    let mut broken = payload;
+    broken["budget"] = json!({"turns": 1.5});
+    let error = SubagentDescriptor::from_json(&broken).unwrap_err();
+    assert_eq!(error.code(), subagents::ErrorCode::InvalidDescriptor);
+    assert!(error.message().contains("budget.turns"));
 }
 
 // SVC-17

@@ -369,6 +369,13 @@ fn the_two_stop_reason_tables_disagree_only_where_the_spec_says() {
             StopReason::Error,
             StopReason::Aborted,
         ),
+        (
+            Some(TurnEndReason::BudgetExhausted {
+                limit: subagents::BudgetLimit::Tokens,
+            }),
+            StopReason::BudgetExhausted,
+            StopReason::BudgetExhausted,
+        ),
         (None, StopReason::Error, StopReason::Completed),
     ];
     for (end, one_shot, continuable) in cases {
@@ -396,9 +403,12 @@ fn the_two_stop_reason_tables_disagree_only_where_the_spec_says() {
 
 #[test]
 fn stop_reasons_are_an_open_set_and_unknown_ones_are_failures() {
-    let other: StopReason = serde_json::from_value(json!("budget-exhausted")).unwrap();
-    assert_eq!(other, StopReason::Other("budget-exhausted".into()));
+    let other: StopReason = serde_json::from_value(json!("stalled")).unwrap();
+    assert_eq!(other, StopReason::Other("stalled".into()));
     assert!(!other.is_success());
+    let spent: StopReason = serde_json::from_value(json!("budget-exhausted")).unwrap();
+    assert_eq!(spent, StopReason::BudgetExhausted);
+    assert!(!spent.is_success());
     assert_eq!(
         serde_json::to_value(&StopReason::MaxTokens).unwrap(),
         json!("max-tokens")

@@ -12,6 +12,8 @@ mod agent_registry;
 mod agent_turn;
 /// Continuable children: start, follow-up, interrupt, reports, notices, drains.
 mod continuable;
+/// Continuable children: per-child budgets of turns, tokens and wall time.
+mod continuable_budget;
 /// Continuable children: teardown failures, drains, notices to a closing lineage, setup, policy.
 mod continuable_teardown;
 /// Killing a writer process mid-turn and recovering its store.

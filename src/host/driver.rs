@@ -12,10 +12,15 @@
 //! 8. The next step claims `next-step`; an ending with nothing claimed stops the loop.
 //! 9. `turn/end`: `aborted` if cancelled, `error` for a failure, otherwise the ending.
 //!
+//! An agent with a budget (see [`crate::host::budget`]) is charged as the turn runs: a turn that
+//! opens on a spent budget ends at once, a step that reaches the token limit is the turn's last,
+//! and the wall-time limit cancels the turn where it stands; each ends `budget-exhausted`.
+//!
 //! The driver never touches the inbox directly: it claims through [`InboxPort`], so the actor
 //! stays the single owner of pending work.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use std::panic::AssertUnwindSafe;
 
@@ -27,7 +32,7 @@ use crate::content::{ContentBlock, Message};
 use crate::host::scope::{
     assemble_system_prompt, AgentScope, PreStep, PreStepDecision, ToolResultSeen,
 };
-use crate::host::{AgentEnv, AgentOptions, FlushPolicy};
+use crate::host::{AgentEnv, AgentOptions, BudgetLimit, BudgetMeter, FlushPolicy};
 use crate::ids::{CallId, SessionId};
 use crate::model::{FinishReason, GenerateRequest, StreamChunk};
 use crate::session::{
@@ -51,7 +56,16 @@ pub(crate) trait InboxPort: Send + Sync + 'static {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TurnCancel {
     token: CancellationToken,
-    cause: Arc<OnceLock<CancelCause>>,
+    cause: Arc<OnceLock<Halt>>,
+}
+
+/// Why a turn was stopped from outside its steps.
+#[derive(Debug, Clone)]
+enum Halt {
+    /// Someone cancelled it.
+    Cancelled(CancelCause),
+    /// Its budget's wall time ran out.
+    Exhausted(BudgetLimit),
 }
 
 impl TurnCancel {
@@ -61,8 +75,17 @@ impl TurnCancel {
 
     /// Cancels the turn; the first cause wins.
     pub(crate) fn cancel(&self, cause: CancelCause) {
+        self.halt(Halt::Cancelled(cause));
+    }
+
+    /// Stops the turn because its budget ran out; a cancel that came first still wins.
+    fn exhaust(&self, limit: BudgetLimit) {
+        self.halt(Halt::Exhausted(limit));
+    }
+
+    fn halt(&self, halt: Halt) {
         // A second cause is ignored on purpose: the first one is what the log records.
-        let _ = self.cause.set(cause);
+        let _ = self.cause.set(halt);
         self.token.cancel();
     }
 
@@ -70,8 +93,17 @@ impl TurnCancel {
         self.token.is_cancelled()
     }
 
-    fn reason(&self) -> CancelCause {
-        self.cause.get().cloned().unwrap_or(CancelCause::User)
+    /// How a stopped turn ends: `aborted` with the first cause, or `budget-exhausted`.
+    fn end_reason(&self) -> TurnEndReason {
+        match self.cause.get() {
+            Some(Halt::Exhausted(limit)) => TurnEndReason::BudgetExhausted { limit: *limit },
+            Some(Halt::Cancelled(cause)) => TurnEndReason::Aborted {
+                reason: cause.clone(),
+            },
+            None => TurnEndReason::Aborted {
+                reason: CancelCause::User,
+            },
+        }
     }
 }
 
@@ -84,6 +116,8 @@ pub(crate) struct TurnContext {
     pub options: AgentOptions,
     pub cancel: TurnCancel,
     pub inbox: Arc<dyn InboxPort>,
+    /// The agent's budget, when it has one.
+    pub budget: Option<BudgetMeter>,
 }
 
 /// How a step ended.
@@ -92,6 +126,8 @@ enum Ending {
     Completed,
     MaxTokens,
     Blocked,
+    /// The budget ran out; the turn ends here.
+    Exhausted(BudgetLimit),
 }
 
 /// Why a turn stopped early.
@@ -148,16 +184,24 @@ impl TurnContext {
 /// crate — the turn is closed: open tool calls get results, an open step gets `step/end`, so the
 /// log stays balanced and the agent can run its next turn.
 pub(crate) async fn run_turn(ctx: &TurnContext, turn: u64, claimed: Vec<Message>) -> TurnEndReason {
-    let outcome = AssertUnwindSafe(drive(ctx, turn, claimed))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|_| {
-            tracing::error!(session_id = %ctx.agent, turn, "the turn driver panicked");
-            Err(Fault::Failed(LlmFailure::new(
-                "UNKNOWN",
-                "the turn driver panicked",
-            )))
-        });
+    let started = Instant::now();
+    let outcome = match ctx.budget.as_ref().and_then(BudgetMeter::exhausted) {
+        // Opened on a spent budget: the claimed work ends here, before any step.
+        Some(limit) => Ok(Some(Ending::Exhausted(limit))),
+        None => AssertUnwindSafe(drive_within_budget(ctx, turn, claimed))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                tracing::error!(session_id = %ctx.agent, turn, "the turn driver panicked");
+                Err(Fault::Failed(LlmFailure::new(
+                    "UNKNOWN",
+                    "the turn driver panicked",
+                )))
+            }),
+    };
+    if let Some(meter) = &ctx.budget {
+        meter.charge_wall_time(started.elapsed());
+    }
     let reason = match outcome {
         // A faulted log ends the turn with the fault, whatever else happened.
         _ if ctx.log.is_faulted() => TurnEndReason::Error {
@@ -165,14 +209,11 @@ pub(crate) async fn run_turn(ctx: &TurnContext, turn: u64, claimed: Vec<Message>
         },
         // A failure that follows a cancel is the cancel's doing.
         Err(Fault::Aborted | Fault::Failed(_)) if ctx.cancel.is_cancelled() => {
-            TurnEndReason::Aborted {
-                reason: ctx.cancel.reason(),
-            }
+            ctx.cancel.end_reason()
         }
-        Err(Fault::Aborted) => TurnEndReason::Aborted {
-            reason: ctx.cancel.reason(),
-        },
+        Err(Fault::Aborted) => ctx.cancel.end_reason(),
         Err(Fault::Failed(error)) => TurnEndReason::Error { error },
+        Ok(Some(Ending::Exhausted(limit))) => TurnEndReason::BudgetExhausted { limit },
         Ok(Some(Ending::MaxTokens)) => TurnEndReason::MaxTokens,
         Ok(Some(Ending::Blocked)) => TurnEndReason::Blocked,
         Ok(Some(Ending::Completed) | None) => TurnEndReason::Completed,
@@ -196,6 +237,27 @@ fn close_turn(ctx: &TurnContext, turn: u64, reason: TurnEndReason) {
     for closer in closers {
         if let Err(error) = ctx.log.append(closer) {
             tracing::error!(session_id = %ctx.agent, turn, %error, "could not close the turn");
+        }
+    }
+}
+
+/// Runs the steps of a turn, cancelling it where it stands when its budget's wall time runs out.
+async fn drive_within_budget(
+    ctx: &TurnContext,
+    turn: u64,
+    claimed: Vec<Message>,
+) -> Result<Option<Ending>, Fault> {
+    let driving = drive(ctx, turn, claimed);
+    let Some(left) = ctx.budget.as_ref().and_then(BudgetMeter::wall_time_left) else {
+        return driving.await;
+    };
+    tokio::pin!(driving);
+    tokio::select! {
+        outcome = &mut driving => outcome,
+        () = tokio::time::sleep(left) => {
+            ctx.cancel.exhaust(BudgetLimit::WallTime);
+            // The driver sees the cancel and closes what is open.
+            driving.await
         }
     }
 }
@@ -242,6 +304,11 @@ async fn drive(
         ctx.reserve().await?;
         ctx.scope.step_entered(&pre_step);
         step += 1;
+        if step == 1 {
+            if let Some(meter) = &ctx.budget {
+                meter.charge_turn();
+            }
+        }
         ctx.append(EventKind::StepStart { turn, step })?;
         for message in messages {
             ctx.append(EventKind::UserMessage(message))?;
@@ -253,6 +320,9 @@ async fn drive(
             return Err(Fault::Failed(ctx.fault_failure()));
         }
         let step_ending = stepped?;
+        if let Some(Ending::Exhausted(limit)) = step_ending {
+            return Ok(Some(Ending::Exhausted(limit)));
+        }
         if let Some(ending) = step_ending {
             if turn_ending != Some(Ending::MaxTokens) {
                 turn_ending = Some(ending);
@@ -353,6 +423,12 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
             _ => None,
         })
         .collect();
+    // The step that reaches the token limit is the turn's last; its tool calls still run, so
+    // the history stays whole.
+    let spent = match (&ctx.budget, &usage) {
+        (Some(meter), Some(usage)) => meter.charge_tokens(usage),
+        _ => false,
+    };
     ctx.append_with_sources(
         EventKind::AssistantMessage {
             turn,
@@ -363,15 +439,16 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
         },
         chunk_seqs,
     )?;
-    match finish {
-        FinishReason::MaxTokens => return Ok(Some(Ending::MaxTokens)),
-        FinishReason::Refusal => return Ok(Some(Ending::Blocked)),
-        _ => {}
-    }
-    if calls.is_empty() {
-        return Ok(Some(Ending::Completed));
-    }
-    run_tools(ctx, turn, step, calls).await
+    let ending = match finish {
+        FinishReason::MaxTokens => Some(Ending::MaxTokens),
+        FinishReason::Refusal => Some(Ending::Blocked),
+        _ if calls.is_empty() => Some(Ending::Completed),
+        _ => run_tools(ctx, turn, step, calls).await?,
+    };
+    Ok(match spent {
+        true => Some(Ending::Exhausted(BudgetLimit::Tokens)),
+        false => ending,
+    })
 }
 
 /// Records what streamed before a cancel (non-blank text or reasoning only) and reports the

@@ -2,6 +2,7 @@
 //! creation requests, the owning handle, the actor's state machine and the turn driver. The
 //! actors themselves live in `actors/agent.rs` (one agent) and `actors/registry.rs`.
 
+pub mod budget;
 pub(crate) mod driver;
 pub mod handle;
 pub(crate) mod inbox;
@@ -22,6 +23,8 @@ use crate::session::{InboxTarget, TurnEndReason};
 use crate::store::SharedStore;
 use crate::tools::ToolRegistry;
 
+pub use budget::{Budget, BudgetLimit, BudgetSpent};
+pub(crate) use budget::{BudgetMeter, BudgetRaise};
 pub use handle::AgentHandle;
 pub(crate) use inbox::Inbox;
 pub use request::{CreateAgent, ResumeAgent};

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::agent::AgentRef;
 use crate::content::{ContentBlock, MessageSource};
-use crate::host::DelegatedPolicy;
+use crate::host::{Budget, BudgetLimit, DelegatedPolicy};
 use crate::ids::{MessageId, SessionId};
 use crate::seam::ChildAgentOptions;
 use crate::stop_reason::StopReason;
@@ -42,6 +42,8 @@ pub struct ContinuableStartSpec {
     pub tool_filter: Option<ToolFilter>,
     /// The child's persona (recorded, re-applied on cold resume).
     pub persona: Option<String>,
+    /// The child's budget (recorded in its descriptor, carried across cold resume).
+    pub budget: Option<Budget>,
     /// Owns the start only until the prompt is accepted into the child's inbox.
     pub cancel: CancellationToken,
     pub(crate) policy: Option<DelegatedPolicy>,
@@ -64,6 +66,7 @@ impl ContinuableStartSpec {
             max_depth: None,
             tool_filter: None,
             persona: None,
+            budget: None,
             cancel: CancellationToken::new(),
             policy: None,
         }
@@ -97,6 +100,15 @@ impl ContinuableStartSpec {
         self
     }
 
+    /// Limits what the child may spend over its whole life: the turn that crosses a limit ends
+    /// `budget-exhausted`, and follow-ups are refused with `BUDGET_EXHAUSTED` until one raises
+    /// the limit (see [`FollowupOptions::budget`]). A zero limit is `INVALID_BUDGET`.
+    #[must_use]
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
     /// Sets the caller's cancellation token.
     #[must_use]
     pub fn cancel(mut self, token: CancellationToken) -> Self {
@@ -126,6 +138,9 @@ pub struct ContinuableStart {
 pub struct FollowupOptions {
     /// Durable attribution kept on the delivered message; it grants no authority.
     pub source: MessageSource,
+    /// Replaces the child's budget before the follow-up is admitted (a raise); recorded in the
+    /// child's log as `subagent/budget` only once the follow-up is accepted.
+    pub budget: Option<Budget>,
     /// Owns the follow-up only until inbox acceptance.
     pub cancel: CancellationToken,
 }
@@ -135,8 +150,19 @@ impl FollowupOptions {
     pub fn new(source: MessageSource) -> Self {
         Self {
             source,
+            budget: None,
             cancel: CancellationToken::new(),
         }
+    }
+
+    /// Sets the child's budget with this follow-up: the way to raise a spent limit. The new
+    /// budget replaces the old one whole (a limit left unset is lifted); a budget that the
+    /// child's spending already exhausts refuses the follow-up with `BUDGET_EXHAUSTED` and
+    /// changes nothing.
+    #[must_use]
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     /// Sets the caller's cancellation token.
@@ -209,8 +235,20 @@ pub(crate) fn report_content(child: SessionId, content: Vec<ContentBlock>) -> Ve
     framed
 }
 
-/// The one-line account of how a child's epoch ended.
-pub(crate) fn settled_summary(child: SessionId, stop_reason: &StopReason) -> String {
+/// The one-line account of how a child's epoch ended; a spent budget names its limit.
+pub(crate) fn settled_summary(
+    child: SessionId,
+    stop_reason: &StopReason,
+    exhausted: Option<BudgetLimit>,
+) -> String {
+    if let Some(limit) = exhausted {
+        let what = match limit {
+            BudgetLimit::Turns => "turn",
+            BudgetLimit::Tokens => "token",
+            BudgetLimit::WallTime => "wall-time",
+        };
+        return format!("Background subagent {child} used up its {what} budget.");
+    }
     let how = match stop_reason {
         StopReason::Completed => "finished and will do no further work unless you send it more.",
         StopReason::Aborted => "was stopped before it finished.",
@@ -232,10 +270,16 @@ pub(crate) fn settled_summary(child: SessionId, stop_reason: &StopReason) -> Str
 pub(crate) fn settled_notice(
     child: SessionId,
     stop_reason: &StopReason,
+    exhausted: Option<BudgetLimit>,
     output: Option<Vec<ContentBlock>>,
 ) -> (Vec<ContentBlock>, MessageSource) {
-    let summary = settled_summary(child, stop_reason);
+    let summary = settled_summary(child, stop_reason, exhausted);
     let mut content = vec![ContentBlock::text(summary.clone())];
+    if exhausted.is_some() {
+        content.push(ContentBlock::text(
+            "It takes no more work until a follow-up raises that budget.",
+        ));
+    }
     match output {
         Some(output) if !output.is_empty() => {
             content.push(ContentBlock::text("Its closing message:"));
@@ -267,10 +311,19 @@ mod tests {
     #[test]
     fn summaries_follow_the_stop_reason() {
         let child = SessionId::new();
-        assert!(settled_summary(child, &StopReason::Completed)
+        assert!(settled_summary(child, &StopReason::Completed, None)
             .ends_with("finished and will do no further work unless you send it more."));
-        assert!(settled_summary(child, &StopReason::Other("stalled".into()))
-            .ends_with("ended abnormally (stalled) before it finished."));
+        assert!(
+            settled_summary(child, &StopReason::Other("stalled".into()), None)
+                .ends_with("ended abnormally (stalled) before it finished.")
+        );
+        let spent = settled_summary(
+            child,
+            &StopReason::BudgetExhausted,
+            Some(BudgetLimit::WallTime),
+        );
+        assert!(spent.ends_with("used up its wall-time budget."));
+        assert!(spent.chars().count() <= SETTLED_SUMMARY_LIMIT);
     }
 
     #[test]
@@ -285,7 +338,7 @@ mod tests {
     #[test]
     fn a_notice_without_output_says_so() {
         let child = SessionId::new();
-        let (content, source) = settled_notice(child, &StopReason::Refusal, None);
+        let (content, source) = settled_notice(child, &StopReason::Refusal, None, None);
         assert_eq!(content.len(), 2);
         assert_eq!(
             content[1],

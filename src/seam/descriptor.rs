@@ -1,12 +1,17 @@
 //! Provides [`SubagentDescriptor`]: the durable, log-only record of how a child was delegated
-//! (`subagent/descriptor`, version 2), its snapshot and its strict fold.
+//! (`subagent/descriptor`), its snapshot and its strict fold.
 //!
 //! A one-shot descriptor holds exactly `{version, mode, provider, label?}`; a continuable one
 //! holds `{version, mode, provider, label, agentProvider?, agentModel?, persona?, toolFilter?}`.
 //! Depth, output schema and token caps are never recorded. The model never sees a descriptor.
 //!
+//! Version 2 is the seed's format and is what a descriptor without a budget is written as, so
+//! every reader of the seed's format still reads it. A continuable child started with a budget
+//! is written as version 3, which adds `budget: {turns?, tokens?, wallTimeMs?}`: a reader that
+//! knows only version 2 classifies it as unknown, not corrupt.
+//!
 //! Folding reads the **first** descriptor of a child's own events. A payload of another version
-//! is unclassifiable (no descriptor), not an error; a malformed current-version payload is an
+//! is unclassifiable (no descriptor), not an error; a malformed payload of a known version is an
 //! `INVALID_DESCRIPTOR` error naming the first broken field.
 use std::borrow::Borrow;
 use std::collections::BTreeSet;
@@ -14,11 +19,16 @@ use std::collections::BTreeSet;
 use serde_json::{json, Map, Value};
 
 use crate::error::{ErrorCode, Result, SubagentError};
+use crate::host::Budget;
+use crate::seam::budget;
 use crate::session::{EventKind, SessionEvent};
 use crate::tools::ToolFilter;
 
-/// The descriptor format version this crate writes and reads.
+/// The seed's descriptor format version: written for every descriptor without a budget.
 pub const SUBAGENT_DESCRIPTOR_VERSION: u64 = 2;
+
+/// The descriptor format version written for a continuable child with a budget.
+pub const BUDGETED_DESCRIPTOR_VERSION: u64 = 3;
 
 /// The event type of a descriptor.
 pub const DESCRIPTOR_EVENT: &str = "subagent/descriptor";
@@ -59,6 +69,8 @@ pub struct SubagentDescriptor {
     pub persona: Option<String>,
     /// The child's tool filter (continuable only).
     pub tool_filter: Option<ToolFilter>,
+    /// The child's budget as set at start (continuable only; version 3).
+    pub budget: Option<Budget>,
 }
 
 impl SubagentDescriptor {
@@ -72,6 +84,7 @@ impl SubagentDescriptor {
             agent_model: None,
             persona: None,
             tool_filter: None,
+            budget: None,
         }
     }
 
@@ -85,13 +98,18 @@ impl SubagentDescriptor {
             agent_model: None,
             persona: None,
             tool_filter: None,
+            budget: None,
         }
     }
 
     /// The payload, absent fields omitted.
     pub fn to_json(&self) -> Value {
         let mut payload = Map::new();
-        payload.insert("version".into(), json!(SUBAGENT_DESCRIPTOR_VERSION));
+        let version = match self.budget {
+            Some(_) => BUDGETED_DESCRIPTOR_VERSION,
+            None => SUBAGENT_DESCRIPTOR_VERSION,
+        };
+        payload.insert("version".into(), json!(version));
         payload.insert("mode".into(), json!(self.mode.as_str()));
         payload.insert("provider".into(), json!(self.provider));
         let optional = [
@@ -114,6 +132,9 @@ impl SubagentDescriptor {
                 object.insert("deny".into(), json!(filter.deny));
             }
             payload.insert("toolFilter".into(), Value::Object(object));
+        }
+        if let Some(limits) = &self.budget {
+            payload.insert("budget".into(), Value::Object(budget::to_json(limits)));
         }
         Value::Object(payload)
     }
@@ -139,18 +160,33 @@ impl SubagentDescriptor {
             .get("version")
             .and_then(Value::as_f64)
             .ok_or_else(|| invalid("version must be a number"))?;
-        if map.get("version").and_then(Value::as_u64) != Some(SUBAGENT_DESCRIPTOR_VERSION) {
-            tracing::debug!(version, "descriptor of another version is unclassifiable");
-            return Ok(None);
-        }
+        let budgeted = match map.get("version").and_then(Value::as_u64) {
+            Some(SUBAGENT_DESCRIPTOR_VERSION) => false,
+            Some(BUDGETED_DESCRIPTOR_VERSION) => true,
+            _ => {
+                tracing::debug!(version, "descriptor of another version is unclassifiable");
+                return Ok(None);
+            }
+        };
         let mode = match map.get("mode").and_then(Value::as_str) {
             Some("one-shot") => DelegationMode::OneShot,
             Some("continuable") => DelegationMode::Continuable,
             _ => return Err(invalid("mode must be \"one-shot\" or \"continuable\"")),
         };
-        let allowed: &[&str] = match mode {
-            DelegationMode::OneShot => &["version", "mode", "provider", "label"],
-            DelegationMode::Continuable => &[
+        let allowed: &[&str] = match (mode, budgeted) {
+            (DelegationMode::OneShot, _) => &["version", "mode", "provider", "label"],
+            (DelegationMode::Continuable, true) => &[
+                "version",
+                "mode",
+                "provider",
+                "label",
+                "agentProvider",
+                "agentModel",
+                "persona",
+                "toolFilter",
+                "budget",
+            ],
+            (DelegationMode::Continuable, false) => &[
                 "version",
                 "mode",
                 "provider",
@@ -177,6 +213,7 @@ impl SubagentDescriptor {
             agent_model: optional_string(map, "agentModel")?,
             persona: optional_string(map, "persona")?,
             tool_filter: map.get("toolFilter").map(parse_tool_filter).transpose()?,
+            budget: map.get("budget").map(parse_budget).transpose()?,
         }))
     }
 
@@ -215,6 +252,13 @@ fn optional_string(map: &Map<String, Value>, key: &str) -> Result<Option<String>
         Some(Value::String(value)) => Ok(Some(value.clone())),
         Some(_) => Err(invalid(&format!("{key} must be a string"))),
     }
+}
+
+fn parse_budget(value: &Value) -> Result<Budget> {
+    let Value::Object(map) = value else {
+        return Err(invalid("budget must be an object"));
+    };
+    budget::from_json(map, &[])
 }
 
 fn parse_tool_filter(value: &Value) -> Result<ToolFilter> {

@@ -2,6 +2,7 @@
 //! run, the provider contract, the durable descriptor, lifecycle events, depth rules, the
 //! in-process driver and run settlement.
 
+pub(crate) mod budget;
 pub mod capabilities;
 pub mod child_run;
 pub mod continuable;
@@ -16,12 +17,15 @@ pub(crate) mod scripted;
 pub mod settlement;
 pub mod setup;
 
+pub use budget::BUDGET_EVENT;
 pub use capabilities::SubagentCapabilities;
 pub use continuable::{
     ContinuableStart, ContinuableStartSpec, FollowupOptions, InterruptAuthority, ReportDelivery,
     ReportOptions,
 };
-pub use descriptor::{DelegationMode, SubagentDescriptor, SUBAGENT_DESCRIPTOR_VERSION};
+pub use descriptor::{
+    DelegationMode, SubagentDescriptor, BUDGETED_DESCRIPTOR_VERSION, SUBAGENT_DESCRIPTOR_VERSION,
+};
 pub use events::{SubagentEvent, SubagentRunEndInfo, SubagentRunInfo};
 pub use provider::{
     ContinuableCreateRequest, ContinuableCreateSpec, PrepareContinuable, SubagentProvider,

@@ -10,6 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use crate::content::Message;
+use crate::host::BudgetLimit;
 use crate::ids::CallId;
 use crate::model::StreamChunk;
 
@@ -124,6 +125,12 @@ pub enum TurnEndReason {
     },
     /// The process died mid-turn; written only by crash repair.
     Interrupted,
+    /// The agent's budget ran out: the turn opened on a spent budget, a step reached the token
+    /// limit, or the wall-time limit passed mid-turn.
+    BudgetExhausted {
+        /// The limit that was reached.
+        limit: BudgetLimit,
+    },
 }
 
 /// Which inbox list a message goes to.
@@ -330,6 +337,7 @@ impl EventKind {
 /// are kept as [`EventKind::Extension`] by this module and may appear between turns.
 pub const PLUGIN_EVENT_TYPES: &[&str] = &[
     "subagent/descriptor",
+    "subagent/budget",
     "sandbox/mode",
     "approval/policy",
     "request/header",

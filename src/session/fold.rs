@@ -65,6 +65,7 @@ pub fn one_shot_stop_reason(end: Option<&TurnEndReason>) -> StopReason {
         Some(TurnEndReason::MaxTokens) => StopReason::MaxTokens,
         Some(TurnEndReason::Aborted { .. }) => StopReason::Aborted,
         Some(TurnEndReason::Blocked) => StopReason::Refusal,
+        Some(TurnEndReason::BudgetExhausted { .. }) => StopReason::BudgetExhausted,
         Some(TurnEndReason::Error { .. } | TurnEndReason::Interrupted) | None => StopReason::Error,
     }
 }
@@ -77,6 +78,7 @@ pub fn continuable_stop_reason(work: &ConsumedWork) -> StopReason {
         Some(TurnEndReason::Aborted { .. } | TurnEndReason::Interrupted) => StopReason::Aborted,
         Some(TurnEndReason::Error { .. }) => StopReason::Error,
         Some(TurnEndReason::Blocked) => StopReason::Refusal,
+        Some(TurnEndReason::BudgetExhausted { .. }) => StopReason::BudgetExhausted,
         Some(TurnEndReason::Completed) | None if work.dropped_unrun => StopReason::Aborted,
         Some(TurnEndReason::Completed) | None => StopReason::Completed,
     }
