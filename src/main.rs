@@ -11,8 +11,9 @@ use clap::{Parser, Subcommand};
 use subagents::model::{OpenAiAdapter, OpenAiConfig, StreamChunk};
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    AgentOptions, ContentBlock, CreateAgent, ErrorCode, EventKind, FlushPolicy, MessageSource,
-    Runtime, SessionEvent, SledStore, SubagentError, Tool, ToolOutput, TurnEndReason,
+    AgentOptions, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, EventKind,
+    FlushPolicy, MessageSource, Runtime, SessionEvent, SledStore, SpawnInProcess, SubagentError,
+    Tool, ToolOutput, TurnEndReason,
 };
 
 /// Delegate work from an agent to child agents.
@@ -36,8 +37,15 @@ struct DemoArgs {
     store: PathBuf,
     /// Crash-recovery drill: after the tool step is durable, hold the model's final answer
     /// until the process is killed. Prints `stalled <session-id>` when it is safe to kill.
-    #[arg(long, conflicts_with = "burst")]
+    #[arg(long, conflicts_with_all = ["burst", "forest"])]
     stall: bool,
+    /// Crash-recovery drill: grow a three-level forest of continuable children under one root
+    /// (a child waiting on a grandchild waiting on a great-grandchild that is mid-turn, and a
+    /// second child mid-turn), make it durable and hold until killed. Prints
+    /// `forest <root> <child> <grandchild> <great-grandchild> <busy-child>` when it is safe
+    /// to kill.
+    #[arg(long, conflicts_with = "burst")]
+    forest: bool,
     /// Crash-recovery drill: run this many turns back to back, each flushed at every step
     /// end, printing `flushed <session-id> <events>` after each acknowledged flush.
     #[arg(long, value_name = "TURNS")]
@@ -76,10 +84,12 @@ struct DemoPlan {
 }
 
 /// A crash-recovery drill, or none.
+#[derive(Debug, Clone, Copy)]
 enum Drill {
     None,
     Stall,
     Burst(u32),
+    Forest,
 }
 
 /// The model half of the plan.
@@ -94,11 +104,12 @@ fn usage(message: impl Into<String>) -> SubagentError {
 
 impl DemoPlan {
     fn from_args(args: DemoArgs) -> Result<Self, SubagentError> {
-        let drill = match (args.stall, args.burst) {
-            (true, _) => Drill::Stall,
-            (false, Some(0)) => return Err(usage("--burst needs at least one turn")),
-            (false, Some(turns)) => Drill::Burst(turns),
-            (false, None) => Drill::None,
+        let drill = match (args.stall, args.burst, args.forest) {
+            (true, _, _) => Drill::Stall,
+            (false, _, true) => Drill::Forest,
+            (false, Some(0), false) => return Err(usage("--burst needs at least one turn")),
+            (false, Some(turns), false) => Drill::Burst(turns),
+            (false, None, false) => Drill::None,
         };
         let model = match args.model {
             ModelChoice::Scripted => {
@@ -115,7 +126,8 @@ impl DemoPlan {
             ModelChoice::Openai => {
                 if !matches!(drill, Drill::None) {
                     return Err(usage(
-                        "--stall and --burst drill crash recovery with the scripted model only",
+                        "--stall, --burst and --forest drill crash recovery with the scripted \
+                         model only",
                     ));
                 }
                 let base_url = args
@@ -248,6 +260,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
     let gate = Gate::new();
     let model = ScriptedModel::new();
     match plan.drill {
+        Drill::Forest => return run_forest(plan).await,
         Drill::None => model.push_all(scripted_turn(1)),
         Drill::Stall => {
             let [call, answer] = scripted_turn(1);
@@ -269,7 +282,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
         model: plan.model_name.clone(),
         flush: match plan.drill {
             Drill::None => FlushPolicy::OnRequest,
-            Drill::Stall | Drill::Burst(_) => FlushPolicy::EveryStep,
+            Drill::Stall | Drill::Burst(_) | Drill::Forest => FlushPolicy::EveryStep,
         },
         ..AgentOptions::default()
     };
@@ -281,7 +294,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     let turns = match plan.drill {
         Drill::Burst(turns) => turns,
-        Drill::None | Drill::Stall => 1,
+        Drill::None | Drill::Stall | Drill::Forest => 1,
     };
     for _ in 0..turns {
         agent.followup(question(), MessageSource::User).await?;
@@ -310,6 +323,81 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
     }
     handle.dispose().await?;
     outcome.map(drop).map_err(Failure::Error)
+}
+
+/// The `--forest` drill: grows the forest one node at a time (each node's first turn held at
+/// its own gate until the next level exists), makes every log durable, prints the ids and
+/// holds until the process is killed.
+async fn run_forest(plan: DemoPlan) -> Result<(), Failure> {
+    let model = ScriptedModel::new();
+    let rt = Runtime::builder()
+        .store(SledStore::open(&plan.store)?)
+        .model("scripted", model.clone())
+        .build()?;
+    rt.subagents()
+        .register_provider(SpawnInProcess::default())
+        .await?
+        .keep();
+    let options = AgentOptions {
+        model: plan.model_name.clone(),
+        flush: FlushPolicy::EveryStep,
+        ..AgentOptions::default()
+    };
+    let root = rt
+        .agents()
+        .create(CreateAgent::new().options(options))
+        .await?;
+    // Starts a child of `parent` whose first answer waits at a gate, and waits until the
+    // child's turn reached it: the child is mid-turn.
+    let grow = |parent: subagents::AgentRef, label: &'static str| {
+        let rt = rt.clone();
+        let model = model.clone();
+        async move {
+            let gate = Gate::new();
+            model.push(ScriptStep::text(format!("{label} answered")).gated(&gate));
+            let started = rt
+                .subagents()
+                .start_continuable(ContinuableStartSpec::new(
+                    "spawn",
+                    label,
+                    &parent,
+                    vec![ContentBlock::text(format!("{label}: work on your part"))],
+                ))
+                .await?;
+            gate.reached().await;
+            let agent = rt.agents().get(started.child_id).await.ok_or_else(|| {
+                SubagentError::new(ErrorCode::ReportableBug, "a started child is not live")
+            })?;
+            Ok::<_, SubagentError>((agent, gate))
+        }
+    };
+    let (child, child_gate) = grow(root.agent().clone(), "child").await?;
+    let (grandchild, grandchild_gate) = grow(child.clone(), "grandchild").await?;
+    let (great, _held) = grow(grandchild.clone(), "great-grandchild").await?;
+    let (busy, _held_too) = grow(root.agent().clone(), "busy child").await?;
+    // The upper two finish their turns and wait on the child they own; the others stay
+    // mid-turn until the kill.
+    for (agent, gate) in [(&grandchild, grandchild_gate), (&child, child_gate)] {
+        gate.release();
+        agent.when_idle().await;
+    }
+    for agent in [root.agent(), &child, &grandchild, &great, &busy] {
+        agent.log().flush().await?;
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "forest {} {} {} {} {}",
+        root.agent().id(),
+        child.id(),
+        grandchild.id(),
+        great.id(),
+        busy.id()
+    )?;
+    out.flush()?;
+    drop(out);
+    std::future::pending::<()>().await;
+    Ok(())
 }
 
 /// The last turn's answer, or the error it ended with.

@@ -191,3 +191,160 @@ fn a_write_burst_killed_mid_flight_keeps_every_acknowledged_event_and_no_torn_ba
         resumed.dispose().await.unwrap();
     });
 }
+
+/// The ids `subagents demo --forest` printed: the root, then the child, grandchild and
+/// great-grandchild of one branch, then the second (mid-turn) child.
+struct Forest {
+    root: SessionId,
+    child: SessionId,
+    grandchild: SessionId,
+    great_grandchild: SessionId,
+    busy_child: SessionId,
+}
+
+/// Starts `subagents demo --forest`, waits until it reports the forest durable, and kills it
+/// with SIGKILL.
+fn grow_and_kill(store: &std::path::Path) -> Forest {
+    let (mut child, received) = spawn_demo(&["--forest"], store);
+    let line = received
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the demo reports its forest (safety net: 60 s)");
+    let ids: Vec<SessionId> = line
+        .strip_prefix("forest ")
+        .expect("a `forest <ids>` line")
+        .split_whitespace()
+        .map(|id| id.parse().expect("a session id"))
+        .collect();
+    child.kill().expect("SIGKILL delivered");
+    child.wait().expect("the killed child is reaped");
+    let [root, child, grandchild, great_grandchild, busy_child] = ids[..] else {
+        panic!("five ids expected, got {line}");
+    };
+    Forest {
+        root,
+        child,
+        grandchild,
+        great_grandchild,
+        busy_child,
+    }
+}
+
+fn texts(events: &[subagents::SessionEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::UserMessage(message)
+                if !matches!(message.source, subagents::MessageSource::Plugin { .. }) =>
+            {
+                Some(message.text())
+            }
+            EventKind::AssistantMessage { message, .. } => Some(message.text()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_forest_resumes_a_grandchild_through_its_parent_from_its_last_flushed_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let forest = grow_and_kill(dir.path());
+    let store = SledStore::open(dir.path()).expect("the store reopens after the crash");
+    // What the dead process made durable: each node's conversation so far.
+    let before = block_on(store.read_from(forest.grandchild, 0)).unwrap();
+    assert_eq!(
+        texts(&before),
+        ["grandchild: work on your part", "grandchild answered"]
+    );
+    for mid_turn in [forest.great_grandchild, forest.busy_child] {
+        let inspected = block_on(store.inspect(mid_turn)).unwrap();
+        assert_eq!(
+            turn_ends(&inspected.events),
+            [TurnEndReason::Interrupted],
+            "a node that died mid-turn is repaired on load"
+        );
+    }
+
+    actix::System::new().block_on(async move {
+        let child_gate = subagents::testing::Gate::new();
+        let model = ScriptedModel::new();
+        // The child's resumed turn holds, so it stays resident while its own child is resumed.
+        model.push(ScriptStep::text("child again").gated(&child_gate));
+        model.push(ScriptStep::text("grandchild again"));
+        let rt = crate::support::seam_runtime_on(
+            Runtime::builder().model("scripted", model.clone()),
+            std::sync::Arc::new(store),
+        )
+        .await;
+        let root = rt
+            .agents()
+            .resume(ResumeAgent::new(forest.root))
+            .await
+            .expect("the root resumes");
+        let recorder = crate::support::SeamRecorder::new(&rt, subagents::EventScope::All);
+        // The grandchild's parent is cold too: the root wakes it first.
+        crate::support::followup_child(&rt, root.agent(), forest.child, "child: carry on")
+            .await
+            .expect("the child cold-resumes");
+        child_gate.reached().await;
+        let child = rt
+            .agents()
+            .get(forest.child)
+            .await
+            .expect("the child is live");
+        crate::support::followup_child(&rt, &child, forest.grandchild, "grandchild: and now?")
+            .await
+            .expect("the grandchild cold-resumes through its live parent");
+        crate::support::settled(&recorder, forest.grandchild, 1).await;
+        // The grandchild's conversation continued from its last flushed event.
+        let request = model
+            .requests()
+            .into_iter()
+            .find(|request| request.session_id == Some(forest.grandchild))
+            .expect("the grandchild asked its model");
+        let history: Vec<String> = request
+            .messages
+            .iter()
+            .filter(|message| !matches!(message.source, subagents::MessageSource::Plugin { .. }))
+            .map(subagents::Message::text)
+            .collect();
+        assert!(
+            history.ends_with(&[
+                "grandchild: work on your part".to_owned(),
+                "grandchild answered".to_owned(),
+                "grandchild: and now?".to_owned(),
+            ]),
+            "{history:?}"
+        );
+        let after = rt
+            .store()
+            .unwrap()
+            .read_from(forest.grandchild, 0)
+            .await
+            .unwrap();
+        assert_eq!(
+            after[..before.len()],
+            before[..],
+            "nothing flushed was lost"
+        );
+        assert_eq!(
+            texts(&after[before.len()..]),
+            ["grandchild: and now?", "grandchild again"]
+        );
+        assert!(after
+            .iter()
+            .any(|event| matches!(event.kind, EventKind::TurnStart { turn: 2 })));
+        // No session is resident twice: the child is this runtime's one Activation of it,
+        // and nothing else may load it while it lives.
+        assert_eq!(rt.subagents().resident_count().await, 1);
+        let twice = rt
+            .agents()
+            .resume(ResumeAgent::new(forest.child))
+            .await
+            .expect_err("a resident child cannot be loaded again");
+        assert_eq!(twice.code(), subagents::ErrorCode::DuplicateAgent);
+        child_gate.release();
+        crate::support::settled(&recorder, forest.child, 1).await;
+        assert_eq!(rt.subagents().resident_count().await, 0);
+        root.dispose().await.unwrap();
+    });
+}
