@@ -14,6 +14,8 @@ mod agent_turn;
 mod continuable;
 /// Continuable children: per-child budgets of turns, tokens and wall time.
 mod continuable_budget;
+/// Continuable children: the model-based property test over random forests.
+mod continuable_model;
 /// Continuable children: teardown failures, drains, notices to a closing lineage, setup, policy.
 mod continuable_teardown;
 /// Killing a writer process mid-turn and recovering its store.
