@@ -1,0 +1,168 @@
+//! Routing a follow-up by residency: enqueue or wake a resident child, or cold-resume an
+//! absent one from the store.
+
+use super::materialize::{
+    activation_setup, commit_setup, install_and_submit, map_cancelled, Installing,
+};
+use super::*;
+
+/// How a follow-up was routed.
+pub(crate) enum Routed {
+    /// Accepted with this id.
+    Accepted(MessageId),
+    /// The child was settling or being resumed; route again.
+    Retry,
+}
+
+/// Delivers a follow-up: enqueue (running), wake (waiting) or cold-resume (absent).
+#[derive(Message)]
+#[rtype(result = "Result<Routed>")]
+pub(crate) struct Followup {
+    pub(crate) parent: AgentRef,
+    pub(crate) child: SessionId,
+    pub(crate) delivery: Delivery,
+    pub(crate) token: CancellationToken,
+}
+
+impl Handler<Followup> for ContinuationManager {
+    type Result = ResponseFuture<Result<Routed>>;
+
+    fn handle(&mut self, msg: Followup, ctx: &mut Context<Self>) -> Self::Result {
+        let lineage = self.lineage_of(&msg.parent);
+        if let Err(error) = self.assert_admitting(&lineage) {
+            return Box::pin(async move { Err(error) });
+        }
+        if msg.token.is_cancelled() {
+            return Box::pin(async { Err(cancelled()) });
+        }
+        if let Some(resident) = self.residents.get(&msg.child) {
+            if let Some(disposal) = resident.disposal.clone() {
+                // Lost the race with settlement: wait for the teardown, then cold-resume.
+                return Box::pin(async move {
+                    let _ = disposal.await;
+                    Ok(Routed::Retry)
+                });
+            }
+            let accepted = self.submit(msg.child, &msg.parent, msg.delivery, &msg.token, ctx);
+            return Box::pin(async move { Ok(Routed::Accepted(accepted?.await?)) });
+        }
+        if let Some(resuming) = self.resuming.get(&msg.child).cloned() {
+            return Box::pin(async move {
+                resuming.await;
+                Ok(Routed::Retry)
+            });
+        }
+        let guard = self.register_materialization(lineage.clone(), Some(msg.child), ctx);
+        let resume = ColdResume {
+            manager: ctx.address(),
+            agents: self.agents.clone(),
+            registry: Arc::clone(&self.setup),
+            lineage,
+        };
+        Box::pin(async move {
+            let _guard = guard;
+            let id = resume
+                .run(msg.parent, msg.child, msg.delivery, msg.token)
+                .await?;
+            Ok(Routed::Accepted(id))
+        })
+    }
+}
+
+/// A cold resume of an absent child, run outside the manager's handler.
+struct ColdResume {
+    manager: Addr<ContinuationManager>,
+    agents: Agents,
+    registry: Arc<SetupRegistry>,
+    lineage: Vec<SessionId>,
+}
+
+impl ColdResume {
+    async fn run(
+        self,
+        parent: AgentRef,
+        child: SessionId,
+        delivery: Delivery,
+        token: CancellationToken,
+    ) -> Result<MessageId> {
+        let env = Arc::clone(self.agents.env());
+        let store = env.store.clone().ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::PersistenceUnavailable,
+                "a cold resume requires session persistence",
+            )
+        })?;
+        let stored = tokio::select! {
+            () = token.cancelled() => return Err(cancelled()),
+            stored = store.inspect(child) => stored,
+        }
+        .map_err(|error| {
+            SubagentError::new(
+                ErrorCode::NotResumable,
+                format!("continuable child {child} is unavailable: {error}"),
+            )
+        })?;
+        if token.is_cancelled() {
+            return Err(cancelled());
+        }
+        // Authority is checked against the persisted header before anything is folded.
+        if stored.header.parent_session != Some(parent.id()) {
+            return Err(unauthorized(format!(
+                "continuable child {child} belongs to another parent session"
+            )));
+        }
+        let own = usize::try_from(stored.header.seed_len())
+            .unwrap_or(usize::MAX)
+            .min(stored.events.len());
+        let own = &stored.events[own..];
+        let descriptor = SubagentDescriptor::fold(own)?
+            .filter(|descriptor| descriptor.mode == DelegationMode::Continuable)
+            .ok_or_else(|| {
+                SubagentError::new(
+                    ErrorCode::NotResumable,
+                    format!(
+                        "{child} has no supported continuation state and cannot be resumed; \
+                         do not retry send_message with this id"
+                    ),
+                )
+            })?;
+        // A spent budget refuses before anything is loaded or leased.
+        let recorded = budget::current(own, descriptor.budget)?.unwrap_or_default();
+        let spent = BudgetSpent::fold(own);
+        budget::admit(child, &delivery.raise.unwrap_or(recorded), &spent)?;
+        // Only the recorded route: no token cap, no depth (the header's depth is the floor).
+        let options = AgentOptions {
+            provider: descriptor.agent_provider.clone(),
+            model: descriptor.agent_model.clone().unwrap_or_default(),
+            ..AgentOptions::default()
+        };
+        let composition = ChildComposition::new(
+            &env,
+            None,
+            descriptor.persona.as_deref(),
+            descriptor.tool_filter.clone(),
+        )?;
+        let slot = Arc::default();
+        let resume = ResumeAgent::new(child)
+            .options(options)
+            .setup(activation_setup(
+                composition,
+                None,
+                self.registry,
+                Arc::clone(&slot),
+            ))
+            .cancel(token.clone());
+        let handle = self.agents.resume(resume).await.map_err(map_cancelled)?;
+        commit_setup(&handle, &slot).await?;
+        let boundary = usize::try_from(handle.agent().log().len()).unwrap_or(usize::MAX);
+        let installing = Installing {
+            handle,
+            parent,
+            lineage: self.lineage,
+            provider: descriptor.provider,
+            boundary,
+            budget: BudgetMeter::new(recorded, spent),
+        };
+        install_and_submit(self.manager, installing, delivery, token).await
+    }
+}

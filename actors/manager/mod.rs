@@ -1,0 +1,540 @@
+//! Provides [`ContinuationManager`], the supervisor of continuable children: it owns the
+//! Activation map, the materializations in flight, the admission cutoffs (scoped and
+//! manager-wide), the ownership graph between Activations, and child-first disposal.
+//!
+//! # One handler is the per-child lock
+//! Every decision about a child — admission, authorization, delivery, the settlement decision,
+//! opening a disposal — is made inside one handler of this actor, reading one map, with no
+//! await in between. The reference serializes these with a per-child promise chain; here the
+//! mailbox does it, and no decision ever waits on another actor. What takes time (creating or
+//! resuming the child's agent, reading the store, tearing an epoch down) runs outside the
+//! handler and comes back as a message whose handler re-checks admission and authority.
+//!
+//! # Data flow
+//! caller → `Subagents` → manager → the child's agent mailbox. A delivery is posted to the
+//! agent in mailbox order from inside the handler that admitted it (so a later cancel can never
+//! overtake it), and its id enters the Activation's `accepted` set in the same span. The agent
+//! reports back only [`Activity`] (claimed, discarded, idle), in its own order.
+//!
+//! # Residency
+//! An Activation is **running** while its agent runs a turn or an accepted message is still
+//! unclaimed, **waiting** while it owns a child Activation, and **settled** otherwise. A settled
+//! Activation's disposal opens in the same handler that saw it settle, so a racing delivery
+//! either was admitted first or sees the disposal and cold-resumes after it.
+//!
+//! # Disposal, child first
+//! Opening a disposal cancels the child's turn (inbox discarded) and opens every owned child's
+//! disposal in the same span, so cancellation runs top-down before any await. The epoch's
+//! [`Activation`] then awaits the children, captures the epoch's facts and disposes the handle;
+//! the manager removes the Activation, sends the parent its settled notice **before** releasing
+//! the ownership that lets the parent settle, and emits `subagent/end`.
+//!
+//! # Files
+//! This file holds the manager's state and the decisions every operation shares (admission,
+//! submission, settlement, disposal, the settled notice); `materialize.rs` the fresh start and
+//! the install-then-submit sequence, `followup.rs` routing by residency and the cold resume,
+//! `control.rs` interrupts and reports, `drain.rs` the drains.
+
+mod control;
+mod drain;
+mod followup;
+mod materialize;
+
+pub(crate) use control::{Interrupt, ReportFrom};
+pub(crate) use drain::{DrainAll, DrainDescendants, ResidentCount};
+pub(crate) use followup::{Followup, Routed};
+use materialize::Finished;
+pub(crate) use materialize::{Delivery, StartContinuable};
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::future::{join_all, BoxFuture, FutureExt, Shared};
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::activation::{Activation, Disposal, Teardown, Terminal};
+use crate::actors::agent::{Activity, AgentRef, InboxPolicy, PostTarget, Wake};
+use crate::actors::agents::Agents;
+use crate::actors::service::{LookupContinuable, SubagentService};
+use crate::content::{ContentBlock, Message, MessageSource};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::events::EventBus;
+use crate::host::{
+    AgentHandle, AgentOptions, AgentScope, Budget, BudgetMeter, BudgetRaise, BudgetSpent,
+    CreateAgent, ResumeAgent, SetupCommit,
+};
+use crate::ids::{MessageId, RunId, SessionId};
+use crate::seam::budget;
+use crate::seam::child_run::{child_options, ChildComposition};
+use crate::seam::continuable::{
+    report_content, settled_notice, ContinuableStart, ContinuableStartSpec, InterruptAuthority,
+    ReportDelivery,
+};
+use crate::seam::depth::resolve_child_depth;
+use crate::seam::setup::{SetupBatch, SetupRegistry};
+use crate::seam::{
+    ContinuableCreateRequest, DelegationMode, SubagentDescriptor, SubagentEvent,
+    SubagentRunEndInfo, SubagentRunInfo,
+};
+use crate::session::{CancelCause, InboxTarget, SessionLog};
+
+/// Something in flight that others wait for; resolves when it is over, whatever its outcome.
+type Signal = Shared<BoxFuture<'static, ()>>;
+
+fn signal() -> (tokio::sync::oneshot::Sender<()>, Signal) {
+    let (done, over) = tokio::sync::oneshot::channel::<()>();
+    (
+        done,
+        async move {
+            let _ = over.await;
+        }
+        .boxed()
+        .shared(),
+    )
+}
+
+/// An admitted creation or cold resume that has not been installed or rolled back yet.
+struct Materialization {
+    /// The lineage below which it runs (its parent, then the parent's ancestors).
+    lineage: Vec<SessionId>,
+    over: Signal,
+}
+
+/// A scoped drain's cutoff: admission is closed below `root` until it leaves the registry.
+struct ClosingScope {
+    root: AgentRef,
+    /// The drained Activations and their lineages.
+    members: HashSet<SessionId>,
+}
+
+/// The manager's record of one resident Activation.
+struct Resident {
+    agent: AgentRef,
+    activation: Addr<Activation>,
+    /// The exact parent the Activation was materialized under; its id is the child's durable
+    /// direct parent (`header.parentSession`), and notices go to it when it is not resident.
+    parent: AgentRef,
+    /// The child, its parent and the parent's ancestors, observed at materialization; it
+    /// survives intermediates leaving the registry.
+    ancestry: Vec<SessionId>,
+    /// The parent's id when the parent is itself a resident Activation.
+    owner: Option<SessionId>,
+    owned: HashSet<SessionId>,
+    /// Waking sends the agent has not yet claimed or discarded.
+    accepted: HashSet<MessageId>,
+    /// Whether the agent is running, as its activity last said.
+    busy: bool,
+    /// Whether a message was ever submitted (before that, an idle agent is not settled).
+    armed: bool,
+    /// Whether a caller ever received an id for this epoch (a rolled-back start never did).
+    announced: bool,
+    disposal: Option<Disposal>,
+    run: SubagentRunInfo,
+    /// The child's budget and spending, shared with its agent's turn driver.
+    budget: BudgetMeter,
+}
+
+/// The continuation manager actor.
+pub(crate) struct ContinuationManager {
+    agents: Agents,
+    service: Addr<SubagentService>,
+    events: Arc<EventBus<SubagentEvent>>,
+    setup: Arc<SetupRegistry>,
+    residents: HashMap<SessionId, Resident>,
+    materializations: HashMap<u64, Materialization>,
+    /// Children whose cold resume is in flight: another delivery waits for it.
+    resuming: HashMap<SessionId, Signal>,
+    closing: HashMap<SessionId, ClosingScope>,
+    draining: bool,
+    next_materialization: u64,
+}
+
+impl Actor for ContinuationManager {
+    type Context = Context<Self>;
+}
+
+fn cancelled() -> SubagentError {
+    SubagentError::new(
+        ErrorCode::Cancelled,
+        "the caller cancelled before the message was accepted",
+    )
+}
+
+fn draining() -> SubagentError {
+    SubagentError::new(
+        ErrorCode::Draining,
+        "continuable admission is closed: a drain is in progress below this agent",
+    )
+}
+
+fn unauthorized(message: String) -> SubagentError {
+    SubagentError::new(ErrorCode::Unauthorized, message)
+}
+
+impl ContinuationManager {
+    pub(crate) fn new(
+        agents: Agents,
+        service: Addr<SubagentService>,
+        events: Arc<EventBus<SubagentEvent>>,
+        setup: Arc<SetupRegistry>,
+    ) -> Self {
+        Self {
+            agents,
+            service,
+            events,
+            setup,
+            residents: HashMap::new(),
+            materializations: HashMap::new(),
+            resuming: HashMap::new(),
+            closing: HashMap::new(),
+            draining: false,
+            next_materialization: 0,
+        }
+    }
+
+    /// `agent`, then its ancestors as far as they can be read without waiting: the header's
+    /// direct parent, then resident Activations' recorded ancestry.
+    fn lineage_of(&self, agent: &AgentRef) -> Vec<SessionId> {
+        if let Some(resident) = self.residents.get(&agent.id()) {
+            if resident.agent == *agent {
+                return resident.ancestry.clone();
+            }
+        }
+        let mut lineage = vec![agent.id()];
+        if let Some(parent) = agent.header().parent_session {
+            match self.residents.get(&parent) {
+                Some(resident) => {
+                    for id in &resident.ancestry {
+                        if !lineage.contains(id) {
+                            lineage.push(*id);
+                        }
+                    }
+                }
+                None => lineage.push(parent),
+            }
+        }
+        lineage
+    }
+
+    /// `DRAINING` when a manager-wide drain runs, or a scoped drain's root (still live) is in
+    /// `lineage` or recorded `lineage[0]` as a member.
+    fn assert_admitting(&mut self, lineage: &[SessionId]) -> Result<()> {
+        if self.draining {
+            return Err(draining());
+        }
+        // A scoped cutoff lasts until its exact root leaves the registry.
+        self.closing.retain(|_, scope| scope.root.is_alive());
+        let closed = self.closing.iter().any(|(root, scope)| {
+            lineage.contains(root) || lineage.first().is_some_and(|id| scope.members.contains(id))
+        });
+        if closed {
+            Err(draining())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn is_closing(&mut self, lineage: &[SessionId]) -> bool {
+        self.assert_admitting(lineage).is_err()
+    }
+
+    /// Registers an admitted materialization below `lineage` (and, for a cold resume, as the
+    /// child's resume in flight); the guard ends it on every exit path.
+    fn register_materialization(
+        &mut self,
+        lineage: Vec<SessionId>,
+        resuming: Option<SessionId>,
+        ctx: &Context<Self>,
+    ) -> MaterializationGuard {
+        self.next_materialization += 1;
+        let id = self.next_materialization;
+        let (done, over) = signal();
+        if let Some(child) = resuming {
+            self.resuming.insert(child, over.clone());
+        }
+        self.materializations
+            .insert(id, Materialization { lineage, over });
+        MaterializationGuard {
+            manager: ctx.address(),
+            id,
+            resuming,
+            done: Some(done),
+        }
+    }
+
+    /// Admits `message` for `child` under `parent` and posts it, in one span: the caller's
+    /// token, admission, the disposal cutoff, the parent's authority, then the `accepted` set
+    /// and the post. The returned future resolves at inbox acceptance.
+    fn submit(
+        &mut self,
+        child: SessionId,
+        parent: &AgentRef,
+        delivery: Delivery,
+        token: &CancellationToken,
+        ctx: &mut Context<Self>,
+    ) -> Result<BoxFuture<'static, Result<MessageId>>> {
+        let Delivery { message, raise } = delivery;
+        if token.is_cancelled() {
+            return Err(cancelled());
+        }
+        let lineage = self.lineage_of(parent);
+        self.assert_admitting(&lineage)?;
+        let resident = self.residents.get_mut(&child).ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::ActivationClosing,
+                format!("continuable child {child} is no longer resident"),
+            )
+        })?;
+        if resident.disposal.is_some() {
+            return Err(SubagentError::new(
+                ErrorCode::ActivationClosing,
+                format!("continuable child {child} is already settling"),
+            ));
+        }
+        if !parent.is_alive() {
+            return Err(unauthorized(format!(
+                "agent {} is not the exact live parent of continuable child {child}",
+                parent.id()
+            )));
+        }
+        if resident.parent.id() != parent.id() {
+            return Err(unauthorized(format!(
+                "continuable child {child} belongs to another parent session"
+            )));
+        }
+        let (current, spent) = resident.budget.snapshot();
+        budget::admit(child, &raise.unwrap_or(current), &spent)?;
+        let raise = raise.map(|budget| BudgetRaise {
+            budget,
+            record: budget::budget_event(&budget),
+        });
+        let id = message.id;
+        resident.accepted.insert(id);
+        resident.armed = true;
+        resident.announced = true;
+        let accepted = resident.agent.post(
+            message,
+            PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
+            raise,
+        );
+        let manager = ctx.address();
+        Ok(async move {
+            let outcome = accepted.await;
+            if outcome.is_err() {
+                manager.do_send(Refused { child, message: id });
+            }
+            outcome
+        }
+        .boxed())
+    }
+
+    /// Re-evaluates `child`'s residency and opens its disposal once it settled.
+    fn evaluate(&mut self, child: SessionId, ctx: &mut Context<Self>) {
+        let settled = self.residents.get(&child).is_some_and(|resident| {
+            resident.armed
+                && resident.disposal.is_none()
+                && !resident.busy
+                && resident.accepted.is_empty()
+                && resident.owned.is_empty()
+        });
+        if settled {
+            tracing::debug!(%child, "continuable child settled");
+            let _ = self.open_disposal(child, ctx);
+        }
+    }
+
+    /// Opens `child`'s disposal (memoized): cancels its turn and discards its inbox, opens
+    /// every owned child's disposal in the same span (top-down), and starts the teardown.
+    fn open_disposal(&mut self, child: SessionId, ctx: &mut Context<Self>) -> Option<Disposal> {
+        let resident = self.residents.get_mut(&child)?;
+        if let Some(disposal) = &resident.disposal {
+            return Some(disposal.clone());
+        }
+        resident
+            .agent
+            .cancel_now(CancelCause::Parent, InboxPolicy::Discard);
+        let activation = resident.activation.clone();
+        let mut owned: Vec<SessionId> = resident.owned.iter().copied().collect();
+        owned.sort_unstable();
+        // A placeholder memo first: nothing below can reach this child again, but the memo
+        // must exist before any other work is opened.
+        let (done, over) = signal();
+        resident.disposal = Some(over.map(|()| Ok(())).boxed().shared());
+        let children: Vec<Disposal> = owned
+            .into_iter()
+            .filter_map(|owned| self.open_disposal(owned, ctx))
+            .collect();
+        let manager = ctx.address();
+        let disposal: Disposal = async move {
+            let terminal = activation
+                .send(Teardown { children })
+                .await
+                .unwrap_or_else(|_| {
+                    Terminal::failed(SubagentError::bug("an Activation stopped before teardown"))
+                });
+            let outcome = manager
+                .send(Finished { child, terminal })
+                .await
+                .unwrap_or_else(|error| Err(SubagentError::from(error)));
+            let _ = done.send(());
+            outcome
+        }
+        .boxed()
+        .shared();
+        if let Some(resident) = self.residents.get_mut(&child) {
+            resident.disposal = Some(disposal.clone());
+        }
+        // Driven on its own: a teardown never depends on anyone awaiting it.
+        let driven = disposal.clone();
+        tokio::spawn(async move {
+            if let Err(error) = driven.await {
+                tracing::warn!(%child, %error, "activation teardown failed");
+            }
+        });
+        Some(disposal)
+    }
+
+    /// Delivers the settled notice for a finished epoch to the child's durable parent.
+    fn notify_settlement(
+        &mut self,
+        resident: &Resident,
+        terminal: &Terminal,
+        ctx: &mut Context<Self>,
+    ) {
+        let child = resident.agent.id();
+        let (content, source) = settled_notice(
+            child,
+            &terminal.stop_reason,
+            terminal.exhausted,
+            terminal.output.clone(),
+        );
+        let message = Message::user(content, source);
+        let parent_lineage = self.lineage_of(&resident.parent);
+        let closing = self.is_closing(&parent_lineage);
+        // A parent whose lineage is tearing down, or whose own disposal has begun, records the
+        // notice without a wake: waking it would start a turn its teardown must then cancel.
+        let recipient = match self.residents.get_mut(&resident.parent.id()) {
+            Some(parent) if !closing && parent.disposal.is_none() => {
+                // Counted before the send, so the parent cannot look settled meanwhile.
+                parent.accepted.insert(message.id);
+                Some((parent.agent.clone(), true, false))
+            }
+            Some(parent) => Some((parent.agent.clone(), false, true)),
+            None if resident.parent.is_alive() => Some((resident.parent.clone(), false, closing)),
+            None => None,
+        };
+        let Some((parent, counted, quiet)) = recipient else {
+            tracing::debug!(%child, "the settled child's parent is gone; its session is the record");
+            return;
+        };
+        let target = if quiet {
+            PostTarget::Inbox(InboxTarget::NextStep, Wake::Quiet)
+        } else {
+            PostTarget::TurnOrStep
+        };
+        let id = message.id;
+        let parent_id = parent.id();
+        let accepted = parent.post(message, target, None);
+        let manager = ctx.address();
+        tokio::spawn(async move {
+            if let Err(error) = accepted.await {
+                tracing::warn!(%child, parent = %parent_id, %error, "settlement notice was not delivered to its parent");
+                if counted {
+                    manager.do_send(Refused {
+                        child: parent_id,
+                        message: id,
+                    });
+                }
+            }
+        });
+    }
+}
+
+/// Internal: a post was refused; its id leaves `accepted`.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Refused {
+    child: SessionId,
+    message: MessageId,
+}
+
+impl Handler<Refused> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: Refused, ctx: &mut Context<Self>) {
+        if let Some(resident) = self.residents.get_mut(&msg.child) {
+            resident.accepted.remove(&msg.message);
+            self.evaluate(msg.child, ctx);
+        }
+    }
+}
+
+/// Internal: what a resident child's agent did (sent by the agent, in its order).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct AgentActivity {
+    child: SessionId,
+    activity: Activity,
+}
+
+impl Handler<AgentActivity> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: AgentActivity, ctx: &mut Context<Self>) {
+        let Some(resident) = self.residents.get_mut(&msg.child) else {
+            return;
+        };
+        match msg.activity {
+            Activity::Claimed(id) => {
+                resident.accepted.remove(&id);
+                resident.busy = true;
+            }
+            Activity::Discarded(id) => {
+                resident.accepted.remove(&id);
+            }
+            Activity::Idle => resident.busy = false,
+        }
+        self.evaluate(msg.child, ctx);
+    }
+}
+
+/// Removes a finished materialization and wakes whoever waits for it, on every exit path.
+struct MaterializationGuard {
+    manager: Addr<ContinuationManager>,
+    id: u64,
+    resuming: Option<SessionId>,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for MaterializationGuard {
+    fn drop(&mut self) {
+        // Queued before the waiters wake, so their next message sees it gone.
+        self.manager.do_send(MaterializationOver {
+            id: self.id,
+            resuming: self.resuming,
+        });
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Internal: a materialization is over (installed or rolled back).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct MaterializationOver {
+    id: u64,
+    resuming: Option<SessionId>,
+}
+
+impl Handler<MaterializationOver> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: MaterializationOver, _: &mut Context<Self>) {
+        self.materializations.remove(&msg.id);
+        if let Some(child) = msg.resuming {
+            self.resuming.remove(&child);
+        }
+    }
+}
