@@ -5,7 +5,8 @@
 //! settlement) in its own handler; the Activation carries out the one long piece of work that
 //! must not hold the manager up: the teardown of its epoch. Teardown awaits the owned children's
 //! disposals (already opened top-down by the manager), waits for the child to be quiescent,
-//! captures the epoch's terminal facts while the child is still registered, and disposes the
+//! makes its log durable (best effort: a failure is logged), captures the epoch's terminal
+//! facts while the child is still registered, and disposes the
 //! handle (which drains the session log into the store and releases the lease). It answers the
 //! facts and stops.
 
@@ -101,6 +102,24 @@ impl Handler<Teardown> for Activation {
                 };
                 let child = handle.agent().clone();
                 child.when_idle().await;
+                // The best-effort final flush (the seed's durability barrier before release),
+                // after the cancel and before capture. Not `log.flush()`: a failed write-behind
+                // flush faults the log, and disposal would then fail the epoch. A failure is
+                // logged, never the Activation's.
+                if let Some(store) = child.agents().env().store.clone() {
+                    let flushed = match child.log().drain().await {
+                        Ok(()) => store.flush(child.id()).await,
+                        Err(error) => Err(error),
+                    };
+                    if let Err(error) = flushed {
+                        tracing::warn!(
+                            child = %child.id(),
+                            %error,
+                            "best-effort final session flush failed; a later resume may find \
+                             the child's state missing or stale"
+                        );
+                    }
+                }
                 // Captured while the child is still registered, from this epoch's events only.
                 let (work, output) = child.log().with_events(|events| {
                     let own = &events[boundary.min(events.len())..];

@@ -639,8 +639,9 @@ impl Subagents {
             .map_err(SubagentError::from)?
     }
 
-    /// How many continuable children are resident now.
-    pub async fn resident_count(&self) -> usize {
+    /// How many continuable children are resident now (for tests and benchmarks, through
+    /// [`crate::testing::resident_count`]: the seam itself exposes no residency query).
+    pub(crate) async fn resident_count(&self) -> usize {
         self.manager.send(ResidentCount).await.unwrap_or(0)
     }
 }

@@ -9,7 +9,13 @@
 //!   started, each gets one cold-resume follow-up, then everything is drained (the reference
 //!   took 13.2 s on a machine of this kind).
 //!
-//! Run with `cargo bench --bench continuable`.
+//! - `scale` (printed once after the groups, not sampled): N = 10,000 and 100,000 resident
+//!   children under one parent, each held mid-turn at a gate (a resident child that is idle
+//!   between turns settles and is released, so a held turn is what residency costs): the RSS
+//!   growth per resident child, the latency of 1,000 follow-ups enqueued to resident children
+//!   (p50 and p99), and the time to drain the whole forest.
+//!
+//! Run with `cargo bench --bench continuable` (`-- scale` for the scale pass alone).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -221,5 +227,106 @@ fn bench(c: &mut Criterion) {
     reference.finish();
 }
 
-criterion_group!(benches, bench);
+/// The resident set size of this process, in bytes.
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
+    let last = sorted.len().saturating_sub(1);
+    // Rounded to the nearest rank; the samples are few enough for exactness not to matter.
+    let rank = (fraction * last as f64).round() as usize;
+    sorted[rank.min(last)]
+}
+
+/// One scale pass with `n` resident children (see the module docs).
+async fn scale(n: usize) {
+    let gate = subagents::testing::Gate::new();
+    let rt = Runtime::builder()
+        .store(MemoryStore::new())
+        .model(
+            "scripted",
+            ScriptedModel::repeating(ScriptStep::text("held").gated(&gate)),
+        )
+        .build()
+        .expect("runtime builds");
+    rt.subagents()
+        .register_provider(SpawnInProcess::default())
+        .await
+        .expect("spawn registers")
+        .keep();
+    let parent = rt
+        .agents()
+        .create(CreateAgent::new())
+        .await
+        .expect("parent");
+    let fixture = Fixture {
+        rt: rt.clone(),
+        parent,
+        ended: mpsc::unbounded_channel().1,
+        _subscription: rt
+            .subagents()
+            .events()
+            .subscribe(EventScope::All, |_: &SubagentEvent| {}),
+    };
+    let before = rss_bytes();
+    let began = Instant::now();
+    let mut children = Vec::with_capacity(n);
+    for _ in 0..n {
+        children.push(start(&fixture).await);
+    }
+    let started = began.elapsed();
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, n);
+    let grown = rss_bytes().saturating_sub(before);
+    let mut latencies = Vec::with_capacity(1000);
+    for child in children.iter().step_by((n / 1000).max(1)).take(1000) {
+        let sent = Instant::now();
+        followup(&fixture, *child).await;
+        latencies.push(sent.elapsed());
+    }
+    latencies.sort_unstable();
+    let drain = Instant::now();
+    rt.subagents()
+        .drain_continuable_descendants(&[fixture.parent.agent().clone()])
+        .await
+        .expect("drain");
+    let drained = drain.elapsed();
+    println!(
+        "scale/{n}: start {:.2} s ({:.1} µs each), RSS +{} MiB ({} B per resident child), \
+         follow-up p50 {:.1} µs p99 {:.1} µs, drain {:.3} s",
+        started.as_secs_f64(),
+        started.as_secs_f64() * 1e6 / n as f64,
+        grown >> 20,
+        grown / n as u64,
+        percentile(&latencies, 0.50).as_secs_f64() * 1e6,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e6,
+        drained.as_secs_f64(),
+    );
+    rt.shutdown().await.expect("shutdown");
+}
+
+fn scale_pass(_: &mut Criterion) {
+    // The pass is not sampled; a criterion filter that does not name it skips it.
+    let filter = std::env::args()
+        .skip(1)
+        .find(|arg| !arg.starts_with('-') && arg != "continuable");
+    if filter
+        .as_deref()
+        .is_some_and(|filter| !"scale".contains(filter))
+    {
+        return;
+    }
+    let system = System::new();
+    for n in [10_000, 100_000] {
+        system.block_on(scale(n));
+    }
+}
+
+criterion_group!(benches, bench, scale_pass);
 criterion_main!(benches);

@@ -8,3 +8,9 @@
 pub use crate::model::scripted::{Gate, Responder, ScriptStep, ScriptedModel};
 pub use crate::seam::scripted::ScriptedProvider;
 pub use crate::store::faults::{FaultInjectingStore, StoreOperation};
+
+/// How many continuable children are resident in `subagents` now. A test and benchmark probe:
+/// the seam's own surface exposes no residency query (the reference's CONT-85).
+pub async fn resident_count(subagents: &crate::Subagents) -> usize {
+    subagents.resident_count().await
+}

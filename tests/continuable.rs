@@ -8,31 +8,17 @@ use subagents::testing::{
     FaultInjectingStore, Gate, ScriptStep, ScriptedModel, ScriptedProvider, StoreOperation,
 };
 use subagents::{
-    AgentHandle, AgentRef, CancelCause, CancellationToken, ChildAgentOptions, ContentBlock,
-    ContinuableStart, ContinuableStartSpec, ErrorCode, EventKind, EventScope, FollowupOptions,
-    InterruptAuthority, MessageSource, ReportDelivery, ReportOptions, Runtime, SessionId,
-    StopReason, SubagentEvent, SubagentStartRequest, ToolFilter, TurnEndReason,
+    CancelCause, CancellationToken, ChildAgentOptions, ContentBlock, ContinuableStartSpec,
+    ErrorCode, EventKind, EventScope, FollowupOptions, InterruptAuthority, MessageSource,
+    ReportDelivery, ReportOptions, Runtime, SessionId, StopReason, SubagentEvent,
+    SubagentStartRequest, ToolFilter, TurnEndReason,
 };
 
 use crate::support::{
-    ends_of, eventually, followup_child, idle_after_turns, notices, persisted, root, seam_runtime,
-    settled, start_continuable, text, turn_ends, within, SeamRecorder,
+    delivered, ends_of, eventually, fixture, followup_child, grandchild, idle_after_turns, notices,
+    persisted, root, seam_runtime, settled, start_continuable, text, turn_ends, within,
+    SeamRecorder,
 };
-
-/// The texts of the messages delivered to a log (runtime context left out), in order.
-fn delivered(events: &[subagents::SessionEvent]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::UserMessage(message)
-                if !matches!(message.source, MessageSource::Plugin { .. }) =>
-            {
-                Some(message.text())
-            }
-            _ => None,
-        })
-        .collect()
-}
 
 /// The last model request `session` made.
 fn last_request_of(model: &ScriptedModel, session: SessionId) -> subagents::GenerateRequest {
@@ -54,14 +40,6 @@ fn descriptors(events: &[subagents::SessionEvent]) -> Vec<serde_json::Value> {
             _ => None,
         })
         .collect()
-}
-
-/// Parent-scoped recorder plus a root parent.
-async fn fixture(model: &ScriptedModel) -> (Runtime, AgentHandle, SeamRecorder) {
-    let rt = seam_runtime(model).await;
-    let parent = root(&rt).await;
-    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    (rt, parent, recorder)
 }
 
 // CONT-01 CONT-05
@@ -286,7 +264,7 @@ async fn a_settled_child_is_cold_resumed_into_a_new_epoch() {
         rt.agents().get(started.child_id).await.is_none(),
         "settled children are released"
     );
-    assert_eq!(rt.subagents().resident_count().await, 0);
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
     followup_child(&rt, parent.agent(), started.child_id, "continue please")
         .await
         .unwrap();
@@ -491,7 +469,7 @@ async fn an_interrupt_parks_accepted_follow_ups_until_a_waking_send() {
         rt.agents().get(started.child_id).await.is_some(),
         "still resident"
     );
-    assert_eq!(rt.subagents().resident_count().await, 1);
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 1);
     followup_child(&rt, parent.agent(), started.child_id, "D")
         .await
         .unwrap();
@@ -693,20 +671,6 @@ async fn only_a_resident_child_may_report() {
     assert_eq!(error.code(), ErrorCode::Unauthorized);
 }
 
-/// Starts a continuable grandchild under the resident child `child` (as the child's own tool
-/// would), with its first model step held at `gate`.
-async fn grandchild(rt: &Runtime, child: &AgentRef) -> ContinuableStart {
-    rt.subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "grandchild task",
-            child,
-            text("grandchild task"),
-        ))
-        .await
-        .expect("the grandchild starts")
-}
-
 // CONT-19 CONT-26 CONT-76
 #[actix_rt::test]
 async fn a_waiting_child_is_woken_and_settles_after_its_grandchild() {
@@ -775,7 +739,7 @@ async fn a_top_level_parent_is_outside_the_waiting_graph() {
     );
 }
 
-// CONT-31 CONT-95
+// CONT-31 CONT-95 CONT-78
 #[actix_rt::test]
 async fn shutdown_drains_every_forest_child_first() {
     let child_gate = Gate::new();
@@ -989,7 +953,7 @@ async fn a_start_cancelled_before_acceptance_leaves_nothing() {
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::Cancelled);
     assert_eq!(rt.agents().list().await.len(), 1);
-    assert_eq!(rt.subagents().resident_count().await, 0);
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
     assert!(recorder.events().is_empty(), "no lifecycle edge");
 }
 

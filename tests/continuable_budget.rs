@@ -9,20 +9,12 @@ use serde_json::json;
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
     AgentHandle, Budget, BudgetLimit, ContinuableStart, ContinuableStartSpec, ErrorCode, EventKind,
-    EventScope, FollowupOptions, MessageSource, Runtime, SessionId, StopReason, TurnEndReason,
+    FollowupOptions, MessageSource, Runtime, SessionId, StopReason, TurnEndReason,
 };
 
 use crate::support::{
-    ends_of, eventually, followup_child, notices, persisted, root, seam_runtime, settled, text,
-    turn_ends, SeamRecorder,
+    ends_of, eventually, fixture, followup_child, notices, persisted, settled, text, turn_ends,
 };
-
-async fn fixture(model: &ScriptedModel) -> (Runtime, AgentHandle, SeamRecorder) {
-    let rt = seam_runtime(model).await;
-    let parent = root(&rt).await;
-    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    (rt, parent, recorder)
-}
 
 async fn start_with(
     rt: &Runtime,
@@ -87,7 +79,7 @@ async fn a_spent_turn_budget_refuses_follow_ups_until_one_raises_it() {
     assert_eq!(refused.code(), ErrorCode::BudgetExhausted);
     assert!(refused.message().contains("turns budget (1 of 1 turns)"));
     // Refused from the store's record: nothing was resumed, nothing ran.
-    assert_eq!(rt.subagents().resident_count().await, 0);
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
     assert_eq!(ends_of(&recorder, child).len(), 1);
     assert_eq!(model.request_count(), requests);
     // A raise that the spending already exhausts changes nothing.
@@ -259,7 +251,7 @@ async fn a_zero_limit_is_refused_and_leaves_nothing_behind() {
         .await
         .expect_err("a zero turn limit could never run");
     assert_eq!(refused.code(), ErrorCode::InvalidBudget);
-    assert_eq!(rt.subagents().resident_count().await, 0);
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
     assert!(recorder.events().is_empty());
     let started = start_with(&rt, &parent, "ok", Budget::unlimited().turns(3)).await;
     settled(&recorder, started.child_id, 1).await;

@@ -333,7 +333,7 @@ async fn run_case(ops: Vec<Op>) {
         .filter(|event| matches!(event, SubagentEvent::End(_)))
         .count();
     assert_eq!(starts, ends, "every subagent/start has its subagent/end");
-    assert_eq!(rt.subagents().resident_count().await, 0);
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
     for (id, _) in &forest.nodes {
         assert!(
             rt.agents().get(*id).await.is_none(),

@@ -6,16 +6,16 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 use subagents::host::{DelegatedPolicy, DelegationPolicy};
-use subagents::testing::{FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation};
+use subagents::testing::{Gate, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
-    AgentEvent, AgentEventKind, AgentHandle, AgentRef, CancellationToken, ContentBlock,
-    ContinuableStartSpec, ErrorCode, EventKind, EventScope, MemoryStore, MessageSource, Runtime,
-    SessionId, SetupDisposer, StopReason, SubagentEvent, SubagentStartRequest,
+    AgentEvent, AgentEventKind, AgentRef, CancellationToken, ContentBlock, ContinuableStartSpec,
+    ErrorCode, EventKind, EventScope, MessageSource, Runtime, SessionId, SetupDisposer, StopReason,
+    SubagentEvent, SubagentStartRequest,
 };
 
 use crate::support::{
-    ends_of, eventually, followup_child, notices, persisted, root, seam_runtime, seam_runtime_from,
-    seam_runtime_on, settled, start_continuable, text, within, SeamRecorder,
+    ends_of, eventually, faulty, followup_child, notices, persisted, root, seam_runtime,
+    seam_runtime_from, settled, start_continuable, text, within, SeamRecorder,
 };
 
 /// Waits until `child` settled once; its `subagent/end`.
@@ -33,17 +33,6 @@ fn notice_inserted(agent: &AgentRef) -> bool {
         matches!(&event.kind, EventKind::InboxSpliced { inserted, .. }
             if inserted.iter().any(|message| matches!(message.source, MessageSource::SubagentSettledNotice { .. })))
     })
-}
-
-async fn faulty(model: &ScriptedModel) -> (Runtime, Arc<FaultInjectingStore>, AgentHandle) {
-    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
-    let rt = seam_runtime_on(
-        Runtime::builder().model("scripted", model.clone()),
-        faults.clone(),
-    )
-    .await;
-    let parent = root(&rt).await;
-    (rt, faults, parent)
 }
 
 // CONT-30 CONT-54 CONT-73
@@ -188,10 +177,10 @@ async fn a_token_fired_at_start_publication_rolls_the_child_back() {
         }
     })
     .await;
-    assert_eq!(rt.subagents().resident_count().await, 0);
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
 }
 
-// CONT-58 CONT-46 CONT-78
+// CONT-58 CONT-46 CONT-79
 #[actix_rt::test]
 async fn a_drain_discards_accepted_work_and_records_the_notice_without_a_wake() {
     let gate = Gate::new();
@@ -209,7 +198,7 @@ async fn a_drain_discards_accepted_work_and_records_the_notice_without_a_wake() 
         .drain_continuable_descendants(&[parent.agent().clone()]);
     gate.release();
     within("the drain", drain).await.unwrap();
-    assert_eq!(rt.subagents().resident_count().await, 0);
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
     let events = persisted(&rt, started.child_id).await;
     assert!(
         !events

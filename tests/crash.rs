@@ -335,7 +335,7 @@ fn a_killed_forest_resumes_a_grandchild_through_its_parent_from_its_last_flushed
             .any(|event| matches!(event.kind, EventKind::TurnStart { turn: 2 })));
         // No session is resident twice: the child is this runtime's one Activation of it,
         // and nothing else may load it while it lives.
-        assert_eq!(rt.subagents().resident_count().await, 1);
+        assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 1);
         let twice = rt
             .agents()
             .resume(ResumeAgent::new(forest.child))
@@ -344,7 +344,7 @@ fn a_killed_forest_resumes_a_grandchild_through_its_parent_from_its_last_flushed
         assert_eq!(twice.code(), subagents::ErrorCode::DuplicateAgent);
         child_gate.release();
         crate::support::settled(&recorder, forest.child, 1).await;
-        assert_eq!(rt.subagents().resident_count().await, 0);
+        assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
         root.dispose().await.unwrap();
     });
 }

@@ -352,3 +352,102 @@ pub fn notices(agent: &subagents::AgentRef) -> Vec<String> {
         })
         .collect()
 }
+
+/// The texts of the messages delivered to a log (runtime context left out), in order.
+pub fn delivered(events: &[SessionEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::UserMessage(message)
+                if !matches!(message.source, subagents::MessageSource::Plugin { .. }) =>
+            {
+                Some(message.text())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A seam runtime, one root parent, and a recorder of the lifecycle events scoped to it.
+pub async fn fixture(model: &ScriptedModel) -> (Runtime, subagents::AgentHandle, SeamRecorder) {
+    let rt = seam_runtime(model).await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    (rt, parent, recorder)
+}
+
+/// Starts a continuable grandchild under the resident child `child`, as the child's own tool
+/// would.
+pub async fn grandchild(rt: &Runtime, child: &subagents::AgentRef) -> subagents::ContinuableStart {
+    rt.subagents()
+        .start_continuable(subagents::ContinuableStartSpec::new(
+            "spawn",
+            "grandchild task",
+            child,
+            text("grandchild task"),
+        ))
+        .await
+        .expect("the grandchild starts")
+}
+
+/// A seam runtime over a fault-injecting in-memory store, and a root parent.
+pub async fn faulty(
+    model: &ScriptedModel,
+) -> (
+    Runtime,
+    Arc<subagents::testing::FaultInjectingStore>,
+    subagents::AgentHandle,
+) {
+    let faults = Arc::new(subagents::testing::FaultInjectingStore::new(Arc::new(
+        MemoryStore::new(),
+    )));
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        faults.clone(),
+    )
+    .await;
+    let parent = root(&rt).await;
+    (rt, faults, parent)
+}
+
+/// Collects this thread's `tracing` output at WARN and above while it lives.
+pub struct Warnings {
+    buffer: Arc<Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+/// A writer appending to a shared buffer.
+struct SharedWriter(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for SharedWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Warnings {
+    /// Captures on this thread: the manager, the agents and their spawned tasks all run on the
+    /// test's single-threaded actix system (no worker pool is configured).
+    pub fn capture() -> Self {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&buffer);
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || SharedWriter(Arc::clone(&sink)))
+            .finish();
+        Self {
+            buffer,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.buffer.lock().unwrap()).into_owned()
+    }
+}

@@ -14,10 +14,15 @@ mod agent_turn;
 mod continuable;
 /// Continuable children: per-child budgets of turns, tokens and wall time.
 mod continuable_budget;
+/// Continuable children at the edges: notices, collisions, cancellation, policy, the lifecycle
+/// invariant.
+mod continuable_edges;
 /// Continuable children: the model-based property test over random forests.
 mod continuable_model;
 /// Continuable children: teardown failures, drains, notices to a closing lineage, setup, policy.
 mod continuable_teardown;
+/// Continuable children in narrow windows: races with tokens, drains, the final flush.
+mod continuable_windows;
 /// Killing a writer process mid-turn and recovering its store.
 mod crash;
 /// The error surface: every code's string is pinned.

@@ -302,6 +302,10 @@ async fn drive(
             return Ok(turn_ending);
         }
         ctx.reserve().await?;
+        // A cancel that landed while the queue was full must not open a step.
+        if ctx.cancel.is_cancelled() {
+            return Err(Fault::Aborted);
+        }
         ctx.scope.step_entered(&pre_step);
         step += 1;
         if step == 1 {

@@ -9,6 +9,7 @@ pub mod continuable;
 pub mod depth;
 pub mod descriptor;
 pub mod events;
+pub mod invariant;
 pub mod provider;
 pub mod request;
 pub mod result;
@@ -27,6 +28,7 @@ pub use descriptor::{
     DelegationMode, SubagentDescriptor, BUDGETED_DESCRIPTOR_VERSION, SUBAGENT_DESCRIPTOR_VERSION,
 };
 pub use events::{SubagentEvent, SubagentRunEndInfo, SubagentRunInfo};
+pub use invariant::LifecycleInvariant;
 pub use provider::{
     ContinuableCreateRequest, ContinuableCreateSpec, PrepareContinuable, SubagentProvider,
 };
