@@ -15,7 +15,8 @@
 //!   growth per resident child, the latency of 1,000 follow-ups enqueued to resident children
 //!   (p50 and p99), and the time to drain the whole forest.
 //!
-//! Run with `cargo bench --bench continuable` (`-- scale` for the scale pass alone).
+//! Run with `cargo bench --bench continuable` (`-- scale` for the scale pass alone;
+//! `SUBAGENTS_SCALE=20000,50000` for other sizes).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -322,8 +323,18 @@ fn scale_pass(_: &mut Criterion) {
     {
         return;
     }
+    // `SUBAGENTS_SCALE=20000,50000` picks other sizes.
+    let sizes: Vec<usize> = std::env::var("SUBAGENTS_SCALE")
+        .ok()
+        .map(|sizes| {
+            sizes
+                .split(',')
+                .filter_map(|size| size.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_else(|| vec![10_000, 100_000]);
     let system = System::new();
-    for n in [10_000, 100_000] {
+    for n in sizes {
         system.block_on(scale(n));
     }
 }

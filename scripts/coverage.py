@@ -29,9 +29,6 @@ for f in sorted(glob.glob('tests/*.rs'))+sorted(glob.glob('src/**/*.rs',recursiv
                     ported.setdefault(i,[]).append(f'{mod}::{fm.group(1)}'+(f' {note}' if note else ''))
                 break
 na={
- 'SVC-05':'n/a — the runtime always builds the continuation manager with its agents service; there is no composition without one',
- 'SVC-06':'n/a — as SVC-05',
- 'SVC-07':'n/a — as SVC-05',
  'CONT-02':'n/a — not a seed behavior: the manager always mints the child id (seed-differences row 4)',
  'CONT-34':'n/a — `drainContinuableChildren` is not on the seed API (seed-differences row 5)',
  'CONT-35':'n/a — as CONT-34',
@@ -49,6 +46,10 @@ na={
  'RSET-04':'n/a — as RSET-03',
  'DINH-05':'n/a — the seam only asks whether an approval service exists (host-runtime §1 lists approval prompts as not used by the seam), and this runtime composes none: an escalation can never reach an answerer, because a pre-execute `Ask` is refused outright (seam_structured::a_pre_execute_listener_can_deny_and_an_ask_without_approval_is_refused); the pin itself is DINH-01/DINH-04. Porting the test needs an approval service with asked/decided events and sandbox escalation, which belong to the host, not the seam',
  'PRESET-01':'n/a — presets are out of scope (seed-differences #10)',
+ 'CONT-08':'n/a — lifecycle dispatch is contained (EventBus::emit): a failing or panicking subagent/start listener is logged and never reaches the emitter, so publication cannot fail and there is nothing unpublished to roll back (continuable_windows::a_failing_start_listener_cannot_roll_a_start_back pins the containment)',
+ 'CONT-28':'n/a — the store is fixed when the runtime is built and cannot be unloaded, and a continuable child requires one (CONT-04): a final flush with no participant cannot arise',
+ 'CONT-72':'n/a — an agent has no maintenance phase: a waking send to an idle agent opens its turn at once, so accepted work never waits without a turn that could claim it',
+ 'CINH-05':'n/a — there is no sandbox service, so a live child has no way to switch its own sandbox after delegation',
 }
 pending={
  'CONT':'pending — continuable children (issue #8)','CINH':'pending — continuable children (issue #8)',

@@ -117,7 +117,8 @@ async fn a_provider_without_prepare_continuable_is_refused_before_anything_exist
     assert_eq!(rt.agents().list().await.len(), 1, "only the parent exists");
 }
 
-// CONT-04
+// CONT-04 SVC-07 (adapted: the runtime always binds its manager; persistence is the service a
+// runtime can lack)
 #[actix_rt::test]
 async fn a_runtime_without_persistence_refuses_continuable_children() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
@@ -142,6 +143,44 @@ async fn a_runtime_without_persistence_refuses_continuable_children() {
         .await
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::PersistenceUnavailable);
+    // A follow-up cannot cold-resume without a store either, and nothing was left behind.
+    let error = followup_child(&rt, parent.agent(), SessionId::new(), "more")
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::PersistenceUnavailable);
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
+    assert_eq!(rt.agents().list().await.len(), 1, "only the parent is live");
+}
+
+// SVC-05 SVC-06 (adapted: the manager is always bound; its teardown is not public, and with
+// nothing continuable bound a drain and an interrupt are accepted no-ops)
+#[actix_rt::test]
+async fn with_nothing_continuable_a_drain_and_an_interrupt_are_accepted_no_ops() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let (rt, parent, recorder) = fixture(&model).await;
+    within(
+        "a drain with no children",
+        rt.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .expect("a drain of nothing succeeds");
+    rt.subagents()
+        .interrupt(
+            SessionId::new(),
+            InterruptAuthority::User {
+                parent_session_id: parent.agent().id(),
+            },
+        )
+        .await
+        .expect("an interrupt of an unbound target is an accepted no-op");
+    assert!(recorder.events().is_empty());
+    assert_eq!(rt.agents().list().await.len(), 1);
+    assert_eq!(
+        parent.agent().log().last_turn(),
+        0,
+        "the parent was never woken"
+    );
 }
 
 // CONT-09 CONT-10
