@@ -1,6 +1,6 @@
 //! Provides per-agent budgets: [`Budget`] (limits on turns, model tokens and wall time),
 //! [`BudgetSpent`] (what an agent has used, folded from its log) and the crate's
-//! [`BudgetMeter`], which the turn driver charges as it runs.
+//! `BudgetMeter`, which the turn driver charges as it runs.
 //!
 //! The runtime enforces a budget at three points, so the turn that crosses a limit is the one
 //! that ends with `budget-exhausted`:
