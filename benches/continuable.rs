@@ -55,12 +55,14 @@ async fn fixture() -> Fixture {
 /// A runtime over `store` with `spawn` registered and one root parent; the parent answers each
 /// settled notice with one scripted step.
 async fn fixture_on(store: Arc<dyn SessionPersistence>) -> Fixture {
+    fixture_with(store, ScriptedModel::repeating(ScriptStep::text("done"))).await
+}
+
+/// [`fixture_on`] with `model` answering every agent.
+async fn fixture_with(store: Arc<dyn SessionPersistence>, model: ScriptedModel) -> Fixture {
     let rt = Runtime::builder()
         .shared_store(store)
-        .model(
-            "scripted",
-            ScriptedModel::repeating(ScriptStep::text("done")),
-        )
+        .model("scripted", model)
         .build()
         .expect("runtime builds");
     rt.subagents()
@@ -249,33 +251,12 @@ fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
 /// One scale pass with `n` resident children (see the module docs).
 async fn scale(n: usize) {
     let gate = subagents::testing::Gate::new();
-    let rt = Runtime::builder()
-        .store(MemoryStore::new())
-        .model(
-            "scripted",
-            ScriptedModel::repeating(ScriptStep::text("held").gated(&gate)),
-        )
-        .build()
-        .expect("runtime builds");
-    rt.subagents()
-        .register_provider(SpawnInProcess::default())
-        .await
-        .expect("spawn registers")
-        .keep();
-    let parent = rt
-        .agents()
-        .create(CreateAgent::new())
-        .await
-        .expect("parent");
-    let fixture = Fixture {
-        rt: rt.clone(),
-        parent,
-        ended: mpsc::unbounded_channel().1,
-        _subscription: rt
-            .subagents()
-            .events()
-            .subscribe(EventScope::All, |_: &SubagentEvent| {}),
-    };
+    let fixture = fixture_with(
+        Arc::new(MemoryStore::new()),
+        ScriptedModel::repeating(ScriptStep::text("held").gated(&gate)),
+    )
+    .await;
+    let rt = fixture.rt.clone();
     let before = rss_bytes();
     let began = Instant::now();
     let mut children = Vec::with_capacity(n);

@@ -15,8 +15,8 @@ use subagents::{
 };
 
 use crate::support::{
-    delivered, ends_of, eventually, fixture, followup_child, grandchild, idle_after_turns, notices,
-    persisted, root, seam_runtime, settled, start_continuable, text, turn_ends, within,
+    delivered, ends_of, eventually, fixture, followup_child, held_forest, idle_after_turns,
+    notices, persisted, root, seam_runtime, settled, start_continuable, text, turn_ends, within,
     SeamRecorder,
 };
 
@@ -719,12 +719,8 @@ async fn a_waiting_child_is_woken_and_settles_after_its_grandchild() {
     model.push(ScriptStep::text("child works").gated(&child_gate));
     model.push(ScriptStep::text("grandchild works").gated(&grand_gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start_continuable(&rt, parent.agent(), "child task").await;
-    child_gate.reached().await;
-    let child = rt.agents().get(started.child_id).await.unwrap();
-    let grand = grandchild(&rt, &child).await;
+    let (started, child, grand) = held_forest(&rt, parent.agent(), &child_gate, &grand_gate).await;
     child_gate.release();
-    grand_gate.reached().await;
     within("the child's turn", child.when_idle()).await;
     // Waiting: idle, but it owns a running grandchild.
     assert!(
@@ -787,11 +783,7 @@ async fn shutdown_drains_every_forest_child_first() {
     model.push(ScriptStep::text("child").gated(&child_gate));
     model.push(ScriptStep::text("grandchild").gated(&grand_gate));
     let (rt, parent, _) = fixture(&model).await;
-    let started = start_continuable(&rt, parent.agent(), "task").await;
-    child_gate.reached().await;
-    let child = rt.agents().get(started.child_id).await.unwrap();
-    let grand = grandchild(&rt, &child).await;
-    grand_gate.reached().await;
+    let (started, _child, grand) = held_forest(&rt, parent.agent(), &child_gate, &grand_gate).await;
     let disposed = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = Arc::clone(&disposed);
     let _subscription =
@@ -1105,11 +1097,7 @@ async fn an_interrupt_stops_only_its_target() {
     model.push(ScriptStep::text("child").gated(&child_gate));
     model.push(ScriptStep::text("grandchild").gated(&grand_gate));
     let (rt, parent, recorder) = fixture(&model).await;
-    let started = start_continuable(&rt, parent.agent(), "task").await;
-    child_gate.reached().await;
-    let child = rt.agents().get(started.child_id).await.unwrap();
-    let grand = grandchild(&rt, &child).await;
-    grand_gate.reached().await;
+    let (started, child, grand) = held_forest(&rt, parent.agent(), &child_gate, &grand_gate).await;
     // A deep exact live ancestor interrupts the child only.
     rt.subagents()
         .interrupt(

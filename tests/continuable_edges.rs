@@ -27,9 +27,9 @@ use subagents::{
 };
 
 use crate::support::{
-    delivered, ends_of, eventually, faulty, fixture, followup_child, grandchild, idle_after_turns,
-    persisted, root, run_prompt, seam_runtime_from, settled, start_continuable, start_run, text,
-    turn_ends, within, SeamRecorder, Warnings,
+    delivered, ends_of, eventually, faulty, fixture, followup_child, grandchild, held_forest,
+    idle_after_turns, persisted, root, run_prompt, seam_runtime_from, settled, start_continuable,
+    start_run, text, turn_ends, within, SeamRecorder, Warnings,
 };
 
 const STOPPED: &str = "was stopped before it finished.";
@@ -581,11 +581,7 @@ async fn an_interrupt_after_a_drain_opened_the_disposal_signals_nothing_more() {
     model.push(ScriptStep::text("child").gated(&child_gate));
     model.push(ScriptStep::text("grandchild").gated(&grand_gate));
     let (rt, faults, parent) = faulty(&model).await;
-    let started = start_continuable(&rt, parent.agent(), "child task").await;
-    child_gate.reached().await;
-    let child = rt.agents().get(started.child_id).await.unwrap();
-    grandchild(&rt, &child).await;
-    grand_gate.reached().await;
+    let (started, child, _) = held_forest(&rt, parent.agent(), &child_gate, &grand_gate).await;
     // The grandchild's release waits at the store, so the child's teardown (which waits for
     // its grandchild first) keeps the child's agent alive to be inspected.
     faults.hold(StoreOperation::ReleaseLease);

@@ -3,31 +3,25 @@
 //! flush before release, teardown failures on the terminal edge, and epochs that keep their own
 //! output (CONT-14, 23, 24, 29, 39, 40, 44, 45, 47, 48, 52, 53, 55, 56, 57, 59, 60, 62).
 //!
-//! `ScopedStore` fails or holds one operation for one session only (the shared
-//! `FaultInjectingStore` arms an operation for every session), and `support::Warnings` captures the
-//! warnings the runtime logs instead of failing.
+//! `support::Warnings` captures the warnings the runtime logs instead of failing.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures::future::{self, BoxFuture};
-use serde_json::{json, Value};
-use subagents::store::{ListedSession, StoredSession};
+use serde_json::json;
 use subagents::testing::{Gate, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
-    AgentEvent, AgentEventKind, AgentHandle, AgentRef, AgentScope, BlockType, CallId, CancelCause,
+    AgentEvent, AgentEventKind, AgentRef, AgentScope, BlockType, CallId, CancelCause,
     CancellationToken, ContentBlock, ContinuableStart, ContinuableStartSpec, ErrorCode, EventKind,
-    EventScope, FinishReason, FollowupOptions, InboxPolicy, Lease, LeaseEpoch, LeaseHolder,
-    MemoryStore, MessageSource, ResumeAgent, Runtime, SessionEvent, SessionHeader, SessionId,
-    SessionPersistence, SetupDisposer, SharedStore, StopReason, StreamChunk, SubagentError,
-    SubagentEvent, TokenUsage, TurnEndReason,
+    EventScope, FinishReason, FollowupOptions, InboxPolicy, MessageSource, ResumeAgent, Runtime,
+    SessionEvent, SessionId, SetupDisposer, StopReason, StreamChunk, SubagentError, SubagentEvent,
+    TokenUsage, TurnEndReason,
 };
 
 use crate::support::{
-    delivered, ends_of, eventually, faulty, fixture, followup_child, grandchild, idle_after_turns,
-    persisted, root, run_prompt, seam_runtime, seam_runtime_on, settled, start_continuable, text,
-    turn_ends, within, EventRecorder, SeamRecorder, Warnings,
+    delivered, ends_of, eventually, faulty, fixture, followup_child, held_forest, idle_after_turns,
+    persisted, root, run_prompt, seam_runtime, settled, start_continuable, text, turn_ends, within,
+    EventRecorder, SeamRecorder, Warnings,
 };
 
 /// How many model requests `session` made.
@@ -48,194 +42,6 @@ async fn settled_once(
     ends_of(recorder, child).remove(0)
 }
 
-/// A store that fails chosen operations of chosen sessions only (`FaultInjectingStore` arms an
-/// operation for every session at once), and can hold cold inspections at a gate.
-struct ScopedStore {
-    inner: SharedStore,
-    failing_appends: Mutex<HashSet<SessionId>>,
-    failing_releases: Mutex<HashSet<SessionId>>,
-    inspect_gate: Mutex<Option<Gate>>,
-    abandoned_inspections: Arc<AtomicUsize>,
-}
-
-impl ScopedStore {
-    fn new() -> Self {
-        Self {
-            inner: Arc::new(MemoryStore::new()),
-            failing_appends: Mutex::new(HashSet::new()),
-            failing_releases: Mutex::new(HashSet::new()),
-            inspect_gate: Mutex::new(None),
-            abandoned_inspections: Arc::new(AtomicUsize::new(0)),
-        }
-    }
-
-    /// Every later append to `id` fails with `STORE_IO` (which faults its live log).
-    fn fail_appends(&self, id: SessionId) {
-        self.failing_appends.lock().unwrap().insert(id);
-    }
-
-    /// Every later lease release of `id` fails with `STORE_IO`.
-    fn fail_releases(&self, id: SessionId) {
-        self.failing_releases.lock().unwrap().insert(id);
-    }
-
-    /// Every later inspection waits at `gate` before reading.
-    fn hold_inspections(&self, gate: &Gate) {
-        *self.inspect_gate.lock().unwrap() = Some(gate.clone());
-    }
-
-    /// How many held inspections were dropped before they finished.
-    fn abandoned_inspections(&self) -> usize {
-        self.abandoned_inspections.load(Ordering::SeqCst)
-    }
-
-    fn injected(what: &str, id: SessionId) -> BoxFuture<'static, subagents::Result<()>> {
-        let error = SubagentError::new(
-            ErrorCode::StoreIo,
-            format!("injected {what} failure for {id}"),
-        );
-        Box::pin(future::ready(Err(error)))
-    }
-}
-
-/// Counts an inspection dropped before it finished.
-struct Abandoned {
-    count: Arc<AtomicUsize>,
-    finished: bool,
-}
-
-impl Drop for Abandoned {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.count.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-}
-
-impl SessionPersistence for ScopedStore {
-    fn create(
-        &self,
-        header: SessionHeader,
-        events: Vec<Arc<SessionEvent>>,
-    ) -> BoxFuture<'_, subagents::Result<()>> {
-        self.inner.create(header, events)
-    }
-
-    fn append(
-        &self,
-        id: SessionId,
-        expected_next_seq: u64,
-        events: Vec<Arc<SessionEvent>>,
-        lease: Option<LeaseEpoch>,
-    ) -> BoxFuture<'_, subagents::Result<()>> {
-        if self.failing_appends.lock().unwrap().contains(&id) {
-            return Self::injected("append", id);
-        }
-        self.inner.append(id, expected_next_seq, events, lease)
-    }
-
-    fn flush(&self, id: SessionId) -> BoxFuture<'_, subagents::Result<()>> {
-        self.inner.flush(id)
-    }
-
-    fn list(&self) -> BoxFuture<'_, subagents::Result<Vec<ListedSession>>> {
-        self.inner.list()
-    }
-
-    fn list_children(
-        &self,
-        parent: SessionId,
-    ) -> BoxFuture<'_, subagents::Result<Vec<ListedSession>>> {
-        self.inner.list_children(parent)
-    }
-
-    fn header(&self, id: SessionId) -> BoxFuture<'_, subagents::Result<SessionHeader>> {
-        self.inner.header(id)
-    }
-
-    fn read_from(
-        &self,
-        id: SessionId,
-        from_seq: u64,
-    ) -> BoxFuture<'_, subagents::Result<Vec<SessionEvent>>> {
-        self.inner.read_from(id, from_seq)
-    }
-
-    fn acquire_lease(
-        &self,
-        id: SessionId,
-        holder: LeaseHolder,
-    ) -> BoxFuture<'_, subagents::Result<Lease>> {
-        self.inner.acquire_lease(id, holder)
-    }
-
-    fn renew_lease(
-        &self,
-        id: SessionId,
-        epoch: LeaseEpoch,
-    ) -> BoxFuture<'_, subagents::Result<()>> {
-        self.inner.renew_lease(id, epoch)
-    }
-
-    fn release_lease(
-        &self,
-        id: SessionId,
-        epoch: LeaseEpoch,
-    ) -> BoxFuture<'_, subagents::Result<()>> {
-        if self.failing_releases.lock().unwrap().contains(&id) {
-            return Self::injected("release", id);
-        }
-        self.inner.release_lease(id, epoch)
-    }
-
-    fn cache_get(
-        &self,
-        unit: &str,
-        id: SessionId,
-    ) -> BoxFuture<'_, subagents::Result<Option<Value>>> {
-        self.inner.cache_get(unit, id)
-    }
-
-    fn cache_put(
-        &self,
-        unit: &str,
-        id: SessionId,
-        row: Value,
-    ) -> BoxFuture<'_, subagents::Result<()>> {
-        self.inner.cache_put(unit, id, row)
-    }
-
-    fn inspect(&self, id: SessionId) -> BoxFuture<'_, subagents::Result<StoredSession>> {
-        let gate = self.inspect_gate.lock().unwrap().clone();
-        let Some(gate) = gate else {
-            return self.inner.inspect(id);
-        };
-        let abandoned = Abandoned {
-            count: Arc::clone(&self.abandoned_inspections),
-            finished: false,
-        };
-        Box::pin(async move {
-            // Moved whole: the guard must live as long as the inspection.
-            let mut abandoned = abandoned;
-            gate.pass().await;
-            let stored = self.inner.inspect(id).await;
-            abandoned.finished = true;
-            stored
-        })
-    }
-}
-
-async fn scoped(model: &ScriptedModel) -> (Runtime, Arc<ScopedStore>, AgentHandle) {
-    let store = Arc::new(ScopedStore::new());
-    let rt = seam_runtime_on(
-        Runtime::builder().model("scripted", model.clone()),
-        store.clone(),
-    )
-    .await;
-    let parent = root(&rt).await;
-    (rt, store, parent)
-}
-
 /// A resident child idle-waiting on its grandchild, which is held mid-turn at `grand_gate`;
 /// everything the grandchild logged so far is already in the store.
 async fn waiting_forest(
@@ -244,12 +50,8 @@ async fn waiting_forest(
     child_gate: &Gate,
     grand_gate: &Gate,
 ) -> (ContinuableStart, ContinuableStart) {
-    let started = start_continuable(rt, parent, "child task").await;
-    child_gate.reached().await;
-    let child = rt.agents().get(started.child_id).await.unwrap();
-    let grand = grandchild(rt, &child).await;
+    let (started, child, grand) = held_forest(rt, parent, child_gate, grand_gate).await;
     child_gate.release();
-    grand_gate.reached().await;
     within("the child's turn", child.when_idle()).await;
     let grand_agent = rt.agents().get(grand.child_id).await.unwrap();
     grand_agent.log().drain().await.unwrap();
@@ -599,12 +401,11 @@ async fn a_stale_scoped_root_leaves_its_live_same_id_agent_alone() {
 #[actix_rt::test]
 async fn a_cold_inspection_is_abandoned_when_the_callers_token_fires() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    let (rt, store, parent) = scoped(&model).await;
+    let (rt, store, parent) = faulty(&model).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
     let started = start_continuable(&rt, parent.agent(), "task").await;
     settled(&recorder, started.child_id, 1).await;
-    let inspecting = Gate::new();
-    store.hold_inspections(&inspecting);
+    store.hold(StoreOperation::Inspect);
     let token = CancellationToken::new();
     let delivery = rt.subagents().followup(
         parent.agent(),
@@ -612,13 +413,13 @@ async fn a_cold_inspection_is_abandoned_when_the_callers_token_fires() {
         text("cancel me"),
         FollowupOptions::new(MessageSource::User).cancel(token.clone()),
     );
-    within("the cold inspection", inspecting.reached()).await;
+    within("the cold inspection", store.held_calls(1)).await;
     token.cancel();
     let error = within("the follow-up", delivery).await.unwrap_err();
     assert_eq!(error.code(), ErrorCode::Cancelled);
-    // The gate never opens: the follow-up returned because the inspection was dropped.
+    // The hold is never released: the follow-up returned because the inspection was dropped.
     eventually("the held inspection to be abandoned", || {
-        store.abandoned_inspections() == 1
+        store.abandoned_calls() == 1
     })
     .await;
     assert!(
@@ -941,18 +742,14 @@ async fn a_refused_submission_leaves_no_accepted_id_behind() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("child works").gated(&child_gate));
     model.push(ScriptStep::text("grandchild works").gated(&grand_gate));
-    let (rt, store, parent) = scoped(&model).await;
+    let (rt, store, parent) = faulty(&model).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    let started = start_continuable(&rt, parent.agent(), "child task").await;
-    child_gate.reached().await;
-    let child = rt.agents().get(started.child_id).await.unwrap();
-    let _grand = grandchild(&rt, &child).await;
+    let (started, child, _grand) = held_forest(&rt, parent.agent(), &child_gate, &grand_gate).await;
     child_gate.release();
-    grand_gate.reached().await;
     within("the child's turn", child.when_idle()).await;
     // Waiting on its grandchild, the child stays resident. Its next durable write fails, which
     // faults it: from then on its inbox refuses every submission.
-    store.fail_appends(started.child_id);
+    store.arm_for(StoreOperation::Append, started.child_id);
     child
         .inject(text("poke"), MessageSource::User)
         .await
@@ -985,13 +782,13 @@ async fn a_branch_that_fails_before_release_is_reported_on_the_terminal_edge() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("child works").gated(&child_gate));
     model.push(ScriptStep::text("grandchild works").gated(&grand_gate));
-    let (rt, store, parent) = scoped(&model).await;
+    let (rt, store, parent) = faulty(&model).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
     let (started, grand) = waiting_forest(&rt, parent.agent(), &child_gate, &grand_gate).await;
     // The drain's cancel makes the grandchild log its turn's end; that write fails, so the
     // grandchild's release fails: a failure inside the child's teardown before the child's own
     // handle is disposed (which succeeds).
-    store.fail_appends(grand.child_id);
+    store.arm_for(StoreOperation::Append, grand.child_id);
     let error = within(
         "the drain",
         rt.subagents()
@@ -1019,12 +816,12 @@ async fn failures_before_and_at_release_are_reported_together() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("child works").gated(&child_gate));
     model.push(ScriptStep::text("grandchild works").gated(&grand_gate));
-    let (rt, store, parent) = scoped(&model).await;
+    let (rt, store, parent) = faulty(&model).await;
     let (started, grand) = waiting_forest(&rt, parent.agent(), &child_gate, &grand_gate).await;
     // Before release: the grandchild branch fails (as in CONT-55). At release: the child's own
     // handle fails to release its lease.
-    store.fail_appends(grand.child_id);
-    store.fail_releases(started.child_id);
+    store.arm_for(StoreOperation::Append, grand.child_id);
+    store.arm_for(StoreOperation::ReleaseLease, started.child_id);
     let error = within(
         "the drain",
         rt.subagents()
@@ -1035,7 +832,10 @@ async fn failures_before_and_at_release_are_reported_together() {
     assert_eq!(error.code(), ErrorCode::ActivationTeardownFailed);
     let message = error.to_string();
     assert!(message.contains("child teardown failed"), "{message}");
-    assert!(message.contains("injected release failure"), "{message}");
+    assert!(
+        message.contains("injected ReleaseLease failure"),
+        "{message}"
+    );
     assert!(
         rt.agents().get(started.child_id).await.is_none(),
         "released anyway"

@@ -390,6 +390,31 @@ pub async fn grandchild(rt: &Runtime, child: &subagents::AgentRef) -> subagents:
         .expect("the grandchild starts")
 }
 
+/// A child of `parent` held mid-turn at `child_gate`, and a grandchild started under it held
+/// mid-turn at `grand_gate` (the model must hand out the child's gated step first): the
+/// child's start, its live agent, and the grandchild's start.
+pub async fn held_forest(
+    rt: &Runtime,
+    parent: &subagents::AgentRef,
+    child_gate: &subagents::testing::Gate,
+    grand_gate: &subagents::testing::Gate,
+) -> (
+    subagents::ContinuableStart,
+    subagents::AgentRef,
+    subagents::ContinuableStart,
+) {
+    let started = start_continuable(rt, parent, "child task").await;
+    child_gate.reached().await;
+    let child = rt
+        .agents()
+        .get(started.child_id)
+        .await
+        .expect("the held child is live");
+    let grand = grandchild(rt, &child).await;
+    grand_gate.reached().await;
+    (started, child, grand)
+}
+
 /// A seam runtime over a fault-injecting in-memory store, and a root parent.
 pub async fn faulty(
     model: &ScriptedModel,

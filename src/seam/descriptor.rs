@@ -33,6 +33,22 @@ pub const BUDGETED_DESCRIPTOR_VERSION: u64 = 3;
 /// The event type of a descriptor.
 pub const DESCRIPTOR_EVENT: &str = "subagent/descriptor";
 
+/// The fields a one-shot descriptor may carry.
+const ONE_SHOT_FIELDS: &[&str] = &["version", "mode", "provider", "label"];
+
+/// The fields a version-3 continuable descriptor may carry; version 2 has all but `budget`.
+const CONTINUABLE_FIELDS: &[&str] = &[
+    "version",
+    "mode",
+    "provider",
+    "label",
+    "agentProvider",
+    "agentModel",
+    "persona",
+    "toolFilter",
+    "budget",
+];
+
 /// How a child was delegated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DelegationMode {
@@ -173,29 +189,13 @@ impl SubagentDescriptor {
             Some("continuable") => DelegationMode::Continuable,
             _ => return Err(invalid("mode must be \"one-shot\" or \"continuable\"")),
         };
-        let allowed: &[&str] = match (mode, budgeted) {
-            (DelegationMode::OneShot, _) => &["version", "mode", "provider", "label"],
-            (DelegationMode::Continuable, true) => &[
-                "version",
-                "mode",
-                "provider",
-                "label",
-                "agentProvider",
-                "agentModel",
-                "persona",
-                "toolFilter",
-                "budget",
-            ],
-            (DelegationMode::Continuable, false) => &[
-                "version",
-                "mode",
-                "provider",
-                "label",
-                "agentProvider",
-                "agentModel",
-                "persona",
-                "toolFilter",
-            ],
+        let allowed = match (mode, budgeted) {
+            (DelegationMode::OneShot, _) => ONE_SHOT_FIELDS,
+            (DelegationMode::Continuable, true) => CONTINUABLE_FIELDS,
+            // The seed's version has every continuable field but the budget (the last one).
+            (DelegationMode::Continuable, false) => {
+                &CONTINUABLE_FIELDS[..CONTINUABLE_FIELDS.len() - 1]
+            }
         };
         if let Some(unknown) = map.keys().find(|key| !allowed.contains(&key.as_str())) {
             return Err(invalid(&format!("payload has unknown field \"{unknown}\"")));

@@ -1,14 +1,18 @@
 //! Provides [`FaultInjectingStore`]: a [`SessionPersistence`] wrapper that fails chosen
-//! operations on demand, or holds them until released, so tests reach the error paths of every
-//! store I/O and the backpressure of a slow store.
+//! operations on demand (of every session, or of one), or holds them until released, so tests
+//! reach the error paths of every store I/O, the backpressure of a slow store, and the calls a
+//! caller abandons while they wait.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
-use super::{Lease, LeaseEpoch, LeaseHolder, ListedSession, SessionPersistence, SharedStore};
+use super::{
+    Lease, LeaseEpoch, LeaseHolder, ListedSession, SessionPersistence, SharedStore, StoredSession,
+};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
@@ -24,6 +28,8 @@ pub enum StoreOperation {
     Flush,
     /// [`SessionPersistence::read_from`] and [`SessionPersistence::header`].
     Read,
+    /// [`SessionPersistence::inspect`] (a cold child's read before a resume).
+    Inspect,
     /// [`SessionPersistence::acquire_lease`].
     AcquireLease,
     /// [`SessionPersistence::renew_lease`].
@@ -36,11 +42,28 @@ pub enum StoreOperation {
 /// operation waits until released.
 pub struct FaultInjectingStore {
     inner: SharedStore,
-    armed: Mutex<HashSet<StoreOperation>>,
+    /// Armed operations: of every session (`None`) or of one.
+    armed: Mutex<HashSet<(StoreOperation, Option<SessionId>)>>,
     held: tokio::sync::watch::Sender<HashSet<StoreOperation>>,
     /// How many calls have waited at a hold so far.
     waited: tokio::sync::watch::Sender<usize>,
-    flushes: std::sync::atomic::AtomicUsize,
+    /// How many held calls were dropped before their hold was released.
+    abandoned: Arc<AtomicUsize>,
+    flushes: AtomicUsize,
+}
+
+/// Counts a held call dropped before it got through its hold.
+struct Abandonment {
+    count: Arc<AtomicUsize>,
+    passed: bool,
+}
+
+impl Drop for Abandonment {
+    fn drop(&mut self) {
+        if !self.passed {
+            self.count.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl FaultInjectingStore {
@@ -51,7 +74,8 @@ impl FaultInjectingStore {
             armed: Mutex::new(HashSet::new()),
             held: tokio::sync::watch::Sender::new(HashSet::new()),
             waited: tokio::sync::watch::Sender::new(0),
-            flushes: std::sync::atomic::AtomicUsize::new(0),
+            abandoned: Arc::default(),
+            flushes: AtomicUsize::new(0),
         }
     }
 
@@ -88,37 +112,58 @@ impl FaultInjectingStore {
         }
         let mut released = self.held.subscribe();
         self.waited.send_modify(|waited| *waited += 1);
+        let abandonment = Abandonment {
+            count: Arc::clone(&self.abandoned),
+            passed: false,
+        };
         Box::pin(async move {
+            // Moved whole, so the guard lives exactly as long as this call.
+            let mut abandonment = abandonment;
             // The sender lives as long as `self`, which this future borrows.
             let _ = released.wait_for(|held| !held.contains(&operation)).await;
+            abandonment.passed = true;
             call().await
         })
     }
 
+    /// How many held calls their callers dropped before the hold was released.
+    pub fn abandoned_calls(&self) -> usize {
+        self.abandoned.load(Ordering::SeqCst)
+    }
+
     /// How many flushes were asked for (armed or not).
     pub fn flush_count(&self) -> usize {
-        self.flushes.load(std::sync::atomic::Ordering::SeqCst)
+        self.flushes.load(Ordering::SeqCst)
     }
 
-    /// Makes `operation` fail until [`FaultInjectingStore::disarm`].
+    /// Makes `operation` fail, for every session, until [`FaultInjectingStore::disarm`].
     pub fn arm(&self, operation: StoreOperation) {
-        self.lock().insert(operation);
+        self.lock().insert((operation, None));
     }
 
-    /// Lets `operation` through again.
+    /// Makes `operation` fail for session `id` only (creates are never per session).
+    pub fn arm_for(&self, operation: StoreOperation, id: SessionId) {
+        self.lock().insert((operation, Some(id)));
+    }
+
+    /// Lets `operation` through again, for every session it was armed for.
     pub fn disarm(&self, operation: StoreOperation) {
-        self.lock().remove(&operation);
+        self.lock().retain(|(armed, _)| *armed != operation);
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashSet<StoreOperation>> {
+    fn lock(&self) -> MutexGuard<'_, HashSet<(StoreOperation, Option<SessionId>)>> {
         self.armed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn injected<T: Send + 'static>(
         &self,
         operation: StoreOperation,
+        id: Option<SessionId>,
     ) -> Option<BoxFuture<'static, Result<T>>> {
-        self.lock().contains(&operation).then(|| {
+        let armed = self.lock();
+        let hit = armed.contains(&(operation, None))
+            || id.is_some_and(|id| armed.contains(&(operation, Some(id))));
+        hit.then(|| {
             let error = SubagentError::new(
                 ErrorCode::StoreIo,
                 format!("injected {operation:?} failure"),
@@ -134,11 +179,12 @@ impl SessionPersistence for FaultInjectingStore {
         header: SessionHeader,
         events: Vec<Arc<SessionEvent>>,
     ) -> BoxFuture<'_, Result<()>> {
-        self.injected(StoreOperation::Create).unwrap_or_else(|| {
-            self.gated(StoreOperation::Create, move || {
-                self.inner.create(header, events)
+        self.injected(StoreOperation::Create, None)
+            .unwrap_or_else(|| {
+                self.gated(StoreOperation::Create, move || {
+                    self.inner.create(header, events)
+                })
             })
-        })
     }
 
     fn append(
@@ -148,17 +194,17 @@ impl SessionPersistence for FaultInjectingStore {
         events: Vec<Arc<SessionEvent>>,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        self.injected(StoreOperation::Append).unwrap_or_else(|| {
-            self.gated(StoreOperation::Append, move || {
-                self.inner.append(id, expected_next_seq, events, lease)
+        self.injected(StoreOperation::Append, Some(id))
+            .unwrap_or_else(|| {
+                self.gated(StoreOperation::Append, move || {
+                    self.inner.append(id, expected_next_seq, events, lease)
+                })
             })
-        })
     }
 
     fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
-        self.flushes
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.injected(StoreOperation::Flush)
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        self.injected(StoreOperation::Flush, Some(id))
             .unwrap_or_else(|| self.gated(StoreOperation::Flush, move || self.inner.flush(id)))
     }
 
@@ -171,17 +217,17 @@ impl SessionPersistence for FaultInjectingStore {
     }
 
     fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
-        self.injected(StoreOperation::Read)
+        self.injected(StoreOperation::Read, Some(id))
             .unwrap_or_else(|| self.inner.header(id))
     }
 
     fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>> {
-        self.injected(StoreOperation::Read)
+        self.injected(StoreOperation::Read, Some(id))
             .unwrap_or_else(|| self.inner.read_from(id, from_seq))
     }
 
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
-        self.injected(StoreOperation::AcquireLease)
+        self.injected(StoreOperation::AcquireLease, Some(id))
             .unwrap_or_else(|| {
                 self.gated(StoreOperation::AcquireLease, move || {
                     self.inner.acquire_lease(id, holder)
@@ -190,7 +236,7 @@ impl SessionPersistence for FaultInjectingStore {
     }
 
     fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
-        self.injected(StoreOperation::RenewLease)
+        self.injected(StoreOperation::RenewLease, Some(id))
             .unwrap_or_else(|| {
                 self.gated(StoreOperation::RenewLease, move || {
                     self.inner.renew_lease(id, epoch)
@@ -199,12 +245,17 @@ impl SessionPersistence for FaultInjectingStore {
     }
 
     fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
-        self.injected(StoreOperation::ReleaseLease)
+        self.injected(StoreOperation::ReleaseLease, Some(id))
             .unwrap_or_else(|| {
                 self.gated(StoreOperation::ReleaseLease, move || {
                     self.inner.release_lease(id, epoch)
                 })
             })
+    }
+
+    fn inspect(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
+        self.injected(StoreOperation::Inspect, Some(id))
+            .unwrap_or_else(|| self.gated(StoreOperation::Inspect, move || self.inner.inspect(id)))
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
