@@ -113,6 +113,9 @@ pub(crate) enum Activity {
     Discarded(MessageId),
     /// The agent became idle (its driver exited with nothing left to run).
     Idle,
+    /// A durable write failed: the agent will never run its pending work (it refuses sends and
+    /// opens no turn), so nothing it holds is still on its way to a turn.
+    Faulted,
 }
 
 /// Receives an agent's [`Activity`]; called on the agent's thread, so it must not block.
@@ -299,6 +302,7 @@ impl AgentActor {
             });
         }
         self.emit(AgentEventKind::Faulted { error });
+        self.notify(Activity::Faulted);
     }
 
     fn discard_pending(&mut self) -> Result<()> {
@@ -443,7 +447,7 @@ impl Handler<Post> for AgentActor {
 #[rtype(result = "()")]
 pub(crate) struct Observe {
     pub(crate) observer: ActivityObserver,
-    pub(crate) budget: Option<BudgetMeter>,
+    pub(crate) budget: BudgetMeter,
 }
 
 impl Handler<Observe> for AgentActor {
@@ -451,7 +455,7 @@ impl Handler<Observe> for AgentActor {
 
     fn handle(&mut self, msg: Observe, _: &mut Context<Self>) {
         self.activity = Some(msg.observer);
-        self.budget = msg.budget;
+        self.budget = Some(msg.budget);
         if self.state.turn().is_none() {
             self.notify(Activity::Idle);
         }
@@ -836,7 +840,7 @@ impl AgentRef {
 
     /// Installs the manager's activity observer and the child's budget meter, in mailbox
     /// order.
-    pub(crate) fn observe(&self, observer: ActivityObserver, budget: Option<BudgetMeter>) {
+    pub(crate) fn observe(&self, observer: ActivityObserver, budget: BudgetMeter) {
         if let Some(addr) = self.addr() {
             addr.do_send(Observe { observer, budget });
         }

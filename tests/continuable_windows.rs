@@ -775,6 +775,59 @@ async fn a_refused_submission_leaves_no_accepted_id_behind() {
     assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
 }
 
+#[actix_rt::test]
+async fn a_stale_parent_is_refused_before_a_cold_child_is_read() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let (rt, store, parent) = faulty(&model).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let started = start_continuable(&rt, parent.agent(), "task").await;
+    settled(&recorder, started.child_id, 1).await;
+    let stale = parent.agent().clone();
+    parent.dispose().await.unwrap();
+    // Any read of the cold child would wait here; the refusal must not get that far.
+    store.hold(StoreOperation::Inspect);
+    let error = within(
+        "the refusal",
+        followup_child(&rt, &stale, started.child_id, "from the grave"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Unauthorized);
+    assert_eq!(store.abandoned_calls(), 0, "nothing was read");
+    assert!(rt.agents().get(started.child_id).await.is_none());
+}
+
+#[actix_rt::test]
+async fn a_child_that_faults_holding_accepted_work_still_settles() {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("held").gated(&gate));
+    let (rt, store, parent) = faulty(&model).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let started = start_continuable(&rt, parent.agent(), "task").await;
+    gate.reached().await;
+    // Accepted behind the running turn; the child's next durable write fails and faults it,
+    // so this follow-up can never be claimed.
+    store.arm_for(StoreOperation::Append, started.child_id);
+    followup_child(&rt, parent.agent(), started.child_id, "queued")
+        .await
+        .expect("accepted while the turn runs");
+    let child = rt.agents().get(started.child_id).await.unwrap();
+    within("the child to fault", async {
+        while !child.status().await.unwrap().faulted {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // The unclaimable message no longer holds the Activation: the epoch ends, with the fault.
+    settled(&recorder, started.child_id, 1).await;
+    assert_eq!(
+        ends_of(&recorder, started.child_id)[0].stop_reason,
+        StopReason::Error
+    );
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
+}
+
 // CONT-55
 #[actix_rt::test]
 async fn a_branch_that_fails_before_release_is_reported_on_the_terminal_edge() {

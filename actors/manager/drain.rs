@@ -119,7 +119,7 @@ impl Handler<DrainAll> for ContinuationManager {
 /// Internal: opens every forest root's disposal (their owned children follow top-down).
 #[derive(Message)]
 #[rtype(result = "Vec<Disposal>")]
-pub(crate) struct DrainRoots;
+struct DrainRoots;
 
 impl Handler<DrainRoots> for ContinuationManager {
     type Result = MessageResult<DrainRoots>;

@@ -52,6 +52,16 @@ impl Handler<Followup> for ContinuationManager {
                 Ok(Routed::Retry)
             });
         }
+        // A stale parent is refused before anything is read or leased (`Install` checks again
+        // after the awaits).
+        if !msg.parent.is_alive() {
+            let parent = msg.parent.id();
+            return Box::pin(async move {
+                Err(unauthorized(format!(
+                    "agent {parent} is not live and cannot resume its continuable child"
+                )))
+            });
+        }
         let guard = self.register_materialization(lineage.clone(), Some(msg.child), ctx);
         let resume = ColdResume {
             manager: ctx.address(),

@@ -182,7 +182,7 @@ impl Handler<Install> for ContinuationManager {
             Arc::new(move |child, activity| {
                 manager.do_send(AgentActivity { child, activity });
             }),
-            Some(budget.clone()),
+            budget.clone(),
         );
         let activation = Activation::new(handle, boundary).start();
         let mut ancestry = Vec::with_capacity(lineage.len() + 1);

@@ -494,6 +494,9 @@ impl Handler<AgentActivity> for ContinuationManager {
                 resident.accepted.remove(&id);
             }
             Activity::Idle => resident.busy = false,
+            // Accepted work a faulted agent holds will never be claimed: it no longer keeps
+            // the Activation resident, so the child settles (its teardown reports the fault).
+            Activity::Faulted => resident.accepted.clear(),
         }
         self.evaluate(msg.child, ctx);
     }
