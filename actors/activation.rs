@@ -11,7 +11,7 @@
 //! facts and stops.
 
 use actix::prelude::*;
-use futures::future::{join_all, BoxFuture, Shared};
+use futures::future::{BoxFuture, Shared};
 
 use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -23,6 +23,20 @@ use crate::stop_reason::StopReason;
 
 /// A disposal in progress, shared by everyone who waits for it.
 pub(crate) type Disposal = Shared<BoxFuture<'static, Result<()>>>;
+
+/// Waits for every disposal in `disposals` and answers their outcomes in order.
+///
+/// Each disposal is driven by a task of its own, so a waiter only observes it: awaiting them
+/// one after another costs each one poll when it is over. A concurrent join would instead keep
+/// a hundred thousand of them in one poll set, re-polling them whenever the runtime's
+/// cooperative budget runs out, which made a large drain quadratic.
+pub(crate) async fn outcomes(disposals: Vec<Disposal>) -> Vec<Result<()>> {
+    let mut outcomes = Vec::with_capacity(disposals.len());
+    for disposal in disposals {
+        outcomes.push(disposal.await);
+    }
+    outcomes
+}
 
 /// How an epoch ended, as the parent's notice and `subagent/end` report it.
 #[derive(Debug, Clone)]
@@ -88,7 +102,7 @@ impl Handler<Teardown> for Activation {
         Box::pin(
             async move {
                 let mut failures = Vec::new();
-                let children = join_all(msg.children).await;
+                let children = outcomes(msg.children).await;
                 let failed_children = children.iter().filter(|outcome| outcome.is_err()).count();
                 if failed_children > 0 {
                     failures.push(format!(

@@ -2,6 +2,7 @@
 //! aggregating failures.
 
 use super::*;
+use crate::actors::activation::outcomes;
 
 /// Combines teardown outcomes: `Ok`, the one failure, or one aggregate naming them all.
 fn aggregate(outcomes: Vec<Result<()>>) -> Result<()> {
@@ -86,7 +87,7 @@ impl Handler<DrainDescendants> for ContinuationManager {
         }
         Box::pin(async move {
             join_all(materializations).await;
-            aggregate(join_all(branches).await)
+            aggregate(outcomes(branches).await)
         })
     }
 }
@@ -111,7 +112,7 @@ impl Handler<DrainAll> for ContinuationManager {
         Box::pin(async move {
             join_all(materializations).await;
             let branches = manager.send(DrainRoots).await.unwrap_or_default();
-            aggregate(join_all(branches).await)
+            aggregate(outcomes(branches).await)
         })
     }
 }

@@ -5,7 +5,7 @@
 //! `agent/inbox/spliced` event **first** and only then changes the live list, so replaying the
 //! splices of a log rebuilds the pending work exactly (even after a crash).
 use std::borrow::Borrow;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
 use crate::content::Message;
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -17,6 +17,9 @@ use crate::session::{EventKind, InboxTarget, SessionEvent, SessionLog, SpliceOut
 pub struct Inbox {
     next_turn: VecDeque<Message>,
     next_step: Vec<Message>,
+    /// The ids of every pending message in both lists: a parent collecting many children's
+    /// notices must not pay a scan of its whole inbox per insert.
+    pending: HashSet<MessageId>,
 }
 
 fn len_u64(len: usize) -> u64 {
@@ -58,6 +61,12 @@ impl Inbox {
                 }
             }
         }
+        inbox.pending = inbox
+            .next_step
+            .iter()
+            .chain(&inbox.next_turn)
+            .map(|m| m.id)
+            .collect();
         inbox
     }
 
@@ -76,13 +85,6 @@ impl Inbox {
         self.next_step.len()
     }
 
-    fn contains(&self, id: MessageId) -> bool {
-        self.next_step
-            .iter()
-            .chain(&self.next_turn)
-            .any(|m| m.id == id)
-    }
-
     /// Journals and adds `message` to `target`.
     ///
     /// # Errors
@@ -94,7 +96,7 @@ impl Inbox {
         target: InboxTarget,
         message: Message,
     ) -> Result<()> {
-        if self.contains(message.id) {
+        if self.pending.contains(&message.id) {
             return Err(SubagentError::new(
                 ErrorCode::InvalidEvent,
                 format!("message {} is already pending", message.id),
@@ -111,6 +113,7 @@ impl Inbox {
             inserted: vec![message.clone()],
             outcome: None,
         })?;
+        self.pending.insert(message.id);
         match target {
             InboxTarget::NextTurn => self.next_turn.push_back(message),
             InboxTarget::NextStep => self.next_step.push(message),
@@ -122,16 +125,19 @@ impl Inbox {
     /// `target` is `next-turn`. Returns the claimed messages, `next-turn` first.
     ///
     /// # Errors
-    /// When the journal append fails; nothing is removed then.
+    /// When a journal append fails; what was not yet journaled stays pending.
     pub fn claim(&mut self, log: &SessionLog, target: InboxTarget) -> Result<Vec<Message>> {
         let mut claimed = Vec::new();
         if target == InboxTarget::NextTurn && !self.next_turn.is_empty() {
             log.append(removal(InboxTarget::NextTurn, 1, None))?;
             claimed.extend(self.next_turn.pop_front());
+            self.forget(&claimed);
         }
         if !self.next_step.is_empty() {
             log.append(removal(InboxTarget::NextStep, self.next_step.len(), None))?;
+            let from = claimed.len();
             claimed.append(&mut self.next_step);
+            self.forget(&claimed[from..]);
         }
         Ok(claimed)
     }
@@ -150,6 +156,7 @@ impl Inbox {
                 Some(SpliceOutcome::Canceled),
             ))?;
             discarded.append(&mut self.next_step);
+            self.forget(&discarded);
         }
         if !self.next_turn.is_empty() {
             log.append(removal(
@@ -157,9 +164,18 @@ impl Inbox {
                 self.next_turn.len(),
                 Some(SpliceOutcome::Canceled),
             ))?;
+            let from = discarded.len();
             discarded.extend(self.next_turn.drain(..));
+            self.forget(&discarded[from..]);
         }
         Ok(discarded)
+    }
+
+    /// Drops journaled removals from the pending ids.
+    fn forget(&mut self, removed: &[Message]) {
+        for message in removed {
+            self.pending.remove(&message.id);
+        }
     }
 }
 
