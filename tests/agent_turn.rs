@@ -549,7 +549,7 @@ async fn a_panicking_tool_is_an_error_result_and_the_agent_lives_on() {
 }
 
 #[actix_rt::test]
-async fn a_panicking_pre_step_hook_blocks_the_turn_and_the_agent_lives_on() {
+async fn a_panicking_pre_step_hook_fails_the_turn_and_the_agent_lives_on() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let rt = memory_runtime(&model);
     let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -574,7 +574,12 @@ async fn a_panicking_pre_step_hook_blocks_the_turn_and_the_agent_lives_on() {
     }
     assert_eq!(
         turn_ends(&handle.agent().log().events()),
-        [TurnEndReason::Blocked, TurnEndReason::Completed]
+        [
+            TurnEndReason::Error {
+                error: LlmFailure::new("UNKNOWN", "a pre-step hook panicked")
+            },
+            TurnEndReason::Completed
+        ]
     );
     handle.dispose().await.unwrap();
 }

@@ -3,13 +3,8 @@
 //! delegated policy on continuable children (CINH-03/04/07), and the lifecycle invariant
 //! (INV-01..04).
 //!
-//! DRAFT. Written against the public API of `/work/main` (HEAD 19aa647 plus the uncommitted
-//! budget work in the tree); not compiled. Add it as `mod continuable_edges;` in `tests/tests.rs`, or
-//! split it into `continuable.rs` / `continuable_teardown.rs` (the helpers marked "copy" then
-//! go: they duplicate private helpers of those files).
-//!
 //! Tests marked "(adapted)" reach the upstream behavior through a different hold or fault than
-//! upstream does; `cont_part2.md` says why for each.
+//! upstream does; the comment above each says which.
 
 use std::sync::{Arc, Mutex};
 
@@ -21,9 +16,9 @@ use subagents::testing::{Gate, ScriptStep, ScriptedModel, ScriptedProvider, Stor
 use subagents::{
     AgentHandle, AgentRef, CancelCause, CancellationToken, ContentBlock, ContinuableStartSpec,
     CreateAgent, ErrorCode, EventKind, EventScope, FollowupOptions, ForkInProcess,
-    InterruptAuthority, MemoryStore, Message, MessageSource, ResumeAgent, RunId, Runtime,
-    SessionEvent, SessionId, SpawnInProcess, StopReason, SubagentDescriptor, SubagentEvent,
-    Subscription, TurnEndReason,
+    InterruptAuthority, MemoryStore, Message, MessageSource, ReportDelivery, ReportOptions,
+    ResumeAgent, RunId, Runtime, SessionEvent, SessionId, SpawnInProcess, StopReason,
+    SubagentDescriptor, SubagentEvent, Subscription, TurnEndReason,
 };
 
 use crate::support::{
@@ -70,7 +65,63 @@ fn notices_delivered(agent: &AgentRef) -> Vec<Message> {
 // Settled notices
 // ---------------------------------------------------------------------------------------------
 
-// CONT-68 (adapted: the second turn fails at its model call; no pre-step participant can fail a turn here)
+// CONT-68
+#[actix_rt::test]
+async fn a_turn_that_failed_before_its_first_step_is_reported_failed_with_the_last_answer() {
+    let first = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("the answer").gated(&first));
+    let parent_id = Arc::new(Mutex::new(None::<SessionId>));
+    let spare = Arc::clone(&parent_id);
+    // A deployment participant that cannot decide the child's later turns.
+    let failing: subagents::host::PreStepHook = Arc::new(move |step, decision| {
+        if step.turn >= 2 && Some(step.agent) != *spare.lock().unwrap() {
+            subagents::host::PreStepDecision::Fail("the policy service is unreachable".into())
+        } else {
+            decision
+        }
+    });
+    let rt = seam_runtime_from(
+        Runtime::builder()
+            .model("scripted", model.clone())
+            .pre_step_hook(failing),
+    )
+    .await;
+    let parent = root(&rt).await;
+    *parent_id.lock().unwrap() = Some(parent.agent().id());
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let started = start_continuable(&rt, parent.agent(), "child task").await;
+    first.reached().await;
+    // Queued behind turn 1, so turn 2 opens on it the moment turn 1 ends.
+    followup_child(&rt, parent.agent(), started.child_id, "second task")
+        .await
+        .unwrap();
+    first.release();
+    settled(&recorder, started.child_id, 1).await;
+    let end = &ends_of(&recorder, started.child_id)[0];
+    assert_eq!(end.stop_reason, StopReason::Error);
+    assert_eq!(end.last_assistant_message, Some(text("the answer")));
+    eventually("the notice", || {
+        !notices_delivered(parent.agent()).is_empty()
+    })
+    .await;
+    assert_eq!(
+        notices_delivered(parent.agent())[0].content,
+        notice_content(started.child_id, FAILED, Some("the answer"))
+    );
+    let events = persisted(&rt, started.child_id).await;
+    assert!(
+        !delivered(&events).contains(&"second task".to_owned()),
+        "the second task never reached the model"
+    );
+    assert!(matches!(
+        &turn_ends(&events)[..],
+        [TurnEndReason::Completed, TurnEndReason::Error { error }]
+            if error.message == "the policy service is unreachable"
+    ));
+}
+
+// Beside CONT-68: a later turn that fails at its model call is reported the same way.
 #[actix_rt::test]
 async fn a_turn_that_failed_after_an_answered_one_is_reported_failed_with_that_answer() {
     let first = Gate::new();
@@ -209,6 +260,59 @@ async fn a_child_an_ancestor_interrupted_before_it_answered_settles_as_stopped()
         [TurnEndReason::Aborted {
             reason: CancelCause::Parent
         }]
+    );
+}
+
+// CONT-72 (adapted: the host has no maintenance phase that defers a waking send, so the
+// accepted work no turn can open over is a quiet report from the grandchild: an idle child
+// takes it into its next step without opening a turn)
+#[actix_rt::test]
+async fn accepted_work_cancelled_before_any_turn_opened_is_reported_stopped() {
+    let child_gate = Gate::new();
+    let grand_gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("the answer").gated(&child_gate));
+    model.push(ScriptStep::text("grandchild").gated(&grand_gate));
+    let (rt, parent, recorder) = fixture(&model).await;
+    // The held grandchild keeps the child resident once its own turn closes.
+    let (started, child, grand) = held_forest(&rt, parent.agent(), &child_gate, &grand_gate).await;
+    child_gate.release();
+    idle_after_turns(&child, 1).await;
+    let grand_agent = rt.agents().get(grand.child_id).await.unwrap();
+    rt.subagents()
+        .report_from(
+            &grand_agent,
+            text("never runs"),
+            ReportOptions::new(ReportDelivery::Quiet),
+        )
+        .await
+        .unwrap();
+    assert_eq!(child.log().last_turn(), 1, "the report opened no turn");
+    within("shutdown", rt.shutdown()).await.unwrap();
+
+    // Turn 1 closed cleanly and no later turn opened: the cancelled queue is the only record
+    // that this epoch was cut short.
+    let log = persisted(&rt, started.child_id).await;
+    assert_eq!(turn_ends(&log), [TurnEndReason::Completed]);
+    assert!(
+        !delivered(&log)
+            .iter()
+            .any(|text| text.contains("never runs")),
+        "the report was never delivered to the model"
+    );
+    let end = &ends_of(&recorder, started.child_id)[0];
+    assert_eq!(end.stop_reason, StopReason::Aborted);
+    assert_eq!(end.last_assistant_message, Some(text("the answer")));
+    assert_eq!(
+        notices_delivered(parent.agent())
+            .into_iter()
+            .map(|message| message.content)
+            .collect::<Vec<_>>(),
+        [notice_content(
+            started.child_id,
+            STOPPED,
+            Some("the answer")
+        )]
     );
 }
 

@@ -462,4 +462,99 @@ async fn a_continuable_child_records_the_policy_captured_at_delegation_once() {
     assert!(context
         .iter()
         .any(|block| matches!(block, ContentBlock::Text { text } if text.contains("You are a delegated subagent"))));
+    // The resumed epoch states the recorded policy again: a context without the sandbox line
+    // would tell the child it is unrestricted.
+    let contexts = runtime_contexts(&persisted(&rt, started.child_id).await);
+    assert!(
+        contexts
+            .iter()
+            .all(|context| context.contains("Current DSH file policy: read-only.")),
+        "{contexts:?}"
+    );
+}
+
+/// The runtime-context messages that entered a log, in order.
+fn runtime_contexts(events: &[subagents::SessionEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::UserMessage(message)
+                if matches!(message.source, MessageSource::Plugin { .. }) =>
+            {
+                Some(message.text())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+// CINH-05 (the switch is made by a deployment pre-step hook standing in for a sandbox
+// service: it records `sandbox/mode` with a `user` source in the child's own log)
+#[actix_rt::test]
+async fn a_later_child_side_switch_wins_over_the_delegation_snapshot() {
+    let policy = SwitchablePolicy {
+        sandbox: Arc::new(Mutex::new(Some("read-only".into()))),
+    };
+    let parent_id = Arc::new(Mutex::new(None::<SessionId>));
+    let skip = Arc::clone(&parent_id);
+    // The child switches its own sandbox as its first turn begins, after the delegation
+    // snapshot was recorded.
+    let switch: subagents::host::PreStepHook = Arc::new(move |step, decision| {
+        if step.turn == 1 && step.step == 1 && Some(step.agent) != *skip.lock().unwrap() {
+            step.log
+                .append(EventKind::Extension {
+                    event_type: "sandbox/mode".into(),
+                    data: json!({"mode": "workspace-write", "source": "user"}),
+                })
+                .expect("the switch is recorded");
+        }
+        decision
+    });
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime_from(
+        Runtime::builder()
+            .model("scripted", model.clone())
+            .delegation_policy(policy.clone())
+            .pre_step_hook(switch),
+    )
+    .await;
+    let parent = root(&rt).await;
+    *parent_id.lock().unwrap() = Some(parent.agent().id());
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let started = start_continuable(&rt, parent.agent(), "go").await;
+    settled_once(&recorder, started.child_id).await;
+    // The parent widens meanwhile: a resume never re-captures it.
+    *policy.sandbox.lock().unwrap() = Some("danger-full-access".into());
+    followup_child(&rt, parent.agent(), started.child_id, "more")
+        .await
+        .unwrap();
+    settled(&recorder, started.child_id, 2).await;
+    let log = persisted(&rt, started.child_id).await;
+    let modes: Vec<serde_json::Value> = log
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::Extension { event_type, data } if event_type == "sandbox/mode" => {
+                Some(data.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            json!({"mode": "read-only", "source": "delegation"}),
+            json!({"mode": "workspace-write", "source": "user"}),
+        ]
+    );
+    let contexts = runtime_contexts(&log);
+    assert!(contexts[0].contains("Current DSH file policy: read-only."));
+    let resumed = contexts.last().unwrap();
+    assert!(
+        resumed.contains("Current DSH file policy: workspace-write."),
+        "the resumed child states its own switch: {resumed}"
+    );
+    assert!(
+        resumed.contains("Approval prompts are disabled"),
+        "the approval pin still holds"
+    );
 }

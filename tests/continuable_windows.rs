@@ -895,13 +895,49 @@ async fn failures_before_and_at_release_are_reported_together() {
     );
 }
 
-// ---------------------------------------------------------------------------------------------
-// Optional, adapted from CONT-08 (n/a here): lifecycle listeners are contained, so publishing
-// `subagent/start` cannot fail and there is no unpublished rollback to test. This pins the
-// containment instead. Not marked with the id on purpose (coverage.py would count it as ported).
-// ---------------------------------------------------------------------------------------------
+// CONT-08 (adapted: lifecycle listeners are contained, so publishing `subagent/start` cannot
+// fail; the publication that can fail is the child's session being created in the store)
+#[actix_rt::test]
+async fn a_child_whose_durable_publication_fails_is_rolled_back_without_a_lifecycle_edge() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let (rt, faults, parent) = faulty(&model).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    faults.arm(StoreOperation::Create);
+    let error = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "t",
+            parent.agent(),
+            text("go"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.code(),
+        ErrorCode::StoreIo,
+        "the failed write surfaces: {error}"
+    );
+    let live: Vec<SessionId> = rt.agents().list().await.iter().map(AgentRef::id).collect();
+    assert_eq!(live, [parent.agent().id()], "only the parent is live");
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
+    assert!(
+        recorder.events().is_empty(),
+        "neither a subagent/start nor a subagent/end"
+    );
+    faults.disarm(StoreOperation::Create);
+    within(
+        "the drain",
+        rt.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    within("shutdown", rt.shutdown()).await.unwrap();
+}
 
-// Adapted from CONT-08: a refusing `subagent/start` listener cannot roll a start back.
+// Beside CONT-08: a refusing `subagent/start` listener is contained and cannot roll a start
+// back (not marked with the id: the test above ports it).
 #[actix_rt::test]
 async fn a_failing_start_listener_cannot_roll_a_start_back() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));

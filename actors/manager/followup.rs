@@ -5,6 +5,7 @@ use super::materialize::{
     activation_setup, commit_setup, install_and_submit, map_cancelled, Installing,
 };
 use super::*;
+use crate::seam::child_run::recorded_policy;
 
 /// How a follow-up was routed.
 pub(crate) enum Routed {
@@ -146,9 +147,10 @@ impl ColdResume {
             model: descriptor.agent_model.clone().unwrap_or_default(),
             ..AgentOptions::default()
         };
-        let composition = ChildComposition::new(
+        // The whole log, fork prefix included: the last recorded mode is the one in force.
+        let composition = ChildComposition::resumed(
             &env,
-            None,
+            &recorded_policy(&stored.events),
             descriptor.persona.as_deref(),
             descriptor.tool_filter.clone(),
         )?;

@@ -293,6 +293,9 @@ async fn drive(
             PreStepDecision::Enter(entering),
         ) {
             PreStepDecision::Reject => return Ok(Some(Ending::Blocked)),
+            PreStepDecision::Fail(message) => {
+                return Err(Fault::Failed(LlmFailure::new("UNKNOWN", message)))
+            }
             PreStepDecision::Enter(messages) => messages,
         };
         if messages.is_empty() && step == 0 {

@@ -107,14 +107,16 @@ pub struct PreStep<'a> {
     pub log: &'a SessionLog,
 }
 
-/// A pre-step decision: enter the step with these messages, or reject it (the turn ends
-/// `blocked` and the claimed messages are lost).
+/// A pre-step decision: enter the step with these messages, reject it, or fail it. Either of
+/// the last two ends the turn before the step opens, and the claimed messages are lost.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PreStepDecision {
     /// Enter with these messages.
     Enter(Vec<Message>),
-    /// Refuse the step.
+    /// Refuse the step: a deliberate policy decision; the turn ends `blocked`.
     Reject,
+    /// The hook could not decide: the turn ends `error` with this message.
+    Fail(String),
 }
 
 /// A pre-step hook: a waterfall stage that receives the previous stage's decision.
@@ -312,8 +314,8 @@ impl AgentScope {
     }
 
     /// Runs the pre-step waterfall: the runtime-wide hooks in `global`, then this agent's. A
-    /// hook that panics rejects the step (the turn ends `blocked`): a broken policy must not let
-    /// work through.
+    /// hook that panics fails the step (the turn ends `error`): a broken policy must neither let
+    /// work through nor pass for a deliberate refusal.
     pub fn pre_step(
         &self,
         global: &[PreStepHook],
@@ -325,8 +327,8 @@ impl AgentScope {
             decision = match catch_unwind(AssertUnwindSafe(|| hook(step, current))) {
                 Ok(next) => next,
                 Err(_) => {
-                    tracing::error!(session_id = %step.agent, turn = step.turn, "a pre-step hook panicked; rejecting the step");
-                    return PreStepDecision::Reject;
+                    tracing::error!(session_id = %step.agent, turn = step.turn, "a pre-step hook panicked; failing the turn");
+                    return PreStepDecision::Fail("a pre-step hook panicked".to_owned());
                 }
             };
         }

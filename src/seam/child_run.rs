@@ -148,22 +148,48 @@ fn delegation_contexts(policy: &DelegatedPolicy) -> Vec<PromptSection> {
     contexts
 }
 
+/// The log event recording a session's sandbox mode (the last one is in force).
+const SANDBOX_MODE_EVENT: &str = "sandbox/mode";
+/// The log event recording a session's approval policy (the last one is in force).
+const APPROVAL_POLICY_EVENT: &str = "approval/policy";
+
 /// The policy events a child records at creation, after any seed.
 fn policy_events(policy: &DelegatedPolicy) -> Vec<EventKind> {
     let mut events = Vec::new();
     if let Some(mode) = &policy.sandbox_mode {
         events.push(EventKind::Extension {
-            event_type: "sandbox/mode".into(),
+            event_type: SANDBOX_MODE_EVENT.into(),
             data: json!({"mode": mode, "source": "delegation"}),
         });
     }
     if policy.approval_pinned {
         events.push(EventKind::Extension {
-            event_type: "approval/policy".into(),
+            event_type: APPROVAL_POLICY_EVENT.into(),
             data: json!({"policy": "never", "source": "delegation"}),
         });
     }
     events
+}
+
+/// The policy a child's log records now: the last `sandbox/mode` and the last
+/// `approval/policy` win, whoever recorded them, so a switch the child made after its
+/// delegation wins over the snapshot (and a fork prefix's stale mode loses to both).
+pub(crate) fn recorded_policy<E: Borrow<SessionEvent>>(events: &[E]) -> DelegatedPolicy {
+    let mut policy = DelegatedPolicy::default();
+    for event in events {
+        if let EventKind::Extension { event_type, data } = &event.borrow().kind {
+            match event_type.as_str() {
+                SANDBOX_MODE_EVENT => {
+                    policy.sandbox_mode = data["mode"].as_str().map(str::to_owned);
+                }
+                APPROVAL_POLICY_EVENT => {
+                    policy.approval_pinned = data["policy"].as_str() == Some("never");
+                }
+                _ => {}
+            }
+        }
+    }
+    policy
 }
 
 /// How a delegated child is composed, for one-shot and continuable children alike: the
@@ -205,6 +231,22 @@ impl ChildComposition {
             persona,
             tool_filter,
         })
+    }
+
+    /// A resumed child's composition: nothing is recorded again (the parent is never
+    /// re-captured), and the runtime context states the policy its log records now.
+    ///
+    /// # Errors
+    /// As [`ChildComposition::new`].
+    pub(crate) fn resumed(
+        env: &AgentEnv,
+        recorded: &DelegatedPolicy,
+        persona: Option<&str>,
+        tool_filter: Option<ToolFilter>,
+    ) -> Result<Self> {
+        let mut composition = Self::new(env, None, persona, tool_filter)?;
+        composition.contexts = delegation_contexts(recorded);
+        Ok(composition)
     }
 
     /// Records the policy (fresh children only) and composes the scope.
