@@ -229,10 +229,10 @@ fn grow_and_kill(store: &std::path::Path) -> Forest {
     }
 }
 
-fn texts(events: &[subagents::SessionEvent]) -> Vec<String> {
+fn texts<E: std::borrow::Borrow<subagents::SessionEvent>>(events: &[E]) -> Vec<String> {
     events
         .iter()
-        .filter_map(|event| match &event.kind {
+        .filter_map(|event| match &event.borrow().kind {
             EventKind::UserMessage(message)
                 if !matches!(message.source, subagents::MessageSource::Plugin { .. }) =>
             {

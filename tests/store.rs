@@ -217,7 +217,7 @@ fn check_against_model(
 }
 
 /// The seq and label of each event of a model log.
-fn labelled(events: Vec<SessionEvent>) -> Vec<(u64, String)> {
+fn labelled(events: Vec<Arc<SessionEvent>>) -> Vec<(u64, String)> {
     events
         .iter()
         .map(|e| match &e.kind {
@@ -505,8 +505,9 @@ fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
             "inspect commits nothing"
         );
         let prepared = block_on(store.prepare(id, None)).unwrap();
-        let kinds =
-            |events: &[SessionEvent]| events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>();
+        let kinds = |events: &[Arc<SessionEvent>]| {
+            events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>()
+        };
         assert_eq!(
             kinds(&prepared.events),
             kinds(&inspected.events),
@@ -541,10 +542,10 @@ fn flushed_writes_survive_a_reopen() {
         block_on(store.flush(id)).unwrap();
     }
     let store = SledStore::open(dir.path()).unwrap();
-    let labels = |events: Vec<SessionEvent>| {
+    let labels = |events: Vec<Arc<SessionEvent>>| {
         events
-            .into_iter()
-            .map(|e| match e.kind {
+            .iter()
+            .map(|e| match &e.kind {
                 EventKind::UserMessage(m) => (e.seq, m.text()),
                 other => panic!("unexpected {other:?}"),
             })
@@ -552,7 +553,7 @@ fn flushed_writes_survive_a_reopen() {
     };
     assert_eq!(
         labels(block_on(store.read_from(id, 0)).unwrap()),
-        labels(notes(0, 5).iter().map(|e| (**e).clone()).collect())
+        labels(notes(0, 5))
     );
     assert_eq!(
         block_on(store.read_from(id, 3))

@@ -1,6 +1,7 @@
 //! Fixtures shared by every test area: runtimes over a fresh store, content helpers, and a
 //! safety-net timeout whose message names what was awaited.
 
+use std::borrow::Borrow;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,18 +36,18 @@ pub fn text(value: &str) -> Vec<ContentBlock> {
 }
 
 /// The event types of a log, in order.
-pub fn types(events: &[SessionEvent]) -> Vec<String> {
+pub fn types<E: Borrow<SessionEvent>>(events: &[E]) -> Vec<String> {
     events
         .iter()
-        .map(|e| e.kind.type_name().to_owned())
+        .map(|e| e.borrow().kind.type_name().to_owned())
         .collect()
 }
 
 /// The `turn/end` reasons of a log, in order.
-pub fn turn_ends(events: &[SessionEvent]) -> Vec<subagents::TurnEndReason> {
+pub fn turn_ends<E: Borrow<SessionEvent>>(events: &[E]) -> Vec<subagents::TurnEndReason> {
     events
         .iter()
-        .filter_map(|e| match &e.kind {
+        .filter_map(|e| match &e.borrow().kind {
             EventKind::TurnEnd { reason, .. } => Some(reason.clone()),
             _ => None,
         })
@@ -54,10 +55,10 @@ pub fn turn_ends(events: &[SessionEvent]) -> Vec<subagents::TurnEndReason> {
 }
 
 /// The texts of the `user/message` events of a log, in order.
-pub fn user_texts(events: &[SessionEvent]) -> Vec<String> {
+pub fn user_texts<E: Borrow<SessionEvent>>(events: &[E]) -> Vec<String> {
     events
         .iter()
-        .filter_map(|e| match &e.kind {
+        .filter_map(|e| match &e.borrow().kind {
             EventKind::UserMessage(message) => Some(message.text()),
             _ => None,
         })
@@ -306,6 +307,9 @@ pub async fn persisted(rt: &Runtime, id: SessionId) -> Vec<SessionEvent> {
         .read_from(id, 0)
         .await
         .expect("the session is persisted")
+        .iter()
+        .map(|event| (**event).clone())
+        .collect()
 }
 
 /// Waits (with the safety-net timeout) until `holds` is true, letting the actors run between

@@ -29,6 +29,15 @@
 //! the manager removes the Activation, sends the parent its settled notice **before** releasing
 //! the ownership that lets the parent settle, and emits `subagent/end`.
 //!
+//! # Host-owned parents
+//! The design card draws a host-owned parent (one that is not itself a continuable child) as
+//! an `OwnerNode` actor holding its continuable children and its drain cutoff. Here that node
+//! is the manager's own record: its children are the residents whose `owner` is `None` and
+//! whose `parent` is that exact agent, and its cutoff is a [`ClosingScope`] keyed by its id.
+//! Admission, authority and the cutoff must be decided in the one handler above, with no await;
+//! a separate actor would have to be mirrored here anyway, and its own state could only lag
+//! this one.
+//!
 //! # Files
 //! This file holds the manager's state and the decisions every operation shares (admission,
 //! submission, settlement, disposal, the settled notice); `materialize.rs` the fresh start and

@@ -89,7 +89,7 @@ impl SessionLog {
         let needs_marker = seed
             .last()
             .is_some_and(|last| !matches!(last.kind, EventKind::EndSeed {}));
-        let log = Self::from_parts(header, seed, shape);
+        let log = Self::from_parts(header, seed.into_iter().map(Arc::new).collect(), shape);
         if needs_marker {
             log.append(EventKind::EndSeed {})?;
         }
@@ -97,7 +97,10 @@ impl SessionLog {
     }
 
     /// A log rebuilt from a stored, already repaired event list; the seqs continue from it.
-    pub(crate) fn from_stored(header: SessionHeader, events: Vec<SessionEvent>) -> Result<Self> {
+    pub(crate) fn from_stored(
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+    ) -> Result<Self> {
         let mut shape = LogShape::default();
         for event in &events {
             shape.admit(event).map_err(|e| {
@@ -114,12 +117,11 @@ impl SessionLog {
         Ok(Self::from_parts(header, events, shape))
     }
 
-    fn from_parts(header: SessionHeader, events: Vec<SessionEvent>, shape: LogShape) -> Self {
+    fn from_parts(header: SessionHeader, events: Vec<Arc<SessionEvent>>, shape: LogShape) -> Self {
         let mut history = Projection::default();
         for event in &events {
             history.push(event);
         }
-        let events = events.into_iter().map(Arc::new).collect();
         Self {
             inner: Arc::new(LogInner {
                 state: Mutex::new(LogState {

@@ -221,7 +221,11 @@ impl SessionPersistence for FaultInjectingStore {
             .unwrap_or_else(|| self.inner.header(id))
     }
 
-    fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>> {
+    fn read_from(
+        &self,
+        id: SessionId,
+        from_seq: u64,
+    ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         self.injected(StoreOperation::Read, Some(id))
             .unwrap_or_else(|| self.inner.read_from(id, from_seq))
     }

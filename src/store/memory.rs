@@ -148,15 +148,16 @@ impl SessionPersistence for MemoryStore {
         ))
     }
 
-    fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>> {
+    fn read_from(
+        &self,
+        id: SessionId,
+        from_seq: u64,
+    ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         let outcome = self.with_session(id, |session| {
             let start = usize::try_from(from_seq)
                 .unwrap_or(usize::MAX)
                 .min(session.events.len());
-            Ok(session.events[start..]
-                .iter()
-                .map(|event| (**event).clone())
-                .collect())
+            Ok(session.events[start..].to_vec())
         });
         Box::pin(future::ready(outcome))
     }

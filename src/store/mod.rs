@@ -46,8 +46,8 @@ pub type SharedStore = Arc<dyn SessionPersistence>;
 pub struct StoredSession {
     /// The header.
     pub header: SessionHeader,
-    /// The events, seq 0 first.
-    pub events: Vec<SessionEvent>,
+    /// The events, seq 0 first (shared: a store that keeps events in memory hands out its own).
+    pub events: Vec<Arc<SessionEvent>>,
 }
 
 /// One row of a listing: a readable header, or the session's own error.
@@ -142,7 +142,11 @@ pub trait SessionPersistence: Send + Sync + 'static {
     ///
     /// # Errors
     /// `SESSION_NOT_FOUND`; `STORE_CORRUPT` naming the bad record; `STORE_IO`.
-    fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>>;
+    fn read_from(
+        &self,
+        id: SessionId,
+        from_seq: u64,
+    ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>>;
 
     /// Grants `holder` the session's lease with a fresh, larger fencing epoch (durable), unless
     /// another live holder holds it. A holder that asks again for its own lease gets a new epoch,
@@ -208,8 +212,7 @@ pub trait SessionPersistence: Send + Sync + 'static {
             if !closers.is_empty() {
                 let next = seq_of(events.len())?;
                 tracing::info!(session_id = %id, repaired = closers.len(), "repairing an interrupted turn");
-                let shared = closers.iter().cloned().map(Arc::new).collect();
-                self.append(id, next, shared, lease).await?;
+                self.append(id, next, closers.clone(), lease).await?;
                 self.flush(id).await?;
                 events.extend(closers);
             }
@@ -219,12 +222,12 @@ pub trait SessionPersistence: Send + Sync + 'static {
 }
 
 /// The closer events for a stored log, numbered after its last event.
-fn close_interrupted(events: &[SessionEvent]) -> Result<Vec<SessionEvent>> {
+fn close_interrupted(events: &[Arc<SessionEvent>]) -> Result<Vec<Arc<SessionEvent>>> {
     let start = seq_of(events.len())?;
     Ok(interrupted_turn_closers(events)
         .into_iter()
         .zip(start..)
-        .map(|(kind, seq)| SessionEvent::new(seq, kind))
+        .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
         .collect())
 }
 

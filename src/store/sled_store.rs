@@ -467,7 +467,11 @@ impl SessionPersistence for SledStore {
         Box::pin(future::ready(self.read_header(id)))
     }
 
-    fn read_from(&self, id: SessionId, from_seq: u64) -> BoxFuture<'_, Result<Vec<SessionEvent>>> {
+    fn read_from(
+        &self,
+        id: SessionId,
+        from_seq: u64,
+    ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         let outcome = (|| {
             // The head is the commit point: events at or past it are an unfinished append.
             let head = self.read_head(id)?;
@@ -495,7 +499,7 @@ impl SessionPersistence for SledStore {
                         format!("session {id}: seq gap at {expected}"),
                     ));
                 }
-                events.push(event);
+                events.push(Arc::new(event));
             }
             Ok(events)
         })();
