@@ -266,6 +266,7 @@ impl AgentActor {
 
     fn turn_finished(&mut self, turn: u64, reason: TurnEndReason, ctx: &mut Context<Self>) {
         tracing::debug!(session_id = %self.id, turn, ?reason, "turn ended");
+        crate::projection::cache::checkpoint_after_turn(&self.env, &self.log);
         self.emit(AgentEventKind::TurnEnded { turn, reason });
         let next = self.state.turn_finished(self.inbox.has_next_turn());
         self.apply(next, ctx);

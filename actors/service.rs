@@ -35,6 +35,8 @@ use crate::content::{ContentBlock, Message};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::ids::{MessageId, RunId, SessionId};
+use crate::projection::listing::Listing;
+use crate::projection::{SubagentDescendantListEntry, SubagentListEntry};
 use crate::schema::ObjectSchema;
 use crate::seam::budget;
 use crate::seam::continuable::{
@@ -47,6 +49,7 @@ use crate::seam::{
     SubagentRunEndInfo, SubagentRunInfo, SubagentStartRequest,
 };
 use crate::stop_reason::StopReason;
+use tokio_util::sync::CancellationToken;
 
 struct Registered {
     id: u64,
@@ -319,6 +322,7 @@ impl Handler<Start> for SubagentService {
 /// lifecycle events. Cheap to clone.
 #[derive(Clone)]
 pub struct Subagents {
+    agents: Agents,
     service: Addr<SubagentService>,
     manager: Addr<ContinuationManager>,
     setup: Arc<SetupRegistry>,
@@ -392,18 +396,57 @@ impl Subagents {
         }
         .start();
         let manager = ContinuationManager::new(
-            agents,
+            agents.clone(),
             service.clone(),
             Arc::clone(&events),
             Arc::clone(&setup),
         )
         .start();
         Self {
+            agents,
             service,
             manager,
             setup,
             events,
         }
+    }
+
+    /// Lists `parent`'s direct delegated children, live and stored, in (created-at, id)
+    /// order, without loading or resuming any of them (see [`crate::projection`]): each is a
+    /// child entry or, when its identity cannot be served, a diagnostic. Without a store the
+    /// listing is live-only.
+    ///
+    /// # Errors
+    /// `SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE` (checked before any read) when the runtime
+    /// was built without projections; `CANCELLED` when `cancel` fired; the store's error when
+    /// listing its sessions fails.
+    pub async fn list_children(
+        &self,
+        parent: SessionId,
+        cancel: CancellationToken,
+    ) -> Result<Vec<SubagentListEntry>> {
+        Listing::open(&self.agents, cancel)
+            .await?
+            .children(parent)
+            .await
+    }
+
+    /// Lists `root`'s whole descendant tree in stable pre-order, from the same corpus as
+    /// [`Subagents::list_children`]: ordinary and one-shot sessions are walked through, so
+    /// continuable descendants below them are found; each entry carries its durable parent and
+    /// its depth below `root`.
+    ///
+    /// # Errors
+    /// As [`Subagents::list_children`].
+    pub async fn list_descendants(
+        &self,
+        root: SessionId,
+        cancel: CancellationToken,
+    ) -> Result<Vec<SubagentDescendantListEntry>> {
+        Listing::open(&self.agents, cancel)
+            .await?
+            .descendants(root)
+            .await
     }
 
     /// Registers `provider` under its name.

@@ -126,6 +126,8 @@ pub enum ErrorCode {
     BudgetExhausted,
     /// A budget limit is zero: a child under it could never run.
     InvalidBudget,
+    /// A projection unit's registration conflicts with the unit registered under its key.
+    InvalidProjection,
 }
 
 impl ErrorCode {
@@ -184,6 +186,7 @@ impl ErrorCode {
             Self::AgentFaulted => "AGENT_FAULTED",
             Self::BudgetExhausted => "BUDGET_EXHAUSTED",
             Self::InvalidBudget => "INVALID_BUDGET",
+            Self::InvalidProjection => "INVALID_PROJECTION",
         }
     }
 }

@@ -61,6 +61,7 @@ pub mod events;
 pub mod host;
 pub mod ids;
 pub mod model;
+pub mod projection;
 pub mod runtime;
 pub mod schema;
 pub mod seam;
@@ -84,6 +85,9 @@ pub use host::{
 pub use host::{AgentHandle, Budget, BudgetLimit, BudgetSpent, CreateAgent, ResumeAgent};
 pub use ids::{CallId, MessageId, RunId, SessionId};
 pub use model::{BlockType, FinishReason, GenerateRequest, LlmAdapter, StreamChunk};
+pub use projection::{
+    SubagentActivity, SubagentDescendantListEntry, SubagentDiagnosticReason, SubagentListEntry,
+};
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use schema::ObjectSchema;
 pub use seam::{

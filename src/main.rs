@@ -3,6 +3,8 @@
 //! Exit codes: 0 on success (and when standard output is closed early, as by `| head`); 2 on any
 //! error, whose cause chain is printed once to stderr, for a person to read.
 
+mod cli;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +30,9 @@ struct Cli {
 enum Command {
     /// Run an agent that calls a tool, in a sled store, and print its session log and answer.
     Demo(DemoArgs),
+    /// Print the durable forest of delegated children in a store (id, mode, activity, label,
+    /// indented by depth), or JSON with `--json`.
+    Tree(cli::tree::TreeArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -193,6 +198,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => DemoPlan::from_args(args)
             .map_err(Failure::from)
             .and_then(|plan| actix::System::new().block_on(run_demo(plan))),
+        Command::Tree(args) => actix::System::new()
+            .block_on(async move { cli::tree::run(args, &mut std::io::stdout().lock()).await }),
     };
     match outcome {
         Ok(()) | Err(Failure::ClosedOutput) => ExitCode::SUCCESS,

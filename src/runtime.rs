@@ -14,6 +14,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::host::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
 use crate::model::{LlmAdapter, ModelRouter};
+use crate::projection::ProjectionRegistry;
 use crate::store::{SessionPersistence, SharedStore};
 use crate::tools::{Tool, ToolRegistry};
 
@@ -28,6 +29,8 @@ pub struct RuntimeBuilder {
     delegation: Option<Arc<dyn DelegationPolicy>>,
     pre_step: Vec<PreStepHook>,
     workers: usize,
+    without_projections: bool,
+    without_projection_cache: bool,
 }
 
 impl RuntimeBuilder {
@@ -87,6 +90,22 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Builds the runtime without a session projection registry: durable listing then fails
+    /// with `SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE`, and no checkpoint is cached.
+    #[must_use]
+    pub fn without_projections(mut self) -> Self {
+        self.without_projections = true;
+        self
+    }
+
+    /// Keeps no projection checkpoints in the store: a listing refolds every cold child from
+    /// its log.
+    #[must_use]
+    pub fn without_projection_cache(mut self) -> Self {
+        self.without_projection_cache = true;
+        self
+    }
+
     /// Spreads agents over `count` worker threads (actix arbiters), round-robin, to use more
     /// than one core. The default, 0 or 1, runs every agent on the current arbiter, which keeps
     /// a test's scheduling on one thread. The registry, the service and the providers always
@@ -122,6 +141,8 @@ impl RuntimeBuilder {
             variables: self.variables,
             delegation: self.delegation,
             pre_step: self.pre_step,
+            projections: (!self.without_projections).then(ProjectionRegistry::with_seam_units),
+            projection_cache: !self.without_projection_cache,
         });
         let agents = Agents::start(
             Arc::clone(&env),
@@ -178,6 +199,11 @@ impl Runtime {
     /// The session store, when configured.
     pub fn store(&self) -> Option<&SharedStore> {
         self.env.store.as_ref()
+    }
+
+    /// The session projection registry, unless built without one.
+    pub fn projections(&self) -> Option<&Arc<ProjectionRegistry>> {
+        self.env.projections.as_ref()
     }
 
     /// Drains every continuable forest (manager-wide: admission closed, admitted

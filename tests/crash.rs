@@ -348,3 +348,79 @@ fn a_killed_forest_resumes_a_grandchild_through_its_parent_from_its_last_flushed
         root.dispose().await.unwrap();
     });
 }
+
+/// Runs `subagents tree` over `store` with `args`; its standard output.
+fn tree(store: &std::path::Path, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .arg("tree")
+        .args(args)
+        .arg("--store")
+        .arg(store)
+        .output()
+        .expect("the binary runs");
+    assert!(
+        output.status.success(),
+        "tree failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8 output")
+}
+
+#[test]
+fn the_tree_command_prints_a_killed_forest_from_its_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let forest = grow_and_kill(dir.path());
+    let trees: serde_json::Value = serde_json::from_str(&tree(dir.path(), &["--json"])).unwrap();
+    assert_eq!(trees.as_array().map(Vec::len), Some(1), "{trees:#}");
+    assert_eq!(trees[0]["root"], forest.root.to_string());
+    let rows: Vec<(String, String, u64, String, String)> = trees[0]["descendants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row["id"].as_str().unwrap().to_owned(),
+                row["parentId"].as_str().unwrap().to_owned(),
+                row["depth"].as_u64().unwrap(),
+                row["label"].as_str().unwrap().to_owned(),
+                row["activity"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let row = |id: SessionId, parent: SessionId, depth: u64, label: &str| {
+        (
+            id.to_string(),
+            parent.to_string(),
+            depth,
+            label.to_owned(),
+            "inactive".to_owned(),
+        )
+    };
+    assert_eq!(
+        rows,
+        [
+            row(forest.child, forest.root, 1, "child"),
+            row(forest.grandchild, forest.child, 2, "grandchild"),
+            row(
+                forest.great_grandchild,
+                forest.grandchild,
+                3,
+                "great-grandchild"
+            ),
+            row(forest.busy_child, forest.root, 1, "busy child"),
+        ],
+        "pre-order, with the dead process's mid-turn nodes listed like the rest"
+    );
+    // The text form of one subtree: indented by depth below its root.
+    let text = tree(dir.path(), &[&forest.grandchild.to_string()]);
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            forest.grandchild.to_string(),
+            format!(
+                "  {}  continuable  inactive  \"great-grandchild\"",
+                forest.great_grandchild
+            ),
+        ]
+    );
+}

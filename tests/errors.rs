@@ -74,6 +74,7 @@ fn every_code_prints_its_stable_string() {
         (ErrorCode::AgentFaulted, "AGENT_FAULTED"),
         (ErrorCode::BudgetExhausted, "BUDGET_EXHAUSTED"),
         (ErrorCode::InvalidBudget, "INVALID_BUDGET"),
+        (ErrorCode::InvalidProjection, "INVALID_PROJECTION"),
     ];
     for (code, text) in pinned {
         assert_eq!(code.as_str(), text);

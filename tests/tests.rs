@@ -35,6 +35,8 @@ mod model;
 mod openai;
 /// Ownership: edges, retiring owners, child-first disposal and shutdown, drop safety.
 mod ownership;
+/// Session projections: the timing and identity units, the registry's cells.
+mod projection;
 /// The seam: descriptor, persona, tool filter, delegated policy.
 mod seam_composition;
 /// The seam: fork seeding.

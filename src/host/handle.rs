@@ -24,6 +24,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use crate::actors::agent::{AgentActor, AgentRef, Cancel, InboxPolicy, Retire};
 use crate::actors::registry::{AgentRegistry, BeginRetire, Release};
 use crate::error::{ErrorCode, Result, SubagentError};
+use crate::projection::cache::checkpoint_at_disposal;
 use crate::session::CancelCause;
 
 type SharedOutcome = Shared<BoxFuture<'static, Result<()>>>;
@@ -231,6 +232,10 @@ impl AgentHandle {
         // Refuses new work, waits for the cancelled turn to close, unwinds the scope, stops.
         let _ = actor.send(Retire).await;
         let closed = agent.log().inner().close().await;
+        if closed.is_ok() {
+            // Everything is in the store now, so the last checkpoint cannot get ahead of it.
+            checkpoint_at_disposal(agent.agents().env(), agent.log().inner()).await;
+        }
         // A disposed agent keeps its events for readers, and nothing else.
         agent.log().inner().retire();
         self.shared.registry.send(Release(exact)).await.ok();

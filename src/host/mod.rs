@@ -19,6 +19,7 @@ use crate::error::SubagentError;
 use crate::events::{EventBus, ScopedEvent};
 use crate::ids::{MessageId, SessionId};
 use crate::model::ModelRouter;
+use crate::projection::ProjectionRegistry;
 use crate::session::{InboxTarget, TurnEndReason};
 use crate::store::SharedStore;
 use crate::tools::ToolRegistry;
@@ -159,6 +160,10 @@ pub struct AgentEnv {
     pub delegation: Option<Arc<dyn DelegationPolicy>>,
     /// Pre-step hooks every agent runs before its own (a plugin's `agent/pre-step` listeners).
     pub pre_step: Vec<PreStepHook>,
+    /// The session projection registry (durable listing needs it).
+    pub projections: Option<Arc<ProjectionRegistry>>,
+    /// Whether delegated children's projection checkpoints are cached in the store.
+    pub projection_cache: bool,
 }
 
 /// The policy a delegating parent hands to its children, captured synchronously at delegation.

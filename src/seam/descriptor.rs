@@ -50,7 +50,8 @@ const CONTINUABLE_FIELDS: &[&str] = &[
 ];
 
 /// How a child was delegated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum DelegationMode {
     /// One delegation, one result, always disposed.
     OneShot,

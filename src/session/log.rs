@@ -63,6 +63,9 @@ pub(super) struct LogState {
     pub(super) write_behind: Option<WriteBehind>,
     /// The first failed durable write; set once, never cleared.
     pub(super) fault: Option<SubagentError>,
+    /// A reader's memo that lives and dies with the live log (the projection registry's
+    /// watermark cells), so it needs no registry of its own.
+    pub(super) memo: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl std::fmt::Debug for SessionLog {
@@ -131,6 +134,7 @@ impl SessionLog {
                     history,
                     write_behind: None,
                     fault: None,
+                    memo: None,
                 }),
                 faulted: AtomicBool::new(false),
             }),
@@ -206,6 +210,25 @@ impl SessionLog {
     /// Runs `read` over the events without copying them. `read` must not touch this log.
     pub fn with_events<R>(&self, read: impl FnOnce(&[Arc<SessionEvent>]) -> R) -> R {
         read(&self.lock().events)
+    }
+
+    /// Runs `read` over the events and this log's memo of type `T` (created on first use, and
+    /// replaced if another type was left there), under one lock: the memo always matches the
+    /// events `read` sees. `read` must not touch this log.
+    pub(crate) fn with_memo<T: Default + Send + 'static, R>(
+        &self,
+        read: impl FnOnce(&mut T, &[Arc<SessionEvent>]) -> R,
+    ) -> R {
+        let mut state = self.lock();
+        let LogState { events, memo, .. } = &mut *state;
+        if !memo.as_ref().is_some_and(|memo| memo.is::<T>()) {
+            *memo = Some(Box::new(T::default()));
+        }
+        match memo.as_mut().and_then(|memo| memo.downcast_mut::<T>()) {
+            Some(memo) => read(memo, events),
+            // Unreachable: the slot was just set to a `T`.
+            None => read(&mut T::default(), events),
+        }
     }
 
     /// Appends one event and returns its seq.
@@ -325,6 +348,7 @@ impl SessionLog {
     /// Releases what only a live agent needs (the model-history projection); the events stay
     /// readable. Called once the agent is disposed.
     pub(crate) fn retire(&self) {
+        // The projection memo stays: it is small, and it orders late checkpoint writes.
         self.lock().history = Projection::default();
     }
 

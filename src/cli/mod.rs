@@ -1,0 +1,3 @@
+//! The command-line tool's commands other than the demo.
+
+pub(crate) mod tree;

@@ -1,0 +1,167 @@
+//! `subagents tree`: prints the durable forest of delegated children in a store, from its
+//! headers and logs alone (nothing is loaded or resumed), so it works on a store another
+//! process wrote, including one that was killed mid-turn.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::json;
+use subagents::store::{ListedSession, SharedStore};
+use subagents::{
+    CancellationToken, ErrorCode, Runtime, SessionId, SledStore, SubagentDescendantListEntry,
+    SubagentError, SubagentListEntry,
+};
+
+/// The `tree` command's arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct TreeArgs {
+    /// The session whose descendants to print; every root session of the store when omitted.
+    root: Option<SessionId>,
+    /// The sled store directory.
+    #[arg(long, default_value = ".subagents")]
+    store: PathBuf,
+    /// Print JSON for scripts instead of an indented tree.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One printed tree: a root and its descendants in pre-order.
+struct Tree {
+    root: SessionId,
+    descendants: Vec<SubagentDescendantListEntry>,
+}
+
+/// Runs the command, writing to `out`.
+pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), super::super::Failure> {
+    if !args.store.is_dir() {
+        return Err(SubagentError::new(
+            ErrorCode::SessionNotFound,
+            format!("there is no store at {}", args.store.display()),
+        )
+        .into());
+    }
+    let store: SharedStore = Arc::new(SledStore::open(&args.store)?);
+    let rt = Runtime::builder()
+        .shared_store(Arc::clone(&store))
+        .build()?;
+    let roots = match args.root {
+        Some(root) => {
+            // An unknown root is a mistake worth saying, not an empty tree (a parent that
+            // never ran a turn has no header, but its children name it).
+            if store.header(root).await.is_err() && !root_sessions(&store).await?.contains(&root) {
+                return Err(SubagentError::new(
+                    ErrorCode::SessionNotFound,
+                    format!(
+                        "session {root} is not in the store at {}",
+                        args.store.display()
+                    ),
+                )
+                .into());
+            }
+            vec![root]
+        }
+        None => root_sessions(&store).await?,
+    };
+    let mut trees = Vec::new();
+    for root in roots {
+        let descendants = rt
+            .subagents()
+            .list_descendants(root, CancellationToken::new())
+            .await?;
+        // Without a root argument, only roots with delegated children are worth a line.
+        if args.root.is_some() || !descendants.is_empty() {
+            trees.push(Tree { root, descendants });
+        }
+    }
+    rt.shutdown().await?;
+    if args.json {
+        print_json(&trees, args.root.is_some(), out)?;
+    } else {
+        print_text(&trees, &args, out)?;
+    }
+    Ok(())
+}
+
+/// The store's root sessions, oldest first: those without a parent, and parents that have no
+/// log of their own in the store (a parent that never ran a turn is never written).
+async fn root_sessions(store: &SharedStore) -> Result<Vec<SessionId>, SubagentError> {
+    let headers: Vec<_> = store
+        .list()
+        .await?
+        .into_iter()
+        .filter_map(|row| match row {
+            ListedSession::Header(header) => Some(header),
+            ListedSession::Corrupt { .. } => None,
+        })
+        .collect();
+    let listed: HashSet<SessionId> = headers.iter().map(|header| header.id).collect();
+    let mut roots: HashMap<SessionId, u64> = HashMap::new();
+    for header in &headers {
+        let root = match header.parent_session {
+            None => header.id,
+            Some(parent) if !listed.contains(&parent) => parent,
+            Some(_) => continue,
+        };
+        let since = roots.entry(root).or_insert(header.created_at);
+        *since = (*since).min(header.created_at);
+    }
+    let mut roots: Vec<(u64, SessionId)> =
+        roots.into_iter().map(|(id, since)| (since, id)).collect();
+    roots.sort_unstable();
+    Ok(roots.into_iter().map(|(_, id)| id).collect())
+}
+
+fn describe(entry: &SubagentListEntry) -> String {
+    match entry {
+        SubagentListEntry::Child {
+            id,
+            mode,
+            label,
+            activity,
+            ..
+        } => {
+            let activity = serde_json::to_value(activity).unwrap_or_default();
+            let mut line = format!(
+                "{id}  {}  {}",
+                mode.as_str(),
+                activity.as_str().unwrap_or("")
+            );
+            if let Some(label) = label {
+                line.push_str(&format!("  {label:?}"));
+            }
+            line
+        }
+        SubagentListEntry::Diagnostic { id, reason } => {
+            let reason = serde_json::to_value(reason).unwrap_or_default();
+            format!("{id}  [diagnostic: {}]", reason.as_str().unwrap_or(""))
+        }
+    }
+}
+
+fn print_text(trees: &[Tree], args: &TreeArgs, out: &mut impl Write) -> std::io::Result<()> {
+    if trees.is_empty() {
+        writeln!(out, "no delegated children in {}", args.store.display())?;
+    }
+    for tree in trees {
+        writeln!(out, "{}", tree.root)?;
+        for row in &tree.descendants {
+            let indent = "  ".repeat(usize::try_from(row.depth).unwrap_or(usize::MAX).min(64));
+            writeln!(out, "{indent}{}", describe(&row.entry))?;
+        }
+    }
+    Ok(())
+}
+
+fn print_json(trees: &[Tree], single: bool, out: &mut impl Write) -> std::io::Result<()> {
+    let value = if single {
+        json!(trees.first().map(|tree| &tree.descendants))
+    } else {
+        json!(trees
+            .iter()
+            .map(|tree| json!({"root": tree.root, "descendants": tree.descendants}))
+            .collect::<Vec<_>>())
+    };
+    writeln!(out, "{value:#}")
+}

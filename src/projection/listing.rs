@@ -1,0 +1,429 @@
+//! Durable discovery: `list_children` and `list_descendants` enumerate a session's delegated
+//! children from stored headers and live sessions, without loading or resuming any of them.
+//!
+//! # The corpus
+//! Every persisted header (when the runtime has a store) overlaid by every live session: a live
+//! record wins its id wholesale. Candidates are the sessions whose header says `origin:
+//! subagent`; the marker only classifies — identity comes from the projection fold.
+//!
+//! # The identity ladder (per candidate)
+//! 1. **Live**: the registry's watermark snapshot (no store read). A failing unit makes the
+//!    child `corrupt`; no identity yet means it is inside its creation window, and it is left
+//!    out; otherwise it is `running`.
+//! 2. **Checkpoint cache** (cold): the cached identity row, served only when it passes the seq
+//!    gate (`seq >= seed_length`: it came from the child's own descriptor, not one replayed
+//!    from a fork-seeded ancestor). Anything else falls through silently.
+//! 3. **Inspection**: one `inspect` of the stored log (at most [`COLD_READS`] at once), checked
+//!    against the enumerated header and folded through every unit. A failed read is
+//!    `unavailable` (retried by the next listing); a mismatched header, a failing unit or no
+//!    identity is `corrupt`. One damaged sibling never hides a healthy one.
+//!
+//! Cancellation is checked before any read, between reads and after the last one: a listing
+//! that observed its token fire is `CANCELLED`, never a partial or diagnosed result.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::cache::cached_row;
+use super::identity::{SubagentIdentity, IDENTITY_UNIT};
+use super::ProjectionRegistry;
+use crate::actors::agent::AgentRef;
+use crate::actors::agents::Agents;
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::seam::DelegationMode;
+use crate::session::{SessionHeader, SessionOrigin};
+use crate::store::{ListedSession, SharedStore};
+
+/// How many cold children one listing inspects at once.
+pub const COLD_READS: usize = 4;
+
+/// Whether a listed child's session is live in this runtime now (not its outcome, and not
+/// whether it can be resumed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SubagentActivity {
+    /// Live in this runtime.
+    Running,
+    /// Only in the store.
+    Inactive,
+}
+
+/// Why a candidate could not be listed as a child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SubagentDiagnosticReason {
+    /// No identity could be folded: a missing, malformed or unknown-version descriptor (not
+    /// distinguished), a failing projection unit, or a stored header of another lifecycle.
+    Corrupt,
+    /// Kept for the seed's type; never produced.
+    Unsupported,
+    /// The stored log could not be read; the next listing tries again.
+    Unavailable,
+}
+
+/// One row of a listing: a delegated child, or a diagnostic for one that cannot be named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum SubagentListEntry {
+    /// A child with a served identity.
+    #[serde(rename_all = "camelCase")]
+    Child {
+        /// The child's session id.
+        id: SessionId,
+        /// How it was delegated.
+        mode: DelegationMode,
+        /// Its label (always present for continuable children; for one-shot children only
+        /// when the start gave one).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        label: Option<String>,
+        /// Whether it is live now.
+        activity: SubagentActivity,
+        /// Whether a session with `origin: subagent` names it as its parent.
+        has_children: bool,
+    },
+    /// A candidate whose identity could not be served.
+    Diagnostic {
+        /// The candidate's session id.
+        id: SessionId,
+        /// Why.
+        reason: SubagentDiagnosticReason,
+    },
+}
+
+impl SubagentListEntry {
+    /// The listed session's id.
+    pub fn id(&self) -> SessionId {
+        match self {
+            Self::Child { id, .. } | Self::Diagnostic { id, .. } => *id,
+        }
+    }
+}
+
+/// One row of a descendant listing: the entry plus its place in the tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubagentDescendantListEntry {
+    /// The interpreted entry.
+    #[serde(flatten)]
+    pub entry: SubagentListEntry,
+    /// The durable direct parent, from the enumerated header.
+    pub parent_id: SessionId,
+    /// Edges from the requested root (its direct children are 1).
+    pub depth: u64,
+}
+
+/// One session of the corpus.
+struct Record {
+    header: SessionHeader,
+    live: Option<AgentRef>,
+}
+
+impl Record {
+    fn is_candidate(&self) -> bool {
+        self.header.origin == Some(SessionOrigin::Subagent)
+    }
+}
+
+/// What the ladder served for one candidate.
+enum Served {
+    Entry(SubagentListEntry),
+    /// A live child inside its creation window.
+    Omitted,
+}
+
+fn cancelled() -> SubagentError {
+    SubagentError::new(ErrorCode::Cancelled, "the listing was cancelled")
+}
+
+fn check(cancel: &CancellationToken) -> Result<()> {
+    if cancel.is_cancelled() {
+        Err(cancelled())
+    } else {
+        Ok(())
+    }
+}
+
+/// The header fields that pin a session's lifecycle: a cold inspection must find the same.
+fn same_lifecycle(a: &SessionHeader, b: &SessionHeader) -> bool {
+    a.version == b.version
+        && a.id == b.id
+        && a.created_at == b.created_at
+        && a.cwd == b.cwd
+        && a.parent_session == b.parent_session
+        && a.seed_length == b.seed_length
+        && a.delegation_depth == b.delegation_depth
+}
+
+/// One listing over one corpus.
+pub(crate) struct Listing {
+    registry: Arc<ProjectionRegistry>,
+    store: Option<SharedStore>,
+    cache: bool,
+    cancel: CancellationToken,
+    records: HashMap<SessionId, Record>,
+    /// Each session's children (any origin), in (created-at, id) order.
+    index: HashMap<SessionId, Vec<SessionId>>,
+    /// Ids that some `origin: subagent` session names as its parent.
+    parents: HashSet<SessionId>,
+}
+
+impl Listing {
+    /// Reads the corpus.
+    ///
+    /// # Errors
+    /// `SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE` before any read when the runtime has no
+    /// projection registry; `CANCELLED`; the store's error when its listing fails.
+    pub(crate) async fn open(agents: &Agents, cancel: CancellationToken) -> Result<Self> {
+        let env = agents.env();
+        let registry = env.projections.clone().ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::SubagentControlProjectionsUnavailable,
+                "the session projection registry is not mounted: listing needs it",
+            )
+        })?;
+        check(&cancel)?;
+        let mut records = HashMap::new();
+        if let Some(store) = &env.store {
+            let listed = tokio::select! {
+                () = cancel.cancelled() => return Err(cancelled()),
+                listed = store.list() => listed,
+            };
+            let listed = listed.map_err(|error| {
+                if cancel.is_cancelled() {
+                    cancelled()
+                } else {
+                    error
+                }
+            })?;
+            for row in listed {
+                match row {
+                    ListedSession::Header(header) => {
+                        records.insert(header.id, Record { header, live: None });
+                    }
+                    ListedSession::Corrupt { id, error } => {
+                        // Without a readable header it has no place in any tree.
+                        tracing::warn!(session_id = ?id, %error, "a stored session header is unreadable; not listed");
+                    }
+                }
+            }
+        }
+        check(&cancel)?;
+        for agent in agents.list().await {
+            let header = agent.header();
+            records.insert(
+                header.id,
+                Record {
+                    header,
+                    live: Some(agent),
+                },
+            );
+        }
+        check(&cancel)?;
+        let parents = records
+            .values()
+            .filter(|record| record.is_candidate())
+            .filter_map(|record| record.header.parent_session)
+            .collect();
+        let mut index: HashMap<SessionId, Vec<SessionId>> = HashMap::new();
+        for record in records.values() {
+            if let Some(parent) = record.header.parent_session {
+                index.entry(parent).or_default().push(record.header.id);
+            }
+        }
+        for children in index.values_mut() {
+            children.sort_by_key(|id| (records.get(id).map(|r| r.header.created_at), *id));
+        }
+        Ok(Self {
+            registry,
+            store: env.store.clone(),
+            cache: env.projection_cache,
+            cancel,
+            records,
+            index,
+            parents,
+        })
+    }
+
+    /// The corpus sessions whose header names `parent`, in (created-at, id) order.
+    fn children_of(&self, parent: SessionId) -> impl DoubleEndedIterator<Item = &Record> {
+        self.index
+            .get(&parent)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .filter_map(|id| self.records.get(id))
+    }
+
+    /// The entries of `parent`'s direct delegated children.
+    pub(crate) async fn children(&self, parent: SessionId) -> Result<Vec<SubagentListEntry>> {
+        let candidates: Vec<&Record> = self
+            .children_of(parent)
+            .filter(|record| record.is_candidate())
+            .collect();
+        let served = self.serve(&candidates).await?;
+        Ok(served
+            .into_iter()
+            .filter_map(|served| match served {
+                Served::Entry(entry) => Some(entry),
+                Served::Omitted => None,
+            })
+            .collect())
+    }
+
+    /// The entries of `root`'s whole descendant tree, in pre-order.
+    pub(crate) async fn descendants(
+        &self,
+        root: SessionId,
+    ) -> Result<Vec<SubagentDescendantListEntry>> {
+        // Iterative, with a visited set: a corrupt parent cycle or a very deep chain of
+        // ordinary sessions can neither loop nor exhaust the stack.
+        let mut order: Vec<(&Record, SessionId, u64)> = Vec::new();
+        let mut visited: HashSet<SessionId> = HashSet::from([root]);
+        let mut stack: Vec<(SessionId, u64)> = vec![(root, 0)];
+        while let Some((node, depth)) = stack.pop() {
+            for child in self.children_of(node).rev() {
+                if visited.insert(child.header.id) {
+                    stack.push((child.header.id, depth + 1));
+                }
+            }
+            if node != root {
+                if let Some(record) = self.records.get(&node) {
+                    if record.is_candidate() {
+                        let parent = record.header.parent_session.unwrap_or(root);
+                        order.push((record, parent, depth));
+                    }
+                }
+            }
+        }
+        let candidates: Vec<&Record> = order.iter().map(|(record, _, _)| *record).collect();
+        let served = self.serve(&candidates).await?;
+        Ok(served
+            .into_iter()
+            .zip(order)
+            .filter_map(|(served, (_, parent_id, depth))| match served {
+                Served::Entry(entry) => Some(SubagentDescendantListEntry {
+                    entry,
+                    parent_id,
+                    depth,
+                }),
+                Served::Omitted => None,
+            })
+            .collect())
+    }
+
+    /// Serves every candidate, in order, at most [`COLD_READS`] store reads at once.
+    async fn serve(&self, candidates: &[&Record]) -> Result<Vec<Served>> {
+        let served: Vec<Served> =
+            stream::iter(candidates.iter().map(|record| self.identify(record)))
+                .buffered(COLD_READS)
+                .try_collect()
+                .await?;
+        check(&self.cancel)?;
+        Ok(served)
+    }
+
+    fn child(
+        &self,
+        header: &SessionHeader,
+        identity: SubagentIdentity,
+        activity: SubagentActivity,
+    ) -> Served {
+        Served::Entry(SubagentListEntry::Child {
+            id: header.id,
+            mode: identity.mode,
+            label: identity.label,
+            activity,
+            has_children: self.parents.contains(&header.id),
+        })
+    }
+
+    fn diagnostic(header: &SessionHeader, reason: SubagentDiagnosticReason) -> Served {
+        Served::Entry(SubagentListEntry::Diagnostic {
+            id: header.id,
+            reason,
+        })
+    }
+
+    /// The identity ladder for one candidate (see the module docs).
+    async fn identify(&self, record: &Record) -> Result<Served> {
+        let header = &record.header;
+        if let Some(agent) = &record.live {
+            return Ok(match self.registry.snapshot(agent.log()) {
+                Err(error) => {
+                    tracing::debug!(session_id = %header.id, %error, "a live child's projection failed");
+                    Self::diagnostic(header, SubagentDiagnosticReason::Corrupt)
+                }
+                Ok(snapshot) => match snapshot
+                    .values
+                    .get(IDENTITY_UNIT)
+                    .and_then(SubagentIdentity::from_view)
+                {
+                    Some(identity) => self.child(header, identity, SubagentActivity::Running),
+                    None => Served::Omitted,
+                },
+            });
+        }
+        let Some(store) = &self.store else {
+            // A cold record only comes from the store.
+            return Ok(Self::diagnostic(
+                header,
+                SubagentDiagnosticReason::Unavailable,
+            ));
+        };
+        if let Some(identity) = self.cached_identity(store, header).await {
+            return Ok(self.child(header, identity, SubagentActivity::Inactive));
+        }
+        check(&self.cancel)?;
+        let inspected = tokio::select! {
+            () = self.cancel.cancelled() => return Err(cancelled()),
+            inspected = store.inspect(header.id) => inspected,
+        };
+        check(&self.cancel)?;
+        let stored = match inspected {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::debug!(session_id = %header.id, %error, "a cold child could not be inspected");
+                return Ok(Self::diagnostic(
+                    header,
+                    SubagentDiagnosticReason::Unavailable,
+                ));
+            }
+        };
+        if !same_lifecycle(&stored.header, header) {
+            return Ok(Self::diagnostic(header, SubagentDiagnosticReason::Corrupt));
+        }
+        Ok(match self.registry.fold(&stored.events) {
+            Ok(snapshot) => match snapshot
+                .values
+                .get(IDENTITY_UNIT)
+                .and_then(SubagentIdentity::from_view)
+            {
+                Some(identity) => self.child(header, identity, SubagentActivity::Inactive),
+                None => Self::diagnostic(header, SubagentDiagnosticReason::Corrupt),
+            },
+            Err(error) => {
+                tracing::debug!(session_id = %header.id, %error, "a cold child's projection failed");
+                Self::diagnostic(header, SubagentDiagnosticReason::Corrupt)
+            }
+        })
+    }
+
+    /// The cached identity of a cold child, when the cache has one for its lifecycle that
+    /// passes the seq gate.
+    async fn cached_identity(
+        &self,
+        store: &SharedStore,
+        header: &SessionHeader,
+    ) -> Option<SubagentIdentity> {
+        if !self.cache {
+            return None;
+        }
+        let row = cached_row(store, IDENTITY_UNIT, header).await?;
+        let identity = SubagentIdentity::from_view(&self.registry.view_row(&row)?)?;
+        (identity.seq >= header.seed_length.unwrap_or(0)).then_some(identity)
+    }
+}

@@ -1,0 +1,384 @@
+//! Provides [`ProjectionRegistry`]: the registered projection units, and their watermark cells
+//! on every live session's log.
+//!
+//! A live session's snapshot folds only the events appended since the last one (the cell's
+//! watermark) from the in-memory log: it reads nothing from the store. Cells live in the log's
+//! memo, so they go when the log does. A cold session is folded whole from an inspected log.
+//!
+//! Every unit runs contained: a unit that panics, or whose view fails, fails the snapshot of
+//! that one session (a listing then diagnoses that child `corrupt`), never the caller.
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use serde_json::Value;
+
+use super::ProjectionUnit;
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::session::{SessionEvent, SessionLog, SessionLogView};
+
+/// The views of a session's client-visible units as of one event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProjectionSnapshot {
+    /// The seq of the last event folded in (`None` for an empty log).
+    pub as_of_seq: Option<u64>,
+    /// Each visible unit's view, by key.
+    pub values: BTreeMap<String, Value>,
+}
+
+/// One unit's state as of one event: what the checkpoint cache stores beside the log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointRow {
+    /// The unit's key.
+    pub key: String,
+    /// The unit's state version when the row was taken.
+    pub version: u32,
+    /// The seq of the last event folded into `state`.
+    pub seq: u64,
+    /// The unit's state.
+    pub state: Value,
+}
+
+struct Registered {
+    unit: Arc<dyn ProjectionUnit>,
+    registrations: usize,
+}
+
+/// The registered projection units. Cheap to share; units are called without any lock held.
+#[derive(Default)]
+pub struct ProjectionRegistry {
+    units: Mutex<Vec<Registered>>,
+}
+
+impl std::fmt::Debug for ProjectionRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProjectionRegistry")
+            .field(
+                "units",
+                &self
+                    .units()
+                    .iter()
+                    .map(|unit| unit.key().to_owned())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// A unit's registration; [`ProjectionRegistration::remove`] (or dropping it without
+/// [`ProjectionRegistration::keep`]) releases it. Registrations of one key are counted: the unit
+/// goes when the last one is released.
+#[must_use = "dropping the registration removes the unit; call keep() to keep it"]
+pub struct ProjectionRegistration {
+    registry: Weak<ProjectionRegistry>,
+    key: Option<String>,
+}
+
+impl ProjectionRegistration {
+    /// Releases the registration now.
+    pub fn remove(mut self) {
+        self.release();
+    }
+
+    /// Keeps the unit registered for the registry's lifetime.
+    pub fn keep(mut self) {
+        self.key = None;
+    }
+
+    fn release(&mut self) {
+        if let (Some(key), Some(registry)) = (self.key.take(), self.registry.upgrade()) {
+            registry.release(&key);
+        }
+    }
+}
+
+impl Drop for ProjectionRegistration {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A unit's watermark cell on one live log.
+struct Cell {
+    version: u32,
+    state: Value,
+    /// How many events are folded into `state`.
+    folded: usize,
+    /// Set once the unit panicked on this log: its state can no longer be trusted.
+    failed: bool,
+}
+
+/// The cells of one live log, by unit key (the log's memo).
+#[derive(Default)]
+struct Cells {
+    by_key: HashMap<String, Cell>,
+    /// The seq of the last checkpoint handed out for writing.
+    checkpointed: Option<u64>,
+}
+
+fn unit_failed(unit: &dyn ProjectionUnit, what: &str) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::StoreCorrupt,
+        format!("projection unit \"{}\" failed: {what}", unit.key()),
+    )
+}
+
+/// Applies `events` to `state` with `unit`, contained: `None` when the unit panicked.
+fn fold_events(
+    unit: &dyn ProjectionUnit,
+    mut state: Value,
+    events: &[Arc<SessionEvent>],
+) -> Option<Value> {
+    catch_unwind(AssertUnwindSafe(|| {
+        for event in events {
+            if let Some(next) = unit.apply(&state, event) {
+                state = next;
+            }
+        }
+        state
+    }))
+    .ok()
+}
+
+fn view_of(unit: &dyn ProjectionUnit, state: &Value) -> Result<Value> {
+    catch_unwind(AssertUnwindSafe(|| unit.view(state)))
+        .unwrap_or_else(|_| Err(unit_failed(unit, "its view panicked")))
+}
+
+fn rows_of(cells: &Cells, len: usize) -> Vec<CheckpointRow> {
+    let Some(seq) = seq_of(len) else {
+        return Vec::new();
+    };
+    cells
+        .by_key
+        .iter()
+        .filter(|(_, cell)| !cell.failed)
+        .map(|(key, cell)| CheckpointRow {
+            key: key.clone(),
+            version: cell.version,
+            seq,
+            state: cell.state.clone(),
+        })
+        .collect()
+}
+
+fn seq_of(folded: usize) -> Option<u64> {
+    folded
+        .checked_sub(1)
+        .and_then(|last| u64::try_from(last).ok())
+}
+
+impl ProjectionRegistry {
+    /// An empty registry.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// A registry with the seam's two units: the subagent identity and its timing.
+    pub fn with_seam_units() -> Arc<Self> {
+        let registry = Self::new();
+        for unit in [
+            Arc::new(super::SubagentIdentityUnit) as Arc<dyn ProjectionUnit>,
+            Arc::new(super::SubagentTimingUnit),
+        ] {
+            // Two distinct keys into an empty registry cannot conflict.
+            if let Ok(registration) = registry.register(unit) {
+                registration.keep();
+            }
+        }
+        registry
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Registered>> {
+        self.units.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers `unit` under its key. Registering a key again counts one more registration of
+    /// the unit already there.
+    ///
+    /// # Errors
+    /// `INVALID_PROJECTION` when the key is registered with another state version.
+    pub fn register(
+        self: &Arc<Self>,
+        unit: Arc<dyn ProjectionUnit>,
+    ) -> Result<ProjectionRegistration> {
+        let key = unit.key().to_owned();
+        let mut units = self.lock();
+        match units.iter_mut().find(|entry| entry.unit.key() == key) {
+            Some(entry) if entry.unit.state_version() != unit.state_version() => {
+                return Err(SubagentError::new(
+                    ErrorCode::InvalidProjection,
+                    format!(
+                        "projection unit \"{key}\" is registered with state version {}, not {}",
+                        entry.unit.state_version(),
+                        unit.state_version()
+                    ),
+                ));
+            }
+            Some(entry) => entry.registrations += 1,
+            None => units.push(Registered {
+                unit,
+                registrations: 1,
+            }),
+        }
+        Ok(ProjectionRegistration {
+            registry: Arc::downgrade(self),
+            key: Some(key),
+        })
+    }
+
+    fn release(&self, key: &str) {
+        let mut units = self.lock();
+        if let Some(index) = units.iter().position(|entry| entry.unit.key() == key) {
+            units[index].registrations -= 1;
+            if units[index].registrations == 0 {
+                units.remove(index);
+            }
+        }
+    }
+
+    /// The registered units, in registration order.
+    pub fn units(&self) -> Vec<Arc<dyn ProjectionUnit>> {
+        self.lock()
+            .iter()
+            .map(|entry| Arc::clone(&entry.unit))
+            .collect()
+    }
+
+    /// The registered unit under `key`.
+    pub fn unit(&self, key: &str) -> Option<Arc<dyn ProjectionUnit>> {
+        self.lock()
+            .iter()
+            .find(|entry| entry.unit.key() == key)
+            .map(|entry| Arc::clone(&entry.unit))
+    }
+
+    /// Brings `log`'s cells up to its last event and runs `read` over them (under the log's
+    /// lock, so the cells match the events).
+    fn with_cells<R>(&self, log: &SessionLog, read: impl FnOnce(&mut Cells, usize) -> R) -> R {
+        let units = self.units();
+        log.with_memo(|cells: &mut Cells, events| {
+            cells
+                .by_key
+                .retain(|key, _| units.iter().any(|unit| unit.key() == key));
+            for unit in &units {
+                let cell = cells
+                    .by_key
+                    .entry(unit.key().to_owned())
+                    .or_insert_with(|| Cell {
+                        version: unit.state_version(),
+                        state: unit.init(),
+                        folded: 0,
+                        failed: false,
+                    });
+                if cell.version != unit.state_version() {
+                    *cell = Cell {
+                        version: unit.state_version(),
+                        state: unit.init(),
+                        folded: 0,
+                        failed: false,
+                    };
+                }
+                if cell.failed || cell.folded >= events.len() {
+                    continue;
+                }
+                let state = std::mem::take(&mut cell.state);
+                match fold_events(unit.as_ref(), state, &events[cell.folded..]) {
+                    Some(state) => {
+                        cell.state = state;
+                        cell.folded = events.len();
+                    }
+                    None => cell.failed = true,
+                }
+            }
+            read(cells, events.len())
+        })
+    }
+
+    /// The views of a live session's visible units, folding only what was appended since the
+    /// last call (no store read).
+    ///
+    /// # Errors
+    /// When any visible unit panicked on this log or cannot render its view.
+    pub fn snapshot(&self, log: &SessionLogView) -> Result<ProjectionSnapshot> {
+        let log = log.inner();
+        let units = self.units();
+        let states = self.with_cells(log, |cells, len| {
+            let states: Vec<(Arc<dyn ProjectionUnit>, Option<Value>)> = units
+                .iter()
+                .filter(|unit| unit.visible())
+                .map(|unit| {
+                    let state = cells
+                        .by_key
+                        .get(unit.key())
+                        .filter(|cell| !cell.failed)
+                        .map(|cell| cell.state.clone());
+                    (Arc::clone(unit), state)
+                })
+                .collect();
+            (states, len)
+        });
+        let (states, len) = states;
+        let mut values = BTreeMap::new();
+        for (unit, state) in states {
+            let state = state.ok_or_else(|| unit_failed(unit.as_ref(), "its fold panicked"))?;
+            values.insert(unit.key().to_owned(), view_of(unit.as_ref(), &state)?);
+        }
+        Ok(ProjectionSnapshot {
+            as_of_seq: seq_of(len),
+            values,
+        })
+    }
+
+    /// Every unit's state on a live log, as checkpoint rows (none for an empty log, and none
+    /// for a unit that failed on it).
+    pub fn checkpoint(&self, log: &SessionLogView) -> Vec<CheckpointRow> {
+        self.with_cells(log.inner(), |cells, len| rows_of(cells, len))
+    }
+
+    /// As [`ProjectionRegistry::checkpoint`], but empty when the log has not grown since the
+    /// last rows this returned: a turn end and the disposal right after it write once.
+    pub(crate) fn fresh_checkpoint(&self, log: &SessionLog) -> Vec<CheckpointRow> {
+        self.with_cells(log, |cells, len| {
+            if seq_of(len).is_none() || cells.checkpointed == seq_of(len) {
+                return Vec::new();
+            }
+            cells.checkpointed = seq_of(len);
+            rows_of(cells, len)
+        })
+    }
+
+    /// Whether `seq` is still the newest checkpoint handed out for `log`: a slower write of an
+    /// older one must not overwrite a newer one.
+    pub(crate) fn is_latest_checkpoint(&self, log: &SessionLog, seq: u64) -> bool {
+        log.with_memo(|cells: &mut Cells, _| cells.checkpointed.is_none_or(|latest| latest <= seq))
+    }
+
+    /// The views of every visible unit folded over a whole stored log (a cold session).
+    ///
+    /// # Errors
+    /// When any visible unit panicked or cannot render its view.
+    pub fn fold(&self, events: &[Arc<SessionEvent>]) -> Result<ProjectionSnapshot> {
+        let mut values = BTreeMap::new();
+        for unit in self.units().iter().filter(|unit| unit.visible()) {
+            let state = fold_events(unit.as_ref(), unit.init(), events)
+                .ok_or_else(|| unit_failed(unit.as_ref(), "its fold panicked"))?;
+            values.insert(unit.key().to_owned(), view_of(unit.as_ref(), &state)?);
+        }
+        Ok(ProjectionSnapshot {
+            as_of_seq: seq_of(events.len()),
+            values,
+        })
+    }
+
+    /// The view of a checkpoint row of the unit under its key, with no log read: `None` when
+    /// the unit is not registered, the row is of another state version, or the view fails.
+    pub fn view_row(&self, row: &CheckpointRow) -> Option<Value> {
+        let unit = self.unit(&row.key)?;
+        if unit.state_version() != row.version || !unit.visible() {
+            return None;
+        }
+        view_of(unit.as_ref(), &row.state).ok()
+    }
+}

@@ -1,0 +1,138 @@
+//! Provides [`SubagentTimingUnit`] (`subagentTiming`): how long a child has spent in its own
+//! completed turns, and the turn it is in now.
+//!
+//! The child's (last) descriptor is the timing origin: it resets the sum, so time a fork
+//! replayed from its parent, or turns before the child was delegated, never count. A turn open
+//! when the descriptor lands (a one-shot child appends it inside its first turn) stays open from
+//! its own start. A turn that ends before it started adds nothing.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::ProjectionUnit;
+use crate::seam::descriptor::DESCRIPTOR_EVENT;
+use crate::session::{EventKind, SessionEvent};
+
+/// The key of the timing unit.
+pub const TIMING_UNIT: &str = "subagentTiming";
+
+/// An open turn: from its start to the child's latest event so far (epoch milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveSpan {
+    /// When the turn started.
+    pub since: u64,
+    /// The child's latest event in it.
+    pub through: u64,
+}
+
+/// The timing view: the settled time of completed own turns, and the open turn if any.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubagentTiming {
+    /// Milliseconds spent in completed turns since the descriptor.
+    pub settled_ms: u64,
+    /// The turn open now, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active: Option<ActiveSpan>,
+}
+
+/// The fold state: the view plus what the fold needs before the descriptor.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TimingState {
+    descriptor_seen: bool,
+    settled_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending_turn_start: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    active: Option<ActiveSpan>,
+}
+
+impl TimingState {
+    fn next(&self, event: &SessionEvent) -> Option<Self> {
+        let time = event.time;
+        let mut next = self.clone();
+        match &event.kind {
+            EventKind::TurnStart { .. } if self.descriptor_seen => {
+                next.active = Some(ActiveSpan {
+                    since: time,
+                    through: time,
+                });
+            }
+            EventKind::TurnStart { .. } => next.pending_turn_start = Some(time),
+            EventKind::Extension { event_type, .. } if event_type == DESCRIPTOR_EVENT => {
+                let since = self
+                    .active
+                    .map(|active| active.since)
+                    .or(self.pending_turn_start);
+                next = Self {
+                    descriptor_seen: true,
+                    settled_ms: 0,
+                    pending_turn_start: None,
+                    active: since.map(|since| ActiveSpan {
+                        since,
+                        through: time,
+                    }),
+                };
+            }
+            EventKind::TurnEnd { .. } if !self.descriptor_seen => {
+                self.pending_turn_start?;
+                next.pending_turn_start = None;
+            }
+            EventKind::TurnEnd { .. } => {
+                let active = self.active?;
+                next.active = None;
+                next.settled_ms = self
+                    .settled_ms
+                    .saturating_add(time.saturating_sub(active.since));
+            }
+            _ => {
+                let active = self.active?;
+                next.active = Some(ActiveSpan {
+                    through: time,
+                    ..active
+                });
+            }
+        }
+        Some(next)
+    }
+}
+
+/// Folds turn boundaries after the descriptor into [`SubagentTiming`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SubagentTimingUnit;
+
+impl ProjectionUnit for SubagentTimingUnit {
+    fn key(&self) -> &str {
+        TIMING_UNIT
+    }
+
+    fn state_version(&self) -> u32 {
+        2
+    }
+
+    fn init(&self) -> Value {
+        serde_json::to_value(TimingState::default()).unwrap_or(Value::Null)
+    }
+
+    fn apply(&self, state: &Value, event: &SessionEvent) -> Option<Value> {
+        // Irrelevant events change nothing, and a foreign state is restarted from scratch.
+        let current: TimingState = serde_json::from_value(state.clone()).unwrap_or_default();
+        let next = current.next(event)?;
+        serde_json::to_value(next).ok()
+    }
+
+    fn view(&self, state: &Value) -> crate::Result<Value> {
+        let state: TimingState = serde_json::from_value(state.clone()).map_err(|error| {
+            crate::SubagentError::new(
+                crate::ErrorCode::StoreCorrupt,
+                format!("subagentTiming state does not decode: {error}"),
+            )
+        })?;
+        serde_json::to_value(SubagentTiming {
+            settled_ms: state.settled_ms,
+            active: state.active,
+        })
+        .map_err(|error| crate::SubagentError::bug(format!("timing view: {error}")))
+    }
+}

@@ -1,0 +1,308 @@
+//! Session projections: the timing unit (TIME-01..04), the identity unit's fold, and the
+//! registry's watermark cells, registrations and containment.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use subagents::projection::{
+    ProjectionUnit, SubagentIdentity, SubagentIdentityUnit, SubagentTimingUnit, IDENTITY_UNIT,
+    TIMING_UNIT,
+};
+use subagents::seam::DelegationMode;
+use subagents::testing::{ScriptStep, ScriptedModel};
+use subagents::{ErrorCode, EventKind, Runtime, SessionEvent, SubagentDescriptor, TurnEndReason};
+
+use crate::support::{agent_with, memory_runtime, run_prompt};
+
+/// An event of `kind` at `seq`, stamped `time`.
+fn at(seq: u64, time: u64, kind: EventKind) -> SessionEvent {
+    let mut event = SessionEvent::new(seq, kind);
+    event.time = time;
+    event
+}
+
+fn turn_start(seq: u64, time: u64) -> SessionEvent {
+    at(seq, time, EventKind::TurnStart { turn: 1 })
+}
+
+fn turn_end(seq: u64, time: u64) -> SessionEvent {
+    at(
+        seq,
+        time,
+        EventKind::TurnEnd {
+            turn: 1,
+            reason: TurnEndReason::Completed,
+        },
+    )
+}
+
+fn descriptor(seq: u64, time: u64) -> SessionEvent {
+    at(
+        seq,
+        time,
+        SubagentDescriptor::continuable("spawn", "task").event(),
+    )
+}
+
+/// Something unrelated to timing: an extension event of another type.
+fn unrelated(seq: u64, time: u64) -> SessionEvent {
+    at(
+        seq,
+        time,
+        EventKind::Extension {
+            event_type: "test/unrelated".into(),
+            data: json!({}),
+        },
+    )
+}
+
+fn fold(unit: &dyn ProjectionUnit, events: &[SessionEvent]) -> Value {
+    let mut state = unit.init();
+    for event in events {
+        if let Some(next) = unit.apply(&state, event) {
+            state = next;
+        }
+    }
+    unit.view(&state).unwrap()
+}
+
+// TIME-01 (adapted: the seam's units are part of every runtime built with projections; the
+// seam cannot be unloaded, so "after unload" is a runtime built without them)
+#[actix_rt::test]
+async fn the_seam_units_register_with_the_projection_registry() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = memory_runtime(&model);
+    let registry = rt.projections().expect("projections are on by default");
+    let agent = agent_with(&rt, |_| {}).await;
+    let values = registry.snapshot(agent.agent().log()).unwrap().values;
+    assert_eq!(values[TIMING_UNIT], json!({"settledMs": 0}));
+    assert_eq!(values[IDENTITY_UNIT], Value::Null, "the null sentinel");
+    agent.dispose().await.unwrap();
+    let bare = Runtime::builder()
+        .model("scripted", model)
+        .without_projections()
+        .build()
+        .unwrap();
+    assert!(bare.projections().is_none());
+}
+
+// TIME-02
+#[test]
+fn the_descriptor_resets_inherited_timing_and_later_turns_add_up() {
+    let events = [
+        turn_start(0, 100),
+        descriptor(1, 110),
+        turn_end(2, 300),
+        turn_start(3, 1_000),
+        descriptor(4, 1_100),
+        turn_end(5, 4_100),
+        turn_start(6, 10_000),
+        turn_end(7, 12_000),
+    ];
+    assert_eq!(
+        fold(&SubagentTimingUnit, &events),
+        json!({"settledMs": 5_100})
+    );
+}
+
+// TIME-03
+#[test]
+fn an_open_turn_is_exposed_and_reversed_boundaries_subtract_nothing() {
+    let events = [
+        turn_start(0, 1_000),
+        descriptor(1, 1_100),
+        turn_end(2, 900),
+        turn_start(3, 2_000),
+        unrelated(4, 2_500),
+    ];
+    assert_eq!(
+        fold(&SubagentTimingUnit, &events),
+        json!({"settledMs": 0, "active": {"since": 2_000, "through": 2_500}})
+    );
+}
+
+// TIME-04
+#[test]
+fn completed_pre_descriptor_turns_and_unrelated_events_change_nothing() {
+    let unit = SubagentTimingUnit;
+    let initial = unit.init();
+    assert_eq!(unit.apply(&initial, &unrelated(0, 1)), None);
+    assert_eq!(unit.apply(&initial, &turn_end(1, 2)), None);
+    let described = unit.apply(&initial, &descriptor(2, 3)).unwrap();
+    assert_eq!(unit.apply(&described, &turn_end(3, 4)), None);
+    assert_eq!(
+        fold(
+            &unit,
+            &[turn_start(0, 100), turn_end(1, 200), descriptor(2, 300)]
+        ),
+        json!({"settledMs": 0})
+    );
+}
+
+#[test]
+fn the_identity_is_the_last_descriptor_and_a_bad_one_resets_it_to_null() {
+    let unit = SubagentIdentityUnit;
+    let first = at(
+        0,
+        1,
+        SubagentDescriptor::continuable("spawn", "first").event(),
+    );
+    let second = at(
+        1,
+        2,
+        SubagentDescriptor::continuable("spawn", "second").event(),
+    );
+    let malformed = at(
+        2,
+        3,
+        EventKind::Extension {
+            event_type: "subagent/descriptor".into(),
+            data: json!({"version": 2, "mode": "continuable"}),
+        },
+    );
+    let unknown = at(
+        3,
+        4,
+        EventKind::Extension {
+            event_type: "subagent/descriptor".into(),
+            data: json!({"version": 99}),
+        },
+    );
+    let identity = fold(&unit, &[first.clone(), second.clone()]);
+    assert_eq!(
+        SubagentIdentity::from_view(&identity),
+        Some(SubagentIdentity {
+            mode: DelegationMode::Continuable,
+            label: Some("second".into()),
+            seq: 1,
+        })
+    );
+    // The sentinel survives a JSON round trip as a present null.
+    let reset = fold(&unit, &[first.clone(), malformed]);
+    assert_eq!(reset, Value::Null);
+    let round_trip: Value =
+        serde_json::from_str(&json!({ "subagent": reset }).to_string()).unwrap();
+    assert_eq!(round_trip.get("subagent"), Some(&Value::Null));
+    assert_eq!(fold(&unit, &[first, unknown]), Value::Null);
+    assert_eq!(
+        fold(&unit, &[second]),
+        json!({"mode": "continuable", "label": "second", "seq": 1})
+    );
+}
+
+/// A unit that counts the events it is shown.
+struct Counting(Arc<AtomicUsize>);
+
+impl ProjectionUnit for Counting {
+    fn key(&self) -> &str {
+        "counting"
+    }
+    fn state_version(&self) -> u32 {
+        1
+    }
+    fn init(&self) -> Value {
+        json!(0)
+    }
+    fn apply(&self, state: &Value, _: &SessionEvent) -> Option<Value> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Some(json!(state.as_u64().unwrap_or(0) + 1))
+    }
+}
+
+#[actix_rt::test]
+async fn a_live_snapshot_folds_only_what_was_appended_since_the_last_one() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = memory_runtime(&model);
+    let registry = rt.projections().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let _registration = registry
+        .register(Arc::new(Counting(Arc::clone(&seen))))
+        .unwrap();
+    let agent = agent_with(&rt, |_| {}).await;
+    let log = agent.agent().log();
+    run_prompt(agent.agent(), "one").await;
+    let first = registry.snapshot(log).unwrap();
+    let len = agent.agent().log().len();
+    assert_eq!(first.values["counting"], json!(len));
+    assert_eq!(first.as_of_seq, Some(len - 1));
+    assert_eq!(seen.load(Ordering::SeqCst) as u64, len);
+    // Nothing new: no event is folded again.
+    registry.snapshot(log).unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst) as u64, len);
+    run_prompt(agent.agent(), "two").await;
+    let grown = agent.agent().log().len();
+    let second = registry.snapshot(log).unwrap();
+    assert_eq!(second.values["counting"], json!(grown));
+    assert_eq!(
+        seen.load(Ordering::SeqCst) as u64,
+        grown,
+        "only the new events"
+    );
+    agent.dispose().await.unwrap();
+}
+
+/// A unit whose view always fails.
+struct Broken;
+
+impl ProjectionUnit for Broken {
+    fn key(&self) -> &str {
+        "broken"
+    }
+    fn state_version(&self) -> u32 {
+        1
+    }
+    fn init(&self) -> Value {
+        Value::Null
+    }
+    fn apply(&self, _: &Value, _: &SessionEvent) -> Option<Value> {
+        None
+    }
+    fn view(&self, _: &Value) -> subagents::Result<Value> {
+        panic!("a foreign unit's bug")
+    }
+}
+
+#[actix_rt::test]
+async fn registrations_are_counted_versions_must_agree_and_a_failing_unit_is_contained() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = memory_runtime(&model);
+    let registry = rt.projections().unwrap();
+    let first = registry
+        .register(Arc::new(Counting(Arc::default())))
+        .unwrap();
+    let second = registry
+        .register(Arc::new(Counting(Arc::default())))
+        .unwrap();
+    struct OtherVersion;
+    impl ProjectionUnit for OtherVersion {
+        fn key(&self) -> &str {
+            "counting"
+        }
+        fn state_version(&self) -> u32 {
+            2
+        }
+        fn init(&self) -> Value {
+            Value::Null
+        }
+        fn apply(&self, _: &Value, _: &SessionEvent) -> Option<Value> {
+            None
+        }
+    }
+    let refused = registry.register(Arc::new(OtherVersion)).err().unwrap();
+    assert_eq!(refused.code(), ErrorCode::InvalidProjection);
+    first.remove();
+    assert!(
+        registry.unit("counting").is_some(),
+        "one registration is left"
+    );
+    second.remove();
+    assert!(registry.unit("counting").is_none());
+    let broken = registry.register(Arc::new(Broken)).unwrap();
+    let agent = agent_with(&rt, |_| {}).await;
+    let failed = registry.snapshot(agent.agent().log()).unwrap_err();
+    assert!(failed.message().contains("broken"), "{failed}");
+    broken.remove();
+    assert!(registry.snapshot(agent.agent().log()).is_ok());
+    agent.dispose().await.unwrap();
+}
