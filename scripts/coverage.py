@@ -46,10 +46,8 @@ na={
  'RSET-04':'n/a — as RSET-03',
  'DINH-05':'n/a — the seam only asks whether an approval service exists (host-runtime §1 lists approval prompts as not used by the seam), and this runtime composes none: an escalation can never reach an answerer, because a pre-execute `Ask` is refused outright (seam_structured::a_pre_execute_listener_can_deny_and_an_ask_without_approval_is_refused); the pin itself is DINH-01/DINH-04. Porting the test needs an approval service with asked/decided events and sandbox escalation, which belong to the host, not the seam',
  'PRESET-01':'n/a — presets are out of scope (seed-differences #10)',
- 'CONT-08':'n/a — lifecycle dispatch is contained (EventBus::emit): a failing or panicking subagent/start listener is logged and never reaches the emitter, so publication cannot fail and there is nothing unpublished to roll back (continuable_windows::a_failing_start_listener_cannot_roll_a_start_back pins the containment)',
+ 'LIST-03':'n/a — the live session registry is part of every runtime, so the session store cannot be missing (the projection registry can: LIST-02, LIST-53)',
  'CONT-28':'n/a — the store is fixed when the runtime is built and cannot be unloaded, and a continuable child requires one (CONT-04): a final flush with no participant cannot arise',
- 'CONT-72':'n/a — an agent has no maintenance phase: a waking send to an idle agent opens its turn at once, so accepted work never waits without a turn that could claim it',
- 'CINH-05':'n/a — there is no sandbox service, so a live child has no way to switch its own sandbox after delegation',
 }
 pending={
  'CONT':'pending — continuable children (issue #8)','CINH':'pending — continuable children (issue #8)',

@@ -263,9 +263,9 @@ async fn a_child_an_ancestor_interrupted_before_it_answered_settles_as_stopped()
     );
 }
 
-// CONT-72 (adapted: the host has no maintenance phase that defers a waking send, so the
-// accepted work no turn can open over is a quiet report from the grandchild: an idle child
-// takes it into its next step without opening a turn)
+// CONT-72 (adapted: the accepted work no turn opens over is a quiet report, not maintenance)
+// The host has no maintenance phase that defers a waking send; an idle child takes a quiet
+// report into its next step without opening a turn.
 #[actix_rt::test]
 async fn accepted_work_cancelled_before_any_turn_opened_is_reported_stopped() {
     let child_gate = Gate::new();

@@ -488,8 +488,8 @@ fn runtime_contexts(events: &[subagents::SessionEvent]) -> Vec<String> {
         .collect()
 }
 
-// CINH-05 (the switch is made by a deployment pre-step hook standing in for a sandbox
-// service: it records `sandbox/mode` with a `user` source in the child's own log)
+// CINH-05 (adapted: a deployment pre-step hook records the switch, as a sandbox service would)
+// The switch is a `sandbox/mode` event with a `user` source in the child's own log.
 #[actix_rt::test]
 async fn a_later_child_side_switch_wins_over_the_delegation_snapshot() {
     let policy = SwitchablePolicy {

@@ -895,8 +895,8 @@ async fn failures_before_and_at_release_are_reported_together() {
     );
 }
 
-// CONT-08 (adapted: lifecycle listeners are contained, so publishing `subagent/start` cannot
-// fail; the publication that can fail is the child's session being created in the store)
+// CONT-08 (adapted: the publication that can fail is the child's session creation in the store)
+// Lifecycle listeners are contained, so publishing `subagent/start` itself cannot fail.
 #[actix_rt::test]
 async fn a_child_whose_durable_publication_fails_is_rolled_back_without_a_lifecycle_edge() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));

@@ -67,8 +67,7 @@ fn fold(unit: &dyn ProjectionUnit, events: &[SessionEvent]) -> Value {
     unit.view(&state).unwrap()
 }
 
-// TIME-01 (adapted: the seam's units are part of every runtime built with projections; the
-// seam cannot be unloaded, so "after unload" is a runtime built without them)
+// TIME-01 (adapted: the seam cannot be unloaded; "after unload" is a runtime without projections)
 #[actix_rt::test]
 async fn the_seam_units_register_with_the_projection_registry() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
