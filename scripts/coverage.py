@@ -12,9 +12,10 @@ for m in re.finditer(r'^- \*\*([A-Z]+-(?:\d+|E2E))\*\*(.*)$', src, re.M):
     rows.append((i, t.group(1) if t else ''))
 # scan tests
 ported={}
-for f in sorted(glob.glob('tests/*.rs'))+sorted(glob.glob('src/**/*.rs',recursive=True)):
-    # Unit tests are named by their module path (`src/seam/setup.rs` -> `seam::setup`).
-    mod=f.split('/')[-1][:-3] if f.startswith('tests/') else f[4:-3].replace('/','::')
+for f in sorted(glob.glob('tests/**/*.rs',recursive=True))+sorted(glob.glob('src/**/*.rs',recursive=True)):
+    # Tests are named by their module path (`tests/listing/cached.rs` -> `listing::cached`,
+    # `src/seam/setup.rs` -> `seam::setup`).
+    mod=f[6:-3].replace('/','::') if f.startswith('tests/') else f[4:-3].replace('/','::')
     lines=open(f).read().split('\n')
     for k,l in enumerate(lines):
         m=re.match(r'\s*// ((?:[A-Z]+-(?:\d+|E2E))(?:\s+[A-Z]+-(?:\d+|E2E))*)(.*)$', l)

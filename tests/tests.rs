@@ -29,6 +29,8 @@ mod crash;
 mod errors;
 /// The event bus: listener containment and scopes.
 mod events;
+/// Durable listing: list_children and list_descendants, the identity ladder, the cache.
+mod listing;
 /// The scripted model and the block assembler.
 mod model;
 /// The OpenAI-compatible adapter against a scripted local server; one turn through the runtime.

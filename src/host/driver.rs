@@ -322,6 +322,7 @@ async fn drive(
         }
         let stepped = run_step(ctx, turn, step).await;
         ctx.append(EventKind::StepEnd { turn, step })?;
+        crate::projection::cache::checkpoint_if_due(&ctx.env, &ctx.log);
         if ctx.options.flush == FlushPolicy::EveryStep && ctx.log.flush().await.is_err() {
             // The log is faulted; the turn ends with the fault.
             return Err(Fault::Failed(ctx.fault_failure()));

@@ -1,77 +1,106 @@
 //! The projection checkpoint cache: each delegated child's unit states, stored beside its log
-//! as rows `{ver, seq, val, createdAt}`, so a listing can name a cold child without reading it.
+//! as one record `{identity: {createdAt, cwd}, rows: {unit: {ver, seq, val}}}`, so a listing can
+//! name a cold child without reading its log.
 //!
-//! The cache is an accelerator only. Rows are written fail-soft at the end of a child's turns
-//! and at its disposal, always after the log events they cover reached the store, so a row is
-//! never ahead of the log. A row is read back only for the same session lifecycle (its
-//! `createdAt`), of the unit's current state version; anything else — no row, a row that does
-//! not decode, a store that fails — is no answer, and the listing refolds the log.
+//! The cache is an accelerator only. The record is written fail-soft at the end of a child's
+//! turns, every so many events within a long turn, and at its disposal, always after the log
+//! events it covers reached the store, so it is never ahead of the log. A record is read back
+//! only for the same session lifecycle (`createdAt` and `cwd`), and a row only at its unit's
+//! current state version; anything else — no record, a row that does not decode, a store that
+//! fails — is no answer, and the listing refolds the log.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::{CheckpointRow, ProjectionRegistry};
 use crate::host::AgentEnv;
 use crate::session::{SessionHeader, SessionLog, SessionOrigin};
 use crate::store::SharedStore;
 
-fn encode(row: &CheckpointRow, created_at: u64) -> Value {
+/// The store key under which a session's checkpoint record lives (one record per session).
+pub const CHECKPOINT_RECORD: &str = "checkpoint";
+
+/// The record: the session lifecycle it belongs to, and one row per unit.
+fn encode(header: &SessionHeader, rows: &[CheckpointRow]) -> Value {
+    let rows: Map<String, Value> = rows
+        .iter()
+        .map(|row| {
+            (
+                row.key.clone(),
+                json!({"ver": row.version, "seq": row.seq, "val": row.state}),
+            )
+        })
+        .collect();
     json!({
-        "ver": row.version,
-        "seq": row.seq,
-        "val": row.state,
-        "createdAt": created_at,
+        "identity": {"createdAt": header.created_at, "cwd": header.cwd},
+        "rows": rows,
     })
 }
 
-fn decode(key: &str, value: &Value, created_at: u64) -> Option<CheckpointRow> {
-    if value.get("createdAt")?.as_u64()? != created_at {
+/// The rows of a record, when it belongs to `header`'s lifecycle; a row that does not decode
+/// is left out.
+fn decode(value: &Value, header: &SessionHeader) -> Option<Vec<CheckpointRow>> {
+    let identity = value.get("identity")?;
+    let cwd = match identity.get("cwd") {
+        None | Some(Value::Null) => None,
+        Some(cwd) => Some(cwd.as_str()?.into()),
+    };
+    if identity.get("createdAt")?.as_u64()? != header.created_at || cwd != header.cwd {
         return None;
     }
-    Some(CheckpointRow {
-        key: key.to_owned(),
-        version: u32::try_from(value.get("ver")?.as_u64()?).ok()?,
-        seq: value.get("seq")?.as_u64()?,
-        state: value.get("val")?.clone(),
-    })
+    let rows = value.get("rows")?.as_object()?;
+    Some(
+        rows.iter()
+            .filter_map(|(key, row)| {
+                Some(CheckpointRow {
+                    key: key.clone(),
+                    version: u32::try_from(row.get("ver")?.as_u64()?).ok()?,
+                    seq: row.get("seq")?.as_u64()?,
+                    state: row.get("val")?.clone(),
+                })
+            })
+            .collect(),
+    )
 }
 
-/// The cached row of unit `key` for the session `header` describes; `None` for no usable row.
-pub(crate) async fn cached_row(
+/// The cached rows of the session `header` describes; `None` for no usable record (none, of
+/// another lifecycle, undecodable, or a store that failed).
+pub(crate) async fn cached_rows(
     store: &SharedStore,
-    key: &str,
     header: &SessionHeader,
-) -> Option<CheckpointRow> {
-    match store.cache_get(key, header.id).await {
-        Ok(Some(value)) => decode(key, &value, header.created_at),
+) -> Option<Vec<CheckpointRow>> {
+    match store.cache_get(CHECKPOINT_RECORD, header.id).await {
+        Ok(Some(value)) => decode(&value, header),
         Ok(None) => None,
         Err(error) => {
-            tracing::debug!(session_id = %header.id, unit = key, %error, "projection cache read failed; refolding");
+            tracing::debug!(session_id = %header.id, %error, "projection cache read failed; refolding");
             None
         }
     }
 }
 
-/// Writes `log`'s checkpoint rows, fail-soft: a failed write is logged and the cache is left
-/// as it was (a later listing refolds).
+/// Writes `log`'s checkpoint record, fail-soft: a failed write is logged and the cache is left
+/// as it was (a later listing refolds). A write overtaken by a newer checkpoint is dropped.
 pub(crate) async fn write_rows(
     registry: &ProjectionRegistry,
     store: &SharedStore,
     log: &SessionLog,
     rows: Vec<CheckpointRow>,
 ) {
+    let Some(seq) = rows.first().map(|row| row.seq) else {
+        return;
+    };
+    if !registry.is_latest_checkpoint(log, seq) {
+        return;
+    }
     let header = log.header();
-    for row in rows {
-        if !registry.is_latest_checkpoint(log, row.seq) {
-            return;
-        }
-        if let Err(error) = store
-            .cache_put(&row.key, header.id, encode(&row, header.created_at))
-            .await
-        {
-            tracing::warn!(session_id = %header.id, unit = row.key, %error, "projection checkpoint write failed");
-        }
+    if let Err(error) = store
+        .cache_put(CHECKPOINT_RECORD, header.id, encode(&header, &rows))
+        .await
+    {
+        tracing::warn!(session_id = %header.id, %error, "projection checkpoint write failed");
     }
 }
 
@@ -81,24 +110,41 @@ pub(crate) fn checkpointing(
     env: &AgentEnv,
     log: &SessionLog,
 ) -> Option<(Arc<ProjectionRegistry>, SharedStore)> {
-    let registry = env.projections.clone()?;
-    let store = env.store.clone()?;
-    (log.header().origin == Some(SessionOrigin::Subagent)).then_some((registry, store))
+    let registry = env.projections.as_ref()?;
+    let store = env.store.as_ref()?;
+    (env.projection_cache && log.origin() == Some(SessionOrigin::Subagent))
+        .then(|| (Arc::clone(registry), Arc::clone(store)))
 }
 
-/// Checkpoints a closed child's log at its disposal (its events are all in the store), unless
-/// the turn end before it already wrote the same rows.
-pub(crate) async fn checkpoint_at_disposal(env: &AgentEnv, log: &SessionLog) {
-    if let Some((registry, store)) = checkpointing(env, log) {
-        let rows = registry.fresh_checkpoint(log);
-        if !rows.is_empty() {
-            write_rows(&registry, &store, log, rows).await;
-        }
+/// Within a long turn, a checkpoint is due after this many events...
+const CHECKPOINT_EVERY_EVENTS: u64 = 256;
+/// ...or this long after the last one.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Checkpoints a live child's log at a step end when the throttle says it is due, so a long
+/// turn's timing and identity reach the cache before the turn ends.
+pub(crate) fn checkpoint_if_due(env: &AgentEnv, log: &SessionLog) {
+    let Some((registry, _)) = checkpointing(env, log) else {
+        return;
+    };
+    if registry.checkpoint_due(log, CHECKPOINT_EVERY_EVENTS, CHECKPOINT_INTERVAL) {
+        checkpoint_after_turn(env, log);
     }
 }
 
-/// Checkpoints a live child's log at the end of a turn: once the events reached the store, its
-/// fresh rows are written. Runs on its own task; nothing waits for it.
+/// Checkpoints a closed child's log at its disposal (its events are all in the store). Always
+/// written, even when the turn end before it handed out the same rows: that write runs on its
+/// own task and may not have landed, and a released child should be served from the cache.
+pub(crate) async fn checkpoint_at_disposal(env: &AgentEnv, log: &SessionLog) {
+    if let Some((registry, store)) = checkpointing(env, log) {
+        let rows = registry.final_checkpoint(log);
+        write_rows(&registry, &store, log, rows).await;
+    }
+}
+
+/// Checkpoints a live child's log (at the end of a turn, or when the throttle is due): once the
+/// events reached the store, its fresh rows are written. Runs on its own task; nothing waits
+/// for it.
 pub(crate) fn checkpoint_after_turn(env: &AgentEnv, log: &SessionLog) {
     let Some((registry, store)) = checkpointing(env, log) else {
         return;

@@ -28,7 +28,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::cache::cached_row;
+use super::cache::cached_rows;
 use super::identity::{SubagentIdentity, IDENTITY_UNIT};
 use super::ProjectionRegistry;
 use crate::actors::agent::AgentRef;
@@ -146,17 +146,6 @@ fn check(cancel: &CancellationToken) -> Result<()> {
     } else {
         Ok(())
     }
-}
-
-/// The header fields that pin a session's lifecycle: a cold inspection must find the same.
-fn same_lifecycle(a: &SessionHeader, b: &SessionHeader) -> bool {
-    a.version == b.version
-        && a.id == b.id
-        && a.created_at == b.created_at
-        && a.cwd == b.cwd
-        && a.parent_session == b.parent_session
-        && a.seed_length == b.seed_length
-        && a.delegation_depth == b.delegation_depth
 }
 
 /// One listing over one corpus.
@@ -393,7 +382,7 @@ impl Listing {
                 ));
             }
         };
-        if !same_lifecycle(&stored.header, header) {
+        if !stored.header.same_lifecycle(header) {
             return Ok(Self::diagnostic(header, SubagentDiagnosticReason::Corrupt));
         }
         Ok(match self.registry.fold(&stored.events) {
@@ -412,8 +401,9 @@ impl Listing {
         })
     }
 
-    /// The cached identity of a cold child, when the cache has one for its lifecycle that
-    /// passes the seq gate.
+    /// The cached identity of a cold child: served only from a record of its lifecycle whose
+    /// every usable row renders (a failing unit sends the child to the inspection, where it is
+    /// diagnosed), and only when it passes the seq gate.
     async fn cached_identity(
         &self,
         store: &SharedStore,
@@ -422,8 +412,19 @@ impl Listing {
         if !self.cache {
             return None;
         }
-        let row = cached_row(store, IDENTITY_UNIT, header).await?;
-        let identity = SubagentIdentity::from_view(&self.registry.view_row(&row)?)?;
+        let mut identity = None;
+        for row in cached_rows(store, header).await? {
+            let view = match self.registry.view_row(&row) {
+                // A row of another version, or of a unit no longer registered.
+                None => continue,
+                Some(Err(_)) => return None,
+                Some(Ok(view)) => view,
+            };
+            if row.key == IDENTITY_UNIT {
+                identity = SubagentIdentity::from_view(&view);
+            }
+        }
+        let identity = identity?;
         (identity.seq >= header.seed_length.unwrap_or(0)).then_some(identity)
     }
 }

@@ -12,6 +12,7 @@ mod registry;
 mod timing;
 mod unit;
 
+pub use cache::CHECKPOINT_RECORD;
 pub use identity::{SubagentIdentity, SubagentIdentityUnit, IDENTITY_UNIT};
 pub use listing::{
     SubagentActivity, SubagentDescendantListEntry, SubagentDiagnosticReason, SubagentListEntry,

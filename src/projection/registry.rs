@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -115,6 +116,8 @@ struct Cells {
     by_key: HashMap<String, Cell>,
     /// The seq of the last checkpoint handed out for writing.
     checkpointed: Option<u64>,
+    /// When it was handed out.
+    checkpointed_at: Option<Instant>,
 }
 
 fn unit_failed(unit: &dyn ProjectionUnit, what: &str) -> SubagentError {
@@ -345,7 +348,37 @@ impl ProjectionRegistry {
                 return Vec::new();
             }
             cells.checkpointed = seq_of(len);
+            cells.checkpointed_at = Some(Instant::now());
             rows_of(cells, len)
+        })
+    }
+
+    /// Every unit's state on a log being disposed, marked as the newest checkpoint.
+    pub(crate) fn final_checkpoint(&self, log: &SessionLog) -> Vec<CheckpointRow> {
+        self.with_cells(log, |cells, len| {
+            cells.checkpointed = seq_of(len);
+            cells.checkpointed_at = Some(Instant::now());
+            rows_of(cells, len)
+        })
+    }
+
+    /// Whether a long turn's log is due a checkpoint: `every_events` appended since the last
+    /// one, or `interval` passed since it (without folding anything to find out).
+    pub(crate) fn checkpoint_due(
+        &self,
+        log: &SessionLog,
+        every_events: u64,
+        interval: Duration,
+    ) -> bool {
+        log.with_memo(|cells: &mut Cells, events| {
+            let len = u64::try_from(events.len()).unwrap_or(u64::MAX);
+            let since = cells.checkpointed.map_or(0, |seq| seq + 1);
+            let grown = len.saturating_sub(since);
+            grown >= every_events
+                || (grown > 0
+                    && cells
+                        .checkpointed_at
+                        .is_some_and(|at| at.elapsed() >= interval))
         })
     }
 
@@ -372,13 +405,16 @@ impl ProjectionRegistry {
         })
     }
 
-    /// The view of a checkpoint row of the unit under its key, with no log read: `None` when
-    /// the unit is not registered, the row is of another state version, or the view fails.
-    pub fn view_row(&self, row: &CheckpointRow) -> Option<Value> {
+    /// The view of a checkpoint row, with no log read: `None` when the row is not usable (its
+    /// unit is not registered or not visible, or the row is of another state version).
+    ///
+    /// # Errors
+    /// When the unit cannot render the row's state.
+    pub fn view_row(&self, row: &CheckpointRow) -> Option<Result<Value>> {
         let unit = self.unit(&row.key)?;
         if unit.state_version() != row.version || !unit.visible() {
             return None;
         }
-        view_of(unit.as_ref(), &row.state).ok()
+        Some(view_of(unit.as_ref(), &row.state))
     }
 }

@@ -33,7 +33,7 @@ use tokio::sync::{oneshot, Notify};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::event::{EventKind, SessionEvent};
-use crate::session::header::SessionHeader;
+use crate::session::header::{SessionHeader, SessionOrigin};
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
 use crate::session::seed::{check_lossless, free_form_json, validate_seed};
@@ -153,6 +153,11 @@ impl SessionLog {
     /// The header.
     pub fn header(&self) -> SessionHeader {
         self.lock().header.clone()
+    }
+
+    /// Where the session came from (the header's `origin`), without copying the header.
+    pub(crate) fn origin(&self) -> Option<SessionOrigin> {
+        self.lock().header.origin
     }
 
     /// The number of events (the next seq).

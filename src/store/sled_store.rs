@@ -143,7 +143,16 @@ impl SledStore {
         self.writing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The session's head. A head without its header is what a crash left of an uncommitted
+    /// creation (the header is written last): that session does not exist.
     fn read_head(&self, id: SessionId) -> Result<Head> {
+        if !self
+            .headers
+            .contains_key(id.as_bytes())
+            .map_err(io("reading a header"))?
+        {
+            return Err(not_found(id));
+        }
         let stored = self
             .heads
             .get(id.as_bytes())
