@@ -224,3 +224,51 @@ async fn a_runtime_without_the_cache_writes_no_checkpoint() {
         None
     );
 }
+
+#[actix_rt::test]
+async fn a_long_turn_is_checkpointed_before_it_ends() {
+    let gate = subagents::testing::Gate::new();
+    let model = ScriptedModel::new();
+    // Enough tool steps in one turn to pass the step-end throttle's event count.
+    for call in 0..60 {
+        model.push(ScriptStep::tool_call(
+            &format!("call-{call}"),
+            "noop",
+            json!({}),
+        ));
+    }
+    model.push(ScriptStep::text("done").gated(&gate));
+    let noop = subagents::Tool::new(
+        "noop",
+        "Does nothing.",
+        json!({"type": "object"}),
+        |_, _| async { Ok(subagents::ToolOutput::text("ok")) },
+    );
+    let probe = ProbeStore::new();
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model).tool(noop),
+        probe.clone(),
+    )
+    .await;
+    let parent = root(&rt).await;
+    let child = crate::support::start_continuable(&rt, parent.agent(), "work long")
+        .await
+        .child_id;
+    gate.reached().await;
+    // The turn is still open: only the step-end throttle can have written this record.
+    let record = within("a checkpoint inside the turn", async {
+        loop {
+            if let Some(record) = probe.cache_get(CHECKPOINT_RECORD, child).await.unwrap() {
+                break record;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(
+        record["rows"][TIMING_UNIT]["val"]["active"].is_object(),
+        "taken inside the open turn: {record:#}"
+    );
+    assert_eq!(record["rows"][IDENTITY_UNIT]["val"]["label"], "child task");
+    within("shutdown", rt.shutdown()).await.unwrap();
+}
