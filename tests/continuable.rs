@@ -132,16 +132,7 @@ async fn a_runtime_without_persistence_refuses_continuable_children() {
         .unwrap()
         .keep();
     let parent = root(&rt).await;
-    let error = rt
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "t",
-            parent.agent(),
-            text("go"),
-        ))
-        .await
-        .unwrap_err();
+    let error = crate::support::refused_start(&rt, parent.agent()).await;
     assert_eq!(error.code(), ErrorCode::PersistenceUnavailable);
     // A follow-up cannot cold-resume without a store either, and nothing was left behind.
     let error = followup_child(&rt, parent.agent(), SessionId::new(), "more")

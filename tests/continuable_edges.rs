@@ -46,6 +46,12 @@ fn notice_content(child: SessionId, how: &str, closing: Option<&str>) -> Vec<Con
     content
 }
 
+/// Waits for `parent`'s first settled notice; its content.
+async fn first_notice(parent: &AgentRef) -> Vec<ContentBlock> {
+    eventually("the notice", || !notices_delivered(parent).is_empty()).await;
+    notices_delivered(parent).remove(0).content
+}
+
 /// The settled notices journaled into `agent`'s inbox, read or still pending, in order (the
 /// Rust form of upstream's `settlementNotices`: logged plus pending).
 fn notices_delivered(agent: &AgentRef) -> Vec<Message> {
@@ -101,12 +107,8 @@ async fn a_turn_that_failed_before_its_first_step_is_reported_failed_with_the_la
     let end = &ends_of(&recorder, started.child_id)[0];
     assert_eq!(end.stop_reason, StopReason::Error);
     assert_eq!(end.last_assistant_message, Some(text("the answer")));
-    eventually("the notice", || {
-        !notices_delivered(parent.agent()).is_empty()
-    })
-    .await;
     assert_eq!(
-        notices_delivered(parent.agent())[0].content,
+        first_notice(parent.agent()).await,
         notice_content(started.child_id, FAILED, Some("the answer"))
     );
     let events = persisted(&rt, started.child_id).await;
@@ -143,12 +145,8 @@ async fn a_turn_that_failed_after_an_answered_one_is_reported_failed_with_that_a
     let end = &ends_of(&recorder, started.child_id)[0];
     assert_eq!(end.stop_reason, StopReason::Error, "not `completed`");
     assert_eq!(end.last_assistant_message, Some(text("the answer")));
-    eventually("the notice", || {
-        !notices_delivered(parent.agent()).is_empty()
-    })
-    .await;
     assert_eq!(
-        notices_delivered(parent.agent())[0].content,
+        first_notice(parent.agent()).await,
         notice_content(started.child_id, FAILED, Some("the answer"))
     );
     let events = persisted(&rt, started.child_id).await;
@@ -247,12 +245,8 @@ async fn a_child_an_ancestor_interrupted_before_it_answered_settles_as_stopped()
     let end = &ends_of(&recorder, started.child_id)[0];
     assert_eq!(end.stop_reason, StopReason::Aborted);
     assert_eq!(end.last_assistant_message, None);
-    eventually("the notice", || {
-        !notices_delivered(parent.agent()).is_empty()
-    })
-    .await;
     assert_eq!(
-        notices_delivered(parent.agent())[0].content,
+        first_notice(parent.agent()).await,
         notice_content(started.child_id, STOPPED, None)
     );
     assert_eq!(

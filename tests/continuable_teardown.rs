@@ -115,16 +115,7 @@ async fn a_drain_begun_at_start_publication_rolls_the_start_back_silently() {
                 count.fetch_add(1, Ordering::SeqCst);
             }
         });
-    let error = rt
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "t",
-            parent.agent(),
-            text("go"),
-        ))
-        .await
-        .unwrap_err();
+    let error = crate::support::refused_start(&rt, parent.agent()).await;
     assert_eq!(error.code(), ErrorCode::Draining);
     let drain = drained
         .lock()

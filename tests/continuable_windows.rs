@@ -587,16 +587,7 @@ async fn a_drain_begun_at_agent_creation_resolves_after_the_rollback() {
                 _ => {}
             }
         });
-    let error = rt
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "t",
-            parent.agent(),
-            text("go"),
-        ))
-        .await
-        .unwrap_err();
+    let error = crate::support::refused_start(&rt, parent.agent()).await;
     assert_eq!(error.code(), ErrorCode::Draining);
     let drains: Vec<_> = std::mem::take(&mut *drains.lock().unwrap());
     assert_eq!(drains.len(), 1, "the listener drained once");
@@ -903,16 +894,7 @@ async fn a_child_whose_durable_publication_fails_is_rolled_back_without_a_lifecy
     let (rt, faults, parent) = faulty(&model).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
     faults.arm(StoreOperation::Create);
-    let error = rt
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "t",
-            parent.agent(),
-            text("go"),
-        ))
-        .await
-        .unwrap_err();
+    let error = crate::support::refused_start(&rt, parent.agent()).await;
     assert_eq!(
         error.code(),
         ErrorCode::StoreIo,

@@ -288,6 +288,22 @@ async fn runtime_over(store: SharedStore) -> Runtime {
     seam_runtime_on(Runtime::builder().model("scripted", model()), store).await
 }
 
+/// A runtime over a fresh memory store, and the id of a live root parent.
+async fn stored_parent() -> (Arc<MemoryStore>, Runtime, SessionId) {
+    let store = Arc::new(MemoryStore::new());
+    let rt = runtime_over(store.clone()).await;
+    let parent = root(&rt).await.agent().id();
+    (store, rt, parent)
+}
+
+/// A runtime over a fresh probe store, and the id of a live root parent.
+async fn probed_parent() -> (Arc<ProbeStore>, Runtime, SessionId) {
+    let probe = ProbeStore::new();
+    let rt = runtime_over(probe.clone()).await;
+    let parent = root(&rt).await.agent().id();
+    (probe, rt, parent)
+}
+
 /// A seam runtime over `store` that never reads the projection cache.
 async fn uncached_runtime_over(store: SharedStore) -> Runtime {
     seam_runtime_on(

@@ -372,6 +372,19 @@ pub fn delivered(events: &[SessionEvent]) -> Vec<String> {
         .collect()
 }
 
+/// Starts a continuable child of `parent` that must be refused; the refusal.
+pub async fn refused_start(rt: &Runtime, parent: &subagents::AgentRef) -> subagents::SubagentError {
+    rt.subagents()
+        .start_continuable(subagents::ContinuableStartSpec::new(
+            "spawn",
+            "t",
+            parent,
+            text("go"),
+        ))
+        .await
+        .expect_err("the start is refused")
+}
+
 /// A seam runtime, one root parent, and a recorder of the lifecycle events scoped to it.
 pub async fn fixture(model: &ScriptedModel) -> (Runtime, subagents::AgentHandle, SeamRecorder) {
     let rt = seam_runtime(model).await;

@@ -5,9 +5,7 @@ use super::*;
 // LIST-14
 #[actix_rt::test]
 async fn a_cached_identity_from_the_childs_own_suffix_is_served_without_inspection() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     let header = delegated(SessionId::new(), parent, 1);
     let child = author(
         &*probe,
@@ -31,9 +29,7 @@ async fn a_cached_identity_from_the_childs_own_suffix_is_served_without_inspecti
 // LIST-15
 #[actix_rt::test]
 async fn a_cached_ancestor_identity_from_the_fork_seed_is_refused() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     // The seed replays the ancestor's descriptor at seq 1; the child's own lands at seq 5.
     let mut events = ancestor_seed();
     events.extend(completed_turn(
@@ -60,9 +56,7 @@ async fn a_cached_ancestor_identity_from_the_fork_seed_is_refused() {
 // LIST-17
 #[actix_rt::test]
 async fn a_cached_null_identity_lets_the_inspection_rule() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     let header = delegated(SessionId::new(), parent, 1);
     let child = author(
         &*probe,
@@ -125,9 +119,7 @@ async fn a_settled_child_is_served_from_its_checkpoint_without_any_inspection() 
 // LIST-31
 #[actix_rt::test]
 async fn without_a_usable_cached_identity_the_child_is_inspected() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     let header = delegated(SessionId::new(), parent, 1);
     let child = author(
         &*probe,
@@ -185,9 +177,7 @@ async fn without_a_usable_cached_identity_the_child_is_inspected() {
 // LIST-33
 #[actix_rt::test]
 async fn a_failing_cache_read_silently_falls_through_to_inspection() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     let header = delegated(SessionId::new(), parent, 1);
     let child = author(
         &*probe,

@@ -5,9 +5,7 @@ use super::*;
 // LIST-36 LIST-52
 #[actix_rt::test]
 async fn a_cancelled_token_stops_both_listings_before_any_store_read() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     author(
         &*probe,
         delegated(SessionId::new(), parent, 1),
@@ -35,9 +33,7 @@ async fn a_cancelled_token_stops_both_listings_before_any_store_read() {
 // LIST-37 (adapted: the backend call is dropped on cancellation instead of receiving a signal)
 #[actix_rt::test]
 async fn cancelling_during_the_store_listing_is_cancelled() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     probe.hold_list();
     let cancel = CancellationToken::new();
     let (outcome, ()) = within("the cancelled listing", async {
@@ -90,9 +86,7 @@ async fn cancelling_during_a_cold_inspection_is_cancelled_and_abandons_the_read(
 // LIST-39
 #[actix_rt::test]
 async fn a_cancellation_seen_after_an_inspection_resolved_is_never_a_success() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     author(
         &*probe,
         delegated(SessionId::new(), parent, 1),
@@ -117,9 +111,7 @@ async fn a_cancellation_seen_after_an_inspection_resolved_is_never_a_success() {
 // LIST-40
 #[actix_rt::test]
 async fn an_inspection_failing_during_cancellation_is_cancelled_not_unavailable() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     author(
         &*probe,
         delegated(SessionId::new(), parent, 1),

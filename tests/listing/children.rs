@@ -129,9 +129,7 @@ async fn a_parent_that_exists_only_in_the_store_is_a_valid_target() {
 // LIST-07 (adapted: createdAt can be pinned only on stored headers, so the ordered children are cold)
 #[actix_rt::test]
 async fn children_are_ordered_by_creation_then_id_and_ordinary_forks_are_left_out() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let mut ids = [SessionId::new(), SessionId::new(), SessionId::new()];
     ids.sort();
     // The smallest id is created last, and the store enumerates by id: only the (createdAt, id)
@@ -183,9 +181,7 @@ async fn a_live_child_without_its_descriptor_yet_is_omitted() {
 // LIST-09
 #[actix_rt::test]
 async fn a_one_shot_child_is_listed_with_its_durable_creation_label() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let labeled = author(
         &*store,
         delegated(SessionId::new(), parent, 1),
@@ -299,9 +295,7 @@ async fn a_later_invalid_descriptor_turns_a_live_identity_into_a_serializable_nu
 // LIST-13
 #[actix_rt::test]
 async fn a_settled_child_whose_later_descriptor_is_invalid_is_corrupt() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let invalidated = author(
         &*store,
         delegated(SessionId::new(), parent, 1),
@@ -429,9 +423,7 @@ async fn a_child_whose_log_the_store_refuses_to_read_is_unavailable() {
 // LIST-19
 #[actix_rt::test]
 async fn a_malformed_descriptor_payload_is_corrupt() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let malformed = author(
         &*store,
         delegated(SessionId::new(), parent, 1),
@@ -447,9 +439,7 @@ async fn a_malformed_descriptor_payload_is_corrupt() {
 // LIST-20 (adapted: version 3 is this port's budgeted descriptor, so the unknown version is 99)
 #[actix_rt::test]
 async fn a_descriptor_of_an_unknown_version_is_corrupt() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let future_child = author(
         &*store,
         delegated(SessionId::new(), parent, 1),
@@ -469,9 +459,7 @@ async fn a_descriptor_of_an_unknown_version_is_corrupt() {
 // LIST-21
 #[actix_rt::test]
 async fn a_fork_whose_seed_replays_an_ancestor_descriptor_is_listed_under_that_identity() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     // The last-wins fold serves the replayed ancestor's identity until the child writes its own
     // (a documented deviation from a resume, which reads only the child's own suffix).
     let fork_child = author(
@@ -492,9 +480,7 @@ async fn a_fork_whose_seed_replays_an_ancestor_descriptor_is_listed_under_that_i
 // LIST-22
 #[actix_rt::test]
 async fn children_of_an_unregistered_provider_stay_listed() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let foreign = author(
         &*store,
         delegated(SessionId::new(), parent, 1),
@@ -587,9 +573,7 @@ async fn a_foreign_unit_failing_on_a_live_child_makes_only_that_child_corrupt() 
 // LIST-25
 #[actix_rt::test]
 async fn a_failing_store_listing_fails_the_whole_listing_with_its_own_error() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     author(
         &*probe,
         delegated(SessionId::new(), parent, 1),
@@ -644,9 +628,7 @@ async fn a_failed_cold_inspection_is_one_unavailable_row_and_is_retried_by_the_n
 // LIST-27
 #[actix_rt::test]
 async fn compacted_and_uncompacted_children_are_listed_identically() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let plain = author(
         &*store,
         delegated(SessionId::new(), parent, 1),

@@ -5,9 +5,7 @@ use super::*;
 // LIST-43
 #[actix_rt::test]
 async fn descendants_are_the_whole_tree_in_stable_pre_order_with_parent_and_depth() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let child_a = author(
         &*store,
         delegated(SessionId::new(), parent, 1),
@@ -49,9 +47,7 @@ async fn descendants_are_the_whole_tree_in_stable_pre_order_with_parent_and_dept
 // LIST-45
 #[actix_rt::test]
 async fn a_live_node_in_its_creation_window_is_omitted_but_its_subtree_is_walked() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let bare = live_child(&rt, parent, None).await;
     let bare_id = bare.agent().id();
     let below = author(
@@ -184,9 +180,7 @@ async fn continuable_descendants_below_ordinary_and_one_shot_intermediates_are_f
 // LIST-49
 #[actix_rt::test]
 async fn a_settled_node_without_a_descriptor_is_corrupt_and_its_subtree_still_listed() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let bare = author(
         &*store,
         delegated(SessionId::new(), parent, 1),
@@ -215,9 +209,7 @@ async fn a_settled_node_without_a_descriptor_is_corrupt_and_its_subtree_still_li
 // LIST-50
 #[actix_rt::test]
 async fn the_walk_continues_below_a_corrupt_node_and_positions_its_diagnostic() {
-    let store = Arc::new(MemoryStore::new());
-    let rt = runtime_over(store.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (store, rt, parent) = stored_parent().await;
     let corrupt = author(
         &*store,
         delegated(SessionId::new(), parent, 1),
@@ -249,9 +241,7 @@ async fn the_walk_continues_below_a_corrupt_node_and_positions_its_diagnostic() 
 // LIST-51
 #[actix_rt::test]
 async fn a_descendant_whose_inspection_names_another_parent_is_corrupt_in_place() {
-    let probe = ProbeStore::new();
-    let rt = runtime_over(probe.clone()).await;
-    let parent = root(&rt).await.agent().id();
+    let (probe, rt, parent) = probed_parent().await;
     let child = author(
         &*probe,
         delegated(SessionId::new(), parent, 1),
