@@ -28,6 +28,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a load scenario: many concurrent children against a scripted model, with live
+    /// progress, a report of throughput, latency and memory, and a verification that fails the
+    /// command when it does not hold.
+    Load(Box<cli::load::LoadArgs>),
     /// Run an agent that calls a tool, in a sled store, and print its session log and answer.
     Demo(DemoArgs),
     /// Print the durable forest of delegated children in a store (id, mode, activity, label,
@@ -165,6 +169,8 @@ enum Failure {
     ClosedOutput,
     /// Anything else: printed for a person, exit code 2.
     Error(SubagentError),
+    /// A load run that did not verify: its report says which check failed; exit code 1.
+    Unverified,
 }
 
 impl From<SubagentError> for Failure {
@@ -198,11 +204,20 @@ fn main() -> ExitCode {
         Command::Demo(args) => DemoPlan::from_args(args)
             .map_err(Failure::from)
             .and_then(|plan| actix::System::new().block_on(run_demo(plan))),
+        Command::Load(args) => actix::System::new()
+            .block_on(async move { cli::load::run(*args, &mut std::io::stdout().lock()).await }),
         Command::Tree(args) => actix::System::new()
             .block_on(async move { cli::tree::run(args, &mut std::io::stdout().lock()).await }),
     };
     match outcome {
         Ok(()) | Err(Failure::ClosedOutput) => ExitCode::SUCCESS,
+        Err(Failure::Unverified) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: the load run did not verify (see the report)"
+            );
+            ExitCode::from(1)
+        }
         Err(Failure::Error(error)) => {
             report(&error);
             ExitCode::from(2)

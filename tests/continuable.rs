@@ -1121,3 +1121,33 @@ async fn an_interrupt_stops_only_its_target() {
         }
     );
 }
+
+// Regression: sled 0.34's concurrent `flush_async` calls could stall each other for good, and
+// every continuable epoch ends with a flush: many children settling at once on sled hung. The
+// stall showed only in optimized builds (`subagents load --children 40 --roots 1 --workers 1`
+// in release); store::group_flush's unit test pins the one-flush-at-a-time rule that fixed it.
+#[actix_rt::test]
+async fn many_children_settling_at_once_on_sled_all_settle() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedModel::repeating(ScriptStep::text("done"));
+    let rt = crate::support::seam_runtime_on(
+        Runtime::builder().model("scripted", model),
+        Arc::new(subagents::SledStore::open(dir.path()).unwrap()),
+    )
+    .await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    for _ in 0..60 {
+        start_continuable(&rt, parent.agent(), "task").await;
+    }
+    recorder.wait_for_count(120).await;
+    assert_eq!(
+        recorder
+            .events()
+            .iter()
+            .filter(|event| matches!(event, subagents::SubagentEvent::End(_)))
+            .count(),
+        60
+    );
+    within("shutdown", rt.shutdown()).await.unwrap();
+}

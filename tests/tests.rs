@@ -31,6 +31,8 @@ mod errors;
 mod events;
 /// Durable listing: list_children and list_descendants, the identity ladder, the cache.
 mod listing;
+/// The load harness: a small scenario verifies and reports; a broken scenario is refused.
+mod load;
 /// The scripted model and the block assembler.
 mod model;
 /// The OpenAI-compatible adapter against a scripted local server; one turn through the runtime.

@@ -1,3 +1,4 @@
 //! The command-line tool's commands other than the demo.
 
+pub(crate) mod load;
 pub(crate) mod tree;

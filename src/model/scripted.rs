@@ -134,6 +134,29 @@ impl ScriptStep {
 
     /// Several tool calls in one response.
     pub fn tool_calls(calls: &[(&str, &str, serde_json::Value)]) -> Self {
+        Self::Chunks(tool_call_chunks(calls))
+    }
+
+    /// A failure with `code` and `message`.
+    pub fn fail(code: &str, message: &str) -> Self {
+        Self::Fail(LlmFailure::new(code, message))
+    }
+
+    /// Holds `step`'s chunks behind `gate`.
+    ///
+    /// A step without fixed chunks (a failure, a hang, a responder) is returned unchanged.
+    pub fn gated(self, gate: &Gate) -> Self {
+        match self {
+            Self::Chunks(chunks) | Self::Gated(_, chunks) => Self::Gated(gate.clone(), chunks),
+            other => other,
+        }
+    }
+}
+
+/// The chunks of a response making `calls` (each call's arguments split across two deltas),
+/// usage `{10, 5}`, finish `tool-calls`.
+pub(crate) fn tool_call_chunks(calls: &[(&str, &str, serde_json::Value)]) -> Vec<StreamChunk> {
+    {
         let mut chunks = Vec::new();
         for ((id, name, arguments), index) in calls.iter().zip(0u32..) {
             let text = arguments.to_string();
@@ -171,22 +194,7 @@ impl ScriptStep {
         chunks.push(StreamChunk::Finish {
             reason: FinishReason::ToolCalls,
         });
-        Self::Chunks(chunks)
-    }
-
-    /// A failure with `code` and `message`.
-    pub fn fail(code: &str, message: &str) -> Self {
-        Self::Fail(LlmFailure::new(code, message))
-    }
-
-    /// Holds `step`'s chunks behind `gate`.
-    ///
-    /// A step without fixed chunks (a failure, a hang, a responder) is returned unchanged.
-    pub fn gated(self, gate: &Gate) -> Self {
-        match self {
-            Self::Chunks(chunks) | Self::Gated(_, chunks) => Self::Gated(gate.clone(), chunks),
-            other => other,
-        }
+        chunks
     }
 }
 
@@ -200,7 +208,8 @@ fn usage(input_tokens: u64, output_tokens: u64) -> StreamChunk {
     }
 }
 
-fn text_chunks(text: String, finish: FinishReason) -> Vec<StreamChunk> {
+/// The chunks of a one-block text response ending with `finish`.
+pub(crate) fn text_chunks(text: String, finish: FinishReason) -> Vec<StreamChunk> {
     let length = u64::try_from(text.chars().count()).unwrap_or(u64::MAX);
     vec![
         StreamChunk::BlockStart {

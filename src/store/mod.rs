@@ -21,6 +21,7 @@
 //! with a holder, an expiry and an epoch column.
 
 pub(crate) mod faults;
+mod group_flush;
 pub mod lease;
 mod memory;
 mod sled_store;

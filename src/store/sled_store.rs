@@ -28,9 +28,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures::future::{self, BoxFuture};
+use futures::future::{self, BoxFuture, FutureExt};
 use serde_json::Value;
 
+use super::group_flush::GroupFlush;
 use super::lease::LeaseTable;
 use super::{
     check_append, check_contiguous, not_found, Lease, LeaseEpoch, LeaseHolder, ListedSession,
@@ -51,6 +52,8 @@ pub struct SledStore {
     cache: sled::Tree,
     /// The writer lock; the lease holders of this process live under it.
     writing: Arc<Mutex<LeaseTable>>,
+    /// Durability flushes, one at a time and shared.
+    flushes: Arc<GroupFlush>,
 }
 
 const LOCK_RETRY: Duration = Duration::from_millis(5);
@@ -132,6 +135,7 @@ impl SledStore {
             children: tree("children")?,
             cache: tree("projection_cache")?,
             writing: Arc::default(),
+            flushes: Arc::default(),
             db,
         })
     }
@@ -415,11 +419,25 @@ impl SessionPersistence for SledStore {
 
     fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            self.db
-                .flush_async()
+            // One fsync of the whole database at a time, shared by everyone it covers.
+            self.flushes
+                .flush(|| {
+                    let db = self.db.clone();
+                    async move {
+                        db.flush_async()
+                            .await
+                            .map(drop)
+                            .map_err(|e| SubagentError::store_io("flushing the store", e))
+                    }
+                    .boxed()
+                })
                 .await
-                .map(drop)
-                .map_err(|e| SubagentError::store_io(format!("flushing session {id}"), e))
+                .map_err(|error| {
+                    SubagentError::new(
+                        error.code(),
+                        format!("flushing session {id}: {}", error.message()),
+                    )
+                })
         })
     }
 

@@ -1,0 +1,180 @@
+//! `subagents load`: runs a load scenario with live progress, prints its report (or JSON), and
+//! fails when the run does not verify.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use subagents::load::{rss_bytes, Latency, LoadCounters, LoadFlush, LoadStore, Scenario};
+use subagents::{ErrorCode, SubagentError};
+
+use super::super::Failure;
+
+/// The `load` command's arguments; each flag overrides the scenario file's field.
+#[derive(Debug, clap::Args)]
+pub(crate) struct LoadArgs {
+    /// A scenario file (TOML or JSON) with any of the fields below; flags override it.
+    #[arg(long, value_name = "FILE")]
+    scenario: Option<PathBuf>,
+    /// Root agents.
+    #[arg(long)]
+    roots: Option<u64>,
+    /// Children per parent.
+    #[arg(long)]
+    children: Option<u64>,
+    /// Delegation levels below each root (continuable children delegate from their turn).
+    #[arg(long)]
+    depth: Option<u64>,
+    /// The share of one-shot children started through `fork`.
+    #[arg(long)]
+    fork_share: Option<f64>,
+    /// The share of each root's children that are continuable.
+    #[arg(long)]
+    continuable_share: Option<f64>,
+    /// Follow-ups per continuable child (each cold-resumes it).
+    #[arg(long)]
+    followups: Option<u64>,
+    /// The share of continuable children interrupted after their last follow-up.
+    #[arg(long)]
+    interrupt_share: Option<f64>,
+    /// The share of continuable children with a one-turn budget.
+    #[arg(long)]
+    budget_share: Option<f64>,
+    /// Simulated model latency in milliseconds: `5` (fixed) or `2..10` (uniform).
+    #[arg(long, value_name = "MS", value_parser = parse_latency)]
+    latency: Option<Latency>,
+    /// Where sessions are persisted.
+    #[arg(long, value_enum)]
+    store: Option<LoadStore>,
+    /// The sled directory (default: a fresh temporary directory).
+    #[arg(long, value_name = "DIR")]
+    store_dir: Option<PathBuf>,
+    /// When children flush.
+    #[arg(long, value_enum)]
+    flush: Option<LoadFlush>,
+    /// Worker threads for agents (default: one per core).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// The seed of every choice and drawn latency.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_latency(text: &str) -> Result<Latency, String> {
+    let number = |part: &str| {
+        part.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("`{text}` is not a number of milliseconds or a range MIN..MAX"))
+    };
+    match text.split_once("..") {
+        Some((min, max)) => Ok(Latency::Uniform {
+            min: number(min)?,
+            max: number(max)?,
+        }),
+        None => Ok(Latency::Fixed { ms: number(text)? }),
+    }
+}
+
+impl LoadArgs {
+    /// The scenario: the file's (or the defaults), with every given flag applied.
+    fn scenario(&self) -> Result<Scenario, SubagentError> {
+        let mut scenario = match &self.scenario {
+            Some(path) => Scenario::from_file(path)?,
+            None => Scenario::default(),
+        };
+        macro_rules! apply {
+            ($($field:ident),*) => {$(
+                if let Some(value) = self.$field.clone() {
+                    scenario.$field = value;
+                }
+            )*};
+        }
+        apply!(
+            roots,
+            children,
+            depth,
+            fork_share,
+            continuable_share,
+            followups,
+            interrupt_share,
+            budget_share,
+            latency,
+            store,
+            flush,
+            workers,
+            seed
+        );
+        if self.store_dir.is_some() {
+            scenario.store_dir.clone_from(&self.store_dir);
+        }
+        scenario.validate()?;
+        Ok(scenario)
+    }
+}
+
+/// Shows the counters on stderr while the run lasts (hidden when stdout is not a terminal).
+fn progress(counters: &Arc<LoadCounters>, total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    if !std::io::stdout().is_terminal() {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} settled  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let watched = Arc::clone(counters);
+    let ticker = bar.clone();
+    actix::spawn(async move {
+        while !ticker.is_finished() {
+            ticker.set_position(watched.settled.load(Ordering::Relaxed));
+            ticker.set_message(format!(
+                "{} started, {} in flight, {} follow-ups, RSS {} MiB",
+                watched.started.load(Ordering::Relaxed),
+                watched.in_flight(),
+                watched.followups.load(Ordering::Relaxed),
+                rss_bytes() >> 20
+            ));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    bar
+}
+
+/// Runs the command, writing the report to `out`.
+pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Failure> {
+    let scenario = args.scenario()?;
+    let counters = Arc::new(LoadCounters::default());
+    // Every child settles once, and each accepted follow-up adds an epoch.
+    let epochs = scenario.total_children().unwrap_or(0)
+        + scenario.roots
+            * subagents::load::share_count(scenario.children, scenario.continuable_share)
+            * scenario.followups;
+    let bar = progress(&counters, epochs);
+    let report = subagents::load::run(&scenario, Arc::clone(&counters)).await;
+    bar.finish_and_clear();
+    let report = report?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|error| {
+            SubagentError::new(
+                ErrorCode::ReportableBug,
+                format!("the report does not serialize: {error}"),
+            )
+        })?;
+        writeln!(out, "{json}")?;
+    } else {
+        writeln!(out, "{report}")?;
+    }
+    if report.passed {
+        Ok(())
+    } else {
+        Err(Failure::Unverified)
+    }
+}

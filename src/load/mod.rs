@@ -1,0 +1,19 @@
+//! The load harness behind `subagents load`: a [`Scenario`] of roots, children, depth,
+//! follow-ups, interrupts and budgets runs against the deterministic [`LoadModel`], and
+//! [`run`] answers a [`LoadReport`] of throughput, latency percentiles, memory and the floors
+//! measured in the same process — and whether the run verified (lifecycle pairs, the durable
+//! forest, follow-up accounting, nothing live after the drain, the store reopening).
+
+mod model;
+mod report;
+mod run;
+mod scenario;
+mod verify;
+
+pub use model::{delegate_directive, LoadModel, DELEGATE_TOOL};
+pub use report::{
+    ChildCounts, Floors, FollowupCounts, Latencies, LatencySummary, LoadReport, Memory, Throughput,
+};
+pub use run::{rss_bytes, run, LoadCounters};
+pub use scenario::{in_share, share_count, Latency, LoadFlush, LoadStore, Scenario};
+pub use verify::Check;

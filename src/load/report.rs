@@ -1,0 +1,386 @@
+//! Provides [`LoadReport`]: what a load run measured, beside the floors measured in the same
+//! process, and whether its verification held. It prints for a person (`Display`) or
+//! serializes for machines.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::scenario::Scenario;
+use super::verify::{Check, Created};
+use crate::seam::DelegationMode;
+
+/// A latency distribution, in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// How many were recorded.
+    pub count: u64,
+    /// The median.
+    pub p50_us: u64,
+    /// The 90th percentile.
+    pub p90_us: u64,
+    /// The 99th percentile.
+    pub p99_us: u64,
+    /// The largest.
+    pub max_us: u64,
+}
+
+impl LatencySummary {
+    pub(crate) fn of(histogram: &Histogram<u64>) -> Self {
+        if histogram.is_empty() {
+            return Self::default();
+        }
+        Self {
+            count: histogram.len(),
+            p50_us: histogram.value_at_quantile(0.50),
+            p90_us: histogram.value_at_quantile(0.90),
+            p99_us: histogram.value_at_quantile(0.99),
+            max_us: histogram.max(),
+        }
+    }
+}
+
+/// The floors measured in the same process before the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Floors {
+    /// Starting a bare actor and one request/response with it, nanoseconds.
+    pub actor_round_trip_ns: u64,
+    /// One sled batch of a turn's worth of event bytes, nanoseconds (sled runs only).
+    pub sled_turn_append_ns: Option<u64>,
+}
+
+struct Echo;
+
+impl Actor for Echo {
+    type Context = Context<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "u64")]
+struct Ping(u64);
+
+impl Handler<Ping> for Echo {
+    type Result = u64;
+
+    fn handle(&mut self, msg: Ping, _: &mut Context<Self>) -> u64 {
+        msg.0
+    }
+}
+
+impl Floors {
+    /// Measures the actor floor (and the sled floor when `sled`).
+    pub(crate) async fn measure(sled: bool) -> Self {
+        const ROUNDS: u32 = 2_000;
+        let began = Instant::now();
+        for round in 0..ROUNDS {
+            let _ = Echo.start().send(Ping(u64::from(round))).await;
+        }
+        let actor_round_trip_ns = per_round(began.elapsed(), ROUNDS);
+        Self {
+            actor_round_trip_ns,
+            sled_turn_append_ns: if sled { sled_floor() } else { None },
+        }
+    }
+}
+
+fn per_round(elapsed: Duration, rounds: u32) -> u64 {
+    u64::try_from(elapsed.as_nanos() / u128::from(rounds.max(1))).unwrap_or(u64::MAX)
+}
+
+/// One batch of six 300-byte rows (a short turn's events) into a temporary sled tree.
+fn sled_floor() -> Option<u64> {
+    const ROUNDS: u32 = 500;
+    let db = sled::Config::new().temporary(true).open().ok()?;
+    let tree = db.open_tree("events").ok()?;
+    let value = vec![b'x'; 300];
+    let began = Instant::now();
+    for round in 0..ROUNDS {
+        let mut batch = sled::Batch::default();
+        for row in 0u32..6 {
+            let mut key = round.to_be_bytes().to_vec();
+            key.extend_from_slice(&row.to_be_bytes());
+            batch.insert(key, value.as_slice());
+        }
+        tree.apply_batch(batch).ok()?;
+    }
+    Some(per_round(began.elapsed(), ROUNDS))
+}
+
+/// How many children of each kind were created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ChildCounts {
+    /// One-shot children.
+    pub one_shot: u64,
+    /// Continuable children.
+    pub continuable: u64,
+    /// All of them.
+    pub total: u64,
+}
+
+/// What happened to follow-ups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FollowupCounts {
+    /// Accepted (each one cold-resumed its child).
+    pub accepted: u64,
+    /// Refused with `BUDGET_EXHAUSTED`.
+    pub refused_by_budget: u64,
+    /// Children interrupted after their last follow-up.
+    pub interrupted: u64,
+}
+
+/// Rates over the run's growing phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Throughput {
+    /// One-shot runs completed per second.
+    pub one_shot_runs_per_s: f64,
+    /// Follow-ups accepted per second (each a cold resume).
+    pub followups_per_s: f64,
+    /// Children created per second.
+    pub children_per_s: f64,
+}
+
+/// Memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Memory {
+    /// The process's peak resident set size.
+    pub peak_rss_bytes: u64,
+    /// The most children live (started, not yet ended) at once.
+    pub peak_live_children: u64,
+    /// Peak RSS growth over the run divided by the peak live children.
+    pub rss_per_live_child_bytes: u64,
+}
+
+/// The latencies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Latencies {
+    /// A one-shot start to its result.
+    pub one_shot_start_to_result: LatencySummary,
+    /// A continuable start to inbox acceptance.
+    pub continuable_start_acceptance: LatencySummary,
+    /// A follow-up to its acceptance (including the cold resume).
+    pub followup_acceptance: LatencySummary,
+    /// A follow-up to the end of the epoch it opened.
+    pub followup_to_settled: LatencySummary,
+}
+
+/// What a load run measured and whether its verification held.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoadReport {
+    /// The scenario that ran.
+    pub scenario: Scenario,
+    /// Whether every check passed.
+    pub passed: bool,
+    /// The growing phase (start of the first child to the last settlement), seconds.
+    pub elapsed_s: f64,
+    /// The final drain (shutdown), seconds.
+    pub drain_s: f64,
+    /// Children created.
+    pub children: ChildCounts,
+    /// Follow-ups.
+    pub followups: FollowupCounts,
+    /// Rates.
+    pub throughput: Throughput,
+    /// Latencies.
+    pub latency: Latencies,
+    /// Memory.
+    pub memory: Memory,
+    /// The floors measured in the same process.
+    pub floors: Floors,
+    /// The one-shot median latency over the actor floor.
+    pub one_shot_p50_over_actor_floor: f64,
+    /// The verification checks.
+    pub checks: Vec<Check>,
+}
+
+/// The raw measurements a report is made from.
+pub(crate) struct Measured<'a> {
+    pub(crate) scenario: Scenario,
+    pub(crate) elapsed: Duration,
+    pub(crate) drain: Duration,
+    pub(crate) created: &'a [Created],
+    pub(crate) accepted: usize,
+    pub(crate) refused: u64,
+    pub(crate) interrupted: u64,
+    pub(crate) one_shot: LatencySummary,
+    pub(crate) start: LatencySummary,
+    pub(crate) followup: LatencySummary,
+    pub(crate) followup_settled: LatencySummary,
+    pub(crate) peak_rss: u64,
+    pub(crate) rss_before: u64,
+    pub(crate) peak_live: u64,
+    pub(crate) floors: Floors,
+    pub(crate) checks: Vec<Check>,
+}
+
+fn rate(count: u64, elapsed: Duration) -> f64 {
+    let seconds = elapsed.as_secs_f64();
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+impl LoadReport {
+    pub(crate) fn new(measured: Measured<'_>) -> Self {
+        let count = |mode| {
+            u64::try_from(measured.created.iter().filter(|c| c.mode == mode).count())
+                .unwrap_or(u64::MAX)
+        };
+        let one_shot = count(DelegationMode::OneShot);
+        let continuable = count(DelegationMode::Continuable);
+        let accepted = u64::try_from(measured.accepted).unwrap_or(u64::MAX);
+        let floor_us = measured.floors.actor_round_trip_ns as f64 / 1000.0;
+        Self {
+            passed: measured.checks.iter().all(|check| check.passed),
+            elapsed_s: measured.elapsed.as_secs_f64(),
+            drain_s: measured.drain.as_secs_f64(),
+            children: ChildCounts {
+                one_shot,
+                continuable,
+                total: one_shot + continuable,
+            },
+            followups: FollowupCounts {
+                accepted,
+                refused_by_budget: measured.refused,
+                interrupted: measured.interrupted,
+            },
+            throughput: Throughput {
+                one_shot_runs_per_s: rate(one_shot, measured.elapsed),
+                followups_per_s: rate(accepted, measured.elapsed),
+                children_per_s: rate(one_shot + continuable, measured.elapsed),
+            },
+            latency: Latencies {
+                one_shot_start_to_result: measured.one_shot,
+                continuable_start_acceptance: measured.start,
+                followup_acceptance: measured.followup,
+                followup_to_settled: measured.followup_settled,
+            },
+            memory: Memory {
+                peak_rss_bytes: measured.peak_rss,
+                peak_live_children: measured.peak_live,
+                rss_per_live_child_bytes: measured
+                    .peak_rss
+                    .saturating_sub(measured.rss_before)
+                    .checked_div(measured.peak_live)
+                    .unwrap_or(0),
+            },
+            one_shot_p50_over_actor_floor: if floor_us > 0.0 {
+                measured.one_shot.p50_us as f64 / floor_us
+            } else {
+                0.0
+            },
+            floors: measured.floors,
+            scenario: measured.scenario,
+            checks: measured.checks,
+        }
+    }
+}
+
+fn latency_line(f: &mut fmt::Formatter<'_>, name: &str, summary: &LatencySummary) -> fmt::Result {
+    if summary.count == 0 {
+        return Ok(());
+    }
+    writeln!(
+        f,
+        "  {name:<32} p50 {:>8} µs  p90 {:>8} µs  p99 {:>8} µs  max {:>8} µs  (n = {})",
+        summary.p50_us, summary.p90_us, summary.p99_us, summary.max_us, summary.count
+    )
+}
+
+impl fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scenario = &self.scenario;
+        writeln!(
+            f,
+            "scenario: {} roots x {} children, depth {}, {:.0}% continuable, {} follow-ups each, {:?} store, seed {}",
+            scenario.roots,
+            scenario.children,
+            scenario.depth,
+            scenario.continuable_share * 100.0,
+            scenario.followups,
+            scenario.store,
+            scenario.seed
+        )?;
+        writeln!(
+            f,
+            "children: {} ({} one-shot, {} continuable) in {:.2} s; drain {:.3} s",
+            self.children.total,
+            self.children.one_shot,
+            self.children.continuable,
+            self.elapsed_s,
+            self.drain_s
+        )?;
+        writeln!(
+            f,
+            "follow-ups: {} accepted (cold resumes), {} refused by budget, {} interrupted",
+            self.followups.accepted, self.followups.refused_by_budget, self.followups.interrupted
+        )?;
+        writeln!(
+            f,
+            "throughput: {:.0} one-shot runs/s, {:.0} follow-ups/s, {:.0} children/s",
+            self.throughput.one_shot_runs_per_s,
+            self.throughput.followups_per_s,
+            self.throughput.children_per_s
+        )?;
+        writeln!(f, "latency:")?;
+        latency_line(
+            f,
+            "one-shot start to result",
+            &self.latency.one_shot_start_to_result,
+        )?;
+        latency_line(
+            f,
+            "continuable start to acceptance",
+            &self.latency.continuable_start_acceptance,
+        )?;
+        latency_line(
+            f,
+            "follow-up to acceptance",
+            &self.latency.followup_acceptance,
+        )?;
+        latency_line(f, "follow-up to settled", &self.latency.followup_to_settled)?;
+        writeln!(
+            f,
+            "memory: peak RSS {} MiB, {} children live at most, {} B per live child",
+            self.memory.peak_rss_bytes >> 20,
+            self.memory.peak_live_children,
+            self.memory.rss_per_live_child_bytes
+        )?;
+        write!(
+            f,
+            "floors: actor spawn + round trip {} ns",
+            self.floors.actor_round_trip_ns
+        )?;
+        if let Some(sled) = self.floors.sled_turn_append_ns {
+            write!(f, ", sled turn append {sled} ns")?;
+        }
+        writeln!(
+            f,
+            "; one-shot p50 = {:.0}x the actor floor",
+            self.one_shot_p50_over_actor_floor
+        )?;
+        writeln!(f, "verification:")?;
+        for check in &self.checks {
+            writeln!(
+                f,
+                "  [{}] {} ({})",
+                if check.passed { "ok" } else { "FAILED" },
+                check.name,
+                check.detail
+            )?;
+        }
+        write!(
+            f,
+            "{}",
+            if self.passed {
+                "verification passed"
+            } else {
+                "verification FAILED"
+            }
+        )
+    }
+}

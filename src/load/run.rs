@@ -1,0 +1,522 @@
+//! Runs a [`Scenario`]: builds a runtime on the load model, grows the forest, sends the
+//! follow-ups and interrupts, drains, measures, and verifies.
+//!
+//! Every root's children run concurrently. A one-shot child is started, awaited and disposed;
+//! a continuable child is started, awaited until it settles, then sent its follow-ups one by
+//! one (each cold-resumes it), and maybe interrupted right after the last one. Continuable
+//! children below the last level delegate their own children from their own turn, through the
+//! `delegate` tool.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::future::{join_all, try_join_all};
+use hdrhistogram::Histogram;
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::model::{delegate_directive, LoadModel, DELEGATE_TOOL};
+use super::report::{LatencySummary, LoadReport};
+use super::scenario::{in_share, share_count, LoadFlush, LoadStore, Scenario};
+use super::verify::{verify, Created};
+use crate::actors::agent::AgentRef;
+use crate::content::{ContentBlock, MessageSource};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::events::{EventScope, Subscription};
+use crate::host::{AgentOptions, Budget, CreateAgent, FlushPolicy};
+use crate::ids::{MessageId, RunId, SessionId};
+use crate::seam::{
+    ContinuableStartSpec, DelegationMode, FollowupOptions, InterruptAuthority, SubagentEvent,
+    SubagentStartRequest,
+};
+use crate::store::{MemoryStore, SharedStore, SledStore};
+use crate::tools::{Tool, ToolError, ToolOutput};
+use crate::{ForkInProcess, Runtime, SpawnInProcess};
+
+/// What a run has done so far; the CLI polls it for its progress bars.
+#[derive(Debug, Default)]
+pub struct LoadCounters {
+    /// Children started (every epoch of a continuable child counts once).
+    pub started: AtomicU64,
+    /// Epochs ended (`subagent/end`).
+    pub settled: AtomicU64,
+    /// Follow-ups accepted.
+    pub followups: AtomicU64,
+}
+
+impl LoadCounters {
+    /// Children started but not settled yet.
+    pub fn in_flight(&self) -> u64 {
+        self.started
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.settled.load(Ordering::Relaxed))
+    }
+}
+
+/// Latencies of one kind, in microseconds.
+struct Recorder(Mutex<Histogram<u64>>);
+
+impl Recorder {
+    fn new() -> Self {
+        // Three significant figures up to an hour: fixed-size, so recording never allocates.
+        let histogram = Histogram::new_with_bounds(1, 3_600_000_000, 3)
+            .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()));
+        Self(Mutex::new(histogram))
+    }
+
+    fn record(&self, elapsed: Duration) {
+        let micros = u64::try_from(elapsed.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut histogram = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        histogram.saturating_record(micros);
+    }
+
+    fn summary(&self) -> LatencySummary {
+        LatencySummary::of(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// The lifecycle events of the run, as the seam emitted them.
+#[derive(Default)]
+struct Lifecycle {
+    /// Each child's ended epochs, for waiters.
+    epochs: Mutex<HashMap<SessionId, watch::Sender<u64>>>,
+    /// Each run id's `subagent/start` and `subagent/end` counts.
+    runs: Mutex<HashMap<RunId, (u32, u32)>>,
+    live: AtomicI64,
+    peak: AtomicI64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Lifecycle {
+    fn epochs_of(&self, child: SessionId) -> watch::Receiver<u64> {
+        lock(&self.epochs)
+            .entry(child)
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+
+    fn observe(&self, event: &SubagentEvent, counters: &LoadCounters) {
+        match event {
+            SubagentEvent::Start(info) => {
+                lock(&self.runs).entry(info.run_id).or_default().0 += 1;
+                counters.started.fetch_add(1, Ordering::Relaxed);
+                let live = self.live.fetch_add(1, Ordering::Relaxed) + 1;
+                self.peak.fetch_max(live, Ordering::Relaxed);
+            }
+            SubagentEvent::End(end) => {
+                lock(&self.runs).entry(end.info.run_id).or_default().1 += 1;
+                counters.settled.fetch_add(1, Ordering::Relaxed);
+                self.live.fetch_sub(1, Ordering::Relaxed);
+                lock(&self.epochs)
+                    .entry(end.info.id)
+                    .or_insert_with(|| watch::channel(0).0)
+                    .send_modify(|epochs| *epochs += 1);
+            }
+            _ => {}
+        }
+    }
+
+    /// Waits until `child` has ended `epochs` epochs.
+    async fn settled(&self, child: SessionId, epochs: u64) -> Result<()> {
+        let mut ended = self.epochs_of(child);
+        ended
+            .wait_for(|ended| *ended >= epochs)
+            .await
+            .map(drop)
+            .map_err(|_| SubagentError::bug("the lifecycle record closed during the run"))
+    }
+}
+
+/// Everything the run's tasks share.
+struct Shared {
+    scenario: Scenario,
+    rt: Runtime,
+    lifecycle: Arc<Lifecycle>,
+    counters: Arc<LoadCounters>,
+    /// Every child created, in creation order.
+    created: Mutex<Vec<Created>>,
+    /// Every follow-up accepted: the child and the message id.
+    accepted: Mutex<Vec<(SessionId, MessageId)>>,
+    refused: AtomicU64,
+    interrupted: AtomicU64,
+    one_shot_latency: Recorder,
+    start_latency: Recorder,
+    followup_latency: Recorder,
+    followup_settle_latency: Recorder,
+}
+
+fn prompt(text: String) -> Vec<ContentBlock> {
+    vec![ContentBlock::text(text)]
+}
+
+/// The work a continuable child at `level` below `root` is given: above the last level, a
+/// directive to delegate the next level (the arguments its `delegate` call carries).
+fn task_for(scenario: &Scenario, root: SessionId, level: u64) -> String {
+    if level < scenario.depth && scenario.children > 0 {
+        let arguments = json!({"count": scenario.children, "level": level + 1, "root": root});
+        format!("work, then {}", delegate_directive(&arguments))
+    } else {
+        "work".to_owned()
+    }
+}
+
+impl Shared {
+    fn record(&self, created: Created) {
+        lock(&self.created).push(created);
+    }
+
+    /// Starts one continuable child of `parent` at `level`, recorded.
+    async fn start_continuable(
+        &self,
+        parent: &AgentRef,
+        root: SessionId,
+        level: u64,
+        budget: Option<Budget>,
+    ) -> Result<SessionId> {
+        let mut spec = ContinuableStartSpec::new(
+            "spawn",
+            format!("level {level}"),
+            parent,
+            prompt(task_for(&self.scenario, root, level)),
+        );
+        if let Some(budget) = budget {
+            spec = spec.budget(budget);
+        }
+        let began = Instant::now();
+        let started = self.rt.subagents().start_continuable(spec).await?;
+        self.start_latency.record(began.elapsed());
+        self.record(Created {
+            id: started.child_id,
+            parent: parent.id(),
+            root,
+            mode: DelegationMode::Continuable,
+        });
+        Ok(started.child_id)
+    }
+
+    /// The `delegate` tool's work: `count` continuable children of the calling agent, at
+    /// `level` below `root`.
+    async fn delegate(
+        &self,
+        caller: SessionId,
+        count: u64,
+        level: u64,
+        root: SessionId,
+    ) -> Result<()> {
+        let parent = self.rt.agents().get(caller).await.ok_or_else(|| {
+            SubagentError::new(ErrorCode::AgentDisposed, "the delegating child is gone")
+        })?;
+        try_join_all((0..count).map(|_| self.start_continuable(&parent, root, level, None)))
+            .await
+            .map(drop)
+    }
+
+    async fn one_shot(&self, root: &AgentRef, index: u64) -> Result<()> {
+        let provider = if in_share(index, self.scenario.fork_share) {
+            "fork"
+        } else {
+            "spawn"
+        };
+        let mut request = SubagentStartRequest::new(root, prompt("work".to_owned()));
+        request.label = Some(format!("one-shot {index}"));
+        let began = Instant::now();
+        let run = self.rt.subagents().start(provider, request).await?;
+        self.record(Created {
+            id: run.id(),
+            parent: root.id(),
+            root: root.id(),
+            mode: DelegationMode::OneShot,
+        });
+        let result = run.result().await;
+        self.one_shot_latency.record(began.elapsed());
+        run.dispose().await?;
+        result.map(drop)
+    }
+
+    async fn continuable(&self, root: &AgentRef, index: u64, position: u64) -> Result<()> {
+        let budgeted = in_share(position, self.scenario.budget_share);
+        // Counted from the other end, so the interrupted children are not the budgeted ones.
+        let continuable = share_count(self.scenario.children, self.scenario.continuable_share);
+        let interrupt = in_share(
+            continuable.saturating_sub(position + 1),
+            self.scenario.interrupt_share,
+        );
+        let budget = budgeted.then(|| Budget::unlimited().turns(1));
+        let child = self.start_continuable(root, root.id(), 1, budget).await?;
+        self.lifecycle.settled(child, 1).await?;
+        for followup in 0..self.scenario.followups {
+            let began = Instant::now();
+            let sent = self
+                .rt
+                .subagents()
+                .followup(
+                    root,
+                    child,
+                    prompt(format!("follow-up {followup} of child {index}")),
+                    FollowupOptions::new(MessageSource::User),
+                )
+                .await;
+            let id = match sent {
+                Ok(id) => id,
+                Err(error) if budgeted && error.code() == ErrorCode::BudgetExhausted => {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Err(error) => return Err(error),
+            };
+            self.followup_latency.record(began.elapsed());
+            self.counters.followups.fetch_add(1, Ordering::Relaxed);
+            lock(&self.accepted).push((child, id));
+            if interrupt && followup + 1 == self.scenario.followups {
+                // Parks whatever is pending; the final drain settles the child.
+                self.rt
+                    .subagents()
+                    .interrupt(
+                        child,
+                        InterruptAuthority::User {
+                            parent_session_id: root.id(),
+                        },
+                    )
+                    .await?;
+                self.interrupted.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            self.lifecycle.settled(child, followup + 2).await?;
+            self.followup_settle_latency.record(began.elapsed());
+        }
+        Ok(())
+    }
+
+    async fn root(&self, root: &AgentRef) -> Result<()> {
+        let mut continuable = 0;
+        let mut one_shot = 0;
+        let tasks = (0..self.scenario.children).map(|index| {
+            let is_continuable = in_share(index, self.scenario.continuable_share);
+            let position = if is_continuable {
+                continuable += 1;
+                continuable - 1
+            } else {
+                one_shot += 1;
+                one_shot - 1
+            };
+            async move {
+                if is_continuable {
+                    self.continuable(root, index, position).await
+                } else {
+                    self.one_shot(root, position).await
+                }
+            }
+        });
+        try_join_all(tasks).await.map(drop)
+    }
+}
+
+/// The resident set size of this process, in bytes (0 where `/proc` is unavailable).
+pub fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|pages| pages.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 4096
+}
+
+/// The peak resident set size of this process, in bytes.
+fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or_else(rss_bytes, |kib| kib * 1024)
+}
+
+/// The store of a run, and the temporary directory it lives in (removed when dropped).
+struct RunStore {
+    store: SharedStore,
+    sled_dir: Option<std::path::PathBuf>,
+    _temporary: Option<tempfile::TempDir>,
+}
+
+fn open_store(scenario: &Scenario) -> Result<RunStore> {
+    match scenario.store {
+        LoadStore::Memory => Ok(RunStore {
+            store: Arc::new(MemoryStore::new()),
+            sled_dir: None,
+            _temporary: None,
+        }),
+        LoadStore::Sled => {
+            let (dir, temporary) = match &scenario.store_dir {
+                Some(dir) => (dir.clone(), None),
+                None => {
+                    let temporary = tempfile::tempdir().map_err(|error| {
+                        SubagentError::store_io("creating a temporary store directory", error)
+                    })?;
+                    (temporary.path().to_path_buf(), Some(temporary))
+                }
+            };
+            Ok(RunStore {
+                store: Arc::new(SledStore::open(&dir)?),
+                sled_dir: Some(dir),
+                _temporary: temporary,
+            })
+        }
+    }
+}
+
+/// Runs `scenario` to the end: grows the forest, drains it, measures and verifies. The report
+/// says whether verification held; a run whose setup or seam calls fail is an `Err`.
+///
+/// # Errors
+/// `INVALID_ARGS` for a scenario out of range; the store's error when it cannot be opened; the
+/// first seam error a child's task met.
+pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<LoadReport> {
+    scenario.validate()?;
+    let floors = super::report::Floors::measure(scenario.store == LoadStore::Sled).await;
+    let rss_before = rss_bytes();
+    let opened = open_store(scenario)?;
+    let workers = match scenario.workers {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        workers => workers,
+    };
+    let shared_slot: Arc<OnceLock<Arc<Shared>>> = Arc::default();
+    let tool_slot = Arc::clone(&shared_slot);
+    let delegate = Tool::new(
+        DELEGATE_TOOL,
+        "Delegates continuable children.",
+        json!({"type": "object", "properties": {"count": {"type": "integer", "minimum": 0}}, "required": ["count"]}),
+        move |args, ctx| {
+            let slot = Arc::clone(&tool_slot);
+            async move {
+                let shared = slot
+                    .get()
+                    .cloned()
+                    .ok_or_else(|| ToolError::new("NOT_READY", "the load run is not ready"))?;
+                let invalid =
+                    || ToolError::new("INVALID_ARGS", "delegate needs count, level and root");
+                let count = args["count"].as_u64().ok_or_else(invalid)?;
+                let level = args["level"].as_u64().ok_or_else(invalid)?;
+                let root: SessionId = args["root"]
+                    .as_str()
+                    .and_then(|root| root.parse().ok())
+                    .ok_or_else(invalid)?;
+                shared
+                    .delegate(ctx.agent, count, level, root)
+                    .await
+                    .map_err(|error| ToolError::new(error.code().as_str(), error.message()))?;
+                Ok(ToolOutput::text(format!("delegated {count}")))
+            }
+        },
+    );
+    let rt = Runtime::builder()
+        .shared_store(Arc::clone(&opened.store))
+        .model("load", LoadModel::new(scenario.latency, scenario.seed))
+        .tool(delegate)
+        .workers(workers)
+        .build()?;
+    rt.subagents()
+        .register_provider(SpawnInProcess::default())
+        .await?
+        .keep();
+    rt.subagents()
+        .register_provider(ForkInProcess::default())
+        .await?
+        .keep();
+    let lifecycle = Arc::new(Lifecycle::default());
+    let observer = Arc::clone(&lifecycle);
+    let observed = Arc::clone(&counters);
+    let _subscription: Subscription =
+        rt.subagents()
+            .events()
+            .subscribe(EventScope::All, move |event: &SubagentEvent| {
+                observer.observe(event, &observed);
+            });
+    let shared = Arc::new(Shared {
+        scenario: scenario.clone(),
+        rt: rt.clone(),
+        lifecycle: Arc::clone(&lifecycle),
+        counters: Arc::clone(&counters),
+        created: Mutex::default(),
+        accepted: Mutex::default(),
+        refused: AtomicU64::new(0),
+        interrupted: AtomicU64::new(0),
+        one_shot_latency: Recorder::new(),
+        start_latency: Recorder::new(),
+        followup_latency: Recorder::new(),
+        followup_settle_latency: Recorder::new(),
+    });
+    // Set before any agent can call the tool.
+    let _ = shared_slot.set(Arc::clone(&shared));
+
+    let flush = match scenario.flush {
+        LoadFlush::OnRequest => FlushPolicy::OnRequest,
+        LoadFlush::EveryStep => FlushPolicy::EveryStep,
+    };
+    let mut roots = Vec::new();
+    for _ in 0..scenario.roots {
+        let root = rt
+            .agents()
+            .create(CreateAgent::new().options(AgentOptions {
+                flush,
+                ..AgentOptions::default()
+            }))
+            .await?;
+        roots.push(root);
+    }
+    let began = Instant::now();
+    let outcomes = join_all(roots.iter().map(|root| shared.root(root.agent()))).await;
+    // A continuable child settles only after every child it delegated settled, so once the
+    // roots' tasks are done the whole forest exists.
+    let elapsed = began.elapsed();
+    let peak_rss = peak_rss_bytes();
+    outcomes.into_iter().collect::<Result<Vec<()>>>()?;
+    let root_ids: Vec<SessionId> = roots.iter().map(|root| root.agent().id()).collect();
+    let created = lock(&shared.created).clone();
+    let accepted = lock(&shared.accepted).clone();
+    let drain_began = Instant::now();
+    let listed_before = super::verify::list_forest(&rt, &root_ids).await?;
+    let shutdown = rt.shutdown().await;
+    let drain = drain_began.elapsed();
+    let checks = verify(
+        &rt,
+        &lifecycle_runs(&lifecycle),
+        &created,
+        &accepted,
+        &root_ids,
+        listed_before,
+        shutdown,
+        opened.sled_dir.as_deref(),
+    )
+    .await;
+    let report = LoadReport::new(super::report::Measured {
+        scenario: scenario.clone(),
+        elapsed,
+        drain,
+        created: &created,
+        accepted: accepted.len(),
+        refused: shared.refused.load(Ordering::Relaxed),
+        interrupted: shared.interrupted.load(Ordering::Relaxed),
+        one_shot: shared.one_shot_latency.summary(),
+        start: shared.start_latency.summary(),
+        followup: shared.followup_latency.summary(),
+        followup_settled: shared.followup_settle_latency.summary(),
+        peak_rss,
+        rss_before,
+        peak_live: u64::try_from(lifecycle.peak.load(Ordering::Relaxed)).unwrap_or(0),
+        floors,
+        checks,
+    });
+    Ok(report)
+}
+
+fn lifecycle_runs(lifecycle: &Lifecycle) -> HashMap<RunId, (u32, u32)> {
+    lock(&lifecycle.runs).clone()
+}

@@ -1,0 +1,227 @@
+//! Provides [`Scenario`]: what a load run does, from flags or a TOML or JSON file, checked
+//! before anything starts.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ErrorCode, Result, SubagentError};
+
+/// Where a load run persists its sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[derive(clap::ValueEnum)]
+pub enum LoadStore {
+    /// The embedded sled store (a fresh temporary directory unless `store_dir` names one).
+    #[default]
+    Sled,
+    /// The in-memory store.
+    Memory,
+}
+
+/// When a load run's children make their logs durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[derive(clap::ValueEnum)]
+pub enum LoadFlush {
+    /// Only when asked (disposal drains the log; a continuable epoch ends with a flush).
+    #[default]
+    OnRequest,
+    /// At every step end.
+    EveryStep,
+}
+
+/// A simulated model latency, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Latency {
+    /// The same delay for every model call.
+    Fixed {
+        /// Milliseconds.
+        ms: u64,
+    },
+    /// A delay drawn uniformly from `min..=max` (seeded, so a run repeats).
+    Uniform {
+        /// The shortest delay, milliseconds.
+        min: u64,
+        /// The longest delay, milliseconds.
+        max: u64,
+    },
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Self::Fixed { ms: 0 }
+    }
+}
+
+/// What a load run does. Every field has a default that finishes in seconds on two cores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Scenario {
+    /// Root agents (host-owned parents).
+    pub roots: u64,
+    /// Children each parent delegates to.
+    pub children: u64,
+    /// Delegation levels below each root: continuable children at a level below `depth`
+    /// delegate `children` continuable children of their own, from their own turn.
+    pub depth: u64,
+    /// The share of one-shot children started through `fork` (the rest through `spawn`). Every
+    /// share picks evenly spread members by position, so counts are exact and repeatable.
+    pub fork_share: f64,
+    /// The share of each root's direct children that are continuable (the rest one-shot).
+    pub continuable_share: f64,
+    /// Follow-ups sent to each continuable child, each after the previous epoch settled (so
+    /// each one cold-resumes the child).
+    pub followups: u64,
+    /// The share of continuable children interrupted right after their last follow-up.
+    pub interrupt_share: f64,
+    /// The share of continuable children started with a one-turn budget: their follow-ups are
+    /// refused with `BUDGET_EXHAUSTED`.
+    pub budget_share: f64,
+    /// The simulated model latency.
+    pub latency: Latency,
+    /// Where sessions are persisted.
+    pub store: LoadStore,
+    /// The sled directory (default: a fresh temporary directory, removed afterwards).
+    pub store_dir: Option<PathBuf>,
+    /// When children flush.
+    pub flush: LoadFlush,
+    /// Worker threads for agents (0: one per core).
+    pub workers: usize,
+    /// The seed of every choice and drawn latency: a run with the same seed makes the same
+    /// choices.
+    pub seed: u64,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Self {
+            roots: 4,
+            children: 250,
+            depth: 1,
+            fork_share: 0.25,
+            continuable_share: 0.5,
+            followups: 1,
+            interrupt_share: 0.1,
+            budget_share: 0.1,
+            latency: Latency::default(),
+            store: LoadStore::Sled,
+            store_dir: None,
+            flush: LoadFlush::OnRequest,
+            workers: 0,
+            seed: 1,
+        }
+    }
+}
+
+fn invalid(field: &str, detail: &str) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::InvalidArgs,
+        format!("scenario field `{field}` {detail}"),
+    )
+}
+
+impl Scenario {
+    /// Reads a scenario file: TOML (`.toml`) or JSON (anything else); fields left out keep
+    /// their defaults. The result is validated.
+    ///
+    /// # Errors
+    /// `INVALID_ARGS` naming the file and what is wrong with it (an unknown field, a value of
+    /// the wrong type, a value out of range).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            SubagentError::new(
+                ErrorCode::InvalidArgs,
+                format!("cannot read scenario file {}: {error}", path.display()),
+            )
+        })?;
+        let parsed: std::result::Result<Self, String> = if path
+            .extension()
+            .is_some_and(|extension| extension == "toml")
+        {
+            toml::from_str(&text).map_err(|error| error.to_string())
+        } else {
+            serde_json::from_str(&text).map_err(|error| error.to_string())
+        };
+        let scenario = parsed.map_err(|error| {
+            SubagentError::new(
+                ErrorCode::InvalidArgs,
+                format!("scenario file {}: {}", path.display(), error.trim()),
+            )
+        })?;
+        scenario.validate()?;
+        Ok(scenario)
+    }
+
+    /// Checks every field's range.
+    ///
+    /// # Errors
+    /// `INVALID_ARGS` naming the first field out of range.
+    pub fn validate(&self) -> Result<()> {
+        if self.roots == 0 {
+            return Err(invalid("roots", "must be at least 1"));
+        }
+        if self.depth == 0 {
+            return Err(invalid("depth", "must be at least 1"));
+        }
+        for (field, share) in [
+            ("fork_share", self.fork_share),
+            ("continuable_share", self.continuable_share),
+            ("interrupt_share", self.interrupt_share),
+            ("budget_share", self.budget_share),
+        ] {
+            if !(0.0..=1.0).contains(&share) {
+                return Err(invalid(field, "must be a share between 0 and 1"));
+            }
+        }
+        if let Latency::Uniform { min, max } = self.latency {
+            if min > max {
+                return Err(invalid("latency", "must have min <= max"));
+            }
+        }
+        if self.store == LoadStore::Memory && self.store_dir.is_some() {
+            return Err(invalid("store_dir", "applies only to the sled store"));
+        }
+        if self.total_children().is_none() {
+            return Err(invalid("children", "makes a forest too large to count"));
+        }
+        Ok(())
+    }
+
+    /// How many children the run creates in all, when that fits in a `u64`.
+    pub fn total_children(&self) -> Option<u64> {
+        // Level 1: every root's children; each deeper level: every continuable child above
+        // it delegates `children` continuable children.
+        let first = self.roots.checked_mul(self.children)?;
+        let mut level = self
+            .roots
+            .checked_mul(share_count(self.children, self.continuable_share))?;
+        let mut total = first;
+        for _ in 1..self.depth {
+            level = level.checked_mul(self.children)?;
+            total = total.checked_add(level)?;
+        }
+        Some(total)
+    }
+}
+
+/// Whether the `index`-th of a sequence is in a `share` of it: the chosen ones are spread
+/// evenly, and exactly `share_count(n, share)` of the first `n` are chosen.
+#[allow(clippy::cast_precision_loss)] // Indexes past 2^53 would only blur the spacing.
+pub fn in_share(index: u64, share: f64) -> bool {
+    let before = (index as f64 * share).floor();
+    let after = ((index + 1) as f64 * share).floor();
+    after > before
+}
+
+/// How many of the first `n` of a sequence [`in_share`] chooses.
+// A validated share is within 0..=1, so the product is within 0..=n and fits.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+pub fn share_count(n: u64, share: f64) -> u64 {
+    (n as f64 * share).floor() as u64
+}

@@ -1,0 +1,249 @@
+//! The checks after every load run. A run whose checks fail is reported as failed (the CLI
+//! exits non-zero): every `subagent/start` paired with one `subagent/end`; each root's durable
+//! descendants exactly the children created; every accepted follow-up claimed or discarded
+//! exactly once; nothing live after the drain; and the store, reopened, lists the same forest.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Result;
+use crate::ids::{MessageId, RunId, SessionId};
+use crate::projection::{SubagentDescendantListEntry, SubagentListEntry};
+use crate::seam::DelegationMode;
+use crate::session::{EventKind, InboxTarget, SessionEvent, SpliceOutcome};
+use crate::store::SledStore;
+use crate::Runtime;
+
+/// A child the run created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Created {
+    pub(crate) id: SessionId,
+    pub(crate) parent: SessionId,
+    pub(crate) root: SessionId,
+    pub(crate) mode: DelegationMode,
+}
+
+/// One verification check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// What was checked.
+    pub name: String,
+    /// Whether it held.
+    pub passed: bool,
+    /// What was found.
+    pub detail: String,
+}
+
+fn check(name: &str, passed: bool, detail: String) -> Check {
+    Check {
+        name: name.to_owned(),
+        passed,
+        detail,
+    }
+}
+
+/// Each root's durable descendants, as `list_descendants` serves them.
+pub(crate) type Forest = Vec<(SessionId, Vec<SubagentDescendantListEntry>)>;
+
+/// Lists every root's descendants.
+pub(crate) async fn list_forest(rt: &Runtime, roots: &[SessionId]) -> Result<Forest> {
+    let mut forest = Vec::with_capacity(roots.len());
+    for root in roots {
+        let listed = rt
+            .subagents()
+            .list_descendants(*root, CancellationToken::new())
+            .await?;
+        forest.push((*root, listed));
+    }
+    Ok(forest)
+}
+
+/// The (id, parent) pairs of a forest's child entries, and how many diagnostics it holds.
+fn shape(forest: &Forest) -> (HashSet<(SessionId, SessionId)>, usize) {
+    let mut pairs = HashSet::new();
+    let mut diagnostics = 0;
+    for (_, entries) in forest {
+        for entry in entries {
+            match entry.entry {
+                SubagentListEntry::Child { id, .. } => {
+                    pairs.insert((id, entry.parent_id));
+                }
+                SubagentListEntry::Diagnostic { .. } => diagnostics += 1,
+            }
+        }
+    }
+    (pairs, diagnostics)
+}
+
+/// How often each inbox message of a log was claimed and discarded.
+fn fates(events: &[Arc<SessionEvent>]) -> HashMap<MessageId, (u32, u32)> {
+    let mut lists: [Vec<MessageId>; 2] = [Vec::new(), Vec::new()];
+    let mut fates: HashMap<MessageId, (u32, u32)> = HashMap::new();
+    for event in events {
+        let EventKind::InboxSpliced {
+            target,
+            start,
+            removed_count,
+            inserted,
+            outcome,
+        } = &event.kind
+        else {
+            continue;
+        };
+        let list = &mut lists[usize::from(*target == InboxTarget::NextStep)];
+        let start = usize::try_from(*start)
+            .unwrap_or(usize::MAX)
+            .min(list.len());
+        let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
+        let end = start.saturating_add(removed).min(list.len());
+        for id in list.drain(start..end) {
+            let fate = fates.entry(id).or_default();
+            if *outcome == Some(SpliceOutcome::Canceled) {
+                fate.1 += 1;
+            } else {
+                fate.0 += 1;
+            }
+        }
+        for (offset, message) in inserted.iter().enumerate() {
+            list.insert((start + offset).min(list.len()), message.id);
+        }
+    }
+    fates
+}
+
+/// Runs every check (see the module docs).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn verify(
+    rt: &Runtime,
+    runs: &HashMap<RunId, (u32, u32)>,
+    created: &[Created],
+    accepted: &[(SessionId, MessageId)],
+    roots: &[SessionId],
+    listed: Forest,
+    shutdown: Result<()>,
+    sled_dir: Option<&Path>,
+) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let unpaired = runs.values().filter(|counts| **counts != (1, 1)).count();
+    checks.push(check(
+        "every subagent/start has one subagent/end",
+        unpaired == 0,
+        format!("{} runs, {unpaired} unpaired", runs.len()),
+    ));
+
+    let expected: HashSet<(SessionId, SessionId)> = created
+        .iter()
+        .map(|created| (created.id, created.parent))
+        .collect();
+    let (pairs, diagnostics) = shape(&listed);
+    checks.push(check(
+        "each root's descendants are exactly the children created",
+        pairs == expected && diagnostics == 0,
+        format!(
+            "{} created, {} listed, {diagnostics} diagnostics",
+            expected.len(),
+            pairs.len()
+        ),
+    ));
+
+    let mut settled = 0;
+    let mut wrong = Vec::new();
+    let mut logs: HashMap<SessionId, HashMap<MessageId, (u32, u32)>> = HashMap::new();
+    if let Some(store) = rt.store() {
+        for (child, id) in accepted {
+            if !logs.contains_key(child) {
+                let events = store.read_from(*child, 0).await.unwrap_or_default();
+                logs.insert(*child, fates(&events));
+            }
+            let fate = logs
+                .get(child)
+                .and_then(|fates| fates.get(id))
+                .copied()
+                .unwrap_or_default();
+            if fate.0 + fate.1 == 1 {
+                settled += 1;
+            } else {
+                wrong.push(format!("{id} of {child}: {fate:?}"));
+            }
+        }
+    }
+    checks.push(check(
+        "every accepted follow-up was claimed or discarded exactly once",
+        wrong.is_empty(),
+        format!(
+            "{} accepted, {settled} accounted for{}",
+            accepted.len(),
+            wrong
+                .first()
+                .map(|first| format!("; first wrong: {first}"))
+                .unwrap_or_default()
+        ),
+    ));
+
+    let live = rt.agents().list().await.len();
+    let resident = rt.subagents().resident_count().await;
+    checks.push(check(
+        "nothing is live after the drain",
+        shutdown.is_ok() && live == 0 && resident == 0,
+        match &shutdown {
+            Ok(()) => format!("{live} agents, {resident} Activations"),
+            Err(error) => format!("the drain failed: {error}"),
+        },
+    ));
+
+    if let Some(dir) = sled_dir {
+        checks.push(match reopened(rt, dir, roots).await {
+            Ok(forest) => {
+                let (reopened_pairs, reopened_diagnostics) = shape(&forest);
+                check(
+                    "the store reopens and lists the same forest",
+                    reopened_pairs == pairs && reopened_diagnostics == 0,
+                    format!("{} listed after reopening", reopened_pairs.len()),
+                )
+            }
+            Err(error) => check(
+                "the store reopens and lists the same forest",
+                false,
+                error.to_string(),
+            ),
+        });
+    }
+    checks
+}
+
+/// The forest a fresh runtime lists from a copy of the sled directory, taken after a flush
+/// (the original stays open in this process, and sled locks it).
+async fn reopened(rt: &Runtime, dir: &Path, roots: &[SessionId]) -> Result<Forest> {
+    if let (Some(store), Some(root)) = (rt.store(), roots.first()) {
+        // A flush makes the whole database durable, whichever session it names.
+        store.flush(*root).await?;
+    }
+    let copy = tempfile::tempdir()
+        .map_err(|error| crate::SubagentError::store_io("creating a copy directory", error))?;
+    copy_dir(dir, copy.path())?;
+    let reopened = Runtime::builder()
+        .store(SledStore::open(copy.path())?)
+        .build()?;
+    let forest = list_forest(&reopened, roots).await;
+    reopened.shutdown().await?;
+    forest
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    let io = |error| crate::SubagentError::store_io("copying the store", error);
+    std::fs::create_dir_all(to).map_err(io)?;
+    for entry in std::fs::read_dir(from).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let target = to.join(entry.file_name());
+        if entry.file_type().map_err(io)?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target).map_err(io)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The load harness, through the same code path as `subagents load`: a small scenario runs,
+//! verifies and reports; a broken scenario is refused naming what is wrong.
+
+use std::sync::Arc;
+
+use subagents::load::{run, LoadCounters, LoadStore, Scenario};
+use subagents::ErrorCode;
+
+use crate::support::within;
+
+fn small(store: LoadStore) -> Scenario {
+    Scenario {
+        roots: 2,
+        children: 6,
+        depth: 2,
+        followups: 2,
+        continuable_share: 0.5,
+        interrupt_share: 0.34,
+        budget_share: 0.34,
+        store,
+        workers: 1,
+        ..Scenario::default()
+    }
+}
+
+#[actix_rt::test]
+async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
+    for store in [LoadStore::Memory, LoadStore::Sled] {
+        let scenario = small(store);
+        let counters = Arc::new(LoadCounters::default());
+        let report = within("the load run", run(&scenario, Arc::clone(&counters)))
+            .await
+            .unwrap();
+        assert!(report.passed, "{report}");
+        // 2 roots x 6 children (3 continuable each), and 6 children below each continuable one.
+        assert_eq!(report.children.one_shot, 6);
+        assert_eq!(report.children.continuable, 6 + 6 * 6);
+        assert_eq!(report.children.total, scenario.total_children().unwrap());
+        // Per root: one budgeted child (refused), one interrupted after its only accepted
+        // follow-up... counted exactly.
+        assert_eq!(report.followups.refused_by_budget, 2);
+        assert_eq!(report.followups.interrupted, 2);
+        assert_eq!(report.latency.one_shot_start_to_result.count, 6);
+        assert_eq!(report.latency.continuable_start_acceptance.count, 42);
+        assert_eq!(
+            report.latency.followup_acceptance.count,
+            report.followups.accepted
+        );
+        assert!(report.floors.actor_round_trip_ns > 0);
+        assert_eq!(
+            report.floors.sled_turn_append_ns.is_some(),
+            store == LoadStore::Sled
+        );
+        let names: Vec<&str> = report
+            .checks
+            .iter()
+            .map(|check| check.name.as_str())
+            .collect();
+        assert_eq!(
+            names.len(),
+            if store == LoadStore::Sled { 5 } else { 4 },
+            "{names:?}"
+        );
+        assert_eq!(
+            counters.settled.load(std::sync::atomic::Ordering::Relaxed),
+            counters.started.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        // The JSON form carries the same facts.
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["passed"], true);
+        assert_eq!(json["children"]["total"], 48);
+    }
+}
+
+#[test]
+fn a_broken_scenario_file_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let unknown = dir.path().join("unknown.toml");
+    std::fs::write(&unknown, "roots = 2\nchildrn = 5\n").unwrap();
+    let error = Scenario::from_file(&unknown).unwrap_err();
+    assert_eq!(error.code(), ErrorCode::InvalidArgs);
+    assert!(error.message().contains("childrn"), "{error}");
+
+    let out_of_range = dir.path().join("share.json");
+    std::fs::write(&out_of_range, r#"{"continuable_share": 1.5}"#).unwrap();
+    let error = Scenario::from_file(&out_of_range).unwrap_err();
+    assert!(error.message().contains("continuable_share"), "{error}");
+
+    let wrong_type = dir.path().join("type.toml");
+    std::fs::write(&wrong_type, "roots = \"many\"\n").unwrap();
+    let error = Scenario::from_file(&wrong_type).unwrap_err();
+    assert!(error.message().contains("roots"), "{error}");
+
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "roots = 1\nchildren = 3\n[latency]\nkind = \"uniform\"\nmin = 1\nmax = 3\n",
+    )
+    .unwrap();
+    let scenario = Scenario::from_file(&good).unwrap();
+    assert_eq!(scenario.children, 3);
+    assert_eq!(
+        scenario.depth,
+        Scenario::default().depth,
+        "the rest keeps its defaults"
+    );
+}
