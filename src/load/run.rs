@@ -477,7 +477,13 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
     // roots' tasks are done the whole forest exists.
     let elapsed = began.elapsed();
     let peak_rss = peak_rss_bytes();
-    outcomes.into_iter().collect::<Result<Vec<()>>>()?;
+    if let Err(error) = outcomes.into_iter().collect::<Result<Vec<()>>>() {
+        // Nothing of a failed run stays behind in the caller's actor system.
+        if let Err(drain) = rt.shutdown().await {
+            tracing::warn!(%drain, "the failed load run did not drain cleanly");
+        }
+        return Err(error);
+    }
     let root_ids: Vec<SessionId> = roots.iter().map(|root| root.agent().id()).collect();
     let created = lock(&shared.created).clone();
     let accepted = lock(&shared.accepted).clone();
