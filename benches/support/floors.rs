@@ -3,35 +3,14 @@
 
 use std::hint::black_box;
 
-use actix::prelude::*;
+use actix::SystemRunner;
 use criterion::measurement::WallTime;
 use criterion::BenchmarkGroup;
-
-struct Echo;
-
-impl Actor for Echo {
-    type Context = Context<Self>;
-}
-
-#[derive(Message)]
-#[rtype(result = "u64")]
-struct Ping(u64);
-
-impl Handler<Ping> for Echo {
-    type Result = u64;
-
-    fn handle(&mut self, msg: Ping, ctx: &mut Context<Self>) -> u64 {
-        ctx.stop();
-        msg.0
-    }
-}
 
 /// `floor/actor_spawn_round_trip`: start a bare actor, one request/response, stop it.
 pub fn actor_round_trip(group: &mut BenchmarkGroup<'_, WallTime>, system: &SystemRunner) {
     group.bench_function("floor/actor_spawn_round_trip", |b| {
-        b.iter(|| {
-            system.block_on(async { black_box(Echo.start().send(Ping(7)).await.expect("reply")) })
-        });
+        b.iter(|| system.block_on(async { black_box(subagents::load::actor_round_trip(7).await) }));
     });
 }
 

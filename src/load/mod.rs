@@ -12,7 +12,8 @@ mod verify;
 
 pub use model::{delegate_directive, LoadModel, DELEGATE_TOOL};
 pub use report::{
-    ChildCounts, Floors, FollowupCounts, Latencies, LatencySummary, LoadReport, Memory, Throughput,
+    actor_round_trip, ChildCounts, Floors, FollowupCounts, Latencies, LatencySummary, LoadReport,
+    Memory, Throughput,
 };
 pub use run::{rss_bytes, run, LoadCounters};
 pub use scenario::{in_share, share_count, Latency, LoadFlush, LoadStore, Scenario};

@@ -65,9 +65,16 @@ struct Ping(u64);
 impl Handler<Ping> for Echo {
     type Result = u64;
 
-    fn handle(&mut self, msg: Ping, _: &mut Context<Self>) -> u64 {
+    fn handle(&mut self, msg: Ping, ctx: &mut Context<Self>) -> u64 {
+        ctx.stop();
         msg.0
     }
+}
+
+/// The actor floor: starts a bare actor, sends it `value` and awaits the echo (the actor then
+/// stops). Benches and `subagents load` quote their figures against it.
+pub async fn actor_round_trip(value: u64) -> u64 {
+    Echo.start().send(Ping(value)).await.unwrap_or(value)
 }
 
 impl Floors {
@@ -76,7 +83,7 @@ impl Floors {
         const ROUNDS: u32 = 2_000;
         let began = Instant::now();
         for round in 0..ROUNDS {
-            let _ = Echo.start().send(Ping(u64::from(round))).await;
+            actor_round_trip(u64::from(round)).await;
         }
         let actor_round_trip_ns = per_round(began.elapsed(), ROUNDS);
         Self {
