@@ -204,10 +204,12 @@ fn main() -> ExitCode {
         Command::Demo(args) => DemoPlan::from_args(args)
             .map_err(Failure::from)
             .and_then(|plan| actix::System::new().block_on(run_demo(plan))),
-        Command::Load(args) => actix::System::new()
-            .block_on(async move { cli::load::run(*args, &mut std::io::stdout().lock()).await }),
-        Command::Tree(args) => actix::System::new()
-            .block_on(async move { cli::tree::run(args, &mut std::io::stdout().lock()).await }),
+        Command::Load(args) => buffered(|out| {
+            actix::System::new().block_on(async move { cli::load::run(*args, out).await })
+        }),
+        Command::Tree(args) => buffered(|out| {
+            actix::System::new().block_on(async move { cli::tree::run(args, out).await })
+        }),
     };
     match outcome {
         Ok(()) | Err(Failure::ClosedOutput) => ExitCode::SUCCESS,
@@ -223,6 +225,15 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Runs a command that writes its output to a buffer, then prints the buffer (also when the
+/// command failed after writing): standard output is not locked while the command awaits.
+fn buffered(run: impl FnOnce(&mut Vec<u8>) -> Result<(), Failure>) -> Result<(), Failure> {
+    let mut out = Vec::new();
+    let outcome = run(&mut out);
+    std::io::stdout().lock().write_all(&out)?;
+    outcome
 }
 
 /// Prints `error` and its cause chain once, for a person.

@@ -39,7 +39,7 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
         // Per root: one budgeted child (refused), one interrupted after its only accepted
         // follow-up... counted exactly.
         assert_eq!(report.followups.refused_by_budget, 2);
-        assert_eq!(report.followups.interrupted, 2);
+        assert_eq!(report.followups.interrupts_sent, 2);
         assert_eq!(report.latency.one_shot_start_to_result.count, 6);
         assert_eq!(report.latency.continuable_start_acceptance.count, 42);
         assert_eq!(
@@ -58,7 +58,7 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
             .collect();
         assert_eq!(
             names.len(),
-            if store == LoadStore::Sled { 5 } else { 4 },
+            if store == LoadStore::Sled { 6 } else { 5 },
             "{names:?}"
         );
         assert_eq!(

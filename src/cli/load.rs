@@ -153,10 +153,15 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     let scenario = args.scenario()?;
     let counters = Arc::new(LoadCounters::default());
     // Every child settles once, and each accepted follow-up adds an epoch.
-    let epochs = scenario.total_children().unwrap_or(0)
-        + scenario.roots
-            * subagents::load::share_count(scenario.children, scenario.continuable_share)
-            * scenario.followups;
+    let epochs = scenario.total_children().unwrap_or(0).saturating_add(
+        scenario
+            .roots
+            .saturating_mul(subagents::load::share_count(
+                scenario.children,
+                scenario.continuable_share,
+            ))
+            .saturating_mul(scenario.followups),
+    );
     let bar = progress(&counters, epochs);
     let report = subagents::load::run(&scenario, Arc::clone(&counters)).await;
     bar.finish_and_clear();

@@ -64,7 +64,8 @@ impl LoadModel {
                 });
                 let position = u64::try_from(request.messages.len()).unwrap_or(u64::MAX);
                 let draw = mix(self.seed ^ mix(session ^ mix(position)));
-                min + draw % (max - min + 1)
+                // `validate` bounds latencies well below the point where the span overflows.
+                min + draw % (max - min).saturating_add(1)
             }
         };
         Duration::from_millis(ms)

@@ -134,8 +134,9 @@ pub struct FollowupCounts {
     pub accepted: u64,
     /// Refused with `BUDGET_EXHAUSTED`.
     pub refused_by_budget: u64,
-    /// Children interrupted after their last follow-up.
-    pub interrupted: u64,
+    /// Interrupts sent right after a child's last follow-up (an interrupt that finds the
+    /// epoch already settled is an accepted no-op, and still counts here).
+    pub interrupts_sent: u64,
 }
 
 /// Rates over the run's growing phase.
@@ -253,7 +254,7 @@ impl LoadReport {
             followups: FollowupCounts {
                 accepted,
                 refused_by_budget: measured.refused,
-                interrupted: measured.interrupted,
+                interrupts_sent: measured.interrupted,
             },
             throughput: Throughput {
                 one_shot_runs_per_s: rate(one_shot, measured.elapsed),
@@ -323,8 +324,10 @@ impl fmt::Display for LoadReport {
         )?;
         writeln!(
             f,
-            "follow-ups: {} accepted (cold resumes), {} refused by budget, {} interrupted",
-            self.followups.accepted, self.followups.refused_by_budget, self.followups.interrupted
+            "follow-ups: {} accepted (cold resumes), {} refused by budget, {} interrupts sent",
+            self.followups.accepted,
+            self.followups.refused_by_budget,
+            self.followups.interrupts_sent
         )?;
         writeln!(
             f,

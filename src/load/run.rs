@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::{join_all, try_join_all};
@@ -144,6 +144,8 @@ struct Shared {
     created: Mutex<Vec<Created>>,
     /// Every follow-up accepted: the child and the message id.
     accepted: Mutex<Vec<(SessionId, MessageId)>>,
+    /// The first delegation that failed inside a child's turn.
+    failure: Mutex<Option<SubagentError>>,
     refused: AtomicU64,
     interrupted: AtomicU64,
     one_shot_latency: Recorder,
@@ -387,7 +389,8 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         workers => workers,
     };
-    let shared_slot: Arc<OnceLock<Arc<Shared>>> = Arc::default();
+    // Weak: the tool lives in the runtime, and `Shared` holds the runtime.
+    let shared_slot: Arc<OnceLock<Weak<Shared>>> = Arc::default();
     let tool_slot = Arc::clone(&shared_slot);
     let delegate = Tool::new(
         DELEGATE_TOOL,
@@ -398,8 +401,8 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
             async move {
                 let shared = slot
                     .get()
-                    .cloned()
-                    .ok_or_else(|| ToolError::new("NOT_READY", "the load run is not ready"))?;
+                    .and_then(Weak::upgrade)
+                    .ok_or_else(|| ToolError::new("NOT_READY", "the load run is not running"))?;
                 let invalid =
                     || ToolError::new("INVALID_ARGS", "delegate needs count, level and root");
                 let count = args["count"].as_u64().ok_or_else(invalid)?;
@@ -408,10 +411,12 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
                     .as_str()
                     .and_then(|root| root.parse().ok())
                     .ok_or_else(invalid)?;
-                shared
-                    .delegate(ctx.agent, count, level, root)
-                    .await
-                    .map_err(|error| ToolError::new(error.code().as_str(), error.message()))?;
+                if let Err(error) = shared.delegate(ctx.agent, count, level, root).await {
+                    let result = ToolError::new(error.code().as_str(), error.message());
+                    // The child's turn goes on with the tool's error; the run fails with it.
+                    lock(&shared.failure).get_or_insert(error);
+                    return Err(result);
+                }
                 Ok(ToolOutput::text(format!("delegated {count}")))
             }
         },
@@ -448,13 +453,34 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         accepted: Mutex::default(),
         refused: AtomicU64::new(0),
         interrupted: AtomicU64::new(0),
+        failure: Mutex::default(),
         one_shot_latency: Recorder::new(),
         start_latency: Recorder::new(),
         followup_latency: Recorder::new(),
         followup_settle_latency: Recorder::new(),
     });
     // Set before any agent can call the tool.
-    let _ = shared_slot.set(Arc::clone(&shared));
+    let _ = shared_slot.set(Arc::downgrade(&shared));
+    let outcome = grow(&shared, scenario, &opened, floors, rss_before).await;
+    if outcome.is_err() {
+        // Nothing of a failed run stays behind in the caller's actor system.
+        if let Err(drain) = rt.shutdown().await {
+            tracing::warn!(%drain, "the failed load run did not drain cleanly");
+        }
+    }
+    outcome
+}
+
+/// Grows, drains and verifies the forest on the run's runtime.
+async fn grow(
+    shared: &Arc<Shared>,
+    scenario: &Scenario,
+    opened: &RunStore,
+    floors: super::report::Floors,
+    rss_before: u64,
+) -> Result<LoadReport> {
+    let rt = &shared.rt;
+    let lifecycle = &shared.lifecycle;
 
     let flush = match scenario.flush {
         LoadFlush::OnRequest => FlushPolicy::OnRequest,
@@ -477,26 +503,24 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
     // roots' tasks are done the whole forest exists.
     let elapsed = began.elapsed();
     let peak_rss = peak_rss_bytes();
-    if let Err(error) = outcomes.into_iter().collect::<Result<Vec<()>>>() {
-        // Nothing of a failed run stays behind in the caller's actor system.
-        if let Err(drain) = rt.shutdown().await {
-            tracing::warn!(%drain, "the failed load run did not drain cleanly");
-        }
-        return Err(error);
+    outcomes.into_iter().collect::<Result<Vec<()>>>()?;
+    if let Some(failure) = lock(&shared.failure).take() {
+        return Err(failure);
     }
     let root_ids: Vec<SessionId> = roots.iter().map(|root| root.agent().id()).collect();
     let created = lock(&shared.created).clone();
     let accepted = lock(&shared.accepted).clone();
     let drain_began = Instant::now();
-    let listed_before = super::verify::list_forest(&rt, &root_ids).await?;
+    let listed_before = super::verify::list_forest(rt, &root_ids).await?;
     let shutdown = rt.shutdown().await;
     let drain = drain_began.elapsed();
     let checks = verify(
-        &rt,
-        &lifecycle_runs(&lifecycle),
+        rt,
+        &lifecycle_runs(lifecycle),
         &created,
         &accepted,
         &root_ids,
+        scenario.total_children(),
         listed_before,
         shutdown,
         opened.sled_dir.as_deref(),

@@ -115,6 +115,9 @@ impl Default for Scenario {
     }
 }
 
+/// The longest simulated model call: an hour.
+const MAX_LATENCY_MS: u64 = 3_600_000;
+
 fn invalid(field: &str, detail: &str) -> SubagentError {
     SubagentError::new(
         ErrorCode::InvalidArgs,
@@ -175,10 +178,14 @@ impl Scenario {
                 return Err(invalid(field, "must be a share between 0 and 1"));
             }
         }
-        if let Latency::Uniform { min, max } = self.latency {
-            if min > max {
+        match self.latency {
+            Latency::Uniform { min, max } if min > max => {
                 return Err(invalid("latency", "must have min <= max"));
             }
+            Latency::Fixed { ms } | Latency::Uniform { max: ms, .. } if ms > MAX_LATENCY_MS => {
+                return Err(invalid("latency", "must be at most an hour (3600000 ms)"));
+            }
+            _ => {}
         }
         if self.store == LoadStore::Memory && self.store_dir.is_some() {
             return Err(invalid("store_dir", "applies only to the sled store"));

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
 use crate::ids::{MessageId, RunId, SessionId};
+use crate::projection::listing::Listing;
 use crate::projection::{SubagentDescendantListEntry, SubagentListEntry};
 use crate::seam::DelegationMode;
 use crate::session::{EventKind, InboxTarget, SessionEvent, SpliceOutcome};
@@ -49,15 +50,12 @@ fn check(name: &str, passed: bool, detail: String) -> Check {
 /// Each root's durable descendants, as `list_descendants` serves them.
 pub(crate) type Forest = Vec<(SessionId, Vec<SubagentDescendantListEntry>)>;
 
-/// Lists every root's descendants.
+/// Lists every root's descendants, from one read of the corpus.
 pub(crate) async fn list_forest(rt: &Runtime, roots: &[SessionId]) -> Result<Forest> {
+    let listing = Listing::open(rt.agents(), CancellationToken::new()).await?;
     let mut forest = Vec::with_capacity(roots.len());
     for root in roots {
-        let listed = rt
-            .subagents()
-            .list_descendants(*root, CancellationToken::new())
-            .await?;
-        forest.push((*root, listed));
+        forest.push((*root, listing.descendants(*root).await?));
     }
     Ok(forest)
 }
@@ -123,6 +121,7 @@ pub(crate) async fn verify(
     created: &[Created],
     accepted: &[(SessionId, MessageId)],
     roots: &[SessionId],
+    expected_total: Option<u64>,
     listed: Forest,
     shutdown: Result<()>,
     sled_dir: Option<&Path>,
@@ -133,6 +132,16 @@ pub(crate) async fn verify(
         "every subagent/start has one subagent/end",
         unpaired == 0,
         format!("{} runs, {unpaired} unpaired", runs.len()),
+    ));
+
+    let made = u64::try_from(created.len()).unwrap_or(u64::MAX);
+    checks.push(check(
+        "the forest has the scenario's size",
+        expected_total == Some(made),
+        format!(
+            "{made} created, {} expected",
+            expected_total.map_or_else(|| "too many to count".to_owned(), |n| n.to_string())
+        ),
     ));
 
     let expected: HashSet<(SessionId, SessionId)> = created

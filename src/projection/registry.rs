@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use super::ProjectionUnit;
 use crate::error::{ErrorCode, Result, SubagentError};
+use crate::session::header::now_ms;
 use crate::session::{SessionEvent, SessionLog, SessionLogView};
 
 /// The views of a session's client-visible units as of one event.
@@ -259,13 +260,17 @@ impl ProjectionRegistry {
 
     /// Brings `log`'s cells up to its last event and runs `read` over them (under the log's
     /// lock, so the cells match the events).
-    fn with_cells<R>(&self, log: &SessionLog, read: impl FnOnce(&mut Cells, usize) -> R) -> R {
-        let units = self.units();
+    fn with_cells<R>(
+        &self,
+        log: &SessionLog,
+        units: &[Arc<dyn ProjectionUnit>],
+        read: impl FnOnce(&mut Cells, usize) -> R,
+    ) -> R {
         log.with_memo(|cells: &mut Cells, events| {
             cells
                 .by_key
                 .retain(|key, _| units.iter().any(|unit| unit.key() == key));
-            for unit in &units {
+            for unit in units {
                 let cell = cells
                     .by_key
                     .entry(unit.key().to_owned())
@@ -306,8 +311,9 @@ impl ProjectionRegistry {
     /// When any visible unit panicked on this log or cannot render its view.
     pub fn snapshot(&self, log: &SessionLogView) -> Result<ProjectionSnapshot> {
         let log = log.inner();
+        // One list for the fold and the read: a unit registered in between cannot look failed.
         let units = self.units();
-        let states = self.with_cells(log, |cells, len| {
+        let states = self.with_cells(log, &units, |cells, len| {
             let states: Vec<(Arc<dyn ProjectionUnit>, Option<Value>)> = units
                 .iter()
                 .filter(|unit| unit.visible())
@@ -337,13 +343,13 @@ impl ProjectionRegistry {
     /// Every unit's state on a live log, as checkpoint rows (none for an empty log, and none
     /// for a unit that failed on it).
     pub fn checkpoint(&self, log: &SessionLogView) -> Vec<CheckpointRow> {
-        self.with_cells(log.inner(), |cells, len| rows_of(cells, len))
+        self.with_cells(log.inner(), &self.units(), |cells, len| rows_of(cells, len))
     }
 
     /// As [`ProjectionRegistry::checkpoint`], but empty when the log has not grown since the
     /// last rows this returned: a turn end and the disposal right after it write once.
     pub(crate) fn fresh_checkpoint(&self, log: &SessionLog) -> Vec<CheckpointRow> {
-        self.with_cells(log, |cells, len| {
+        self.with_cells(log, &self.units(), |cells, len| {
             if seq_of(len).is_none() || cells.checkpointed == seq_of(len) {
                 return Vec::new();
             }
@@ -355,7 +361,7 @@ impl ProjectionRegistry {
 
     /// Every unit's state on a log being disposed, marked as the newest checkpoint.
     pub(crate) fn final_checkpoint(&self, log: &SessionLog) -> Vec<CheckpointRow> {
-        self.with_cells(log, |cells, len| {
+        self.with_cells(log, &self.units(), |cells, len| {
             cells.checkpointed = seq_of(len);
             cells.checkpointed_at = Some(Instant::now());
             rows_of(cells, len)
@@ -374,11 +380,14 @@ impl ProjectionRegistry {
             let len = u64::try_from(events.len()).unwrap_or(u64::MAX);
             let since = cells.checkpointed.map_or(0, |seq| seq + 1);
             let grown = len.saturating_sub(since);
-            grown >= every_events
-                || (grown > 0
-                    && cells
-                        .checkpointed_at
-                        .is_some_and(|at| at.elapsed() >= interval))
+            // Before the first checkpoint, the interval runs from the log's first event.
+            let waited = match cells.checkpointed_at {
+                Some(at) => at.elapsed(),
+                None => events.first().map_or(Duration::ZERO, |first| {
+                    Duration::from_millis(now_ms().saturating_sub(first.time))
+                }),
+            };
+            grown >= every_events || (grown > 0 && waited >= interval)
         })
     }
 
