@@ -52,7 +52,8 @@ pub(crate) struct LoadArgs {
     /// The sled directory (default: a fresh temporary directory).
     #[arg(long, value_name = "DIR")]
     store_dir: Option<PathBuf>,
-    /// When children flush.
+    /// When the root agents flush (children follow the seam: one-shot children add no
+    /// checkpoint, every continuable epoch ends with a flush).
     #[arg(long, value_enum)]
     flush: Option<LoadFlush>,
     /// Worker threads for agents (default: one per core).

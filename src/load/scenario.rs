@@ -19,7 +19,9 @@ pub enum LoadStore {
     Memory,
 }
 
-/// When a load run's children make their logs durable.
+/// When a load run's root agents make their logs durable. Children follow the seam's own rules
+/// whatever their parent does: a one-shot child adds no checkpoint of its own, and every
+/// continuable epoch ends with a flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 #[derive(clap::ValueEnum)]
@@ -85,7 +87,7 @@ pub struct Scenario {
     pub store: LoadStore,
     /// The sled directory (default: a fresh temporary directory, removed afterwards).
     pub store_dir: Option<PathBuf>,
-    /// When children flush.
+    /// When the root agents flush (children follow the seam's own rules; see [`LoadFlush`]).
     pub flush: LoadFlush,
     /// Worker threads for agents (0: one per core).
     pub workers: usize,
