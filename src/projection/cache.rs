@@ -16,7 +16,8 @@ use serde_json::{json, Map, Value};
 
 use super::{CheckpointRow, ProjectionRegistry};
 use crate::host::AgentEnv;
-use crate::session::{SessionHeader, SessionLog, SessionOrigin};
+use crate::seam::descriptor::DESCRIPTOR_EVENT;
+use crate::session::{EventKind, SessionHeader, SessionLog, SessionOrigin};
 use crate::store::SharedStore;
 
 /// The store key under which a session's checkpoint record lives (one record per session).
@@ -104,6 +105,25 @@ pub(crate) async fn write_rows(
     }
 }
 
+/// Whether `log` is a one-shot child's (its last descriptor says so). One-shot children are the
+/// delegation hot path and are never resumed, so they are not checkpointed: a listing names a
+/// cold one from one inspection of its log. (Checkpointing them cost a third of a one-shot
+/// run on the memory store.)
+fn is_one_shot(log: &SessionLog) -> bool {
+    log.with_events(|events| {
+        events
+            .iter()
+            .rev()
+            .find_map(|event| match &event.kind {
+                EventKind::Extension { event_type, data } if event_type == DESCRIPTOR_EVENT => {
+                    Some(data.get("mode").and_then(Value::as_str) == Some("one-shot"))
+                }
+                _ => None,
+            })
+            .unwrap_or(false)
+    })
+}
+
 /// The registry and store that keep `log`'s checkpoint, when it has one: only delegated
 /// children are listed, so only they are checkpointed.
 pub(crate) fn checkpointing(
@@ -136,7 +156,7 @@ pub(crate) fn checkpoint_if_due(env: &AgentEnv, log: &SessionLog) {
 /// written, even when the turn end before it handed out the same rows: that write runs on its
 /// own task and may not have landed, and a released child should be served from the cache.
 pub(crate) async fn checkpoint_at_disposal(env: &AgentEnv, log: &SessionLog) {
-    if let Some((registry, store)) = checkpointing(env, log) {
+    if let Some((registry, store)) = checkpointing(env, log).filter(|_| !is_one_shot(log)) {
         let rows = registry.final_checkpoint(log);
         write_rows(&registry, &store, log, rows).await;
     }
@@ -149,6 +169,9 @@ pub(crate) fn checkpoint_after_turn(env: &AgentEnv, log: &SessionLog) {
     let Some((registry, store)) = checkpointing(env, log) else {
         return;
     };
+    if is_one_shot(log) {
+        return;
+    }
     let rows = registry.fresh_checkpoint(log);
     if rows.is_empty() {
         return;

@@ -116,7 +116,23 @@ impl ProjectionUnit for SubagentTimingUnit {
     }
 
     fn apply(&self, state: &Value, event: &SessionEvent) -> Option<Value> {
-        // Irrelevant events change nothing, and a foreign state is restarted from scratch.
+        // Most events only move an open turn's `through` (or change nothing): done on the JSON
+        // in place, without decoding the state, since this runs for every event of a child.
+        let boundary = match &event.kind {
+            EventKind::TurnStart { .. } | EventKind::TurnEnd { .. } => true,
+            EventKind::Extension { event_type, .. } => event_type == DESCRIPTOR_EVENT,
+            _ => false,
+        };
+        if !boundary {
+            let active = state.get("active").filter(|active| active.is_object())?;
+            if active.get("through").and_then(Value::as_u64) == Some(event.time) {
+                return None;
+            }
+            let mut next = state.clone();
+            next["active"]["through"] = Value::from(event.time);
+            return Some(next);
+        }
+        // A foreign state is restarted from scratch.
         let current: TimingState = serde_json::from_value(state.clone()).unwrap_or_default();
         let next = current.next(event)?;
         serde_json::to_value(next).ok()

@@ -262,3 +262,27 @@ async fn a_long_turn_is_checkpointed_before_it_ends() {
     assert_eq!(record["rows"][IDENTITY_UNIT]["val"]["label"], "child task");
     within("shutdown", rt.shutdown()).await.unwrap();
 }
+
+#[actix_rt::test]
+async fn a_one_shot_child_is_not_checkpointed_and_is_named_from_its_log() {
+    let probe = ProbeStore::new();
+    let rt = runtime_over(probe.clone()).await;
+    let parent = root(&rt).await;
+    let run = start_run(&rt, "spawn", parent.agent(), "finish once").await;
+    within("the one-shot result", run.result()).await.unwrap();
+    let child = run.id();
+    within("the one-shot disposal", run.dispose())
+        .await
+        .unwrap();
+    // The delegation hot path writes no checkpoint: a cold one-shot child costs one inspection.
+    assert_eq!(
+        probe.cache_get(CHECKPOINT_RECORD, child).await.unwrap(),
+        None
+    );
+    let entries = children(&rt, parent.agent().id()).await;
+    assert!(matches!(
+        entries[..],
+        [SubagentListEntry::Child { id, mode: DelegationMode::OneShot, .. }] if id == child
+    ));
+    assert_eq!(probe.inspections_of(child), 1);
+}
