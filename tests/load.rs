@@ -58,12 +58,20 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
             .collect();
         assert_eq!(
             names.len(),
-            if store == LoadStore::Sled { 6 } else { 5 },
+            if store == LoadStore::Sled { 7 } else { 6 },
             "{names:?}"
         );
         assert_eq!(
             counters.settled.load(std::sync::atomic::Ordering::Relaxed),
             counters.started.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        assert!(
+            report.persisted.events > report.children.total * 4,
+            "{report}"
+        );
+        assert_eq!(
+            report.persisted.bytes_on_disk.is_some(),
+            store == LoadStore::Sled
         );
         // The JSON form carries the same facts.
         let json = serde_json::to_value(&report).unwrap();

@@ -17,4 +17,4 @@ pub use report::{
 };
 pub use run::{rss_bytes, run, LoadCounters};
 pub use scenario::{in_share, share_count, Latency, LoadFlush, LoadStore, Scenario};
-pub use verify::Check;
+pub use verify::{Check, Persisted};

@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::scenario::Scenario;
-use super::verify::{Check, Created};
+use super::verify::{Check, Created, Persisted};
 use crate::seam::DelegationMode;
 
 /// A latency distribution, in microseconds.
@@ -195,6 +195,8 @@ pub struct LoadReport {
     pub latency: Latencies,
     /// Memory.
     pub memory: Memory,
+    /// What the children's logs hold in the store.
+    pub persisted: Persisted,
     /// The floors measured in the same process.
     pub floors: Floors,
     /// The one-shot median latency over the actor floor.
@@ -221,6 +223,7 @@ pub(crate) struct Measured<'a> {
     pub(crate) peak_live: u64,
     pub(crate) floors: Floors,
     pub(crate) checks: Vec<Check>,
+    pub(crate) persisted: Persisted,
 }
 
 fn rate(count: u64, elapsed: Duration) -> f64 {
@@ -282,6 +285,7 @@ impl LoadReport {
                 0.0
             },
             floors: measured.floors,
+            persisted: measured.persisted,
             scenario: measured.scenario,
             checks: measured.checks,
         }
@@ -360,6 +364,15 @@ impl fmt::Display for LoadReport {
             self.memory.peak_live_children,
             self.memory.rss_per_live_child_bytes
         )?;
+        write!(
+            f,
+            "persisted: {} events in the children's logs",
+            self.persisted.events
+        )?;
+        if let Some(bytes) = self.persisted.bytes_on_disk {
+            write!(f, ", {} MiB on disk", bytes >> 20)?;
+        }
+        writeln!(f)?;
         write!(
             f,
             "floors: actor spawn + round trip {} ns",

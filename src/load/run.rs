@@ -514,7 +514,7 @@ async fn grow(
     let listed_before = super::verify::list_forest(rt, &root_ids).await?;
     let shutdown = rt.shutdown().await;
     let drain = drain_began.elapsed();
-    let checks = verify(
+    let (checks, persisted) = verify(
         rt,
         &lifecycle_runs(lifecycle),
         &created,
@@ -543,6 +543,7 @@ async fn grow(
         peak_live: u64::try_from(lifecycle.peak.load(Ordering::Relaxed)).unwrap_or(0),
         floors,
         checks,
+        persisted,
     });
     Ok(report)
 }

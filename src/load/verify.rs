@@ -113,7 +113,16 @@ fn fates(events: &[Arc<SessionEvent>]) -> HashMap<MessageId, (u32, u32)> {
     fates
 }
 
-/// Runs every check (see the module docs).
+/// What the children's logs hold in the store after the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Persisted {
+    /// Events in the children's stored logs.
+    pub events: u64,
+    /// The store's size on disk, when it has one.
+    pub bytes_on_disk: Option<u64>,
+}
+
+/// Runs every check (see the module docs), and counts what was persisted.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn verify(
     rt: &Runtime,
@@ -125,8 +134,9 @@ pub(crate) async fn verify(
     listed: Forest,
     shutdown: Result<()>,
     sled_dir: Option<&Path>,
-) -> Vec<Check> {
+) -> (Vec<Check>, Persisted) {
     let mut checks = Vec::new();
+    let mut persisted = Persisted::default();
     let unpaired = runs.values().filter(|counts| **counts != (1, 1)).count();
     checks.push(check(
         "every subagent/start has one subagent/end",
@@ -161,13 +171,21 @@ pub(crate) async fn verify(
 
     let mut settled = 0;
     let mut wrong = Vec::new();
+    // Every child's stored log, read once: its length and its inbox fates.
     let mut logs: HashMap<SessionId, HashMap<MessageId, (u32, u32)>> = HashMap::new();
+    let mut unreadable = Vec::new();
     if let Some(store) = rt.store() {
-        for (child, id) in accepted {
-            if !logs.contains_key(child) {
-                let events = store.read_from(*child, 0).await.unwrap_or_default();
-                logs.insert(*child, fates(&events));
+        for created in created {
+            match store.read_from(created.id, 0).await {
+                Ok(events) => {
+                    persisted.events += u64::try_from(events.len()).unwrap_or(u64::MAX);
+                    logs.insert(created.id, fates(&events));
+                }
+                Err(error) => unreadable.push(format!("{}: {error}", created.id)),
             }
+        }
+        persisted.bytes_on_disk = store.size_on_disk();
+        for (child, id) in accepted {
             let fate = logs
                 .get(child)
                 .and_then(|fates| fates.get(id))
@@ -180,6 +198,19 @@ pub(crate) async fn verify(
             }
         }
     }
+    checks.push(check(
+        "every child's log reads back from the store",
+        unreadable.is_empty(),
+        format!(
+            "{} logs, {} events{}",
+            logs.len(),
+            persisted.events,
+            unreadable
+                .first()
+                .map(|first| format!("; first unreadable: {first}"))
+                .unwrap_or_default()
+        ),
+    ));
     checks.push(check(
         "every accepted follow-up was claimed or discarded exactly once",
         wrong.is_empty(),
@@ -221,7 +252,7 @@ pub(crate) async fn verify(
             ),
         });
     }
-    checks
+    (checks, persisted)
 }
 
 /// The forest a fresh runtime lists from a copy of the sled directory, taken after a flush

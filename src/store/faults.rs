@@ -208,6 +208,10 @@ impl SessionPersistence for FaultInjectingStore {
             .unwrap_or_else(|| self.gated(StoreOperation::Flush, move || self.inner.flush(id)))
     }
 
+    fn size_on_disk(&self) -> Option<u64> {
+        self.inner.size_on_disk()
+    }
+
     fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
         self.inner.list()
     }

@@ -181,6 +181,11 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// `STORE_IO`.
     fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>>;
 
+    /// The store's size on disk in bytes, for a store that has one.
+    fn size_on_disk(&self) -> Option<u64> {
+        None
+    }
+
     /// The stored session with an interrupted last turn closed **in memory only**; commits
     /// nothing.
     ///

@@ -441,6 +441,10 @@ impl SessionPersistence for SledStore {
         })
     }
 
+    fn size_on_disk(&self) -> Option<u64> {
+        self.db.size_on_disk().ok()
+    }
+
     fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
         let mut rows = Vec::new();
         let outcome = self.headers.iter().try_for_each(|row| {
