@@ -16,6 +16,7 @@ fn small(store: LoadStore) -> Scenario {
         followups: 2,
         continuable_share: 0.5,
         interrupt_share: 0.34,
+        report_share: 0.34,
         budget_share: 0.34,
         store,
         workers: 1,
@@ -40,6 +41,10 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
         // follow-up... counted exactly.
         assert_eq!(report.followups.refused_by_budget, 2);
         assert_eq!(report.followups.interrupts_sent, 2);
+        assert_eq!(
+            report.followups.reports_sent, 2,
+            "one reporting child per root"
+        );
         assert_eq!(report.latency.one_shot_start_to_result.count, 6);
         assert_eq!(report.latency.continuable_start_acceptance.count, 42);
         assert_eq!(
@@ -58,7 +63,7 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
             .collect();
         assert_eq!(
             names.len(),
-            if store == LoadStore::Sled { 7 } else { 6 },
+            if store == LoadStore::Sled { 8 } else { 7 },
             "{names:?}"
         );
         assert_eq!(

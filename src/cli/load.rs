@@ -37,6 +37,9 @@ pub(crate) struct LoadArgs {
     /// Follow-ups per continuable child (each cold-resumes it).
     #[arg(long)]
     followups: Option<u64>,
+    /// The share of each root's continuable children that report to it from their first turn.
+    #[arg(long)]
+    report_share: Option<f64>,
     /// The share of continuable children interrupted after their last follow-up.
     #[arg(long)]
     interrupt_share: Option<f64>,
@@ -103,6 +106,7 @@ impl LoadArgs {
             fork_share,
             continuable_share,
             followups,
+            report_share,
             interrupt_share,
             budget_share,
             latency,

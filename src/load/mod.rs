@@ -10,7 +10,7 @@ mod run;
 mod scenario;
 mod verify;
 
-pub use model::{delegate_directive, LoadModel, DELEGATE_TOOL};
+pub use model::{delegate_directive, LoadModel, DELEGATE_TOOL, REPORT_DIRECTIVE, REPORT_TOOL};
 pub use report::{
     actor_round_trip, ChildCounts, Floors, FollowupCounts, Latencies, LatencySummary, LoadReport,
     Memory, Throughput,

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::scenario::Latency;
 use crate::content::{MessageSource, Role};
@@ -20,6 +20,12 @@ use crate::session::LlmFailure;
 /// The tool a delegating load agent calls.
 pub const DELEGATE_TOOL: &str = "delegate";
 
+/// The tool a reporting load agent calls.
+pub const REPORT_TOOL: &str = "report";
+
+/// The directive that makes a load agent call the `report` tool.
+pub const REPORT_DIRECTIVE: &str = "[report]";
+
 /// The directive that makes a load agent call the `delegate` tool with `arguments`.
 pub fn delegate_directive(arguments: &Value) -> String {
     format!("[delegate {arguments}]")
@@ -28,8 +34,11 @@ pub fn delegate_directive(arguments: &Value) -> String {
 /// The `delegate` tool's arguments `text` asks for, if it carries the directive.
 fn requested(text: &str) -> Option<Value> {
     let start = text.find("[delegate ")? + "[delegate ".len();
-    let end = start + text[start..].rfind(']')?;
-    serde_json::from_str::<Value>(&text[start..end])
+    // The first JSON value after the marker; whatever follows it (other directives) is not part
+    // of it.
+    serde_json::Deserializer::from_str(&text[start..])
+        .into_iter::<Value>()
+        .next()?
         .ok()
         .filter(Value::is_object)
 }
@@ -80,16 +89,24 @@ fn answer(request: &GenerateRequest) -> Vec<StreamChunk> {
         .iter()
         .rev()
         .find(|message| !matches!(message.source, MessageSource::Plugin { .. }));
-    let arguments = last
+    let text = last
         .filter(|message| message.role == Role::User)
-        .and_then(|message| requested(&message.text()));
-    match arguments {
-        Some(arguments) => tool_call_chunks(&[(
-            &format!("delegate-{}", request.messages.len()),
-            DELEGATE_TOOL,
-            arguments,
-        )]),
-        None => text_chunks("done".to_owned(), FinishReason::Stop),
+        .map(|message| message.text())
+        .unwrap_or_default();
+    let position = request.messages.len();
+    let delegate_id = format!("delegate-{position}");
+    let report_id = format!("report-{position}");
+    let mut calls = Vec::new();
+    if let Some(arguments) = requested(&text) {
+        calls.push((delegate_id.as_str(), DELEGATE_TOOL, arguments));
+    }
+    if text.contains(REPORT_DIRECTIVE) {
+        calls.push((report_id.as_str(), REPORT_TOOL, Value::Object(Map::new())));
+    }
+    if calls.is_empty() {
+        text_chunks("done".to_owned(), FinishReason::Stop)
+    } else {
+        tool_call_chunks(&calls)
     }
 }
 
@@ -134,7 +151,12 @@ mod tests {
         );
         assert_eq!(
             requested(&format!("work, then {}", delegate_directive(&arguments))),
-            Some(arguments)
+            Some(arguments.clone())
+        );
+        assert_eq!(
+            requested(&format!("{} and [report]", delegate_directive(&arguments))),
+            Some(arguments.clone()),
+            "a directive after it is not part of it"
         );
         assert_eq!(requested("[delegate 3]"), None);
         assert_eq!(requested("done"), None);

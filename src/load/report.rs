@@ -134,6 +134,8 @@ pub struct FollowupCounts {
     pub accepted: u64,
     /// Refused with `BUDGET_EXHAUSTED`.
     pub refused_by_budget: u64,
+    /// Quiet reports children sent their parents.
+    pub reports_sent: u64,
     /// Interrupts sent right after a child's last follow-up (an interrupt that finds the
     /// epoch already settled is an accepted no-op, and still counts here).
     pub interrupts_sent: u64,
@@ -213,6 +215,7 @@ pub(crate) struct Measured<'a> {
     pub(crate) created: &'a [Created],
     pub(crate) accepted: usize,
     pub(crate) refused: u64,
+    pub(crate) reports: u64,
     pub(crate) interrupted: u64,
     pub(crate) one_shot: LatencySummary,
     pub(crate) start: LatencySummary,
@@ -258,6 +261,7 @@ impl LoadReport {
                 accepted,
                 refused_by_budget: measured.refused,
                 interrupts_sent: measured.interrupted,
+                reports_sent: measured.reports,
             },
             throughput: Throughput {
                 one_shot_runs_per_s: rate(one_shot, measured.elapsed),
@@ -328,10 +332,11 @@ impl fmt::Display for LoadReport {
         )?;
         writeln!(
             f,
-            "follow-ups: {} accepted (cold resumes), {} refused by budget, {} interrupts sent",
+            "follow-ups: {} accepted (cold resumes), {} refused by budget, {} interrupts sent; {} reports",
             self.followups.accepted,
             self.followups.refused_by_budget,
-            self.followups.interrupts_sent
+            self.followups.interrupts_sent,
+            self.followups.reports_sent
         )?;
         writeln!(
             f,

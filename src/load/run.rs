@@ -17,7 +17,7 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::model::{delegate_directive, LoadModel, DELEGATE_TOOL};
+use super::model::{delegate_directive, LoadModel, DELEGATE_TOOL, REPORT_DIRECTIVE, REPORT_TOOL};
 use super::report::{LatencySummary, LoadReport};
 use super::scenario::{in_share, share_count, LoadFlush, LoadStore, Scenario};
 use super::verify::{verify, Created};
@@ -28,8 +28,8 @@ use crate::events::{EventScope, Subscription};
 use crate::host::{AgentOptions, Budget, CreateAgent, FlushPolicy};
 use crate::ids::{MessageId, RunId, SessionId};
 use crate::seam::{
-    ContinuableStartSpec, DelegationMode, FollowupOptions, InterruptAuthority, SubagentEvent,
-    SubagentStartRequest,
+    ContinuableStartSpec, DelegationMode, FollowupOptions, InterruptAuthority, ReportDelivery,
+    ReportOptions, SubagentEvent, SubagentStartRequest,
 };
 use crate::store::{MemoryStore, SharedStore, SledStore};
 use crate::tools::{Tool, ToolError, ToolOutput};
@@ -148,6 +148,7 @@ struct Shared {
     failure: Mutex<Option<SubagentError>>,
     refused: AtomicU64,
     interrupted: AtomicU64,
+    reports: AtomicU64,
     one_shot_latency: Recorder,
     start_latency: Recorder,
     followup_latency: Recorder,
@@ -159,14 +160,18 @@ fn prompt(text: String) -> Vec<ContentBlock> {
 }
 
 /// The work a continuable child at `level` below `root` is given: above the last level, a
-/// directive to delegate the next level (the arguments its `delegate` call carries).
-fn task_for(scenario: &Scenario, root: SessionId, level: u64) -> String {
+/// directive to delegate the next level (the arguments its `delegate` call carries), and for a
+/// reporting child the directive to report.
+fn task_for(scenario: &Scenario, root: SessionId, level: u64, report: bool) -> String {
+    let mut task = "work".to_owned();
     if level < scenario.depth && scenario.children > 0 {
         let arguments = json!({"count": scenario.children, "level": level + 1, "root": root});
-        format!("work, then {}", delegate_directive(&arguments))
-    } else {
-        "work".to_owned()
+        task.push_str(&format!(", then {}", delegate_directive(&arguments)));
     }
+    if report {
+        task.push_str(&format!(" and {REPORT_DIRECTIVE}"));
+    }
+    task
 }
 
 impl Shared {
@@ -181,12 +186,13 @@ impl Shared {
         root: SessionId,
         level: u64,
         budget: Option<Budget>,
+        report: bool,
     ) -> Result<SessionId> {
         let mut spec = ContinuableStartSpec::new(
             "spawn",
             format!("level {level}"),
             parent,
-            prompt(task_for(&self.scenario, root, level)),
+            prompt(task_for(&self.scenario, root, level, report)),
         );
         if let Some(budget) = budget {
             spec = spec.budget(budget);
@@ -203,6 +209,23 @@ impl Shared {
         Ok(started.child_id)
     }
 
+    /// The `report` tool's work: a quiet report from the calling child to its parent.
+    async fn report(&self, caller: SessionId) -> Result<()> {
+        let child = self.rt.agents().get(caller).await.ok_or_else(|| {
+            SubagentError::new(ErrorCode::AgentDisposed, "the reporting child is gone")
+        })?;
+        self.rt
+            .subagents()
+            .report_from(
+                &child,
+                prompt("progress".to_owned()),
+                ReportOptions::new(ReportDelivery::Quiet),
+            )
+            .await?;
+        self.reports.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The `delegate` tool's work: `count` continuable children of the calling agent, at
     /// `level` below `root`.
     async fn delegate(
@@ -215,7 +238,7 @@ impl Shared {
         let parent = self.rt.agents().get(caller).await.ok_or_else(|| {
             SubagentError::new(ErrorCode::AgentDisposed, "the delegating child is gone")
         })?;
-        try_join_all((0..count).map(|_| self.start_continuable(&parent, root, level, None)))
+        try_join_all((0..count).map(|_| self.start_continuable(&parent, root, level, None, false)))
             .await
             .map(drop)
     }
@@ -251,7 +274,10 @@ impl Shared {
             self.scenario.interrupt_share,
         );
         let budget = budgeted.then(|| Budget::unlimited().turns(1));
-        let child = self.start_continuable(root, root.id(), 1, budget).await?;
+        let report = in_share(position, self.scenario.report_share);
+        let child = self
+            .start_continuable(root, root.id(), 1, budget, report)
+            .await?;
         self.lifecycle.settled(child, 1).await?;
         for followup in 0..self.scenario.followups {
             let began = Instant::now();
@@ -421,10 +447,32 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
             }
         },
     );
+    let report_slot = Arc::clone(&shared_slot);
+    let report = Tool::new(
+        REPORT_TOOL,
+        "Reports progress to the delegating parent.",
+        json!({"type": "object"}),
+        move |_, ctx| {
+            let slot = Arc::clone(&report_slot);
+            async move {
+                let shared = slot
+                    .get()
+                    .and_then(Weak::upgrade)
+                    .ok_or_else(|| ToolError::new("NOT_READY", "the load run is not running"))?;
+                if let Err(error) = shared.report(ctx.agent).await {
+                    let result = ToolError::new(error.code().as_str(), error.message());
+                    lock(&shared.failure).get_or_insert(error);
+                    return Err(result);
+                }
+                Ok(ToolOutput::text("reported"))
+            }
+        },
+    );
     let rt = Runtime::builder()
         .shared_store(Arc::clone(&opened.store))
         .model("load", LoadModel::new(scenario.latency, scenario.seed))
         .tool(delegate)
+        .tool(report)
         .workers(workers)
         .build()?;
     rt.subagents()
@@ -453,6 +501,7 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         accepted: Mutex::default(),
         refused: AtomicU64::new(0),
         interrupted: AtomicU64::new(0),
+        reports: AtomicU64::new(0),
         failure: Mutex::default(),
         one_shot_latency: Recorder::new(),
         start_latency: Recorder::new(),
@@ -521,6 +570,7 @@ async fn grow(
         &accepted,
         &root_ids,
         scenario.total_children(),
+        shared.reports.load(Ordering::Relaxed),
         listed_before,
         shutdown,
         opened.sled_dir.as_deref(),
@@ -533,6 +583,7 @@ async fn grow(
         created: &created,
         accepted: accepted.len(),
         refused: shared.refused.load(Ordering::Relaxed),
+        reports: shared.reports.load(Ordering::Relaxed),
         interrupted: shared.interrupted.load(Ordering::Relaxed),
         one_shot: shared.one_shot_latency.summary(),
         start: shared.start_latency.summary(),

@@ -76,6 +76,9 @@ pub struct Scenario {
     /// Follow-ups sent to each continuable child, each after the previous epoch settled (so
     /// each one cold-resumes the child).
     pub followups: u64,
+    /// The share of each root's continuable children that report to it (quietly) from their
+    /// first turn, through a `report` tool.
+    pub report_share: f64,
     /// The share of continuable children interrupted right after their last follow-up.
     pub interrupt_share: f64,
     /// The share of continuable children started with a one-turn budget: their follow-ups are
@@ -105,6 +108,7 @@ impl Default for Scenario {
             fork_share: 0.25,
             continuable_share: 0.5,
             followups: 1,
+            report_share: 0.1,
             interrupt_share: 0.1,
             budget_share: 0.1,
             latency: Latency::default(),
@@ -173,6 +177,7 @@ impl Scenario {
         for (field, share) in [
             ("fork_share", self.fork_share),
             ("continuable_share", self.continuable_share),
+            ("report_share", self.report_share),
             ("interrupt_share", self.interrupt_share),
             ("budget_share", self.budget_share),
         ] {

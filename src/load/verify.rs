@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::content::MessageSource;
 use crate::error::Result;
 use crate::ids::{MessageId, RunId, SessionId};
 use crate::projection::listing::Listing;
@@ -122,6 +123,25 @@ pub struct Persisted {
     pub bytes_on_disk: Option<u64>,
 }
 
+/// How many report relays were inserted into a log's inbox.
+fn reports_in(events: &[Arc<SessionEvent>]) -> u64 {
+    let count = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::InboxSpliced { inserted, .. } => Some(
+                inserted
+                    .iter()
+                    .filter(|message| {
+                        matches!(message.source, MessageSource::SubagentReportRelay { .. })
+                    })
+                    .count(),
+            ),
+            _ => None,
+        })
+        .sum::<usize>();
+    u64::try_from(count).unwrap_or(u64::MAX)
+}
+
 /// Runs every check (see the module docs), and counts what was persisted.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn verify(
@@ -131,6 +151,7 @@ pub(crate) async fn verify(
     accepted: &[(SessionId, MessageId)],
     roots: &[SessionId],
     expected_total: Option<u64>,
+    reports: u64,
     listed: Forest,
     shutdown: Result<()>,
     sled_dir: Option<&Path>,
@@ -222,6 +243,21 @@ pub(crate) async fn verify(
                 .map(|first| format!("; first wrong: {first}"))
                 .unwrap_or_default()
         ),
+    ));
+
+    // Every report sent reached its parent's log once (roots are in the store after the drain).
+    let mut delivered = 0u64;
+    if let Some(store) = rt.store() {
+        for root in roots {
+            if let Ok(events) = store.read_from(*root, 0).await {
+                delivered += reports_in(&events);
+            }
+        }
+    }
+    checks.push(check(
+        "every report reached its parent once",
+        delivered == reports,
+        format!("{reports} sent, {delivered} in the roots' logs"),
     ));
 
     let live = rt.agents().list().await.len();
