@@ -51,6 +51,9 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
             report.latency.followup_acceptance.count,
             report.followups.accepted
         );
+        // Every accepted follow-up that a turn claimed has its turn-start latency.
+        assert!(report.latency.followup_to_turn_start.count > 0);
+        assert!(report.latency.followup_to_turn_start.count <= report.followups.accepted);
         assert!(report.floors.actor_round_trip_ns > 0);
         assert_eq!(
             report.floors.sled_turn_append_ns.is_some(),

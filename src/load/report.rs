@@ -172,6 +172,9 @@ pub struct Latencies {
     pub continuable_start_acceptance: LatencySummary,
     /// A follow-up to its acceptance (including the cold resume).
     pub followup_acceptance: LatencySummary,
+    /// A follow-up, from its sending to the turn that claimed it (the cold resume included),
+    /// from the child's log (millisecond resolution).
+    pub followup_to_turn_start: LatencySummary,
     /// A follow-up to the end of the epoch it opened.
     pub followup_to_settled: LatencySummary,
 }
@@ -227,6 +230,7 @@ pub(crate) struct Measured<'a> {
     pub(crate) floors: Floors,
     pub(crate) checks: Vec<Check>,
     pub(crate) persisted: Persisted,
+    pub(crate) followup_turn_start: LatencySummary,
 }
 
 fn rate(count: u64, elapsed: Duration) -> f64 {
@@ -272,6 +276,7 @@ impl LoadReport {
                 one_shot_start_to_result: measured.one_shot,
                 continuable_start_acceptance: measured.start,
                 followup_acceptance: measured.followup,
+                followup_to_turn_start: measured.followup_turn_start,
                 followup_to_settled: measured.followup_settled,
             },
             memory: Memory {
@@ -360,6 +365,11 @@ impl fmt::Display for LoadReport {
             f,
             "follow-up to acceptance",
             &self.latency.followup_acceptance,
+        )?;
+        latency_line(
+            f,
+            "follow-up to turn start (ms)",
+            &self.latency.followup_to_turn_start,
         )?;
         latency_line(f, "follow-up to settled", &self.latency.followup_to_settled)?;
         writeln!(

@@ -142,8 +142,9 @@ struct Shared {
     counters: Arc<LoadCounters>,
     /// Every child created, in creation order.
     created: Mutex<Vec<Created>>,
-    /// Every follow-up accepted: the child and the message id.
-    accepted: Mutex<Vec<(SessionId, MessageId)>>,
+    /// Every follow-up accepted: the child, the message id, and when it was sent (epoch
+    /// milliseconds).
+    accepted: Mutex<Vec<(SessionId, MessageId, u64)>>,
     /// The first delegation that failed inside a child's turn.
     failure: Mutex<Option<SubagentError>>,
     refused: AtomicU64,
@@ -281,6 +282,7 @@ impl Shared {
         self.lifecycle.settled(child, 1).await?;
         for followup in 0..self.scenario.followups {
             let began = Instant::now();
+            let sent_at = crate::session::header::now_ms();
             let sent = self
                 .rt
                 .subagents()
@@ -301,7 +303,7 @@ impl Shared {
             };
             self.followup_latency.record(began.elapsed());
             self.counters.followups.fetch_add(1, Ordering::Relaxed);
-            lock(&self.accepted).push((child, id));
+            lock(&self.accepted).push((child, id, sent_at));
             if interrupt && followup + 1 == self.scenario.followups {
                 // Parks whatever is pending; the final drain settles the child.
                 self.rt
@@ -563,7 +565,7 @@ async fn grow(
     let listed_before = super::verify::list_forest(rt, &root_ids).await?;
     let shutdown = rt.shutdown().await;
     let drain = drain_began.elapsed();
-    let (checks, persisted) = verify(
+    let verified = verify(
         rt,
         &lifecycle_runs(lifecycle),
         &created,
@@ -593,8 +595,9 @@ async fn grow(
         rss_before,
         peak_live: u64::try_from(lifecycle.peak.load(Ordering::Relaxed)).unwrap_or(0),
         floors,
-        checks,
-        persisted,
+        checks: verified.checks,
+        persisted: verified.persisted,
+        followup_turn_start: verified.followup_to_turn_start,
     });
     Ok(report)
 }

@@ -7,9 +7,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use super::report::LatencySummary;
 use crate::content::MessageSource;
 use crate::error::Result;
 use crate::ids::{MessageId, RunId, SessionId};
@@ -78,10 +80,19 @@ fn shape(forest: &Forest) -> (HashSet<(SessionId, SessionId)>, usize) {
     (pairs, diagnostics)
 }
 
+/// What became of one inbox message.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fate {
+    claimed: u32,
+    discarded: u32,
+    /// When a turn first claimed it (epoch milliseconds).
+    claimed_at: Option<u64>,
+}
+
 /// How often each inbox message of a log was claimed and discarded.
-fn fates(events: &[Arc<SessionEvent>]) -> HashMap<MessageId, (u32, u32)> {
+fn fates(events: &[Arc<SessionEvent>]) -> HashMap<MessageId, Fate> {
     let mut lists: [Vec<MessageId>; 2] = [Vec::new(), Vec::new()];
-    let mut fates: HashMap<MessageId, (u32, u32)> = HashMap::new();
+    let mut fates: HashMap<MessageId, Fate> = HashMap::new();
     for event in events {
         let EventKind::InboxSpliced {
             target,
@@ -102,9 +113,11 @@ fn fates(events: &[Arc<SessionEvent>]) -> HashMap<MessageId, (u32, u32)> {
         for id in list.drain(start..end) {
             let fate = fates.entry(id).or_default();
             if *outcome == Some(SpliceOutcome::Canceled) {
-                fate.1 += 1;
+                fate.discarded += 1;
             } else {
-                fate.0 += 1;
+                fate.claimed += 1;
+                // A turn claims its message as it opens.
+                fate.claimed_at.get_or_insert(event.time);
             }
         }
         for (offset, message) in inserted.iter().enumerate() {
@@ -121,6 +134,15 @@ pub struct Persisted {
     pub events: u64,
     /// The store's size on disk, when it has one.
     pub bytes_on_disk: Option<u64>,
+}
+
+/// What the verification found besides its checks.
+pub(crate) struct Verified {
+    pub(crate) checks: Vec<Check>,
+    pub(crate) persisted: Persisted,
+    /// A follow-up, from its sending to the turn that claimed it, read from the child's log
+    /// (millisecond resolution).
+    pub(crate) followup_to_turn_start: LatencySummary,
 }
 
 /// How many report relays were inserted into a log's inbox.
@@ -148,14 +170,14 @@ pub(crate) async fn verify(
     rt: &Runtime,
     runs: &HashMap<RunId, (u32, u32)>,
     created: &[Created],
-    accepted: &[(SessionId, MessageId)],
+    accepted: &[(SessionId, MessageId, u64)],
     roots: &[SessionId],
     expected_total: Option<u64>,
     reports: u64,
     listed: Forest,
     shutdown: Result<()>,
     sled_dir: Option<&Path>,
-) -> (Vec<Check>, Persisted) {
+) -> Verified {
     let mut checks = Vec::new();
     let mut persisted = Persisted::default();
     let unpaired = runs.values().filter(|counts| **counts != (1, 1)).count();
@@ -193,7 +215,9 @@ pub(crate) async fn verify(
     let mut settled = 0;
     let mut wrong = Vec::new();
     // Every child's stored log, read once: its length and its inbox fates.
-    let mut logs: HashMap<SessionId, HashMap<MessageId, (u32, u32)>> = HashMap::new();
+    let mut logs: HashMap<SessionId, HashMap<MessageId, Fate>> = HashMap::new();
+    let mut turn_start = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)
+        .map_err(|error| crate::SubagentError::bug(format!("histogram bounds: {error}")));
     let mut unreadable = Vec::new();
     if let Some(store) = rt.store() {
         for created in created {
@@ -206,16 +230,20 @@ pub(crate) async fn verify(
             }
         }
         persisted.bytes_on_disk = store.size_on_disk();
-        for (child, id) in accepted {
+        for (child, id, accepted_at) in accepted {
             let fate = logs
                 .get(child)
                 .and_then(|fates| fates.get(id))
                 .copied()
                 .unwrap_or_default();
-            if fate.0 + fate.1 == 1 {
+            if fate.claimed + fate.discarded == 1 {
                 settled += 1;
             } else {
                 wrong.push(format!("{id} of {child}: {fate:?}"));
+            }
+            if let (Some(claimed_at), Ok(histogram)) = (fate.claimed_at, turn_start.as_mut()) {
+                let micros = claimed_at.saturating_sub(*accepted_at).saturating_mul(1000);
+                histogram.saturating_record(micros.max(1));
             }
         }
     }
@@ -288,7 +316,13 @@ pub(crate) async fn verify(
             ),
         });
     }
-    (checks, persisted)
+    Verified {
+        checks,
+        persisted,
+        followup_to_turn_start: turn_start
+            .map(|histogram| LatencySummary::of(&histogram))
+            .unwrap_or_default(),
+    }
 }
 
 /// The forest a fresh runtime lists from a copy of the sled directory, taken after a flush
