@@ -121,3 +121,48 @@ fn a_broken_scenario_file_is_refused_naming_the_field() {
         "the rest keeps its defaults"
     );
 }
+
+#[test]
+fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("run.svg");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "load",
+            "--roots",
+            "1",
+            "--children",
+            "10",
+            "--store",
+            "memory",
+            "--json",
+        ])
+        .arg("--plot")
+        .arg(&plot)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["passed"], true);
+    assert_eq!(report["children"]["total"], 10);
+    assert!(report["timeline"]
+        .as_array()
+        .is_some_and(|timeline| !timeline.is_empty()));
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["load", "--continuable-share", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("continuable_share"), "{stderr}");
+    assert!(
+        !stderr.contains("SubagentError {"),
+        "printed for a person: {stderr}"
+    );
+}

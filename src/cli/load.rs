@@ -68,6 +68,9 @@ pub(crate) struct LoadArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Also draw the run's timeline (throughput and children in flight) into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 fn parse_latency(text: &str) -> Result<Latency, String> {
@@ -171,6 +174,9 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     let report = subagents::load::run(&scenario, Arc::clone(&counters)).await;
     bar.finish_and_clear();
     let report = report?;
+    if let Some(path) = &args.plot {
+        super::plot::draw(&report.timeline, path)?;
+    }
     if args.json {
         let json = serde_json::to_string_pretty(&report).map_err(|error| {
             SubagentError::new(

@@ -1,4 +1,5 @@
 //! The command-line tool's commands other than the demo.
 
 pub(crate) mod load;
+pub(crate) mod plot;
 pub(crate) mod tree;

@@ -13,7 +13,7 @@ mod verify;
 pub use model::{delegate_directive, LoadModel, DELEGATE_TOOL, REPORT_DIRECTIVE, REPORT_TOOL};
 pub use report::{
     actor_round_trip, ChildCounts, Floors, FollowupCounts, Latencies, LatencySummary, LoadReport,
-    Memory, Throughput,
+    Memory, Sample, Throughput,
 };
 pub use run::{rss_bytes, run, LoadCounters};
 pub use scenario::{in_share, share_count, Latency, LoadFlush, LoadStore, Scenario};

@@ -179,6 +179,21 @@ pub struct Latencies {
     pub followup_to_settled: LatencySummary,
 }
 
+/// One point of the run's timeline, taken every 100 ms while the forest grows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// Milliseconds since the growing phase began.
+    pub at_ms: u64,
+    /// Epochs started so far.
+    pub started: u64,
+    /// Epochs ended so far.
+    pub settled: u64,
+    /// Follow-ups accepted so far.
+    pub followups: u64,
+    /// The process's resident set size.
+    pub rss_bytes: u64,
+}
+
 /// What a load run measured and whether its verification held.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LoadReport {
@@ -208,6 +223,8 @@ pub struct LoadReport {
     pub one_shot_p50_over_actor_floor: f64,
     /// The verification checks.
     pub checks: Vec<Check>,
+    /// The counters every 100 ms while the forest grew (for plots).
+    pub timeline: Vec<Sample>,
 }
 
 /// The raw measurements a report is made from.
@@ -231,6 +248,7 @@ pub(crate) struct Measured<'a> {
     pub(crate) checks: Vec<Check>,
     pub(crate) persisted: Persisted,
     pub(crate) followup_turn_start: LatencySummary,
+    pub(crate) timeline: Vec<Sample>,
 }
 
 fn rate(count: u64, elapsed: Duration) -> f64 {
@@ -297,6 +315,7 @@ impl LoadReport {
             persisted: measured.persisted,
             scenario: measured.scenario,
             checks: measured.checks,
+            timeline: measured.timeline,
         }
     }
 }

@@ -16,9 +16,10 @@ use futures::future::{join_all, try_join_all};
 use hdrhistogram::Histogram;
 use serde_json::json;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::model::{delegate_directive, LoadModel, DELEGATE_TOOL, REPORT_DIRECTIVE, REPORT_TOOL};
-use super::report::{LatencySummary, LoadReport};
+use super::report::{LatencySummary, LoadReport, Sample};
 use super::scenario::{in_share, share_count, LoadFlush, LoadStore, Scenario};
 use super::verify::{verify, Created};
 use crate::actors::agent::AgentRef;
@@ -549,7 +550,15 @@ async fn grow(
         roots.push(root);
     }
     let began = Instant::now();
+    let sampling = CancellationToken::new();
+    let sampler = tokio::spawn(sample(
+        Arc::clone(&shared.counters),
+        began,
+        sampling.clone(),
+    ));
     let outcomes = join_all(roots.iter().map(|root| shared.root(root.agent()))).await;
+    sampling.cancel();
+    let timeline = sampler.await.unwrap_or_default();
     // A continuable child settles only after every child it delegated settled, so once the
     // roots' tasks are done the whole forest exists.
     let elapsed = began.elapsed();
@@ -598,8 +607,34 @@ async fn grow(
         checks: verified.checks,
         persisted: verified.persisted,
         followup_turn_start: verified.followup_to_turn_start,
+        timeline,
     });
     Ok(report)
+}
+
+/// Samples the counters every 100 ms until `stop` fires (and once more then).
+async fn sample(
+    counters: Arc<LoadCounters>,
+    began: Instant,
+    stop: CancellationToken,
+) -> Vec<Sample> {
+    let mut timeline = Vec::new();
+    loop {
+        timeline.push(Sample {
+            at_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
+            started: counters.started.load(Ordering::Relaxed),
+            settled: counters.settled.load(Ordering::Relaxed),
+            followups: counters.followups.load(Ordering::Relaxed),
+            rss_bytes: rss_bytes(),
+        });
+        if stop.is_cancelled() {
+            return timeline;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            () = stop.cancelled() => {}
+        }
+    }
 }
 
 fn lifecycle_runs(lifecycle: &Lifecycle) -> HashMap<RunId, (u32, u32)> {
