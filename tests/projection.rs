@@ -305,3 +305,36 @@ async fn registrations_are_counted_versions_must_agree_and_a_failing_unit_is_con
     assert!(registry.snapshot(agent.agent().log()).is_ok());
     agent.dispose().await.unwrap();
 }
+
+/// A unit whose `init` panics.
+struct BrokenInit;
+
+impl ProjectionUnit for BrokenInit {
+    fn key(&self) -> &str {
+        "brokenInit"
+    }
+    fn state_version(&self) -> u32 {
+        1
+    }
+    fn init(&self) -> Value {
+        panic!("a foreign unit cannot even start")
+    }
+    fn apply(&self, _: &Value, _: &SessionEvent) -> Option<Value> {
+        None
+    }
+}
+
+#[actix_rt::test]
+async fn a_unit_whose_init_panics_fails_only_the_snapshot() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = memory_runtime(&model);
+    let registry = rt.projections().unwrap();
+    let broken = registry.register(Arc::new(BrokenInit)).unwrap();
+    let agent = agent_with(&rt, |_| {}).await;
+    let failed = registry.snapshot(agent.agent().log()).unwrap_err();
+    assert!(failed.message().contains("brokenInit"), "{failed}");
+    assert!(registry.fold(&[]).is_err(), "a cold fold contains it too");
+    broken.remove();
+    assert!(registry.snapshot(agent.agent().log()).is_ok());
+    agent.dispose().await.unwrap();
+}

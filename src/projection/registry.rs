@@ -145,6 +145,17 @@ fn fold_events(
     .ok()
 }
 
+/// A cell at the unit's initial state; a unit whose `init` panics gets a failed cell.
+fn fresh_cell(unit: &dyn ProjectionUnit) -> Cell {
+    let init = catch_unwind(AssertUnwindSafe(|| unit.init()));
+    Cell {
+        version: unit.state_version(),
+        failed: init.is_err(),
+        state: init.unwrap_or(Value::Null),
+        folded: 0,
+    }
+}
+
 fn view_of(unit: &dyn ProjectionUnit, state: &Value) -> Result<Value> {
     catch_unwind(AssertUnwindSafe(|| unit.view(state)))
         .unwrap_or_else(|_| Err(unit_failed(unit, "its view panicked")))
@@ -274,19 +285,9 @@ impl ProjectionRegistry {
                 let cell = cells
                     .by_key
                     .entry(unit.key().to_owned())
-                    .or_insert_with(|| Cell {
-                        version: unit.state_version(),
-                        state: unit.init(),
-                        folded: 0,
-                        failed: false,
-                    });
+                    .or_insert_with(|| fresh_cell(unit.as_ref()));
                 if cell.version != unit.state_version() {
-                    *cell = Cell {
-                        version: unit.state_version(),
-                        state: unit.init(),
-                        folded: 0,
-                        failed: false,
-                    };
+                    *cell = fresh_cell(unit.as_ref());
                 }
                 if cell.failed || cell.folded >= events.len() {
                     continue;
@@ -404,7 +405,9 @@ impl ProjectionRegistry {
     pub fn fold(&self, events: &[Arc<SessionEvent>]) -> Result<ProjectionSnapshot> {
         let mut values = BTreeMap::new();
         for unit in self.units().iter().filter(|unit| unit.visible()) {
-            let state = fold_events(unit.as_ref(), unit.init(), events)
+            let state = catch_unwind(AssertUnwindSafe(|| unit.init()))
+                .ok()
+                .and_then(|init| fold_events(unit.as_ref(), init, events))
                 .ok_or_else(|| unit_failed(unit.as_ref(), "its fold panicked"))?;
             values.insert(unit.key().to_owned(), view_of(unit.as_ref(), &state)?);
         }
