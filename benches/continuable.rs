@@ -231,16 +231,6 @@ fn bench(c: &mut Criterion) {
 }
 
 /// The resident set size of this process, in bytes.
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|field| field.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
-}
-
 fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
     let last = sorted.len().saturating_sub(1);
     // Rounded to the nearest rank; the samples are few enough for exactness not to matter.
@@ -257,7 +247,7 @@ async fn scale(n: usize) {
     )
     .await;
     let rt = fixture.rt.clone();
-    let before = rss_bytes();
+    let before = subagents::load::rss_bytes();
     let began = Instant::now();
     let mut children = Vec::with_capacity(n);
     for _ in 0..n {
@@ -265,7 +255,7 @@ async fn scale(n: usize) {
     }
     let started = began.elapsed();
     assert_eq!(subagents::testing::resident_count(rt.subagents()).await, n);
-    let grown = rss_bytes().saturating_sub(before);
+    let grown = subagents::load::rss_bytes().saturating_sub(before);
     let mut latencies = Vec::with_capacity(1000);
     for child in children.iter().step_by((n / 1000).max(1)).take(1000) {
         let sent = Instant::now();

@@ -188,16 +188,6 @@ fn in_flight_two_workers(c: &mut Criterion, system: &SystemRunner) {
     group.finish();
 }
 
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
-}
-
 /// Resident memory per in-flight child: 4,000 runs held at a gate mid-turn.
 fn memory_per_child(system: &SystemRunner) {
     const HELD: usize = 4_000;
@@ -206,7 +196,7 @@ fn memory_per_child(system: &SystemRunner) {
     let model = ScriptedModel::with_script([ScriptStep::text("parent")]);
     model.set_fallback(ScriptStep::text("held").gated(&gate));
     let (rt, parent) = system.block_on(setup(Arc::new(MemoryStore::new()), model.clone()));
-    let before = rss_bytes();
+    let before = subagents::load::rss_bytes();
     let runs = system.block_on(async {
         let runs = join_all((0..HELD).map(|_| {
             rt.subagents().start(
@@ -223,7 +213,7 @@ fn memory_per_child(system: &SystemRunner) {
             .map(|run| run.expect("start"))
             .collect::<Vec<_>>()
     });
-    let held = rss_bytes();
+    let held = subagents::load::rss_bytes();
     gate.release();
     system.block_on(async {
         for run in &runs {

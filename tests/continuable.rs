@@ -1012,15 +1012,8 @@ async fn a_persona_is_recorded_and_reapplied_on_cold_resume() {
 #[actix_rt::test]
 async fn a_child_whose_first_step_is_refused_settles_as_a_refusal() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    let parent_id = Arc::new(std::sync::Mutex::new(None::<SessionId>));
-    let allowed = Arc::clone(&parent_id);
-    let hook: subagents::host::PreStepHook = Arc::new(move |step, decision| {
-        if Some(step.agent) == *allowed.lock().unwrap() {
-            decision
-        } else {
-            subagents::host::PreStepDecision::Reject
-        }
-    });
+    let (hook, parent_id) =
+        crate::support::sparing_the_parent(|_, _| subagents::host::PreStepDecision::Reject);
     let rt = crate::support::seam_runtime_from(
         Runtime::builder()
             .model("scripted", model.clone())

@@ -77,11 +77,9 @@ async fn a_turn_that_failed_before_its_first_step_is_reported_failed_with_the_la
     let first = Gate::new();
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("the answer").gated(&first));
-    let parent_id = Arc::new(Mutex::new(None::<SessionId>));
-    let spare = Arc::clone(&parent_id);
     // A deployment participant that cannot decide the child's later turns.
-    let failing: subagents::host::PreStepHook = Arc::new(move |step, decision| {
-        if step.turn >= 2 && Some(step.agent) != *spare.lock().unwrap() {
+    let (failing, parent_id) = crate::support::sparing_the_parent(|step, decision| {
+        if step.turn >= 2 {
             subagents::host::PreStepDecision::Fail("the policy service is unreachable".into())
         } else {
             decision

@@ -486,12 +486,10 @@ async fn a_later_child_side_switch_wins_over_the_delegation_snapshot() {
     let policy = SwitchablePolicy {
         sandbox: Arc::new(Mutex::new(Some("read-only".into()))),
     };
-    let parent_id = Arc::new(Mutex::new(None::<SessionId>));
-    let skip = Arc::clone(&parent_id);
     // The child switches its own sandbox as its first turn begins, after the delegation
     // snapshot was recorded.
-    let switch: subagents::host::PreStepHook = Arc::new(move |step, decision| {
-        if step.turn == 1 && step.step == 1 && Some(step.agent) != *skip.lock().unwrap() {
+    let (switch, parent_id) = crate::support::sparing_the_parent(|step, decision| {
+        if step.turn == 1 && step.step == 1 {
             step.log
                 .append(EventKind::Extension {
                     event_type: "sandbox/mode".into(),

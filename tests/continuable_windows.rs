@@ -221,11 +221,10 @@ async fn an_epoch_keeps_its_earlier_text_past_a_final_usage_only_message() {
 async fn a_resumed_epoch_that_ran_no_step_reports_no_earlier_answer() {
     let model = ScriptedModel::with_script([ScriptStep::text("first answer")]);
     model.set_fallback(ScriptStep::text("ok"));
-    let parent_id = Arc::new(Mutex::new(None::<SessionId>));
     let refusing = Arc::new(AtomicBool::new(false));
-    let (allowed, refuse) = (Arc::clone(&parent_id), Arc::clone(&refusing));
-    let hook: subagents::host::PreStepHook = Arc::new(move |step, decision| {
-        if refuse.load(Ordering::SeqCst) && Some(step.agent) != *allowed.lock().unwrap() {
+    let refuse = Arc::clone(&refusing);
+    let (hook, parent_id) = crate::support::sparing_the_parent(move |_, decision| {
+        if refuse.load(Ordering::SeqCst) {
             subagents::host::PreStepDecision::Reject
         } else {
             decision

@@ -372,6 +372,33 @@ pub fn delivered(events: &[SessionEvent]) -> Vec<String> {
         .collect()
 }
 
+/// The parent a [`sparing_the_parent`] hook leaves alone, once the test names it.
+pub type SparedParent = Arc<Mutex<Option<SessionId>>>;
+
+/// A runtime-wide pre-step hook that leaves the parent's steps alone and lets `decide` rule
+/// every other agent's (a deployment participant acting on the children). Name the parent in
+/// the returned cell once it exists.
+pub fn sparing_the_parent(
+    decide: impl Fn(
+            &subagents::host::PreStep<'_>,
+            subagents::host::PreStepDecision,
+        ) -> subagents::host::PreStepDecision
+        + Send
+        + Sync
+        + 'static,
+) -> (subagents::host::PreStepHook, SparedParent) {
+    let parent = SparedParent::default();
+    let spared = Arc::clone(&parent);
+    let hook: subagents::host::PreStepHook = Arc::new(move |step, decision| {
+        if Some(step.agent) == *spared.lock().unwrap() {
+            decision
+        } else {
+            decide(step, decision)
+        }
+    });
+    (hook, parent)
+}
+
 /// Starts a continuable child of `parent` that must be refused; the refusal.
 pub async fn refused_start(rt: &Runtime, parent: &subagents::AgentRef) -> subagents::SubagentError {
     rt.subagents()

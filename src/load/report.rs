@@ -3,6 +3,7 @@
 //! serializes for machines.
 
 use std::fmt;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -40,6 +41,41 @@ impl LatencySummary {
             p99_us: histogram.value_at_quantile(0.99),
             max_us: histogram.max(),
         }
+    }
+}
+
+/// Records latencies of one kind, in microseconds: from 1 µs to an hour with three significant
+/// figures, fixed-size, so recording never allocates.
+pub(crate) struct LatencyRecorder(Mutex<Option<Histogram<u64>>>);
+
+impl Default for LatencyRecorder {
+    fn default() -> Self {
+        // The bounds are constants within hdrhistogram's limits: `None` cannot happen.
+        Self(Mutex::new(
+            Histogram::new_with_bounds(1, 3_600_000_000, 3).ok(),
+        ))
+    }
+}
+
+impl LatencyRecorder {
+    pub(crate) fn record(&self, elapsed: Duration) {
+        self.record_micros(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    pub(crate) fn record_micros(&self, micros: u64) {
+        let mut histogram = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(histogram) = histogram.as_mut() {
+            histogram.saturating_record(micros.max(1));
+        }
+    }
+
+    pub(crate) fn summary(&self) -> LatencySummary {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(LatencySummary::of)
+            .unwrap_or_default()
     }
 }
 

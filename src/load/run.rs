@@ -13,13 +13,12 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::{join_all, try_join_all};
-use hdrhistogram::Histogram;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{delegate_directive, LoadModel, DELEGATE_TOOL, REPORT_DIRECTIVE, REPORT_TOOL};
-use super::report::{LatencySummary, LoadReport, Sample};
+use super::report::{LatencyRecorder, LoadReport, Sample};
 use super::scenario::{in_share, share_count, LoadFlush, LoadStore, Scenario};
 use super::verify::{verify, Created};
 use crate::actors::agent::AgentRef;
@@ -53,30 +52,6 @@ impl LoadCounters {
         self.started
             .load(Ordering::Relaxed)
             .saturating_sub(self.settled.load(Ordering::Relaxed))
-    }
-}
-
-/// Latencies of one kind, in microseconds.
-struct Recorder(Mutex<Histogram<u64>>);
-
-impl Recorder {
-    fn new() -> Self {
-        // Three significant figures up to an hour: fixed-size, so recording never allocates.
-        let histogram = Histogram::new_with_bounds(1, 3_600_000_000, 3)
-            .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()));
-        Self(Mutex::new(histogram))
-    }
-
-    fn record(&self, elapsed: Duration) {
-        let micros = u64::try_from(elapsed.as_micros())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let mut histogram = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        histogram.saturating_record(micros);
-    }
-
-    fn summary(&self) -> LatencySummary {
-        LatencySummary::of(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -151,10 +126,10 @@ struct Shared {
     refused: AtomicU64,
     interrupted: AtomicU64,
     reports: AtomicU64,
-    one_shot_latency: Recorder,
-    start_latency: Recorder,
-    followup_latency: Recorder,
-    followup_settle_latency: Recorder,
+    one_shot_latency: LatencyRecorder,
+    start_latency: LatencyRecorder,
+    followup_latency: LatencyRecorder,
+    followup_settle_latency: LatencyRecorder,
 }
 
 fn prompt(text: String) -> Vec<ContentBlock> {
@@ -349,6 +324,45 @@ impl Shared {
     }
 }
 
+/// Where the load tools find the run's state once it exists.
+type SharedSlot = Arc<OnceLock<Weak<Shared>>>;
+
+/// A tool of the load agents: `work` runs on the run's state for the calling agent. A failure
+/// is the tool's error in the child's turn, which goes on, and the run's failure (the first
+/// one wins), so a run never passes with work a child could not do.
+fn load_tool<F, Fut>(
+    name: &str,
+    description: &str,
+    parameters: serde_json::Value,
+    slot: &SharedSlot,
+    work: F,
+) -> Tool
+where
+    F: Fn(Arc<Shared>, serde_json::Value, SessionId) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<String>> + Send + 'static,
+{
+    let slot = Arc::clone(slot);
+    Tool::new(name, description, parameters, move |args, ctx| {
+        let running = slot
+            .get()
+            .and_then(Weak::upgrade)
+            .map(|shared| (Arc::clone(&shared), work(shared, args, ctx.agent)));
+        async move {
+            let Some((shared, work)) = running else {
+                return Err(ToolError::new("NOT_READY", "the load run is not running"));
+            };
+            match work.await {
+                Ok(text) => Ok(ToolOutput::text(text)),
+                Err(error) => {
+                    let result = ToolError::new(error.code().as_str(), error.message());
+                    lock(&shared.failure).get_or_insert(error);
+                    Err(result)
+                }
+            }
+        }
+    })
+}
+
 /// The resident set size of this process, in bytes (0 where `/proc` is unavailable).
 pub fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -418,57 +432,38 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         workers => workers,
     };
-    // Weak: the tool lives in the runtime, and `Shared` holds the runtime.
-    let shared_slot: Arc<OnceLock<Weak<Shared>>> = Arc::default();
-    let tool_slot = Arc::clone(&shared_slot);
-    let delegate = Tool::new(
+    // Weak: the tools live in the runtime, and `Shared` holds the runtime.
+    let shared_slot: SharedSlot = Arc::default();
+    let delegate = load_tool(
         DELEGATE_TOOL,
         "Delegates continuable children.",
         json!({"type": "object", "properties": {"count": {"type": "integer", "minimum": 0}}, "required": ["count"]}),
-        move |args, ctx| {
-            let slot = Arc::clone(&tool_slot);
-            async move {
-                let shared = slot
-                    .get()
-                    .and_then(Weak::upgrade)
-                    .ok_or_else(|| ToolError::new("NOT_READY", "the load run is not running"))?;
-                let invalid =
-                    || ToolError::new("INVALID_ARGS", "delegate needs count, level and root");
-                let count = args["count"].as_u64().ok_or_else(invalid)?;
-                let level = args["level"].as_u64().ok_or_else(invalid)?;
-                let root: SessionId = args["root"]
-                    .as_str()
-                    .and_then(|root| root.parse().ok())
-                    .ok_or_else(invalid)?;
-                if let Err(error) = shared.delegate(ctx.agent, count, level, root).await {
-                    let result = ToolError::new(error.code().as_str(), error.message());
-                    // The child's turn goes on with the tool's error; the run fails with it.
-                    lock(&shared.failure).get_or_insert(error);
-                    return Err(result);
-                }
-                Ok(ToolOutput::text(format!("delegated {count}")))
-            }
+        &shared_slot,
+        |shared, args, caller| async move {
+            let invalid = || {
+                SubagentError::new(
+                    ErrorCode::InvalidArgs,
+                    "delegate needs count, level and root",
+                )
+            };
+            let count = args["count"].as_u64().ok_or_else(invalid)?;
+            let level = args["level"].as_u64().ok_or_else(invalid)?;
+            let root: SessionId = args["root"]
+                .as_str()
+                .and_then(|root| root.parse().ok())
+                .ok_or_else(invalid)?;
+            shared.delegate(caller, count, level, root).await?;
+            Ok(format!("delegated {count}"))
         },
     );
-    let report_slot = Arc::clone(&shared_slot);
-    let report = Tool::new(
+    let report = load_tool(
         REPORT_TOOL,
         "Reports progress to the delegating parent.",
         json!({"type": "object"}),
-        move |_, ctx| {
-            let slot = Arc::clone(&report_slot);
-            async move {
-                let shared = slot
-                    .get()
-                    .and_then(Weak::upgrade)
-                    .ok_or_else(|| ToolError::new("NOT_READY", "the load run is not running"))?;
-                if let Err(error) = shared.report(ctx.agent).await {
-                    let result = ToolError::new(error.code().as_str(), error.message());
-                    lock(&shared.failure).get_or_insert(error);
-                    return Err(result);
-                }
-                Ok(ToolOutput::text("reported"))
-            }
+        &shared_slot,
+        |shared, _, caller| async move {
+            shared.report(caller).await?;
+            Ok("reported".to_owned())
         },
     );
     let rt = Runtime::builder()
@@ -506,10 +501,10 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         interrupted: AtomicU64::new(0),
         reports: AtomicU64::new(0),
         failure: Mutex::default(),
-        one_shot_latency: Recorder::new(),
-        start_latency: Recorder::new(),
-        followup_latency: Recorder::new(),
-        followup_settle_latency: Recorder::new(),
+        one_shot_latency: LatencyRecorder::default(),
+        start_latency: LatencyRecorder::default(),
+        followup_latency: LatencyRecorder::default(),
+        followup_settle_latency: LatencyRecorder::default(),
     });
     // Set before any agent can call the tool.
     let _ = shared_slot.set(Arc::downgrade(&shared));

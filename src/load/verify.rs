@@ -7,11 +7,10 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::report::LatencySummary;
+use super::report::{LatencyRecorder, LatencySummary};
 use crate::content::MessageSource;
 use crate::error::Result;
 use crate::ids::{MessageId, RunId, SessionId};
@@ -216,8 +215,7 @@ pub(crate) async fn verify(
     let mut wrong = Vec::new();
     // Every child's stored log, read once: its length and its inbox fates.
     let mut logs: HashMap<SessionId, HashMap<MessageId, Fate>> = HashMap::new();
-    let mut turn_start = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)
-        .map_err(|error| crate::SubagentError::bug(format!("histogram bounds: {error}")));
+    let turn_start = LatencyRecorder::default();
     let mut unreadable = Vec::new();
     if let Some(store) = rt.store() {
         for created in created {
@@ -241,9 +239,9 @@ pub(crate) async fn verify(
             } else {
                 wrong.push(format!("{id} of {child}: {fate:?}"));
             }
-            if let (Some(claimed_at), Ok(histogram)) = (fate.claimed_at, turn_start.as_mut()) {
-                let micros = claimed_at.saturating_sub(*accepted_at).saturating_mul(1000);
-                histogram.saturating_record(micros.max(1));
+            if let Some(claimed_at) = fate.claimed_at {
+                turn_start
+                    .record_micros(claimed_at.saturating_sub(*accepted_at).saturating_mul(1000));
             }
         }
     }
@@ -319,9 +317,7 @@ pub(crate) async fn verify(
     Verified {
         checks,
         persisted,
-        followup_to_turn_start: turn_start
-            .map(|histogram| LatencySummary::of(&histogram))
-            .unwrap_or_default(),
+        followup_to_turn_start: turn_start.summary(),
     }
 }
 

@@ -350,19 +350,21 @@ impl ProjectionRegistry {
     /// As [`ProjectionRegistry::checkpoint`], but empty when the log has not grown since the
     /// last rows this returned: a turn end and the disposal right after it write once.
     pub(crate) fn fresh_checkpoint(&self, log: &SessionLog) -> Vec<CheckpointRow> {
-        self.with_cells(log, &self.units(), |cells, len| {
-            if seq_of(len).is_none() || cells.checkpointed == seq_of(len) {
-                return Vec::new();
-            }
-            cells.checkpointed = seq_of(len);
-            cells.checkpointed_at = Some(Instant::now());
-            rows_of(cells, len)
-        })
+        self.handed_out(log, false)
     }
 
     /// Every unit's state on a log being disposed, marked as the newest checkpoint.
     pub(crate) fn final_checkpoint(&self, log: &SessionLog) -> Vec<CheckpointRow> {
+        self.handed_out(log, true)
+    }
+
+    /// The rows to write, marked as the newest checkpoint handed out; empty when `always` is
+    /// false and the log has not grown since the last one.
+    fn handed_out(&self, log: &SessionLog, always: bool) -> Vec<CheckpointRow> {
         self.with_cells(log, &self.units(), |cells, len| {
+            if !always && (seq_of(len).is_none() || cells.checkpointed == seq_of(len)) {
+                return Vec::new();
+            }
             cells.checkpointed = seq_of(len);
             cells.checkpointed_at = Some(Instant::now());
             rows_of(cells, len)
