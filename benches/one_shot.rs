@@ -116,6 +116,11 @@ fn floors(c: &mut Criterion, system: &SystemRunner) {
 fn stores() -> Vec<(&'static str, Arc<dyn SessionPersistence>)> {
     vec![
         ("memory", Arc::new(MemoryStore::new())),
+        // Lets each disposed child go: the store stays the size of what is in flight.
+        (
+            "memory-forgetting",
+            Arc::new(MemoryStore::forgetting_one_shots()),
+        ),
         (
             "sled",
             Arc::new(SledStore::temporary().expect("sled store")),

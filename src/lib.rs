@@ -110,7 +110,10 @@ pub use store::{
 /// The cancellation token every cancellable operation takes (re-exported from `tokio-util`, so
 /// a host needs no direct dependency to build one).
 pub use tokio_util::sync::CancellationToken;
-pub use tools::{Tool, ToolCtx, ToolError, ToolFilter, ToolOutput, ToolRegistry};
+pub use tools::{
+    install_control_tools, install_report_tool, install_subagent_tool, SubagentToolConfig, Tool,
+    ToolCtx, ToolError, ToolFilter, ToolOutput, ToolRegistry, ToolRevocation,
+};
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -18,6 +18,11 @@ use subagents::{
     Tool, ToolOutput, TurnEndReason,
 };
 
+/// The binary runs on mimalloc: under many concurrent children glibc's allocator spent a third of
+/// a load run in `malloc`/`free` and fragmented the heap (`perf record` on `subagents load`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Delegate work from an agent to child agents.
 #[derive(Debug, Parser)]
 #[command(name = "subagents", version, about)]

@@ -836,3 +836,40 @@ async fn runs_spread_over_worker_threads_all_complete() {
         "every child was released"
     );
 }
+
+// A store built to forget one-shot children drops each one's session at disposal (and only
+// then); the default store keeps it. (Not a catalog behavior: the load hot path's option.)
+#[actix_rt::test]
+async fn a_forgetting_store_drops_a_one_shot_session_at_disposal_and_the_default_keeps_it() {
+    for forgetting in [true, false] {
+        let store: Arc<MemoryStore> = Arc::new(if forgetting {
+            MemoryStore::forgetting_one_shots()
+        } else {
+            MemoryStore::new()
+        });
+        let model = ScriptedModel::repeating(ScriptStep::text("done"));
+        let rt = crate::support::seam_runtime_on(
+            Runtime::builder().model("scripted", model),
+            store.clone(),
+        )
+        .await;
+        let parent = root(&rt).await;
+        let run = start_run(&rt, "spawn", parent.agent(), "work").await;
+        let result = run.result().await.unwrap();
+        assert_eq!(result.stop_reason, StopReason::Completed);
+        use subagents::SessionPersistence;
+        assert!(
+            store.header(run.id()).await.is_ok(),
+            "the session is stored until the run is disposed"
+        );
+        run.dispose().await.unwrap();
+        let after = store.header(run.id()).await;
+        if forgetting {
+            assert_eq!(after.unwrap_err().code(), ErrorCode::SessionNotFound);
+        } else {
+            assert!(after.is_ok(), "the default store keeps a disposed child");
+        }
+        // The parent is untouched either way.
+        assert!(store.header(parent.agent().id()).await.is_ok());
+    }
+}

@@ -59,3 +59,5 @@ mod session_log;
 mod store;
 /// Tools: layers, restrictions, guards, parallel calls.
 mod tools;
+/// The model-facing `subagent` tool: mounting, wording, routes, errors, configuration.
+mod tools_subagent;

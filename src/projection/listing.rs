@@ -24,6 +24,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -306,11 +307,17 @@ impl Listing {
 
     /// Serves every candidate, in order, at most [`COLD_READS`] store reads at once.
     async fn serve(&self, candidates: &[&Record]) -> Result<Vec<Served>> {
-        let served: Vec<Served> =
-            stream::iter(candidates.iter().map(|record| self.identify(record)))
-                .buffered(COLD_READS)
-                .try_collect()
-                .await?;
+        // Collected before the first await so no closure is held across it: otherwise the
+        // listing future is not provably `Send` to a caller that needs it (a tool body, a
+        // spawned task), a known limit of the compiler's higher-ranked lifetime inference.
+        let reads: Vec<BoxFuture<'_, Result<Served>>> = candidates
+            .iter()
+            .map(|record| -> BoxFuture<'_, Result<Served>> { Box::pin(self.identify(record)) })
+            .collect();
+        let served: Vec<Served> = stream::iter(reads)
+            .buffered(COLD_READS)
+            .try_collect()
+            .await?;
         check(&self.cancel)?;
         Ok(served)
     }

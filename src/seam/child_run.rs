@@ -11,9 +11,10 @@
 //!    the policy events, adds the delegation context, the persona, the tool restriction, the
 //!    structured-output capture, and the hook that appends the descriptor inside the first turn.
 //!    Any failure — or the request's token firing — rolls the creation back.
-//! 4. Once published: the request's token now cancels the child's work (cause `parent`); it is
-//!    re-checked after the watcher is installed, so a cancel in between is never lost. The
-//!    prompt goes in as a follow-up, and the result is read once the child is idle.
+//! 4. Once published, one task drives the run: the request's token now cancels the child's work
+//!    (cause `parent`); it is re-checked when the task first runs, so a cancel in between is
+//!    never lost. The prompt goes in as a follow-up, and the result is read once the child is
+//!    idle.
 //! 5. The result folds the child's own events (after the seed): output, stop reason (one-shot
 //!    table), `aborted` when the owner cancelled before completion, and the structured value —
 //!    a clean finish without a capture is `error` (no re-prompt).
@@ -369,8 +370,8 @@ fn aborted_before_publication() -> SubagentError {
     )
 }
 
-/// Wires a published child into a run: the cancellation watcher, the prompt, the result, and
-/// the disposal.
+/// Wires a published child into a run: one task sends the prompt, watches the request's
+/// token, and reads the result; the disposal releases the child and tells the store.
 fn drive_published_run(
     handle: AgentHandle,
     prompt: Vec<ContentBlock>,
@@ -380,39 +381,44 @@ fn drive_published_run(
 ) -> SubagentRun {
     let child = handle.agent().clone();
     let cancelled = Arc::new(AtomicBool::new(false));
-    let watcher_done = CancellationToken::new();
-    {
-        let child = child.clone();
-        let cancelled = Arc::clone(&cancelled);
-        let token = token.clone();
-        let done = watcher_done.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = token.cancelled() => {
-                    cancelled.store(true, Ordering::SeqCst);
-                    // A child already gone has nothing left to cancel.
-                    let _ = child.cancel(CancelCause::Parent, InboxPolicy::Discard).await;
-                }
-                () = done.cancelled() => {}
-            }
-        });
-    }
     let work = {
         let child = child.clone();
         let cancelled = Arc::clone(&cancelled);
         async move {
-            // The owner has cancelled once the token fired or the run is being disposed; the
-            // token is re-checked here, after the watcher exists, so a cancel that landed
-            // between publication and now ends the run `aborted` without sending the prompt.
+            // The owner has cancelled once the token fired or the run is being disposed.
             let owner_cancelled = || cancelled.load(Ordering::SeqCst) || token.is_cancelled();
-            if !owner_cancelled() {
-                if let Err(error) = child.followup(prompt, MessageSource::User).await {
-                    // A child disposed under us was cancelled, not broken.
-                    if !owner_cancelled() {
-                        return Err(error);
+            let turn = async {
+                // Re-checked here, on the task's first poll, so a cancel that landed between
+                // publication and now ends the run `aborted` without sending the prompt.
+                if !owner_cancelled() {
+                    if let Err(error) = child.followup(prompt, MessageSource::User).await {
+                        // A child disposed under us was cancelled, not broken.
+                        if !owner_cancelled() {
+                            return Err(error);
+                        }
                     }
+                    child.when_idle().await;
                 }
-                child.when_idle().await;
+                Ok(())
+            };
+            let mut turn = std::pin::pin!(turn);
+            // The turn is polled first, so a prompt it sends is in the child's mailbox before
+            // a cancel sent here: the cancel then ends that very turn.
+            let finished = tokio::select! {
+                biased;
+                outcome = &mut turn => Some(outcome),
+                () = token.cancelled() => None,
+            };
+            match finished {
+                Some(outcome) => outcome?,
+                None => {
+                    cancelled.store(true, Ordering::SeqCst);
+                    // A child already gone has nothing left to cancel.
+                    let _ = child
+                        .cancel(CancelCause::Parent, InboxPolicy::Discard)
+                        .await;
+                    turn.await?;
+                }
             }
             let cancelled = owner_cancelled();
             Ok(child.log().with_events(|events| {
@@ -430,17 +436,21 @@ fn drive_published_run(
     }
     .boxed()
     .shared();
-    let run_cancelled = Arc::clone(&cancelled);
     let settled = result.clone();
     let id = child.id();
-    SubagentRun::new(id, Some(child), result, move || {
+    let store = child.agents().env().store.clone();
+    SubagentRun::from_shared(id, Some(child), result, move || {
         Box::pin(async move {
-            run_cancelled.store(true, Ordering::SeqCst);
-            watcher_done.cancel();
+            cancelled.store(true, Ordering::SeqCst);
             let released = handle.dispose().await;
             // Disposal returns once the result is settled too; only a release failure is
             // reported here (a failed result stays on the result channel).
             let _ = settled.await;
+            if released.is_ok() {
+                if let Some(store) = store {
+                    store.one_shot_disposed(id);
+                }
+            }
             released
         })
     })

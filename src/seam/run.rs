@@ -11,7 +11,7 @@ use crate::host::handle::OnceTask;
 use crate::ids::SessionId;
 use crate::seam::SubagentResult;
 
-type SharedResult = Shared<BoxFuture<'static, Result<SubagentResult>>>;
+pub(crate) type SharedResult = Shared<BoxFuture<'static, Result<SubagentResult>>>;
 type Dispose = Box<dyn FnOnce() -> BoxFuture<'static, Result<()>> + Send>;
 
 /// One published one-shot child: one disposable foreground delegation with one result. It has
@@ -90,11 +90,24 @@ impl SubagentRun {
         R: Future<Output = Result<SubagentResult>> + Send + 'static,
         D: FnOnce() -> BoxFuture<'static, Result<()>> + Send + 'static,
     {
+        Self::from_shared(id, local_agent, result.boxed().shared(), dispose)
+    }
+
+    /// [`SubagentRun::new`] with a result that is already shared.
+    pub(crate) fn from_shared<D>(
+        id: SessionId,
+        local_agent: Option<AgentRef>,
+        result: SharedResult,
+        dispose: D,
+    ) -> Self
+    where
+        D: FnOnce() -> BoxFuture<'static, Result<()>> + Send + 'static,
+    {
         Self {
             inner: Arc::new(RunInner {
                 id,
                 local_agent,
-                result: result.boxed().shared(),
+                result,
                 dispose: Mutex::new(Some(Box::new(dispose))),
                 disposal: OnceTask::default(),
             }),

@@ -20,6 +20,8 @@ use crate::session::{SessionEvent, SessionHeader};
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     state: Mutex<MemoryState>,
+    /// Drop a one-shot child's session once it is disposed.
+    forget_one_shots: bool,
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +52,17 @@ impl MemoryStore {
         let store = Self::default();
         store.lock().leases = LeaseTable::new(Some(ttl));
         store
+    }
+
+    /// An empty store that lets go of each one-shot child's session once the child is
+    /// disposed (its parent's log still records the delegation's start and end). A long run of
+    /// one-shot delegations then holds only the sessions in flight: the store no longer grows
+    /// with every run, at the price of those children being absent from listings afterwards.
+    pub fn forgetting_one_shots() -> Self {
+        Self {
+            forget_one_shots: true,
+            ..Self::default()
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, MemoryState> {
@@ -183,6 +196,13 @@ impl SessionPersistence for MemoryStore {
     fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
         self.lock().leases.release(id, epoch);
         Box::pin(future::ready(Ok(())))
+    }
+
+    fn one_shot_disposed(&self, id: SessionId) {
+        if self.forget_one_shots {
+            // Disposal released the lease; one-shot children write no checkpoint rows.
+            self.lock().sessions.remove(&id);
+        }
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {

@@ -181,6 +181,16 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// `STORE_IO`.
     fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>>;
 
+    /// Told that the one-shot child `id` was disposed: the runtime never reads or writes its
+    /// session again. A store keeps it by default, so it can still be listed and inspected; a
+    /// store built to let such sessions go (see [`MemoryStore::forgetting_one_shots`]) drops
+    /// it, so a long run of one-shot delegations does not grow the store.
+    ///
+    /// [`MemoryStore::forgetting_one_shots`]: super::MemoryStore::forgetting_one_shots
+    fn one_shot_disposed(&self, id: SessionId) {
+        let _ = id;
+    }
+
     /// The store's size on disk in bytes, for a store that has one.
     fn size_on_disk(&self) -> Option<u64> {
         None

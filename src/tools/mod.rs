@@ -12,7 +12,21 @@
 //! A guard sees each call before it runs and may refuse it with a reason; refusals are
 //! monotonic (any guard refusing wins).
 
+pub mod control;
+pub(crate) mod plugin;
+pub mod report;
 pub mod structured_output;
+pub mod subagent;
+
+pub use control::{
+    install_control_tools, ControlTools, INTERRUPT_AGENT, LIST_AGENTS, SEND_MESSAGE,
+};
+pub use plugin::NO_CALLING_AGENT;
+pub use report::{install_report_tool, REPORT, REPORT_SECTION};
+pub use subagent::{
+    install_subagent_tool, BackgroundMode, MaxDepthPolicy, SubagentToolConfig,
+    SubagentToolInstallation, BACKGROUND_JOBS_UNAVAILABLE,
+};
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -138,6 +152,21 @@ pub struct Tool {
     schema: ToolSchema,
     concurrency: Concurrency,
     body: Arc<ToolBody>,
+    /// Set once the installation that granted the tool is revoked: the tool is then gone from
+    /// every layer holding a copy, at once.
+    revoked: Option<Arc<AtomicBool>>,
+}
+
+/// Revokes one [`Tool`] made with [`Tool::revocable`], wherever copies of it were installed.
+#[derive(Debug, Clone)]
+pub struct ToolRevocation(Arc<AtomicBool>);
+
+impl ToolRevocation {
+    /// Removes the tool from every agent that holds it: it leaves their schemas and refuses
+    /// to run (`UNKNOWN_TOOL`) from now on, even mid-turn.
+    pub fn revoke(&self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 impl std::fmt::Debug for Tool {
@@ -168,7 +197,24 @@ impl Tool {
             },
             concurrency: Concurrency::Exclusive,
             body: Arc::new(move |args, ctx| Box::pin(body(args, ctx))),
+            revoked: None,
         }
+    }
+
+    /// The tool and the handle that revokes it: a scope-local grant (such as a continuable
+    /// child's `report`) that must disappear from resident agents when its grant is removed.
+    #[must_use]
+    pub fn revocable(mut self) -> (Self, ToolRevocation) {
+        let flag = Arc::new(AtomicBool::new(false));
+        self.revoked = Some(Arc::clone(&flag));
+        (self, ToolRevocation(flag))
+    }
+
+    /// Whether the tool's grant was revoked.
+    fn is_revoked(&self) -> bool {
+        self.revoked
+            .as_ref()
+            .is_some_and(|flag| flag.load(Ordering::Acquire))
     }
 
     /// Marks the tool's calls as safe to run in parallel.
@@ -309,6 +355,15 @@ impl ToolRegistry {
 
     fn write(&self) -> RwLockWriteGuard<'_, GlobalTools> {
         self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The global tool `name`, if registered.
+    pub fn get(&self, name: &str) -> Option<Tool> {
+        self.read()
+            .tools
+            .iter()
+            .find(|tool| tool.name() == name)
+            .cloned()
     }
 
     /// Registers a global tool.
@@ -513,7 +568,12 @@ impl ToolLayer {
     /// shadow.
     pub fn visible(&self, globals: &ToolRegistry) -> Vec<Tool> {
         let state = globals.read();
-        let mut tools = self.tools.clone();
+        let mut tools: Vec<Tool> = self
+            .tools
+            .iter()
+            .filter(|tool| !tool.is_revoked())
+            .cloned()
+            .collect();
         tools.extend(
             state
                 .tools
@@ -530,7 +590,7 @@ impl ToolLayer {
     /// The tool `name` as this agent sees it.
     pub fn get(&self, globals: &ToolRegistry, name: &str) -> Option<Tool> {
         if let Some(tool) = self.tools.iter().find(|t| t.name() == name) {
-            return Some(tool.clone());
+            return (!tool.is_revoked()).then(|| tool.clone());
         }
         if !self.admits_global(name) {
             return None;
