@@ -71,6 +71,7 @@ pub mod stop_reason;
 pub mod store;
 pub mod testing;
 pub mod tools;
+pub mod tour;
 
 pub use actors::agent::{AgentRef, AgentSnapshot, InboxPolicy};
 pub use actors::agents::Agents;

@@ -297,6 +297,12 @@ fn scripted_turn(turn: u32) -> [ScriptStep; 2] {
 async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
     let gate = Gate::new();
     let model = ScriptedModel::new();
+    if matches!(
+        (&plan.drill, &plan.model),
+        (Drill::None, DemoModel::Scripted)
+    ) {
+        return run_tour_demo(plan).await;
+    }
     match plan.drill {
         Drill::Forest => return run_forest(plan).await,
         Drill::None => model.push_all(scripted_turn(1)),
@@ -361,6 +367,32 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
     }
     handle.dispose().await?;
     outcome.map(drop).map_err(Failure::Error)
+}
+
+/// The narrated tour: a scripted parent delegates to a `spawn` and a `fork` child in parallel,
+/// starts a continuable child, sends it a follow-up, hears its report and its settled notice,
+/// and lists its agents. The store is left behind for `subagents tree`.
+async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
+    let rt = Runtime::builder()
+        .store(SledStore::open(&plan.store)?)
+        .model("tour", subagents::tour::TourModel)
+        .build()?;
+    subagents::tour::install_tour(&rt).await?;
+    let (parent, transcript) =
+        subagents::tour::run_tour(&rt, std::time::Duration::from_secs(30)).await?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "parent {parent} in {}", plan.store.display())?;
+    for line in &transcript {
+        writeln!(out, "{line}")?;
+    }
+    writeln!(
+        out,
+        "inspect the forest with: subagents tree {parent} --store {}",
+        plan.store.display()
+    )?;
+    drop(out);
+    rt.shutdown().await?;
+    Ok(())
 }
 
 /// The `--forest` drill: grows the forest one node at a time (each node's first turn held at

@@ -61,3 +61,5 @@ mod store;
 mod tools;
 /// The model-facing `subagent` tool: mounting, wording, routes, errors, configuration.
 mod tools_subagent;
+/// The narrated tour behind `subagents demo`.
+mod tour;
