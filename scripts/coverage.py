@@ -74,9 +74,59 @@ for i,t in rows:
 print(counts)
 missing=[i for i,_ in rows if i.split('-')[0] in ('SVC','RSET','AOUT','DRV','DINH','SPAWN','FORK','MULTI','STRUCT') and i not in ported and i not in na]
 print('issue3 missing:', missing)
+# The model-facing tools (providers-and-tools.md §2): TOOL-SUB / TOOL-CTRL / TOOL-REPORT by
+# the spec's numbered test lists.
+spec=open('../shared/spec/providers-and-tools.md').read()
+def numbered(section_start, section_end, marker):
+    start=spec.index(section_start)
+    body=spec[start:spec.index(section_end, start) if section_end else len(spec)]
+    body=body[body.index(marker):]
+    return [(int(m.group(1)), re.sub(r'\*', '', m.group(2)).strip()) for m in re.finditer(r'^(\d+)\. (.*)$', body, re.M)]
+tool_rows=[('TOOL-SUB',n,t) for n,t in numbered('### 2.1','### 2.2','**Tests (`tool-subagent.spec.ts`):**')]
+tool_rows+=[('TOOL-CTRL',n,t) for n,t in numbered('### 2.2','### 2.3','**Tests:**')]
+tool_rows+=[('TOOL-REPORT',n,t) for n,t in numbered('### 2.3',None,'**Tests:**')]
+tool_ported={}
+for f in sorted(glob.glob('tests/**/*.rs',recursive=True)):
+    mod=f[6:-3].replace('/','::')
+    lines=open(f).read().split('\n')
+    for k,l in enumerate(lines):
+        m=re.match(r'\s*// ((?:TOOL-[A-Z]+-\d+)(?:\s+(?:\+\s+)?(?:TOOL-[A-Z]+-)?\d+)*)(.*)$', l)
+        if not m: continue
+        ids=[]; prefix=None
+        for tok in m.group(1).replace('+',' ').split():
+            if tok.startswith('TOOL-'):
+                prefix=tok.rsplit('-',1)[0]; ids.append(tok)
+            elif prefix: ids.append(f'{prefix}-{int(tok):02d}')
+        ids=[i if re.search(r'-\d\d$', i) else re.sub(r'-(\d)$', r'-0\1', i) for i in ids]
+        for j in range(k+1,min(k+6,len(lines))):
+            fm=re.search(r'fn (\w+)', lines[j])
+            if fm:
+                for i in ids: tool_ported.setdefault(i,[]).append(f'{mod}::{fm.group(1)}'+(f' {m.group(2).strip()}' if m.group(2).strip() else ''))
+                break
+tool_na={
+ 'TOOL-SUB-09':'n/a — `SubagentResult` has no diagnostic field (seed-differences #7)',
+ 'TOOL-SUB-24':'n/a — the tool installs on a runtime, which always has the subagent service',
+ 'TOOL-SUB-29':'pending — needs a jobs service (background one-shot jobs, `job_output`/`job_kill`)',
+ 'TOOL-REPORT-14':'n/a — revoking the grant is one infallible step (the tool and its guidance go together): nothing to aggregate',
+}
+tool_out=[]; tool_counts={'ported':0,'n/a':0,'pending':0}
+for prefix,n,t in tool_rows:
+    i=f'{prefix}-{n:02d}'
+    if i in tool_ported:
+        st='; '.join(tool_ported[i]); tool_counts['ported']+=1
+        if i in tool_na: st+=' — '+tool_na[i]
+    elif i in tool_na:
+        st=tool_na[i]; tool_counts['n/a' if st.startswith('n/a') else 'pending']+=1
+    else:
+        st='pending — issue #11'; tool_counts['pending']+=1
+    title=t.split(':')[0][:140].replace('|','/')
+    tool_out.append(f'| {i} | {title} | {st} |')
+print('tools', tool_counts)
 doc=open('tests/COVERAGE.md').read()
 head=doc[:doc.index('| id | upstream test | status |')]
 tail=doc[doc.index('## Host-runtime behaviors'):]
+tools_table=(f'## Model-facing tool behaviors (issue #11)\n\nThe numbered tests of `providers-and-tools.md` §2.1 (`TOOL-SUB-nn`), §2.2 (`TOOL-CTRL-nn`) and §2.3 (`TOOL-REPORT-nn`), with seed-differences rows 1–3 applied to the report tool. '
+  f'Ported: {tool_counts["ported"]}; not applicable: {tool_counts["n/a"]}; pending: {tool_counts["pending"]}.\n\n| id | upstream test | status |\n| --- | --- | --- |\n'+'\n'.join(tool_out)+'\n\n')
 head=re.sub(r'(Ported: \d+; not applicable or adapted: \d+; pending \(later issues\): \d+\.\n\n)+','',head)
 head=re.sub(r'## Seam behaviors\n\n', f'## Seam behaviors\n\nPorted: {counts["ported"]}; not applicable or adapted: {counts["n/a"]}; pending (later issues): {counts["pending"]}.\n\n', head)
-open('tests/COVERAGE.md','w').write(head+'| id | upstream test | status |\n| --- | --- | --- |\n'+'\n'.join(out)+'\n\n'+tail)
+open('tests/COVERAGE.md','w').write(head+'| id | upstream test | status |\n| --- | --- | --- |\n'+'\n'.join(out)+'\n\n'+tools_table+tail)

@@ -59,6 +59,10 @@ mod session_log;
 mod store;
 /// Tools: layers, restrictions, guards, parallel calls.
 mod tools;
+/// The control tools: send_message, interrupt_agent, list_agents.
+mod tools_control;
+/// The report tool, granted to continuable children.
+mod tools_report;
 /// The model-facing `subagent` tool: mounting, wording, routes, errors, configuration.
 mod tools_subagent;
 /// The narrated tour behind `subagents demo`.

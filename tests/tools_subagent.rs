@@ -4,8 +4,7 @@
 //! runs real in-process children.
 //!
 //! Not ported: TOOL-SUB-09 (diagnostics: `SubagentResult` has no diagnostic field, seed
-//! difference row 7); TOOL-SUB-15 (the continuable guidance section is not built yet);
-//! TOOL-SUB-24 (the tool is installed on a runtime, which always has the subagent service);
+//! difference row 7); TOOL-SUB-24 (the tool is installed on a runtime, which always has the subagent service);
 //! TOOL-SUB-29 and the job parts of TOOL-SUB-27 (no jobs service: a background one-shot call
 //! is refused before any start, tested below).
 
@@ -132,6 +131,11 @@ async fn the_tool_delegates_and_returns_the_childs_text() {
     install(&rt, SubagentToolConfig::new("mock")).await.keep();
     assert_eq!(one_turn(&rt).await, [(false, "child says hi".to_owned())]);
     assert_eq!(provider.start_count(), 1);
+    assert_eq!(
+        provider.dispose_count(),
+        1,
+        "the run is disposed before the result returns"
+    );
     let request = &provider.requests()[0].request;
     assert_eq!(request.label.as_deref(), Some("a task"));
     assert_eq!(request.prompt, [ContentBlock::text("do it")]);
@@ -227,7 +231,7 @@ async fn sibling_delegations_in_one_response_run_in_parallel() {
     assert!(results.iter().all(|(is_error, _)| !is_error));
 }
 
-// TOOL-SUB-08 TOOL-SUB-11
+// TOOL-SUB-08 TOOL-SUB-11 TOOL-SUB-20
 #[actix_rt::test]
 async fn a_stop_reason_other_than_completed_is_an_error_with_its_partial_output() {
     let cases = [
@@ -259,6 +263,11 @@ async fn a_stop_reason_other_than_completed_is_an_error_with_its_partial_output(
                     "Error: {headline}\nPartial output before the run ended:\npartial assistant text"
                 )
             )]
+        );
+        assert_eq!(
+            provider.dispose_count(),
+            1,
+            "disposed on the error path too"
         );
     }
 }
@@ -701,4 +710,39 @@ async fn a_continuable_instance_answers_in_the_foreground_when_asked_to() {
     config.background_mode = BackgroundMode::Continuable;
     install(&rt, config).await.keep();
     assert_eq!(one_turn(&rt).await, [(false, "the answer".to_owned())]);
+}
+
+// TOOL-SUB-15 TOOL-SUB-28
+#[actix_rt::test]
+async fn continuable_guidance_is_in_the_prompt_exactly_while_the_agent_sees_the_tool() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let guidance = "Use subagent in the background by default.";
+    let mut one_shot = SubagentToolConfig::new("spawn");
+    one_shot.tool_name = "subagent_once".into();
+    install(&rt, one_shot).await.keep();
+    let system = |model: &ScriptedModel| model.requests().last().and_then(|r| r.system.clone());
+    // A one-shot instance carries no guidance.
+    one_turn(&rt).await;
+    assert!(!system(&model)
+        .unwrap_or_default()
+        .contains("in the background by default"));
+    let mut config = SubagentToolConfig::new("spawn");
+    config.background_mode = BackgroundMode::Continuable;
+    let installation = install(&rt, config).await;
+    one_turn(&rt).await;
+    assert!(system(&model).unwrap().contains(guidance));
+    // Hidden by a restriction: the tool and its guidance both.
+    let restricted = crate::support::agent_with(&rt, |scope| {
+        scope.restrict(ToolFilter::deny(["subagent"])).unwrap();
+    })
+    .await;
+    run_prompt(restricted.agent(), "go").await;
+    let request = model.requests().last().cloned().unwrap();
+    assert!(request.tools.iter().all(|tool| tool.name != "subagent"));
+    assert!(!request.system.unwrap_or_default().contains(guidance));
+    // Unmounted: gone from the next step of an agent that saw it.
+    installation.remove();
+    one_turn(&rt).await;
+    assert!(!system(&model).unwrap_or_default().contains(guidance));
 }

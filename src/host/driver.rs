@@ -364,7 +364,14 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
         provider: provider.clone(),
         model: ctx.options.model.clone(),
         messages: ctx.log.history(),
-        system: assemble_system_prompt(&ctx.env.sections, ctx.scope.sections()),
+        system: assemble_system_prompt(
+            &ctx.env.sections,
+            ctx.scope.sections(),
+            &visible
+                .iter()
+                .filter_map(|tool| tool.guidance())
+                .collect::<Vec<_>>(),
+        ),
         tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
         max_tokens: ctx.options.max_tokens,
         session_id: Some(ctx.agent),

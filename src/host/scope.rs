@@ -72,16 +72,25 @@ pub fn interpolate_prompt(
 }
 
 /// Assembles the system prompt: sections sorted by order, agent sections shadowing global ones
-/// of the same name, empty sections left out, joined by blank lines.
+/// of the same name, empty sections left out, joined by blank lines. `guidance` is the
+/// guidance of the tools the agent sees (see [`crate::tools::Tool::with_guidance`]): it ranks
+/// below the agent's own sections and above global ones.
 pub fn assemble_system_prompt(
     global: &[PromptSection],
     scoped: &[PromptSection],
+    guidance: &[&PromptSection],
 ) -> Option<String> {
     let mut sections: Vec<&PromptSection> = scoped.iter().collect();
+    for section in guidance {
+        if !sections.iter().any(|s| s.name == section.name) {
+            sections.push(section);
+        }
+    }
+    let named = sections.clone();
     sections.extend(
         global
             .iter()
-            .filter(|g| !scoped.iter().any(|s| s.name == g.name)),
+            .filter(|g| !named.iter().any(|s| s.name == g.name)),
     );
     sections.retain(|section| !section.text.trim().is_empty());
     sections.sort_by(|a, b| a.order.total_cmp(&b.order));
@@ -236,7 +245,7 @@ impl AgentScope {
         self.contexts.retain(|s| s.name != section.name);
         self.contexts.push(section);
         // Rendered once here, not at every step.
-        self.rendered_context = assemble_system_prompt(&[], &self.contexts)
+        self.rendered_context = assemble_system_prompt(&[], &self.contexts, &[])
             .map(|sections| Arc::from(format!("{RUNTIME_CONTEXT_HEADER}\n\n{sections}")));
     }
 

@@ -39,6 +39,7 @@ pub struct ScriptedProvider {
     result_failure: Option<SubagentError>,
     dispose_failure: Option<SubagentError>,
     starts: Arc<AtomicUsize>,
+    disposals: Arc<AtomicUsize>,
     requests: Arc<std::sync::Mutex<Vec<ResolvedSubagentStartRequest>>>,
 }
 
@@ -67,6 +68,7 @@ impl ScriptedProvider {
             result_failure: None,
             dispose_failure: None,
             starts: Arc::default(),
+            disposals: Arc::default(),
             requests: Arc::default(),
         }
     }
@@ -147,6 +149,11 @@ impl ScriptedProvider {
         self.starts.load(Ordering::SeqCst)
     }
 
+    /// How many of its runs were disposed (a run's disposal runs at most once).
+    pub fn dispose_count(&self) -> usize {
+        self.disposals.load(Ordering::SeqCst)
+    }
+
     /// Every resolved request received, oldest first.
     pub fn requests(&self) -> Vec<ResolvedSubagentStartRequest> {
         self.requests
@@ -208,6 +215,7 @@ impl SubagentProvider for ScriptedProvider {
             let stop = disposed.clone();
             let gate = provider.gate.clone();
             let dispose_failure = provider.dispose_failure.clone();
+            let disposals = Arc::clone(&provider.disposals);
             let id = provider.fixed_id.unwrap_or_default();
             let task = tokio::spawn(async move {
                 let opened = async {
@@ -228,6 +236,7 @@ impl SubagentProvider for ScriptedProvider {
             };
             Ok(SubagentRun::new(id, None, result, move || {
                 Box::pin(async move {
+                    disposals.fetch_add(1, Ordering::SeqCst);
                     disposed.cancel();
                     dispose_failure.map_or(Ok(()), Err)
                 })

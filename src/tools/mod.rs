@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::content::{ContentBlock, Message};
 use crate::error::{ErrorCode, Result, SubagentError};
+use crate::host::PromptSection;
 use crate::ids::{CallId, SessionId};
 use crate::model::ToolSchema;
 
@@ -155,6 +156,8 @@ pub struct Tool {
     /// Set once the installation that granted the tool is revoked: the tool is then gone from
     /// every layer holding a copy, at once.
     revoked: Option<Arc<AtomicBool>>,
+    /// A system-prompt section shown exactly while the agent sees the tool.
+    guidance: Option<Arc<PromptSection>>,
 }
 
 /// Revokes one [`Tool`] made with [`Tool::revocable`], wherever copies of it were installed.
@@ -198,7 +201,22 @@ impl Tool {
             concurrency: Concurrency::Exclusive,
             body: Arc::new(move |args, ctx| Box::pin(body(args, ctx))),
             revoked: None,
+            guidance: None,
         }
+    }
+
+    /// Attaches a system-prompt section that goes with the tool: it is part of an agent's
+    /// prompt exactly while that agent sees the tool, so it disappears when the tool is
+    /// unmounted, hidden by a restriction, or revoked.
+    #[must_use]
+    pub fn with_guidance(mut self, section: PromptSection) -> Self {
+        self.guidance = Some(Arc::new(section));
+        self
+    }
+
+    /// The tool's guidance section, if it has one.
+    pub fn guidance(&self) -> Option<&PromptSection> {
+        self.guidance.as_deref()
     }
 
     /// The tool and the handle that revokes it: a scope-local grant (such as a continuable

@@ -1,10 +1,10 @@
 //! Provides the `report` tool: a continuable child's way to tell its direct parent something
 //! before (or instead of waiting for) its settlement. It is not a global tool: it is granted
 //! to each continuable in-process child through a continuable setup contribution
-//! ([`install_report_tool`]), together with the prompt section `tool:report`, so roots,
+//! ([`install_report_tool`]), together with its guidance section `tool:report`, so roots,
 //! one-shot children and siblings never see it, and a child's own tool filter does not remove
-//! it. Removing the installation revokes the tool from resident children at once; a grant
-//! made later reaches a child at its next Activation.
+//! it. Removing the installation revokes the tool and its section from resident children at
+//! once; a grant made later reaches a child at its next Activation.
 
 use std::str::FromStr;
 
@@ -61,13 +61,15 @@ pub fn install_report_tool(rt: &Runtime, delivery: ReportDelivery) -> SetupRegis
     rt.subagents()
         .register_continuable_setup(std::sync::Arc::new(
             move |scope: &mut AgentScope| -> Result<SetupDisposer> {
-                let (tool, revocation) = report_tool(services.clone(), delivery).revocable();
+                // The section goes with the tool: revoking one revokes both at once.
+                let (tool, revocation) = report_tool(services.clone(), delivery)
+                    .with_guidance(PromptSection::new(
+                        REPORT_SECTION,
+                        REPORT_SECTION_ORDER,
+                        REPORT_GUIDANCE,
+                    ))
+                    .revocable();
                 scope.register_tool(tool)?;
-                scope.section(PromptSection::new(
-                    REPORT_SECTION,
-                    REPORT_SECTION_ORDER,
-                    REPORT_GUIDANCE,
-                ));
                 Ok(Box::new(move || {
                     revocation.revoke();
                     Ok(())

@@ -295,7 +295,7 @@ impl Mount {
             config: self.config.clone(),
             services: self.services.clone(),
         });
-        Tool::new(
+        let tool = Tool::new(
             self.config.tool_name.clone(),
             wording.description(),
             wording.parameters(),
@@ -304,7 +304,11 @@ impl Mount {
                 async move { call.run(args, ctx).await }
             },
         )
-        .concurrency(Concurrency::Safe)
+        .concurrency(Concurrency::Safe);
+        match wording.guidance(&self.config.tool_name) {
+            Some(section) => tool.with_guidance(section),
+            None => tool,
+        }
     }
 }
 

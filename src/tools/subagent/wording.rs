@@ -5,6 +5,10 @@
 use serde_json::{json, Value};
 
 use super::BackgroundMode;
+use crate::host::PromptSection;
+
+/// Where a continuable instance's guidance sits in the system prompt.
+const GUIDANCE_ORDER: f64 = 116.5;
 
 /// What the wording depends on.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +51,24 @@ impl Wording {
             }
         });
         text
+    }
+
+    /// The guidance section of a continuable instance with background enabled: `tool:<name>`,
+    /// shown exactly while the agent sees the tool.
+    pub(super) fn guidance(self, tool_name: &str) -> Option<PromptSection> {
+        (self.background_enabled && self.mode == BackgroundMode::Continuable).then(|| {
+            PromptSection::new(
+                format!("tool:{tool_name}"),
+                GUIDANCE_ORDER,
+                format!(
+                    "Use {tool_name} in the background by default. Start independent \
+                     delegations together, then keep working: each subagent's settlement \
+                     arrives as a notice. Use send_message to continue a subagent you \
+                     started, and call {tool_name} with run_in_background: false only when \
+                     your very next step needs the answer."
+                ),
+            )
+        })
     }
 
     /// The parameter schema: `description`, `prompt`, and `run_in_background` only when the
