@@ -106,7 +106,6 @@ for f in sorted(glob.glob('tests/**/*.rs',recursive=True)):
 tool_na={
  'TOOL-SUB-09':'n/a — `SubagentResult` has no diagnostic field (seed-differences #7)',
  'TOOL-SUB-24':'n/a — the tool installs on a runtime, which always has the subagent service',
- 'TOOL-SUB-29':'pending — needs a jobs service (background one-shot jobs, `job_output`/`job_kill`)',
  'TOOL-REPORT-14':'n/a — revoking the grant is one infallible step (the tool and its guidance go together): nothing to aggregate',
 }
 tool_out=[]; tool_counts={'ported':0,'n/a':0,'pending':0}

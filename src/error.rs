@@ -128,6 +128,8 @@ pub enum ErrorCode {
     InvalidBudget,
     /// A projection unit's registration conflicts with the unit registered under its key.
     InvalidProjection,
+    /// No job controller serves the agent: background work cannot start.
+    JobsUnavailable,
 }
 
 impl ErrorCode {
@@ -187,6 +189,7 @@ impl ErrorCode {
             Self::BudgetExhausted => "BUDGET_EXHAUSTED",
             Self::InvalidBudget => "INVALID_BUDGET",
             Self::InvalidProjection => "INVALID_PROJECTION",
+            Self::JobsUnavailable => "JOBS_UNAVAILABLE",
         }
     }
 }

@@ -60,6 +60,7 @@ pub mod error;
 pub mod events;
 pub mod host;
 pub mod ids;
+pub mod jobs;
 pub mod load;
 pub mod model;
 pub mod projection;

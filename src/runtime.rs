@@ -13,6 +13,7 @@ use crate::actors::workers::WorkerPool;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::host::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
+use crate::jobs::Jobs;
 use crate::model::{LlmAdapter, ModelRouter};
 use crate::projection::ProjectionRegistry;
 use crate::store::{SessionPersistence, SharedStore};
@@ -152,6 +153,7 @@ impl RuntimeBuilder {
             subagents: Subagents::start_service(agents.clone()),
             agents,
             env,
+            jobs: Jobs::default(),
         })
     }
 }
@@ -162,6 +164,7 @@ pub struct Runtime {
     agents: Agents,
     subagents: Subagents,
     env: Arc<AgentEnv>,
+    jobs: Jobs,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -184,6 +187,12 @@ impl Runtime {
     /// The delegation seam (`ctx.subagents`).
     pub fn subagents(&self) -> &Subagents {
         &self.subagents
+    }
+
+    /// The background-job registry (`ctx.jobs`): work starts only once a controller such as
+    /// the job tools ([`crate::jobs::tools::install_job_tools`]) is attached.
+    pub fn jobs(&self) -> &Jobs {
+        &self.jobs
     }
 
     /// Agent lifecycle and inbox events.

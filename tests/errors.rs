@@ -75,6 +75,7 @@ fn every_code_prints_its_stable_string() {
         (ErrorCode::BudgetExhausted, "BUDGET_EXHAUSTED"),
         (ErrorCode::InvalidBudget, "INVALID_BUDGET"),
         (ErrorCode::InvalidProjection, "INVALID_PROJECTION"),
+        (ErrorCode::JobsUnavailable, "JOBS_UNAVAILABLE"),
     ];
     for (code, text) in pinned {
         assert_eq!(code.as_str(), text);

@@ -112,6 +112,26 @@ pub fn tool_error_codes(events: &[SessionEvent]) -> Vec<String> {
         .collect()
 }
 
+/// The `(is_error, text)` of every tool result in `events`, in order.
+pub fn tool_results(events: &[SessionEvent]) -> Vec<(bool, String)> {
+    let result = |block: &ContentBlock| -> Option<(bool, String)> {
+        match block {
+            ContentBlock::ToolResult {
+                content, is_error, ..
+            } => Some((
+                *is_error,
+                content.iter().filter_map(ContentBlock::as_text).collect(),
+            )),
+            _ => None,
+        }
+    };
+    let results = events.iter().filter_map(|event| match &event.kind {
+        EventKind::ToolResult { message, .. } => message.content.iter().find_map(result),
+        _ => None,
+    });
+    results.collect()
+}
+
 /// Creates an agent whose setup runs `configure` on its fresh scope.
 pub async fn agent_with(
     rt: &Runtime,

@@ -29,6 +29,8 @@ mod crash;
 mod errors;
 /// The event bus: listener containment and scopes.
 mod events;
+/// Background jobs: the registry, the job tools, and background one-shot delegations.
+mod jobs;
 /// Durable listing: list_children and list_descendants, the identity ladder, the cache.
 mod listing;
 /// The load harness: a small scenario verifies and reports; a broken scenario is refused.

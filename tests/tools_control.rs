@@ -33,7 +33,7 @@ use subagents::{
 
 use crate::support::{
     delivered, eventually, idle_after_turns, persisted, root, run_prompt, seam_runtime,
-    seam_runtime_on, settled, start_run, text, turn_ends, within, SeamRecorder,
+    seam_runtime_on, settled, start_run, text, tool_results, turn_ends, within, SeamRecorder,
 };
 
 // TOOL-CTRL-01
@@ -700,26 +700,6 @@ fn queued_line(child: SessionId) -> String {
 
 fn interrupted_line(target: SessionId) -> String {
     format!("interrupt requested for agent {target}")
-}
-
-/// The `(is_error, text)` of every tool result in `events`, in order.
-fn tool_results(events: &[SessionEvent]) -> Vec<(bool, String)> {
-    let result = |block: &ContentBlock| -> Option<(bool, String)> {
-        match block {
-            ContentBlock::ToolResult {
-                content, is_error, ..
-            } => Some((
-                *is_error,
-                content.iter().filter_map(ContentBlock::as_text).collect(),
-            )),
-            _ => None,
-        }
-    };
-    let results = events.iter().filter_map(|event| match &event.kind {
-        EventKind::ToolResult { message, .. } => message.content.iter().find_map(result),
-        _ => None,
-    });
-    results.collect()
 }
 
 /// Runs one call of the global tool `name` as the session `caller`.

@@ -34,7 +34,7 @@ use subagents::{
 
 use crate::support::{
     eventually, followup_child, idle_after_turns, persisted, root, run_prompt, seam_runtime_on,
-    settled, start_run, text, tool_error_codes, within, SeamRecorder,
+    settled, start_run, text, tool_error_codes, tool_results, within, SeamRecorder,
 };
 
 // TOOL-REPORT-01
@@ -847,26 +847,6 @@ fn position_of(events: &[SessionEvent], id: MessageId) -> usize {
         .iter()
         .position(|event| matches!(&event.kind, EventKind::UserMessage(m) if m.id == id))
         .expect("the message is in the log")
-}
-
-/// The `(is_error, text)` of every tool result in `events`, in order.
-fn tool_results(events: &[SessionEvent]) -> Vec<(bool, String)> {
-    let result = |block: &ContentBlock| -> Option<(bool, String)> {
-        match block {
-            ContentBlock::ToolResult {
-                content, is_error, ..
-            } => Some((
-                *is_error,
-                content.iter().filter_map(ContentBlock::as_text).collect(),
-            )),
-            _ => None,
-        }
-    };
-    let results = events.iter().filter_map(|event| match &event.kind {
-        EventKind::ToolResult { message, .. } => message.content.iter().find_map(result),
-        _ => None,
-    });
-    results.collect()
 }
 
 fn requests_of(model: &ScriptedModel, session: SessionId) -> Vec<GenerateRequest> {

@@ -13,36 +13,14 @@ use subagents::model::ToolSchema;
 use subagents::testing::{Gate, ScriptStep, ScriptedModel, ScriptedProvider};
 use subagents::tools::{
     execute, install_subagent_tool, BackgroundMode, MaxDepthPolicy, SubagentToolConfig,
-    SubagentToolInstallation, ToolLayer, BACKGROUND_JOBS_UNAVAILABLE,
+    SubagentToolInstallation, ToolLayer,
 };
 use subagents::{
-    CallId, ContentBlock, ErrorCode, EventKind, Runtime, SessionEvent, StopReason,
-    SubagentCapabilities, ToolCtx, ToolFilter,
+    CallId, ContentBlock, ErrorCode, Runtime, StopReason, SubagentCapabilities, ToolCtx, ToolFilter,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{eventually, root, run_prompt, seam_runtime};
-
-/// The text and error flag of every tool result in `events`, in order.
-fn tool_results(events: &[SessionEvent]) -> Vec<(bool, String)> {
-    events
-        .iter()
-        .filter_map(|event| match &event.kind {
-            EventKind::ToolResult { message, .. } => {
-                message.content.iter().find_map(|block| match block {
-                    ContentBlock::ToolResult {
-                        content, is_error, ..
-                    } => Some((
-                        *is_error,
-                        content.iter().filter_map(ContentBlock::as_text).collect(),
-                    )),
-                    _ => None,
-                })
-            }
-            _ => None,
-        })
-        .collect()
-}
+use crate::support::{eventually, root, run_prompt, seam_runtime, tool_results};
 
 /// A runtime whose agents run `script` (then answer "done"), with `provider` registered.
 async fn runtime_with(
@@ -637,26 +615,6 @@ async fn a_pre_aborted_call_or_one_without_a_live_caller_starts_nothing() {
         .filter_map(ContentBlock::as_text)
         .collect();
     assert!(text.contains("requires a calling agent"), "{text}");
-    assert_eq!(provider.start_count(), 0);
-}
-
-// TOOL-SUB-27 (adapted: no jobs service)
-#[actix_rt::test]
-async fn a_background_one_shot_call_without_a_jobs_service_is_refused_before_any_start() {
-    let provider = ScriptedProvider::new("mock");
-    let background = call(
-        "c1",
-        "subagent",
-        json!({"description": "d", "prompt": "p", "run_in_background": true}),
-    );
-    let (rt, _) = runtime_with(&provider, vec![background]).await;
-    install(&rt, SubagentToolConfig::new("mock")).await.keep();
-    let parent = root(&rt).await;
-    let events = run_prompt(parent.agent(), "go").await;
-    assert_eq!(
-        crate::support::tool_error_codes(&events),
-        [BACKGROUND_JOBS_UNAVAILABLE]
-    );
     assert_eq!(provider.start_count(), 0);
 }
 

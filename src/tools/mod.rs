@@ -25,7 +25,7 @@ pub use plugin::NO_CALLING_AGENT;
 pub use report::{install_report_tool, REPORT, REPORT_SECTION};
 pub use subagent::{
     install_subagent_tool, BackgroundMode, MaxDepthPolicy, SubagentToolConfig,
-    SubagentToolInstallation, BACKGROUND_JOBS_UNAVAILABLE,
+    SubagentToolInstallation,
 };
 
 use std::collections::BTreeSet;

@@ -3,14 +3,15 @@
 use serde_json::{json, Value};
 
 use super::{BackgroundMode, MaxDepthPolicy, Services, SubagentToolConfig};
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::agent::AgentRef;
 use crate::content::ContentBlock;
+use crate::jobs::{JobHooks, JobOutcome, JobStatus};
 use crate::seam::{ContinuableStartSpec, SubagentResult, SubagentStartRequest};
 use crate::stop_reason::StopReason;
 use crate::tools::plugin::{calling_agent, string_arg};
 use crate::tools::{ToolCtx, ToolError, ToolOutput};
-
-/// The code of a background one-shot call in a runtime without a jobs service.
-pub const BACKGROUND_JOBS_UNAVAILABLE: &str = "BACKGROUND_JOBS_UNAVAILABLE";
 
 /// A mounted instance's call path.
 pub(super) struct SubagentCall {
@@ -68,11 +69,7 @@ impl SubagentCall {
                     ..ToolOutput::text(format!("started subagent {}", started.child_id))
                 })
             }
-            BackgroundMode::OneShot => Err(ToolError::new(
-                BACKGROUND_JOBS_UNAVAILABLE,
-                "background jobs unavailable: this runtime has no jobs service; call without \
-                 run_in_background to wait for the result",
-            )),
+            BackgroundMode::OneShot => self.background(&parent, description, prompt),
         }
     }
 
@@ -83,21 +80,64 @@ impl SubagentCall {
         }
     }
 
-    /// Starts a one-shot child, awaits its result, and always disposes it once.
-    async fn foreground(
+    /// The one-shot request this instance sends, cancelled by `cancel`.
+    fn request(
         &self,
-        parent: &crate::actors::agent::AgentRef,
+        parent: &AgentRef,
         description: String,
         prompt: Vec<ContentBlock>,
-        ctx: &ToolCtx,
-    ) -> std::result::Result<ToolOutput, ToolError> {
+        cancel: CancellationToken,
+    ) -> SubagentStartRequest {
         let mut request = SubagentStartRequest::new(parent, prompt);
         request.label = Some(description);
         request.agent_options.clone_from(&self.config.agent_options);
         request.persona.clone_from(&self.config.persona);
         request.tool_filter.clone_from(&self.config.tool_filter);
         request.max_depth = self.max_depth();
-        request.cancel = ctx.cancel.clone();
+        request.cancel = cancel;
+        request
+    }
+
+    /// Starts a `subagent` job that runs a one-shot child to its end; the job, not the tool
+    /// call, owns the child's cancellation.
+    fn background(
+        &self,
+        parent: &AgentRef,
+        description: String,
+        prompt: Vec<ContentBlock>,
+    ) -> std::result::Result<ToolOutput, ToolError> {
+        let cancel = CancellationToken::new();
+        let request = self.request(parent, description.clone(), prompt, cancel.clone());
+        let subagents = self.services.subagents.clone();
+        let provider = self.config.provider.clone();
+        let id = self
+            .services
+            .jobs
+            .start("subagent", &description, parent, move || {
+                let kill = cancel.clone();
+                JobHooks {
+                    cancel: Box::new(move |_reason| kill.cancel()),
+                    done: Box::pin(async move {
+                        let started = subagents.start(&provider, request).await;
+                        background_outcome(started, &cancel).await
+                    }),
+                }
+            })?;
+        Ok(ToolOutput {
+            value: Some(json!({"kind": "background", "jobId": id})),
+            ..ToolOutput::text(format!("started background subagent job {id}"))
+        })
+    }
+
+    /// Starts a one-shot child, awaits its result, and always disposes it once.
+    async fn foreground(
+        &self,
+        parent: &AgentRef,
+        description: String,
+        prompt: Vec<ContentBlock>,
+        ctx: &ToolCtx,
+    ) -> std::result::Result<ToolOutput, ToolError> {
+        let request = self.request(parent, description, prompt, ctx.cancel.clone());
         let run = self
             .services
             .subagents
@@ -130,6 +170,68 @@ impl SubagentCall {
             )),
         }
     }
+}
+
+/// How a background run's job ends: `completed` with the text; `killed` when cancelled (or
+/// refused after the kill); `failed` with the stop reason or the error as its detail, and a
+/// failed disposal appended.
+async fn background_outcome(
+    started: crate::error::Result<crate::seam::SubagentRun>,
+    cancel: &CancellationToken,
+) -> JobOutcome {
+    let failed = |detail: String| JobOutcome {
+        status: JobStatus::Failed,
+        detail: Some(detail),
+        output: None,
+    };
+    let run = match started {
+        Ok(run) => run,
+        Err(_) if cancel.is_cancelled() => {
+            return JobOutcome {
+                status: JobStatus::Killed,
+                detail: None,
+                output: None,
+            }
+        }
+        Err(error) => return failed(format!("Error: {}", error.message())),
+    };
+    let result = run.result().await;
+    let disposed = run.dispose().await;
+    let mut outcome = match result {
+        Ok(result) => {
+            let text: String = result
+                .output
+                .iter()
+                .filter_map(ContentBlock::as_text)
+                .collect();
+            match result.stop_reason {
+                StopReason::Completed => JobOutcome {
+                    status: JobStatus::Completed,
+                    detail: None,
+                    output: Some(text),
+                },
+                StopReason::Aborted => JobOutcome {
+                    status: JobStatus::Killed,
+                    detail: None,
+                    output: (!text.is_empty()).then_some(text),
+                },
+                other => JobOutcome {
+                    output: (!text.is_empty()).then_some(text),
+                    ..failed(other.as_str().to_owned())
+                },
+            }
+        }
+        Err(error) => failed(format!("Error: {}", error.message())),
+    };
+    if let Err(error) = disposed {
+        let appended = format!("dispose failed: {}", error.message());
+        outcome.status = JobStatus::Failed;
+        outcome.detail = Some(match outcome.detail {
+            Some(detail) => format!("{detail}; {appended}"),
+            None => appended,
+        });
+    }
+    outcome
 }
 
 /// A completed run reads as its text; any other stop reason is an error naming it, with the

@@ -14,15 +14,14 @@
 //!   dispose once; a non-`completed` stop reason is an `is_error` result;
 //! - **continuable background** (the default for `continuable` mode): `start_continuable`,
 //!   answered with the durable child id at inbox acceptance;
-//! - **one-shot background**: needs a jobs service, which this runtime does not have, so it is
-//!   refused with `BACKGROUND_JOBS_UNAVAILABLE` before any child starts.
+//! - **one-shot background**: a `subagent` job in the runtime's [`crate::jobs::Jobs`],
+//!   answered with its job id at once; the job owns its own cancellation (`job_kill`), and
+//!   without a job controller (the job tools) the call is refused before any child starts.
 //!
 //! Calls are concurrency-safe: several delegations in one model response run in parallel.
 
 mod call;
 mod wording;
-
-pub use call::BACKGROUND_JOBS_UNAVAILABLE;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -219,6 +218,7 @@ impl SubagentToolConfig {
 pub(crate) struct Services {
     pub(crate) agents: Agents,
     pub(crate) subagents: Subagents,
+    pub(crate) jobs: crate::jobs::Jobs,
 }
 
 impl Services {
@@ -226,6 +226,7 @@ impl Services {
         Self {
             agents: rt.agents().clone(),
             subagents: rt.subagents().clone(),
+            jobs: rt.jobs().clone(),
         }
     }
 }
