@@ -704,3 +704,15 @@ async fn continuable_guidance_is_in_the_prompt_exactly_while_the_agent_sees_the_
     one_turn(&rt).await;
     assert!(!system(&model).unwrap_or_default().contains(guidance));
 }
+
+// A structured result reads as JSON (issue #11: "structured results rendered as JSON").
+#[actix_rt::test]
+async fn a_structured_result_reaches_the_model_as_json() {
+    let provider = ScriptedProvider::new("mock").structured(json!({"files": 3, "ok": true}));
+    let (rt, _) = runtime_with(&provider, vec![delegate("c1")]).await;
+    install(&rt, SubagentToolConfig::new("mock")).await.keep();
+    let results = one_turn(&rt).await;
+    assert_eq!(results.len(), 1);
+    let shown: Value = serde_json::from_str(&results[0].1).expect("JSON");
+    assert_eq!(shown, json!({"files": 3, "ok": true}));
+}

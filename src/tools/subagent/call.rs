@@ -234,8 +234,8 @@ async fn background_outcome(
     outcome
 }
 
-/// A completed run reads as its text; any other stop reason is an error naming it, with the
-/// partial output the child produced.
+/// A completed run reads as its text (its structured value as JSON, when it has one); any
+/// other stop reason is an error naming it, with the partial output the child produced.
 fn foreground_outcome(
     run_id: crate::ids::SessionId,
     result: SubagentResult,
@@ -246,7 +246,12 @@ fn foreground_outcome(
         .filter_map(ContentBlock::as_text)
         .collect();
     if result.stop_reason == StopReason::Completed {
-        let mut output = ToolOutput::text(text);
+        // A structured result is what the caller asked for: the model reads it as JSON.
+        let shown = result
+            .structured
+            .as_ref()
+            .map_or(text, |value| value.to_string());
+        let mut output = ToolOutput::text(shown);
         output.value = Some(json!({
             "kind": "foreground",
             "runId": run_id,
