@@ -448,13 +448,17 @@ fn a_corrupt_record_is_a_typed_error_for_its_session_only() {
         }
         block_on(store.flush(bad)).unwrap();
     }
+    // The creation's events are one row, keyed by its first seq.
     let mut key = bad.as_bytes().to_vec();
-    key.extend_from_slice(&1u64.to_be_bytes());
-    corrupt(dir.path(), "events", key);
+    key.extend_from_slice(&0u64.to_be_bytes());
+    corrupt(dir.path(), "event_batches", key);
     let store = SledStore::open(dir.path()).unwrap();
     let error = block_on(store.read_from(bad, 0)).unwrap_err();
     assert_eq!(error.code(), ErrorCode::StoreCorrupt);
-    assert!(error.message().contains("event 1"), "{error}");
+    assert!(
+        error.message().contains("the events from 0 do not decode"),
+        "{error}"
+    );
     assert_eq!(
         block_on(store.inspect(bad)).unwrap_err().code(),
         ErrorCode::StoreCorrupt
@@ -616,11 +620,11 @@ fn events_past_the_head_are_an_unfinished_append_and_stay_invisible() {
     // A crash between an append's event batch and its head update leaves events past the head.
     {
         let db = open_raw(dir.path());
-        let events = db.open_tree("events").unwrap();
+        let batches = db.open_tree("event_batches").unwrap();
         let mut key = id.as_bytes().to_vec();
         key.extend_from_slice(&2u64.to_be_bytes());
-        events
-            .insert(key, serde_json::to_vec(&note(2, "orphan")).unwrap())
+        batches
+            .insert(key, serde_json::to_vec(&[note(2, "orphan")]).unwrap())
             .unwrap();
         db.flush().unwrap();
     }
@@ -636,4 +640,36 @@ fn events_past_the_head_are_an_unfinished_append_and_stay_invisible() {
         matches!(&events[2].kind, EventKind::UserMessage(m) if m.text() == "n2"),
         "the next append replaced it"
     );
+}
+
+#[test]
+fn a_store_in_the_per_event_layout_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = open_raw(dir.path());
+        db.open_tree("events")
+            .unwrap()
+            .insert(b"old row", b"{}".to_vec())
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let error = SledStore::open(dir.path()).unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StoreCorrupt);
+    assert!(error.message().contains("per-event layout"), "{error}");
+}
+
+#[test]
+fn a_read_from_the_middle_of_an_append_returns_exactly_the_rest() {
+    let store = SledStore::temporary().unwrap();
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), notes(0, 3))).unwrap();
+    block_on(store.append(id, 3, notes(3, 4), None)).unwrap();
+    for from in 0..=8u64 {
+        let seqs: Vec<u64> = block_on(store.read_from(id, from))
+            .unwrap()
+            .iter()
+            .map(|event| event.seq)
+            .collect();
+        assert_eq!(seqs, (from.min(7)..7).collect::<Vec<_>>(), "from {from}");
+    }
 }

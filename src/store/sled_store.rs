@@ -3,8 +3,10 @@
 //! # Layout
 //! - `headers`: session id (16 bytes) → header JSON.
 //! - `heads`: session id → next seq (u64 big-endian) ‖ lease epoch (u64 big-endian).
-//! - `events`: session id ‖ seq (u64 big-endian) → event JSON; big-endian keys keep a session's
-//!   events contiguous and in seq order.
+//! - `event_batches`: session id ‖ first seq (u64 big-endian) → one append's events, a JSON
+//!   array in seq order; big-endian keys keep a session's batches contiguous and in seq order.
+//!   One row per append, not per event: sled's cost is per row (a turn's 14 events cost
+//!   135 µs as 14 rows and 23 µs as one).
 //! - `children`: parent id ‖ child id → empty; lists children without reading any log.
 //! - `projection_cache`: unit name ‖ 0x00 ‖ session id → row JSON.
 //!
@@ -47,7 +49,7 @@ pub struct SledStore {
     db: sled::Db,
     headers: sled::Tree,
     heads: sled::Tree,
-    events: sled::Tree,
+    batches: sled::Tree,
     children: sled::Tree,
     cache: sled::Tree,
     /// The writer lock; the lease holders of this process live under it.
@@ -59,6 +61,7 @@ pub struct SledStore {
 const LOCK_RETRY: Duration = Duration::from_millis(5);
 
 const SEQ_LEN: usize = 8;
+const LEGACY_EVENTS: &[u8] = b"events";
 const ID_LEN: usize = 16;
 
 impl SledStore {
@@ -124,6 +127,25 @@ impl SledStore {
     }
 
     fn from_db(db: sled::Db) -> Result<Self> {
+        // The first layout kept one row per event under `events`; it is not read any more.
+        if db
+            .tree_names()
+            .iter()
+            .any(|name| name.as_ref() == LEGACY_EVENTS)
+        {
+            let legacy = db
+                .open_tree(LEGACY_EVENTS)
+                .map_err(|e| SubagentError::store_io("opening tree events", e))?;
+            if !legacy.is_empty() {
+                return Err(SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    "this store was written in the per-event layout of an earlier subagents; \
+                     it cannot be read by this version",
+                ));
+            }
+            db.drop_tree(LEGACY_EVENTS)
+                .map_err(|e| SubagentError::store_io("dropping tree events", e))?;
+        }
         let tree = |name: &str| {
             db.open_tree(name)
                 .map_err(|e| SubagentError::store_io(format!("opening tree {name}"), e))
@@ -131,7 +153,7 @@ impl SledStore {
         Ok(Self {
             headers: tree("headers")?,
             heads: tree("heads")?,
-            events: tree("events")?,
+            batches: tree("event_batches")?,
             children: tree("children")?,
             cache: tree("projection_cache")?,
             writing: Arc::default(),
@@ -212,7 +234,7 @@ impl SledStore {
         let id = header.id;
         let header_bytes = serde_json::to_vec(header)
             .map_err(|e| SubagentError::new(ErrorCode::InvalidHeader, e.to_string()))?;
-        let encoded = encode_events(events)?;
+        let encoded = encode_batch(header.id, events)?;
         let next_seq =
             u64::try_from(events.len()).map_err(|_| SubagentError::bug("seed too long"))?;
         let _writing = self.write_lock();
@@ -234,10 +256,13 @@ impl SledStore {
             budget -= 1;
             write().map(|()| true)
         };
-        let written = step(&mut || {
-            self.events
-                .apply_batch(event_batch(id, &encoded))
-                .map_err(io("writing a seed"))
+        let written = step(&mut || match &encoded {
+            Some(bytes) => self
+                .batches
+                .insert(&event_key(id, 0), bytes.as_slice())
+                .map(drop)
+                .map_err(io("writing a seed")),
+            None => Ok(()),
         })? && step(&mut || {
             self.heads
                 .insert(id.as_bytes(), &Head { next_seq, lease: 0 }.encode())
@@ -351,32 +376,25 @@ fn id_from_key(key: &[u8]) -> Option<SessionId> {
     Some(SessionId::from_uuid(uuid::Uuid::from_bytes(bytes)))
 }
 
-fn encode_events(events: &[Arc<SessionEvent>]) -> Result<Vec<(u64, Vec<u8>)>> {
-    events
-        .iter()
-        .map(|event| {
-            serde_json::to_vec(event.as_ref())
-                .map(|bytes| (event.seq, bytes))
-                .map_err(|e| {
-                    SubagentError::new(
-                        ErrorCode::InvalidEvent,
-                        format!("event {} does not encode: {e}", event.seq),
-                    )
-                })
-        })
-        .collect()
+/// One append's row: its events as a JSON array, or `None` for no events.
+fn encode_batch(id: SessionId, events: &[Arc<SessionEvent>]) -> Result<Option<Vec<u8>>> {
+    if events.is_empty() {
+        return Ok(None);
+    }
+    let plain: Vec<&SessionEvent> = events.iter().map(AsRef::as_ref).collect();
+    serde_json::to_vec(&plain).map(Some).map_err(|e| {
+        SubagentError::new(
+            ErrorCode::InvalidEvent,
+            format!(
+                "session {id}: events from {} do not encode: {e}",
+                events[0].seq
+            ),
+        )
+    })
 }
 
 fn io(what: &'static str) -> impl Fn(sled::Error) -> SubagentError {
     move |error| SubagentError::store_io(what, error)
-}
-
-fn event_batch(id: SessionId, encoded: &[(u64, Vec<u8>)]) -> sled::Batch {
-    let mut batch = sled::Batch::default();
-    for (seq, bytes) in encoded {
-        batch.insert(&event_key(id, *seq), bytes.as_slice());
-    }
-    batch
 }
 
 impl SessionPersistence for SledStore {
@@ -397,7 +415,9 @@ impl SessionPersistence for SledStore {
     ) -> BoxFuture<'_, Result<()>> {
         let outcome = (|| {
             check_contiguous(id, expected_next_seq, &events)?;
-            let encoded = encode_events(&events)?;
+            let Some(encoded) = encode_batch(id, &events)? else {
+                return Ok(());
+            };
             let count =
                 u64::try_from(events.len()).map_err(|_| SubagentError::bug("batch too long"))?;
             let _writing = self.write_lock();
@@ -405,8 +425,8 @@ impl SessionPersistence for SledStore {
             check_append(id, expected_next_seq, head.next_seq, lease, head.lease)?;
             // The events first, then the head that commits them: a reader trusts events only
             // below the head, so a crash between the two loses the batch whole.
-            self.events
-                .apply_batch(event_batch(id, &encoded))
+            self.batches
+                .insert(&event_key(id, expected_next_seq), encoded)
                 .map_err(io("appending events"))?;
             let next_seq = head.next_seq + count;
             self.heads
@@ -510,27 +530,58 @@ impl SessionPersistence for SledStore {
             if from_seq >= head.next_seq {
                 return Ok(events);
             }
-            for (row, expected) in self
-                .events
-                .range(event_key(id, from_seq)..event_key(id, head.next_seq))
-                .zip(from_seq..)
+            // The batch holding `from_seq` starts at or before it.
+            let first = self
+                .batches
+                .range(event_key(id, 0)..=event_key(id, from_seq))
+                .next_back()
+                .transpose()
+                .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?
+                .map_or_else(|| event_key(id, 0).to_vec(), |(key, _)| key.to_vec());
+            let mut expected = None;
+            for row in self
+                .batches
+                .range(first..event_key(id, head.next_seq).to_vec())
             {
                 let (key, bytes) =
                     row.map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?;
-                let event: SessionEvent = serde_json::from_slice(&bytes).map_err(|e| {
+                let start = key
+                    .get(ID_LEN..)
+                    .and_then(|seq| <[u8; SEQ_LEN]>::try_from(seq).ok())
+                    .map(u64::from_be_bytes);
+                let batch: Vec<SessionEvent> = serde_json::from_slice(&bytes).map_err(|e| {
                     SubagentError::new(
                         ErrorCode::StoreCorrupt,
-                        format!("session {id}: event {expected} does not decode: {e}"),
+                        format!(
+                            "session {id}: the events from {} do not decode: {e}",
+                            start.map_or_else(|| "?".to_owned(), |seq| seq.to_string())
+                        ),
                     )
                     .with_source(e)
                 })?;
-                if event.seq != expected || key.as_ref() != event_key(id, expected) {
-                    return Err(SubagentError::new(
-                        ErrorCode::StoreCorrupt,
-                        format!("session {id}: seq gap at {expected}"),
-                    ));
+                for event in batch {
+                    let next = *expected.get_or_insert(start.unwrap_or(u64::MAX));
+                    if event.seq != next {
+                        return Err(SubagentError::new(
+                            ErrorCode::StoreCorrupt,
+                            format!("session {id}: seq gap at {next}"),
+                        ));
+                    }
+                    expected = Some(next + 1);
+                    if event.seq >= from_seq && event.seq < head.next_seq {
+                        events.push(Arc::new(event));
+                    }
                 }
-                events.push(Arc::new(event));
+            }
+            let read = u64::try_from(events.len()).unwrap_or(u64::MAX);
+            if read != head.next_seq - from_seq {
+                return Err(SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    format!(
+                        "session {id}: {read} events stored from {from_seq}, its head says {}",
+                        head.next_seq - from_seq
+                    ),
+                ));
             }
             Ok(events)
         })();

@@ -402,11 +402,12 @@ async fn a_child_whose_log_the_store_refuses_to_read_is_unavailable() {
         .await;
         store.flush(broken).await.unwrap();
     }
-    // The descriptor's record (seq 1) is torn; the header, which enumeration reads, is intact.
+    // The row holding the descriptor (the creation's events, from seq 0) is torn; the header,
+    // which enumeration reads, is intact.
     let mut key = broken.as_bytes().to_vec();
-    key.extend_from_slice(&1u64.to_be_bytes());
+    key.extend_from_slice(&0u64.to_be_bytes());
     let db = open_raw(dir.path());
-    db.open_tree("events")
+    db.open_tree("event_batches")
         .unwrap()
         .insert(key, b"{not json".to_vec())
         .unwrap();
