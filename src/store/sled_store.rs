@@ -259,7 +259,7 @@ impl SledStore {
         let written = step(&mut || match &encoded {
             Some(bytes) => self
                 .batches
-                .insert(&event_key(id, 0), bytes.as_slice())
+                .insert(event_key(id, 0), bytes.as_slice())
                 .map(drop)
                 .map_err(io("writing a seed")),
             None => Ok(()),
@@ -426,7 +426,7 @@ impl SessionPersistence for SledStore {
             // The events first, then the head that commits them: a reader trusts events only
             // below the head, so a crash between the two loses the batch whole.
             self.batches
-                .insert(&event_key(id, expected_next_seq), encoded)
+                .insert(event_key(id, expected_next_seq), encoded)
                 .map_err(io("appending events"))?;
             let next_seq = head.next_seq + count;
             self.heads
