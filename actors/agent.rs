@@ -102,6 +102,10 @@ pub struct AgentActor {
     activity: Option<ActivityObserver>,
     /// The budget every turn is charged against, when the agent has one.
     budget: Option<BudgetMeter>,
+    /// Its incarnation and service until the actor starts and builds `me` from them.
+    identity: Option<(u64, Agents)>,
+    /// The agent's own exact reference: its tools act for it with this authority.
+    me: Option<AgentRef>,
 }
 
 /// What an Activation's settlement watcher learns from its agent, in the agent's own order.
@@ -123,6 +127,19 @@ pub(crate) type ActivityObserver = Arc<dyn Fn(SessionId, Activity) + Send + Sync
 
 impl Actor for AgentActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if let Some((incarnation, agents)) = self.identity.take() {
+            self.me = Some(AgentRef::new(
+                self.id,
+                incarnation,
+                &ctx.address(),
+                self.log.clone(),
+                Arc::new(self.options.clone()),
+                agents,
+            ));
+        }
+    }
 }
 
 impl AgentActor {
@@ -133,8 +150,11 @@ impl AgentActor {
         scope: Arc<AgentScope>,
         options: AgentOptions,
         disposers: Vec<Disposer>,
+        identity: (u64, Agents),
     ) -> Self {
         Self {
+            identity: Some(identity),
+            me: None,
             id: log.id(),
             log,
             inbox,
@@ -248,6 +268,7 @@ impl AgentActor {
         self.state.turn_started(turn, cancel.clone());
         let turn_ctx = TurnContext {
             agent: self.id,
+            caller: self.me.clone(),
             log: self.log.clone(),
             env: Arc::clone(&self.env),
             scope: Arc::clone(&self.scope),

@@ -241,6 +241,7 @@ impl Agents {
             Arc::new(scope),
             options.clone(),
             disposers,
+            (incarnation, self.clone()),
         );
         let addr = match &self.workers {
             Some(workers) => AgentActor::start_in_arbiter(&workers.next(), move |_| actor),

@@ -632,6 +632,9 @@ impl Subagents {
     /// # Errors
     /// `CANCELLED`, `DRAINING`, `UNAUTHORIZED` (not the exact resident child),
     /// `ACTIVATION_CLOSING`, `PARENT_UNAVAILABLE` (the parent is not live or refused).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the report runs as its own task.
     pub fn report_from(
         &self,
         child: &AgentRef,
@@ -644,7 +647,9 @@ impl Subagents {
             delivery: options.delivery,
             token: options.cancel,
         });
-        async move { request.await.map_err(SubagentError::from)??.await }
+        // Its own task: once the manager admitted the report, the delivery and its
+        // compensation run to the end even if the caller stops waiting.
+        own_task(async move { request.await.map_err(SubagentError::from)??.await })
     }
 
     /// Registers a setup contribution installed into every later continuable child's

@@ -44,8 +44,8 @@ async fn background_fixture(provider: &ScriptedProvider, jobs: bool) -> (Runtime
 
 /// Runs `tool` with `arguments` as `caller` would, outside any turn.
 async fn call(rt: &Runtime, caller: &AgentHandle, tool: &str, arguments: Value) -> (bool, String) {
-    let ctx = ToolCtx::new(
-        caller.agent().id(),
+    let ctx = ToolCtx::for_agent(
+        caller.agent(),
         CallId::new("direct"),
         tool.into(),
         CancellationToken::new(),
@@ -314,4 +314,165 @@ async fn a_timed_out_wait_leaves_the_job_running_and_ids_count_per_kind() {
         },
     );
     assert_eq!(bad.unwrap_err().code(), ErrorCode::InvalidArgs);
+}
+
+/// A job of `owner` held until `gate` opens, then completed with `output`.
+fn held_job(rt: &Runtime, owner: &AgentHandle, gate: &Gate, output: &str) -> String {
+    let held = gate.clone();
+    let output = output.to_owned();
+    rt.jobs()
+        .start("bash", "held", owner.agent(), move || JobHooks {
+            cancel: Box::new(|_| {}),
+            done: Box::pin(async move {
+                held.pass().await;
+                JobOutcome {
+                    status: JobStatus::Completed,
+                    detail: None,
+                    output: Some(output),
+                }
+            }),
+        })
+        .unwrap()
+}
+
+fn notices(agent: &subagents::AgentRef) -> Vec<String> {
+    agent
+        .log()
+        .events()
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::UserMessage(message)
+                if message.source
+                    == (MessageSource::Plugin {
+                        plugin: JOBS_PLUGIN.into(),
+                    }) =>
+            {
+                Some(message.text())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[actix_rt::test]
+async fn a_wait_dropped_after_the_settlement_leaves_the_notice_owed() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    install_job_tools(&rt, JobToolsConfig::default())
+        .unwrap()
+        .keep();
+    let owner = root(&rt).await;
+    let gate = Gate::new();
+    let id = held_job(&rt, &owner, &gate, "late");
+    let jobs = rt.jobs().clone();
+    let never = CancellationToken::new();
+    let mut wait = Box::pin(jobs.wait(
+        &id,
+        owner.agent().id(),
+        std::time::Duration::from_secs(60),
+        &never,
+    ));
+    // Polled once: the wait is registered, so the settlement leaves the notice to it.
+    assert!(futures::poll!(wait.as_mut()).is_pending());
+    gate.release();
+    let owner_id = owner.agent().id();
+    eventually("the job settles", || {
+        jobs.get(&id, owner_id)
+            .is_ok_and(|job| job.status.is_terminal())
+    })
+    .await;
+    assert!(
+        notices(owner.agent()).is_empty(),
+        "the wait may still return it"
+    );
+    // The caller goes away without the result: the notice is sent after all.
+    drop(wait);
+    let agent = owner.agent().clone();
+    eventually("the owed notice", || notices(&agent).len() == 1).await;
+}
+
+#[actix_rt::test]
+async fn removed_job_tools_stop_notices_and_refuse_new_jobs() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let tools = install_job_tools(&rt, JobToolsConfig::default()).unwrap();
+    let owner = root(&rt).await;
+    let gate = Gate::new();
+    let first = held_job(&rt, &owner, &gate, "quiet");
+    tools.remove();
+    assert!(rt.tools().get("job_output").is_none());
+    gate.release();
+    let (jobs, id) = (rt.jobs().clone(), owner.agent().id());
+    eventually("the first job settles with no tools installed", || {
+        jobs.get(&first, id)
+            .is_ok_and(|job| job.status.is_terminal())
+    })
+    .await;
+    let refused = rt
+        .jobs()
+        .start("bash", "later", owner.agent(), unreachable_hooks)
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::JobsUnavailable);
+    // A fresh installation's notices start from its own listener only.
+    install_job_tools(&rt, JobToolsConfig::default())
+        .unwrap()
+        .keep();
+    let second = Gate::new();
+    held_job(&rt, &owner, &second, "counted");
+    second.release();
+    let agent = owner.agent().clone();
+    eventually("one notice for the new job", || {
+        notices(&agent).iter().any(|n| n.contains("bash-2"))
+    })
+    .await;
+    assert_eq!(
+        notices(owner.agent()).len(),
+        1,
+        "no notice from the removed tools"
+    );
+}
+
+fn unreachable_hooks() -> JobHooks {
+    JobHooks {
+        cancel: Box::new(|_| {}),
+        done: Box::pin(async {
+            JobOutcome {
+                status: JobStatus::Failed,
+                detail: Some("a refused job never runs".into()),
+                output: None,
+            }
+        }),
+    }
+}
+
+#[actix_rt::test]
+async fn bad_job_arguments_are_typed_errors_and_a_huge_timeout_is_just_the_cap() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    install_job_tools(&rt, JobToolsConfig::default())
+        .unwrap()
+        .keep();
+    let owner = root(&rt).await;
+    let gate = Gate::new();
+    let id = held_job(&rt, &owner, &gate, "done");
+    gate.release();
+    let huge = call(
+        &rt,
+        &owner,
+        "job_output",
+        json!({"job_id": id, "wait": true, "timeout_ms": 1e300}),
+    )
+    .await;
+    assert_eq!(huge, (false, "done\n[status: completed]".to_owned()));
+    for arguments in [
+        json!({"job_id": id, "wait": "yes"}),
+        json!({"job_id": id, "wait": true, "timeout_ms": "soon"}),
+        json!({"job_id": id, "wait": true, "timeout_ms": -1}),
+        json!({"job_id": 7}),
+    ] {
+        let (is_error, text) = call(&rt, &owner, "job_output", arguments.clone()).await;
+        assert!(is_error, "{arguments} was accepted: {text}");
+    }
+    let (is_error, _) = call(&rt, &owner, "job_kill", json!({"job_id": id, "reason": 3})).await;
+    assert!(is_error);
 }

@@ -702,7 +702,8 @@ fn interrupted_line(target: SessionId) -> String {
     format!("interrupt requested for agent {target}")
 }
 
-/// Runs one call of the global tool `name` as the session `caller`.
+/// Runs one call of the global tool `name` as the session `caller`: as that exact agent while
+/// it is live, as a bare session id (no calling agent) once it is gone.
 async fn call_direct(
     rt: &Runtime,
     caller: SessionId,
@@ -710,7 +711,10 @@ async fn call_direct(
     args: Value,
 ) -> ToolExecutionResult {
     let cancel = CancellationToken::new();
-    let ctx = ToolCtx::new(caller, CallId::new("direct"), name.to_owned(), cancel);
+    let ctx = match rt.agents().get(caller).await {
+        Some(agent) => ToolCtx::for_agent(&agent, CallId::new("direct"), name.to_owned(), cancel),
+        None => ToolCtx::new(caller, CallId::new("direct"), name.to_owned(), cancel),
+    };
     execute(&ToolLayer::default(), rt.tools(), ctx, &args.to_string()).await
 }
 

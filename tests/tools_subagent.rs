@@ -581,7 +581,7 @@ async fn cancelling_the_turn_cancels_the_delegation() {
 
 // TOOL-SUB-13 TOOL-SUB-23
 #[actix_rt::test]
-async fn a_pre_aborted_call_or_one_without_a_live_caller_starts_nothing() {
+async fn a_pre_aborted_call_or_one_without_a_calling_agent_starts_nothing() {
     let provider = ScriptedProvider::new("mock");
     let (rt, _) = runtime_with(&provider, vec![]).await;
     install(&rt, SubagentToolConfig::new("mock")).await.keep();
@@ -589,8 +589,8 @@ async fn a_pre_aborted_call_or_one_without_a_live_caller_starts_nothing() {
     let arguments = r#"{"description": "d", "prompt": "p"}"#;
     let cancelled = CancellationToken::new();
     cancelled.cancel();
-    let ctx = ToolCtx::new(
-        parent.agent().id(),
+    let ctx = ToolCtx::for_agent(
+        parent.agent(),
         CallId::new("c1"),
         "subagent".into(),
         cancelled,
@@ -598,11 +598,9 @@ async fn a_pre_aborted_call_or_one_without_a_live_caller_starts_nothing() {
     let aborted = execute(&ToolLayer::default(), rt.tools(), ctx, arguments).await;
     assert!(aborted.is_error);
     assert_eq!(aborted.error.unwrap().code, "ABORTED_BEFORE_DISPATCH");
-    // A caller that is no longer live.
-    let gone = parent.agent().id();
-    parent.dispose().await.unwrap();
+    // A call that names a session but carries no calling agent cannot act for it.
     let ctx = ToolCtx::new(
-        gone,
+        parent.agent().id(),
         CallId::new("c2"),
         "subagent".into(),
         CancellationToken::new(),
@@ -614,7 +612,10 @@ async fn a_pre_aborted_call_or_one_without_a_live_caller_starts_nothing() {
         .iter()
         .filter_map(ContentBlock::as_text)
         .collect();
-    assert!(text.contains("requires a calling agent"), "{text}");
+    assert_eq!(
+        text,
+        "Error: subagent requires a calling agent (exec.agent was undefined)"
+    );
     assert_eq!(provider.start_count(), 0);
 }
 
@@ -715,4 +716,36 @@ async fn a_structured_result_reaches_the_model_as_json() {
     assert_eq!(results.len(), 1);
     let shown: Value = serde_json::from_str(&results[0].1).expect("JSON");
     assert_eq!(shown, json!({"files": 3, "ok": true}));
+}
+
+// TOOL-SUB-16 (a kept installation)
+#[actix_rt::test]
+async fn a_kept_installation_still_follows_its_provider() {
+    let model = ScriptedModel::repeating(ScriptStep::text("done"));
+    let rt = seam_runtime(&model).await;
+    let registration = rt
+        .subagents()
+        .register_provider(ScriptedProvider::new("kept"))
+        .await
+        .unwrap();
+    install(&rt, SubagentToolConfig::new("kept")).await.keep();
+    assert!(rt.tools().get("subagent").is_some());
+    registration.remove();
+    eventually("unmounted with its provider", || {
+        rt.tools().get("subagent").is_none()
+    })
+    .await;
+    rt.subagents()
+        .register_provider(ScriptedProvider::new("kept").inherits_parent_context(true))
+        .await
+        .unwrap()
+        .keep();
+    eventually("mounted again, reworded", || {
+        rt.tools().get("subagent").is_some_and(|tool| {
+            tool.schema()
+                .description
+                .contains("inherits this conversation")
+        })
+    })
+    .await;
 }

@@ -28,6 +28,7 @@ use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{self, StreamExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::actors::agent::AgentRef;
 use crate::content::{ContentBlock, Message};
 use crate::host::scope::{
     assemble_system_prompt, AgentScope, PreStep, PreStepDecision, ToolResultSeen,
@@ -110,6 +111,8 @@ impl TurnCancel {
 /// Everything one turn needs.
 pub(crate) struct TurnContext {
     pub agent: SessionId,
+    /// The agent's exact reference, handed to its tool calls.
+    pub caller: Option<AgentRef>,
     pub log: SessionLog,
     pub env: Arc<AgentEnv>,
     pub scope: Arc<AgentScope>,
@@ -524,7 +527,10 @@ async fn run_tools(
                 name: name.clone(),
                 arguments: arguments.clone(),
             })?;
-            let tool_ctx = ToolCtx::new(ctx.agent, call_id, name, ctx.cancel.token.clone());
+            let tool_ctx = match &ctx.caller {
+                Some(caller) => ToolCtx::for_agent(caller, call_id, name, ctx.cancel.token.clone()),
+                None => ToolCtx::new(ctx.agent, call_id, name, ctx.cancel.token.clone()),
+            };
             dispatched.push((seq, tool_ctx, arguments));
         }
         let layer = ctx.scope.tools();

@@ -131,6 +131,9 @@ struct Job {
     cancel: Arc<dyn Fn(Option<String>) + Send + Sync>,
     output: Option<String>,
     reported: bool,
+    /// Waits in progress: a settlement they will return owes no notice unless they all go
+    /// away without returning it.
+    waiters: usize,
     /// Flips to `true` at settlement.
     settled: watch::Sender<bool>,
 }
@@ -140,10 +143,15 @@ struct State {
     jobs: BTreeMap<String, Job>,
     counters: BTreeMap<String, u64>,
     controllers: usize,
-    listeners: Vec<JobDoneListener>,
+    next_listener: u64,
+    listeners: Vec<(u64, JobDoneListener)>,
 }
 
 /// The background-job registry of one runtime. Cheap to clone.
+///
+/// A lock-guarded table rather than an actor: every operation is a few synchronous map
+/// updates that never await under the lock, producers and tools call it from any thread, and
+/// listeners run after the lock is released.
 #[derive(Clone, Default)]
 pub struct Jobs {
     state: Arc<Mutex<State>>,
@@ -182,9 +190,16 @@ impl Jobs {
         }
     }
 
-    /// Adds a completion listener for the registry's whole life.
-    pub fn on_job_done(&self, listener: JobDoneListener) {
-        self.lock().listeners.push(listener);
+    /// Adds a completion listener; dropping the returned guard removes it.
+    pub fn on_job_done(&self, listener: JobDoneListener) -> ListenerGuard {
+        let mut state = self.lock();
+        state.next_listener += 1;
+        let id = state.next_listener;
+        state.listeners.push((id, listener));
+        ListenerGuard {
+            jobs: Some(self.clone()),
+            id,
+        }
     }
 
     /// Starts a job of `kind` labelled `label` for `owner`: checks that a controller serves
@@ -220,6 +235,16 @@ impl Jobs {
         let (settled, _) = watch::channel(false);
         let id = {
             let mut state = self.lock();
+            if state.controllers == 0 {
+                // The controller went away while the producer started: no tool could read or
+                // kill this job, so it is stopped at once.
+                drop(state);
+                (hooks.cancel)(Some("no job controller serves this agent".to_owned()));
+                return Err(SubagentError::new(
+                    ErrorCode::JobsUnavailable,
+                    "background jobs unavailable: the job controller was detached",
+                ));
+            }
             let counter = state.counters.entry(kind.to_owned()).or_insert(0);
             *counter += 1;
             let id = format!("{kind}-{counter}");
@@ -239,6 +264,7 @@ impl Jobs {
                     cancel: Arc::from(hooks.cancel),
                     output: None,
                     reported: false,
+                    waiters: 0,
                     settled,
                 },
             );
@@ -277,19 +303,34 @@ impl Jobs {
             job.snapshot.detail = outcome.detail;
             job.snapshot.finished_at = Some(now_ms());
             job.output = outcome.output;
-            // A waiter sees the settlement itself: no notice is owed.
-            if job.settled.receiver_count() > 0 {
+            job.settled.send_replace(true);
+            // A waiter will return the settlement itself; if it goes away without doing so,
+            // its guard sends the notice instead.
+            let notice = (!job.reported && job.waiters == 0)
+                .then(|| (job.snapshot.clone(), job.owner.clone()));
+            (notice, listeners_of(&state))
+        };
+        notify(notice, &listeners);
+    }
+
+    /// A wait ended: `returned` when it handed the terminal state to its caller. The last
+    /// waiter of an ended job that nobody observed sends its notice.
+    fn wait_ended(&self, id: &str, returned: bool) {
+        let (notice, listeners) = {
+            let mut state = self.lock();
+            let Some(job) = state.jobs.get_mut(id) else {
+                return;
+            };
+            job.waiters = job.waiters.saturating_sub(1);
+            let ended = job.snapshot.status.is_terminal();
+            if ended && returned {
                 job.reported = true;
             }
-            job.settled.send_replace(true);
-            let notice = (!job.reported).then(|| (job.snapshot.clone(), job.owner.clone()));
-            (notice, state.listeners.clone())
+            let notice = (ended && !job.reported && job.waiters == 0)
+                .then(|| (job.snapshot.clone(), job.owner.clone()));
+            (notice, listeners_of(&state))
         };
-        if let Some((snapshot, owner)) = notice {
-            for listener in listeners {
-                listener(&snapshot, &owner);
-            }
-        }
+        notify(notice, &listeners);
     }
 
     fn with_job<T>(
@@ -362,19 +403,25 @@ impl Jobs {
         timeout: Duration,
         cancel: &CancellationToken,
     ) -> Result<JobSnapshot> {
-        let mut settled = self.with_job(id, caller, |job| job.settled.subscribe())?;
+        let mut settled = self.with_job(id, caller, |job| {
+            job.waiters += 1;
+            job.settled.subscribe()
+        })?;
+        // Counts the wait until it ends, however it ends (a dropped caller included).
+        let mut guard = WaitGuard {
+            jobs: self,
+            id,
+            returned: false,
+        };
         tokio::select! {
             _ = tokio::time::timeout(timeout, settled.wait_for(|ended| *ended)) => {}
             () = cancel.cancelled() => {
                 return Err(SubagentError::new(ErrorCode::Cancelled, "wait aborted"));
             }
         }
-        self.with_job(id, caller, |job| {
-            if job.snapshot.status.is_terminal() {
-                job.reported = true;
-            }
-            job.snapshot.clone()
-        })
+        let snapshot = self.with_job(id, caller, |job| job.snapshot.clone())?;
+        guard.returned = true;
+        Ok(snapshot)
     }
 
     /// Requests the job's cancellation with `reason`; it settles `killed` once its work
@@ -399,6 +446,66 @@ impl Jobs {
             }
             None => KillOutcome::AlreadyFinished,
         })
+    }
+}
+
+/// Ends one wait's count on drop (see [`Jobs::wait`]).
+struct WaitGuard<'a> {
+    jobs: &'a Jobs,
+    id: &'a str,
+    returned: bool,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.jobs.wait_ended(self.id, self.returned);
+    }
+}
+
+fn listeners_of(state: &State) -> Vec<JobDoneListener> {
+    state
+        .listeners
+        .iter()
+        .map(|(_, listener)| Arc::clone(listener))
+        .collect()
+}
+
+/// Tells `listeners` of a settled job's notice, outside the registry's lock.
+fn notify(notice: Option<(JobSnapshot, AgentRef)>, listeners: &[JobDoneListener]) {
+    if let Some((snapshot, owner)) = notice {
+        for listener in listeners {
+            listener(&snapshot, &owner);
+        }
+    }
+}
+
+/// Keeps a completion listener registered; dropping it removes the listener.
+#[must_use = "dropping the guard removes the listener"]
+pub struct ListenerGuard {
+    jobs: Option<Jobs>,
+    id: u64,
+}
+
+impl std::fmt::Debug for ListenerGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerGuard")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl ListenerGuard {
+    /// Keeps the listener for the registry's whole life.
+    pub fn keep(mut self) {
+        self.jobs = None;
+    }
+}
+
+impl Drop for ListenerGuard {
+    fn drop(&mut self) {
+        if let Some(jobs) = self.jobs.take() {
+            jobs.lock().listeners.retain(|(id, _)| *id != self.id);
+        }
     }
 }
 

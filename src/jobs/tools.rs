@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{ControllerGuard, JobSnapshot, Jobs, KillOutcome};
+use super::{ControllerGuard, JobSnapshot, Jobs, KillOutcome, ListenerGuard};
 use crate::content::{ContentBlock, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::{AgentStatus, PromptSection};
+use crate::ids::SessionId;
 use crate::runtime::Runtime;
-use crate::tools::plugin::string_arg;
-use crate::tools::{Concurrency, Tool, ToolError, ToolOutput, ToolRegistry};
+use crate::tools::plugin::{calling_agent, string_arg, GlobalTools};
+use crate::tools::{Concurrency, Tool, ToolCtx, ToolError, ToolOutput};
 
 /// `job_output`.
 pub const JOB_OUTPUT: &str = "job_output";
@@ -63,50 +64,33 @@ impl Default for JobToolsConfig {
     }
 }
 
-/// The installed job tools. Dropping it, or [`JobTools::remove`], unregisters them and
-/// detaches the controller (later background starts are refused); [`JobTools::keep`] keeps
-/// them for the runtime's whole life.
+/// The installed job tools. Dropping it, or [`JobTools::remove`], unregisters them, stops
+/// the completion notices and detaches the controller (later background starts are refused);
+/// [`JobTools::keep`] keeps them for the runtime's whole life.
 #[must_use = "dropping the installation removes the job tools"]
 pub struct JobTools {
-    registry: Option<Arc<ToolRegistry>>,
-    controller: Option<ControllerGuard>,
+    tools: GlobalTools,
+    notices: ListenerGuard,
+    controller: ControllerGuard,
 }
 
 impl std::fmt::Debug for JobTools {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JobTools")
-            .field("installed", &self.registry.is_some())
-            .finish()
+        f.debug_struct("JobTools").finish_non_exhaustive()
     }
 }
 
 impl JobTools {
-    /// Unregisters the tools and detaches the controller.
-    pub fn remove(mut self) {
-        self.release();
+    /// Unregisters the tools, stops the notices and detaches the controller.
+    pub fn remove(self) {
+        drop(self);
     }
 
-    /// Keeps the tools and the controller for the runtime's whole life.
-    pub fn keep(mut self) {
-        self.registry = None;
-        if let Some(controller) = self.controller.take() {
-            controller.keep();
-        }
-    }
-
-    fn release(&mut self) {
-        if let Some(registry) = self.registry.take() {
-            for name in [JOB_OUTPUT, JOB_LIST, JOB_KILL] {
-                registry.unregister(name);
-            }
-        }
-        self.controller = None;
-    }
-}
-
-impl Drop for JobTools {
-    fn drop(&mut self) {
-        self.release();
+    /// Keeps the tools, the notices and the controller for the runtime's whole life.
+    pub fn keep(self) {
+        self.tools.keep();
+        self.notices.keep();
+        self.controller.keep();
     }
 }
 
@@ -114,8 +98,8 @@ impl Drop for JobTools {
 /// delivers completion notices to owners.
 ///
 /// # Errors
-/// `INVALID_ARGS` when the default wait exceeds the cap; `DUPLICATE_TOOL` when a name is
-/// taken (nothing stays registered).
+/// `INVALID_ARGS` when the default wait is zero or exceeds the cap; `DUPLICATE_TOOL` when a
+/// name is taken (nothing stays registered).
 pub fn install_job_tools(rt: &Runtime, config: JobToolsConfig) -> Result<JobTools> {
     if config.wait_timeout > config.max_wait_timeout || config.wait_timeout.is_zero() {
         return Err(SubagentError::new(
@@ -128,22 +112,16 @@ pub fn install_job_tools(rt: &Runtime, config: JobToolsConfig) -> Result<JobTool
         ));
     }
     let jobs = rt.jobs().clone();
-    let registry = Arc::clone(rt.tools());
-    let tools = [
-        job_output(jobs.clone(), config),
-        job_list(jobs.clone()),
-        job_kill(jobs.clone()),
-    ];
-    for (index, tool) in tools.into_iter().enumerate() {
-        if let Err(error) = registry.register(tool) {
-            for name in &[JOB_OUTPUT, JOB_LIST, JOB_KILL][..index] {
-                registry.unregister(name);
-            }
-            return Err(error);
-        }
-    }
+    let tools = GlobalTools::register(
+        rt.tools(),
+        [
+            job_output(jobs.clone(), config),
+            job_list(jobs.clone()),
+            job_kill(jobs.clone()),
+        ],
+    )?;
     let delivery = config.completion_delivery;
-    jobs.on_job_done(Arc::new(move |snapshot, owner| {
+    let notices = jobs.on_job_done(Arc::new(move |snapshot, owner| {
         let notice = vec![ContentBlock::text(completion_notice(snapshot))];
         let source = MessageSource::Plugin {
             plugin: JOBS_PLUGIN.to_owned(),
@@ -151,11 +129,20 @@ pub fn install_job_tools(rt: &Runtime, config: JobToolsConfig) -> Result<JobTool
         let owner = owner.clone();
         // Sending is a message to the owner's actor; the listener runs inside the registry.
         tokio::spawn(async move {
-            let idle = matches!(owner.status().await, Ok(snapshot) if snapshot.status == AgentStatus::Idle);
-            let delivered = if idle && delivery == CompletionDelivery::Wakeup {
-                owner.followup(notice, source).await.map(drop)
-            } else {
-                owner.inject(notice, source).await.map(drop)
+            let delivered = match delivery {
+                // An idle owner gets a turn of its own; a busy one reads the notice at its next
+                // step, and a steer also wakes it if that turn ends first, so it is never
+                // stranded.
+                CompletionDelivery::Wakeup => {
+                    let idle = matches!(owner.status().await,
+                        Ok(snapshot) if snapshot.status == AgentStatus::Idle);
+                    if idle {
+                        owner.followup(notice, source).await
+                    } else {
+                        owner.steer(notice, source).await
+                    }
+                }
+                CompletionDelivery::Quiet => owner.inject(notice, source).await,
             };
             if let Err(error) = delivered {
                 // The owner is gone: its jobs ended with it.
@@ -164,8 +151,9 @@ pub fn install_job_tools(rt: &Runtime, config: JobToolsConfig) -> Result<JobTool
         });
     }));
     Ok(JobTools {
-        registry: Some(registry),
-        controller: Some(jobs.attach_controller()),
+        tools,
+        notices,
+        controller: jobs.attach_controller(),
     })
 }
 
@@ -180,12 +168,20 @@ pub fn completion_notice(snapshot: &JobSnapshot) -> String {
     )
 }
 
+/// The calling agent's session: a job is reachable only by its owner.
+fn owner_of(ctx: &ToolCtx, tool: &str) -> std::result::Result<SessionId, ToolError> {
+    calling_agent(ctx, tool).map(|agent| agent.id())
+}
+
+fn invalid(message: String) -> ToolError {
+    ToolError::new(ErrorCode::InvalidArgs.as_str(), message)
+}
+
 fn job_id(args: &Value) -> std::result::Result<String, ToolError> {
     let id = string_arg(args, "job_id")?;
     if id.is_empty() {
-        return Err(ToolError::new(
-            "INVALID_ARGS",
-            "invalid job_id: expected a non-empty string, got \"\"",
+        return Err(invalid(
+            "invalid job_id: expected a non-empty string, got \"\"".to_owned(),
         ));
     }
     Ok(id)
@@ -214,23 +210,38 @@ fn job_output(jobs: Jobs, config: JobToolsConfig) -> Tool {
         move |args, ctx| {
             let jobs = jobs.clone();
             async move {
+                let owner = owner_of(&ctx, JOB_OUTPUT)?;
                 let id = job_id(&args)?;
-                if args.get("wait").and_then(Value::as_bool) == Some(true) {
-                    let timeout = match args.get("timeout_ms").and_then(Value::as_f64) {
-                        Some(ms) if ms.is_finite() && ms > 0.0 => {
-                            Duration::from_secs_f64(ms / 1000.0).min(config.max_wait_timeout)
+                let wait = match args.get("wait") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(wait)) => *wait,
+                    Some(other) => return Err(invalid(format!("wait must be a boolean, not {other}"))),
+                };
+                if wait {
+                    let cap = config.max_wait_timeout;
+                    let timeout = match args.get("timeout_ms") {
+                        None | Some(Value::Null) => config.wait_timeout,
+                        Some(Value::Number(ms)) => match ms.as_f64() {
+                            Some(ms) if ms.is_finite() && ms > 0.0 => {
+                                // Clamped before converting: a huge value is just the cap.
+                                let capped = ms.min(cap.as_secs_f64() * 1000.0);
+                                Duration::from_secs_f64(capped / 1000.0)
+                            }
+                            _ => {
+                                return Err(invalid(format!(
+                                    "invalid wait timeout: expected a positive number of milliseconds, got {ms}"
+                                )))
+                            }
+                        },
+                        Some(other) => {
+                            return Err(invalid(format!(
+                                "invalid wait timeout: expected a positive number of milliseconds, got {other}"
+                            )))
                         }
-                        Some(ms) => {
-                            return Err(ToolError::new(
-                                "INVALID_ARGS",
-                                format!("invalid wait timeout: expected a positive number of milliseconds, got {ms}"),
-                            ))
-                        }
-                        None => config.wait_timeout,
                     };
-                    jobs.wait(&id, ctx.agent, timeout, &ctx.cancel).await?;
+                    jobs.wait(&id, owner, timeout, &ctx.cancel).await?;
                 }
-                let (text, snapshot) = jobs.read(&id, ctx.agent)?;
+                let (text, snapshot) = jobs.read(&id, owner)?;
                 let body = if text.is_empty() {
                     "(no new output)".to_owned()
                 } else {
@@ -253,8 +264,9 @@ fn job_list(jobs: Jobs) -> Tool {
         "List your background jobs (running and finished) with their ids, kinds, and statuses.",
         json!({"type": "object", "properties": {}, "additionalProperties": false}),
         move |_, ctx| {
-            let listed = jobs.list(ctx.agent);
+            let listed = owner_of(&ctx, JOB_LIST).map(|owner| jobs.list(owner));
             async move {
+                let listed = listed?;
                 let text = if listed.is_empty() {
                     "(no background jobs)".to_owned()
                 } else {
@@ -291,16 +303,21 @@ fn job_kill(jobs: Jobs) -> Tool {
             "type": "object",
             "properties": {
                 "job_id": {"type": "string", "description": "Job id returned by the tool that started the background work."},
-                "reason": {"type": "string", "description": "Optional short reason, recorded in the log and forwarded to the job."}
+                "reason": {"type": "string", "description": "Optional short reason, handed to the job's producer."}
             },
             "required": ["job_id"],
             "additionalProperties": false
         }),
         move |args, ctx| {
-            let outcome = job_id(&args).and_then(|id| {
-                let reason = args.get("reason").and_then(Value::as_str).map(str::to_owned);
-                let killed = jobs.kill(&id, ctx.agent, reason)?;
-                let snapshot = jobs.get(&id, ctx.agent)?;
+            let outcome = owner_of(&ctx, JOB_KILL).and_then(|owner| {
+                let id = job_id(&args)?;
+                let reason = match args.get("reason") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(reason)) => Some(reason.clone()),
+                    Some(other) => return Err(invalid(format!("reason must be a string, not {other}"))),
+                };
+                let killed = jobs.kill(&id, owner, reason)?;
+                let snapshot = jobs.get(&id, owner)?;
                 Ok((killed, snapshot))
             });
             async move {

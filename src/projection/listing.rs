@@ -67,6 +67,17 @@ pub enum SubagentDiagnosticReason {
     Unavailable,
 }
 
+impl SubagentDiagnosticReason {
+    /// The wire string: `corrupt`, `unsupported` or `unavailable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Corrupt => "corrupt",
+            Self::Unsupported => "unsupported",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
 /// One row of a listing: a delegated child, or a diagnostic for one that cannot be named.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]

@@ -4,21 +4,19 @@
 //! running / idle / ready status). They are registered once, whatever delegation tools exist,
 //! with [`install_control_tools`].
 
-use std::sync::Arc;
-
 use serde_json::{json, Value};
 
 use crate::content::{ContentBlock, MessageSource};
-use crate::error::Result;
+use crate::error::{ErrorCode, Result};
 use crate::host::AgentStatus;
 use crate::ids::SessionId;
 use crate::projection::SubagentListEntry;
 use crate::runtime::Runtime;
 use crate::seam::DelegationMode;
 use crate::seam::{FollowupOptions, InterruptAuthority};
-use crate::tools::plugin::{calling_agent, string_arg};
+use crate::tools::plugin::{calling_agent, string_arg, GlobalTools};
 use crate::tools::subagent::Services;
-use crate::tools::{Concurrency, Tool, ToolCtx, ToolError, ToolOutput, ToolRegistry};
+use crate::tools::{Concurrency, Tool, ToolCtx, ToolError, ToolOutput};
 
 /// The `send_message` tool's name.
 pub const SEND_MESSAGE: &str = "send_message";
@@ -52,40 +50,24 @@ deeper ones are interrupt_agent candidates only.";
 /// three; [`ControlTools::keep`] keeps them for the runtime's whole life.
 #[must_use = "dropping the installation removes the tools"]
 pub struct ControlTools {
-    registry: Option<Arc<ToolRegistry>>,
+    tools: GlobalTools,
 }
 
 impl std::fmt::Debug for ControlTools {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlTools")
-            .field("installed", &self.registry.is_some())
-            .finish()
+        f.debug_struct("ControlTools").finish_non_exhaustive()
     }
 }
 
 impl ControlTools {
     /// Unregisters the three tools.
-    pub fn remove(mut self) {
-        self.release();
+    pub fn remove(self) {
+        drop(self);
     }
 
     /// Keeps the tools for the runtime's whole life.
-    pub fn keep(mut self) {
-        self.registry = None;
-    }
-
-    fn release(&mut self) {
-        if let Some(registry) = self.registry.take() {
-            for name in [SEND_MESSAGE, INTERRUPT_AGENT, LIST_AGENTS] {
-                registry.unregister(name);
-            }
-        }
-    }
-}
-
-impl Drop for ControlTools {
-    fn drop(&mut self) {
-        self.release();
+    pub fn keep(self) {
+        self.tools.keep();
     }
 }
 
@@ -95,23 +77,15 @@ impl Drop for ControlTools {
 /// `DUPLICATE_TOOL` when one of the names is taken; nothing stays registered then.
 pub fn install_control_tools(rt: &Runtime) -> Result<ControlTools> {
     let services = Services::of(rt);
-    let registry = Arc::clone(rt.tools());
-    let tools = [
-        send_message(services.clone()),
-        interrupt_agent(services.clone()),
-        list_agents(services),
-    ];
-    for (index, tool) in tools.into_iter().enumerate() {
-        if let Err(error) = registry.register(tool) {
-            for name in &[SEND_MESSAGE, INTERRUPT_AGENT, LIST_AGENTS][..index] {
-                registry.unregister(name);
-            }
-            return Err(error);
-        }
-    }
-    Ok(ControlTools {
-        registry: Some(registry),
-    })
+    let tools = GlobalTools::register(
+        rt.tools(),
+        [
+            send_message(services.clone()),
+            interrupt_agent(services.clone()),
+            list_agents(services),
+        ],
+    )?;
+    Ok(ControlTools { tools })
 }
 
 /// A tool whose body runs `work` with the shared services.
@@ -132,12 +106,13 @@ where
     .concurrency(Concurrency::Safe)
 }
 
+/// The session id argument `name`; a malformed one is refused as the model's mistake.
 fn session_arg(args: &Value, name: &str) -> std::result::Result<SessionId, ToolError> {
     let raw = string_arg(args, name)?;
     raw.parse().map_err(|_| {
         ToolError::new(
-            crate::error::ErrorCode::Unauthorized.as_str(),
-            format!("continuable child {raw} is unavailable: not a subagent id"),
+            ErrorCode::InvalidArgs.as_str(),
+            format!("`{name}` {raw:?} is unavailable: it is not an agent id"),
         )
     })
 }
@@ -162,7 +137,7 @@ fn send_message(services: Services) -> Tool {
         |services, args, ctx| async move {
             let child = session_arg(&args, "subagent_id")?;
             let message = string_arg(&args, "message")?;
-            let parent = calling_agent(&services.agents, &ctx, SEND_MESSAGE).await?;
+            let parent = calling_agent(&ctx, SEND_MESSAGE)?;
             let mut options = FollowupOptions::new(MessageSource::CoordinatorRelay {
                 sender_session_id: parent.id(),
             });
@@ -196,7 +171,7 @@ fn interrupt_agent(services: Services) -> Tool {
         services,
         |services, args, ctx| async move {
             let target = session_arg(&args, "agent_id")?;
-            let caller = calling_agent(&services.agents, &ctx, INTERRUPT_AGENT).await?;
+            let caller = calling_agent(&ctx, INTERRUPT_AGENT)?;
             services
                 .subagents
                 .interrupt(target, InterruptAuthority::Ancestor(caller))
@@ -233,17 +208,18 @@ fn list_agents(services: Services) -> Tool {
         }),
         services,
         |services, args, ctx| async move {
-            let scope = match args.get("scope").and_then(Value::as_str) {
-                None | Some("children") => Scope::Children,
-                Some("descendants") => Scope::Descendants,
+            let scope = match args.get("scope") {
+                None | Some(Value::Null) => Scope::Children,
+                Some(Value::String(scope)) if scope == "children" => Scope::Children,
+                Some(Value::String(scope)) if scope == "descendants" => Scope::Descendants,
                 Some(other) => {
                     return Err(ToolError::new(
-                        "INVALID_ARGS",
-                        format!("scope must be `children` or `descendants`, not `{other}`"),
+                        ErrorCode::InvalidArgs.as_str(),
+                        format!("scope must be `children` or `descendants`, not {other}"),
                     ))
                 }
             };
-            let caller = calling_agent(&services.agents, &ctx, LIST_AGENTS).await?;
+            let caller = calling_agent(&ctx, LIST_AGENTS)?;
             let rows: Vec<(SubagentListEntry, Option<(SessionId, u64)>)> = match scope {
                 Scope::Children => services
                     .subagents
@@ -317,17 +293,17 @@ async fn listed(
                     Err(_) => "ready",
                 },
             };
-            let label = label.unwrap_or_default();
+            // A continuable child always has a label; this is only a guard.
+            let label = label.unwrap_or_else(|| "(no label)".to_owned());
             (
                 format!("{id} [{status}]{place} — {label}"),
                 json!({"kind": "child", "id": id, "label": label, "status": status}),
             )
         }
         SubagentListEntry::Diagnostic { id, reason } => {
-            let reason = serde_json::to_value(reason).unwrap_or(Value::Null);
-            let shown = reason.as_str().unwrap_or("corrupt").to_owned();
+            let reason = reason.as_str();
             (
-                format!("{id} [diagnostic: {shown}]{place}"),
+                format!("{id} [diagnostic: {reason}]{place}"),
                 json!({"kind": "diagnostic", "id": id, "reason": reason}),
             )
         }

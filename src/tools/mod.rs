@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::actors::agent::AgentRef;
 use crate::content::{ContentBlock, Message};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::PromptSection;
@@ -66,6 +67,8 @@ pub struct ToolCtx {
     pub name: String,
     /// Cancelled when the turn is cancelled.
     pub cancel: CancellationToken,
+    /// The exact calling agent: the authority a tool acting for it presents to the seam.
+    caller: Option<AgentRef>,
     execution: u64,
     concludes: Arc<AtomicBool>,
 }
@@ -74,16 +77,37 @@ pub struct ToolCtx {
 static EXECUTIONS: AtomicU64 = AtomicU64::new(1);
 
 impl ToolCtx {
-    /// A context for one call.
+    /// A context for one call that names a session but carries no calling agent: a tool
+    /// that acts for its caller (delegation, control, report, jobs) refuses it.
     pub fn new(agent: SessionId, call_id: CallId, name: String, cancel: CancellationToken) -> Self {
         Self {
             agent,
+            caller: None,
             call_id,
             name,
             cancel,
             execution: EXECUTIONS.fetch_add(1, Ordering::Relaxed),
             concludes: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// A context for one call made by `agent` itself. Holding the exact [`AgentRef`] is the
+    /// authority: the same reference the seam's own calls (`followup`, `interrupt`, ...) take.
+    pub fn for_agent(
+        agent: &AgentRef,
+        call_id: CallId,
+        name: String,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            caller: Some(agent.clone()),
+            ..Self::new(agent.id(), call_id, name, cancel)
+        }
+    }
+
+    /// The exact calling agent, when the call carries one (every call a turn makes does).
+    pub fn caller(&self) -> Option<&AgentRef> {
+        self.caller.as_ref()
     }
 
     /// This execution's identity: distinct for every call, even one that reuses a call id.

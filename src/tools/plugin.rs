@@ -4,9 +4,10 @@
 use serde_json::Value;
 
 use crate::actors::agent::AgentRef;
-use crate::actors::agents::Agents;
-use crate::error::SubagentError;
-use crate::tools::{ToolCtx, ToolError};
+use std::sync::Arc;
+
+use crate::error::{Result as SeamResult, SubagentError};
+use crate::tools::{Tool, ToolCtx, ToolError, ToolRegistry};
 
 /// The code of a call whose agent is no longer live.
 pub const NO_CALLING_AGENT: &str = "NO_CALLING_AGENT";
@@ -18,22 +19,16 @@ impl From<SubagentError> for ToolError {
     }
 }
 
-/// The exact live agent making the call.
+/// The exact agent making the call: the authority the tool presents to the seam.
 ///
 /// # Errors
-/// `NO_CALLING_AGENT` when the calling agent is no longer live.
-pub(crate) async fn calling_agent(
-    agents: &Agents,
-    ctx: &ToolCtx,
-    tool: &str,
-) -> Result<AgentRef, ToolError> {
-    agents.get(ctx.agent).await.ok_or_else(|| {
+/// `NO_CALLING_AGENT` for a call that carries no agent (a [`ToolCtx::new`] made outside a
+/// turn).
+pub(crate) fn calling_agent(ctx: &ToolCtx, tool: &str) -> Result<AgentRef, ToolError> {
+    ctx.caller().cloned().ok_or_else(|| {
         ToolError::new(
             NO_CALLING_AGENT,
-            format!(
-                "{tool} requires a calling agent (agent {} is not live)",
-                ctx.agent
-            ),
+            format!("{tool} requires a calling agent (exec.agent was undefined)"),
         )
     })
 }
@@ -52,4 +47,46 @@ pub(crate) fn string_arg(args: &Value, name: &str) -> Result<String, ToolError> 
                 format!("`{name}` is required and must be a string"),
             )
         })
+}
+
+/// Global tools registered together: all or none, and unregistered together.
+pub(crate) struct GlobalTools {
+    registry: Arc<ToolRegistry>,
+    names: Vec<String>,
+}
+
+impl GlobalTools {
+    /// Registers every tool of `tools`, or none of them.
+    ///
+    /// # Errors
+    /// `DUPLICATE_TOOL` when a name is taken; the ones registered before it are withdrawn.
+    pub(crate) fn register(
+        registry: &Arc<ToolRegistry>,
+        tools: impl IntoIterator<Item = Tool>,
+    ) -> SeamResult<Self> {
+        let mut installed = Self {
+            registry: Arc::clone(registry),
+            names: Vec::new(),
+        };
+        for tool in tools {
+            let name = tool.name().to_owned();
+            // On failure, dropping `installed` withdraws what was registered.
+            registry.register(tool)?;
+            installed.names.push(name);
+        }
+        Ok(installed)
+    }
+
+    /// Keeps the tools registered for the registry's whole life.
+    pub(crate) fn keep(mut self) {
+        self.names.clear();
+    }
+}
+
+impl Drop for GlobalTools {
+    fn drop(&mut self) {
+        for name in &self.names {
+            self.registry.unregister(name);
+        }
+    }
 }

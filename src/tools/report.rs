@@ -34,7 +34,8 @@ do not blindly repeat it.";
 
 const REPORT_GUIDANCE: &str = "You were started by another agent, which waits for what you \
 find. Deliver your result with the report tool before you finish; report earlier when a \
-finding changes what your parent should do next. Reporting never ends your turn.";
+finding changes what your parent should do next. Your parent does not see your transcript, \
+and reporting never ends your turn.";
 
 impl FromStr for ReportDelivery {
     type Err = SubagentError;
@@ -97,7 +98,7 @@ fn report_tool(services: Services, delivery: ReportDelivery) -> Tool {
             let services = services.clone();
             async move {
                 let output = string_arg(&args, "output")?;
-                let child = calling_agent(&services.agents, &ctx, REPORT).await?;
+                let child = calling_agent(&ctx, REPORT)?;
                 let mut options = ReportOptions::new(delivery);
                 options.cancel = ctx.cancel.clone();
                 let message_id = services

@@ -7,11 +7,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::agent::AgentRef;
 use crate::content::ContentBlock;
+use crate::error::{ErrorCode, SubagentError};
 use crate::jobs::{JobHooks, JobOutcome, JobStatus};
 use crate::seam::{ContinuableStartSpec, SubagentResult, SubagentStartRequest};
 use crate::stop_reason::StopReason;
 use crate::tools::plugin::{calling_agent, string_arg};
 use crate::tools::{ToolCtx, ToolError, ToolOutput};
+
+/// The code of a foreground run that ended with a stop reason other than `completed`.
+pub const SUBAGENT_STOPPED: &str = "SUBAGENT_STOPPED";
 
 /// A mounted instance's call path.
 pub(super) struct SubagentCall {
@@ -25,6 +29,7 @@ impl SubagentCall {
         args: Value,
         ctx: ToolCtx,
     ) -> std::result::Result<ToolOutput, ToolError> {
+        let parent = calling_agent(&ctx, "subagent")?;
         let description = string_arg(&args, "description")?;
         let prompt = string_arg(&args, "prompt")?;
         let requested = match args.get("run_in_background") {
@@ -32,18 +37,17 @@ impl SubagentCall {
             Some(Value::Bool(flag)) => Some(*flag),
             Some(other) => {
                 return Err(ToolError::new(
-                    "INVALID_ARGS",
+                    ErrorCode::InvalidArgs.as_str(),
                     format!("run_in_background must be a boolean, not {other}"),
                 ))
             }
         };
         if !self.config.enable_run_in_background && requested == Some(true) {
             return Err(ToolError::new(
-                "INVALID_ARGS",
+                ErrorCode::InvalidArgs.as_str(),
                 "run_in_background is disabled for this tool instance (enableRunInBackground: false)",
             ));
         }
-        let parent = calling_agent(&self.services.agents, &ctx, "subagent").await?;
         let background = self.config.enable_run_in_background
             && requested.unwrap_or(self.config.background_mode == BackgroundMode::Continuable);
         let prompt = vec![ContentBlock::text(prompt)];
@@ -114,13 +118,13 @@ impl SubagentCall {
             .services
             .jobs
             .start("subagent", &description, parent, move || {
+                // Called once the job's preflight passed, still within the tool call: the
+                // parent's delegated policy is captured now.
+                let start = subagents.start(&provider, request);
                 let kill = cancel.clone();
                 JobHooks {
                     cancel: Box::new(move |_reason| kill.cancel()),
-                    done: Box::pin(async move {
-                        let started = subagents.start(&provider, request).await;
-                        background_outcome(started, &cancel).await
-                    }),
+                    done: Box::pin(async move { background_outcome(start.await, &cancel).await }),
                 }
             })?;
         Ok(ToolOutput {
@@ -138,17 +142,31 @@ impl SubagentCall {
         ctx: &ToolCtx,
     ) -> std::result::Result<ToolOutput, ToolError> {
         let request = self.request(parent, description, prompt, ctx.cancel.clone());
-        let run = self
+        let start = self
             .services
             .subagents
-            .start(&self.config.provider, request)
-            .await?;
-        let result = run.result().await;
-        let disposed = run.dispose().await;
+            .start(&self.config.provider, request);
+        // One task owns the run from start to disposal: a call dropped mid-await (its turn was
+        // cancelled, which cancels the run too) still disposes the child it started.
+        let owned = tokio::spawn(async move {
+            let run = start.await?;
+            let result = run.result().await;
+            let disposed = run.dispose().await;
+            if let Err(error) = &disposed {
+                tracing::warn!(child_id = %run.id(), %error, "disposing a foreground subagent run failed");
+            }
+            Ok::<_, SubagentError>((run.id(), result, disposed))
+        });
+        let (id, result, disposed) = owned.await.map_err(|error| {
+            ToolError::new(
+                ErrorCode::ReportableBug.as_str(),
+                format!("the subagent run's task failed: {error}"),
+            )
+        })??;
         match (result, disposed) {
-            (Ok(result), Ok(())) => foreground_outcome(run.id(), result),
+            (Ok(result), Ok(())) => foreground_outcome(id, result),
             (Ok(result), Err(dispose)) => {
-                let message = match foreground_outcome(run.id(), result) {
+                let message = match foreground_outcome(id, result) {
                     Ok(_) => format!(
                         "subagent run completed, but dispose failed: {}",
                         dispose.message()
@@ -210,15 +228,13 @@ async fn background_outcome(
                     detail: None,
                     output: Some(text),
                 },
+                // Only a completed job has output to collect.
                 StopReason::Aborted => JobOutcome {
                     status: JobStatus::Killed,
                     detail: None,
-                    output: (!text.is_empty()).then_some(text),
+                    output: None,
                 },
-                other => JobOutcome {
-                    output: (!text.is_empty()).then_some(text),
-                    ..failed(other.as_str().to_owned())
-                },
+                other => failed(other.as_str().to_owned()),
             }
         }
         Err(error) => failed(format!("Error: {}", error.message())),
@@ -252,12 +268,11 @@ fn foreground_outcome(
             .as_ref()
             .map_or(text, |value| value.to_string());
         let mut output = ToolOutput::text(shown);
-        output.value = Some(json!({
-            "kind": "foreground",
-            "runId": run_id,
-            "output": result.output,
-            "structured": result.structured,
-        }));
+        let mut value = json!({"kind": "foreground", "runId": run_id, "output": result.output});
+        if let Some(structured) = result.structured {
+            value["structured"] = structured;
+        }
+        output.value = Some(value);
         return Ok(output);
     }
     let mut message = stop_headline(&result.stop_reason);
@@ -265,7 +280,7 @@ fn foreground_outcome(
         message.push_str("\nPartial output before the run ended:\n");
         message.push_str(&text);
     }
-    Err(ToolError::new("SUBAGENT_STOPPED", message))
+    Err(ToolError::new(SUBAGENT_STOPPED, message))
 }
 
 /// The first line of a failed run's error.

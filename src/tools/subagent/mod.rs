@@ -23,6 +23,8 @@
 mod call;
 mod wording;
 
+pub use call::SUBAGENT_STOPPED;
+
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
@@ -252,7 +254,7 @@ impl Mount {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Unmounts and returns the new epoch.
+    /// Unmounts the tool and bumps the epoch, so a mount looked up before now is dropped.
     fn unmount(&self, state: &mut MountState) {
         state.epoch += 1;
         if state.mounted {
@@ -386,14 +388,14 @@ pub async fn install_subagent_tool(
         registry: Arc::clone(rt.tools()),
         state: Mutex::default(),
     });
-    let follower = Arc::downgrade(&mount);
+    // The listener holds the mount: a kept installation follows its provider for the bus's
+    // whole life, and a removed one drops the listener, and with it the mount.
+    let follower = Arc::clone(&mount);
     let subscription =
         rt.subagents()
             .events()
             .subscribe(EventScope::All, move |event: &SubagentEvent| {
-                let Some(mount) = follower.upgrade() else {
-                    return;
-                };
+                let mount = Arc::clone(&follower);
                 match event {
                     SubagentEvent::ProviderAdded(name) if *name == mount.config.provider => {
                         let epoch = {
