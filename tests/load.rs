@@ -20,6 +20,8 @@ fn small(store: LoadStore) -> Scenario {
         budget_share: 0.34,
         store,
         workers: 1,
+        // Fewer slots than root children: the window admits them a few at a time.
+        in_flight: 3,
         ..Scenario::default()
     }
 }
@@ -101,6 +103,11 @@ fn a_broken_scenario_file_is_refused_naming_the_field() {
     std::fs::write(&out_of_range, r#"{"continuable_share": 1.5}"#).unwrap();
     let error = Scenario::from_file(&out_of_range).unwrap_err();
     assert!(error.message().contains("continuable_share"), "{error}");
+
+    let no_window = dir.path().join("window.json");
+    std::fs::write(&no_window, r#"{"in_flight": 0}"#).unwrap();
+    let error = Scenario::from_file(&no_window).unwrap_err();
+    assert!(error.message().contains("in_flight"), "{error}");
 
     let wrong_type = dir.path().join("type.toml");
     std::fs::write(&wrong_type, "roots = \"many\"\n").unwrap();

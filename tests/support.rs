@@ -540,3 +540,28 @@ impl Warnings {
         String::from_utf8_lossy(&self.buffer.lock().unwrap()).into_owned()
     }
 }
+
+/// The property names of a tool's parameter schema, sorted.
+pub fn property_keys(parameters: &serde_json::Value) -> Vec<String> {
+    let properties = parameters["properties"]
+        .as_object()
+        .expect("an object schema");
+    let mut keys: Vec<String> = properties.keys().cloned().collect();
+    keys.sort_unstable();
+    keys
+}
+
+/// The live agent of `id`.
+pub async fn live(rt: &Runtime, id: SessionId) -> subagents::AgentRef {
+    rt.agents().get(id).await.expect("the agent is live")
+}
+
+/// Waits until `id` is no longer live (a settled child is released after its end event).
+pub async fn released(rt: &Runtime, id: SessionId) {
+    within("the child's release", async {
+        while rt.agents().get(id).await.is_some() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}

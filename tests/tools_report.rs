@@ -21,7 +21,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use subagents::testing::{FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::tools::{ToolLayer, REPORT, SEND_MESSAGE};
 use subagents::{
@@ -33,9 +33,13 @@ use subagents::{
 };
 
 use crate::support::{
-    eventually, followup_child, idle_after_turns, persisted, root, run_prompt, seam_runtime_on,
-    settled, start_run, text, tool_error_codes, tool_results, within, SeamRecorder,
+    eventually, followup_child, idle_after_turns, live, persisted, property_keys, released, root,
+    run_prompt, seam_runtime_on, settled, start_run, text, tool_error_codes, tool_results, within,
+    SeamRecorder,
 };
+
+mod fixture;
+use fixture::*;
 
 // TOOL-REPORT-01
 #[actix_rt::test]
@@ -707,207 +711,4 @@ async fn nothing_is_reported_automatically_when_a_child_finishes() {
     assert!(reports_in(&events).is_empty(), "no automatic report");
     assert_eq!(notices_in(&events).len(), 1, "only the settled notice");
     assert!(tool_results(&persisted(&t.rt, child).await).is_empty());
-}
-
-// ---------------------------------------------------------------------------------------------
-// Helpers.
-
-const CHILD_ROUTE: &str = "child";
-const ACCEPTED: &str = "report accepted by the agent that started you as message ";
-const GUIDANCE: &str = "Deliver your result with the report tool before you finish";
-
-/// A seam runtime, a root parent answering from `parent_model`, its continuable children
-/// answering from `child_model`, and a recorder of the lifecycle events scoped to the parent.
-struct Setup {
-    rt: Runtime,
-    parent: AgentHandle,
-    recorder: SeamRecorder,
-    parent_model: ScriptedModel,
-    child_model: ScriptedModel,
-}
-
-impl Setup {
-    async fn new() -> Self {
-        Self::on(Arc::new(MemoryStore::new())).await
-    }
-
-    async fn on(store: Arc<dyn SessionPersistence>) -> Self {
-        let parent_model = ScriptedModel::repeating(ScriptStep::text("noted"));
-        let child_model = ScriptedModel::repeating(ScriptStep::text("child ok"));
-        let builder = Runtime::builder()
-            .model("scripted", parent_model.clone())
-            .model(CHILD_ROUTE, child_model.clone());
-        let rt = seam_runtime_on(builder, store).await;
-        let parent = root(&rt).await;
-        let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-        Self {
-            rt,
-            parent,
-            recorder,
-            parent_model,
-            child_model,
-        }
-    }
-
-    fn parent(&self) -> &AgentRef {
-        self.parent.agent()
-    }
-
-    async fn start_child(&self, label: &str, prompt: &str) -> SessionId {
-        start(&self.rt, child_spec(self.parent(), label, prompt)).await
-    }
-
-    /// Holds the parent inside a turn; the returned gate lets it finish.
-    async fn hold_parent(&self) -> Gate {
-        let gate = Gate::new();
-        self.parent_model
-            .push(ScriptStep::text("busy").gated(&gate));
-        self.parent()
-            .followup(text("work"), MessageSource::User)
-            .await
-            .unwrap();
-        gate.reached().await;
-        gate
-    }
-}
-
-/// A continuable `spawn` start under `parent` on the child route (a grandchild inherits it).
-fn child_spec(parent: &AgentRef, label: &str, prompt: &str) -> ContinuableStartSpec {
-    let options = ChildAgentOptions {
-        provider: Some(CHILD_ROUTE.into()),
-        model: None,
-        max_tokens: None,
-    };
-    ContinuableStartSpec::new("spawn", label, parent, text(prompt)).agent_options(options)
-}
-
-async fn start(rt: &Runtime, spec: ContinuableStartSpec) -> SessionId {
-    let started = rt.subagents().start_continuable(spec).await;
-    started.expect("the continuable start is accepted").child_id
-}
-
-fn report_call(call: &str, output: &str) -> ScriptStep {
-    ScriptStep::tool_call(call, REPORT, json!({"output": output}))
-}
-
-/// What the parent receives for a report of `output` by `child`.
-fn report_content(child: SessionId, output: &str) -> Vec<ContentBlock> {
-    vec![
-        ContentBlock::text(format!("Background subagent {child} reported:")),
-        ContentBlock::text(output),
-    ]
-}
-
-fn report_output(report: &Message) -> String {
-    report
-        .content
-        .get(1)
-        .and_then(ContentBlock::as_text)
-        .unwrap_or_default()
-        .to_owned()
-}
-
-fn user_messages(events: &[SessionEvent], keep: impl Fn(&MessageSource) -> bool) -> Vec<Message> {
-    events
-        .iter()
-        .filter_map(|event| match &event.kind {
-            EventKind::UserMessage(message) if keep(&message.source) => Some(message.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn reports_in(events: &[SessionEvent]) -> Vec<Message> {
-    user_messages(events, |source| {
-        matches!(source, MessageSource::SubagentReportRelay { .. })
-    })
-}
-
-fn notices_in(events: &[SessionEvent]) -> Vec<Message> {
-    user_messages(events, |source| {
-        matches!(source, MessageSource::SubagentSettledNotice { .. })
-    })
-}
-
-/// The turn in which the message `id` entered the log.
-fn turn_of(events: &[SessionEvent], id: MessageId) -> Option<u64> {
-    let mut current = None;
-    for event in events {
-        match &event.kind {
-            EventKind::TurnStart { turn, .. } => current = Some(*turn),
-            EventKind::UserMessage(message) if message.id == id => return current,
-            _ => {}
-        }
-    }
-    None
-}
-
-fn position_of(events: &[SessionEvent], id: MessageId) -> usize {
-    events
-        .iter()
-        .position(|event| matches!(&event.kind, EventKind::UserMessage(m) if m.id == id))
-        .expect("the message is in the log")
-}
-
-fn requests_of(model: &ScriptedModel, session: SessionId) -> Vec<GenerateRequest> {
-    let requests = model.requests().into_iter();
-    requests
-        .filter(|request| request.session_id == Some(session))
-        .collect()
-}
-
-fn tool_names(request: &GenerateRequest) -> Vec<String> {
-    request.tools.iter().map(|tool| tool.name.clone()).collect()
-}
-
-fn offers_report(request: &GenerateRequest) -> bool {
-    request.tools.iter().any(|tool| tool.name == REPORT)
-}
-
-fn has_guidance(request: &GenerateRequest) -> bool {
-    request
-        .system
-        .as_deref()
-        .is_some_and(|system| system.contains(GUIDANCE))
-}
-
-fn property_keys(parameters: &Value) -> Vec<String> {
-    let properties = parameters["properties"]
-        .as_object()
-        .expect("an object schema");
-    let mut keys: Vec<String> = properties.keys().cloned().collect();
-    keys.sort_unstable();
-    keys
-}
-
-async fn live(rt: &Runtime, id: SessionId) -> AgentRef {
-    rt.agents().get(id).await.expect("the agent is live")
-}
-
-/// Waits until `id` is no longer live (a settled child is released after its end event).
-async fn released(rt: &Runtime, id: SessionId) {
-    within("the child's release", async {
-        while rt.agents().get(id).await.is_some() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-}
-
-/// Polls `agent`'s status until `done` holds; that status.
-async fn status_until(
-    agent: &AgentRef,
-    what: &str,
-    done: impl Fn(&AgentSnapshot) -> bool,
-) -> AgentSnapshot {
-    within(what, async {
-        loop {
-            let status = agent.status().await.expect("the agent is live");
-            if done(&status) {
-                return status;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
 }

@@ -20,7 +20,7 @@ use subagents::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{eventually, root, run_prompt, seam_runtime, tool_results};
+use crate::support::{eventually, property_keys, root, run_prompt, seam_runtime, tool_results};
 
 /// A runtime whose agents run `script` (then answer "done"), with `provider` registered.
 async fn runtime_with(
@@ -69,15 +69,6 @@ fn seen_schema(model: &ScriptedModel, name: &str) -> Option<ToolSchema> {
         .requests()
         .first()
         .and_then(|request| request.tools.iter().find(|tool| tool.name == name).cloned())
-}
-
-fn property_keys(schema: &ToolSchema) -> Vec<String> {
-    let mut keys: Vec<String> = schema.parameters["properties"]
-        .as_object()
-        .map(|properties| properties.keys().cloned().collect())
-        .unwrap_or_default();
-    keys.sort();
-    keys
 }
 
 // TOOL-SUB-01
@@ -134,7 +125,7 @@ async fn run_in_background_is_offered_only_when_the_instance_enables_it() {
         if enabled {
             expected.push("run_in_background".to_owned());
         }
-        assert_eq!(property_keys(&schema), expected);
+        assert_eq!(property_keys(&schema.parameters), expected);
         assert_eq!(schema.description.contains("job_output"), enabled);
         assert_eq!(
             schema.parameters["required"],

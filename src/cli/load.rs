@@ -62,6 +62,9 @@ pub(crate) struct LoadArgs {
     /// Worker threads for agents (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
+    /// The most root children in flight at once (default 10000).
+    #[arg(long)]
+    in_flight: Option<u64>,
     /// The seed of every choice and drawn latency.
     #[arg(long)]
     seed: Option<u64>,
@@ -116,6 +119,7 @@ impl LoadArgs {
             store,
             flush,
             workers,
+            in_flight,
             seed
         );
         if self.store_dir.is_some() {

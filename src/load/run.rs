@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::{join_all, try_join_all};
+use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -130,6 +131,8 @@ struct Shared {
     start_latency: LatencyRecorder,
     followup_latency: LatencyRecorder,
     followup_settle_latency: LatencyRecorder,
+    /// The run's window of root children in flight (`Scenario::in_flight` permits).
+    window: tokio::sync::Semaphore,
 }
 
 fn prompt(text: String) -> Vec<ContentBlock> {
@@ -313,6 +316,12 @@ impl Shared {
                 one_shot - 1
             };
             async move {
+                // Held for the child's whole life: the window bounds what is in memory.
+                let _slot = self
+                    .window
+                    .acquire()
+                    .await
+                    .map_err(|_| SubagentError::bug("the load window closed"))?;
                 if is_continuable {
                     self.continuable(root, index, position).await
                 } else {
@@ -320,7 +329,11 @@ impl Shared {
                 }
             }
         });
-        try_join_all(tasks).await.map(drop)
+        // Polled as they are admitted, so a million children are never a million futures.
+        stream::iter(tasks)
+            .buffer_unordered(usize::try_from(self.scenario.in_flight).unwrap_or(usize::MAX))
+            .try_collect::<()>()
+            .await
     }
 }
 
@@ -505,6 +518,11 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         start_latency: LatencyRecorder::default(),
         followup_latency: LatencyRecorder::default(),
         followup_settle_latency: LatencyRecorder::default(),
+        window: tokio::sync::Semaphore::new(
+            usize::try_from(scenario.in_flight)
+                .unwrap_or(usize::MAX)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        ),
     });
     // Set before any agent can call the tool.
     let _ = shared_slot.set(Arc::downgrade(&shared));

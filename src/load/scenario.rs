@@ -94,6 +94,10 @@ pub struct Scenario {
     pub flush: LoadFlush,
     /// Worker threads for agents (0: one per core).
     pub workers: usize,
+    /// The most direct children of the roots in flight at once, across the run (a child's
+    /// whole life counts: start, follow-ups, settlement). A window keeps memory bounded, so
+    /// a million children run in the memory of `in_flight`.
+    pub in_flight: u64,
     /// The seed of every choice and drawn latency: a run with the same seed makes the same
     /// choices.
     pub seed: u64,
@@ -116,6 +120,7 @@ impl Default for Scenario {
             store_dir: None,
             flush: LoadFlush::OnRequest,
             workers: 0,
+            in_flight: 10_000,
             seed: 1,
         }
     }
@@ -173,6 +178,9 @@ impl Scenario {
         }
         if self.depth == 0 {
             return Err(invalid("depth", "must be at least 1"));
+        }
+        if self.in_flight == 0 {
+            return Err(invalid("in_flight", "must be at least 1"));
         }
         for (field, share) in [
             ("fork_share", self.fork_share),

@@ -310,7 +310,7 @@ pub(crate) async fn verify(
             Err(error) => check(
                 "the store reopens and lists the same forest",
                 false,
-                error.to_string(),
+                with_causes(&error),
             ),
         });
     }
@@ -319,6 +319,19 @@ pub(crate) async fn verify(
         persisted,
         followup_to_turn_start: turn_start.summary(),
     }
+}
+
+/// An error with its causes, for a person reading the check (`STORE_IO: copying the store:
+/// No space left on device`).
+fn with_causes(error: &crate::SubagentError) -> String {
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
 }
 
 /// The forest a fresh runtime lists from a copy of the sled directory, taken after a flush
