@@ -464,6 +464,22 @@ impl Subagents {
         self.register_shared(Arc::new(provider)).await
     }
 
+    /// Registers the two in-process providers, `spawn` (a fresh child) and `fork` (a child
+    /// seeded with the parent's completed turns), for the service's whole life.
+    ///
+    /// # Errors
+    /// As [`Subagents::register_provider`] (`DUPLICATE_PROVIDER` when either name is taken;
+    /// `spawn` stays registered if only `fork` fails).
+    pub async fn register_in_process_providers(&self) -> Result<()> {
+        self.register_provider(crate::SpawnInProcess::default())
+            .await?
+            .keep();
+        self.register_provider(crate::ForkInProcess::default())
+            .await?
+            .keep();
+        Ok(())
+    }
+
     /// [`Subagents::register_provider`] for a provider already behind an `Arc`.
     ///
     /// # Errors

@@ -25,8 +25,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use futures::future::join_all;
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    AgentHandle, ContentBlock, CreateAgent, ForkInProcess, MemoryStore, MessageSource, Runtime,
-    SessionPersistence, SledStore, SpawnInProcess, SubagentStartRequest,
+    AgentHandle, ContentBlock, CreateAgent, MemoryStore, MessageSource, Runtime,
+    SessionPersistence, SledStore, SubagentStartRequest,
 };
 
 #[path = "support/floors.rs"]
@@ -52,15 +52,9 @@ async fn setup_on(
         .build()
         .expect("runtime builds");
     rt.subagents()
-        .register_provider(SpawnInProcess::default())
+        .register_in_process_providers()
         .await
-        .expect("spawn")
-        .keep();
-    rt.subagents()
-        .register_provider(ForkInProcess::default())
-        .await
-        .expect("fork")
-        .keep();
+        .expect("in-process providers register");
     let parent = rt
         .agents()
         .create(CreateAgent::new())

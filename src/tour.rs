@@ -30,7 +30,7 @@ use crate::tools::{
     install_control_tools, install_report_tool, install_subagent_tool, BackgroundMode,
     SubagentToolConfig,
 };
-use crate::{CreateAgent, ForkInProcess, SpawnInProcess};
+use crate::CreateAgent;
 
 /// The parent's opening prompt.
 pub const TOUR_PROMPT: &str = "Prepare the v0.2 release.";
@@ -191,14 +191,7 @@ impl LlmAdapter for TourModel {
 /// # Errors
 /// Registration errors (a name already taken).
 pub async fn install_tour(rt: &Runtime) -> Result<()> {
-    rt.subagents()
-        .register_provider(SpawnInProcess::default())
-        .await?
-        .keep();
-    rt.subagents()
-        .register_provider(ForkInProcess::default())
-        .await?
-        .keep();
+    rt.subagents().register_in_process_providers().await?;
     install_subagent_tool(rt, SubagentToolConfig::new("spawn"))
         .await?
         .keep();

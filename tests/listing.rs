@@ -25,7 +25,9 @@ use subagents::{
     SubagentError, SubagentListEntry, SubagentStartRequest, TurnEndReason,
 };
 
-use crate::support::{root, seam_runtime_on, settled, start_run, text, within, SeamRecorder};
+use crate::support::{
+    author, root, seam_runtime_on, settled, start_run, text, within, SeamRecorder,
+};
 
 // ---------------------------------------------------------------------------------------------
 // A store that shows what the listing read.
@@ -360,25 +362,6 @@ fn completed_turn(turn: u64, inside: Vec<EventKind>) -> Vec<EventKind> {
 /// A minimal settled child log: one completed turn holding one descriptor (at seq 1).
 fn child_events(payload: Value) -> Vec<EventKind> {
     completed_turn(1, vec![descriptor(payload)])
-}
-
-/// Stores a session directly, as a previous process would have left it.
-async fn author(
-    store: &dyn SessionPersistence,
-    header: SessionHeader,
-    kinds: Vec<EventKind>,
-) -> SessionId {
-    let id = header.id;
-    let events = kinds
-        .into_iter()
-        .zip(0u64..)
-        .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
-        .collect();
-    store
-        .create(header, events)
-        .await
-        .expect("the session is stored");
-    id
 }
 
 /// A checkpoint record for `header`'s lifecycle holding `rows` (unit key → row).

@@ -164,15 +164,9 @@ pub async fn seam_runtime_on(
         .build()
         .expect("runtime builds inside the actix system");
     rt.subagents()
-        .register_provider(subagents::SpawnInProcess::default())
+        .register_in_process_providers()
         .await
-        .expect("spawn registers")
-        .keep();
-    rt.subagents()
-        .register_provider(subagents::ForkInProcess::default())
-        .await
-        .expect("fork registers")
-        .keep();
+        .expect("the in-process providers register");
     rt
 }
 
@@ -564,4 +558,100 @@ pub async fn released(rt: &Runtime, id: SessionId) {
         }
     })
     .await;
+}
+
+/// The model route continuable children start on in a [`Routed`] fixture.
+pub const CHILD_ROUTE: &str = "child";
+
+/// A seam runtime whose root parent answers from `parent_model` (route `scripted`) and whose
+/// continuable children answer from `child_model` (route [`CHILD_ROUTE`]), so neither consumes
+/// the other's script, with a recorder of the lifecycle events scoped to the parent.
+pub struct Routed {
+    pub rt: Runtime,
+    pub parent: subagents::AgentHandle,
+    pub recorder: SeamRecorder,
+    pub parent_model: ScriptedModel,
+    pub child_model: ScriptedModel,
+}
+
+impl Routed {
+    /// Over `store`.
+    pub async fn on(store: Arc<dyn subagents::SessionPersistence>) -> Self {
+        let parent_model = ScriptedModel::repeating(subagents::testing::ScriptStep::text("noted"));
+        let child_model =
+            ScriptedModel::repeating(subagents::testing::ScriptStep::text("child ok"));
+        let builder = Runtime::builder()
+            .model("scripted", parent_model.clone())
+            .model(CHILD_ROUTE, child_model.clone());
+        let rt = seam_runtime_on(builder, store).await;
+        let parent = root(&rt).await;
+        let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+        Self {
+            rt,
+            parent,
+            recorder,
+            parent_model,
+            child_model,
+        }
+    }
+
+    /// The root parent.
+    pub fn parent(&self) -> &subagents::AgentRef {
+        self.parent.agent()
+    }
+
+    /// Starts a continuable `spawn` child of the parent on the child route.
+    pub async fn start_child(&self, label: &str, prompt: &str) -> SessionId {
+        start_under(&self.rt, self.parent(), label, prompt).await
+    }
+}
+
+/// A continuable `spawn` start under `parent` on the child route (a grandchild inherits it).
+pub fn child_spec(
+    parent: &subagents::AgentRef,
+    label: &str,
+    prompt: &str,
+) -> subagents::ContinuableStartSpec {
+    let options = subagents::ChildAgentOptions {
+        provider: Some(CHILD_ROUTE.into()),
+        model: None,
+        max_tokens: None,
+    };
+    subagents::ContinuableStartSpec::new("spawn", label, parent, text(prompt))
+        .agent_options(options)
+}
+
+/// Starts `spec` and returns the accepted child's id.
+pub async fn start_spec(rt: &Runtime, spec: subagents::ContinuableStartSpec) -> SessionId {
+    let started = rt.subagents().start_continuable(spec).await;
+    started.expect("the continuable start is accepted").child_id
+}
+
+/// Starts a continuable `spawn` child of `parent` on the child route.
+pub async fn start_under(
+    rt: &Runtime,
+    parent: &subagents::AgentRef,
+    label: &str,
+    prompt: &str,
+) -> SessionId {
+    start_spec(rt, child_spec(parent, label, prompt)).await
+}
+
+/// Stores a session directly, as an earlier process would have left it.
+pub async fn author(
+    store: &dyn subagents::SessionPersistence,
+    header: subagents::SessionHeader,
+    kinds: Vec<EventKind>,
+) -> SessionId {
+    let id = header.id;
+    let events = kinds
+        .into_iter()
+        .zip(0u64..)
+        .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
+        .collect();
+    store
+        .create(header, events)
+        .await
+        .expect("the session is stored");
+    id
 }

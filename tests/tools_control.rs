@@ -25,16 +25,15 @@ use subagents::tools::{
     SEND_MESSAGE,
 };
 use subagents::{
-    install_control_tools, AgentHandle, AgentRef, CallId, CancelCause, CancellationToken,
-    ChildAgentOptions, ContentBlock, ContinuableStartSpec, ErrorCode, EventKind, EventScope,
-    MemoryStore, Message, MessageSource, Runtime, SessionEvent, SessionHeader, SessionId,
-    SessionPersistence, SubagentDescriptor, SubagentEvent, ToolCtx, TurnEndReason,
+    install_control_tools, CallId, CancelCause, CancellationToken, ContentBlock, ErrorCode,
+    EventKind, MemoryStore, Message, MessageSource, Runtime, SessionEvent, SessionHeader,
+    SessionId, SessionPersistence, SubagentDescriptor, SubagentEvent, ToolCtx, TurnEndReason,
 };
 
 use crate::support::{
-    delivered, eventually, idle_after_turns, live, persisted, property_keys, released, root,
-    run_prompt, seam_runtime, seam_runtime_on, settled, start_run, text, tool_results, turn_ends,
-    within, SeamRecorder,
+    author, delivered, eventually, idle_after_turns, live, persisted, property_keys, released,
+    root, run_prompt, seam_runtime, settled, start_run, start_under, tool_results, turn_ends,
+    within, Routed,
 };
 
 mod fixture;

@@ -25,17 +25,16 @@ use serde_json::json;
 use subagents::testing::{FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::tools::{ToolLayer, REPORT, SEND_MESSAGE};
 use subagents::{
-    install_control_tools, install_report_tool, AgentHandle, AgentRef, AgentScope, AgentSnapshot,
-    AgentStatus, CancellationToken, ChildAgentOptions, ContentBlock, ContinuableStartSpec,
-    ErrorCode, EventKind, EventScope, GenerateRequest, MemoryStore, Message, MessageId,
-    MessageSource, ReportDelivery, ReportOptions, Runtime, SessionEvent, SessionId,
+    install_control_tools, install_report_tool, AgentRef, AgentScope, AgentSnapshot, AgentStatus,
+    CancellationToken, ContentBlock, ErrorCode, EventKind, GenerateRequest, MemoryStore, Message,
+    MessageId, MessageSource, ReportDelivery, ReportOptions, SessionEvent, SessionId,
     SessionPersistence, SetupDisposer, ToolFilter,
 };
 
 use crate::support::{
-    eventually, followup_child, idle_after_turns, live, persisted, property_keys, released, root,
-    run_prompt, seam_runtime_on, settled, start_run, text, tool_error_codes, tool_results, within,
-    SeamRecorder,
+    child_spec, eventually, followup_child, idle_after_turns, live, persisted, property_keys,
+    released, run_prompt, settled, start_run, start_spec, text, tool_error_codes, tool_results,
+    within, Routed,
 };
 
 mod fixture;
@@ -109,7 +108,7 @@ async fn an_empty_allow_list_keeps_report_and_grants_no_control_tools() {
     install_report_tool(&t.rt, ReportDelivery::Wakeup).keep();
     let spec = child_spec(t.parent(), "filtered", "task")
         .tool_filter(ToolFilter::allow(Vec::<String>::new()));
-    let filtered = start(&t.rt, spec).await;
+    let filtered = start_spec(&t.rt, spec).await;
     settled(&t.recorder, filtered, 1).await;
     assert_eq!(
         tool_names(&requests_of(&t.child_model, filtered)[0]),
@@ -315,7 +314,7 @@ async fn a_grandchilds_report_reaches_its_parent_child_and_not_the_root() {
     let child = t.start_child("child task", "child work").await;
     child_gate.reached().await;
     let child_agent = live(&t.rt, child).await;
-    let grand = start(&t.rt, child_spec(&child_agent, "grand task", "grand work")).await;
+    let grand = start_spec(&t.rt, child_spec(&child_agent, "grand task", "grand work")).await;
     grand_hold.reached().await;
     let status = child_agent.status().await.unwrap();
     assert_eq!(

@@ -34,7 +34,7 @@ use crate::seam::{
 };
 use crate::store::{MemoryStore, SharedStore, SledStore};
 use crate::tools::{Tool, ToolError, ToolOutput};
-use crate::{ForkInProcess, Runtime, SpawnInProcess};
+use crate::Runtime;
 
 /// What a run has done so far; the CLI polls it for its progress bars.
 #[derive(Debug, Default)]
@@ -486,14 +486,7 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         .tool(report)
         .workers(workers)
         .build()?;
-    rt.subagents()
-        .register_provider(SpawnInProcess::default())
-        .await?
-        .keep();
-    rt.subagents()
-        .register_provider(ForkInProcess::default())
-        .await?
-        .keep();
+    rt.subagents().register_in_process_providers().await?;
     let lifecycle = Arc::new(Lifecycle::default());
     let observer = Arc::clone(&lifecycle);
     let observed = Arc::clone(&counters);

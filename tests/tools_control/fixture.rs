@@ -2,18 +2,15 @@
 
 use super::*;
 
-/// The model route continuable children are started on.
-pub(super) const CHILD_ROUTE: &str = "child";
+/// The shared two-route fixture with the control tools installed.
+pub(super) struct Setup(Routed);
 
-/// A seam runtime with the control tools installed, a root parent answering from
-/// `parent_model`, its children answering from `child_model`, and a recorder of the lifecycle
-/// events scoped to the parent.
-pub(super) struct Setup {
-    pub(super) rt: Runtime,
-    pub(super) parent: AgentHandle,
-    pub(super) recorder: SeamRecorder,
-    pub(super) parent_model: ScriptedModel,
-    pub(super) child_model: ScriptedModel,
+impl std::ops::Deref for Setup {
+    type Target = Routed;
+
+    fn deref(&self) -> &Routed {
+        &self.0
+    }
 }
 
 impl Setup {
@@ -22,31 +19,9 @@ impl Setup {
     }
 
     pub(super) async fn on(store: Arc<dyn SessionPersistence>) -> Self {
-        let parent_model = ScriptedModel::repeating(ScriptStep::text("noted"));
-        let child_model = ScriptedModel::repeating(ScriptStep::text("child ok"));
-        let builder = Runtime::builder()
-            .model("scripted", parent_model.clone())
-            .model(CHILD_ROUTE, child_model.clone());
-        let rt = seam_runtime_on(builder, store).await;
-        install_control_tools(&rt).unwrap().keep();
-        let parent = root(&rt).await;
-        let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-        Self {
-            rt,
-            parent,
-            recorder,
-            parent_model,
-            child_model,
-        }
-    }
-
-    pub(super) fn parent(&self) -> &AgentRef {
-        self.parent.agent()
-    }
-
-    /// Starts a continuable `spawn` child of the parent on the child route.
-    pub(super) async fn start_child(&self, label: &str, prompt: &str) -> SessionId {
-        start_under(&self.rt, self.parent(), label, prompt).await
+        let routed = Routed::on(store).await;
+        install_control_tools(&routed.rt).unwrap().keep();
+        Self(routed)
     }
 
     /// Scripts the parent's model with `steps` and a closing text, runs one prompt, and returns
@@ -61,24 +36,6 @@ impl Setup {
         run_prompt(self.parent(), "use your tools").await;
         tool_results(&self.parent().log().events_from(from))
     }
-}
-
-/// Starts a continuable `spawn` child of `parent` on the child route (a grandchild inherits it).
-pub(super) async fn start_under(
-    rt: &Runtime,
-    parent: &AgentRef,
-    label: &str,
-    prompt: &str,
-) -> SessionId {
-    let options = ChildAgentOptions {
-        provider: Some(CHILD_ROUTE.into()),
-        model: None,
-        max_tokens: None,
-    };
-    let spec =
-        ContinuableStartSpec::new("spawn", label, parent, text(prompt)).agent_options(options);
-    let started = rt.subagents().start_continuable(spec).await;
-    started.expect("the continuable start is accepted").child_id
 }
 
 pub(super) fn send(call: &str, child: SessionId, message: &str) -> ScriptStep {
@@ -188,23 +145,4 @@ pub(super) fn settled_log(descriptor: Value) -> Vec<EventKind> {
             reason: TurnEndReason::Completed,
         },
     ]
-}
-
-/// Stores a session directly, as an earlier process would have left it.
-pub(super) async fn author(
-    store: &dyn SessionPersistence,
-    header: SessionHeader,
-    kinds: Vec<EventKind>,
-) -> SessionId {
-    let id = header.id;
-    let events = kinds
-        .into_iter()
-        .zip(0u64..)
-        .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
-        .collect();
-    store
-        .create(header, events)
-        .await
-        .expect("the session is stored");
-    id
 }

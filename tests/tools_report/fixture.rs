@@ -2,18 +2,18 @@
 
 use super::*;
 
-pub(super) const CHILD_ROUTE: &str = "child";
 pub(super) const ACCEPTED: &str = "report accepted by the agent that started you as message ";
 pub(super) const GUIDANCE: &str = "Deliver your result with the report tool before you finish";
 
-/// A seam runtime, a root parent answering from `parent_model`, its continuable children
-/// answering from `child_model`, and a recorder of the lifecycle events scoped to the parent.
-pub(super) struct Setup {
-    pub(super) rt: Runtime,
-    pub(super) parent: AgentHandle,
-    pub(super) recorder: SeamRecorder,
-    pub(super) parent_model: ScriptedModel,
-    pub(super) child_model: ScriptedModel,
+/// The shared two-route fixture (the report tool is installed per test).
+pub(super) struct Setup(Routed);
+
+impl std::ops::Deref for Setup {
+    type Target = Routed;
+
+    fn deref(&self) -> &Routed {
+        &self.0
+    }
 }
 
 impl Setup {
@@ -22,29 +22,7 @@ impl Setup {
     }
 
     pub(super) async fn on(store: Arc<dyn SessionPersistence>) -> Self {
-        let parent_model = ScriptedModel::repeating(ScriptStep::text("noted"));
-        let child_model = ScriptedModel::repeating(ScriptStep::text("child ok"));
-        let builder = Runtime::builder()
-            .model("scripted", parent_model.clone())
-            .model(CHILD_ROUTE, child_model.clone());
-        let rt = seam_runtime_on(builder, store).await;
-        let parent = root(&rt).await;
-        let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-        Self {
-            rt,
-            parent,
-            recorder,
-            parent_model,
-            child_model,
-        }
-    }
-
-    pub(super) fn parent(&self) -> &AgentRef {
-        self.parent.agent()
-    }
-
-    pub(super) async fn start_child(&self, label: &str, prompt: &str) -> SessionId {
-        start(&self.rt, child_spec(self.parent(), label, prompt)).await
+        Self(Routed::on(store).await)
     }
 
     /// Holds the parent inside a turn; the returned gate lets it finish.
@@ -59,21 +37,6 @@ impl Setup {
         gate.reached().await;
         gate
     }
-}
-
-/// A continuable `spawn` start under `parent` on the child route (a grandchild inherits it).
-pub(super) fn child_spec(parent: &AgentRef, label: &str, prompt: &str) -> ContinuableStartSpec {
-    let options = ChildAgentOptions {
-        provider: Some(CHILD_ROUTE.into()),
-        model: None,
-        max_tokens: None,
-    };
-    ContinuableStartSpec::new("spawn", label, parent, text(prompt)).agent_options(options)
-}
-
-pub(super) async fn start(rt: &Runtime, spec: ContinuableStartSpec) -> SessionId {
-    let started = rt.subagents().start_continuable(spec).await;
-    started.expect("the continuable start is accepted").child_id
 }
 
 pub(super) fn report_call(call: &str, output: &str) -> ScriptStep {
