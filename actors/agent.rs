@@ -102,10 +102,9 @@ pub struct AgentActor {
     activity: Option<ActivityObserver>,
     /// The budget every turn is charged against, when the agent has one.
     budget: Option<BudgetMeter>,
-    /// Its incarnation and service until the actor starts and builds `me` from them.
-    identity: Option<(u64, Agents)>,
-    /// The agent's own exact reference: its tools act for it with this authority.
-    me: Option<AgentRef>,
+    /// Its incarnation and service: each turn builds the agent's own exact reference from
+    /// them, the authority its tools act with (built per turn, so an idle agent holds none).
+    identity: (u64, Agents),
 }
 
 /// What an Activation's settlement watcher learns from its agent, in the agent's own order.
@@ -127,19 +126,6 @@ pub(crate) type ActivityObserver = Arc<dyn Fn(SessionId, Activity) + Send + Sync
 
 impl Actor for AgentActor {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        if let Some((incarnation, agents)) = self.identity.take() {
-            self.me = Some(AgentRef::new(
-                self.id,
-                incarnation,
-                &ctx.address(),
-                self.log.clone(),
-                Arc::new(self.options.clone()),
-                agents,
-            ));
-        }
-    }
 }
 
 impl AgentActor {
@@ -153,8 +139,7 @@ impl AgentActor {
         identity: (u64, Agents),
     ) -> Self {
         Self {
-            identity: Some(identity),
-            me: None,
+            identity,
             id: log.id(),
             log,
             inbox,
@@ -268,7 +253,14 @@ impl AgentActor {
         self.state.turn_started(turn, cancel.clone());
         let turn_ctx = TurnContext {
             agent: self.id,
-            caller: self.me.clone(),
+            caller: Some(AgentRef::new(
+                self.id,
+                self.identity.0,
+                &ctx.address(),
+                self.log.clone(),
+                Arc::new(self.options.clone()),
+                self.identity.1.clone(),
+            )),
             log: self.log.clone(),
             env: Arc::clone(&self.env),
             scope: Arc::clone(&self.scope),
