@@ -282,9 +282,11 @@ impl Message {
 
     /// The concatenated text blocks.
     pub fn text(&self) -> String {
-        self.content
-            .iter()
-            .filter_map(ContentBlock::as_text)
-            .collect()
+        text_of(&self.content)
     }
+}
+
+/// The text blocks of `blocks`, concatenated (other blocks are left out).
+pub fn text_of(blocks: &[ContentBlock]) -> String {
+    blocks.iter().filter_map(ContentBlock::as_text).collect()
 }

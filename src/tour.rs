@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::json;
 
-use crate::content::{ContentBlock, Message, MessageSource, Role};
+use crate::content::{text_of, ContentBlock, Message, MessageSource, Role};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventScope;
 use crate::host::AgentEvent;
@@ -77,12 +77,7 @@ fn answer(request: &GenerateRequest) -> Answer {
                 .content
                 .iter()
                 .filter_map(|block| match block {
-                    ContentBlock::ToolResult { content, .. } => Some(
-                        content
-                            .iter()
-                            .filter_map(ContentBlock::as_text)
-                            .collect::<String>(),
-                    ),
+                    ContentBlock::ToolResult { content, .. } => Some(text_of(content)),
                     _ => None,
                 })
                 .collect()
@@ -245,7 +240,7 @@ fn describe(event: &SessionEvent) -> Vec<String> {
                 ContentBlock::ToolResult {
                     content, is_error, ..
                 } => {
-                    let text: String = content.iter().filter_map(ContentBlock::as_text).collect();
+                    let text = text_of(content);
                     let label = if *is_error { "error" } else { "result" };
                     Some(format!("{label}: {}", text.replace('\n', " | ")))
                 }

@@ -121,7 +121,7 @@ pub(super) fn push_assistant(wire: &mut Vec<Value>, message: &Message) {
 
 /// The text blocks of a tool result, concatenated.
 pub(super) fn plain_text(content: &[ContentBlock]) -> String {
-    content.iter().filter_map(ContentBlock::as_text).collect()
+    crate::content::text_of(content)
 }
 
 // ---------------------------------------------------------------------------------------------

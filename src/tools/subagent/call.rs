@@ -6,7 +6,7 @@ use super::{BackgroundMode, MaxDepthPolicy, Services, SubagentToolConfig};
 use tokio_util::sync::CancellationToken;
 
 use crate::actors::agent::AgentRef;
-use crate::content::ContentBlock;
+use crate::content::{text_of, ContentBlock};
 use crate::error::{ErrorCode, SubagentError};
 use crate::jobs::{JobHooks, JobOutcome, JobStatus};
 use crate::seam::{ContinuableStartSpec, SubagentResult, SubagentStartRequest};
@@ -217,11 +217,7 @@ async fn background_outcome(
     let disposed = run.dispose().await;
     let mut outcome = match result {
         Ok(result) => {
-            let text: String = result
-                .output
-                .iter()
-                .filter_map(ContentBlock::as_text)
-                .collect();
+            let text = text_of(&result.output);
             match result.stop_reason {
                 StopReason::Completed => JobOutcome {
                     status: JobStatus::Completed,
@@ -256,11 +252,7 @@ fn foreground_outcome(
     run_id: crate::ids::SessionId,
     result: SubagentResult,
 ) -> std::result::Result<ToolOutput, ToolError> {
-    let text: String = result
-        .output
-        .iter()
-        .filter_map(ContentBlock::as_text)
-        .collect();
+    let text = text_of(&result.output);
     if result.stop_reason == StopReason::Completed {
         // A structured result is what the caller asked for: the model reads it as JSON.
         let shown = result
