@@ -215,9 +215,10 @@ impl Agents {
                 let initial = log.with_events(<[_]>::to_vec);
                 let count = u64::try_from(initial.len())
                     .map_err(|_| SubagentError::bug("initial log too long"))?;
-                store.create(log.header(), initial).await?;
-                let lease = LeaseGuard::acquire(store, id, &self.holder).await?;
-                (count, Some(lease))
+                let lease = store
+                    .create_leased(log.header(), initial, self.holder.clone())
+                    .await?;
+                (count, Some(LeaseGuard::held(store, id, lease)))
             }
             (None, _) => (0, None),
         };
@@ -383,12 +384,17 @@ struct LeaseGuard {
 impl LeaseGuard {
     async fn acquire(store: &SharedStore, id: SessionId, holder: &LeaseHolder) -> Result<Self> {
         let lease = store.acquire_lease(id, holder.clone()).await?;
-        Ok(Self {
+        Ok(Self::held(store, id, lease))
+    }
+
+    /// Guards `lease`, already granted on `id`.
+    fn held(store: &SharedStore, id: SessionId, lease: Lease) -> Self {
+        Self {
             store: Arc::clone(store),
             id,
             lease,
             held: true,
-        })
+        }
     }
 
     /// Hands the lease to write-behind, which releases it when the log closes.

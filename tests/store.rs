@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use proptest::prelude::*;
 use subagents::content::Message;
-use subagents::store::{LeaseHolder, ListedSession};
+use subagents::store::{LeaseEpoch, LeaseHolder, ListedSession};
 use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     ContentBlock, CreateAgent, ErrorCode, EventKind, MemoryStore, MessageSource, Runtime,
@@ -672,4 +672,36 @@ fn a_read_from_the_middle_of_an_append_returns_exactly_the_rest() {
             .collect();
         assert_eq!(seqs, (from.min(7)..7).collect::<Vec<_>>(), "from {from}");
     }
+}
+
+#[test]
+fn a_leased_creation_grants_the_first_epoch_in_the_same_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = SessionId::new();
+    let holder = LeaseHolder::new();
+    {
+        let store = SledStore::open(dir.path()).unwrap();
+        let lease =
+            block_on(store.create_leased(SessionHeader::new(id), notes(0, 2), holder.clone()))
+                .unwrap();
+        let refused = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap_err();
+        assert_eq!(
+            refused.code(),
+            ErrorCode::SessionLeased,
+            "the lease is held"
+        );
+        block_on(store.append(id, 2, notes(2, 1), Some(lease.epoch))).unwrap();
+        // Creating the same id again is refused and grants nothing.
+        let again =
+            block_on(store.create_leased(SessionHeader::new(id), vec![], LeaseHolder::new()));
+        assert_eq!(again.unwrap_err().code(), ErrorCode::SessionExists);
+        block_on(store.flush(id)).unwrap();
+    }
+    // The epoch is durable: after a reopen the next grant fences the first one out.
+    let store = SledStore::open(dir.path()).unwrap();
+    let next = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
+    let stale = block_on(store.append(id, 3, notes(3, 1), Some(LeaseEpoch(1)))).unwrap_err();
+    assert_eq!(stale.code(), ErrorCode::LeaseLost);
+    assert!(next.epoch > LeaseEpoch(1));
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 3);
 }

@@ -101,6 +101,25 @@ pub trait SessionPersistence: Send + Sync + 'static {
         events: Vec<Arc<SessionEvent>>,
     ) -> BoxFuture<'_, Result<()>>;
 
+    /// [`SessionPersistence::create`], then [`SessionPersistence::acquire_lease`] for
+    /// `holder`: a store that can write both at once (sled writes the head once) overrides it.
+    /// On a lease error the session stays created, as with the two calls.
+    ///
+    /// # Errors
+    /// As the two calls.
+    fn create_leased(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+        holder: LeaseHolder,
+    ) -> BoxFuture<'_, Result<Lease>> {
+        Box::pin(async move {
+            let id = header.id;
+            self.create(header, events).await?;
+            self.acquire_lease(id, holder).await
+        })
+    }
+
     /// Appends `events` if the session's next stored seq is `expected_next_seq` and `lease`, when
     /// given, is the session's current epoch. The batch is all or nothing.
     ///

@@ -229,6 +229,19 @@ impl SledStore {
         events: &[Arc<SessionEvent>],
         steps: Option<usize>,
     ) -> Result<()> {
+        self.write_leased_creation(header, events, None, steps)
+            .map(drop)
+    }
+
+    /// [`SledStore::write_creation`], granting `holder` the new session's first lease in the
+    /// same head write.
+    fn write_leased_creation(
+        &self,
+        header: &SessionHeader,
+        events: &[Arc<SessionEvent>],
+        holder: Option<&LeaseHolder>,
+        steps: Option<usize>,
+    ) -> Result<Option<Lease>> {
         header.validate()?;
         check_contiguous(header.id, 0, events)?;
         let id = header.id;
@@ -237,7 +250,7 @@ impl SledStore {
         let encoded = encode_batch(header.id, events)?;
         let next_seq =
             u64::try_from(events.len()).map_err(|_| SubagentError::bug("seed too long"))?;
-        let _writing = self.write_lock();
+        let mut leases = self.write_lock();
         if self
             .headers
             .contains_key(id.as_bytes())
@@ -248,6 +261,10 @@ impl SledStore {
                 format!("session {id} is already stored"),
             ));
         }
+        let lease = holder
+            .map(|holder| leases.acquire(id, holder, 0))
+            .transpose()?;
+        let epoch = lease.as_ref().map_or(0, |lease| lease.epoch.0);
         let mut budget = steps.unwrap_or(usize::MAX);
         let mut step = |write: &mut dyn FnMut() -> Result<()>| -> Result<bool> {
             if budget == 0 {
@@ -256,36 +273,56 @@ impl SledStore {
             budget -= 1;
             write().map(|()| true)
         };
-        let written = step(&mut || match &encoded {
-            Some(bytes) => self
-                .batches
-                .insert(event_key(id, 0), bytes.as_slice())
-                .map(drop)
-                .map_err(io("writing a seed")),
-            None => Ok(()),
-        })? && step(&mut || {
-            self.heads
-                .insert(id.as_bytes(), &Head { next_seq, lease: 0 }.encode())
-                .map(drop)
-                .map_err(io("writing a head"))
-        })? && step(&mut || match header.parent_session {
-            Some(parent) => self
-                .children
-                .insert(pair_key(parent, id), &[])
-                .map(drop)
-                .map_err(io("indexing a child")),
-            None => Ok(()),
-        })? && step(&mut || {
-            // The commit point.
-            self.headers
-                .insert(id.as_bytes(), header_bytes.as_slice())
-                .map(drop)
-                .map_err(io("writing a header"))
-        })?;
-        if !written {
-            tracing::debug!(session_id = %id, "creation stopped at a failpoint");
+        let mut writes = || -> Result<bool> {
+            Ok(step(&mut || match &encoded {
+                Some(bytes) => self
+                    .batches
+                    .insert(event_key(id, 0), bytes.as_slice())
+                    .map(drop)
+                    .map_err(io("writing a seed")),
+                None => Ok(()),
+            })? && step(&mut || {
+                self.heads
+                    .insert(
+                        id.as_bytes(),
+                        &Head {
+                            next_seq,
+                            lease: epoch,
+                        }
+                        .encode(),
+                    )
+                    .map(drop)
+                    .map_err(io("writing a head"))
+            })? && step(&mut || match header.parent_session {
+                Some(parent) => self
+                    .children
+                    .insert(pair_key(parent, id), &[])
+                    .map(drop)
+                    .map_err(io("indexing a child")),
+                None => Ok(()),
+            })? && step(&mut || {
+                // The commit point.
+                self.headers
+                    .insert(id.as_bytes(), header_bytes.as_slice())
+                    .map(drop)
+                    .map_err(io("writing a header"))
+            })?)
+        };
+        match writes() {
+            Ok(written) => {
+                if !written {
+                    tracing::debug!(session_id = %id, "creation stopped at a failpoint");
+                }
+                Ok(lease)
+            }
+            Err(error) => {
+                // Nothing was committed: the lease granted with it goes too.
+                if let Some(lease) = &lease {
+                    leases.release(id, lease.epoch);
+                }
+                Err(error)
+            }
         }
-        Ok(())
     }
 }
 
@@ -404,6 +441,20 @@ impl SessionPersistence for SledStore {
         events: Vec<Arc<SessionEvent>>,
     ) -> BoxFuture<'_, Result<()>> {
         Box::pin(future::ready(self.write_creation(&header, &events, None)))
+    }
+
+    fn create_leased(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+        holder: LeaseHolder,
+    ) -> BoxFuture<'_, Result<Lease>> {
+        let outcome = self
+            .write_leased_creation(&header, &events, Some(&holder), None)
+            .and_then(|lease| {
+                lease.ok_or_else(|| SubagentError::bug("a leased creation granted no lease"))
+            });
+        Box::pin(future::ready(outcome))
     }
 
     fn append(
