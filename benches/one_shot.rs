@@ -7,8 +7,8 @@
 //! - `floor/sled_insert_turn_bytes`: one sled row of a child turn's event bytes.
 //!
 //! A run here is: `start` → `result` → `dispose`. Run with `cargo bench --bench one_shot`.
-//! At the end the bench prints the resident memory per in-flight child (RSS delta while 4,000
-//! children are held mid-turn, divided by 4,000).
+//! First the bench prints the resident memory per in-flight child (RSS delta while 4,000
+//! children, or `SUBAGENTS_HELD`, are held mid-turn, divided by their number).
 
 use std::hint::black_box;
 
@@ -180,9 +180,20 @@ fn in_flight_two_workers(c: &mut Criterion, system: &SystemRunner) {
     group.finish();
 }
 
-/// Resident memory per in-flight child: 4,000 runs held at a gate mid-turn.
+/// How many runs [`memory_per_child`] holds: `SUBAGENTS_HELD` (one count; run the bench once
+/// per count, since a later pass in the same process reuses the pages an earlier one freed),
+/// 4,000 by default.
+fn held_count() -> usize {
+    std::env::var("SUBAGENTS_HELD")
+        .ok()
+        .and_then(|count| count.trim().parse().ok())
+        .filter(|count| *count > 0)
+        .unwrap_or(4_000)
+}
+
+/// Resident memory per in-flight child: runs held at a gate mid-turn.
 fn memory_per_child(system: &SystemRunner) {
-    const HELD: usize = 4_000;
+    let held_runs = held_count();
     let gate = Gate::new();
     // The parent's own turn answers at once; every child's answer is held at the gate.
     let model = ScriptedModel::with_script([ScriptStep::text("parent")]);
@@ -190,7 +201,7 @@ fn memory_per_child(system: &SystemRunner) {
     let (rt, parent) = system.block_on(setup(Arc::new(MemoryStore::new()), model.clone()));
     let before = subagents::load::rss_bytes();
     let runs = system.block_on(async {
-        let runs = join_all((0..HELD).map(|_| {
+        let runs = join_all((0..held_runs).map(|_| {
             rt.subagents().start(
                 "spawn",
                 SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]),
@@ -198,7 +209,7 @@ fn memory_per_child(system: &SystemRunner) {
         }))
         .await;
         // Every child is mid-turn once its model request is waiting at the gate.
-        while model.request_count() < HELD + 1 {
+        while model.request_count() < held_runs + 1 {
             tokio::task::yield_now().await;
         }
         runs.into_iter()
@@ -213,10 +224,10 @@ fn memory_per_child(system: &SystemRunner) {
             run.dispose().await.expect("dispose");
         }
     });
-    let per_child = held.saturating_sub(before) / u64::try_from(HELD).expect("small");
+    let per_child = held.saturating_sub(before) / u64::try_from(held_runs).expect("small");
     eprintln!(
-        "memory: {HELD} children in flight held {} KiB of RSS, {per_child} bytes per child",
-        (held - before) / 1024
+        "memory: {held_runs} children in flight held {} KiB of RSS, {per_child} bytes per child",
+        held.saturating_sub(before) / 1024
     );
 }
 
