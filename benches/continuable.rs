@@ -25,13 +25,14 @@ use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, Criterion};
 use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
-    AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, EventScope, FollowupOptions,
-    MemoryStore, MessageSource, Runtime, SessionId, SessionPersistence, SledStore, SpawnInProcess,
-    SubagentEvent,
+    AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, FollowupOptions, MemoryStore,
+    MessageSource, Runtime, SessionId, SessionPersistence, SledStore, SpawnInProcess,
 };
 use tokio::sync::mpsc;
 
 // Only the actor floor applies here: a cold resume reads a whole log, not one turn's batch.
+#[path = "support/ended.rs"]
+mod ended;
 #[allow(dead_code)]
 #[path = "support/floors.rs"]
 mod floors;
@@ -75,15 +76,7 @@ async fn fixture_with(store: Arc<dyn SessionPersistence>, model: ScriptedModel) 
         .create(CreateAgent::new())
         .await
         .expect("parent");
-    let (sender, ended) = mpsc::unbounded_channel();
-    let subscription = rt.subagents().events().subscribe(
-        EventScope::Key(parent.agent().id()),
-        move |event: &SubagentEvent| {
-            if let SubagentEvent::End(end) = event {
-                let _ = sender.send(end.info.id);
-            }
-        },
-    );
+    let (ended, subscription) = ended::ended_children(&rt, parent.agent().id());
     Fixture {
         rt,
         parent,

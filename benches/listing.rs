@@ -17,12 +17,13 @@ use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, Criterion};
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    AgentHandle, CancellationToken, ContentBlock, ContinuableStartSpec, CreateAgent, EventScope,
-    MemoryStore, Runtime, SessionId, SessionPersistence, SpawnInProcess, SubagentEvent,
-    SubagentListEntry,
+    AgentHandle, CancellationToken, ContentBlock, ContinuableStartSpec, CreateAgent, MemoryStore,
+    Runtime, SessionId, SessionPersistence, SpawnInProcess, SubagentListEntry,
 };
 use tokio::sync::mpsc;
 
+#[path = "support/ended.rs"]
+mod ended;
 #[allow(dead_code)]
 #[path = "support/floors.rs"]
 mod floors;
@@ -97,15 +98,7 @@ async fn grow(
     *parked
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(parent.agent().id());
-    let (sender, ended) = mpsc::unbounded_channel();
-    let subscription = rt.subagents().events().subscribe(
-        EventScope::Key(parent.agent().id()),
-        move |event: &SubagentEvent| {
-            if let SubagentEvent::End(end) = event {
-                let _ = sender.send(end.info.id);
-            }
-        },
-    );
+    let (ended, subscription) = ended::ended_children(rt, parent.agent().id());
     for _ in 0..n {
         rt.subagents()
             .start_continuable(ContinuableStartSpec::new(

@@ -90,6 +90,33 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
     }
 }
 
+#[actix_rt::test]
+async fn the_window_bounds_the_root_children_in_flight() {
+    // One level, so every child in flight is a root child.
+    let scenario = Scenario {
+        roots: 2,
+        children: 10,
+        depth: 1,
+        in_flight: 2,
+        store: LoadStore::Memory,
+        workers: 1,
+        ..Scenario::default()
+    };
+    let report = within(
+        "the load run",
+        run(&scenario, Arc::new(LoadCounters::default())),
+    )
+    .await
+    .unwrap();
+    assert!(report.passed, "{report}");
+    assert_eq!(report.children.total, 20);
+    assert!(
+        report.memory.peak_live_children <= 2,
+        "{} children were in flight at once",
+        report.memory.peak_live_children
+    );
+}
+
 #[test]
 fn a_broken_scenario_file_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();

@@ -575,6 +575,11 @@ pub struct Routed {
 }
 
 impl Routed {
+    /// Over a fresh in-memory store.
+    pub async fn new() -> Self {
+        Self::on(Arc::new(MemoryStore::new())).await
+    }
+
     /// Over `store`.
     pub async fn on(store: Arc<dyn subagents::SessionPersistence>) -> Self {
         let parent_model = ScriptedModel::repeating(subagents::testing::ScriptStep::text("noted"));

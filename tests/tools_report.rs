@@ -28,7 +28,7 @@ use subagents::{
     install_control_tools, install_report_tool, AgentRef, AgentScope, AgentSnapshot, AgentStatus,
     CancellationToken, ContentBlock, ErrorCode, EventKind, GenerateRequest, MemoryStore, Message,
     MessageId, MessageSource, ReportDelivery, ReportOptions, SessionEvent, SessionId,
-    SessionPersistence, SetupDisposer, ToolFilter,
+    SetupDisposer, ToolFilter,
 };
 
 use crate::support::{

@@ -1,14 +1,15 @@
 //! Runs a [`Scenario`]: builds a runtime on the load model, grows the forest, sends the
 //! follow-ups and interrupts, drains, measures, and verifies.
 //!
-//! Every root's children run concurrently. A one-shot child is started, awaited and disposed;
+//! Every root's children run concurrently, at most `in_flight` of them at once across the run
+//! (each holds its slot for its whole life). A one-shot child is started, awaited and disposed;
 //! a continuable child is started, awaited until it settles, then sent its follow-ups one by
 //! one (each cold-resumes it), and maybe interrupted right after the last one. Continuable
 //! children below the last level delegate their own children from their own turn, through the
 //! `delegate` tool.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,7 @@ use crate::seam::{
     ReportOptions, SubagentEvent, SubagentStartRequest,
 };
 use crate::store::{MemoryStore, SharedStore, SledStore};
+use crate::tools::plugin::calling_agent;
 use crate::tools::{Tool, ToolError, ToolOutput};
 use crate::Runtime;
 
@@ -63,8 +65,8 @@ struct Lifecycle {
     epochs: Mutex<HashMap<SessionId, watch::Sender<u64>>>,
     /// Each run id's `subagent/start` and `subagent/end` counts.
     runs: Mutex<HashMap<RunId, (u32, u32)>>,
-    live: AtomicI64,
-    peak: AtomicI64,
+    /// The most children in flight at once ([`LoadCounters::in_flight`]).
+    peak: AtomicU64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -84,13 +86,11 @@ impl Lifecycle {
             SubagentEvent::Start(info) => {
                 lock(&self.runs).entry(info.run_id).or_default().0 += 1;
                 counters.started.fetch_add(1, Ordering::Relaxed);
-                let live = self.live.fetch_add(1, Ordering::Relaxed) + 1;
-                self.peak.fetch_max(live, Ordering::Relaxed);
+                self.peak.fetch_max(counters.in_flight(), Ordering::Relaxed);
             }
             SubagentEvent::End(end) => {
                 lock(&self.runs).entry(end.info.run_id).or_default().1 += 1;
                 counters.settled.fetch_add(1, Ordering::Relaxed);
-                self.live.fetch_sub(1, Ordering::Relaxed);
                 lock(&self.epochs)
                     .entry(end.info.id)
                     .or_insert_with(|| watch::channel(0).0)
@@ -190,14 +190,11 @@ impl Shared {
     }
 
     /// The `report` tool's work: a quiet report from the calling child to its parent.
-    async fn report(&self, caller: SessionId) -> Result<()> {
-        let child = self.rt.agents().get(caller).await.ok_or_else(|| {
-            SubagentError::new(ErrorCode::AgentDisposed, "the reporting child is gone")
-        })?;
+    async fn report(&self, child: &AgentRef) -> Result<()> {
         self.rt
             .subagents()
             .report_from(
-                &child,
+                child,
                 prompt("progress".to_owned()),
                 ReportOptions::new(ReportDelivery::Quiet),
             )
@@ -210,15 +207,12 @@ impl Shared {
     /// `level` below `root`.
     async fn delegate(
         &self,
-        caller: SessionId,
+        parent: &AgentRef,
         count: u64,
         level: u64,
         root: SessionId,
     ) -> Result<()> {
-        let parent = self.rt.agents().get(caller).await.ok_or_else(|| {
-            SubagentError::new(ErrorCode::AgentDisposed, "the delegating child is gone")
-        })?;
-        try_join_all((0..count).map(|_| self.start_continuable(&parent, root, level, None, false)))
+        try_join_all((0..count).map(|_| self.start_continuable(parent, root, level, None, false)))
             .await
             .map(drop)
     }
@@ -351,19 +345,22 @@ fn load_tool<F, Fut>(
     work: F,
 ) -> Tool
 where
-    F: Fn(Arc<Shared>, serde_json::Value, SessionId) -> Fut + Send + Sync + 'static,
+    F: Fn(Arc<Shared>, serde_json::Value, AgentRef) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<String>> + Send + 'static,
 {
     let slot = Arc::clone(slot);
+    let tool = name.to_owned();
     Tool::new(name, description, parameters, move |args, ctx| {
-        let running = slot
-            .get()
-            .and_then(Weak::upgrade)
-            .map(|shared| (Arc::clone(&shared), work(shared, args, ctx.agent)));
+        let caller = calling_agent(&ctx, &tool);
+        let running = slot.get().and_then(Weak::upgrade).map(|shared| {
+            let work = caller.map(|caller| work(Arc::clone(&shared), args, caller));
+            (shared, work)
+        });
         async move {
             let Some((shared, work)) = running else {
                 return Err(ToolError::new("NOT_READY", "the load run is not running"));
             };
+            let work = work?;
             match work.await {
                 Ok(text) => Ok(ToolOutput::text(text)),
                 Err(error) => {
@@ -465,7 +462,7 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
                 .as_str()
                 .and_then(|root| root.parse().ok())
                 .ok_or_else(invalid)?;
-            shared.delegate(caller, count, level, root).await?;
+            shared.delegate(&caller, count, level, root).await?;
             Ok(format!("delegated {count}"))
         },
     );
@@ -475,7 +472,7 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         json!({"type": "object"}),
         &shared_slot,
         |shared, _, caller| async move {
-            shared.report(caller).await?;
+            shared.report(&caller).await?;
             Ok("reported".to_owned())
         },
     );
@@ -608,7 +605,7 @@ async fn grow(
         followup_settled: shared.followup_settle_latency.summary(),
         peak_rss,
         rss_before,
-        peak_live: u64::try_from(lifecycle.peak.load(Ordering::Relaxed)).unwrap_or(0),
+        peak_live: lifecycle.peak.load(Ordering::Relaxed),
         floors,
         checks: verified.checks,
         persisted: verified.persisted,

@@ -637,12 +637,7 @@ impl ToolLayer {
         if !self.admits_global(name) {
             return None;
         }
-        globals
-            .read()
-            .tools
-            .iter()
-            .find(|t| t.name() == name)
-            .cloned()
+        globals.get(name)
     }
 
     /// The first refusal among the global and agent guards.

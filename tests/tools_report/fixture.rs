@@ -6,25 +6,9 @@ pub(super) const ACCEPTED: &str = "report accepted by the agent that started you
 pub(super) const GUIDANCE: &str = "Deliver your result with the report tool before you finish";
 
 /// The shared two-route fixture (the report tool is installed per test).
-pub(super) struct Setup(Routed);
+pub(super) use crate::support::Routed as Setup;
 
-impl std::ops::Deref for Setup {
-    type Target = Routed;
-
-    fn deref(&self) -> &Routed {
-        &self.0
-    }
-}
-
-impl Setup {
-    pub(super) async fn new() -> Self {
-        Self::on(Arc::new(MemoryStore::new())).await
-    }
-
-    pub(super) async fn on(store: Arc<dyn SessionPersistence>) -> Self {
-        Self(Routed::on(store).await)
-    }
-
+impl Routed {
     /// Holds the parent inside a turn; the returned gate lets it finish.
     pub(super) async fn hold_parent(&self) -> Gate {
         let gate = Gate::new();
