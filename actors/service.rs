@@ -136,17 +136,17 @@ impl SubagentService {
             (
                 request.output_schema.is_some(),
                 capabilities.output_schema,
-                "output_schema",
+                "outputSchema",
             ),
             (
                 request.max_depth.is_some(),
                 capabilities.depth_limit,
-                "max_depth",
+                "depthLimit",
             ),
             (
                 request.tool_filter.is_some(),
                 capabilities.tool_filter,
-                "tool_filter",
+                "toolFilter",
             ),
             (request.persona.is_some(), capabilities.persona, "persona"),
         ];
@@ -156,7 +156,9 @@ impl SubagentService {
         {
             return Err(SubagentError::new(
                 ErrorCode::UnsupportedCapability,
-                format!("subagent provider \"{name}\" does not support {option}"),
+                format!(
+                    "subagent provider \"{name}\" does not support the \"{option}\" capability"
+                ),
             ));
         }
         check_max_depth(request.max_depth)?;

@@ -130,6 +130,11 @@ pub enum ErrorCode {
     InvalidProjection,
     /// No job controller serves the agent: background work cannot start.
     JobsUnavailable,
+    /// A provider's (or tool's) configuration is invalid: it is refused at load.
+    InvalidConfig,
+    /// An out-of-process child could not be started: the spawn, the handshake or the session
+    /// creation failed. The child was reaped before the start failed.
+    ChildStartFailed,
 }
 
 impl ErrorCode {
@@ -190,6 +195,8 @@ impl ErrorCode {
             Self::InvalidBudget => "INVALID_BUDGET",
             Self::InvalidProjection => "INVALID_PROJECTION",
             Self::JobsUnavailable => "JOBS_UNAVAILABLE",
+            Self::InvalidConfig => "INVALID_CONFIG",
+            Self::ChildStartFailed => "CHILD_START_FAILED",
         }
     }
 }

@@ -63,6 +63,7 @@ pub mod ids;
 pub mod jobs;
 pub mod load;
 pub mod model;
+pub mod out_of_process;
 pub mod projection;
 pub mod runtime;
 pub mod schema;
@@ -76,7 +77,9 @@ pub mod tour;
 
 pub use actors::agent::{AgentRef, AgentSnapshot, InboxPolicy};
 pub use actors::agents::Agents;
+pub use actors::providers::acp::{AcpPermission, AcpProvider, AcpProviderConfig};
 pub use actors::providers::fork::ForkInProcess;
+pub use actors::providers::sdk::{SdkProvider, SdkProviderConfig};
 pub use actors::providers::spawn::SpawnInProcess;
 pub use actors::service::{ProviderRegistration, Subagents};
 pub use content::{ContentBlock, Message, MessageSource, Role};

@@ -42,6 +42,10 @@ enum Command {
     /// Print the durable forest of delegated children in a store (id, mode, activity, label,
     /// indented by depth), or JSON with `--json`.
     Tree(cli::tree::TreeArgs),
+    /// Serve this runtime as an Agent Client Protocol agent over stdio: each session is a root
+    /// agent on the scripted model, scripted further by `ACP_AGENT_*` variables. The reference
+    /// peer of the ACP and SDK providers.
+    AcpAgent(cli::acp_agent::AcpAgentArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -215,6 +219,9 @@ fn main() -> ExitCode {
         Command::Tree(args) => buffered(|out| {
             actix::System::new().block_on(async move { cli::tree::run(args, out).await })
         }),
+        Command::AcpAgent(args) => actix::System::new()
+            .block_on(cli::acp_agent::run(args))
+            .map_err(Failure::from),
     };
     match outcome {
         Ok(()) | Err(Failure::ClosedOutput) => ExitCode::SUCCESS,

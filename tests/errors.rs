@@ -76,6 +76,8 @@ fn every_code_prints_its_stable_string() {
         (ErrorCode::InvalidBudget, "INVALID_BUDGET"),
         (ErrorCode::InvalidProjection, "INVALID_PROJECTION"),
         (ErrorCode::JobsUnavailable, "JOBS_UNAVAILABLE"),
+        (ErrorCode::InvalidConfig, "INVALID_CONFIG"),
+        (ErrorCode::ChildStartFailed, "CHILD_START_FAILED"),
     ];
     for (code, text) in pinned {
         assert_eq!(code.as_str(), text);

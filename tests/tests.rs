@@ -39,10 +39,14 @@ mod load;
 mod model;
 /// The OpenAI-compatible adapter against a scripted local server; one turn through the runtime.
 mod openai;
+/// The out-of-process contract: capabilities, bounds, cwd rules, settlement.
+mod out_of_process;
 /// Ownership: edges, retiring owners, child-first disposal and shutdown, drop safety.
 mod ownership;
 /// Session projections: the timing and identity units, the registry's cells.
 mod projection;
+/// The ACP provider against the reference peer, `subagents acp-agent`.
+mod provider_acp;
 /// The seam: descriptor, persona, tool filter, delegated policy.
 mod seam_composition;
 /// The seam: fork seeding.

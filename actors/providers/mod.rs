@@ -1,7 +1,10 @@
-//! The provider actors and their public handles: in-process `spawn` and `fork`.
+//! The provider actors and their public handles: in-process `spawn` and `fork`, and the
+//! out-of-process `acp` (and the SDK provider built on it).
 
+pub mod acp;
 pub mod fork;
 pub mod in_process;
+pub mod sdk;
 pub mod spawn;
 
 use std::marker::PhantomData;

@@ -1,5 +1,6 @@
 //! The command-line tool's commands other than the demo.
 
+pub(crate) mod acp_agent;
 pub(crate) mod load;
 pub(crate) mod plot;
 pub(crate) mod tree;

@@ -1,0 +1,610 @@
+//! The ACP provider: each one-shot run starts a fresh Agent Client Protocol agent process over
+//! stdio, speaks `initialize` → `session/new` → `session/prompt` through the official
+//! `agent-client-protocol` crate, collects the agent's message chunks as the output, answers
+//! permission requests by policy (never asking a human), and disposes the process with the
+//! EOF-then-signal ladder.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use actix::prelude::*;
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ContentBlock as AcpBlock, ContentChunk, InitializeRequest,
+    PermissionOptionKind, PromptRequest, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
+    StopReason as AcpStopReason,
+};
+use agent_client_protocol::{v1, Agent, ByteStreams, Client, UntypedMessage};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde::Deserialize;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::out_of_process::{
+    child_env, grace_ms, out_of_process_run, resolve_child_cwd, validate_configured_cwd,
+    ChildProcess, PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
+};
+use crate::seam::{
+    ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
+    SubagentRun,
+};
+use crate::stop_reason::StopReason;
+
+/// The message prefix of this provider's errors.
+const PREFIX: &str = "subagent-acp";
+
+/// How the provider answers an agent's `session/request_permission`: no human is ever asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AcpPermission {
+    /// Select the first option whose kind is `allow_once` or `allow_always`; cancel when there
+    /// is none.
+    Allow,
+    /// Always answer `cancelled`.
+    #[default]
+    Reject,
+}
+
+fn default_acp_name() -> String {
+    "acp".to_owned()
+}
+
+fn default_eof_grace_ms() -> f64 {
+    6000.0
+}
+
+fn default_grace_ms() -> f64 {
+    3000.0
+}
+
+/// The ACP provider's configuration, in the reference's keys (`providerName`, `command`,
+/// `args`, `cwd`, `permission`, `env`, `disposeEofGraceMs`, `disposeGraceMs`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AcpProviderConfig {
+    /// The registry name (default `acp`).
+    #[serde(default = "default_acp_name")]
+    pub provider_name: String,
+    /// The agent executable, started once per run.
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// A working-directory override for every child (also the cwd announced in
+    /// `session/new`); a relative one resolves against the launch directory. Absent: each
+    /// child runs in its parent session's cwd.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// The permission policy (default `reject`).
+    #[serde(default)]
+    pub permission: AcpPermission,
+    /// Variables laid over the scrubbed environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// How long a disposed child has to exit after its stdin closes (default 6000 ms; it
+    /// outlasts the SIGTERM grace so a child that flushes on EOF can finish).
+    #[serde(default = "default_eof_grace_ms")]
+    pub dispose_eof_grace_ms: f64,
+    /// How long the tree has between SIGTERM and SIGKILL (default 3000 ms).
+    #[serde(default = "default_grace_ms")]
+    pub dispose_grace_ms: f64,
+}
+
+impl AcpProviderConfig {
+    /// A configuration that runs `command` with the defaults.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self {
+            provider_name: default_acp_name(),
+            command: command.into(),
+            args: Vec::new(),
+            cwd: None,
+            permission: AcpPermission::default(),
+            env: BTreeMap::new(),
+            dispose_eof_grace_ms: default_eof_grace_ms(),
+            dispose_grace_ms: default_grace_ms(),
+        }
+    }
+}
+
+/// What a start needs, checked once at load.
+#[derive(Debug)]
+struct AcpSettings {
+    /// The message prefix (`subagent-acp`, or `subagent-sdk` for the SDK provider).
+    prefix: &'static str,
+    /// What messages call the child (`ACP`, or `SDK`).
+    child_kind: &'static str,
+    name: String,
+    argv: Vec<OsString>,
+    cwd: Option<PathBuf>,
+    permission: AcpPermission,
+    env: BTreeMap<String, String>,
+    eof_grace: Duration,
+    grace: Duration,
+}
+
+/// The ACP provider: one-shot runs only, no start capabilities, no parent context.
+pub struct AcpProvider {
+    settings: Arc<AcpSettings>,
+    addr: OnceLock<Addr<AcpProviderActor>>,
+}
+
+impl std::fmt::Debug for AcpProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AcpProvider")
+            .field("name", &self.settings.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AcpProvider {
+    /// Checks `config` (the graces and the cwd override, resolved against this process's
+    /// working directory) and builds the provider. Nothing is started until a run.
+    ///
+    /// # Errors
+    /// `INVALID_CONFIG` with the reference's message for an empty name or command, a grace that
+    /// is not positive, finite and at most 2147483647 ms, or an unusable cwd override.
+    pub fn new(config: AcpProviderConfig) -> Result<Self> {
+        Self::with_launch_dir(config, &Self::launch_dir(PREFIX)?)
+    }
+
+    /// [`AcpProvider::new`] with relative cwd overrides resolved against `launch_dir`.
+    ///
+    /// # Errors
+    /// As [`AcpProvider::new`].
+    pub fn with_launch_dir(config: AcpProviderConfig, launch_dir: &Path) -> Result<Self> {
+        Self::build((PREFIX, "ACP"), config, launch_dir)
+    }
+
+    /// The launch directory relative cwd overrides resolve against.
+    pub(crate) fn launch_dir(prefix: &str) -> Result<PathBuf> {
+        std::env::current_dir().map_err(|error| {
+            SubagentError::new(
+                ErrorCode::InvalidConfig,
+                format!("{prefix}: the launch directory is unreadable"),
+            )
+            .with_source(error)
+        })
+    }
+
+    /// Checks `config` under the message prefix `prefix`.
+    pub(crate) fn build(
+        (prefix, child_kind): (&'static str, &'static str),
+        config: AcpProviderConfig,
+        launch_dir: &Path,
+    ) -> Result<Self> {
+        let invalid = |message: &str| {
+            SubagentError::new(ErrorCode::InvalidConfig, format!("{prefix}: {message}"))
+        };
+        if config.provider_name.is_empty() {
+            return Err(invalid("providerName must not be empty"));
+        }
+        if config.command.is_empty() {
+            return Err(invalid("command must not be empty"));
+        }
+        let eof_grace = grace_ms(prefix, "disposeEofGraceMs", config.dispose_eof_grace_ms)?;
+        let grace = grace_ms(prefix, "disposeGraceMs", config.dispose_grace_ms)?;
+        let cwd = validate_configured_cwd(prefix, config.cwd.as_deref(), launch_dir)?;
+        let argv = std::iter::once(config.command)
+            .chain(config.args)
+            .map(OsString::from)
+            .collect();
+        Ok(Self {
+            settings: Arc::new(AcpSettings {
+                prefix,
+                child_kind,
+                name: config.provider_name,
+                argv,
+                cwd,
+                permission: config.permission,
+                env: config.env,
+                eof_grace,
+                grace,
+            }),
+            addr: OnceLock::new(),
+        })
+    }
+
+    fn addr(&self) -> Addr<AcpProviderActor> {
+        self.addr
+            .get_or_init(|| {
+                AcpProviderActor {
+                    settings: Arc::clone(&self.settings),
+                    started: 0,
+                }
+                .start()
+            })
+            .clone()
+    }
+}
+
+impl SubagentProvider for AcpProvider {
+    fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    fn capabilities(&self) -> SubagentCapabilities {
+        NO_START_CAPABILITIES
+    }
+
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+
+    fn start(
+        &self,
+        request: ResolvedSubagentStartRequest,
+    ) -> BoxFuture<'static, Result<SubagentRun>> {
+        let addr = self.addr();
+        Box::pin(async move {
+            addr.send(StartAcpRun(request))
+                .await
+                .map_err(SubagentError::from)?
+        })
+    }
+}
+
+/// The provider's actor: it counts its runs and starts each one; every run then lives in tasks
+/// of its own, so a slow child never holds the actor.
+struct AcpProviderActor {
+    settings: Arc<AcpSettings>,
+    started: u64,
+}
+
+impl Actor for AcpProviderActor {
+    type Context = Context<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<SubagentRun>")]
+struct StartAcpRun(ResolvedSubagentStartRequest);
+
+impl Handler<StartAcpRun> for AcpProviderActor {
+    type Result = ResponseFuture<Result<SubagentRun>>;
+
+    fn handle(&mut self, msg: StartAcpRun, _: &mut Context<Self>) -> Self::Result {
+        self.started += 1;
+        tracing::debug!(provider = %self.settings.name, started = self.started, "ACP run start");
+        Box::pin(start_run(Arc::clone(&self.settings), msg.0))
+    }
+}
+
+fn aborted_before_start(child_kind: &str) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::AbortedBeforePublication,
+        format!("subagent request was aborted before the {child_kind} child started"),
+    )
+}
+
+fn start_failed(prefix: &str, what: &str, error: &agent_client_protocol::Error) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::ChildStartFailed,
+        format!("{prefix}: {what} failed: {}", error.message),
+    )
+}
+
+/// The three phases: validation (nothing started), startup (spawn, handshake, session; a
+/// failure reaps the child first), publication.
+async fn start_run(
+    settings: Arc<AcpSettings>,
+    resolved: ResolvedSubagentStartRequest,
+) -> Result<SubagentRun> {
+    let request = resolved.request;
+    let parent_cwd = request.parent.header().cwd;
+    let (prefix, child_kind) = (settings.prefix, settings.child_kind);
+    let cwd = resolve_child_cwd(prefix, settings.cwd.as_deref(), parent_cwd.as_deref())?;
+    if request.cancel.is_cancelled() {
+        return Err(aborted_before_start(child_kind));
+    }
+    let process = ChildProcess::spawn(&ProcessSpec {
+        argv: settings.argv.clone(),
+        cwd: cwd.clone(),
+        env: child_env(std::env::vars_os(), &settings.env),
+        stderr: StderrMode::Inherit,
+        grace: settings.grace,
+    })?;
+    let (Some(stdin), Some(stdout)) = (process.take_stdin(), process.take_stdout()) else {
+        return Err(SubagentError::bug("a child started without its pipes"));
+    };
+    let local = request.cancel.child_token();
+    let partial = PartialOutput::default();
+    let shutdown = CancellationToken::new();
+    let (started_tx, started_rx) = oneshot::channel();
+    let (answer_tx, answer_rx) = oneshot::channel();
+    let session = Session {
+        prefix,
+        cwd,
+        prompt: request
+            .prompt
+            .iter()
+            .filter_map(|block| block.as_text())
+            .map(|text| AcpBlock::from(text.to_owned()))
+            .collect(),
+        permission: settings.permission,
+        partial: partial.clone(),
+        local: local.clone(),
+        started: started_tx,
+        answer: answer_tx,
+    };
+    let connection = tokio::spawn(connect(session, stdin, stdout, shutdown.clone()));
+    let teardown = Teardown {
+        process,
+        connection,
+        shutdown: shutdown.drop_guard(),
+        eof_grace: settings.eof_grace,
+    };
+    let started = tokio::select! {
+        biased;
+        () = request.cancel.cancelled() => None,
+        started = started_rx => Some(started),
+    };
+    let failure = match started {
+        Some(Ok(Ok(()))) => None,
+        None => Some(aborted_before_start(child_kind)),
+        Some(Ok(Err(error))) => Some(error),
+        Some(Err(_)) => Some(SubagentError::new(
+            ErrorCode::ChildStartFailed,
+            format!("{prefix}: the {child_kind} connection ended during startup"),
+        )),
+    };
+    if let Some(error) = failure {
+        teardown.run().await;
+        return Err(if request.cancel.is_cancelled() {
+            aborted_before_start(child_kind)
+        } else {
+            error
+        });
+    }
+    let output = partial.clone();
+    let attempt = async move {
+        let stop = answer_rx.await.map_err(|_| {
+            SubagentError::new(
+                ErrorCode::ChildStartFailed,
+                format!(
+                    "{prefix}: the {child_kind} connection ended before the prompt was answered"
+                ),
+            )
+        })??;
+        Ok(SubagentResult {
+            output: output.snapshot(),
+            structured: None,
+            stop_reason: harness_stop_reason(stop),
+        })
+    };
+    Ok(out_of_process_run(
+        format!("{prefix} \"{}\"", settings.name),
+        attempt,
+        partial,
+        local,
+        move || {
+            async move {
+                teardown.run().await;
+                Ok(())
+            }
+            .boxed()
+        },
+    ))
+}
+
+/// The harness stop reason of an ACP one: `end_turn` completes; `max_tokens`, `refusal` and
+/// `cancelled` keep their meaning; `max_turn_requests` and anything newer are failures.
+pub(crate) fn harness_stop_reason(stop: AcpStopReason) -> StopReason {
+    match stop {
+        AcpStopReason::EndTurn => StopReason::Completed,
+        AcpStopReason::MaxTokens => StopReason::MaxTokens,
+        AcpStopReason::Refusal => StopReason::Refusal,
+        AcpStopReason::Cancelled => StopReason::Aborted,
+        _ => StopReason::Error,
+    }
+}
+
+/// One run's protocol side, driven inside its connection.
+struct Session {
+    prefix: &'static str,
+    cwd: PathBuf,
+    prompt: Vec<AcpBlock>,
+    permission: AcpPermission,
+    partial: PartialOutput,
+    local: CancellationToken,
+    started: oneshot::Sender<Result<()>>,
+    answer: oneshot::Sender<Result<AcpStopReason>>,
+}
+
+/// Runs the client side of the connection until `shutdown`: the handshake, then the prompt.
+/// Returning drops the transport, which closes the child's stdin.
+async fn connect(
+    session: Session,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::process::ChildStdout,
+    shutdown: CancellationToken,
+) {
+    let transport = ByteStreams::new(stdin.compat_write(), stdout.compat());
+    let session_id: Arc<OnceLock<String>> = Arc::default();
+    let chunks = session.partial.clone();
+    let ours = Arc::clone(&session_id);
+    let permission = session.permission;
+    let outcome = Client
+        .v1()
+        .name("subagents")
+        .on_receive_notification(
+            async move |notification: SessionNotification, _cx: v1::ConnectionTo<Agent>| {
+                let for_us = ours
+                    .get()
+                    .is_none_or(|id| **id == *notification.session_id.0);
+                // Only message text counts: thoughts, tool calls, plans and non-text chunks
+                // contribute nothing.
+                if let (
+                    true,
+                    SessionUpdate::AgentMessageChunk(ContentChunk {
+                        content: AcpBlock::Text(text),
+                        ..
+                    }),
+                ) = (for_us, notification.update)
+                {
+                    chunks.push(&text.text);
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |request: RequestPermissionRequest,
+                        responder: v1::Responder<RequestPermissionResponse>,
+                        _cx: v1::ConnectionTo<Agent>| {
+                responder.respond(RequestPermissionResponse::new(permission_outcome(
+                    permission, &request,
+                )))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .connect_with(transport, async move |cx: v1::ConnectionTo<Agent>| {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => {}
+                () = drive(cx, session, session_id) => {}
+            }
+            Ok(())
+        })
+        .await;
+    if let Err(error) = outcome {
+        // Typically a broken pipe after the child died: the run already settled from it.
+        tracing::debug!(%error, "an ACP connection ended with an error");
+    }
+}
+
+/// The answer to a permission request under `policy`.
+fn permission_outcome(
+    policy: AcpPermission,
+    request: &RequestPermissionRequest,
+) -> RequestPermissionOutcome {
+    let allow = request.options.iter().find(|option| {
+        matches!(
+            option.kind,
+            PermissionOptionKind::AllowOnce | PermissionOptionKind::AllowAlways
+        )
+    });
+    match (policy, allow) {
+        (AcpPermission::Allow, Some(option)) => RequestPermissionOutcome::Selected(
+            SelectedPermissionOutcome::new(option.option_id.clone()),
+        ),
+        _ => RequestPermissionOutcome::Cancelled,
+    }
+}
+
+/// The handshake, then the prompt; then it holds the connection open until shutdown.
+async fn drive(cx: v1::ConnectionTo<Agent>, session: Session, session_id: Arc<OnceLock<String>>) {
+    let Session {
+        prefix,
+        cwd,
+        prompt,
+        local,
+        started,
+        answer,
+        ..
+    } = session;
+    let id = match handshake(&cx, prefix, &cwd).await {
+        Ok(id) => id,
+        Err(error) => {
+            let _ = started.send(Err(error));
+            return;
+        }
+    };
+    let id = session_id.get_or_init(|| id).clone();
+    if started.send(Ok(())).is_err() {
+        return;
+    }
+    let prompted = cx
+        .send_request(PromptRequest::new(id.clone(), prompt))
+        .block_task();
+    tokio::pin!(prompted);
+    let response = tokio::select! {
+        response = &mut prompted => response,
+        () = local.cancelled() => {
+            // Best effort: the run has already settled `aborted`; the child may still stop.
+            if !cx.is_incoming_closed() {
+                let _ = cx.send_notification(CancelNotification::new(id));
+            }
+            prompted.await
+        }
+    };
+    let _ = answer.send(
+        response
+            .map(|response| response.stop_reason)
+            .map_err(|error| {
+                SubagentError::new(
+                    ErrorCode::ChildStartFailed,
+                    format!("{prefix}: session/prompt failed: {}", error.message),
+                )
+            }),
+    );
+    std::future::pending::<()>().await;
+}
+
+/// `initialize` (protocol 1, no client capabilities), then `session/new` in `cwd`; returns the
+/// agent's session id.
+async fn handshake(cx: &v1::ConnectionTo<Agent>, prefix: &str, cwd: &Path) -> Result<String> {
+    cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+        .block_task()
+        .await
+        .map_err(|error| start_failed(prefix, "initialize", &error))?;
+    // Sent untyped so that a reply without a session id gets the reference's message.
+    let new_session = UntypedMessage::new(
+        "session/new",
+        serde_json::json!({ "cwd": cwd, "mcpServers": [] }),
+    )
+    .map_err(|error| start_failed(prefix, "session/new", &error))?;
+    let reply = cx
+        .send_request(new_session)
+        .block_task()
+        .await
+        .map_err(|error| start_failed(prefix, "session/new", &error))?;
+    match reply.get("sessionId").and_then(serde_json::Value::as_str) {
+        Some(id) => Ok(id.to_owned()),
+        None => Err(SubagentError::new(
+            ErrorCode::ChildStartFailed,
+            "ACP child published without a session id",
+        )),
+    }
+}
+
+/// The dispose ladder of one run's child, run at most once (by the run's disposal, or by a
+/// failed startup).
+struct Teardown {
+    process: ChildProcess,
+    connection: JoinHandle<()>,
+    /// Dropping the teardown unstarted (an abandoned start) still ends the connection.
+    shutdown: tokio_util::sync::DropGuard,
+    eof_grace: Duration,
+}
+
+impl Teardown {
+    /// Closes stdin (by ending the connection) and gives the tree the EOF grace to exit, then
+    /// runs the terminate ladder (SIGTERM, grace, SIGKILL) and waits for the tree with no bound.
+    async fn run(self) {
+        let Self {
+            process,
+            mut connection,
+            shutdown,
+            eof_grace,
+        } = self;
+        drop(shutdown);
+        let exited_on_eof = tokio::time::timeout(eof_grace, async {
+            let _ = (&mut connection).await;
+            process.wait_for_tree_exit(None).await
+        })
+        .await
+        .unwrap_or(false);
+        if !exited_on_eof {
+            connection.abort();
+            process.terminate().await;
+        }
+        tracing::debug!(pid = process.pid(), outcome = %process.outcome().unwrap_or_default(), "ACP child released");
+    }
+}

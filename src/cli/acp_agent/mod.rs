@@ -1,0 +1,492 @@
+//! `subagents acp-agent`: this runtime served as an Agent Client Protocol agent over stdio.
+//!
+//! Each `session/new` creates a root agent (its session in the store, its cwd the one the
+//! client announced) on the scripted model; each `session/prompt` becomes one turn of that
+//! agent, whose answer streams back as `agent_message_chunk` and whose end maps to the ACP stop
+//! reason. `session/cancel` cancels the turn. The `ACP_AGENT_*` variables
+//! ([`script::AcpAgentScript`]) script the protocol paths a client must handle: crashes,
+//! ignored cancels, missing session ids, permission requests, slow exits. It is the reference
+//! peer of the ACP and SDK providers' tests, and any ACP client (an editor) can delegate to it.
+
+pub(crate) mod script;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, ContentBlock as AcpBlock, ContentChunk,
+    InitializeRequest, InitializeResponse, NewSessionRequest, NewSessionResponse, PermissionOption,
+    PermissionOptionKind, PromptCapabilities, PromptRequest, PromptResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, SessionNotification, SessionUpdate,
+    StopReason as AcpStopReason, ToolCallUpdate, ToolCallUpdateFields,
+};
+use agent_client_protocol::{v1, Agent, ByteStreams, Client, Handled, UntypedMessage};
+use tokio::sync::mpsc;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+use tokio_util::sync::CancellationToken;
+
+use subagents::content::text_of;
+use subagents::session::fold::final_assistant_output;
+use subagents::testing::{Gate, ScriptStep, ScriptedModel};
+use subagents::{
+    AgentEvent, AgentEventKind, AgentHandle, CancelCause, ContentBlock, CreateAgent, ErrorCode,
+    EventKind, EventScope, InboxPolicy, MemoryStore, MessageSource, Runtime, SledStore,
+    SubagentError, TurnEndReason,
+};
+
+use script::{AcpAgentScript, ScriptedStop};
+
+/// `subagents acp-agent` arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct AcpAgentArgs {
+    /// Keep the sessions in a sled store at this directory (default: in memory).
+    #[arg(long)]
+    store: Option<PathBuf>,
+}
+
+type AcpError = agent_client_protocol::Error;
+
+/// One ACP session: its root agent and the prompt running in it.
+struct Session {
+    handle: AgentHandle,
+    cwd: PathBuf,
+    running: Mutex<Option<CancellationToken>>,
+}
+
+/// What the handlers share.
+struct Server {
+    rt: Runtime,
+    model: ScriptedModel,
+    script: AcpAgentScript,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+impl Server {
+    fn session(&self, id: &str) -> Option<Arc<Session>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+}
+
+/// Runs the agent until the client closes stdin, then applies the script's EOF behaviour.
+pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
+    let script = AcpAgentScript::from_env()?;
+    start_process_script(&script)?;
+    let model = ScriptedModel::new();
+    let builder = Runtime::builder().model("scripted", model.clone());
+    let builder = match &args.store {
+        Some(dir) => builder.store(SledStore::open(dir)?),
+        None => builder.store(MemoryStore::new()),
+    };
+    let server = Arc::new(Server {
+        rt: builder.build()?,
+        model,
+        script,
+        sessions: Mutex::default(),
+    });
+    let served = serve(Arc::clone(&server)).await;
+    if let Err(error) = served {
+        tracing::warn!(%error, "the ACP connection ended with an error");
+    }
+    on_eof(&server.script).await;
+    server.rt.shutdown().await
+}
+
+/// The script's process-level behaviour: the pid file, the grandchild, SIGTERM handling.
+fn start_process_script(script: &AcpAgentScript) -> Result<(), SubagentError> {
+    let io = |what: &str, error: std::io::Error| {
+        SubagentError::new(ErrorCode::StoreIo, format!("acp-agent: {what}")).with_source(error)
+    };
+    if let Some(file) = &script.pid_file {
+        std::fs::write(file, std::process::id().to_string())
+            .map_err(|error| io("could not write the pid file", error))?;
+    }
+    if let Some(file) = &script.grandchild_pid_file {
+        // Same process group: the provider's tree kill must reach it.
+        let grandchild = std::process::Command::new("sleep")
+            .arg("3600")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|error| io("could not start the grandchild", error))?;
+        std::fs::write(file, grandchild.id().to_string())
+            .map_err(|error| io("could not write the grandchild pid file", error))?;
+    }
+    if script.trap_sigterm || script.sigterm_file.is_some() {
+        let mut terms = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|error| io("could not handle SIGTERM", error))?;
+        let file = script.sigterm_file.clone().filter(|_| !script.trap_sigterm);
+        tokio::spawn(async move {
+            while terms.recv().await.is_some() {
+                if let Some(file) = &file {
+                    let _ = std::fs::write(file, "sigterm");
+                    std::process::exit(0);
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// What happens once stdin closed: flush and exit, stay alive, or end normally.
+async fn on_eof(script: &AcpAgentScript) {
+    if let Some(file) = &script.flush_on_eof {
+        tokio::time::sleep(script.flush_delay).await;
+        let _ = std::fs::write(file, "flushed");
+        std::process::exit(0);
+    }
+    if script.ignore_eof {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn touch(file: Option<&PathBuf>) {
+    if let Some(file) = file {
+        let _ = std::fs::write(file, "");
+    }
+}
+
+async fn serve(server: Arc<Server>) -> Result<(), AcpError> {
+    let transport = ByteStreams::new(
+        tokio::io::stdout().compat_write(),
+        tokio::io::stdin().compat(),
+    );
+    let (for_missing, for_new, for_prompt, for_cancel) = (
+        Arc::clone(&server),
+        Arc::clone(&server),
+        Arc::clone(&server),
+        Arc::clone(&server),
+    );
+    Agent
+        .v1()
+        .name("subagents")
+        .on_receive_request(
+            async |_: InitializeRequest,
+                   responder: v1::Responder<InitializeResponse>,
+                   _cx: v1::ConnectionTo<Client>| {
+                responder.respond(
+                    InitializeResponse::new(ProtocolVersion::V1)
+                        .agent_capabilities(
+                            AgentCapabilities::new()
+                                .load_session(false)
+                                .prompt_capabilities(PromptCapabilities::new()),
+                        )
+                        .auth_methods(vec![]),
+                )
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        // Tried before the typed handler: a scripted `session/new` reply without a session id.
+        .on_receive_request(
+            async move |request: UntypedMessage,
+                        responder: v1::Responder<serde_json::Value>,
+                        _cx: v1::ConnectionTo<Client>| {
+                if request.method == "session/new" && for_missing.script.missing_session_id {
+                    responder.respond(serde_json::json!({}))?;
+                    return Ok(Handled::Yes);
+                }
+                Ok(Handled::No {
+                    message: (request, responder),
+                    retry: false,
+                })
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: NewSessionRequest,
+                        responder: v1::Responder<NewSessionResponse>,
+                        cx: v1::ConnectionTo<Client>| {
+                let server = Arc::clone(&for_new);
+                // Runs beside the dispatch loop: creating the agent awaits the runtime.
+                cx.spawn(async move {
+                    let created = new_session(&server, request.cwd).await;
+                    responder.respond_with_result(created.map(NewSessionResponse::new))
+                })
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: PromptRequest,
+                        responder: v1::Responder<PromptResponse>,
+                        cx: v1::ConnectionTo<Client>| {
+                let server = Arc::clone(&for_prompt);
+                cx.clone().spawn(async move {
+                    let answered = prompt(&server, &cx, request).await;
+                    // A failed reply means the client is gone; the connection ends on its own.
+                    let _ = responder.respond_with_result(answered);
+                    Ok(())
+                })
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |cancel: CancelNotification, _cx: v1::ConnectionTo<Client>| {
+                let script = &for_cancel.script;
+                if script.crash_on_cancel {
+                    std::process::exit(1);
+                }
+                if !script.ignore_cancel {
+                    if let Some(session) = for_cancel.session(&cancel.session_id.0) {
+                        let running = session
+                            .running
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .clone();
+                        if let Some(running) = running {
+                            running.cancel();
+                        }
+                    }
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .connect_to(transport)
+        .await
+}
+
+fn internal(error: impl std::fmt::Display) -> AcpError {
+    AcpError::internal_error().data(error.to_string())
+}
+
+/// Creates the session's root agent in `cwd`; answers its protocol id.
+async fn new_session(server: &Server, cwd: PathBuf) -> Result<String, AcpError> {
+    touch(server.script.new_session_ready.as_ref());
+    if let Some(go) = &server.script.new_session_go {
+        while !go.exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+    let handle = server
+        .rt
+        .agents()
+        .create(CreateAgent::new().cwd(cwd.clone()))
+        .await
+        .map_err(internal)?;
+    let id = server
+        .script
+        .session_id
+        .clone()
+        .unwrap_or_else(|| handle.agent().id().to_string());
+    let session = Arc::new(Session {
+        handle,
+        cwd,
+        running: Mutex::default(),
+    });
+    server
+        .sessions
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(id.clone(), session);
+    Ok(id)
+}
+
+fn chunk(
+    session: &str,
+    update: fn(ContentChunk) -> SessionUpdate,
+    text: &str,
+) -> SessionNotification {
+    SessionNotification::new(
+        session.to_owned(),
+        update(ContentChunk::new(AcpBlock::from(text.to_owned()))),
+    )
+}
+
+/// One prompt: the scripted preliminaries, then one turn of the session's agent.
+async fn prompt(
+    server: &Server,
+    cx: &v1::ConnectionTo<Client>,
+    request: PromptRequest,
+) -> Result<PromptResponse, AcpError> {
+    let script = &server.script;
+    if script.crash_on_prompt {
+        std::process::exit(1);
+    }
+    let id = request.session_id.0.to_string();
+    let session = server
+        .session(&id)
+        .ok_or_else(|| AcpError::invalid_params().data(format!("unknown session {id}")))?;
+    let cancel = CancellationToken::new();
+    *session
+        .running
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(cancel.clone());
+    if let Some(delay) = script.delay {
+        tokio::time::sleep(delay).await;
+    }
+    if script.thought {
+        cx.send_notification(chunk(&id, SessionUpdate::AgentThoughtChunk, "thinking…"))?;
+    }
+    if script.permission && !ask_permission(cx, &id, script.no_allow).await? {
+        return Ok(PromptResponse::new(AcpStopReason::Cancelled));
+    }
+    let answer = if script.ask_fs {
+        ask_fs(cx, &id, &session.cwd).await
+    } else {
+        script.answer(&session.cwd)
+    };
+    let step = match script.stop {
+        ScriptedStop::MaxTokens => ScriptStep::max_tokens(answer.as_str()),
+        ScriptedStop::Refusal => ScriptStep::refusal(answer.as_str()),
+        _ => ScriptStep::text(answer.as_str()),
+    };
+    let step = if script.hang {
+        // The answer streams now as a partial; the turn then holds until cancelled.
+        cx.send_notification(chunk(&id, SessionUpdate::AgentMessageChunk, &answer))?;
+        step.gated(&Gate::new())
+    } else {
+        step
+    };
+    server.model.push(step);
+    let prompt: Vec<ContentBlock> = request
+        .prompt
+        .iter()
+        .filter_map(|block| match block {
+            AcpBlock::Text(text) => Some(ContentBlock::text(text.text.as_str())),
+            _ => None,
+        })
+        .collect();
+    let reason = run_turn(&server.rt, &session, prompt, &cancel, script)
+        .await
+        .map_err(internal)?;
+    if !script.hang {
+        let output = session.handle.agent().log().with_events(|events| {
+            let start = events
+                .iter()
+                .rposition(|event| matches!(event.kind, EventKind::TurnStart { .. }))
+                .unwrap_or(0);
+            text_of(&final_assistant_output(&events[start..]))
+        });
+        if !output.is_empty() {
+            cx.send_notification(chunk(&id, SessionUpdate::AgentMessageChunk, &output))?;
+        }
+    }
+    let stop = match (script.stop, reason) {
+        (ScriptedStop::Cancelled, _) => AcpStopReason::Cancelled,
+        (ScriptedStop::MaxTurnRequests, _) | (_, TurnEndReason::BudgetExhausted { .. }) => {
+            AcpStopReason::MaxTurnRequests
+        }
+        (_, TurnEndReason::Completed) => AcpStopReason::EndTurn,
+        (_, TurnEndReason::MaxTokens) => AcpStopReason::MaxTokens,
+        (_, TurnEndReason::Blocked) => AcpStopReason::Refusal,
+        (_, TurnEndReason::Aborted { .. } | TurnEndReason::Interrupted) => AcpStopReason::Cancelled,
+        (_, TurnEndReason::Error { error }) => return Err(internal(error.message)),
+        // A turn end added later: the client cannot tell it from an error.
+        (_, other) => return Err(internal(format!("the turn ended {other:?}"))),
+    };
+    Ok(PromptResponse::new(stop))
+}
+
+/// Calls the client's `fs/read_text_file`; answers how it went.
+async fn ask_fs(cx: &v1::ConnectionTo<Client>, session: &str, cwd: &std::path::Path) -> String {
+    let read = UntypedMessage::new(
+        "fs/read_text_file",
+        serde_json::json!({ "sessionId": session, "path": cwd.join("README.md") }),
+    );
+    match read {
+        Ok(read) => match cx.send_request(read).block_task().await {
+            Ok(_) => "fs ok".to_owned(),
+            Err(error) => format!("fs {}", error.code.value()),
+        },
+        Err(error) => format!("fs unsent: {}", error.message),
+    }
+}
+
+/// Asks the client's permission; true when it selected an option.
+async fn ask_permission(
+    cx: &v1::ConnectionTo<Client>,
+    session: &str,
+    no_allow: bool,
+) -> Result<bool, AcpError> {
+    let mut options = Vec::new();
+    if !no_allow {
+        options.push(PermissionOption::new(
+            "yes",
+            "Yes",
+            PermissionOptionKind::AllowOnce,
+        ));
+    }
+    options.push(PermissionOption::new(
+        "no",
+        "No",
+        PermissionOptionKind::RejectOnce,
+    ));
+    let asked = RequestPermissionRequest::new(
+        session.to_owned(),
+        ToolCallUpdate::new(
+            "scripted-tool",
+            ToolCallUpdateFields::new().title("run the scripted tool".to_owned()),
+        ),
+        options,
+    );
+    let answer = cx.send_request(asked).block_task().await?;
+    Ok(matches!(
+        answer.outcome,
+        RequestPermissionOutcome::Selected(_)
+    ))
+}
+
+/// Runs one turn of the session's agent on `prompt` and returns how it ended; `cancel`
+/// cancels the turn.
+async fn run_turn(
+    rt: &Runtime,
+    session: &Session,
+    prompt: Vec<ContentBlock>,
+    cancel: &CancellationToken,
+    script: &AcpAgentScript,
+) -> Result<TurnEndReason, SubagentError> {
+    let agent = session.handle.agent();
+    let (sender, mut events) = mpsc::unbounded_channel();
+    // Subscribed before the send, so no event of the turn is missed.
+    let _subscription =
+        rt.events()
+            .subscribe(EventScope::Key(agent.id()), move |event: &AgentEvent| {
+                let _ = sender.send(event.kind.clone());
+            });
+    let message = agent.followup(prompt, MessageSource::User).await?;
+    touch(script.ready_file.as_ref());
+    let mut turn = None;
+    let mut cancelled = false;
+    loop {
+        let kind = tokio::select! {
+            kind = events.recv() => kind,
+            () = cancel.cancelled(), if !cancelled => {
+                cancelled = true;
+                agent.cancel(CancelCause::User, InboxPolicy::Discard).await?;
+                continue;
+            }
+        };
+        match kind {
+            Some(AgentEventKind::InboxClaimed {
+                message: claimed,
+                turn: claiming,
+            }) if claimed == message => {
+                turn = Some(claiming);
+            }
+            Some(AgentEventKind::TurnEnded {
+                turn: ended,
+                reason,
+            }) if Some(ended) == turn => {
+                return Ok(reason);
+            }
+            Some(AgentEventKind::InboxDiscarded { message: discarded }) if discarded == message => {
+                return Ok(TurnEndReason::Aborted {
+                    reason: CancelCause::User,
+                });
+            }
+            Some(_) => {}
+            None => {
+                return Err(SubagentError::new(
+                    ErrorCode::AgentDisposed,
+                    "the session's agent went away mid-turn",
+                ))
+            }
+        }
+    }
+}

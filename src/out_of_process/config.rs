@@ -1,0 +1,131 @@
+//! Provides the checks every out-of-process provider's configuration shares: positive finite
+//! bounds, and the working-directory rules (validated once at load, resolved at each start).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{ErrorCode, Result, SubagentError};
+
+/// The largest grace a provider accepts, in milliseconds (the reference's timer limit).
+pub const MAX_GRACE_MS: f64 = 2_147_483_647.0;
+
+fn invalid_config(message: String) -> SubagentError {
+    SubagentError::new(ErrorCode::InvalidConfig, message)
+}
+
+/// Accepts a positive finite `value`; refuses 0, negatives, NaN and ±∞ with
+/// `"<prefix>: <name> must be a positive finite number"` (`INVALID_CONFIG`).
+pub fn positive_finite(prefix: &str, name: &str, value: f64) -> Result<f64> {
+    if value.is_finite() && value > 0.0 {
+        Ok(value)
+    } else {
+        Err(invalid_config(format!(
+            "{prefix}: {name} must be a positive finite number"
+        )))
+    }
+}
+
+/// A grace in milliseconds: positive, finite and at most [`MAX_GRACE_MS`], else
+/// `"<prefix>: <name> must be a positive finite number no greater than 2147483647"`.
+pub fn grace_ms(prefix: &str, name: &str, value: f64) -> Result<Duration> {
+    if value.is_finite() && value > 0.0 && value <= MAX_GRACE_MS {
+        Ok(Duration::from_secs_f64(value / 1000.0))
+    } else {
+        Err(invalid_config(format!(
+            "{prefix}: {name} must be a positive finite number no greater than 2147483647"
+        )))
+    }
+}
+
+/// Which working directory a message talks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CwdLabel {
+    /// The provider's configured override.
+    Config,
+    /// The delegating parent session's cwd.
+    ParentSession,
+}
+
+impl CwdLabel {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Config => "config cwd",
+            Self::ParentSession => "parent session cwd",
+        }
+    }
+}
+
+/// Accepts an absolute path to a directory this process may enter.
+///
+/// # Errors
+/// `"<prefix>: <label> must be an absolute path: <cwd>"` for a relative path, and
+/// `"<prefix>: <label> is not an accessible directory: <cwd>"` for a missing path, a file, or
+/// a directory without search permission (`INVALID_CONFIG`).
+pub fn usable_cwd(prefix: &str, label: CwdLabel, cwd: &Path) -> Result<PathBuf> {
+    let label = label.as_str();
+    if !cwd.is_absolute() {
+        return Err(invalid_config(format!(
+            "{prefix}: {label} must be an absolute path: {}",
+            cwd.display()
+        )));
+    }
+    // `read_dir` needs read permission too; search permission is what entering it takes, and
+    // a metadata query of `.` inside it succeeds exactly when the directory can be searched.
+    let searchable = cwd.is_dir() && std::fs::metadata(cwd.join(".")).is_ok();
+    if searchable {
+        Ok(cwd.to_path_buf())
+    } else {
+        Err(invalid_config(format!(
+            "{prefix}: {label} is not an accessible directory: {}",
+            cwd.display()
+        )))
+    }
+}
+
+/// Checks a configured cwd override once, at load: `None` means no override; an empty one is
+/// refused; a relative one resolves against `launch_dir` (the harness's launch directory) and
+/// is then checked like any other.
+///
+/// # Errors
+/// `"<prefix>: config cwd must not be empty — omit the key to inherit the parent session cwd"`,
+/// or a [`usable_cwd`] failure (`INVALID_CONFIG`).
+pub fn validate_configured_cwd(
+    prefix: &str,
+    configured: Option<&Path>,
+    launch_dir: &Path,
+) -> Result<Option<PathBuf>> {
+    let Some(configured) = configured else {
+        return Ok(None);
+    };
+    if configured.as_os_str().is_empty() {
+        return Err(invalid_config(format!(
+            "{prefix}: config cwd must not be empty — omit the key to inherit the parent session cwd"
+        )));
+    }
+    let resolved = launch_dir.join(configured);
+    usable_cwd(prefix, CwdLabel::Config, &resolved).map(Some)
+}
+
+/// The child's working directory at start: the configured override wins; otherwise the parent
+/// session's cwd, checked now. This process's own cwd is never used.
+///
+/// # Errors
+/// A [`usable_cwd`] failure of the parent's cwd, or, when neither exists,
+/// `"<prefix>: no working directory for the child — configure `cwd` or delegate from a parent
+/// session that has one"` (`INVALID_CONFIG`).
+pub fn resolve_child_cwd(
+    prefix: &str,
+    configured: Option<&Path>,
+    parent_cwd: Option<&Path>,
+) -> Result<PathBuf> {
+    if let Some(configured) = configured {
+        return Ok(configured.to_path_buf());
+    }
+    match parent_cwd {
+        Some(parent) => usable_cwd(prefix, CwdLabel::ParentSession, parent),
+        None => Err(invalid_config(format!(
+            "{prefix}: no working directory for the child — configure `cwd` or delegate from a \
+             parent session that has one"
+        ))),
+    }
+}

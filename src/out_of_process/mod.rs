@@ -1,0 +1,29 @@
+//! The contract every out-of-process provider shares (ACP, Codex, Claude Code, the SDK
+//! provider): no start capabilities, no parent context, one-shot runs only; the working
+//! directory rules; the scrubbed environment; the settlement rules; and [`ChildProcess`], whose
+//! whole process tree is terminated and reaped so that no process outlives its run.
+//!
+//! Every such provider's `start` has three phases. Validation runs first and refuses without
+//! starting anything. Startup (spawn, handshake, session) follows; a failure there reaps the
+//! child before the start fails. Publication comes last; from then on every failure settles
+//! through the run's result, never as an error. No provider bounds a run's wall time: only the
+//! caller cancels it.
+
+mod config;
+mod env;
+mod process;
+mod settle;
+
+pub use config::{
+    grace_ms, positive_finite, resolve_child_cwd, usable_cwd, validate_configured_cwd, CwdLabel,
+    MAX_GRACE_MS,
+};
+pub use env::{child_env, is_credential_name};
+pub use process::{ChildProcess, ExitOutcome, ProcessSpec, StderrMode};
+pub use settle::{out_of_process_run, settle_attempt, PartialOutput};
+
+use crate::seam::SubagentCapabilities;
+
+/// What every out-of-process provider advertises: nothing. The service therefore refuses an
+/// output schema, a depth cap, a tool filter or a persona before the provider is asked.
+pub const NO_START_CAPABILITIES: SubagentCapabilities = SubagentCapabilities::NONE;

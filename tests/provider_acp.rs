@@ -1,0 +1,578 @@
+//! The ACP provider against `subagents acp-agent`, the reference ACP peer: the handshake, the
+//! output and stop-reason mapping, permissions, cancellation, the dispose ladder, and that no
+//! process outlives its run. The SDK provider rides on the same peer.
+
+#[path = "provider_acp/fixture.rs"]
+mod fixture;
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+use subagents::content::text_of;
+use subagents::{
+    AcpPermission, AcpProvider, AcpProviderConfig, ContentBlock, CreateAgent, ErrorCode,
+    SdkProvider, SdkProviderConfig, StopReason, SubagentProvider, SubagentRun,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{memory_runtime, text, within};
+use fixture::{alive, appears, peer_config, pid_in, Acp, BINARY};
+
+async fn settle(run: &SubagentRun) -> subagents::SubagentResult {
+    within("the run's result", run.result()).await.unwrap()
+}
+
+async fn dispose(run: &SubagentRun) {
+    within("the run's disposal", run.dispose()).await.unwrap();
+}
+
+/// Runs `prompt` to its result and disposes the run.
+async fn run_once(acp: &Acp, prompt: &str) -> subagents::SubagentResult {
+    let run = acp.start(prompt).await.unwrap();
+    let result = settle(&run).await;
+    dispose(&run).await;
+    result
+}
+
+// ACP-01
+#[actix_rt::test]
+async fn a_run_streams_the_agents_answer_and_completes_on_end_turn() {
+    let acp = Acp::peer(&[("ACP_AGENT_PID_FILE", "{dir}/pid")]).await;
+    let run = acp.start("hello").await.unwrap();
+    assert!(
+        run.local_agent().is_none(),
+        "an external child has no local agent"
+    );
+    let result = settle(&run).await;
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(result.output, vec![ContentBlock::text("mock child answer")]);
+    assert_eq!(result.structured, None);
+    let pid = pid_in(&acp.file("pid"));
+    dispose(&run).await;
+    assert!(!alive(pid), "the agent process is gone after dispose");
+}
+
+// ACP-02
+#[actix_rt::test]
+async fn the_run_id_is_fresh_and_never_the_childs_protocol_session_id() {
+    let fixed = "5f0c9a64-0000-4000-8000-00000000abcd";
+    let acp = Acp::peer(&[("ACP_AGENT_SESSION_ID", fixed)]).await;
+    let first = acp.start("one").await.unwrap();
+    let second = acp.start("two").await.unwrap();
+    assert_ne!(first.id().to_string(), fixed);
+    assert_ne!(first.id(), second.id(), "two runs get two ids");
+    for run in [&first, &second] {
+        assert_eq!(settle(run).await.stop_reason, StopReason::Completed);
+        dispose(run).await;
+    }
+}
+
+// ACP-03
+#[actix_rt::test]
+async fn each_acp_stop_reason_maps_onto_the_harness_stop_reason() {
+    for (stop, expected) in [
+        ("max_tokens", StopReason::MaxTokens),
+        ("refusal", StopReason::Refusal),
+        ("cancelled", StopReason::Aborted),
+        ("max_turn_requests", StopReason::Error),
+    ] {
+        let acp = Acp::peer(&[("ACP_AGENT_STOP", stop), ("ACP_AGENT_TEXT", "cut")]).await;
+        let result = run_once(&acp, "go").await;
+        assert_eq!(result.stop_reason, expected, "ACP stop reason {stop}");
+        assert_eq!(
+            text_of(&result.output),
+            "cut",
+            "the output is kept for {stop}"
+        );
+    }
+}
+
+// ACP-04
+#[actix_rt::test]
+async fn thought_chunks_are_consumed_and_ignored() {
+    let acp = Acp::peer(&[("ACP_AGENT_THOUGHT", "1"), ("ACP_AGENT_TEXT", "answer")]).await;
+    let result = run_once(&acp, "go").await;
+    assert_eq!(result.output, vec![ContentBlock::text("answer")]);
+}
+
+// ACP-05
+#[actix_rt::test]
+async fn the_child_runs_in_the_parent_session_cwd_and_announces_it() {
+    let acp = Acp::peer(&[("ACP_AGENT_ECHO_CWD", "1")]).await;
+    let result = run_once(&acp, "where").await;
+    let cwd = acp.dir.path().display().to_string();
+    assert_eq!(text_of(&result.output), format!("{cwd}\n{cwd}"));
+}
+
+// ACP-05
+#[actix_rt::test]
+async fn a_configured_cwd_overrides_the_parent_cwd_for_the_process_and_the_session() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut config = peer_config(&[("ACP_AGENT_ECHO_CWD", "1")]);
+    config.cwd = Some(elsewhere.path().to_owned());
+    let acp = Acp::new(config).await;
+    let result = run_once(&acp, "where").await;
+    let cwd = elsewhere.path().display().to_string();
+    assert_eq!(text_of(&result.output), format!("{cwd}\n{cwd}"));
+}
+
+// ACP-06
+#[actix_rt::test]
+async fn the_child_env_drops_ambient_credentials_and_keeps_explicit_ones() {
+    // Set once for the whole test process; no other test reads these names.
+    std::env::set_var("ACP_TEST_AMBIENT_TOKEN", "leaked");
+    std::env::set_var("ACP_TEST_PLAIN", "plain");
+    for (name, overlay, expected) in [
+        (
+            "ACP_TEST_AMBIENT_TOKEN",
+            None,
+            "<ACP_TEST_AMBIENT_TOKEN unset>",
+        ),
+        ("ACP_TEST_PLAIN", None, "plain"),
+        ("ACP_TEST_API_KEY", Some("explicit"), "explicit"),
+    ] {
+        let mut script = vec![("ACP_AGENT_ECHO_ENV", name)];
+        if let Some(value) = overlay {
+            script.push((name, value));
+        }
+        let acp = Acp::peer(&script).await;
+        let result = run_once(&acp, "env").await;
+        assert_eq!(text_of(&result.output), expected, "{name}");
+    }
+}
+
+// ACP-07 ACP-08
+#[actix_rt::test]
+async fn permission_requests_are_answered_by_policy_without_a_human() {
+    for (policy, offer_allow, expected) in [
+        (AcpPermission::Allow, true, StopReason::Completed),
+        (AcpPermission::Allow, false, StopReason::Aborted),
+        (AcpPermission::Reject, true, StopReason::Aborted),
+    ] {
+        let mut script = vec![("ACP_AGENT_PERMISSION", "1")];
+        if !offer_allow {
+            script.push(("ACP_AGENT_NO_ALLOW", "1"));
+        }
+        let mut config = peer_config(&script);
+        config.permission = policy;
+        let acp = Acp::new(config).await;
+        let result = run_once(&acp, "needs approval").await;
+        assert_eq!(
+            result.stop_reason, expected,
+            "{policy:?} with an allow option offered: {offer_allow}"
+        );
+    }
+}
+
+// ACP-09
+#[actix_rt::test]
+async fn client_methods_the_provider_does_not_implement_are_method_not_found() {
+    let acp = Acp::peer(&[("ACP_AGENT_ASK_FS", "1")]).await;
+    let result = run_once(&acp, "read a file").await;
+    assert_eq!(text_of(&result.output), "fs -32601");
+}
+
+// ACP-10 ACP-24
+#[actix_rt::test]
+async fn a_session_without_an_id_fails_the_start_after_reaping_the_child() {
+    let acp = Acp::peer(&[
+        ("ACP_AGENT_MISSING_SESSION_ID", "1"),
+        ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+        ("ACP_AGENT_GRANDCHILD_PID_FILE", "{dir}/grandchild"),
+    ])
+    .await;
+    let error = acp.start("go").await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ChildStartFailed);
+    assert_eq!(error.message(), "ACP child published without a session id");
+    assert!(!alive(pid_in(&acp.file("pid"))));
+    assert!(!alive(pid_in(&acp.file("grandchild"))));
+}
+
+// ACP-11
+#[actix_rt::test]
+async fn a_start_cancelled_before_it_began_spawns_nothing() {
+    let acp = Acp::peer(&[("ACP_AGENT_PID_FILE", "{dir}/pid")]).await;
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let error = acp
+        .rt
+        .subagents()
+        .start("acp", acp.request("go").cancel(cancel))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AbortedBeforePublication);
+    assert_eq!(
+        error.message(),
+        "subagent request was aborted before the ACP child started"
+    );
+    assert!(!acp.file("pid").exists(), "no process was started");
+}
+
+// ACP-12 ACP-24
+#[actix_rt::test]
+async fn cancelling_during_the_handshake_reaps_the_child_then_refuses_the_start() {
+    let acp = Acp::peer(&[
+        ("ACP_AGENT_NEWSESSION_READY", "{dir}/ready"),
+        ("ACP_AGENT_NEWSESSION_GO", "{dir}/never"),
+        ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+    ])
+    .await;
+    let cancel = CancellationToken::new();
+    let start = acp
+        .rt
+        .subagents()
+        .start("acp", acp.request("go").cancel(cancel.clone()));
+    let starting = tokio::spawn(start);
+    appears(&acp.file("ready")).await;
+    cancel.cancel();
+    let error = within("the refused start", starting)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AbortedBeforePublication);
+    assert!(
+        !alive(pid_in(&acp.file("pid"))),
+        "reaped before the start failed"
+    );
+}
+
+// ACP-13
+#[actix_rt::test]
+async fn an_unusable_cwd_is_refused_before_anything_starts() {
+    let rt = memory_runtime(&subagents::testing::ScriptedModel::new());
+    let sentinel = tempfile::tempdir().unwrap();
+    let touched = sentinel.path().join("touched");
+    let mut config = AcpProviderConfig::new("touch");
+    config.args = vec![touched.display().to_string()];
+    rt.subagents()
+        .register_provider(AcpProvider::new(config).unwrap())
+        .await
+        .unwrap()
+        .keep();
+    // A parent without a cwd, and no override: nowhere to run the child.
+    let parent = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let error = rt
+        .subagents()
+        .start(
+            "acp",
+            subagents::SubagentStartRequest::new(parent.agent(), text("go")),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::InvalidConfig);
+    assert_eq!(
+        error.message(),
+        "subagent-acp: no working directory for the child — configure `cwd` or delegate from a \
+         parent session that has one"
+    );
+    assert!(!touched.exists(), "the command never ran");
+}
+
+// ACP-14
+#[actix_rt::test]
+async fn cancelling_settles_aborted_at_once_with_the_partial_output() {
+    let acp = Acp::peer(&[
+        ("ACP_AGENT_HANG", "1"),
+        ("ACP_AGENT_TEXT", "half an answer"),
+        ("ACP_AGENT_READY_FILE", "{dir}/ready"),
+    ])
+    .await;
+    let cancel = CancellationToken::new();
+    let run = within(
+        "the start",
+        acp.rt
+            .subagents()
+            .start("acp", acp.request("go").cancel(cancel.clone())),
+    )
+    .await
+    .unwrap();
+    appears(&acp.file("ready")).await;
+    cancel.cancel();
+    let result = settle(&run).await;
+    assert_eq!(result.stop_reason, StopReason::Aborted);
+    assert_eq!(result.output, vec![ContentBlock::text("half an answer")]);
+    dispose(&run).await;
+}
+
+// ACP-15 ACP-16 ACP-24
+#[actix_rt::test]
+async fn a_child_that_ignores_or_crashes_on_cancel_still_ends_aborted_and_is_reaped() {
+    for misbehaviour in ["ACP_AGENT_IGNORE_CANCEL", "ACP_AGENT_CRASH_ON_CANCEL"] {
+        let mut config = peer_config(&[
+            ("ACP_AGENT_HANG", "1"),
+            (misbehaviour, "1"),
+            ("ACP_AGENT_READY_FILE", "{dir}/ready"),
+            ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+        ]);
+        // An ignored cancel leaves a child that also ignores EOF for as long as its prompt
+        // hangs; a short EOF grace keeps the ladder quick.
+        config.dispose_eof_grace_ms = 200.0;
+        let acp = Acp::new(config).await;
+        let run = acp.start("go").await.unwrap();
+        appears(&acp.file("ready")).await;
+        within("the disposal", run.dispose()).await.unwrap();
+        assert_eq!(
+            settle(&run).await.stop_reason,
+            StopReason::Aborted,
+            "{misbehaviour}"
+        );
+        assert!(!alive(pid_in(&acp.file("pid"))), "{misbehaviour}: reaped");
+    }
+}
+
+// ACP-17 ACP-24
+#[actix_rt::test]
+async fn a_child_that_exits_mid_prompt_fails_the_run() {
+    let acp = Acp::peer(&[
+        ("ACP_AGENT_CRASH_ON_PROMPT", "1"),
+        ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+    ])
+    .await;
+    let run = acp.start("go").await.unwrap();
+    let result = settle(&run).await;
+    assert_eq!(result.stop_reason, StopReason::Error);
+    assert_eq!(result.output, Vec::<ContentBlock>::new());
+    dispose(&run).await;
+    assert!(!alive(pid_in(&acp.file("pid"))));
+}
+
+// ACP-18
+#[actix_rt::test]
+async fn dispose_gives_a_child_that_flushes_on_eof_its_grace() {
+    let acp = Acp::peer(&[
+        ("ACP_AGENT_FLUSH_ON_EOF", "{dir}/flushed"),
+        ("ACP_AGENT_FLUSH_DELAY_MS", "100"),
+        ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+    ])
+    .await;
+    let run = acp.start("go").await.unwrap();
+    assert_eq!(settle(&run).await.stop_reason, StopReason::Completed);
+    dispose(&run).await;
+    assert_eq!(
+        std::fs::read_to_string(acp.file("flushed")).unwrap(),
+        "flushed"
+    );
+    assert!(!alive(pid_in(&acp.file("pid"))));
+}
+
+// ACP-19
+#[actix_rt::test]
+async fn dispose_sends_sigterm_to_a_child_that_outlives_eof() {
+    let mut config = peer_config(&[
+        ("ACP_AGENT_IGNORE_EOF", "1"),
+        ("ACP_AGENT_SIGTERM_FILE", "{dir}/sigterm"),
+        ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+    ]);
+    config.dispose_eof_grace_ms = 100.0;
+    let acp = Acp::new(config).await;
+    let run = acp.start("go").await.unwrap();
+    settle(&run).await;
+    dispose(&run).await;
+    assert_eq!(
+        std::fs::read_to_string(acp.file("sigterm")).unwrap(),
+        "sigterm"
+    );
+    assert!(!alive(pid_in(&acp.file("pid"))));
+}
+
+// ACP-20 ACP-24
+#[actix_rt::test]
+async fn dispose_kills_a_child_that_traps_sigterm_and_its_grandchild() {
+    let mut config = peer_config(&[
+        ("ACP_AGENT_IGNORE_EOF", "1"),
+        ("ACP_AGENT_TRAP_SIGTERM", "1"),
+        ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+        ("ACP_AGENT_GRANDCHILD_PID_FILE", "{dir}/grandchild"),
+    ]);
+    config.dispose_eof_grace_ms = 100.0;
+    config.dispose_grace_ms = 100.0;
+    let acp = Acp::new(config).await;
+    let run = acp.start("go").await.unwrap();
+    settle(&run).await;
+    let (pid, grandchild) = (pid_in(&acp.file("pid")), pid_in(&acp.file("grandchild")));
+    assert!(
+        alive(grandchild),
+        "the grandchild runs until the run is disposed"
+    );
+    dispose(&run).await;
+    assert!(!alive(pid), "SIGKILL ended the agent");
+    assert!(!alive(grandchild), "the tree kill reached the grandchild");
+}
+
+// ACP-24
+#[actix_rt::test]
+async fn a_dropped_run_still_releases_its_child() {
+    let acp = Acp::peer(&[
+        ("ACP_AGENT_HANG", "1"),
+        ("ACP_AGENT_READY_FILE", "{dir}/ready"),
+        ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+    ])
+    .await;
+    let run = acp.start("go").await.unwrap();
+    appears(&acp.file("ready")).await;
+    let pid = pid_in(&acp.file("pid"));
+    drop(run);
+    within("the dropped run's child to exit", async {
+        while alive(pid) {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+// ACP-21
+#[actix_rt::test]
+async fn graces_must_be_positive_finite_and_bounded() {
+    for (field, value) in [
+        ("disposeEofGraceMs", 0.0),
+        ("disposeGraceMs", -1.0),
+        ("disposeGraceMs", f64::NAN),
+        ("disposeEofGraceMs", f64::INFINITY),
+        ("disposeGraceMs", 2_147_483_648.0),
+    ] {
+        let mut config = AcpProviderConfig::new("agent");
+        match field {
+            "disposeEofGraceMs" => config.dispose_eof_grace_ms = value,
+            _ => config.dispose_grace_ms = value,
+        }
+        let error = AcpProvider::new(config).unwrap_err();
+        assert_eq!(error.code(), ErrorCode::InvalidConfig);
+        assert_eq!(
+            error.message(),
+            format!(
+                "subagent-acp: {field} must be a positive finite number no greater than 2147483647"
+            )
+        );
+    }
+    let mut config = AcpProviderConfig::new("agent");
+    config.dispose_grace_ms = 2_147_483_647.0;
+    assert!(
+        AcpProvider::new(config).is_ok(),
+        "the bound itself is accepted"
+    );
+}
+
+// ACP-21
+#[actix_rt::test]
+async fn the_config_reads_the_reference_keys_and_refuses_unknown_ones() {
+    let config: AcpProviderConfig = serde_json::from_value(json!({
+        "providerName": "editor",
+        "command": "agent",
+        "args": ["--stdio"],
+        "permission": "allow",
+        "env": {"A": "1"},
+        "disposeEofGraceMs": 10,
+        "disposeGraceMs": 20,
+    }))
+    .unwrap();
+    assert_eq!(config.provider_name, "editor");
+    assert_eq!(config.permission, AcpPermission::Allow);
+    assert_eq!(
+        config.env,
+        BTreeMap::from([("A".to_owned(), "1".to_owned())])
+    );
+    let defaults: AcpProviderConfig = serde_json::from_value(json!({"command": "agent"})).unwrap();
+    assert_eq!(defaults, AcpProviderConfig::new("agent"));
+    assert_eq!(defaults.permission, AcpPermission::Reject);
+    let unknown = serde_json::from_value::<AcpProviderConfig>(json!({"command": "a", "cmd": 1}));
+    assert!(unknown
+        .unwrap_err()
+        .to_string()
+        .contains("unknown field `cmd`"));
+    let missing = serde_json::from_value::<AcpProviderConfig>(json!({}));
+    assert!(missing
+        .unwrap_err()
+        .to_string()
+        .contains("missing field `command`"));
+}
+
+// ACP-22
+#[actix_rt::test]
+async fn the_provider_advertises_no_capabilities_so_the_service_refuses_them() {
+    let acp = Acp::peer(&[("ACP_AGENT_PID_FILE", "{dir}/pid")]).await;
+    let provider = AcpProvider::new(AcpProviderConfig::new("agent")).unwrap();
+    assert_eq!(
+        provider.capabilities(),
+        subagents::out_of_process::NO_START_CAPABILITIES
+    );
+    assert!(!provider.inherits_parent_context());
+    let request = acp
+        .request("go")
+        .output_schema(json!({"type": "object", "properties": {}}));
+    let error = acp.rt.subagents().start("acp", request).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::UnsupportedCapability);
+    assert_eq!(
+        error.message(),
+        "subagent provider \"acp\" does not support the \"outputSchema\" capability"
+    );
+    assert!(
+        !acp.file("pid").exists(),
+        "refused before the provider was asked"
+    );
+}
+
+// ACP-23
+#[actix_rt::test]
+async fn a_command_that_cannot_start_fails_the_start() {
+    let mut config = peer_config(&[]);
+    config.command = "/nonexistent/acp-agent".to_owned();
+    let acp = Acp::new(config).await;
+    let error = acp.start("go").await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ChildStartFailed);
+    assert_eq!(error.message(), "could not start /nonexistent/acp-agent");
+}
+
+// SDK-01
+#[actix_rt::test]
+async fn the_sdk_provider_delegates_to_a_subagents_process() {
+    let rt = memory_runtime(&subagents::testing::ScriptedModel::new());
+    let dir = tempfile::tempdir().unwrap();
+    let parent = rt
+        .agents()
+        .create(CreateAgent::new().cwd(dir.path()))
+        .await
+        .unwrap();
+    let config = SdkProviderConfig {
+        command: BINARY.to_owned(),
+        env: BTreeMap::from([(
+            "ACP_AGENT_TEXT".to_owned(),
+            "from the child runtime".to_owned(),
+        )]),
+        ..SdkProviderConfig::default()
+    };
+    rt.subagents()
+        .register_provider(SdkProvider::new(config).unwrap())
+        .await
+        .unwrap()
+        .keep();
+    let run = rt
+        .subagents()
+        .start(
+            "sdk",
+            subagents::SubagentStartRequest::new(parent.agent(), text("go")),
+        )
+        .await
+        .unwrap();
+    let result = settle(&run).await;
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(
+        result.output,
+        vec![ContentBlock::text("from the child runtime")]
+    );
+    dispose(&run).await;
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let refused = rt
+        .subagents()
+        .start(
+            "sdk",
+            subagents::SubagentStartRequest::new(parent.agent(), text("go")).cancel(cancel),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.message(),
+        "subagent request was aborted before the SDK child started"
+    );
+}
