@@ -43,8 +43,6 @@ na={
  'STRUCT-18':'n/a — Code Mode nested captures',
  'DRV-05':'partly — the disposal channel is seam_one_shot::a_failed_release_surfaces_on_dispose_not_on_the_result; a prompt submission that fails without a cancel has no fault hook here',
  'STRUCT-27':'n/a — every tool call in this runtime has a calling agent; a tool absent from the caller’s layers is UNKNOWN_TOOL (STRUCT-26)',
- 'RSET-03':'n/a — `diagnostic` is a non-seed extension this port does not keep (seed-differences #7)',
- 'RSET-04':'n/a — as RSET-03',
  'DINH-05':'n/a — the seam only asks whether an approval service exists (host-runtime §1 lists approval prompts as not used by the seam), and this runtime composes none: an escalation can never reach an answerer, because a pre-execute `Ask` is refused outright (seam_structured::a_pre_execute_listener_can_deny_and_an_ask_without_approval_is_refused); the pin itself is DINH-01/DINH-04. Porting the test needs an approval service with asked/decided events and sandbox escalation, which belong to the host, not the seam',
  'PRESET-01':'n/a — presets are out of scope (seed-differences #10)',
  'LIST-03':'n/a — the live session registry is part of every runtime, so the session store cannot be missing (the projection registry can: LIST-02, LIST-53)',
@@ -104,7 +102,6 @@ for f in sorted(glob.glob('tests/**/*.rs',recursive=True)):
                 for i in ids: tool_ported.setdefault(i,[]).append(f'{mod}::{fm.group(1)}'+(f' {m.group(2).strip()}' if m.group(2).strip() else ''))
                 break
 tool_na={
- 'TOOL-SUB-09':'n/a — `SubagentResult` has no diagnostic field (seed-differences #7)',
  'TOOL-SUB-24':'n/a — the tool installs on a runtime, which always has the subagent service',
  'TOOL-REPORT-14':'n/a — revoking the grant is one infallible step (the tool and its guidance go together): nothing to aggregate',
 }
@@ -121,6 +118,43 @@ for prefix,n,t in tool_rows:
     title=t.split(':')[0][:140].replace('|','/')
     tool_out.append(f'| {i} | {title} | {st} |')
 print('tools', tool_counts)
+# The out-of-process providers (providers-and-tools.md §1): one id per behavior the section
+# states, numbered here (the spec lists them as prose and tables, not numbered tests).
+provider_rows=[
+ ('ACP-01','a run streams the agent_message_chunk text as its output and end_turn completes it'),
+ ('ACP-02','the run id is a fresh id, never the child\'s protocol session id'),
+ ('ACP-03','max_tokens, refusal, cancelled and max_turn_requests map to max-tokens, refusal, aborted and error; the output is kept'),
+ ('ACP-04','agent_thought_chunk (and tool_call, plan) updates are consumed and ignored'),
+ ('ACP-05','the child runs in (and session/new announces) the configured cwd, else the parent session cwd'),
+ ('ACP-06','the child env drops ambient credential names and keeps the configured overlay'),
+ ('ACP-07','the allow policy selects the first allow_once/allow_always option'),
+ ('ACP-08','the reject policy, or no allow option, answers cancelled; no human is asked'),
+ ('ACP-09','agent→client methods the provider does not implement (fs/*, terminal/*) answer −32601'),
+ ('ACP-10','session/new without a session id fails the start with "ACP child published without a session id", after reaping the child'),
+ ('ACP-11','a start cancelled before it began fails "…aborted before the ACP child started" and spawns nothing'),
+ ('ACP-12','cancellation during the handshake reaps the child, then fails the start as aborted'),
+ ('ACP-13','an unusable or missing cwd is refused before anything is spawned'),
+ ('ACP-14','cancellation settles aborted at once with the partial text, and sends session/cancel'),
+ ('ACP-15','a child that ignores session/cancel still ends aborted; the ladder ends it'),
+ ('ACP-16','a child that crashes after the cancel still ends aborted'),
+ ('ACP-17','a child that exits while the prompt is pending settles error with its partial output'),
+ ('ACP-18','dispose closes stdin first and gives a child that flushes on EOF its grace'),
+ ('ACP-19','a child that outlives the EOF grace gets SIGTERM'),
+ ('ACP-20','a child that traps SIGTERM gets SIGKILL after the grace, with its whole process tree'),
+ ('ACP-21','config: the reference keys and defaults; graces positive, finite and ≤ 2147483647'),
+ ('ACP-22','no start capabilities and no parent context: the service refuses capabilities before the provider runs'),
+ ('ACP-23','a command that cannot be started fails the start'),
+ ('ACP-24','no process outlives its run: after dispose, cancel, crash, failed startup and a dropped run, the child and its grandchild are gone'),
+ ('SDK-01','the SDK provider runs `subagents acp-agent` as the child and returns its answer; its messages name the SDK child'),
+]
+provider_out=[]; provider_counts={'ported':0,'n/a':0,'pending':0}
+for i,t in provider_rows:
+    if i in ported:
+        st='; '.join(ported[i]); provider_counts['ported']+=1
+    else:
+        st='pending — issue #12'; provider_counts['pending']+=1
+    provider_out.append(f'| {i} | {t.replace("|","/")} | {st} |')
+print('providers', provider_counts)
 doc=open('tests/COVERAGE.md').read()
 head=doc[:doc.index('| id | upstream test | status |')]
 tail=doc[doc.index('## Host-runtime behaviors'):]
@@ -128,4 +162,8 @@ tools_table=(f'## Model-facing tool behaviors (issue #11)\n\nThe numbered tests 
   f'Ported: {tool_counts["ported"]}; not applicable: {tool_counts["n/a"]}; pending: {tool_counts["pending"]}.\n\n| id | upstream test | status |\n| --- | --- | --- |\n'+'\n'.join(tool_out)+'\n\n')
 head=re.sub(r'(Ported: \d+; not applicable or adapted: \d+; pending \(later issues\): \d+\.\n\n)+','',head)
 head=re.sub(r'## Seam behaviors\n\n', f'## Seam behaviors\n\nPorted: {counts["ported"]}; not applicable or adapted: {counts["n/a"]}; pending (later issues): {counts["pending"]}.\n\n', head)
-open('tests/COVERAGE.md','w').write(head+'| id | upstream test | status |\n| --- | --- | --- |\n'+'\n'.join(out)+'\n\n'+tools_table+tail)
+providers_table=(f'## Out-of-process provider behaviors (issue #12)\n\nThe behaviors `providers-and-tools.md` §1 states for each out-of-process provider, numbered here. '
+  f'Ported: {provider_counts["ported"]}; pending: {provider_counts["pending"]}.\n\n| id | behavior | status |\n| --- | --- | --- |\n'+'\n'.join(provider_out)+'\n\n')
+if '## Out-of-process provider behaviors' in tail:
+    tail=tail[:tail.index('## Out-of-process provider behaviors')]+tail[tail.index('## Host-runtime behaviors', tail.index('## Out-of-process provider behaviors')):] if tail.count('## Host-runtime behaviors') else tail
+open('tests/COVERAGE.md','w').write(head+'| id | upstream test | status |\n| --- | --- | --- |\n'+'\n'.join(out)+'\n\n'+tools_table+providers_table+tail)

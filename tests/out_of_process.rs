@@ -16,11 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::support::within;
 
 fn completed(text: &str) -> SubagentResult {
-    SubagentResult {
-        output: vec![ContentBlock::text(text)],
-        structured: None,
-        stop_reason: StopReason::Completed,
-    }
+    SubagentResult::with_output(StopReason::Completed, vec![ContentBlock::text(text)])
 }
 
 fn message(outcome: subagents::Result<impl std::fmt::Debug>) -> String {
@@ -179,11 +175,10 @@ async fn cancellation_settles_aborted_with_the_partial_output_whatever_the_attem
     partial.push("partial ");
     partial.push("");
     partial.push("answer");
-    let aborted = SubagentResult {
-        output: vec![ContentBlock::text("partial answer")],
-        structured: None,
-        stop_reason: StopReason::Aborted,
-    };
+    let aborted = SubagentResult::with_output(
+        StopReason::Aborted,
+        vec![ContentBlock::text("partial answer")],
+    );
     let cancel = CancellationToken::new();
     cancel.cancel();
     // A failure after cancellation, a success after cancellation, and an attempt that never

@@ -752,6 +752,46 @@ async fn settle_run_disposes_before_reporting_on_every_path() {
     }
 }
 
+// RSET-03
+#[actix_rt::test]
+async fn settle_run_keeps_a_provider_diagnostic_beside_the_stop_reason() {
+    let rt = memory_runtime(&ScriptedModel::new());
+    let parent = root(&rt).await;
+    let provider = ScriptedProvider::new("p")
+        .reply(text("partial"), StopReason::Error)
+        .diagnostic("Claude Code denied a tool request");
+    rt.subagents()
+        .register_provider(provider)
+        .await
+        .unwrap()
+        .keep();
+    let run = start_run(&rt, "p", parent.agent(), "x").await;
+    assert_eq!(
+        settle_run(&run).await,
+        JobOutcome::Failed {
+            detail: "error; diagnostic: Claude Code denied a tool request".to_owned()
+        }
+    );
+}
+
+// RSET-04
+#[test]
+fn a_diagnostic_is_bounded_at_a_character_boundary_and_marks_its_cut() {
+    let limit = subagents::SubagentResult::DIAGNOSTIC_LIMIT;
+    let exact = "d".repeat(limit);
+    let kept = subagents::SubagentResult::empty(StopReason::Error).with_diagnostic(exact.clone());
+    assert_eq!(kept.diagnostic.as_deref(), Some(exact.as_str()));
+    assert_eq!(kept.stop_reason, StopReason::Error);
+    // Three-byte characters: no cut may split one.
+    let long = "€".repeat(limit);
+    let cut = subagents::SubagentResult::empty(StopReason::Error).with_diagnostic(long);
+    let diagnostic = cut.diagnostic.unwrap();
+    assert!(diagnostic.len() <= limit, "{} bytes", diagnostic.len());
+    assert!(diagnostic.ends_with("\n[diagnostic truncated]"));
+    let body = diagnostic.trim_end_matches("\n[diagnostic truncated]");
+    assert!(body.chars().all(|c| c == '€') && !body.is_empty());
+}
+
 // MULTI-02
 #[actix_rt::test]
 async fn one_parent_drives_a_spawn_child_and_a_fork_child_then_keeps_working() {

@@ -200,6 +200,28 @@ async fn sibling_delegations_in_one_response_run_in_parallel() {
     assert!(results.iter().all(|(is_error, _)| !is_error));
 }
 
+// TOOL-SUB-09
+#[actix_rt::test]
+async fn provider_diagnostics_render_before_the_preserved_partial_output() {
+    let provider = ScriptedProvider::new("mock")
+        .reply(
+            vec![ContentBlock::text("partial assistant text")],
+            StopReason::Error,
+        )
+        .diagnostic("Codex hit its usage limit");
+    let (rt, _) = runtime_with(&provider, vec![delegate("c1")]).await;
+    install(&rt, SubagentToolConfig::new("mock")).await.keep();
+    assert_eq!(
+        one_turn(&rt).await,
+        [(
+            true,
+            "Error: subagent run failed\nDiagnostic: Codex hit its usage limit\nPartial output \
+             before the run ended:\npartial assistant text"
+                .to_owned()
+        )]
+    );
+}
+
 // TOOL-SUB-08 TOOL-SUB-11 TOOL-SUB-20
 #[actix_rt::test]
 async fn a_stop_reason_other_than_completed_is_an_error_with_its_partial_output() {

@@ -372,11 +372,10 @@ async fn start_run(
                 ),
             )
         })??;
-        Ok(SubagentResult {
-            output: output.snapshot(),
-            structured: None,
-            stop_reason: harness_stop_reason(stop),
-        })
+        Ok(SubagentResult::with_output(
+            harness_stop_reason(stop),
+            output.snapshot(),
+        ))
     };
     Ok(out_of_process_run(
         format!("{prefix} \"{}\"", settings.name),

@@ -57,11 +57,7 @@ pub async fn settle_attempt(
     cancel: &CancellationToken,
     partial: &PartialOutput,
 ) -> SubagentResult {
-    let aborted = || SubagentResult {
-        output: partial.snapshot(),
-        structured: None,
-        stop_reason: StopReason::Aborted,
-    };
+    let aborted = || SubagentResult::with_output(StopReason::Aborted, partial.snapshot());
     let outcome = tokio::select! {
         biased;
         () = cancel.cancelled() => return aborted(),
@@ -72,11 +68,7 @@ pub async fn settle_attempt(
         Ok(result) => result,
         Err(error) => {
             tracing::warn!(%error, "{provider}: child run failed (error)");
-            SubagentResult {
-                output: partial.snapshot(),
-                structured: None,
-                stop_reason: StopReason::Error,
-            }
+            SubagentResult::with_output(StopReason::Error, partial.snapshot())
         }
     }
 }

@@ -486,5 +486,6 @@ fn read_result<E: Borrow<SessionEvent>>(
         output: fold.collect().unwrap_or_default(),
         structured,
         stop_reason,
+        diagnostic: None,
     }
 }

@@ -21,15 +21,56 @@ pub struct SubagentResult {
     pub structured: Option<Value>,
     /// Why the run ended.
     pub stop_reason: StopReason,
+    /// A provider's safe account of why a run failed (an extension of the seed's three
+    /// fields: it never changes `stop_reason` or `output`). At most
+    /// [`SubagentResult::DIAGNOSTIC_LIMIT`] bytes; see [`SubagentResult::with_diagnostic`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostic: Option<String>,
 }
 
 impl SubagentResult {
+    /// The most UTF-8 bytes a diagnostic keeps.
+    pub const DIAGNOSTIC_LIMIT: usize = 4096;
+
     /// A result with no output and no structured value.
     pub fn empty(stop_reason: StopReason) -> Self {
         Self {
             output: Vec::new(),
             structured: None,
             stop_reason,
+            diagnostic: None,
         }
     }
+
+    /// A result with `output` (no structured value, no diagnostic).
+    pub fn with_output(stop_reason: StopReason, output: Vec<ContentBlock>) -> Self {
+        Self {
+            output,
+            ..Self::empty(stop_reason)
+        }
+    }
+
+    /// Attaches `diagnostic`, cut to [`SubagentResult::DIAGNOSTIC_LIMIT`] bytes: a longer one is
+    /// cut at a character boundary and ends with `\n[diagnostic truncated]`, the whole within
+    /// the limit.
+    #[must_use]
+    pub fn with_diagnostic(mut self, diagnostic: impl Into<String>) -> Self {
+        self.diagnostic = Some(bounded_diagnostic(diagnostic.into()));
+        self
+    }
+}
+
+/// Cuts `text` to the diagnostic limit, marking the cut.
+fn bounded_diagnostic(mut text: String) -> String {
+    const MARK: &str = "\n[diagnostic truncated]";
+    if text.len() <= SubagentResult::DIAGNOSTIC_LIMIT {
+        return text;
+    }
+    let mut end = SubagentResult::DIAGNOSTIC_LIMIT - MARK.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(MARK);
+    text
 }

@@ -32,6 +32,7 @@ pub struct ScriptedProvider {
     reply: Vec<ContentBlock>,
     stop_reason: StopReason,
     structured: Option<Value>,
+    diagnostic: Option<String>,
     gate: Option<Gate>,
     start_gate: Option<Gate>,
     fixed_id: Option<SessionId>,
@@ -61,6 +62,7 @@ impl ScriptedProvider {
             reply: vec![ContentBlock::text("scripted reply")],
             stop_reason: StopReason::Completed,
             structured: None,
+            diagnostic: None,
             gate: None,
             start_gate: None,
             fixed_id: None,
@@ -92,6 +94,14 @@ impl ScriptedProvider {
     #[must_use]
     pub fn structured(mut self, value: Value) -> Self {
         self.structured = Some(value);
+        self
+    }
+
+    /// Adds a diagnostic to the result (bounded as [`SubagentResult::with_diagnostic`] bounds it).
+    #[must_use]
+    pub fn diagnostic(mut self, diagnostic: impl Into<String>) -> Self {
+        let bounded = SubagentResult::empty(StopReason::Error).with_diagnostic(diagnostic);
+        self.diagnostic = bounded.diagnostic;
         self
     }
 
@@ -169,6 +179,7 @@ impl ScriptedProvider {
                 output: self.reply.clone(),
                 structured: self.structured.clone(),
                 stop_reason: self.stop_reason.clone(),
+                diagnostic: self.diagnostic.clone(),
             }),
         }
     }

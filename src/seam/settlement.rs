@@ -34,7 +34,10 @@ pub async fn settle_run(run: &SubagentRun) -> JobOutcome {
             },
             StopReason::Aborted => JobOutcome::Killed,
             other => JobOutcome::Failed {
-                detail: other.to_string(),
+                detail: match result.diagnostic {
+                    Some(diagnostic) => format!("{other}; diagnostic: {diagnostic}"),
+                    None => other.to_string(),
+                },
             },
         },
         (Err(error), Ok(())) => JobOutcome::Failed {

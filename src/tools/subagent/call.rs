@@ -268,6 +268,10 @@ fn foreground_outcome(
         return Ok(output);
     }
     let mut message = stop_headline(&result.stop_reason);
+    if let Some(diagnostic) = &result.diagnostic {
+        message.push_str("\nDiagnostic: ");
+        message.push_str(diagnostic);
+    }
     if !text.is_empty() {
         message.push_str("\nPartial output before the run ended:\n");
         message.push_str(&text);
