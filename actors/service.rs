@@ -526,21 +526,29 @@ impl Subagents {
     /// emits no lifecycle event and leaves no run to dispose.
     ///
     /// # Cancel safety
-    /// Cancel through `request.cancel`, not by dropping the future: a dropped start may still
-    /// publish a child whose run nobody holds.
+    /// Cancel safe: dropping the future cancels the start, as `request.cancel` would. A start
+    /// that fails then leaves nothing behind; one that published meanwhile is aborted and its
+    /// unheld run disposed.
     pub fn start(
         &self,
         name: &str,
         mut request: SubagentStartRequest,
     ) -> impl std::future::Future<Output = Result<SubagentRun>> + Send + 'static {
         request.capture_policy();
+        // The provider's start runs detached from this future (an actor's response); a token
+        // of its own, cancelled if this future is dropped, keeps it from outliving the caller.
+        let start_cancel = request.cancel.child_token();
+        request.cancel = start_cancel.clone();
         let service = self.service.clone();
         let name = name.to_owned();
         async move {
-            service
+            let abandon = start_cancel.drop_guard();
+            let started = service
                 .send(Start { name, request })
                 .await
-                .map_err(SubagentError::from)?
+                .map_err(SubagentError::from);
+            abandon.disarm();
+            started?
         }
     }
 

@@ -46,6 +46,9 @@ enum Command {
     /// agent on the scripted model, scripted further by `ACP_AGENT_*` variables. The reference
     /// peer of the ACP and SDK providers.
     AcpAgent(cli::acp_agent::AcpAgentArgs),
+    /// A fake product executable (a Codex app-server, a Claude Code CLI) for tests: replays a
+    /// recorded NDJSON wire from a fixture file.
+    Replay(cli::replay::ReplayArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -221,6 +224,9 @@ fn main() -> ExitCode {
         }),
         Command::AcpAgent(args) => actix::System::new()
             .block_on(cli::acp_agent::run(args))
+            .map_err(Failure::from),
+        Command::Replay(args) => actix::System::new()
+            .block_on(cli::replay::run(args))
             .map_err(Failure::from),
     };
     match outcome {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use futures::FutureExt;
 use subagents::out_of_process::{
     out_of_process_run, positive_finite, resolve_child_cwd, settle_attempt, usable_cwd,
-    validate_configured_cwd, CwdLabel, PartialOutput, NO_START_CAPABILITIES,
+    validate_configured_cwd, ChildProcess, CwdLabel, PartialOutput, ProcessSpec, StderrMode,
+    NO_START_CAPABILITIES,
 };
 use subagents::{ContentBlock, ErrorCode, StopReason, SubagentError, SubagentResult};
 use tokio_util::sync::CancellationToken;
@@ -268,4 +269,79 @@ async fn dispose_cancels_locally_and_awaits_the_teardown_exactly_once() {
     })
     .await;
     assert_eq!(teardowns.load(Ordering::SeqCst), 1);
+}
+
+fn spec(script: &str, dir: &Path) -> ProcessSpec {
+    ProcessSpec {
+        argv: ["sh", "-c", script].map(Into::into).to_vec(),
+        cwd: dir.to_owned(),
+        env: std::env::vars_os().collect(),
+        stderr: StderrMode::Inherit,
+        grace: std::time::Duration::from_millis(100),
+    }
+}
+
+fn pid_in(file: &Path) -> u32 {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+// ACP-24
+#[actix_rt::test]
+async fn terminate_ends_a_grandchild_that_outlived_its_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = ChildProcess::spawn(&spec(
+        "sleep 600 & echo $! > grandchild; exit 7",
+        dir.path(),
+    ))
+    .unwrap();
+    let outcome = within("the leader's exit", process.exited()).await;
+    assert_eq!(outcome.code, Some(7));
+    assert_eq!(outcome.to_string(), "exit code: 7");
+    let grandchild = pid_in(&dir.path().join("grandchild"));
+    assert!(
+        !process
+            .wait_for_tree_exit(Some(std::time::Duration::from_millis(50)))
+            .await,
+        "the grandchild keeps the tree alive"
+    );
+    within("the terminate ladder", process.terminate()).await;
+    assert!(process.wait_for_tree_exit(None).await);
+    crate::provider_acp::fixture_gone(grandchild).await;
+}
+
+// ACP-24
+#[actix_rt::test]
+async fn dropping_a_handle_kills_its_whole_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = ChildProcess::spawn(&spec(
+        "trap '' TERM; sleep 600 & echo $! > grandchild; echo $$ > leader; wait",
+        dir.path(),
+    ))
+    .unwrap();
+    let grandchild_file = dir.path().join("grandchild");
+    within("the script to start", async {
+        while !dir.path().join("leader").exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let (leader, grandchild) = (pid_in(&dir.path().join("leader")), pid_in(&grandchild_file));
+    drop(process);
+    crate::provider_acp::fixture_gone(leader).await;
+    crate::provider_acp::fixture_gone(grandchild).await;
+}
+
+// ACP-24
+#[actix_rt::test]
+async fn a_signal_names_how_the_leader_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = ChildProcess::spawn(&spec("kill -KILL $$", dir.path())).unwrap();
+    let outcome = within("the leader's exit", process.exited()).await;
+    assert_eq!(outcome.signal, Some(9));
+    assert_eq!(outcome.to_string(), "signal: SIGKILL");
+    assert!(process.wait_for_tree_exit(None).await);
 }

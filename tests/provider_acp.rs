@@ -5,6 +5,8 @@
 #[path = "provider_acp/fixture.rs"]
 mod fixture;
 
+pub use fixture::gone as fixture_gone;
+
 use std::collections::BTreeMap;
 
 use serde_json::json;
@@ -16,7 +18,7 @@ use subagents::{
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{memory_runtime, text, within};
-use fixture::{alive, appears, peer_config, pid_in, Acp, BINARY};
+use fixture::{alive, appears, gone, peer_config, pid_in, Acp, BINARY};
 
 async fn settle(run: &SubagentRun) -> subagents::SubagentResult {
     within("the run's result", run.result()).await.unwrap()
@@ -119,7 +121,8 @@ async fn a_configured_cwd_overrides_the_parent_cwd_for_the_process_and_the_sessi
 // ACP-06
 #[actix_rt::test]
 async fn the_child_env_drops_ambient_credentials_and_keeps_explicit_ones() {
-    // Set once for the whole test process; no other test reads these names.
+    // The provider reads the ambient environment, so the test must set it. Nothing else in
+    // this process reads these names, and std serializes its own environment access.
     std::env::set_var("ACP_TEST_AMBIENT_TOKEN", "leaked");
     std::env::set_var("ACP_TEST_PLAIN", "plain");
     for (name, overlay, expected) in [
@@ -275,6 +278,7 @@ async fn cancelling_settles_aborted_at_once_with_the_partial_output() {
         ("ACP_AGENT_HANG", "1"),
         ("ACP_AGENT_TEXT", "half an answer"),
         ("ACP_AGENT_READY_FILE", "{dir}/ready"),
+        ("ACP_AGENT_CANCEL_FILE", "{dir}/cancelled"),
     ])
     .await;
     let cancel = CancellationToken::new();
@@ -291,7 +295,43 @@ async fn cancelling_settles_aborted_at_once_with_the_partial_output() {
     let result = settle(&run).await;
     assert_eq!(result.stop_reason, StopReason::Aborted);
     assert_eq!(result.output, vec![ContentBlock::text("half an answer")]);
+    appears(&acp.file("cancelled")).await;
     dispose(&run).await;
+}
+
+// ACP-12 ACP-24
+#[actix_rt::test]
+async fn a_dropped_start_reaps_its_half_started_child() {
+    let acp = Acp::peer(&[
+        ("ACP_AGENT_NEWSESSION_READY", "{dir}/ready"),
+        ("ACP_AGENT_NEWSESSION_GO", "{dir}/never"),
+        ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+    ])
+    .await;
+    let starting = tokio::spawn(acp.rt.subagents().start("acp", acp.request("go")));
+    appears(&acp.file("ready")).await;
+    starting.abort();
+    let pid = pid_in(&acp.file("pid"));
+    gone(pid).await;
+}
+
+// ACP-14
+#[actix_rt::test]
+async fn disposing_a_running_prompt_sends_session_cancel_before_closing_stdin() {
+    let acp = Acp::peer(&[
+        ("ACP_AGENT_HANG", "1"),
+        ("ACP_AGENT_READY_FILE", "{dir}/ready"),
+        ("ACP_AGENT_CANCEL_FILE", "{dir}/cancelled"),
+    ])
+    .await;
+    let run = acp.start("go").await.unwrap();
+    appears(&acp.file("ready")).await;
+    dispose(&run).await;
+    assert!(
+        acp.file("cancelled").exists(),
+        "the child heard session/cancel"
+    );
+    assert_eq!(settle(&run).await.stop_reason, StopReason::Aborted);
 }
 
 // ACP-15 ACP-16 ACP-24
@@ -302,6 +342,7 @@ async fn a_child_that_ignores_or_crashes_on_cancel_still_ends_aborted_and_is_rea
             ("ACP_AGENT_HANG", "1"),
             (misbehaviour, "1"),
             ("ACP_AGENT_READY_FILE", "{dir}/ready"),
+            ("ACP_AGENT_CANCEL_FILE", "{dir}/cancelled"),
             ("ACP_AGENT_PID_FILE", "{dir}/pid"),
         ]);
         // An ignored cancel leaves a child that also ignores EOF for as long as its prompt
@@ -317,6 +358,10 @@ async fn a_child_that_ignores_or_crashes_on_cancel_still_ends_aborted_and_is_rea
             "{misbehaviour}"
         );
         assert!(!alive(pid_in(&acp.file("pid"))), "{misbehaviour}: reaped");
+        assert!(
+            acp.file("cancelled").exists(),
+            "{misbehaviour}: the cancel was sent"
+        );
     }
 }
 
@@ -412,13 +457,7 @@ async fn a_dropped_run_still_releases_its_child() {
     appears(&acp.file("ready")).await;
     let pid = pid_in(&acp.file("pid"));
     drop(run);
-    within("the dropped run's child to exit", async {
-        while alive(pid) {
-            tokio::task::yield_now().await;
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    gone(pid).await;
 }
 
 // ACP-21
@@ -521,6 +560,25 @@ async fn a_command_that_cannot_start_fails_the_start() {
     let error = acp.start("go").await.unwrap_err();
     assert_eq!(error.code(), ErrorCode::ChildStartFailed);
     assert_eq!(error.message(), "could not start /nonexistent/acp-agent");
+}
+
+// ACP-23
+#[actix_rt::test]
+async fn a_child_that_exits_before_the_handshake_fails_the_start_with_its_exit_code() {
+    let mut config = peer_config(&[]);
+    config.command = "sh".to_owned();
+    config.args = vec!["-c".to_owned(), "exit 3".to_owned()];
+    let acp = Acp::new(config).await;
+    let error = acp.start("go").await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ChildStartFailed);
+    assert!(
+        error
+            .message()
+            .starts_with("subagent-acp: initialize failed: ")
+            && error.message().ends_with("; exit code: 3"),
+        "{}",
+        error.message()
+    );
 }
 
 // SDK-01

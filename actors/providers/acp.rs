@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -16,7 +17,6 @@ use agent_client_protocol::v1::schema::{
     CancelNotification, ContentBlock as AcpBlock, ContentChunk, InitializeRequest,
     PermissionOptionKind, PromptRequest, RequestPermissionOutcome, RequestPermissionRequest,
     RequestPermissionResponse, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
-    StopReason as AcpStopReason,
 };
 use agent_client_protocol::{v1, Agent, ByteStreams, Client, UntypedMessage};
 use futures::future::BoxFuture;
@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::{
     child_env, grace_ms, out_of_process_run, resolve_child_cwd, validate_configured_cwd,
-    ChildProcess, PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
+    ChildProcess, ExitOutcome, PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
 };
 use crate::seam::{
     ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
@@ -283,11 +283,39 @@ fn aborted_before_start(child_kind: &str) -> SubagentError {
     )
 }
 
+/// What an ACP error says: its message, and its data when it carries any (agents put the
+/// cause there).
+fn describe(error: &agent_client_protocol::Error) -> String {
+    match &error.data {
+        None | Some(serde_json::Value::Null) => error.message.clone(),
+        Some(serde_json::Value::String(data)) => format!("{} ({data})", error.message),
+        Some(data) => format!("{} ({data})", error.message),
+    }
+}
+
 fn start_failed(prefix: &str, what: &str, error: &agent_client_protocol::Error) -> SubagentError {
     SubagentError::new(
         ErrorCode::ChildStartFailed,
-        format!("{prefix}: {what} failed: {}", error.message),
+        format!("{prefix}: {what} failed: {}", describe(error)),
     )
+}
+
+/// A startup failure with how the child ended, when it had ended on its own (`…; exit code:
+/// 3`).
+fn with_exit(error: SubagentError, outcome: Option<ExitOutcome>) -> SubagentError {
+    let said = outcome
+        .map(|outcome| outcome.to_string())
+        .unwrap_or_default();
+    if said.is_empty() {
+        error
+    } else {
+        SubagentError::new(error.code(), format!("{}; {said}", error.message()))
+    }
+}
+
+/// A failure after publication: it settles the run `error` and is logged, never returned.
+fn run_failed(prefix: &str, what: &str, error: &agent_client_protocol::Error) -> SubagentError {
+    start_failed(prefix, what, error)
 }
 
 /// The three phases: validation (nothing started), startup (spawn, handshake, session; a
@@ -347,19 +375,22 @@ async fn start_run(
     };
     let failure = match started {
         Some(Ok(Ok(()))) => None,
-        None => Some(aborted_before_start(child_kind)),
-        Some(Ok(Err(error))) => Some(error),
-        Some(Err(_)) => Some(SubagentError::new(
-            ErrorCode::ChildStartFailed,
-            format!("{prefix}: the {child_kind} connection ended during startup"),
+        None => Some((aborted_before_start(child_kind), false)),
+        Some(Ok(Err(failure))) => Some((failure.error, failure.child_closed)),
+        Some(Err(_)) => Some((
+            SubagentError::new(
+                ErrorCode::ChildStartFailed,
+                format!("{prefix}: the {child_kind} connection ended during startup"),
+            ),
+            false,
         )),
     };
-    if let Some(error) = failure {
-        teardown.run().await;
+    if let Some((error, child_closed)) = failure {
+        let (before, after) = teardown.run().await;
         return Err(if request.cancel.is_cancelled() {
             aborted_before_start(child_kind)
         } else {
-            error
+            with_exit(error, if child_closed { after } else { before })
         });
     }
     let output = partial.clone();
@@ -373,7 +404,7 @@ async fn start_run(
             )
         })??;
         Ok(SubagentResult::with_output(
-            harness_stop_reason(stop),
+            harness_stop_reason(&stop),
             output.snapshot(),
         ))
     };
@@ -394,12 +425,12 @@ async fn start_run(
 
 /// The harness stop reason of an ACP one: `end_turn` completes; `max_tokens`, `refusal` and
 /// `cancelled` keep their meaning; `max_turn_requests` and anything newer are failures.
-pub(crate) fn harness_stop_reason(stop: AcpStopReason) -> StopReason {
+fn harness_stop_reason(stop: &str) -> StopReason {
     match stop {
-        AcpStopReason::EndTurn => StopReason::Completed,
-        AcpStopReason::MaxTokens => StopReason::MaxTokens,
-        AcpStopReason::Refusal => StopReason::Refusal,
-        AcpStopReason::Cancelled => StopReason::Aborted,
+        "end_turn" => StopReason::Completed,
+        "max_tokens" => StopReason::MaxTokens,
+        "refusal" => StopReason::Refusal,
+        "cancelled" => StopReason::Aborted,
         _ => StopReason::Error,
     }
 }
@@ -412,8 +443,8 @@ struct Session {
     permission: AcpPermission,
     partial: PartialOutput,
     local: CancellationToken,
-    started: oneshot::Sender<Result<()>>,
-    answer: oneshot::Sender<Result<AcpStopReason>>,
+    started: oneshot::Sender<Result<(), StartupFailure>>,
+    answer: oneshot::Sender<Result<String>>,
 }
 
 /// Runs the client side of the connection until `shutdown`: the handshake, then the prompt.
@@ -464,10 +495,15 @@ async fn connect(
             agent_client_protocol::on_receive_request!(),
         )
         .connect_with(transport, async move |cx: v1::ConnectionTo<Agent>| {
+            let cancel = CancelOnce::default();
             tokio::select! {
                 biased;
-                () = shutdown.cancelled() => {}
-                () = drive(cx, session, session_id) => {}
+                () = shutdown.cancelled() => {
+                    // Disposed while the prompt runs: the child hears session/cancel before
+                    // its stdin closes (a clean return drains what was sent).
+                    cancel.send(&cx, session_id.get());
+                }
+                () = drive(cx.clone(), session, Arc::clone(&session_id), cancel.clone()) => {}
             }
             Ok(())
         })
@@ -497,8 +533,32 @@ fn permission_outcome(
     }
 }
 
+/// The best-effort `session/cancel` of a pending prompt, sent at most once.
+#[derive(Clone, Default)]
+struct CancelOnce {
+    prompt_pending: Arc<AtomicBool>,
+    sent: Arc<AtomicBool>,
+}
+
+impl CancelOnce {
+    fn send(&self, cx: &v1::ConnectionTo<Agent>, session: Option<&String>) {
+        let Some(session) = session else { return };
+        if self.prompt_pending.load(Ordering::Acquire)
+            && !cx.is_incoming_closed()
+            && !self.sent.swap(true, Ordering::AcqRel)
+        {
+            let _ = cx.send_notification(CancelNotification::new(session.clone()));
+        }
+    }
+}
+
 /// The handshake, then the prompt; then it holds the connection open until shutdown.
-async fn drive(cx: v1::ConnectionTo<Agent>, session: Session, session_id: Arc<OnceLock<String>>) {
+async fn drive(
+    cx: v1::ConnectionTo<Agent>,
+    session: Session,
+    session_id: Arc<OnceLock<String>>,
+    cancel: CancelOnce,
+) {
     let Session {
         prefix,
         cwd,
@@ -519,58 +579,90 @@ async fn drive(cx: v1::ConnectionTo<Agent>, session: Session, session_id: Arc<On
     if started.send(Ok(())).is_err() {
         return;
     }
-    let prompted = cx
-        .send_request(PromptRequest::new(id.clone(), prompt))
-        .block_task();
+    // Sent untyped so that a stop reason newer than this crate's schema still maps.
+    let prompted =
+        match UntypedMessage::new("session/prompt", PromptRequest::new(id.clone(), prompt)) {
+            Ok(request) => request,
+            Err(error) => {
+                let _ = answer.send(Err(run_failed(prefix, "session/prompt", &error)));
+                return;
+            }
+        };
+    cancel.prompt_pending.store(true, Ordering::Release);
+    let prompted = cx.send_request(prompted).block_task();
     tokio::pin!(prompted);
     let response = tokio::select! {
         response = &mut prompted => response,
         () = local.cancelled() => {
             // Best effort: the run has already settled `aborted`; the child may still stop.
-            if !cx.is_incoming_closed() {
-                let _ = cx.send_notification(CancelNotification::new(id));
-            }
+            cancel.send(&cx, Some(&id));
             prompted.await
         }
     };
-    let _ = answer.send(
-        response
-            .map(|response| response.stop_reason)
-            .map_err(|error| {
-                SubagentError::new(
-                    ErrorCode::ChildStartFailed,
-                    format!("{prefix}: session/prompt failed: {}", error.message),
-                )
-            }),
-    );
+    cancel.prompt_pending.store(false, Ordering::Release);
+    let stop = response
+        .map_err(|error| run_failed(prefix, "session/prompt", &error))
+        .and_then(|reply| {
+            reply
+                .get("stopReason")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    SubagentError::new(
+                        ErrorCode::ChildStartFailed,
+                        format!("{prefix}: session/prompt answered without a stopReason"),
+                    )
+                })
+        });
+    let _ = answer.send(stop);
     std::future::pending::<()>().await;
 }
 
 /// `initialize` (protocol 1, no client capabilities), then `session/new` in `cwd`; returns the
 /// agent's session id.
-async fn handshake(cx: &v1::ConnectionTo<Agent>, prefix: &str, cwd: &Path) -> Result<String> {
+async fn handshake(
+    cx: &v1::ConnectionTo<Agent>,
+    prefix: &str,
+    cwd: &Path,
+) -> Result<String, StartupFailure> {
+    let failed = |what: &'static str| {
+        move |error: agent_client_protocol::Error| StartupFailure {
+            child_closed: agent_client_protocol::is_incoming_transport_closed(&error),
+            error: start_failed(prefix, what, &error),
+        }
+    };
     cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
         .block_task()
         .await
-        .map_err(|error| start_failed(prefix, "initialize", &error))?;
+        .map_err(failed("initialize"))?;
     // Sent untyped so that a reply without a session id gets the reference's message.
     let new_session = UntypedMessage::new(
         "session/new",
         serde_json::json!({ "cwd": cwd, "mcpServers": [] }),
     )
-    .map_err(|error| start_failed(prefix, "session/new", &error))?;
+    .map_err(failed("session/new"))?;
     let reply = cx
         .send_request(new_session)
         .block_task()
         .await
-        .map_err(|error| start_failed(prefix, "session/new", &error))?;
+        .map_err(failed("session/new"))?;
     match reply.get("sessionId").and_then(serde_json::Value::as_str) {
         Some(id) => Ok(id.to_owned()),
-        None => Err(SubagentError::new(
-            ErrorCode::ChildStartFailed,
-            "ACP child published without a session id",
-        )),
+        None => Err(StartupFailure {
+            error: SubagentError::new(
+                ErrorCode::ChildStartFailed,
+                "ACP child published without a session id",
+            ),
+            child_closed: false,
+        }),
     }
+}
+
+/// Why a startup failed, and whether the child had closed its output (it is exiting on its
+/// own, so how it exits belongs in the message).
+struct StartupFailure {
+    error: SubagentError,
+    child_closed: bool,
 }
 
 /// The dispose ladder of one run's child, run at most once (by the run's disposal, or by a
@@ -586,13 +678,15 @@ struct Teardown {
 impl Teardown {
     /// Closes stdin (by ending the connection) and gives the tree the EOF grace to exit, then
     /// runs the terminate ladder (SIGTERM, grace, SIGKILL) and waits for the tree with no bound.
-    async fn run(self) {
+    /// Returns how the child had ended before the ladder began, if it had, and how it ended.
+    async fn run(self) -> (Option<ExitOutcome>, Option<ExitOutcome>) {
         let Self {
             process,
             mut connection,
             shutdown,
             eof_grace,
         } = self;
+        let exited_before = process.outcome();
         drop(shutdown);
         let exited_on_eof = tokio::time::timeout(eof_grace, async {
             let _ = (&mut connection).await;
@@ -605,5 +699,20 @@ impl Teardown {
             process.terminate().await;
         }
         tracing::debug!(pid = process.pid(), outcome = %process.outcome().unwrap_or_default(), "ACP child released");
+        (exited_before, process.outcome())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::harness_stop_reason;
+    use crate::stop_reason::StopReason;
+
+    // ACP-03
+    #[test]
+    fn an_unknown_acp_stop_reason_is_a_failure() {
+        assert_eq!(harness_stop_reason("end_turn"), StopReason::Completed);
+        assert_eq!(harness_stop_reason("max_turn_requests"), StopReason::Error);
+        assert_eq!(harness_stop_reason("paused_for_lunch"), StopReason::Error);
     }
 }

@@ -3,4 +3,5 @@
 pub(crate) mod acp_agent;
 pub(crate) mod load;
 pub(crate) mod plot;
+pub(crate) mod replay;
 pub(crate) mod tree;

@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 
-/// The prefix of this runtime's own settings: a child runtime (`subagents acp-agent`) must not
-/// read its parent's.
-const OWN_PREFIX: &str = "SUBAGENTS_";
+/// The prefixes of a harness's own settings (this runtime's, and the reference harness's): a
+/// child runtime (`subagents acp-agent`) must not read its parent's.
+const OWN_PREFIXES: [&str; 2] = ["SUBAGENTS_", "DSH_"];
 
 /// Whether `name` looks like a credential: it contains `KEY`, `PASSWORD`, `SECRET` or `TOKEN`,
 /// in any case.
@@ -16,8 +16,8 @@ pub fn is_credential_name(name: &OsStr) -> bool {
         .any(|word| upper.contains(word))
 }
 
-/// The child's environment: `ambient` minus credential-like names and this runtime's own
-/// `SUBAGENTS_*` settings, with `overlay` laid on top. An explicitly configured credential
+/// The child's environment: `ambient` minus credential-like names and a harness's own
+/// `SUBAGENTS_*` and `DSH_*` settings, with `overlay` laid on top. An explicitly configured credential
 /// therefore reaches the child while an ambient one never does.
 pub fn child_env(
     ambient: impl IntoIterator<Item = (OsString, OsString)>,
@@ -26,7 +26,11 @@ pub fn child_env(
     let mut env: BTreeMap<OsString, OsString> = ambient
         .into_iter()
         .filter(|(name, _)| {
-            !is_credential_name(name) && !name.to_string_lossy().starts_with(OWN_PREFIX)
+            let name_text = name.to_string_lossy();
+            !is_credential_name(name)
+                && !OWN_PREFIXES
+                    .iter()
+                    .any(|prefix| name_text.starts_with(prefix))
         })
         .collect();
     env.extend(
@@ -50,6 +54,7 @@ mod tests {
             ("GH_TOKEN", "t"),
             ("MY_SECRET_THING", "s"),
             ("SUBAGENTS_HELD", "9"),
+            ("DSH_PERMISSION_MODE", "auto"),
         ]
         .map(|(n, v)| (OsString::from(n), OsString::from(v)));
         let overlay = BTreeMap::from([

@@ -2,17 +2,22 @@
 //! whole tree it starts can be signalled at once, with the terminate ladder (SIGTERM, grace,
 //! SIGKILL) and a reaped exit. No process outlives its handle: dropping a handle whose tree is
 //! still alive kills the tree.
+//!
+//! The leader is observed exiting without being reaped (a pidfd on Linux, `waitid(WNOWAIT)`),
+//! and reaped only once its whole group is gone. Until then its pid, which is also the group
+//! id, cannot be reused, so signalling the group can never reach an unrelated process.
 
 use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use rustix::process::{kill_process_group, Pid, Signal};
-use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
+use rustix::io::Errno;
+use rustix::process::{kill_process_group, Pid, Signal, WaitIdOptions};
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::watch;
 
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -50,23 +55,37 @@ pub struct ExitOutcome {
     pub signal: Option<i32>,
 }
 
-impl ExitOutcome {
-    fn from_status(status: std::process::ExitStatus) -> Self {
-        use std::os::unix::process::ExitStatusExt;
-        Self {
-            code: status.code(),
-            signal: status.signal(),
-        }
-    }
+/// The conventional name of a signal number (`SIGKILL`), or the number itself.
+fn signal_name(signal: i32) -> String {
+    const NAMES: [(i32, &str); 12] = [
+        (1, "SIGHUP"),
+        (2, "SIGINT"),
+        (3, "SIGQUIT"),
+        (4, "SIGILL"),
+        (6, "SIGABRT"),
+        (7, "SIGBUS"),
+        (8, "SIGFPE"),
+        (9, "SIGKILL"),
+        (11, "SIGSEGV"),
+        (13, "SIGPIPE"),
+        (14, "SIGALRM"),
+        (15, "SIGTERM"),
+    ];
+    NAMES
+        .iter()
+        .find(|(number, _)| *number == signal)
+        .map_or_else(|| signal.to_string(), |(_, name)| (*name).to_owned())
 }
 
-/// `exit code: N`, `signal: N`, both joined by `; `, or nothing when neither was observed.
+/// `exit code: N`, `signal: SIGKILL`, both joined by `; `, or nothing when neither was observed.
 impl fmt::Display for ExitOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.code, self.signal) {
-            (Some(code), Some(signal)) => write!(f, "exit code: {code}; signal: {signal}"),
+            (Some(code), Some(signal)) => {
+                write!(f, "exit code: {code}; signal: {}", signal_name(signal))
+            }
             (Some(code), None) => write!(f, "exit code: {code}"),
-            (None, Some(signal)) => write!(f, "signal: {signal}"),
+            (None, Some(signal)) => write!(f, "signal: {}", signal_name(signal)),
             (None, None) => Ok(()),
         }
     }
@@ -74,15 +93,17 @@ impl fmt::Display for ExitOutcome {
 
 /// One live external child and the process group it leads.
 ///
-/// The leader is reaped by a task of its own as soon as it exits, so it never lingers as a
-/// zombie; [`ChildProcess::terminate`] ends every process of the group, including grandchildren
-/// that outlived the leader.
+/// [`ChildProcess::terminate`] ends every process of the group, including grandchildren that
+/// outlived the leader; [`ChildProcess::wait_for_tree_exit`] reaps the leader once the whole
+/// group is gone.
 pub struct ChildProcess {
     pid: u32,
     group: Pid,
     grace: Duration,
     exit: watch::Receiver<Option<ExitOutcome>>,
     pipes: Mutex<Pipes>,
+    /// The leader, exited or not, until it is reaped: holding it unreaped pins the group id.
+    leader: Arc<Mutex<Option<std::process::Child>>>,
     tree_gone: AtomicBool,
 }
 
@@ -102,9 +123,13 @@ impl fmt::Debug for ChildProcess {
     }
 }
 
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl ChildProcess {
-    /// Starts the child in a new process group. Must run inside the actor system (its reaper
-    /// is a task).
+    /// Starts the child in a new process group. Must run inside the actor system (the exit
+    /// watch is a task).
     ///
     /// # Errors
     /// `CHILD_START_FAILED` when the executable cannot be started (missing, not executable, bad
@@ -116,55 +141,62 @@ impl ChildProcess {
                 "the child's command line is empty",
             ));
         };
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .current_dir(&spec.cwd)
-            .env_clear()
-            .envs(spec.env.iter().map(|(name, value)| (name, value)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(match spec.stderr {
-                StderrMode::Inherit => Stdio::inherit(),
-                StderrMode::Piped => Stdio::piped(),
-            })
-            .process_group(0)
-            .kill_on_drop(false);
-        let mut child = command.spawn().map_err(|error| {
+        let program_name = program.to_string_lossy().into_owned();
+        let start_failed = |error: std::io::Error| {
             SubagentError::new(
                 ErrorCode::ChildStartFailed,
-                format!("could not start {}", program.to_string_lossy()),
+                format!("could not start {program_name}"),
             )
             .with_source(error)
-        })?;
-        let pid = child.id().unwrap_or_default();
-        let group = i32::try_from(pid)
-            .ok()
-            .and_then(Pid::from_raw)
-            .ok_or_else(|| SubagentError::bug(format!("the OS gave child pid {pid}")))?;
-        let pipes = Pipes {
-            stdin: child.stdin.take(),
-            stdout: child.stdout.take(),
-            stderr: child.stderr.take(),
+        };
+        let mut child = {
+            use std::os::unix::process::CommandExt;
+            std::process::Command::new(program)
+                .args(args)
+                .current_dir(&spec.cwd)
+                .env_clear()
+                .envs(spec.env.iter().map(|(name, value)| (name, value)))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(match spec.stderr {
+                    StderrMode::Inherit => Stdio::inherit(),
+                    StderrMode::Piped => Stdio::piped(),
+                })
+                .process_group(0)
+                .spawn()
+                .map_err(start_failed)?
+        };
+        let pid = child.id();
+        // From here on a failure must not leave the started child behind.
+        let adopt = |child: &mut std::process::Child| -> std::io::Result<Pipes> {
+            Ok(Pipes {
+                stdin: child.stdin.take().map(ChildStdin::from_std).transpose()?,
+                stdout: child.stdout.take().map(ChildStdout::from_std).transpose()?,
+                stderr: child.stderr.take().map(ChildStderr::from_std).transpose()?,
+            })
+        };
+        let group = i32::try_from(pid).ok().and_then(Pid::from_raw);
+        let (pipes, group) = match (adopt(&mut child), group) {
+            (Ok(pipes), Some(group)) => (pipes, group),
+            (adopted, _) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(match adopted {
+                    Err(error) => start_failed(error),
+                    Ok(_) => SubagentError::bug(format!("the OS gave child pid {pid}")),
+                });
+            }
         };
         let (exited, exit) = watch::channel(None);
-        tokio::spawn(async move {
-            let outcome = match child.wait().await {
-                Ok(status) => ExitOutcome::from_status(status),
-                Err(error) => {
-                    tracing::warn!(pid, %error, "waiting for a child process failed");
-                    ExitOutcome::default()
-                }
-            };
-            exited.send_replace(Some(outcome));
-        });
-        tracing::debug!(pid, program = %program.to_string_lossy(), "child process started");
+        tokio::spawn(watch_exit(group, exited));
+        tracing::debug!(pid, program = %program_name, "child process started");
         Ok(Self {
             pid,
             group,
             grace: spec.grace,
             exit,
             pipes: Mutex::new(pipes),
+            leader: Arc::new(Mutex::new(Some(child))),
             tree_gone: AtomicBool::new(false),
         })
     }
@@ -174,23 +206,19 @@ impl ChildProcess {
         self.pid
     }
 
-    fn pipes(&self) -> std::sync::MutexGuard<'_, Pipes> {
-        self.pipes.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Takes the child's stdin; `None` once taken.
     pub fn take_stdin(&self) -> Option<ChildStdin> {
-        self.pipes().stdin.take()
+        locked(&self.pipes).stdin.take()
     }
 
     /// Takes the child's stdout; `None` once taken.
     pub fn take_stdout(&self) -> Option<ChildStdout> {
-        self.pipes().stdout.take()
+        locked(&self.pipes).stdout.take()
     }
 
     /// Takes the child's stderr; `None` once taken or when it is inherited.
     pub fn take_stderr(&self) -> Option<ChildStderr> {
-        self.pipes().stderr.take()
+        locked(&self.pipes).stderr.take()
     }
 
     /// Closes the child's stdin, if this handle still holds it.
@@ -203,40 +231,59 @@ impl ChildProcess {
         *self.exit.borrow()
     }
 
-    /// Waits until the leader has exited and been reaped.
+    /// Waits until the leader has exited.
     ///
     /// # Cancel safety
     /// Cancel safe.
     pub async fn exited(&self) -> ExitOutcome {
         let mut exit = self.exit.clone();
-        // The reaper only goes away after publishing, so an error still leaves the value.
+        // The watch only goes away after publishing, so an error still leaves the value.
         let published = exit.wait_for(Option::is_some).await.map(|outcome| *outcome);
         published.ok().flatten().unwrap_or_default()
     }
 
     /// Waits until the leader has exited and no live process is left in its group, for at
-    /// most `within` (no bound with `None`). Returns whether the tree is gone.
+    /// most `within` (no bound with `None`), then reaps the leader. Returns whether the tree
+    /// is gone.
     ///
     /// # Cancel safety
     /// Cancel safe.
     pub async fn wait_for_tree_exit(&self, within: Option<Duration>) -> bool {
+        if self.tree_gone.load(Ordering::Acquire) {
+            return true;
+        }
         let gone = async {
             self.exited().await;
-            // Orphaned grandchildren keep the group; poll it down with a short backoff.
-            let mut pause = Duration::from_millis(2);
-            while group_alive(self.group) {
+            // Orphaned grandchildren keep the group; poll it down with a short backoff. The
+            // scan reads /proc, so it runs off the actor's thread.
+            let mut pause = Duration::from_millis(1);
+            loop {
+                let group = self.group;
+                let alive = tokio::task::spawn_blocking(move || group_alive(group))
+                    .await
+                    .unwrap_or(true);
+                if !alive {
+                    break;
+                }
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
-            self.tree_gone.store(true, Ordering::Release);
         };
-        match within {
+        let gone = match within {
             Some(limit) => tokio::time::timeout(limit, gone).await.is_ok(),
             None => {
                 gone.await;
                 true
             }
+        };
+        if gone {
+            self.tree_gone.store(true, Ordering::Release);
+            // The leader is a zombie by now: reaping it returns at once.
+            if let Some(mut leader) = locked(&self.leader).take() {
+                let _ = leader.wait();
+            }
         }
+        gone
     }
 
     /// The terminate ladder: SIGTERM to the whole group, up to the grace for it to exit, then
@@ -260,58 +307,138 @@ impl ChildProcess {
         self.wait_for_tree_exit(None).await;
     }
 
-    /// Signals every process of the group; false when none is left.
+    /// Signals every process of the group; false when none is left. Safe while the leader is
+    /// unreaped: the group id cannot have been reused.
     fn signal_group(&self, signal: Signal) -> bool {
-        kill_process_group(self.group, signal).is_ok()
+        if self.tree_gone.load(Ordering::Acquire) {
+            return false;
+        }
+        match kill_process_group(self.group, signal) {
+            Ok(()) => true,
+            Err(Errno::SRCH) => false,
+            Err(error) => {
+                // Some member may not be ours to signal (a setuid grandchild): carry on.
+                tracing::warn!(pid = self.pid, %error, "signalling a child's process group failed");
+                true
+            }
+        }
     }
 }
 
 impl Drop for ChildProcess {
     fn drop(&mut self) {
+        if self.tree_gone.load(Ordering::Acquire) {
+            return;
+        }
         // A handle dropped mid-ladder (or never torn down) must not leave its tree running.
-        if !self.tree_gone.load(Ordering::Acquire)
-            && (self.outcome().is_none() || group_alive(self.group))
-        {
-            self.signal_group(Signal::KILL);
+        self.signal_group(Signal::KILL);
+        if let Some(mut leader) = locked(&self.leader).take() {
+            // SIGKILL ends the leader promptly; reap it off this thread.
+            let reaped = std::thread::Builder::new()
+                .name("subagents-reap".to_owned())
+                .spawn(move || {
+                    let _ = leader.wait();
+                });
+            if let Err(error) = reaped {
+                tracing::warn!(pid = self.pid, %error, "could not reap a dropped child");
+            }
         }
     }
 }
 
-/// Whether any process of `group` is alive (zombies awaiting their reaper do not count).
+/// Publishes the leader's exit without reaping it: a pidfd on Linux, polling elsewhere (or
+/// where the kernel has no pidfd).
+async fn watch_exit(leader: Pid, exited: watch::Sender<Option<ExitOutcome>>) {
+    #[cfg(target_os = "linux")]
+    if let Ok(pidfd) = rustix::process::pidfd_open(leader, rustix::process::PidfdFlags::empty()) {
+        // `new` is deprecated for types whose fd can be closed behind the reactor's back; an
+        // `OwnedFd` moved in is closed only when the `AsyncFd` drops, after deregistration.
+        #[allow(deprecated)]
+        let registered = tokio::io::unix::AsyncFd::new(pidfd);
+        if let Ok(readable) = registered {
+            // A pidfd becomes readable when its process exits.
+            let _ = readable.readable().await;
+            let status = rustix::process::waitid(
+                rustix::process::WaitId::PidFd(std::os::fd::AsFd::as_fd(readable.get_ref())),
+                WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+            );
+            exited.send_replace(Some(outcome_of(status)));
+            return;
+        }
+    }
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let status = rustix::process::waitid(
+            rustix::process::WaitId::Pid(leader),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT | WaitIdOptions::NOHANG,
+        );
+        if !matches!(status, Ok(None)) {
+            exited.send_replace(Some(outcome_of(status)));
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+fn outcome_of(status: rustix::io::Result<Option<rustix::process::WaitIdStatus>>) -> ExitOutcome {
+    match status {
+        Ok(Some(status)) => ExitOutcome {
+            code: status.exit_status(),
+            signal: status.terminating_signal(),
+        },
+        Ok(None) | Err(_) => ExitOutcome::default(),
+    }
+}
+
+/// Whether any process of `group` is alive (zombies awaiting their reaper do not count, so the
+/// unreaped leader does not keep its own group alive). Reads /proc; where it cannot, asks the
+/// kernel whether the group has any member at all.
 #[cfg(target_os = "linux")]
 fn group_alive(group: Pid) -> bool {
+    let wanted = group.as_raw_pid();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return rustix::process::test_kill_process_group(group).is_ok();
     };
-    let wanted = group.as_raw_pid();
-    entries.flatten().any(|entry| {
+    let mut readable = false;
+    let alive = entries.flatten().any(|entry| {
         let is_pid = entry
             .file_name()
             .to_str()
             .is_some_and(|name| name.bytes().all(|b| b.is_ascii_digit()));
-        is_pid
-            && std::fs::read_to_string(entry.path().join("stat"))
-                .ok()
-                .and_then(|stat| live_group_of(&stat))
-                == Some(wanted)
-    })
+        let Some(stat) = is_pid
+            .then(|| std::fs::read_to_string(entry.path().join("stat")).ok())
+            .flatten()
+        else {
+            return false;
+        };
+        readable = true;
+        live_group_of(&stat) == Some(wanted)
+    });
+    alive || (!readable && rustix::process::test_kill_process_group(group).is_ok())
 }
 
-/// The process group of a `/proc/<pid>/stat` line, unless the process is a zombie.
+/// The process group of a `/proc/<pid>/stat` line, unless the process is dead: a zombie whose
+/// only thread exited (a leader that called `pthread_exit` shows `Z` while its other threads
+/// run, and counts as alive).
 #[cfg(target_os = "linux")]
 fn live_group_of(stat: &str) -> Option<i32> {
     // The command name may hold spaces and parentheses: fields resume after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_ascii_whitespace();
-    let state = fields.next()?;
-    let _parent = fields.next()?;
-    let group = fields.next()?.parse().ok()?;
-    (state != "Z" && state != "X").then_some(group)
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..]
+        .split_ascii_whitespace()
+        .collect();
+    let state = *fields.first()?;
+    let group = fields.get(2)?.parse().ok()?;
+    let threads: u32 = fields.get(17).and_then(|n| n.parse().ok()).unwrap_or(1);
+    let dead = state == "X" || (state == "Z" && threads <= 1);
+    (!dead).then_some(group)
 }
 
+/// Elsewhere only the leader is awaited: without /proc, an unreaped leader cannot be told from
+/// a live grandchild.
 #[cfg(not(target_os = "linux"))]
-fn group_alive(group: Pid) -> bool {
-    rustix::process::test_kill_process_group(group).is_ok()
+fn group_alive(_group: Pid) -> bool {
+    false
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -320,8 +447,20 @@ mod tests {
 
     #[test]
     fn reads_the_group_after_a_command_name_with_parentheses() {
-        assert_eq!(live_group_of("42 (a) b) S 1 777 777 0"), Some(777));
-        assert_eq!(live_group_of("42 (sleep) Z 1 777 777 0"), None);
+        let tail = "0 0 0 0 0 0 0 0 0 0 0 0 0";
+        assert_eq!(
+            live_group_of(&format!("42 (a) b) S 1 777 777 {tail} 1")),
+            Some(777)
+        );
+        assert_eq!(
+            live_group_of(&format!("42 (sleep) Z 1 777 777 {tail} 1")),
+            None
+        );
+        assert_eq!(
+            live_group_of(&format!("42 (threads) Z 1 777 777 {tail} 3")),
+            Some(777),
+            "a zombie leader whose other threads run is alive"
+        );
         assert_eq!(live_group_of("garbage"), None);
     }
 }

@@ -67,7 +67,7 @@ pub async fn settle_attempt(
         _ if cancel.is_cancelled() => aborted(),
         Ok(result) => result,
         Err(error) => {
-            tracing::warn!(%error, "{provider}: child run failed (error)");
+            tracing::warn!(code = %error.code(), "{provider}: child run failed (error): {}", error.message());
             SubagentResult::with_output(StopReason::Error, partial.snapshot())
         }
     }

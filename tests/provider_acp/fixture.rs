@@ -111,3 +111,14 @@ pub fn pid_in(file: &Path) -> u32 {
         .parse()
         .unwrap()
 }
+
+/// Waits (with the safety-net timeout) until `pid` has exited: its exit is asynchronous to
+/// whatever released it.
+pub async fn gone(pid: u32) {
+    within(&format!("process {pid} to exit"), async {
+        while alive(pid) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}

@@ -61,6 +61,8 @@ struct Server {
     model: ScriptedModel,
     script: AcpAgentScript,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// One prompt at a time: the scripted model's steps are one queue.
+    one_turn: tokio::sync::Semaphore,
 }
 
 impl Server {
@@ -70,6 +72,33 @@ impl Server {
             .unwrap_or_else(PoisonError::into_inner)
             .get(id)
             .cloned()
+    }
+
+    /// Claims `id` for one prompt: its session and the prompt's cancellation. A session runs
+    /// one prompt at a time, as ACP has it.
+    fn claim_prompt(&self, id: &str) -> Result<(Arc<Session>, CancellationToken), AcpError> {
+        let session = self
+            .session(id)
+            .ok_or_else(|| AcpError::invalid_params().data(format!("unknown session {id}")))?;
+        let cancel = CancellationToken::new();
+        {
+            let mut running = session
+                .running
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if running.is_some() {
+                return Err(AcpError::invalid_request()
+                    .data(format!("session {id} is already running a prompt")));
+            }
+            *running = Some(cancel.clone());
+        }
+        Ok((session, cancel))
+    }
+}
+
+impl Session {
+    fn release_prompt(&self) {
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
@@ -88,6 +117,7 @@ pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
         model,
         script,
         sessions: Mutex::default(),
+        one_turn: tokio::sync::Semaphore::new(1),
     });
     let served = serve(Arc::clone(&server)).await;
     if let Err(error) = served {
@@ -216,8 +246,18 @@ async fn serve(server: Arc<Server>) -> Result<(), AcpError> {
                         responder: v1::Responder<PromptResponse>,
                         cx: v1::ConnectionTo<Client>| {
                 let server = Arc::clone(&for_prompt);
+                // Claimed here, in the dispatch loop, so a session/cancel dispatched next
+                // always finds the prompt it cancels.
+                let claimed = server.claim_prompt(&request.session_id.0);
                 cx.clone().spawn(async move {
-                    let answered = prompt(&server, &cx, request).await;
+                    let answered = match claimed {
+                        Ok((session, cancel)) => {
+                            let answered = prompt(&server, &cx, &session, &cancel, request).await;
+                            session.release_prompt();
+                            answered
+                        }
+                        Err(error) => Err(error),
+                    };
                     // A failed reply means the client is gone; the connection ends on its own.
                     let _ = responder.respond_with_result(answered);
                     Ok(())
@@ -228,6 +268,7 @@ async fn serve(server: Arc<Server>) -> Result<(), AcpError> {
         .on_receive_notification(
             async move |cancel: CancelNotification, _cx: v1::ConnectionTo<Client>| {
                 let script = &for_cancel.script;
+                touch(script.cancel_file.as_ref());
                 if script.crash_on_cancel {
                     std::process::exit(1);
                 }
@@ -302,6 +343,8 @@ fn chunk(
 async fn prompt(
     server: &Server,
     cx: &v1::ConnectionTo<Client>,
+    session: &Session,
+    cancel: &CancellationToken,
     request: PromptRequest,
 ) -> Result<PromptResponse, AcpError> {
     let script = &server.script;
@@ -309,14 +352,8 @@ async fn prompt(
         std::process::exit(1);
     }
     let id = request.session_id.0.to_string();
-    let session = server
-        .session(&id)
-        .ok_or_else(|| AcpError::invalid_params().data(format!("unknown session {id}")))?;
-    let cancel = CancellationToken::new();
-    *session
-        .running
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner) = Some(cancel.clone());
+    // The scripted model is shared: one prompt of the process runs at a time.
+    let _turn = server.one_turn.acquire().await.map_err(internal)?;
     if let Some(delay) = script.delay {
         tokio::time::sleep(delay).await;
     }
@@ -337,8 +374,13 @@ async fn prompt(
         _ => ScriptStep::text(answer.as_str()),
     };
     let step = if script.hang {
-        // The answer streams now as a partial; the turn then holds until cancelled.
+        // The answer streams now as a partial; the turn then holds until cancelled. A request
+        // the client does not implement comes back only after the client dispatched the chunk
+        // before it, so the ready file below means the partial has arrived.
         cx.send_notification(chunk(&id, SessionUpdate::AgentMessageChunk, &answer))?;
+        if let Ok(ping) = UntypedMessage::new("_subagents/ping", serde_json::json!({})) {
+            let _ = cx.send_request(ping).block_task().await;
+        }
         step.gated(&Gate::new())
     } else {
         step
@@ -352,15 +394,15 @@ async fn prompt(
             _ => None,
         })
         .collect();
-    let reason = run_turn(&server.rt, &session, prompt, &cancel, script)
+    let (turn, reason) = run_turn(&server.rt, session, prompt, cancel, script)
         .await
         .map_err(internal)?;
     if !script.hang {
         let output = session.handle.agent().log().with_events(|events| {
             let start = events
                 .iter()
-                .rposition(|event| matches!(event.kind, EventKind::TurnStart { .. }))
-                .unwrap_or(0);
+                .rposition(|event| matches!(event.kind, EventKind::TurnStart { turn: started } if Some(started) == turn))
+                .unwrap_or(events.len());
             text_of(&final_assistant_output(&events[start..]))
         });
         if !output.is_empty() {
@@ -432,15 +474,15 @@ async fn ask_permission(
     ))
 }
 
-/// Runs one turn of the session's agent on `prompt` and returns how it ended; `cancel`
-/// cancels the turn.
+/// Runs one turn of the session's agent on `prompt` and returns its number (none when the
+/// prompt was discarded unrun) and how it ended; `cancel` cancels the turn.
 async fn run_turn(
     rt: &Runtime,
     session: &Session,
     prompt: Vec<ContentBlock>,
     cancel: &CancellationToken,
     script: &AcpAgentScript,
-) -> Result<TurnEndReason, SubagentError> {
+) -> Result<(Option<u64>, TurnEndReason), SubagentError> {
     let agent = session.handle.agent();
     let (sender, mut events) = mpsc::unbounded_channel();
     // Subscribed before the send, so no event of the turn is missed.
@@ -473,12 +515,13 @@ async fn run_turn(
                 turn: ended,
                 reason,
             }) if Some(ended) == turn => {
-                return Ok(reason);
+                return Ok((turn, reason));
             }
             Some(AgentEventKind::InboxDiscarded { message: discarded }) if discarded == message => {
-                return Ok(TurnEndReason::Aborted {
+                let reason = TurnEndReason::Aborted {
                     reason: CancelCause::User,
-                });
+                };
+                return Ok((None, reason));
             }
             Some(_) => {}
             None => {

@@ -54,6 +54,8 @@ pub struct AcpAgentScript {
     pub hang: bool,
     /// `ACP_AGENT_IGNORE_CANCEL=1`: receive `session/cancel` and do nothing.
     pub ignore_cancel: bool,
+    /// `ACP_AGENT_CANCEL_FILE`: touched when `session/cancel` arrives.
+    pub cancel_file: Option<PathBuf>,
     /// `ACP_AGENT_CRASH_ON_CANCEL=1`: exit 1 when `session/cancel` arrives.
     pub crash_on_cancel: bool,
     /// `ACP_AGENT_CRASH_ON_PROMPT=1`: exit 1 when the prompt arrives.
@@ -129,6 +131,7 @@ impl AcpAgentScript {
                 "NO_ALLOW" => script.no_allow = on,
                 "HANG" => script.hang = on,
                 "IGNORE_CANCEL" => script.ignore_cancel = on,
+                "CANCEL_FILE" => script.cancel_file = path(),
                 "CRASH_ON_CANCEL" => script.crash_on_cancel = on,
                 "CRASH_ON_PROMPT" => script.crash_on_prompt = on,
                 "DELAY_MS" => script.delay = Some(parse_ms(name, &text)?),
