@@ -78,6 +78,10 @@ pub mod tour;
 pub use actors::agent::{AgentRef, AgentSnapshot, InboxPolicy};
 pub use actors::agents::Agents;
 pub use actors::providers::acp::{AcpPermission, AcpProvider, AcpProviderConfig};
+pub use actors::providers::claude_code::{
+    ClaudeCodeProvider, ClaudeCodeProviderConfig, ClaudePermissionMode,
+};
+pub use actors::providers::codex::{CodexPermissionMode, CodexProvider, CodexProviderConfig};
 pub use actors::providers::fork::ForkInProcess;
 pub use actors::providers::sdk::{SdkProvider, SdkProviderConfig};
 pub use actors::providers::spawn::SpawnInProcess;

@@ -572,9 +572,7 @@ async fn a_child_that_exits_before_the_handshake_fails_the_start_with_its_exit_c
     let error = acp.start("go").await.unwrap_err();
     assert_eq!(error.code(), ErrorCode::ChildStartFailed);
     assert!(
-        error
-            .message()
-            .starts_with("subagent-acp: initialize failed: ")
+        error.message().starts_with("subagent-acp: ")
             && error.message().ends_with("; exit code: 3"),
         "{}",
         error.message()

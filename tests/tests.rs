@@ -47,6 +47,10 @@ mod ownership;
 mod projection;
 /// The ACP provider against the reference peer, `subagents acp-agent`.
 mod provider_acp;
+/// The Claude Code provider against a replayed stream-json CLI.
+mod provider_claude;
+/// The Codex app-server provider against a replayed NDJSON wire.
+mod provider_codex;
 /// The seam: descriptor, persona, tool filter, delegated policy.
 mod seam_composition;
 /// The seam: fork seeding.

@@ -377,12 +377,13 @@ async fn start_run(
         Some(Ok(Ok(()))) => None,
         None => Some((aborted_before_start(child_kind), false)),
         Some(Ok(Err(failure))) => Some((failure.error, failure.child_closed)),
+        // The connection ends on its own only when the child closed its side.
         Some(Err(_)) => Some((
             SubagentError::new(
                 ErrorCode::ChildStartFailed,
-                format!("{prefix}: the {child_kind} connection ended during startup"),
+                format!("{prefix}: the {child_kind} child closed the connection during startup"),
             ),
-            false,
+            true,
         )),
     };
     if let Some((error, child_closed)) = failure {

@@ -1,7 +1,9 @@
 //! The provider actors and their public handles: in-process `spawn` and `fork`, and the
-//! out-of-process `acp` (and the SDK provider built on it).
+//! out-of-process `acp` (and the SDK provider built on it), `codex` and `claude_code`.
 
 pub mod acp;
+pub mod claude_code;
+pub mod codex;
 pub mod fork;
 pub mod in_process;
 pub mod sdk;

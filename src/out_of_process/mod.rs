@@ -9,6 +9,7 @@
 //! through the run's result, never as an error. No provider bounds a run's wall time: only the
 //! caller cancels it.
 
+pub(crate) mod codex;
 mod config;
 mod env;
 mod process;

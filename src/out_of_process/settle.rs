@@ -31,6 +31,13 @@ impl PartialOutput {
             .push_str(chunk);
     }
 
+    /// Replaces the text so far (a provider whose partial output is a selection, not a stream).
+    pub fn set(&self, text: &str) {
+        let mut held = self.text.lock().unwrap_or_else(PoisonError::into_inner);
+        held.clear();
+        held.push_str(text);
+    }
+
     /// The text so far as one text block, or no block when nothing was streamed.
     pub fn snapshot(&self) -> Vec<ContentBlock> {
         let text = self.text.lock().unwrap_or_else(PoisonError::into_inner);

@@ -1,0 +1,742 @@
+//! The Claude Code provider: each one-shot run starts a fresh `claude` CLI in stream-json mode
+//! (`--input-format stream-json --output-format stream-json`), writes the task as one user
+//! message, answers every permission prompt with a denial (no human is ever asked, except in
+//! `bypassPermissions` mode where none is asked at all), and consumes the whole message stream:
+//! the last strict success is the answer, anything else fails in safe words.
+//!
+//! The reference drives the CLI through its TypeScript SDK; Rust has none, so this speaks the
+//! CLI's own stream-json wire, whose frames live in [`wire`] so they can be corrected against
+//! a capture of the pinned CLI.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use actix::prelude::*;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{ChildStdin, ChildStdout};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::content::ContentBlock;
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::out_of_process::{
+    child_env, grace_ms, out_of_process_run, positive_finite, usable_cwd, ChildProcess, CwdLabel,
+    ExitOutcome, PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
+};
+use crate::seam::{
+    ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
+    SubagentRun,
+};
+use crate::stop_reason::StopReason;
+
+const PREFIX: &str = "subagent-claude-code";
+
+/// The Claude CLI's stream-json frames: the one place to correct against a capture.
+pub mod wire {
+    use serde_json::{json, Value};
+
+    /// The denial every permission prompt gets.
+    pub const DENY_MESSAGE: &str =
+        "This unattended Claude Code subagent cannot request human approval.";
+
+    /// The task as the one user message.
+    pub fn user_message(task: &str) -> Value {
+        json!({
+            "type": "user",
+            "session_id": "",
+            "message": {"role": "user", "content": [{"type": "text", "text": task}]},
+            "parent_tool_use_id": null,
+        })
+    }
+
+    /// The answer to a `control_request` whose `request.subtype` is `can_use_tool`.
+    pub fn deny_tool(request_id: &Value) -> Value {
+        control_success(
+            request_id,
+            json!({"behavior": "deny", "message": DENY_MESSAGE}),
+        )
+    }
+
+    /// The answer to an MCP elicitation request.
+    pub fn decline_elicitation(request_id: &Value) -> Value {
+        control_success(request_id, json!({"action": "decline"}))
+    }
+
+    /// The refusal of a control request this provider does not serve.
+    pub fn control_error(request_id: &Value, message: &str) -> Value {
+        json!({"type": "control_response",
+               "response": {"subtype": "error", "request_id": request_id, "error": message}})
+    }
+
+    fn control_success(request_id: &Value, response: Value) -> Value {
+        json!({"type": "control_response",
+               "response": {"subtype": "success", "request_id": request_id, "response": response}})
+    }
+
+    /// The interrupt sent when a run is cancelled or disposed mid-stream.
+    pub fn interrupt(request_id: &str) -> Value {
+        json!({"type": "control_request", "request_id": request_id,
+               "request": {"subtype": "interrupt"}})
+    }
+}
+
+/// The permission mode every run starts in. `default` (interactive) is not offered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum ClaudePermissionMode {
+    /// Deny anything not already allowed, without asking.
+    #[default]
+    #[serde(rename = "dontAsk")]
+    DontAsk,
+    /// Accept file edits; deny other prompts.
+    #[serde(rename = "acceptEdits")]
+    AcceptEdits,
+    /// Let Claude Code decide; deny prompts.
+    #[serde(rename = "auto")]
+    Auto,
+    /// Plan only (`ExitPlanMode` is disallowed).
+    #[serde(rename = "plan")]
+    Plan,
+    /// Skip every permission check.
+    #[serde(rename = "bypassPermissions")]
+    BypassPermissions,
+}
+
+impl ClaudePermissionMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::DontAsk => "dontAsk",
+            Self::AcceptEdits => "acceptEdits",
+            Self::Auto => "auto",
+            Self::Plan => "plan",
+            Self::BypassPermissions => "bypassPermissions",
+        }
+    }
+
+    /// The CLI flags of the mode, after the stream-json ones.
+    fn flags(self) -> Vec<String> {
+        let mut flags = vec!["--permission-mode".to_owned(), self.as_str().to_owned()];
+        let disallowed = match self {
+            Self::Plan => "AskUserQuestion,ExitPlanMode",
+            _ => "AskUserQuestion",
+        };
+        flags.extend(["--disallowedTools".to_owned(), disallowed.to_owned()]);
+        if self == Self::BypassPermissions {
+            flags.push("--dangerously-skip-permissions".to_owned());
+        } else {
+            flags.extend(["--permission-prompt-tool".to_owned(), "stdio".to_owned()]);
+        }
+        flags.push("--no-session-persistence".to_owned());
+        flags
+    }
+}
+
+fn default_claude_name() -> String {
+    "claude-code".to_owned()
+}
+
+fn default_claude_command() -> String {
+    "claude".to_owned()
+}
+
+fn default_grace_ms() -> f64 {
+    3000.0
+}
+
+/// The Claude Code provider's configuration (`providerName`, `command`, `env`,
+/// `permissionMode`, `disposeGraceMs`). There is no cwd override.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClaudeCodeProviderConfig {
+    /// The registry name (default `claude-code`).
+    #[serde(default = "default_claude_name")]
+    pub provider_name: String,
+    /// The CLI executable (default `claude`); configurable so tests can run a fake.
+    #[serde(default = "default_claude_command")]
+    pub command: String,
+    /// Arguments before the provider's own flags (empty by default).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Variables laid over the scrubbed environment (an API key goes here).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The permission mode (default `dontAsk`).
+    #[serde(default)]
+    pub permission_mode: ClaudePermissionMode,
+    /// How long the tree has between SIGTERM and SIGKILL (default 3000 ms).
+    #[serde(default = "default_grace_ms")]
+    pub dispose_grace_ms: f64,
+}
+
+impl Default for ClaudeCodeProviderConfig {
+    fn default() -> Self {
+        Self {
+            provider_name: default_claude_name(),
+            command: default_claude_command(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            permission_mode: ClaudePermissionMode::default(),
+            dispose_grace_ms: default_grace_ms(),
+        }
+    }
+}
+
+impl ClaudeCodeProviderConfig {
+    /// A configuration that runs `command` with the defaults.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self {
+            command: command.into(),
+            ..Self::default()
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ClaudeSettings {
+    name: String,
+    argv: Vec<OsString>,
+    env: BTreeMap<String, String>,
+    mode: ClaudePermissionMode,
+    grace: Duration,
+}
+
+/// The Claude Code provider: one-shot runs only, no start capabilities, no parent context.
+pub struct ClaudeCodeProvider {
+    settings: Arc<ClaudeSettings>,
+    addr: OnceLock<Addr<ClaudeCodeProviderActor>>,
+}
+
+impl std::fmt::Debug for ClaudeCodeProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaudeCodeProvider")
+            .field("name", &self.settings.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClaudeCodeProvider {
+    /// Checks `config` and builds the provider; loading starts no process.
+    ///
+    /// # Errors
+    /// `INVALID_CONFIG` for an empty name or command, or a grace that is not positive,
+    /// finite and at most 2147483647 ms.
+    pub fn new(config: ClaudeCodeProviderConfig) -> Result<Self> {
+        let invalid = |message: &str| {
+            SubagentError::new(ErrorCode::InvalidConfig, format!("{PREFIX}: {message}"))
+        };
+        if config.provider_name.is_empty() {
+            return Err(invalid("providerName must not be empty"));
+        }
+        if config.command.is_empty() {
+            return Err(invalid("command must not be empty"));
+        }
+        positive_finite(PREFIX, "disposeGraceMs", config.dispose_grace_ms)?;
+        let grace = grace_ms(PREFIX, "disposeGraceMs", config.dispose_grace_ms)
+            .map_err(|_| invalid("disposeGraceMs must be no greater than 2147483647"))?;
+        let mode = config.permission_mode;
+        let argv = std::iter::once(config.command)
+            .chain(config.args)
+            .chain(
+                [
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                    "--input-format",
+                    "stream-json",
+                ]
+                .map(str::to_owned),
+            )
+            .chain(mode.flags())
+            .map(OsString::from)
+            .collect();
+        Ok(Self {
+            settings: Arc::new(ClaudeSettings {
+                name: config.provider_name,
+                argv,
+                env: config.env,
+                mode,
+                grace,
+            }),
+            addr: OnceLock::new(),
+        })
+    }
+
+    fn addr(&self) -> Addr<ClaudeCodeProviderActor> {
+        self.addr
+            .get_or_init(|| {
+                ClaudeCodeProviderActor {
+                    settings: Arc::clone(&self.settings),
+                    started: 0,
+                }
+                .start()
+            })
+            .clone()
+    }
+}
+
+impl SubagentProvider for ClaudeCodeProvider {
+    fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    fn capabilities(&self) -> SubagentCapabilities {
+        NO_START_CAPABILITIES
+    }
+
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+
+    fn start(
+        &self,
+        request: ResolvedSubagentStartRequest,
+    ) -> BoxFuture<'static, Result<SubagentRun>> {
+        let addr = self.addr();
+        Box::pin(async move {
+            addr.send(StartClaudeRun(request))
+                .await
+                .map_err(SubagentError::from)?
+        })
+    }
+}
+
+/// The provider's actor: it counts its runs and starts each one.
+struct ClaudeCodeProviderActor {
+    settings: Arc<ClaudeSettings>,
+    started: u64,
+}
+
+impl Actor for ClaudeCodeProviderActor {
+    type Context = Context<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<SubagentRun>")]
+struct StartClaudeRun(ResolvedSubagentStartRequest);
+
+impl Handler<StartClaudeRun> for ClaudeCodeProviderActor {
+    type Result = ResponseFuture<Result<SubagentRun>>;
+
+    fn handle(&mut self, msg: StartClaudeRun, _: &mut Context<Self>) -> Self::Result {
+        self.started += 1;
+        tracing::debug!(provider = %self.settings.name, started = self.started, "Claude Code run start");
+        Box::pin(start_run(Arc::clone(&self.settings), msg.0))
+    }
+}
+
+/// Where a Claude Code run failed, and why, in safe words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Failure {
+    stage: &'static str,
+    category: String,
+    outcome: Option<ExitOutcome>,
+}
+
+impl Failure {
+    fn new(stage: &'static str, category: impl Into<String>) -> Self {
+        Self {
+            stage,
+            category: category.into(),
+            outcome: None,
+        }
+    }
+
+    /// `Product subagent failure (product: Claude Code; stage: …; category: …[; exit code:
+    /// N][; signal: S])`.
+    fn line(&self) -> String {
+        let mut line = format!(
+            "Product subagent failure (product: Claude Code; stage: {}; category: {}",
+            self.stage, self.category
+        );
+        if let Some(outcome) = self.outcome {
+            let said = outcome.to_string();
+            if !said.is_empty() {
+                line.push_str("; ");
+                line.push_str(&said);
+            }
+        }
+        line.push(')');
+        line
+    }
+}
+
+/// An unattended decision, in fixed words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fact {
+    request: &'static str,
+    decision: &'static str,
+    reason: &'static str,
+}
+
+impl Fact {
+    const PROMPT_DENIED: Self = Self {
+        request: "tool permission",
+        decision: "denied",
+        reason: "the provider does not request human approval",
+    };
+    const DENIED_BEFORE_PROMPT: Self = Self {
+        request: "tool permission",
+        decision: "denied",
+        reason: "Claude Code denied the request before an interactive prompt",
+    };
+    const ELICITATION_DECLINED: Self = Self {
+        request: "MCP elicitation",
+        decision: "declined",
+        reason: "the provider does not collect interactive MCP input",
+    };
+
+    fn text(self, mode: ClaudePermissionMode) -> String {
+        format!(
+            "Claude Code unattended decision (mode: {}; request: {}; decision: {}): {}",
+            mode.as_str(),
+            self.request,
+            self.decision,
+            self.reason
+        )
+    }
+}
+
+const ERROR_SUBTYPES: [&str; 4] = [
+    "error_during_execution",
+    "error_max_turns",
+    "error_max_budget_usd",
+    "error_max_structured_output_retries",
+];
+
+fn aborted_before_start() -> SubagentError {
+    SubagentError::new(
+        ErrorCode::AbortedBeforePublication,
+        format!("{PREFIX}: request was aborted before SDK startup"),
+    )
+}
+
+fn start_failure(failure: &Failure, cause: SubagentError) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::ChildStartFailed,
+        format!("{PREFIX}: {}", failure.line()),
+    )
+    .with_source(cause)
+}
+
+/// The task: text blocks only, concatenated with no separator, not all blank.
+fn task_text(prompt: &[ContentBlock]) -> Result<String> {
+    let texts: Option<Vec<&str>> = prompt.iter().map(ContentBlock::as_text).collect();
+    let texts = texts.filter(|texts| !texts.is_empty()).ok_or_else(|| {
+        SubagentError::new(
+            ErrorCode::InvalidArgs,
+            format!("{PREFIX}: the one-shot task must contain only text blocks"),
+        )
+    })?;
+    let task = texts.concat();
+    if task.trim().is_empty() {
+        return Err(SubagentError::new(
+            ErrorCode::InvalidArgs,
+            format!("{PREFIX}: the one-shot task must not be empty"),
+        ));
+    }
+    Ok(task)
+}
+
+async fn start_run(
+    settings: Arc<ClaudeSettings>,
+    resolved: ResolvedSubagentStartRequest,
+) -> Result<SubagentRun> {
+    let request = resolved.request;
+    let Some(parent_cwd) = request.parent.header().cwd else {
+        return Err(SubagentError::new(
+            ErrorCode::InvalidConfig,
+            format!(
+                "{PREFIX}: no working directory for the child — delegate from a parent session \
+                 that has one"
+            ),
+        ));
+    };
+    let task = task_text(&request.prompt)?;
+    if request.cancel.is_cancelled() {
+        return Err(aborted_before_start());
+    }
+    let query_start = Failure::new("query-start", "unknown");
+    let cwd = usable_cwd(PREFIX, CwdLabel::ParentSession, &parent_cwd).map_err(|error| {
+        tracing::warn!(%error, "{PREFIX} \"{}\": child start failed", settings.name);
+        start_failure(&query_start, error)
+    })?;
+    let process = ChildProcess::spawn(&ProcessSpec {
+        argv: settings.argv.clone(),
+        cwd,
+        env: child_env(std::env::vars_os(), &settings.env),
+        stderr: StderrMode::Inherit,
+        grace: settings.grace,
+    })
+    .map_err(|error| start_failure(&query_start, error))?;
+    let process = Arc::new(process);
+    let (Some(stdin), Some(stdout)) = (process.take_stdin(), process.take_stdout()) else {
+        return Err(SubagentError::bug("a child started without its pipes"));
+    };
+    let shutdown = CancellationToken::new();
+    let local = request.cancel.child_token();
+    let (answer_tx, answer_rx) = oneshot::channel();
+    let session = ClaudeSession {
+        name: settings.name.clone(),
+        mode: settings.mode,
+        grace: settings.grace,
+        stdin: Some(stdin),
+        lines: BufReader::new(stdout).lines(),
+        process: Arc::clone(&process),
+        local: local.clone(),
+        shutdown: shutdown.clone(),
+        fact: None,
+        success: None,
+        interrupt_sent: false,
+    };
+    let connection = tokio::spawn(session.run(task, answer_tx));
+    let teardown = Teardown {
+        process,
+        connection,
+        shutdown: shutdown.drop_guard(),
+    };
+    if request.cancel.is_cancelled() {
+        teardown.run().await;
+        return Err(aborted_before_start());
+    }
+    let attempt = async move {
+        answer_rx
+            .await
+            .map_err(|_| SubagentError::bug("the Claude Code session ended before it answered"))
+    };
+    Ok(out_of_process_run(
+        format!("{PREFIX} \"{}\"", settings.name),
+        attempt,
+        PartialOutput::default(),
+        local,
+        move || {
+            async move {
+                teardown.run().await;
+                Ok(())
+            }
+            .boxed()
+        },
+    ))
+}
+
+/// One run's stream: the messages, the permission prompts, the settlement.
+struct ClaudeSession {
+    name: String,
+    mode: ClaudePermissionMode,
+    grace: Duration,
+    stdin: Option<ChildStdin>,
+    lines: Lines<BufReader<ChildStdout>>,
+    process: Arc<ChildProcess>,
+    local: CancellationToken,
+    shutdown: CancellationToken,
+    /// The latest unattended decision.
+    fact: Option<Fact>,
+    /// The last strict success so far.
+    success: Option<String>,
+    interrupt_sent: bool,
+}
+
+enum Step {
+    Line(String),
+    Eof,
+    Cancelled,
+    Shutdown,
+}
+
+impl ClaudeSession {
+    async fn write(&mut self, frame: &Value) {
+        if let Some(stdin) = &mut self.stdin {
+            let mut line = frame.to_string();
+            line.push('\n');
+            if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+                self.stdin = None;
+            }
+        }
+    }
+
+    /// Asks the CLI to stop its turn, once, while its input is open.
+    async fn interrupt(&mut self) {
+        if !self.interrupt_sent && self.stdin.is_some() {
+            self.interrupt_sent = true;
+            let id = format!("interrupt-{}", uuid::Uuid::new_v4().simple());
+            self.write(&wire::interrupt(&id)).await;
+        }
+    }
+
+    async fn next(&mut self) -> Step {
+        let cancelled = self.interrupt_sent;
+        tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => Step::Shutdown,
+            line = self.lines.next_line() => match line {
+                Ok(Some(line)) => Step::Line(line),
+                Ok(None) | Err(_) => Step::Eof,
+            },
+            () = self.local.cancelled(), if !cancelled => Step::Cancelled,
+        }
+    }
+
+    async fn run(mut self, task: String, answer: oneshot::Sender<SubagentResult>) {
+        // A CLI that is already gone closes the pipe; the stream's end then tells how it went.
+        self.write(&wire::user_message(&task)).await;
+        let settled = loop {
+            match self.next().await {
+                Step::Shutdown => {
+                    self.interrupt().await;
+                    return;
+                }
+                Step::Cancelled => self.interrupt().await,
+                Step::Line(line) => {
+                    if let Err(failure) = self.message(&line).await {
+                        break Err(failure);
+                    }
+                }
+                Step::Eof => break self.ended().await,
+            }
+        };
+        let result = match settled {
+            Ok(answer) => {
+                SubagentResult::with_output(StopReason::Completed, vec![ContentBlock::text(answer)])
+            }
+            Err(failure) => {
+                let line = failure.line();
+                tracing::warn!(
+                    "{PREFIX} \"{}\": child run failed (error): {PREFIX}: {line}",
+                    self.name
+                );
+                let diagnostic = match self.fact {
+                    Some(fact) => format!("{line}\n{}", fact.text(self.mode)),
+                    None => line,
+                };
+                SubagentResult::empty(StopReason::Error).with_diagnostic(diagnostic)
+            }
+        };
+        let _ = answer.send(result);
+        // Hold the pipes until disposal, reading so the CLI never blocks on a full pipe.
+        loop {
+            match self.next().await {
+                Step::Shutdown => break,
+                Step::Eof => {
+                    self.shutdown.cancelled().await;
+                    break;
+                }
+                Step::Cancelled => self.interrupt_sent = true,
+                Step::Line(_) => {}
+            }
+        }
+    }
+
+    /// One stream-json line; a failing result fails the run at once (with how the process
+    /// ended, if it already had).
+    async fn message(&mut self, line: &str) -> std::result::Result<(), Failure> {
+        self.read(line).await.map_err(|failure| Failure {
+            outcome: self.process.outcome(),
+            ..failure
+        })
+    }
+
+    async fn read(&mut self, line: &str) -> std::result::Result<(), Failure> {
+        let Ok(message) = serde_json::from_str::<Value>(line.trim()) else {
+            return Ok(());
+        };
+        let field = |name: &str| message.get(name).and_then(Value::as_str);
+        match (field("type"), field("subtype")) {
+            (Some("system"), Some("permission_denied")) => {
+                self.fact = Some(Fact::DENIED_BEFORE_PROMPT);
+            }
+            (Some("control_request"), _) => {
+                let id = message.get("request_id").cloned().unwrap_or(Value::Null);
+                let subtype = message
+                    .get("request")
+                    .and_then(|request| request.get("subtype"))
+                    .and_then(Value::as_str);
+                let reply = match subtype {
+                    Some("can_use_tool") => {
+                        self.fact = Some(Fact::PROMPT_DENIED);
+                        wire::deny_tool(&id)
+                    }
+                    Some("elicitation") => {
+                        self.fact = Some(Fact::ELICITATION_DECLINED);
+                        wire::decline_elicitation(&id)
+                    }
+                    _ => wire::control_error(&id, "unsupported control request"),
+                };
+                self.write(&reply).await;
+            }
+            (Some("result"), subtype) => {
+                let is_error = message.get("is_error").and_then(Value::as_bool) != Some(false);
+                let result = field("result").filter(|text| !text.trim().is_empty());
+                match (subtype, is_error, result) {
+                    (Some("success"), false, Some(text)) => {
+                        self.success = Some(text.to_owned());
+                        // One task per run: the input ends once it is answered.
+                        self.stdin = None;
+                    }
+                    (Some("success"), _, _) => {
+                        return Err(Failure::new("query-run", "invalid-success"))
+                    }
+                    (Some(subtype), _, _) if ERROR_SUBTYPES.contains(&subtype) => {
+                        return Err(Failure::new("query-run", subtype))
+                    }
+                    _ => return Err(Failure::new("query-run", "unknown")),
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The stream ended: how the process exits decides between the answer and a failure.
+    async fn ended(&mut self) -> std::result::Result<String, Failure> {
+        let outcome = tokio::time::timeout(self.grace, self.process.exited())
+            .await
+            .ok();
+        let clean = outcome.is_some_and(|outcome| outcome.code == Some(0));
+        match (self.success.take(), clean, outcome) {
+            (Some(answer), true, _) => Ok(answer),
+            (Some(_), false, outcome) => Err(Failure {
+                outcome,
+                ..Failure::new("query-run", "unknown")
+            }),
+            (None, true, _) | (None, false, None) => {
+                Err(Failure::new("query-run", "missing-result"))
+            }
+            (None, false, outcome) => Err(Failure {
+                outcome,
+                ..Failure::new("process", "process-exit")
+            }),
+        }
+    }
+}
+
+/// The dispose ladder: interrupt and close the input, terminate the tree, wait for it.
+struct Teardown {
+    process: Arc<ChildProcess>,
+    connection: JoinHandle<()>,
+    /// Dropping the teardown unstarted (an abandoned start) still ends the session.
+    shutdown: tokio_util::sync::DropGuard,
+}
+
+impl Teardown {
+    async fn run(self) {
+        let Self {
+            process,
+            mut connection,
+            shutdown,
+        } = self;
+        drop(shutdown);
+        if tokio::time::timeout(Duration::from_secs(1), &mut connection)
+            .await
+            .is_err()
+        {
+            connection.abort();
+        }
+        process.terminate().await;
+        tracing::debug!(pid = process.pid(), outcome = %process.outcome().unwrap_or_default(), "Claude Code child released");
+    }
+}
