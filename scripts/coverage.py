@@ -147,6 +147,13 @@ provider_rows=[
  ('ACP-24','no process outlives its run: after dispose, cancel, crash, failed startup and a dropped run, the child and its grandchild are gone'),
  ('SDK-01','the SDK provider runs `subagents acp-agent` as the child and returns its answer; its messages name the SDK child'),
 ]
+# Codex and Claude Code: the ids the tests carry (each test names the reference tests it ports in
+# its marker), titled by the test's own name.
+for prefix in ('CODEX','CLAUDE'):
+    ids=sorted((i for i in ported if i.startswith(prefix+'-')), key=lambda i:int(i.split('-')[1]))
+    for i in ids:
+        first=ported[i][0].split(' ')[0].rsplit('::',1)[-1].replace('_',' ')
+        provider_rows.append((i, first))
 provider_out=[]; provider_counts={'ported':0,'n/a':0,'pending':0}
 for i,t in provider_rows:
     if i in ported:
@@ -163,6 +170,11 @@ tools_table=(f'## Model-facing tool behaviors (issue #11)\n\nThe numbered tests 
 head=re.sub(r'(Ported: \d+; not applicable or adapted: \d+; pending \(later issues\): \d+\.\n\n)+','',head)
 head=re.sub(r'## Seam behaviors\n\n', f'## Seam behaviors\n\nPorted: {counts["ported"]}; not applicable or adapted: {counts["n/a"]}; pending (later issues): {counts["pending"]}.\n\n', head)
 providers_table=(f'## Out-of-process provider behaviors (issue #12)\n\nThe behaviors `providers-and-tools.md` §1 states for each out-of-process provider, numbered here. '
+  'ACP runs against `subagents acp-agent`, Codex and Claude Code against `subagents replay` (a fake product replaying a JSON Lines script); '
+  'each Codex and Claude Code marker names the reference tests it ports. Not ported, by design: the reference tests that drive an in-memory fake child '
+  'tick by tick (Codex 35 in part, 39, 40b–f, 42–46, 50–55; Claude Code 12–14, 24, 28–33), whose subjects here are real processes covered by the ACP-24 and '
+  '`out_of_process` process tests; the Claude Code SDK option projections (10, 11, 15–17), whose counterpart is the CLI invocation (CLAUDE-10); and the package, '
+  'loader and real-product suites (Codex 1, 10; Claude Code 1, 9; the key-gated e2e). '
   f'Ported: {provider_counts["ported"]}; pending: {provider_counts["pending"]}.\n\n| id | behavior | status |\n| --- | --- | --- |\n'+'\n'.join(provider_out)+'\n\n')
 if '## Out-of-process provider behaviors' in tail:
     tail=tail[:tail.index('## Out-of-process provider behaviors')]+tail[tail.index('## Host-runtime behaviors', tail.index('## Out-of-process provider behaviors')):] if tail.count('## Host-runtime behaviors') else tail

@@ -107,6 +107,8 @@ pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
     let script = AcpAgentScript::from_env()?;
     start_process_script(&script)?;
     let model = ScriptedModel::new();
+    // A long session would otherwise keep a copy of every request's whole history.
+    model.set_recording(false);
     let builder = Runtime::builder().model("scripted", model.clone());
     let builder = match &args.store {
         Some(dir) => builder.store(SledStore::open(dir)?),

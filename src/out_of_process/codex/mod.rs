@@ -289,6 +289,7 @@ mod tests {
 
     use super::*;
 
+    // CODEX-44 (reference 13, 14, 15)
     #[test]
     fn categories_keep_only_known_names_and_integer_statuses() {
         let of = |info: Value| categorize(Some(&json!({ "codexErrorInfo": info })));
@@ -324,6 +325,7 @@ mod tests {
         assert_eq!(categorize(None), ("unknown".into(), None));
     }
 
+    // CODEX-45 (reference 23)
     #[test]
     fn stderr_signatures_match_across_chunks_and_the_later_one_wins() {
         let mut signatures = StderrSignatures::default();

@@ -477,6 +477,7 @@ mod tests {
                "item": {"type": "agentMessage", "text": text, "phase": phase}})
     }
 
+    // CODEX-40 (reference 11, 12)
     #[test]
     fn the_latest_final_answer_wins_over_unphased_and_commentary() {
         let mut turn = committed();
@@ -497,6 +498,7 @@ mod tests {
         assert_eq!(turn.output(), vec![ContentBlock::text("last final")]);
     }
 
+    // CODEX-41 (reference 17)
     #[test]
     fn a_missing_phase_is_an_unknown_phase() {
         let mut turn = committed();
@@ -509,6 +511,7 @@ mod tests {
         );
     }
 
+    // CODEX-42 (reference 28, 29)
     #[test]
     fn held_frames_replay_at_commit_and_a_mismatch_is_a_turn_start_failure() {
         let mut turn = Turn::new("thread-1".into());
@@ -528,6 +531,7 @@ mod tests {
         );
     }
 
+    // CODEX-43 (reference 25)
     #[test]
     fn an_older_replayed_fact_never_replaces_a_newer_one() {
         let mut turn = Turn::new("thread-1".into());
