@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use subagents::model::{OpenAiAdapter, OpenAiConfig, StreamChunk};
+use subagents::model::{OpenAiAdapter, StreamChunk};
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
     AgentOptions, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, EventKind,
@@ -71,29 +71,9 @@ struct DemoArgs {
     /// end, printing `flushed <session-id> <events>` after each acknowledged flush.
     #[arg(long, value_name = "TURNS")]
     burst: Option<u32>,
-    /// Which model answers: the deterministic scripted model, or an OpenAI-compatible endpoint.
-    #[arg(long, value_enum, default_value_t = ModelChoice::Scripted)]
-    model: ModelChoice,
-    /// The endpoint's base URL (with `--model openai`), e.g. `https://api.openai.com/v1`.
-    #[arg(long)]
-    base_url: Option<String>,
-    /// The model name to request: required with `--model openai`; recorded in the session
-    /// with the scripted model (default `scripted-demo`).
-    #[arg(long)]
-    model_name: Option<String>,
-    /// The environment variable holding the API key (with `--model openai`); omit it for
-    /// endpoints without authentication (a local vLLM or Ollama).
-    #[arg(long)]
-    api_key_env: Option<String>,
-}
-
-/// Which model the demo runs against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum ModelChoice {
-    /// The deterministic scripted model (no network).
-    Scripted,
-    /// An OpenAI-compatible chat-completions endpoint.
-    Openai,
+    /// The model (the scripted model records `--model-name`, default `scripted-demo`).
+    #[command(flatten)]
+    model: cli::model::ModelArgs,
 }
 
 /// The demo's validated plan: what the command line asked for, before any actor starts.
@@ -113,15 +93,7 @@ enum Drill {
     Forest,
 }
 
-/// The model half of the plan.
-enum DemoModel {
-    Scripted,
-    OpenAi(OpenAiConfig),
-}
-
-fn usage(message: impl Into<String>) -> SubagentError {
-    SubagentError::new(ErrorCode::InvalidArgs, message)
-}
+use cli::model::{usage, ModelPlan as DemoModel};
 
 impl DemoPlan {
     fn from_args(args: DemoArgs) -> Result<Self, SubagentError> {
@@ -132,45 +104,20 @@ impl DemoPlan {
             (false, Some(turns), false) => Drill::Burst(turns),
             (false, None, false) => Drill::None,
         };
-        let model = match args.model {
-            ModelChoice::Scripted => {
-                for (given, flag) in [
-                    (args.base_url.is_some(), "--base-url"),
-                    (args.api_key_env.is_some(), "--api-key-env"),
-                ] {
-                    if given {
-                        return Err(usage(format!("{flag} only applies with --model openai")));
-                    }
-                }
-                DemoModel::Scripted
-            }
-            ModelChoice::Openai => {
-                if !matches!(drill, Drill::None) {
-                    return Err(usage(
-                        "--stall, --burst and --forest drill crash recovery with the scripted \
-                         model only",
-                    ));
-                }
-                let base_url = args
-                    .base_url
-                    .ok_or_else(|| usage("--model openai needs --base-url"))?;
-                let name = args
-                    .model_name
-                    .clone()
-                    .ok_or_else(|| usage("--model openai needs --model-name"))?;
-                let mut config = OpenAiConfig::new(base_url, name);
-                if let Some(variable) = args.api_key_env {
-                    config = config.api_key_env(variable);
-                }
-                config.validate()?;
-                DemoModel::OpenAi(config)
-            }
-        };
+        let model = args.model.plan()?;
+        if matches!(model, DemoModel::OpenAi(_)) && !matches!(drill, Drill::None) {
+            return Err(usage(
+                "--stall, --burst and --forest drill crash recovery with the scripted model only",
+            ));
+        }
         Ok(Self {
             store: args.store,
             drill,
             model,
-            model_name: args.model_name.unwrap_or_else(|| "scripted-demo".into()),
+            model_name: args
+                .model
+                .model_name
+                .unwrap_or_else(|| "scripted-demo".into()),
         })
     }
 }

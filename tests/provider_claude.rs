@@ -305,6 +305,49 @@ async fn a_permission_prompt_is_denied_without_a_human() {
     );
 }
 
+// CLAUDE-14
+#[actix_rt::test]
+async fn an_elicitation_is_declined_and_an_unknown_control_request_refused() {
+    let claude = Claude::new(
+        &[
+            expect_user(),
+            send(json!({"type": "control_request", "request_id": "req-1",
+                        "request": {"subtype": "elicitation", "message": "Pick one"}})),
+            json!({"expect": "control_response"}),
+            send(json!({"type": "control_request", "request_id": "req-2",
+                        "request": {"subtype": "future_request"}})),
+            json!({"expect": "control_response"}),
+            send(json!({"type": "result", "subtype": "error_during_execution", "is_error": true})),
+        ],
+        ClaudePermissionMode::DontAsk,
+    )
+    .await;
+    let result = claude.run("go").await;
+    let replies: Vec<Value> = claude
+        .record()
+        .into_iter()
+        .filter(|frame| frame["type"] == "control_response")
+        .map(|frame| frame["response"].clone())
+        .collect();
+    assert_eq!(
+        replies,
+        [
+            json!({"subtype": "success", "request_id": "req-1",
+                   "response": {"action": "decline"}}),
+            json!({"subtype": "error", "request_id": "req-2",
+                   "error": "unsupported control request"}),
+        ]
+    );
+    assert_eq!(
+        result.diagnostic.unwrap(),
+        format!(
+            "{}\nClaude Code unattended decision (mode: dontAsk; request: MCP elicitation; \
+             decision: declined): the provider does not collect interactive MCP input",
+            failure_line("query-run", "error_during_execution")
+        )
+    );
+}
+
 // CLAUDE-07
 #[actix_rt::test]
 async fn an_exit_before_any_result_is_a_process_failure_with_its_exit_code() {
@@ -397,7 +440,7 @@ async fn the_invocation_carries_the_mode_and_never_asks_a_human() {
         (
             ClaudePermissionMode::BypassPermissions,
             "--permission-mode bypassPermissions --disallowedTools AskUserQuestion \
-             --dangerously-skip-permissions --no-session-persistence",
+             --allow-dangerously-skip-permissions --no-session-persistence",
         ),
     ] {
         let rt = memory_runtime(&ScriptedModel::new());

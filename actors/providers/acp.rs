@@ -20,17 +20,16 @@ use agent_client_protocol::v1::schema::{
 };
 use agent_client_protocol::{v1, Agent, ByteStreams, Client, UntypedMessage};
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use serde::Deserialize;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{ErrorCode, Result, SubagentError};
+use crate::out_of_process::launch::{publish, Teardown};
 use crate::out_of_process::{
-    child_env, grace_ms, out_of_process_run, resolve_child_cwd, validate_configured_cwd,
-    ChildProcess, ExitOutcome, PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
+    child_env, grace_ms, resolve_child_cwd, validate_configured_cwd, ChildProcess, ExitOutcome,
+    PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
 };
 use crate::seam::{
     ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
@@ -362,12 +361,8 @@ async fn start_run(
         answer: answer_tx,
     };
     let connection = tokio::spawn(connect(session, stdin, stdout, shutdown.clone()));
-    let teardown = Teardown {
-        process,
-        connection,
-        shutdown: shutdown.drop_guard(),
-        eof_grace: settings.eof_grace,
-    };
+    let teardown =
+        Teardown::eof_first(Arc::new(process), connection, &shutdown, settings.eof_grace);
     let started = tokio::select! {
         biased;
         () = request.cancel.cancelled() => None,
@@ -409,18 +404,12 @@ async fn start_run(
             output.snapshot(),
         ))
     };
-    Ok(out_of_process_run(
+    Ok(publish(
         format!("{prefix} \"{}\"", settings.name),
         attempt,
         partial,
         local,
-        move || {
-            async move {
-                teardown.run().await;
-                Ok(())
-            }
-            .boxed()
-        },
+        teardown,
     ))
 }
 
@@ -664,44 +653,6 @@ async fn handshake(
 struct StartupFailure {
     error: SubagentError,
     child_closed: bool,
-}
-
-/// The dispose ladder of one run's child, run at most once (by the run's disposal, or by a
-/// failed startup).
-struct Teardown {
-    process: ChildProcess,
-    connection: JoinHandle<()>,
-    /// Dropping the teardown unstarted (an abandoned start) still ends the connection.
-    shutdown: tokio_util::sync::DropGuard,
-    eof_grace: Duration,
-}
-
-impl Teardown {
-    /// Closes stdin (by ending the connection) and gives the tree the EOF grace to exit, then
-    /// runs the terminate ladder (SIGTERM, grace, SIGKILL) and waits for the tree with no bound.
-    /// Returns how the child had ended before the ladder began, if it had, and how it ended.
-    async fn run(self) -> (Option<ExitOutcome>, Option<ExitOutcome>) {
-        let Self {
-            process,
-            mut connection,
-            shutdown,
-            eof_grace,
-        } = self;
-        let exited_before = process.outcome();
-        drop(shutdown);
-        let exited_on_eof = tokio::time::timeout(eof_grace, async {
-            let _ = (&mut connection).await;
-            process.wait_for_tree_exit(None).await
-        })
-        .await
-        .unwrap_or(false);
-        if !exited_on_eof {
-            connection.abort();
-            process.terminate().await;
-        }
-        tracing::debug!(pid = process.pid(), outcome = %process.outcome().unwrap_or_default(), "ACP child released");
-        (exited_before, process.outcome())
-    }
 }
 
 #[cfg(test)]

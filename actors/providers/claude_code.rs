@@ -15,20 +15,19 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
+use crate::out_of_process::diagnostic::{log_run_failure, Fact, FailureLine};
+use crate::out_of_process::launch::{publish, Teardown};
+use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read};
 use crate::out_of_process::{
-    child_env, grace_ms, out_of_process_run, positive_finite, usable_cwd, ChildProcess, CwdLabel,
-    ExitOutcome, PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
+    child_env, dispose_grace, no_parent_cwd, require_non_empty, task_texts, usable_cwd,
+    ChildProcess, CwdLabel, PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
 };
 use crate::seam::{
     ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
@@ -37,6 +36,8 @@ use crate::seam::{
 use crate::stop_reason::StopReason;
 
 const PREFIX: &str = "subagent-claude-code";
+/// The product, as the failure line and the facts name it.
+const PRODUCT: &str = "Claude Code";
 
 /// The Claude CLI's stream-json frames: the one place to correct against a capture.
 pub mod wire {
@@ -128,7 +129,8 @@ impl ClaudePermissionMode {
         };
         flags.extend(["--disallowedTools".to_owned(), disallowed.to_owned()]);
         if self == Self::BypassPermissions {
-            flags.push("--dangerously-skip-permissions".to_owned());
+            // What the SDK's `allowDangerouslySkipPermissions` sets: the mode may bypass.
+            flags.push("--allow-dangerously-skip-permissions".to_owned());
         } else {
             flags.extend(["--permission-prompt-tool".to_owned(), "stdio".to_owned()]);
         }
@@ -227,18 +229,9 @@ impl ClaudeCodeProvider {
     /// `INVALID_CONFIG` for an empty name or command, or a grace that is not positive,
     /// finite and at most 2147483647 ms.
     pub fn new(config: ClaudeCodeProviderConfig) -> Result<Self> {
-        let invalid = |message: &str| {
-            SubagentError::new(ErrorCode::InvalidConfig, format!("{PREFIX}: {message}"))
-        };
-        if config.provider_name.is_empty() {
-            return Err(invalid("providerName must not be empty"));
-        }
-        if config.command.is_empty() {
-            return Err(invalid("command must not be empty"));
-        }
-        positive_finite(PREFIX, "disposeGraceMs", config.dispose_grace_ms)?;
-        let grace = grace_ms(PREFIX, "disposeGraceMs", config.dispose_grace_ms)
-            .map_err(|_| invalid("disposeGraceMs must be no greater than 2147483647"))?;
+        require_non_empty(PREFIX, "providerName", &config.provider_name)?;
+        require_non_empty(PREFIX, "command", &config.command)?;
+        let grace = dispose_grace(PREFIX, config.dispose_grace_ms)?;
         let mode = config.permission_mode;
         let argv = std::iter::once(config.command)
             .chain(config.args)
@@ -330,76 +323,30 @@ impl Handler<StartClaudeRun> for ClaudeCodeProviderActor {
     }
 }
 
-/// Where a Claude Code run failed, and why, in safe words.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Failure {
-    stage: &'static str,
-    category: String,
-    outcome: Option<ExitOutcome>,
+/// A failure of a Claude Code run at `stage` in `category`.
+fn failure(stage: &'static str, category: impl Into<String>) -> FailureLine {
+    FailureLine::new(PRODUCT, stage, category)
 }
 
-impl Failure {
-    fn new(stage: &'static str, category: impl Into<String>) -> Self {
-        Self {
-            stage,
-            category: category.into(),
-            outcome: None,
-        }
-    }
+/// The unattended decisions of a Claude Code run, in fixed words.
+mod facts {
+    use crate::out_of_process::diagnostic::Fact;
 
-    /// `Product subagent failure (product: Claude Code; stage: …; category: …[; exit code:
-    /// N][; signal: S])`.
-    fn line(&self) -> String {
-        let mut line = format!(
-            "Product subagent failure (product: Claude Code; stage: {}; category: {}",
-            self.stage, self.category
-        );
-        if let Some(outcome) = self.outcome {
-            let said = outcome.to_string();
-            if !said.is_empty() {
-                line.push_str("; ");
-                line.push_str(&said);
-            }
-        }
-        line.push(')');
-        line
-    }
-}
-
-/// An unattended decision, in fixed words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Fact {
-    request: &'static str,
-    decision: &'static str,
-    reason: &'static str,
-}
-
-impl Fact {
-    const PROMPT_DENIED: Self = Self {
-        request: "tool permission",
-        decision: "denied",
-        reason: "the provider does not request human approval",
-    };
-    const DENIED_BEFORE_PROMPT: Self = Self {
-        request: "tool permission",
-        decision: "denied",
-        reason: "Claude Code denied the request before an interactive prompt",
-    };
-    const ELICITATION_DECLINED: Self = Self {
-        request: "MCP elicitation",
-        decision: "declined",
-        reason: "the provider does not collect interactive MCP input",
-    };
-
-    fn text(self, mode: ClaudePermissionMode) -> String {
-        format!(
-            "Claude Code unattended decision (mode: {}; request: {}; decision: {}): {}",
-            mode.as_str(),
-            self.request,
-            self.decision,
-            self.reason
-        )
-    }
+    pub(super) const PROMPT_DENIED: Fact = Fact::new(
+        "tool permission",
+        "denied",
+        "the provider does not request human approval",
+    );
+    pub(super) const DENIED_BEFORE_PROMPT: Fact = Fact::new(
+        "tool permission",
+        "denied",
+        "Claude Code denied the request before an interactive prompt",
+    );
+    pub(super) const ELICITATION_DECLINED: Fact = Fact::new(
+        "MCP elicitation",
+        "declined",
+        "the provider does not collect interactive MCP input",
+    );
 }
 
 const ERROR_SUBTYPES: [&str; 4] = [
@@ -416,7 +363,7 @@ fn aborted_before_start() -> SubagentError {
     )
 }
 
-fn start_failure(failure: &Failure, cause: SubagentError) -> SubagentError {
+fn start_failure(failure: &FailureLine, cause: SubagentError) -> SubagentError {
     SubagentError::new(
         ErrorCode::ChildStartFailed,
         format!("{PREFIX}: {}", failure.line()),
@@ -424,44 +371,22 @@ fn start_failure(failure: &Failure, cause: SubagentError) -> SubagentError {
     .with_source(cause)
 }
 
-/// The task: text blocks only, concatenated with no separator, not all blank.
-fn task_text(prompt: &[ContentBlock]) -> Result<String> {
-    let texts: Option<Vec<&str>> = prompt.iter().map(ContentBlock::as_text).collect();
-    let texts = texts.filter(|texts| !texts.is_empty()).ok_or_else(|| {
-        SubagentError::new(
-            ErrorCode::InvalidArgs,
-            format!("{PREFIX}: the one-shot task must contain only text blocks"),
-        )
-    })?;
-    let task = texts.concat();
-    if task.trim().is_empty() {
-        return Err(SubagentError::new(
-            ErrorCode::InvalidArgs,
-            format!("{PREFIX}: the one-shot task must not be empty"),
-        ));
-    }
-    Ok(task)
-}
-
 async fn start_run(
     settings: Arc<ClaudeSettings>,
     resolved: ResolvedSubagentStartRequest,
 ) -> Result<SubagentRun> {
     let request = resolved.request;
-    let Some(parent_cwd) = request.parent.header().cwd else {
-        return Err(SubagentError::new(
-            ErrorCode::InvalidConfig,
-            format!(
-                "{PREFIX}: no working directory for the child — delegate from a parent session \
-                 that has one"
-            ),
-        ));
-    };
-    let task = task_text(&request.prompt)?;
+    let parent_cwd = request
+        .parent
+        .header()
+        .cwd
+        .ok_or_else(|| no_parent_cwd(PREFIX))?;
+    // Text blocks joined with no separator.
+    let task = task_texts(PREFIX, &request.prompt)?.concat();
     if request.cancel.is_cancelled() {
         return Err(aborted_before_start());
     }
-    let query_start = Failure::new("query-start", "unknown");
+    let query_start = failure("query-start", "unknown");
     let cwd = usable_cwd(PREFIX, CwdLabel::ParentSession, &parent_cwd).map_err(|error| {
         tracing::warn!(%error, "{PREFIX} \"{}\": child start failed", settings.name);
         start_failure(&query_start, error)
@@ -484,22 +409,18 @@ async fn start_run(
     let session = ClaudeSession {
         name: settings.name.clone(),
         mode: settings.mode,
-        grace: settings.grace,
-        stdin: Some(stdin),
-        lines: BufReader::new(stdout).lines(),
+        writer: FrameWriter::new(stdin),
+        reader: FrameReader::new(stdout),
         process: Arc::clone(&process),
         local: local.clone(),
         shutdown: shutdown.clone(),
         fact: None,
         success: None,
+        cancel_seen: false,
         interrupt_sent: false,
     };
     let connection = tokio::spawn(session.run(task, answer_tx));
-    let teardown = Teardown {
-        process,
-        connection,
-        shutdown: shutdown.drop_guard(),
-    };
+    let teardown = Teardown::terminate_after(process, connection, &shutdown, settings.grace);
     if request.cancel.is_cancelled() {
         teardown.run().await;
         return Err(aborted_before_start());
@@ -509,18 +430,12 @@ async fn start_run(
             .await
             .map_err(|_| SubagentError::bug("the Claude Code session ended before it answered"))
     };
-    Ok(out_of_process_run(
+    Ok(publish(
         format!("{PREFIX} \"{}\"", settings.name),
         attempt,
         PartialOutput::default(),
         local,
-        move || {
-            async move {
-                teardown.run().await;
-                Ok(())
-            }
-            .boxed()
-        },
+        teardown,
     ))
 }
 
@@ -528,9 +443,8 @@ async fn start_run(
 struct ClaudeSession {
     name: String,
     mode: ClaudePermissionMode,
-    grace: Duration,
-    stdin: Option<ChildStdin>,
-    lines: Lines<BufReader<ChildStdout>>,
+    writer: FrameWriter,
+    reader: FrameReader,
     process: Arc<ChildProcess>,
     local: CancellationToken,
     shutdown: CancellationToken,
@@ -538,44 +452,39 @@ struct ClaudeSession {
     fact: Option<Fact>,
     /// The last strict success so far.
     success: Option<String>,
+    /// The caller's cancellation was seen.
+    cancel_seen: bool,
+    /// The interrupt was sent (at most once).
     interrupt_sent: bool,
 }
 
 enum Step {
-    Line(String),
+    Message(Value),
+    Garbage,
     Eof,
     Cancelled,
     Shutdown,
 }
 
 impl ClaudeSession {
-    async fn write(&mut self, frame: &Value) {
-        if let Some(stdin) = &mut self.stdin {
-            let mut line = frame.to_string();
-            line.push('\n');
-            if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
-                self.stdin = None;
-            }
-        }
-    }
-
     /// Asks the CLI to stop its turn, once, while its input is open.
     async fn interrupt(&mut self) {
-        if !self.interrupt_sent && self.stdin.is_some() {
+        if !self.interrupt_sent && self.writer.is_open() {
             self.interrupt_sent = true;
             let id = format!("interrupt-{}", uuid::Uuid::new_v4().simple());
-            self.write(&wire::interrupt(&id)).await;
+            self.writer.send(&wire::interrupt(&id)).await;
         }
     }
 
     async fn next(&mut self) -> Step {
-        let cancelled = self.interrupt_sent;
+        let cancelled = self.cancel_seen;
         tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Step::Shutdown,
-            line = self.lines.next_line() => match line {
-                Ok(Some(line)) => Step::Line(line),
-                Ok(None) | Err(_) => Step::Eof,
+            read = self.reader.next() => match read {
+                Read::Frame(message) => Step::Message(message),
+                Read::Garbage => Step::Garbage,
+                Read::Eof => Step::Eof,
             },
             () = self.local.cancelled(), if !cancelled => Step::Cancelled,
         }
@@ -583,20 +492,27 @@ impl ClaudeSession {
 
     async fn run(mut self, task: String, answer: oneshot::Sender<SubagentResult>) {
         // A CLI that is already gone closes the pipe; the stream's end then tells how it went.
-        self.write(&wire::user_message(&task)).await;
+        self.writer.send(&wire::user_message(&task)).await;
         let settled = loop {
             match self.next().await {
                 Step::Shutdown => {
                     self.interrupt().await;
                     return;
                 }
-                Step::Cancelled => self.interrupt().await,
-                Step::Line(line) => {
-                    if let Err(failure) = self.message(&line).await {
+                Step::Cancelled => {
+                    self.cancel_seen = true;
+                    self.interrupt().await;
+                }
+                Step::Message(message) => {
+                    if let Err(failure) = self.message(&message).await {
                         break Err(failure);
                     }
                 }
-                Step::Eof => break self.ended().await,
+                Step::Garbage => {}
+                Step::Eof => match self.ended().await {
+                    Some(settled) => break settled,
+                    None => return,
+                },
             }
         };
         let result = match settled {
@@ -605,15 +521,9 @@ impl ClaudeSession {
             }
             Err(failure) => {
                 let line = failure.line();
-                tracing::warn!(
-                    "{PREFIX} \"{}\": child run failed (error): {PREFIX}: {line}",
-                    self.name
-                );
-                let diagnostic = match self.fact {
-                    Some(fact) => format!("{line}\n{}", fact.text(self.mode)),
-                    None => line,
-                };
-                SubagentResult::empty(StopReason::Error).with_diagnostic(diagnostic)
+                log_run_failure!(PREFIX, &self.name, &line, self.local.is_cancelled());
+                let fact = self.fact.map(|fact| fact.text(PRODUCT, self.mode.as_str()));
+                SubagentResult::empty(StopReason::Error).with_diagnostic(failure.diagnostic(fact))
             }
         };
         let _ = answer.send(result);
@@ -625,29 +535,20 @@ impl ClaudeSession {
                     self.shutdown.cancelled().await;
                     break;
                 }
-                Step::Cancelled => self.interrupt_sent = true,
-                Step::Line(_) => {}
+                Step::Cancelled => self.cancel_seen = true,
+                Step::Message(_) | Step::Garbage => {}
             }
         }
+        self.interrupt().await;
     }
 
-    /// One stream-json line; a failing result fails the run at once (with how the process
+    /// One stream-json message; a failing result fails the run at once (with how the process
     /// ended, if it already had).
-    async fn message(&mut self, line: &str) -> std::result::Result<(), Failure> {
-        self.read(line).await.map_err(|failure| Failure {
-            outcome: self.process.outcome(),
-            ..failure
-        })
-    }
-
-    async fn read(&mut self, line: &str) -> std::result::Result<(), Failure> {
-        let Ok(message) = serde_json::from_str::<Value>(line.trim()) else {
-            return Ok(());
-        };
+    async fn message(&mut self, message: &Value) -> std::result::Result<(), FailureLine> {
         let field = |name: &str| message.get(name).and_then(Value::as_str);
         match (field("type"), field("subtype")) {
             (Some("system"), Some("permission_denied")) => {
-                self.fact = Some(Fact::DENIED_BEFORE_PROMPT);
+                self.fact = Some(facts::DENIED_BEFORE_PROMPT);
             }
             (Some("control_request"), _) => {
                 let id = message.get("request_id").cloned().unwrap_or(Value::Null);
@@ -657,34 +558,32 @@ impl ClaudeSession {
                     .and_then(Value::as_str);
                 let reply = match subtype {
                     Some("can_use_tool") => {
-                        self.fact = Some(Fact::PROMPT_DENIED);
+                        self.fact = Some(facts::PROMPT_DENIED);
                         wire::deny_tool(&id)
                     }
                     Some("elicitation") => {
-                        self.fact = Some(Fact::ELICITATION_DECLINED);
+                        self.fact = Some(facts::ELICITATION_DECLINED);
                         wire::decline_elicitation(&id)
                     }
                     _ => wire::control_error(&id, "unsupported control request"),
                 };
-                self.write(&reply).await;
+                self.writer.send(&reply).await;
             }
             (Some("result"), subtype) => {
                 let is_error = message.get("is_error").and_then(Value::as_bool) != Some(false);
                 let result = field("result").filter(|text| !text.trim().is_empty());
-                match (subtype, is_error, result) {
+                let category = match (subtype, is_error, result) {
                     (Some("success"), false, Some(text)) => {
                         self.success = Some(text.to_owned());
                         // One task per run: the input ends once it is answered.
-                        self.stdin = None;
+                        self.writer.close();
+                        return Ok(());
                     }
-                    (Some("success"), _, _) => {
-                        return Err(Failure::new("query-run", "invalid-success"))
-                    }
-                    (Some(subtype), _, _) if ERROR_SUBTYPES.contains(&subtype) => {
-                        return Err(Failure::new("query-run", subtype))
-                    }
-                    _ => return Err(Failure::new("query-run", "unknown")),
-                }
+                    (Some("success"), _, _) => "invalid-success",
+                    (Some(subtype), _, _) if ERROR_SUBTYPES.contains(&subtype) => subtype,
+                    _ => "unknown",
+                };
+                return Err(failure("query-run", category).with_outcome(self.process.outcome()));
             }
             _ => {}
         }
@@ -692,51 +591,19 @@ impl ClaudeSession {
     }
 
     /// The stream ended: how the process exits decides between the answer and a failure.
-    async fn ended(&mut self) -> std::result::Result<String, Failure> {
-        let outcome = tokio::time::timeout(self.grace, self.process.exited())
-            .await
-            .ok();
-        let clean = outcome.is_some_and(|outcome| outcome.code == Some(0));
-        match (self.success.take(), clean, outcome) {
-            (Some(answer), true, _) => Ok(answer),
-            (Some(_), false, outcome) => Err(Failure {
-                outcome,
-                ..Failure::new("query-run", "unknown")
-            }),
-            (None, true, _) | (None, false, None) => {
-                Err(Failure::new("query-run", "missing-result"))
-            }
-            (None, false, outcome) => Err(Failure {
-                outcome,
-                ..Failure::new("process", "process-exit")
-            }),
-        }
-    }
-}
-
-/// The dispose ladder: interrupt and close the input, terminate the tree, wait for it.
-struct Teardown {
-    process: Arc<ChildProcess>,
-    connection: JoinHandle<()>,
-    /// Dropping the teardown unstarted (an abandoned start) still ends the session.
-    shutdown: tokio_util::sync::DropGuard,
-}
-
-impl Teardown {
-    async fn run(self) {
-        let Self {
-            process,
-            mut connection,
-            shutdown,
-        } = self;
-        drop(shutdown);
-        if tokio::time::timeout(Duration::from_secs(1), &mut connection)
-            .await
-            .is_err()
-        {
-            connection.abort();
-        }
-        process.terminate().await;
-        tracing::debug!(pid = process.pid(), outcome = %process.outcome().unwrap_or_default(), "Claude Code child released");
+    /// `None` when disposal came first.
+    async fn ended(&mut self) -> Option<std::result::Result<String, FailureLine>> {
+        let outcome = tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => return None,
+            outcome = self.process.exited() => outcome,
+        };
+        let clean = outcome.code == Some(0);
+        Some(match (self.success.take(), clean) {
+            (Some(answer), true) => Ok(answer),
+            (Some(_), false) => Err(failure("query-run", "unknown").with_outcome(Some(outcome))),
+            (None, true) => Err(failure("query-run", "missing-result")),
+            (None, false) => Err(failure("process", "process-exit").with_outcome(Some(outcome))),
+        })
     }
 }

@@ -12,22 +12,24 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::ChildStderr;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::content::{text_of, ContentBlock};
+use crate::content::text_of;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::codex::turn::{Fatal, Turn, TurnEnd};
-use crate::out_of_process::codex::{Failure, Stage, StderrSignatures, PREFIX};
+use crate::out_of_process::codex::{FailureLine, Stage, StderrSignatures, PREFIX, PRODUCT};
+use crate::out_of_process::diagnostic::log_run_failure;
+use crate::out_of_process::launch::{publish, Teardown};
+use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read};
 use crate::out_of_process::{
-    child_env, grace_ms, out_of_process_run, usable_cwd, ChildProcess, CwdLabel, ExitOutcome,
-    PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
+    child_env, dispose_grace, no_parent_cwd, require_non_empty, task_texts, usable_cwd,
+    ChildProcess, CwdLabel, ExitOutcome, PartialOutput, ProcessSpec, StderrMode,
+    NO_START_CAPABILITIES,
 };
 use crate::seam::{
     ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
@@ -171,18 +173,9 @@ impl CodexProvider {
     /// `INVALID_CONFIG` for an empty name or command, or a grace that is not positive,
     /// finite and at most 2147483647 ms.
     pub fn new(config: CodexProviderConfig) -> Result<Self> {
-        let invalid = |message: &str| {
-            SubagentError::new(ErrorCode::InvalidConfig, format!("{PREFIX}: {message}"))
-        };
-        if config.provider_name.is_empty() {
-            return Err(invalid("providerName must not be empty"));
-        }
-        if config.command.is_empty() {
-            return Err(invalid("command must not be empty"));
-        }
-        crate::out_of_process::positive_finite(PREFIX, "disposeGraceMs", config.dispose_grace_ms)?;
-        let grace = grace_ms(PREFIX, "disposeGraceMs", config.dispose_grace_ms)
-            .map_err(|_| invalid("disposeGraceMs must be no greater than 2147483647"))?;
+        require_non_empty(PREFIX, "providerName", &config.provider_name)?;
+        require_non_empty(PREFIX, "command", &config.command)?;
+        let grace = dispose_grace(PREFIX, config.dispose_grace_ms)?;
         Ok(Self {
             settings: Arc::new(CodexSettings {
                 name: config.provider_name,
@@ -270,7 +263,7 @@ fn aborted(when: &str) -> SubagentError {
 }
 
 /// A startup failure in safe words; the raw cause stays the source.
-fn startup_failure(failure: &Failure, cause: SubagentError) -> SubagentError {
+fn startup_failure(failure: &FailureLine, cause: SubagentError) -> SubagentError {
     SubagentError::new(
         ErrorCode::ChildStartFailed,
         format!("{PREFIX}: {}", failure.line()),
@@ -278,47 +271,25 @@ fn startup_failure(failure: &Failure, cause: SubagentError) -> SubagentError {
     .with_source(cause)
 }
 
-/// The task's text: a non-empty list of text blocks, not all blank.
-fn task_text(prompt: &[ContentBlock]) -> Result<Vec<String>> {
-    let texts: Option<Vec<String>> = prompt
-        .iter()
-        .map(|block| block.as_text().map(str::to_owned))
-        .collect();
-    let texts = texts.filter(|texts| !texts.is_empty()).ok_or_else(|| {
-        SubagentError::new(
-            ErrorCode::InvalidArgs,
-            format!("{PREFIX}: the one-shot task must contain only text blocks"),
-        )
-    })?;
-    if texts.iter().all(|text| text.trim().is_empty()) {
-        return Err(SubagentError::new(
-            ErrorCode::InvalidArgs,
-            format!("{PREFIX}: the one-shot task must not be empty"),
-        ));
-    }
-    Ok(texts)
-}
-
 async fn start_run(
     settings: Arc<CodexSettings>,
     resolved: ResolvedSubagentStartRequest,
 ) -> Result<SubagentRun> {
     let request = resolved.request;
-    let Some(parent_cwd) = request.parent.header().cwd else {
-        return Err(SubagentError::new(
-            ErrorCode::InvalidConfig,
-            format!(
-                "{PREFIX}: no working directory for the child — delegate from a parent session \
-                 that has one"
-            ),
-        ));
-    };
+    let parent_cwd = request
+        .parent
+        .header()
+        .cwd
+        .ok_or_else(|| no_parent_cwd(PREFIX))?;
     let cwd = match usable_cwd(PREFIX, CwdLabel::ParentSession, &parent_cwd) {
         Ok(cwd) => cwd,
         Err(_) if request.cancel.is_cancelled() => return Err(aborted("app-server startup")),
-        Err(error) => return Err(startup_failure(&Failure::unknown(Stage::Initialize), error)),
+        Err(error) => return Err(startup_failure(&Stage::Initialize.unknown(), error)),
     };
-    let texts = task_text(&request.prompt)?;
+    let texts: Vec<String> = task_texts(PREFIX, &request.prompt)?
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
     if request.cancel.is_cancelled() {
         return Err(aborted("app-server startup"));
     }
@@ -329,7 +300,7 @@ async fn start_run(
         stderr: StderrMode::Piped,
         grace: settings.grace,
     })
-    .map_err(|error| startup_failure(&Failure::unknown(Stage::Initialize), error))?;
+    .map_err(|error| startup_failure(&Stage::Initialize.unknown(), error))?;
     let process = Arc::new(process);
     let (Some(stdin), Some(stdout)) = (process.take_stdin(), process.take_stdout()) else {
         return Err(SubagentError::bug("a child started without its pipes"));
@@ -345,10 +316,8 @@ async fn start_run(
         grace: settings.grace,
         cwd: cwd.display().to_string(),
         texts,
-        wire: Wire {
-            stdin: Some(stdin),
-            lines: BufReader::new(stdout).lines(),
-        },
+        writer: FrameWriter::new(stdin),
+        reader: FrameReader::new(stdout),
         stderr: process.take_stderr(),
         signatures: StderrSignatures::default(),
         stderr_chunk: vec![0; 8192],
@@ -357,16 +326,11 @@ async fn start_run(
         local: local.clone(),
         shutdown: shutdown.clone(),
         exited: None,
-        interrupted: false,
+        cancel_seen: false,
         interrupt_sent: false,
     };
     let connection = tokio::spawn(session.run(started_tx, answer_tx));
-    let teardown = Teardown {
-        process,
-        connection,
-        shutdown: shutdown.drop_guard(),
-        grace: settings.grace,
-    };
+    let teardown = Teardown::terminate_after(process, connection, &shutdown, settings.grace);
     let started = tokio::select! {
         biased;
         () = request.cancel.cancelled() => None,
@@ -377,7 +341,7 @@ async fn start_run(
         None => Some(None),
         Some(Ok(Err(failure))) => Some(Some(failure)),
         Some(Err(_)) => Some(Some((
-            Failure::unknown(Stage::Initialize),
+            Stage::Initialize.unknown(),
             SubagentError::bug("the Codex session ended during startup"),
         ))),
     };
@@ -395,46 +359,13 @@ async fn start_run(
             .await
             .map_err(|_| SubagentError::bug("the Codex session ended before the turn was answered"))
     };
-    Ok(out_of_process_run(
+    Ok(publish(
         format!("{PREFIX} \"{}\"", settings.name),
         attempt,
         partial,
         local,
-        move || {
-            async move {
-                teardown.run().await;
-                Ok(())
-            }
-            .boxed()
-        },
+        teardown,
     ))
-}
-
-/// The NDJSON JSON-RPC wire to the app-server.
-struct Wire {
-    stdin: Option<ChildStdin>,
-    lines: Lines<BufReader<ChildStdout>>,
-}
-
-impl Wire {
-    /// Writes one frame; a closed wire is noticed by the reader, so write errors are dropped.
-    async fn send(&mut self, frame: &Value) {
-        if let Some(stdin) = &mut self.stdin {
-            let mut line = frame.to_string();
-            line.push('\n');
-            if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
-                self.stdin = None;
-            }
-        }
-    }
-
-    /// Sends a request and returns its id (`req_` and 32 hex digits).
-    async fn request(&mut self, method: &str, params: Value) -> String {
-        let id = format!("req_{}", uuid::Uuid::new_v4().simple());
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await;
-        id
-    }
 }
 
 /// What the run's loop waits for.
@@ -495,7 +426,7 @@ fn classify(frame: Value) -> Option<Frame> {
     }
 }
 
-type StartupFailure = (Failure, SubagentError);
+type StartupFailure = (FailureLine, SubagentError);
 
 /// One run's protocol side: the handshake, the turn, and the settlement.
 struct CodexSession {
@@ -504,7 +435,8 @@ struct CodexSession {
     grace: Duration,
     cwd: String,
     texts: Vec<String>,
-    wire: Wire,
+    writer: FrameWriter,
+    reader: FrameReader,
     /// The child's stderr: forwarded verbatim to ours, and read for the permission signatures.
     stderr: Option<ChildStderr>,
     signatures: StderrSignatures,
@@ -515,7 +447,7 @@ struct CodexSession {
     shutdown: CancellationToken,
     exited: Option<ExitOutcome>,
     /// The caller's cancellation was seen.
-    interrupted: bool,
+    cancel_seen: bool,
     /// `turn/interrupt` was sent (at most once).
     interrupt_sent: bool,
 }
@@ -525,9 +457,11 @@ fn protocol(message: impl Into<String>) -> SubagentError {
 }
 
 impl CodexSession {
+    /// The next thing to handle. Stderr comes before stdout: what the child wrote there first
+    /// is observed first.
     async fn next_event(&mut self) -> Event {
         let exited = self.exited.is_some();
-        let cancelled = self.interrupted;
+        let cancelled = self.cancel_seen;
         let (stderr, chunk) = (&mut self.stderr, &mut self.stderr_chunk);
         let stderr = async move {
             match stderr {
@@ -538,18 +472,24 @@ impl CodexSession {
         tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Event::Shutdown,
-            line = self.wire.lines.next_line() => match line {
-                Ok(Some(line)) => match serde_json::from_str::<Value>(line.trim()) {
-                    Ok(frame) if frame.is_object() => Event::Frame(frame),
-                    // Unparseable and non-object lines are ignored.
-                    _ => Event::Frame(Value::Null),
-                },
-                Ok(None) | Err(_) => Event::Eof,
-            },
             read = stderr => Event::Stderr(read),
+            read = self.reader.next() => match read {
+                Read::Frame(frame) => Event::Frame(frame),
+                // Unparseable and non-object lines are ignored.
+                Read::Garbage => Event::Frame(Value::Null),
+                Read::Eof => Event::Eof,
+            },
             outcome = self.process.exited(), if !exited => Event::Exited(outcome),
             () = self.local.cancelled(), if !cancelled => Event::Cancelled,
         }
+    }
+
+    /// Sends a request and returns its id (`req_` and 32 hex digits).
+    async fn request(&mut self, method: &str, params: Value) -> String {
+        let id = format!("req_{}", uuid::Uuid::new_v4().simple());
+        let frame = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.writer.send(&frame).await;
+        id
     }
 
     /// Waits for the response to `id`, answering what arrives meanwhile through `turn`.
@@ -560,51 +500,85 @@ impl CodexSession {
         stage: Stage,
     ) -> std::result::Result<Value, Option<StartupFailure>> {
         loop {
-            match self.next_event().await {
+            let event = self.next_event().await;
+            let frame = match event {
                 Event::Shutdown => return Err(None),
-                Event::Frame(frame) => match classify(frame) {
-                    Some(Frame::Response {
-                        id: answered,
-                        outcome,
-                    }) if answered == id => {
-                        return outcome.map_err(|error| {
-                            Some((
-                                Failure::unknown(stage),
-                                protocol(format!("{PREFIX}: {error}")),
-                            ))
-                        });
-                    }
-                    Some(Frame::Request { id, method, params }) => {
-                        if let Err(fatal) = self.answer(turn, id, &method, &params).await {
-                            return Err(Some((Failure::unknown(stage), protocol(fatal.message))));
-                        }
-                    }
-                    Some(Frame::Notification { method, params }) => {
-                        if let Err(fatal) = turn.notify(&method, &params) {
-                            return Err(Some((Failure::unknown(stage), protocol(fatal.message))));
-                        }
-                    }
-                    _ => {}
-                },
+                Event::Frame(frame) => frame,
                 Event::Eof => {
                     let outcome = self.exit_within(self.grace).await;
-                    let failure = Failure::unknown(stage).with_outcome(outcome);
-                    return Err(Some((
-                        failure,
-                        protocol(format!("{PREFIX}: app-server protocol stream closed")),
-                    )));
+                    let failure = stage.unknown().with_outcome(outcome);
+                    let cause = protocol(format!("{PREFIX}: app-server protocol stream closed"));
+                    return Err(Some((failure, cause)));
                 }
                 Event::Exited(outcome) => {
                     self.exited = Some(outcome);
-                    let failure = Failure::unknown(stage).with_outcome(Some(outcome));
-                    return Err(Some((
-                        failure,
-                        protocol(format!("{PREFIX}: app-server exited")),
-                    )));
+                    // Frames already on the pipe get their turn before the exit counts.
+                    while let Some(frame) = self.queued_frame().await {
+                        if let Some(settled) = self.startup_frame(id, turn, stage, frame).await {
+                            return settled;
+                        }
+                    }
+                    let failure = stage.unknown().with_outcome(Some(outcome));
+                    let cause = protocol(format!("{PREFIX}: app-server exited"));
+                    return Err(Some((failure, cause)));
                 }
-                Event::Stderr(read) => self.on_stderr(turn, read).await,
+                Event::Stderr(read) => {
+                    self.on_stderr(turn, read).await;
+                    continue;
+                }
                 // Before publication the start itself watches the caller's cancellation.
-                Event::Cancelled => self.interrupted = true,
+                Event::Cancelled => {
+                    self.cancel_seen = true;
+                    continue;
+                }
+            };
+            if let Some(settled) = self.startup_frame(id, turn, stage, frame).await {
+                return settled;
+            }
+        }
+    }
+
+    /// One frame during startup: the response to `id` settles it; requests are answered and
+    /// notifications checked through `turn`.
+    async fn startup_frame(
+        &mut self,
+        id: &str,
+        turn: &mut Turn,
+        stage: Stage,
+        frame: Value,
+    ) -> Option<std::result::Result<Value, Option<StartupFailure>>> {
+        let failed = |message: String| Some(Err(Some((stage.unknown(), protocol(message)))));
+        match classify(frame) {
+            Some(Frame::Response {
+                id: answered,
+                outcome,
+            }) if answered == id => {
+                Some(outcome.map_err(|error| {
+                    Some((stage.unknown(), protocol(format!("{PREFIX}: {error}"))))
+                }))
+            }
+            Some(Frame::Request { id, method, params }) => {
+                match self.answer(turn, id, &method, &params).await {
+                    Ok(()) => None,
+                    Err(fatal) => failed(fatal.message),
+                }
+            }
+            Some(Frame::Notification { method, params }) => match turn.notify(&method, &params) {
+                Ok(()) => None,
+                Err(fatal) => failed(fatal.message),
+            },
+            _ => None,
+        }
+    }
+
+    /// A frame already waiting on stdout (each read bounded to a moment), if any.
+    async fn queued_frame(&mut self) -> Option<Value> {
+        loop {
+            let read = tokio::time::timeout(Duration::from_millis(1), self.reader.next()).await;
+            match read {
+                Ok(Read::Frame(frame)) => return Some(frame),
+                Ok(Read::Garbage) => {}
+                Ok(Read::Eof) | Err(_) => return None,
             }
         }
     }
@@ -617,29 +591,29 @@ impl CodexSession {
         method: &str,
         params: &Value,
     ) -> std::result::Result<(), Fatal> {
-        match turn.request(method, params) {
-            Ok(result) => {
-                self.wire
-                    .send(&json!({"jsonrpc": "2.0", "id": id, "result": result}))
-                    .await;
-                Ok(())
-            }
-            Err(fatal) => {
-                self.wire
-                    .send(&json!({"jsonrpc": "2.0", "id": id,
-                                  "error": {"code": -32603, "message": fatal.message}}))
-                    .await;
-                Err(fatal)
-            }
-        }
+        let (reply, outcome) = match turn.request(method, params) {
+            Ok(result) => (
+                json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                Ok(()),
+            ),
+            Err(fatal) => (
+                json!({"jsonrpc": "2.0", "id": id,
+                       "error": {"code": -32603, "message": fatal.message}}),
+                Err(fatal),
+            ),
+        };
+        self.writer.send(&reply).await;
+        outcome
     }
 
-    /// How the process ended, waiting at most `limit` for it.
+    /// How the process ended, waiting at most `limit` for it (and not past disposal).
     async fn exit_within(&mut self, limit: Duration) -> Option<ExitOutcome> {
         if self.exited.is_none() {
-            self.exited = tokio::time::timeout(limit, self.process.exited())
-                .await
-                .ok();
+            self.exited = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => None,
+                outcome = tokio::time::timeout(limit, self.process.exited()) => outcome.ok(),
+            };
         }
         self.exited
     }
@@ -650,21 +624,19 @@ impl CodexSession {
         turn: &mut Turn,
     ) -> std::result::Result<String, Option<StartupFailure>> {
         let invalid = |stage: Stage, what: &str| {
-            Some((
-                Failure::unknown(stage),
-                protocol(format!("{PREFIX}: app-server returned invalid {what}")),
-            ))
+            let cause = protocol(format!("{PREFIX}: app-server returned invalid {what}"));
+            Some((stage.unknown(), cause))
         };
         let params = json!({
             "clientInfo": {"name": "deepseek-harness", "title": "DeepSeek Harness", "version": "0.0.1"},
             "capabilities": {"experimentalApi": false, "requestAttestation": false},
         });
-        let id = self.wire.request("initialize", params).await;
+        let id = self.request("initialize", params).await;
         let initialized = self.response(&id, turn, Stage::Initialize).await?;
         if !initialized.is_object() {
             return Err(invalid(Stage::Initialize, "initialize response"));
         }
-        self.wire
+        self.writer
             .send(&json!({"jsonrpc": "2.0", "method": "initialized"}))
             .await;
         let mut params = json!({"cwd": self.cwd, "ephemeral": true});
@@ -673,7 +645,7 @@ impl CodexSession {
         {
             params.extend(fields);
         }
-        let id = self.wire.request("thread/start", params).await;
+        let id = self.request("thread/start", params).await;
         let started = self.response(&id, turn, Stage::ThreadStart).await?;
         if !started.is_object() {
             return Err(invalid(Stage::ThreadStart, "thread/start response"));
@@ -688,12 +660,10 @@ impl CodexSession {
             .filter(|id| !id.is_empty())
             .ok_or_else(|| invalid(Stage::ThreadStart, "thread/start thread id"))?;
         if thread.get("ephemeral") != Some(&Value::Bool(true)) {
-            return Err(Some((
-                Failure::unknown(Stage::ThreadStart),
-                protocol(format!(
-                    "{PREFIX}: app-server did not create an ephemeral thread"
-                )),
-            )));
+            let cause = protocol(format!(
+                "{PREFIX}: app-server did not create an ephemeral thread"
+            ));
+            return Err(Some((Stage::ThreadStart.unknown(), cause)));
         }
         Ok(id.to_owned())
     }
@@ -705,7 +675,7 @@ impl CodexSession {
         started: oneshot::Sender<std::result::Result<(), StartupFailure>>,
         answer: oneshot::Sender<SubagentResult>,
     ) {
-        // Before the thread exists, no frame can name it.
+        // Before the thread exists, no frame can name it; facts seen meanwhile stay.
         let mut turn = Turn::new(String::new());
         let thread = match self.handshake(&mut turn).await {
             Ok(thread) => thread,
@@ -716,7 +686,7 @@ impl CodexSession {
                 return;
             }
         };
-        let mut turn = Turn::new(thread.clone());
+        turn.bind(thread.clone());
         if started.send(Ok(())).is_err() {
             return;
         }
@@ -726,30 +696,29 @@ impl CodexSession {
             .map(|text| json!({"type": "text", "text": text, "text_elements": []}))
             .collect();
         let turn_start = self
-            .wire
             .request("turn/start", json!({"threadId": thread, "input": input}))
             .await;
         turn.turn_start_sent();
-        let settled = self.drive(&mut turn, &turn_start).await;
-        if let Some(settled) = settled {
+        if let Some(settled) = self.drive(&mut turn, &turn_start).await {
             self.drain_stderr(&mut turn).await;
             let result = self.settle(&mut turn, settled);
             let _ = answer.send(result);
-        }
-        // Keep reading (a full pipe must never block the child) until disposal.
-        loop {
-            match self.next_event().await {
-                Event::Shutdown => break,
-                Event::Eof => {
-                    self.shutdown.cancelled().await;
-                    break;
+            // Keep reading (a full pipe must never block the child) until disposal.
+            loop {
+                match self.next_event().await {
+                    Event::Shutdown => break,
+                    Event::Eof => {
+                        self.shutdown.cancelled().await;
+                        break;
+                    }
+                    Event::Exited(outcome) => self.exited = Some(outcome),
+                    Event::Cancelled => self.cancel_seen = true,
+                    Event::Stderr(read) => self.on_stderr(&mut turn, read).await,
+                    Event::Frame(_) => {}
                 }
-                Event::Exited(outcome) => self.exited = Some(outcome),
-                Event::Cancelled => self.interrupted = true,
-                Event::Stderr(read) => self.on_stderr(&mut turn, read).await,
-                Event::Frame(_) => {}
             }
         }
+        // Disposal interrupts the turn, even one that ended (best effort, as the reference).
         self.interrupt(&turn).await;
     }
 
@@ -768,7 +737,7 @@ impl CodexSession {
     }
 
     /// Reads whatever stderr already holds, without waiting: the child wrote it before the
-    /// frame that settles the run, so it counts.
+    /// frame at hand, so it is observed first.
     async fn drain_stderr(&mut self, turn: &mut Turn) {
         while let Some(stderr) = &self.stderr {
             use std::os::fd::AsFd;
@@ -782,13 +751,13 @@ impl CodexSession {
 
     /// Sends `turn/interrupt` once, when the turn id is known and the wire open.
     async fn interrupt(&mut self, turn: &Turn) {
-        if self.interrupt_sent {
+        if self.interrupt_sent || !self.writer.is_open() {
             return;
         }
         if let Some((thread, id)) = turn.ids() {
             self.interrupt_sent = true;
             let params = json!({"threadId": thread, "turnId": id});
-            self.wire.request("turn/interrupt", params).await;
+            self.request("turn/interrupt", params).await;
         }
     }
 
@@ -797,41 +766,32 @@ impl CodexSession {
         &mut self,
         turn: &mut Turn,
         turn_start: &str,
-    ) -> Option<std::result::Result<TurnEnd, Failure>> {
+    ) -> Option<std::result::Result<TurnEnd, FailureLine>> {
         loop {
-            let event = self.next_event().await;
-            let outcome = match event {
-                Event::Shutdown => {
-                    self.interrupt(turn).await;
-                    return None;
-                }
+            let outcome = match self.next_event().await {
+                Event::Shutdown => return None,
                 Event::Frame(frame) => self.on_frame(turn, turn_start, frame).await,
                 Event::Stderr(read) => {
                     self.on_stderr(turn, read).await;
                     Ok(())
                 }
                 Event::Cancelled => {
-                    self.interrupted = true;
+                    self.cancel_seen = true;
                     self.interrupt(turn).await;
                     Ok(())
                 }
                 Event::Exited(outcome) => {
                     self.exited = Some(outcome);
                     // Frames already on the pipe get their turn before the exit counts.
-                    while let Ok(Ok(Some(line))) =
-                        tokio::time::timeout(Duration::from_millis(1), self.wire.lines.next_line())
-                            .await
-                    {
-                        if let Ok(frame) = serde_json::from_str::<Value>(line.trim()) {
-                            if let Err(fatal) = self.on_frame(turn, turn_start, frame).await {
-                                return Some(Err(Failure::unknown(fatal.stage)));
-                            }
-                            if let Some(end) = turn.end() {
-                                return Some(Ok(end.clone()));
-                            }
+                    while let Some(frame) = self.queued_frame().await {
+                        if let Err(fatal) = self.on_frame(turn, turn_start, frame).await {
+                            return Some(Err(fatal.stage.unknown()));
+                        }
+                        if let Some(end) = turn.end() {
+                            return Some(Ok(end.clone()));
                         }
                     }
-                    return Some(Err(Failure::new(Stage::Process, "process-exit")));
+                    return Some(Err(Stage::Process.failure("process-exit")));
                 }
                 Event::Eof => {
                     let stage = if turn.ids().is_some() {
@@ -840,14 +800,14 @@ impl CodexSession {
                         Stage::TurnStart
                     };
                     return Some(Err(match self.exit_within(self.grace).await {
-                        Some(_) => Failure::new(Stage::Process, "process-exit"),
-                        None => Failure::unknown(stage),
+                        Some(_) => Stage::Process.failure("process-exit"),
+                        None => stage.unknown(),
                     }));
                 }
             };
             if let Err(fatal) = outcome {
                 tracing::debug!(message = %fatal.message, "the Codex turn failed");
-                return Some(Err(Failure::unknown(fatal.stage)));
+                return Some(Err(fatal.stage.unknown()));
             }
             if let Some(end) = turn.end() {
                 return Some(Ok(end.clone()));
@@ -861,6 +821,8 @@ impl CodexSession {
         turn_start: &str,
         frame: Value,
     ) -> std::result::Result<(), Fatal> {
+        // What the child wrote to stderr before this frame is observed before it.
+        self.drain_stderr(turn).await;
         let outcome = match classify(frame) {
             Some(Frame::Response { id, outcome }) if id == turn_start => match outcome {
                 Ok(result) => turn.commit(&result),
@@ -884,7 +846,7 @@ impl CodexSession {
     fn settle(
         &mut self,
         turn: &mut Turn,
-        settled: std::result::Result<TurnEnd, Failure>,
+        settled: std::result::Result<TurnEnd, FailureLine>,
     ) -> SubagentResult {
         let (stop_reason, failure) = match settled {
             Ok(TurnEnd::Completed(output)) => {
@@ -901,44 +863,18 @@ impl CodexSession {
             Err(failure) => (StopReason::Error, failure),
         };
         let failure = failure.with_outcome(self.exited.or_else(|| self.process.outcome()));
-        let line = failure.line();
-        let diagnostic = match turn.fact() {
-            Some(fact) => format!("{line}\n{}", fact.text(self.mode.as_str())),
-            None => line.clone(),
-        };
         if stop_reason == StopReason::Error {
-            tracing::warn!(
-                "{PREFIX} \"{}\": child run failed (error): {PREFIX}: {line}",
-                self.name
+            log_run_failure!(
+                PREFIX,
+                &self.name,
+                &failure.line(),
+                self.local.is_cancelled()
             );
         }
-        SubagentResult::with_output(stop_reason, turn.output()).with_diagnostic(diagnostic)
-    }
-}
-
-/// The dispose ladder of one run's child: interrupt, close the wire, terminate, wait.
-struct Teardown {
-    process: Arc<ChildProcess>,
-    connection: JoinHandle<()>,
-    /// Dropping the teardown unstarted (an abandoned start) still ends the session.
-    shutdown: tokio_util::sync::DropGuard,
-    grace: Duration,
-}
-
-impl Teardown {
-    async fn run(self) {
-        let Self {
-            process,
-            mut connection,
-            shutdown,
-            grace,
-        } = self;
-        drop(shutdown);
-        // The session sends its interrupt and drops the wire (closing stdin) as it ends.
-        if tokio::time::timeout(grace, &mut connection).await.is_err() {
-            connection.abort();
-        }
-        process.terminate().await;
-        tracing::debug!(pid = process.pid(), outcome = %process.outcome().unwrap_or_default(), "Codex child released");
+        let fact = turn
+            .fact()
+            .map(|fact| fact.text(PRODUCT, self.mode.as_str()));
+        SubagentResult::with_output(stop_reason, turn.output())
+            .with_diagnostic(failure.diagnostic(fact))
     }
 }

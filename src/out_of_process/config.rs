@@ -129,3 +129,33 @@ pub fn resolve_child_cwd(
         ))),
     }
 }
+
+/// A dispose grace in milliseconds, checked in two steps: `"<prefix>: disposeGraceMs must be
+/// a positive finite number"`, then `"<prefix>: disposeGraceMs must be no greater than
+/// 2147483647"` (`INVALID_CONFIG`).
+pub fn dispose_grace(prefix: &str, value: f64) -> Result<Duration> {
+    positive_finite(prefix, "disposeGraceMs", value)?;
+    if value > MAX_GRACE_MS {
+        return Err(invalid_config(format!(
+            "{prefix}: disposeGraceMs must be no greater than 2147483647"
+        )));
+    }
+    Ok(Duration::from_secs_f64(value / 1000.0))
+}
+
+/// Refuses an empty `value` for the configuration key `key` (`INVALID_CONFIG`).
+pub fn require_non_empty(prefix: &str, key: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(invalid_config(format!("{prefix}: {key} must not be empty")));
+    }
+    Ok(())
+}
+
+/// The refusal of a provider that takes its cwd only from the parent session, for a parent
+/// without one (`INVALID_CONFIG`).
+pub fn no_parent_cwd(prefix: &str) -> SubagentError {
+    invalid_config(format!(
+        "{prefix}: no working directory for the child — delegate from a parent session that \
+         has one"
+    ))
+}

@@ -11,17 +11,22 @@
 
 pub(crate) mod codex;
 mod config;
+pub(crate) mod diagnostic;
 mod env;
+pub(crate) mod launch;
+pub(crate) mod ndjson;
 mod process;
 mod settle;
+mod task;
 
 pub use config::{
-    grace_ms, positive_finite, resolve_child_cwd, usable_cwd, validate_configured_cwd, CwdLabel,
-    MAX_GRACE_MS,
+    dispose_grace, grace_ms, no_parent_cwd, positive_finite, require_non_empty, resolve_child_cwd,
+    usable_cwd, validate_configured_cwd, CwdLabel, MAX_GRACE_MS,
 };
 pub use env::{child_env, is_credential_name};
 pub use process::{ChildProcess, ExitOutcome, ProcessSpec, StderrMode};
 pub use settle::{out_of_process_run, settle_attempt, PartialOutput};
+pub use task::task_texts;
 
 use crate::seam::SubagentCapabilities;
 

@@ -1,7 +1,7 @@
 //! `subagents acp-agent`: this runtime served as an Agent Client Protocol agent over stdio.
 //!
 //! Each `session/new` creates a root agent (its session in the store, its cwd the one the
-//! client announced) on the scripted model; each `session/prompt` becomes one turn of that
+//! client announced) on the scripted model (or `--model openai`); each `session/prompt` becomes one turn of that
 //! agent, whose answer streams back as `agent_message_chunk` and whose end maps to the ACP stop
 //! reason. `session/cancel` cancels the turn. The `ACP_AGENT_*` variables
 //! ([`script::AcpAgentScript`]) script the protocol paths a client must handle: crashes,
@@ -36,6 +36,7 @@ use subagents::{
     SubagentError, TurnEndReason,
 };
 
+use crate::cli::model::ModelPlan;
 use script::{AcpAgentScript, ScriptedStop};
 
 /// `subagents acp-agent` arguments.
@@ -44,6 +45,9 @@ pub(crate) struct AcpAgentArgs {
     /// Keep the sessions in a sled store at this directory (default: in memory).
     #[arg(long)]
     store: Option<PathBuf>,
+    /// The model the sessions' agents run on (the `ACP_AGENT_*` answers need the scripted one).
+    #[command(flatten)]
+    model: crate::cli::model::ModelArgs,
 }
 
 type AcpError = agent_client_protocol::Error;
@@ -58,7 +62,8 @@ struct Session {
 /// What the handlers share.
 struct Server {
     rt: Runtime,
-    model: ScriptedModel,
+    /// The scripted model, when the agents run on it (the script's answers go there).
+    model: Option<ScriptedModel>,
     script: AcpAgentScript,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// One prompt at a time: the scripted model's steps are one queue.
@@ -105,11 +110,21 @@ impl Session {
 /// Runs the agent until the client closes stdin, then applies the script's EOF behaviour.
 pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
     let script = AcpAgentScript::from_env()?;
+    let plan = args.model.plan()?;
     start_process_script(&script)?;
-    let model = ScriptedModel::new();
-    // A long session would otherwise keep a copy of every request's whole history.
-    model.set_recording(false);
-    let builder = Runtime::builder().model("scripted", model.clone());
+    let (builder, model) = match plan {
+        ModelPlan::Scripted => {
+            let model = ScriptedModel::new();
+            // A long session would otherwise keep a copy of every request's whole history.
+            model.set_recording(false);
+            let builder = Runtime::builder().model("scripted", model.clone());
+            (builder, Some(model))
+        }
+        ModelPlan::OpenAi(config) => {
+            let adapter = subagents::model::OpenAiAdapter::new(config)?;
+            (Runtime::builder().model("openai", adapter), None)
+        }
+    };
     let builder = match &args.store {
         Some(dir) => builder.store(SledStore::open(dir)?),
         None => builder.store(MemoryStore::new()),
@@ -387,7 +402,9 @@ async fn prompt(
     } else {
         step
     };
-    server.model.push(step);
+    if let Some(model) = &server.model {
+        model.push(step);
+    }
     let prompt: Vec<ContentBlock> = request
         .prompt
         .iter()

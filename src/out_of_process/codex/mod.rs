@@ -7,10 +7,12 @@ pub(crate) mod turn;
 
 use serde_json::Value;
 
-use crate::out_of_process::ExitOutcome;
+pub(crate) use crate::out_of_process::diagnostic::{Fact, FailureLine};
 
 /// The message prefix of the Codex provider.
 pub(crate) const PREFIX: &str = "subagent-codex";
+/// The product, as the failure line and the facts name it.
+pub(crate) const PRODUCT: &str = "Codex";
 
 /// Where a Codex run failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,55 +36,15 @@ impl Stage {
     }
 }
 
-/// A safe account of a failure: stage, category, and the facts a person may see.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Failure {
-    pub(crate) stage: Stage,
-    pub(crate) category: String,
-    pub(crate) http_status: Option<u16>,
-    pub(crate) outcome: Option<ExitOutcome>,
-}
-
-impl Failure {
-    pub(crate) fn new(stage: Stage, category: impl Into<String>) -> Self {
-        Self {
-            stage,
-            category: category.into(),
-            http_status: None,
-            outcome: None,
-        }
+impl Stage {
+    /// A failure at this stage in `category`.
+    pub(crate) fn failure(self, category: impl Into<String>) -> FailureLine {
+        FailureLine::new(PRODUCT, self.as_str(), category)
     }
 
-    pub(crate) fn unknown(stage: Stage) -> Self {
-        Self::new(stage, "unknown")
-    }
-
-    /// Adds how the process ended, when it had.
-    pub(crate) fn with_outcome(mut self, outcome: Option<ExitOutcome>) -> Self {
-        self.outcome = outcome.or(self.outcome);
-        self
-    }
-
-    /// `Product subagent failure (product: Codex; stage: …; category: …[; HTTP status: N][;
-    /// exit code: N][; signal: S])`.
-    pub(crate) fn line(&self) -> String {
-        let mut line = format!(
-            "Product subagent failure (product: Codex; stage: {}; category: {}",
-            self.stage.as_str(),
-            self.category
-        );
-        if let Some(status) = self.http_status {
-            line.push_str(&format!("; HTTP status: {status}"));
-        }
-        if let Some(outcome) = self.outcome {
-            let said = outcome.to_string();
-            if !said.is_empty() {
-                line.push_str("; ");
-                line.push_str(&said);
-            }
-        }
-        line.push(')');
-        line
+    /// A failure at this stage in category `unknown`.
+    pub(crate) fn unknown(self) -> FailureLine {
+        self.failure("unknown")
     }
 }
 
@@ -140,83 +102,58 @@ pub(crate) fn categorize(error: Option<&Value>) -> (String, Option<u16>) {
     (key.clone(), status)
 }
 
-/// An unattended decision the provider (or Codex) made, in fixed words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fact {
-    request: &'static str,
-    decision: &'static str,
-    reason: &'static str,
-}
-
 const NO_APPROVAL: &str = "the provider does not grant interactive approval";
 
-impl Fact {
-    pub(crate) const fn new(
-        request: &'static str,
-        decision: &'static str,
-        reason: &'static str,
-    ) -> Self {
-        Self {
-            request,
-            decision,
-            reason,
-        }
-    }
+/// The unattended decisions of a Codex run, in fixed words.
+pub(crate) mod facts {
+    use super::{Fact, NO_APPROVAL};
 
     /// An approval request answered `cancel` or `decline`.
-    pub(crate) fn approval(request: &'static str, cancelled: bool) -> Self {
+    pub(crate) fn approval(request: &'static str, cancelled: bool) -> Fact {
         let decision = if cancelled { "cancelled" } else { "declined" };
-        Self::new(request, decision, NO_APPROVAL)
+        Fact::new(request, decision, NO_APPROVAL)
     }
 
-    pub(crate) const PERMISSION_GRANT: Self = Self::new(
+    pub(crate) const PERMISSION_GRANT: Fact = Fact::new(
         "permission grant",
         "denied",
         "the provider grants no additional turn permissions",
     );
-    pub(crate) const USER_INPUT: Self = Self::new(
+    pub(crate) const USER_INPUT: Fact = Fact::new(
         "user input",
         "empty response",
         "the provider does not collect interactive answers",
     );
-    pub(crate) const MCP_ELICITATION: Self = Self::new(
+    pub(crate) const MCP_ELICITATION: Fact = Fact::new(
         "MCP elicitation",
         "declined",
         "the provider does not collect interactive MCP input",
     );
-    pub(crate) const COMMAND_DECLINED: Self = Self::new(
+    pub(crate) const COMMAND_DECLINED: Fact = Fact::new(
         "command execution",
         "declined",
         "Codex declined the command under the selected permission mode",
     );
-    pub(crate) const FILE_DECLINED: Self = Self::new(
+    pub(crate) const FILE_DECLINED: Fact = Fact::new(
         "file change",
         "declined",
         "Codex declined the file change under the selected permission mode",
     );
-    pub(crate) const SANDBOX_FAILED: Self = Self::new(
+    pub(crate) const SANDBOX_FAILED: Fact = Fact::new(
         "sandbox execution",
         "failed",
         "Codex reported a sandbox failure",
     );
-    const ESCALATION_DENIED: Self = Self::new(
+    pub(crate) const ESCALATION_DENIED: Fact = Fact::new(
         "command execution",
         "denied",
         "Codex rejected an escalation because the selected policy never asks for approval",
     );
-    const SANDBOX_VIOLATION: Self = Self::new(
+    pub(crate) const SANDBOX_VIOLATION: Fact = Fact::new(
         "sandbox execution",
         "failed",
         "Codex reported a sandbox violation",
     );
-
-    /// `Codex unattended decision (mode: …; request: …; decision: …): <reason>`.
-    pub(crate) fn text(&self, mode: &str) -> String {
-        format!(
-            "Codex unattended decision (mode: {mode}; request: {}; decision: {}): {}",
-            self.request, self.decision, self.reason
-        )
-    }
 }
 
 /// The latest fact by observation order: an older observation (a replayed early item) never
@@ -241,9 +178,9 @@ impl Facts {
 const SIGNATURES: [(&str, Fact); 2] = [
     (
         "approval policy is Never; reject command",
-        Fact::ESCALATION_DENIED,
+        facts::ESCALATION_DENIED,
     ),
-    ("recorded sandbox violation:", Fact::SANDBOX_VIOLATION),
+    ("recorded sandbox violation:", facts::SANDBOX_VIOLATION),
 ];
 
 /// Reads the two stderr signatures across chunk boundaries, keeping only a tail short enough
@@ -335,13 +272,13 @@ mod tests {
         );
         assert_eq!(
             signatures.observe("ver; reject command — /private/secret.txt"),
-            Some(Fact::ESCALATION_DENIED)
+            Some(facts::ESCALATION_DENIED)
         );
         let both = "approval policy is Never; reject command\nrecorded sandbox violation: x";
-        assert_eq!(signatures.observe(both), Some(Fact::SANDBOX_VIOLATION));
+        assert_eq!(signatures.observe(both), Some(facts::SANDBOX_VIOLATION));
         assert_eq!(
             signatures.observe(&format!("recorded sandbox violation: {}", "x".repeat(2048))),
-            Some(Fact::SANDBOX_VIOLATION)
+            Some(facts::SANDBOX_VIOLATION)
         );
         assert!(signatures.tail.len() < 40);
     }

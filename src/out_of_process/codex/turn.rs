@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{categorize, Fact, Facts, Failure, Stage, PREFIX};
+use super::{categorize, facts, Fact, Facts, FailureLine, Stage, PREFIX};
 use crate::content::ContentBlock;
 use crate::stop_reason::StopReason;
 
@@ -23,7 +23,7 @@ pub(crate) enum TurnEnd {
     /// Any other end: the stop reason, the failure and the output kept.
     Failed {
         stop_reason: StopReason,
-        failure: Failure,
+        failure: FailureLine,
         message: String,
     },
 }
@@ -117,6 +117,11 @@ impl Turn {
         self.facts.latest()
     }
 
+    /// Binds the turn to the thread `thread/start` created (facts already seen stay).
+    pub(crate) fn bind(&mut self, thread: String) {
+        self.thread = thread;
+    }
+
     /// Records a fact read from stderr (always the newest observation).
     pub(crate) fn observe_stderr(&mut self, fact: Fact) {
         let order = self.order();
@@ -171,6 +176,10 @@ impl Turn {
             return Err(invalid("turn/start turn"));
         }
         let id = non_empty_str(turn.get("id")).ok_or_else(|| invalid("turn/start turn id"))?;
+        if !matches!(self.window, Window::Provisional { .. }) {
+            // A second response to turn/start changes nothing.
+            return Ok(());
+        }
         let window = std::mem::replace(&mut self.window, Window::Committed(id.to_owned()));
         let Window::Provisional {
             pending,
@@ -280,8 +289,8 @@ impl Turn {
         let kind = item.get("type").and_then(Value::as_str);
         if item.get("status").and_then(Value::as_str) == Some("declined") {
             match kind {
-                Some("commandExecution") => self.facts.record(Fact::COMMAND_DECLINED, order),
-                Some("fileChange") => self.facts.record(Fact::FILE_DECLINED, order),
+                Some("commandExecution") => self.facts.record(facts::COMMAND_DECLINED, order),
+                Some("fileChange") => self.facts.record(facts::FILE_DECLINED, order),
                 _ => {}
             }
         }
@@ -313,9 +322,9 @@ impl Turn {
         let failed =
             |category: String, http_status: Option<u16>, message: String| TurnEnd::Failed {
                 stop_reason: StopReason::Error,
-                failure: Failure {
+                failure: FailureLine {
                     http_status,
-                    ..Failure::new(Stage::Turn, category)
+                    ..Stage::Turn.failure(category)
                 },
                 message,
             };
@@ -341,13 +350,13 @@ impl Turn {
                 let error = turn.get("error").filter(|error| error.is_object());
                 let (category, http_status) = categorize(error);
                 if category == "sandboxError" {
-                    self.facts.record(Fact::SANDBOX_FAILED, order);
+                    self.facts.record(facts::SANDBOX_FAILED, order);
                 }
                 let message = format!("{PREFIX}: Codex turn ended with status failed: {category}");
                 if category == "contextWindowExceeded" {
                     TurnEnd::Failed {
                         stop_reason: StopReason::MaxTokens,
-                        failure: Failure::new(Stage::Turn, category),
+                        failure: Stage::Turn.failure(category),
                         message,
                     }
                 } else {
@@ -375,6 +384,20 @@ impl Turn {
     pub(crate) fn request(&mut self, method: &str, params: &Value) -> Result<Value, Fatal> {
         let stage = self.stage();
         let order = self.order();
+        // An unknown request is refused as such, whatever it names.
+        const SERVED: [&str; 5] = [
+            "item/commandExecution/requestApproval",
+            "item/fileChange/requestApproval",
+            "item/permissions/requestApproval",
+            "item/tool/requestUserInput",
+            "mcpServer/elicitation/request",
+        ];
+        if !SERVED.contains(&method) {
+            return Err(fatal(
+                stage,
+                format!("unsupported app-server request {}", Value::from(method)),
+            ));
+        }
         let thread = params.get("threadId").and_then(Value::as_str);
         if thread != Some(self.thread.as_str()) {
             return Err(fatal(stage, "app-server request referenced another thread"));
@@ -413,24 +436,18 @@ impl Turn {
                 let decision = if cancel { "cancel" } else { "decline" };
                 (
                     json!({ "decision": decision }),
-                    Fact::approval(request, cancel),
+                    facts::approval(request, cancel),
                 )
             }
             "item/permissions/requestApproval" => (
                 json!({ "permissions": {}, "scope": "turn" }),
-                Fact::PERMISSION_GRANT,
+                facts::PERMISSION_GRANT,
             ),
-            "item/tool/requestUserInput" => (json!({ "answers": {} }), Fact::USER_INPUT),
-            "mcpServer/elicitation/request" => (
+            "item/tool/requestUserInput" => (json!({ "answers": {} }), facts::USER_INPUT),
+            _ => (
                 json!({ "action": "decline", "content": null, "_meta": null }),
-                Fact::MCP_ELICITATION,
+                facts::MCP_ELICITATION,
             ),
-            other => {
-                return Err(fatal(
-                    stage,
-                    format!("unsupported app-server request {}", Value::from(other)),
-                ))
-            }
         };
         match &mut self.window {
             // Held until the turn commits: a mismatched turn must leave no fact behind.
@@ -544,6 +561,6 @@ mod tests {
         turn.request("item/commandExecution/requestApproval", &request)
             .unwrap();
         turn.commit(&json!({"turn": {"id": "turn-1"}})).unwrap();
-        assert_eq!(turn.fact(), Some(Fact::approval("command approval", true)));
+        assert_eq!(turn.fact(), Some(facts::approval("command approval", true)));
     }
 }

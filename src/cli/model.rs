@@ -1,0 +1,81 @@
+//! The model flags `demo` and `acp-agent` share: the deterministic scripted model (the
+//! default), or an OpenAI-compatible endpoint.
+
+use subagents::model::OpenAiConfig;
+use subagents::{ErrorCode, SubagentError};
+
+/// Which model answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ModelChoice {
+    /// The deterministic scripted model (no network).
+    Scripted,
+    /// An OpenAI-compatible chat-completions endpoint.
+    Openai,
+}
+
+/// The model flags.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ModelArgs {
+    /// Which model answers: the deterministic scripted model, or an OpenAI-compatible endpoint.
+    #[arg(long, value_enum, default_value_t = ModelChoice::Scripted)]
+    pub(crate) model: ModelChoice,
+    /// The endpoint's base URL (with `--model openai`), e.g. `https://api.openai.com/v1`.
+    #[arg(long)]
+    pub(crate) base_url: Option<String>,
+    /// The model name to request: required with `--model openai`; recorded in the session
+    /// with the scripted model.
+    #[arg(long)]
+    pub(crate) model_name: Option<String>,
+    /// The environment variable holding the API key (with `--model openai`); omit it for
+    /// endpoints without authentication (a local vLLM or Ollama).
+    #[arg(long)]
+    pub(crate) api_key_env: Option<String>,
+}
+
+/// The checked model flags.
+pub(crate) enum ModelPlan {
+    /// The scripted model.
+    Scripted,
+    /// An OpenAI-compatible endpoint.
+    OpenAi(OpenAiConfig),
+}
+
+pub(crate) fn usage(message: impl Into<String>) -> SubagentError {
+    SubagentError::new(ErrorCode::InvalidArgs, message)
+}
+
+impl ModelArgs {
+    /// Checks the flags: the endpoint flags only with `--model openai`, which needs a base URL
+    /// and a model name.
+    pub(crate) fn plan(&self) -> Result<ModelPlan, SubagentError> {
+        match self.model {
+            ModelChoice::Scripted => {
+                for (given, flag) in [
+                    (self.base_url.is_some(), "--base-url"),
+                    (self.api_key_env.is_some(), "--api-key-env"),
+                ] {
+                    if given {
+                        return Err(usage(format!("{flag} only applies with --model openai")));
+                    }
+                }
+                Ok(ModelPlan::Scripted)
+            }
+            ModelChoice::Openai => {
+                let base_url = self
+                    .base_url
+                    .clone()
+                    .ok_or_else(|| usage("--model openai needs --base-url"))?;
+                let name = self
+                    .model_name
+                    .clone()
+                    .ok_or_else(|| usage("--model openai needs --model-name"))?;
+                let mut config = OpenAiConfig::new(base_url, name);
+                if let Some(variable) = &self.api_key_env {
+                    config = config.api_key_env(variable.clone());
+                }
+                config.validate()?;
+                Ok(ModelPlan::OpenAi(config))
+            }
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Provides the safe words a product provider (Codex, Claude Code) reports a failure in: the
+//! failure line `Product subagent failure (product: …; stage: …; category: …)` and the latest
+//! unattended decision. Nothing here carries the product's own text, a command, a path or a
+//! token.
+
+use super::ExitOutcome;
+
+/// Where and why a product run failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FailureLine {
+    pub(crate) product: &'static str,
+    pub(crate) stage: &'static str,
+    pub(crate) category: String,
+    pub(crate) http_status: Option<u16>,
+    pub(crate) outcome: Option<ExitOutcome>,
+}
+
+impl FailureLine {
+    pub(crate) fn new(
+        product: &'static str,
+        stage: &'static str,
+        category: impl Into<String>,
+    ) -> Self {
+        Self {
+            product,
+            stage,
+            category: category.into(),
+            http_status: None,
+            outcome: None,
+        }
+    }
+
+    /// Adds how the process ended, when it had (an outcome already known stays).
+    #[must_use]
+    pub(crate) fn with_outcome(mut self, outcome: Option<ExitOutcome>) -> Self {
+        self.outcome = self.outcome.or(outcome);
+        self
+    }
+
+    /// `Product subagent failure (product: P; stage: S; category: C[; HTTP status: N][; exit
+    /// code: N][; signal: S])`.
+    pub(crate) fn line(&self) -> String {
+        let mut line = format!(
+            "Product subagent failure (product: {}; stage: {}; category: {}",
+            self.product, self.stage, self.category
+        );
+        if let Some(status) = self.http_status {
+            line.push_str(&format!("; HTTP status: {status}"));
+        }
+        let said = self
+            .outcome
+            .map(|outcome| outcome.to_string())
+            .unwrap_or_default();
+        if !said.is_empty() {
+            line.push_str("; ");
+            line.push_str(&said);
+        }
+        line.push(')');
+        line
+    }
+
+    /// The run's diagnostic: the line, then the latest unattended decision, if any.
+    pub(crate) fn diagnostic(&self, fact: Option<String>) -> String {
+        match fact {
+            Some(fact) => format!("{}\n{fact}", self.line()),
+            None => self.line(),
+        }
+    }
+}
+
+/// An unattended decision a provider (or its product) made, in fixed words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fact {
+    pub(crate) request: &'static str,
+    pub(crate) decision: &'static str,
+    pub(crate) reason: &'static str,
+}
+
+impl Fact {
+    pub(crate) const fn new(
+        request: &'static str,
+        decision: &'static str,
+        reason: &'static str,
+    ) -> Self {
+        Self {
+            request,
+            decision,
+            reason,
+        }
+    }
+
+    /// `<product> unattended decision (mode: M; request: R; decision: D): <reason>`.
+    pub(crate) fn text(&self, product: &str, mode: &str) -> String {
+        format!(
+            "{product} unattended decision (mode: {mode}; request: {}; decision: {}): {}",
+            self.request, self.decision, self.reason
+        )
+    }
+}
+
+/// Logs a published run's failure as the reference does:
+/// `<prefix> "<name>": child run failed (error): <prefix>: <line>`. A cancelled run is not a
+/// failure and is not logged. A macro, so each provider logs from a call site of its own.
+macro_rules! log_run_failure {
+    ($prefix:expr, $name:expr, $line:expr, $cancelled:expr) => {
+        if !$cancelled {
+            tracing::warn!(
+                "{} \"{}\": child run failed (error): {}: {}",
+                $prefix,
+                $name,
+                $prefix,
+                $line
+            );
+        }
+    };
+}
+pub(crate) use log_run_failure;
