@@ -310,7 +310,7 @@ async fn terminate_ends_a_grandchild_that_outlived_its_leader() {
     );
     within("the terminate ladder", process.terminate()).await;
     assert!(process.wait_for_tree_exit(None).await);
-    crate::provider_acp::fixture_gone(grandchild).await;
+    crate::support::gone(grandchild).await;
 }
 
 // ACP-24
@@ -331,8 +331,8 @@ async fn dropping_a_handle_kills_its_whole_tree() {
     .await;
     let (leader, grandchild) = (pid_in(&dir.path().join("leader")), pid_in(&grandchild_file));
     drop(process);
-    crate::provider_acp::fixture_gone(leader).await;
-    crate::provider_acp::fixture_gone(grandchild).await;
+    crate::support::gone(leader).await;
+    crate::support::gone(grandchild).await;
 }
 
 // ACP-24

@@ -5,8 +5,6 @@
 #[path = "provider_acp/fixture.rs"]
 mod fixture;
 
-pub use fixture::gone as fixture_gone;
-
 use std::collections::BTreeMap;
 
 use serde_json::json;

@@ -660,3 +660,24 @@ pub async fn author(
         .expect("the session is stored");
     id
 }
+
+/// Whether `pid` is a live process (a zombie awaiting its reaper is dead).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rfind(')')
+            .and_then(|end| stat[end + 1..].split_whitespace().next().map(str::to_owned));
+        !matches!(state.as_deref(), Some("Z" | "X") | None)
+    })
+}
+
+/// Waits (with the safety-net timeout) until `pid` has exited: its exit is asynchronous to
+/// whatever released it.
+pub async fn gone(pid: u32) {
+    within(&format!("process {pid} to exit"), async {
+        while alive(pid) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}

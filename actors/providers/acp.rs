@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use actix::prelude::*;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ContentBlock as AcpBlock, ContentChunk, InitializeRequest,
@@ -25,16 +24,14 @@ use tokio::sync::oneshot;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::CancellationToken;
 
+use super::process::{process_provider, ProcessBackend, ProcessShell};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::launch::{publish, Teardown};
 use crate::out_of_process::{
     child_env, grace_ms, resolve_child_cwd, validate_configured_cwd, ChildProcess, ExitOutcome,
-    PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
+    PartialOutput, ProcessSpec, StderrMode,
 };
-use crate::seam::{
-    ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
-    SubagentRun,
-};
+use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
 
 /// The message prefix of this provider's errors.
@@ -54,14 +51,6 @@ pub enum AcpPermission {
 
 fn default_acp_name() -> String {
     "acp".to_owned()
-}
-
-fn default_eof_grace_ms() -> f64 {
-    6000.0
-}
-
-fn default_grace_ms() -> f64 {
-    3000.0
 }
 
 /// The ACP provider's configuration, in the reference's keys (`providerName`, `command`,
@@ -90,10 +79,10 @@ pub struct AcpProviderConfig {
     pub env: BTreeMap<String, String>,
     /// How long a disposed child has to exit after its stdin closes (default 6000 ms; it
     /// outlasts the SIGTERM grace so a child that flushes on EOF can finish).
-    #[serde(default = "default_eof_grace_ms")]
+    #[serde(default = "crate::out_of_process::default_dispose_eof_grace_ms")]
     pub dispose_eof_grace_ms: f64,
     /// How long the tree has between SIGTERM and SIGKILL (default 3000 ms).
-    #[serde(default = "default_grace_ms")]
+    #[serde(default = "crate::out_of_process::default_dispose_grace_ms")]
     pub dispose_grace_ms: f64,
 }
 
@@ -107,8 +96,8 @@ impl AcpProviderConfig {
             cwd: None,
             permission: AcpPermission::default(),
             env: BTreeMap::new(),
-            dispose_eof_grace_ms: default_eof_grace_ms(),
-            dispose_grace_ms: default_grace_ms(),
+            dispose_eof_grace_ms: crate::out_of_process::default_dispose_eof_grace_ms(),
+            dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
     }
 }
@@ -131,15 +120,21 @@ struct AcpSettings {
 
 /// The ACP provider: one-shot runs only, no start capabilities, no parent context.
 pub struct AcpProvider {
-    settings: Arc<AcpSettings>,
-    addr: OnceLock<Addr<AcpProviderActor>>,
+    shell: ProcessShell<AcpSettings>,
 }
 
-impl std::fmt::Debug for AcpProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AcpProvider")
-            .field("name", &self.settings.name)
-            .finish_non_exhaustive()
+process_provider!(AcpProvider);
+
+impl ProcessBackend for AcpSettings {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn start_run(
+        self: Arc<Self>,
+        request: ResolvedSubagentStartRequest,
+    ) -> BoxFuture<'static, Result<SubagentRun>> {
+        Box::pin(start_run(self, request))
     }
 }
 
@@ -196,7 +191,7 @@ impl AcpProvider {
             .map(OsString::from)
             .collect();
         Ok(Self {
-            settings: Arc::new(AcpSettings {
+            shell: ProcessShell::new(AcpSettings {
                 prefix,
                 child_kind,
                 name: config.provider_name,
@@ -207,71 +202,7 @@ impl AcpProvider {
                 eof_grace,
                 grace,
             }),
-            addr: OnceLock::new(),
         })
-    }
-
-    fn addr(&self) -> Addr<AcpProviderActor> {
-        self.addr
-            .get_or_init(|| {
-                AcpProviderActor {
-                    settings: Arc::clone(&self.settings),
-                    started: 0,
-                }
-                .start()
-            })
-            .clone()
-    }
-}
-
-impl SubagentProvider for AcpProvider {
-    fn name(&self) -> &str {
-        &self.settings.name
-    }
-
-    fn capabilities(&self) -> SubagentCapabilities {
-        NO_START_CAPABILITIES
-    }
-
-    fn inherits_parent_context(&self) -> bool {
-        false
-    }
-
-    fn start(
-        &self,
-        request: ResolvedSubagentStartRequest,
-    ) -> BoxFuture<'static, Result<SubagentRun>> {
-        let addr = self.addr();
-        Box::pin(async move {
-            addr.send(StartAcpRun(request))
-                .await
-                .map_err(SubagentError::from)?
-        })
-    }
-}
-
-/// The provider's actor: it counts its runs and starts each one; every run then lives in tasks
-/// of its own, so a slow child never holds the actor.
-struct AcpProviderActor {
-    settings: Arc<AcpSettings>,
-    started: u64,
-}
-
-impl Actor for AcpProviderActor {
-    type Context = Context<Self>;
-}
-
-#[derive(Message)]
-#[rtype(result = "Result<SubagentRun>")]
-struct StartAcpRun(ResolvedSubagentStartRequest);
-
-impl Handler<StartAcpRun> for AcpProviderActor {
-    type Result = ResponseFuture<Result<SubagentRun>>;
-
-    fn handle(&mut self, msg: StartAcpRun, _: &mut Context<Self>) -> Self::Result {
-        self.started += 1;
-        tracing::debug!(provider = %self.settings.name, started = self.started, "ACP run start");
-        Box::pin(start_run(Arc::clone(&self.settings), msg.0))
     }
 }
 

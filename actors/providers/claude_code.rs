@@ -10,16 +10,16 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use actix::prelude::*;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::process::{process_provider, ProcessBackend, ProcessShell};
 use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::diagnostic::{log_run_failure, Fact, FailureLine};
@@ -27,12 +27,9 @@ use crate::out_of_process::launch::{publish, Teardown};
 use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read};
 use crate::out_of_process::{
     child_env, dispose_grace, no_parent_cwd, require_non_empty, task_texts, usable_cwd,
-    ChildProcess, CwdLabel, PartialOutput, ProcessSpec, StderrMode, NO_START_CAPABILITIES,
+    ChildProcess, CwdLabel, PartialOutput, ProcessSpec, StderrMode,
 };
-use crate::seam::{
-    ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
-    SubagentRun,
-};
+use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
 
 const PREFIX: &str = "subagent-claude-code";
@@ -147,10 +144,6 @@ fn default_claude_command() -> String {
     "claude".to_owned()
 }
 
-fn default_grace_ms() -> f64 {
-    3000.0
-}
-
 /// The Claude Code provider's configuration (`providerName`, `command`, `env`,
 /// `permissionMode`, `disposeGraceMs`). There is no cwd override.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -172,7 +165,7 @@ pub struct ClaudeCodeProviderConfig {
     #[serde(default)]
     pub permission_mode: ClaudePermissionMode,
     /// How long the tree has between SIGTERM and SIGKILL (default 3000 ms).
-    #[serde(default = "default_grace_ms")]
+    #[serde(default = "crate::out_of_process::default_dispose_grace_ms")]
     pub dispose_grace_ms: f64,
 }
 
@@ -184,7 +177,7 @@ impl Default for ClaudeCodeProviderConfig {
             args: Vec::new(),
             env: BTreeMap::new(),
             permission_mode: ClaudePermissionMode::default(),
-            dispose_grace_ms: default_grace_ms(),
+            dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
     }
 }
@@ -210,15 +203,21 @@ struct ClaudeSettings {
 
 /// The Claude Code provider: one-shot runs only, no start capabilities, no parent context.
 pub struct ClaudeCodeProvider {
-    settings: Arc<ClaudeSettings>,
-    addr: OnceLock<Addr<ClaudeCodeProviderActor>>,
+    shell: ProcessShell<ClaudeSettings>,
 }
 
-impl std::fmt::Debug for ClaudeCodeProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClaudeCodeProvider")
-            .field("name", &self.settings.name)
-            .finish_non_exhaustive()
+process_provider!(ClaudeCodeProvider);
+
+impl ProcessBackend for ClaudeSettings {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn start_run(
+        self: Arc<Self>,
+        request: ResolvedSubagentStartRequest,
+    ) -> BoxFuture<'static, Result<SubagentRun>> {
+        Box::pin(start_run(self, request))
     }
 }
 
@@ -249,77 +248,14 @@ impl ClaudeCodeProvider {
             .map(OsString::from)
             .collect();
         Ok(Self {
-            settings: Arc::new(ClaudeSettings {
+            shell: ProcessShell::new(ClaudeSettings {
                 name: config.provider_name,
                 argv,
                 env: config.env,
                 mode,
                 grace,
             }),
-            addr: OnceLock::new(),
         })
-    }
-
-    fn addr(&self) -> Addr<ClaudeCodeProviderActor> {
-        self.addr
-            .get_or_init(|| {
-                ClaudeCodeProviderActor {
-                    settings: Arc::clone(&self.settings),
-                    started: 0,
-                }
-                .start()
-            })
-            .clone()
-    }
-}
-
-impl SubagentProvider for ClaudeCodeProvider {
-    fn name(&self) -> &str {
-        &self.settings.name
-    }
-
-    fn capabilities(&self) -> SubagentCapabilities {
-        NO_START_CAPABILITIES
-    }
-
-    fn inherits_parent_context(&self) -> bool {
-        false
-    }
-
-    fn start(
-        &self,
-        request: ResolvedSubagentStartRequest,
-    ) -> BoxFuture<'static, Result<SubagentRun>> {
-        let addr = self.addr();
-        Box::pin(async move {
-            addr.send(StartClaudeRun(request))
-                .await
-                .map_err(SubagentError::from)?
-        })
-    }
-}
-
-/// The provider's actor: it counts its runs and starts each one.
-struct ClaudeCodeProviderActor {
-    settings: Arc<ClaudeSettings>,
-    started: u64,
-}
-
-impl Actor for ClaudeCodeProviderActor {
-    type Context = Context<Self>;
-}
-
-#[derive(Message)]
-#[rtype(result = "Result<SubagentRun>")]
-struct StartClaudeRun(ResolvedSubagentStartRequest);
-
-impl Handler<StartClaudeRun> for ClaudeCodeProviderActor {
-    type Result = ResponseFuture<Result<SubagentRun>>;
-
-    fn handle(&mut self, msg: StartClaudeRun, _: &mut Context<Self>) -> Self::Result {
-        self.started += 1;
-        tracing::debug!(provider = %self.settings.name, started = self.started, "Claude Code run start");
-        Box::pin(start_run(Arc::clone(&self.settings), msg.0))
     }
 }
 

@@ -7,10 +7,9 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use actix::prelude::*;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -19,6 +18,7 @@ use tokio::process::ChildStderr;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::process::{process_provider, ProcessBackend, ProcessShell};
 use crate::content::text_of;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::codex::turn::{Fatal, Turn, TurnEnd};
@@ -29,12 +29,8 @@ use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read};
 use crate::out_of_process::{
     child_env, dispose_grace, no_parent_cwd, require_non_empty, task_texts, usable_cwd,
     ChildProcess, CwdLabel, ExitOutcome, PartialOutput, ProcessSpec, StderrMode,
-    NO_START_CAPABILITIES,
 };
-use crate::seam::{
-    ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
-    SubagentRun,
-};
+use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
 
 /// The unattended permission mode of every thread the provider starts.
@@ -89,10 +85,6 @@ fn default_codex_args() -> Vec<String> {
     vec!["app-server".to_owned(), "--stdio".to_owned()]
 }
 
-fn default_grace_ms() -> f64 {
-    3000.0
-}
-
 /// The Codex provider's configuration (`providerName`, `command`, `args`, `env`,
 /// `permissionMode`, `disposeGraceMs`). There is no cwd override: a child always runs in its
 /// parent session's cwd.
@@ -116,7 +108,7 @@ pub struct CodexProviderConfig {
     pub permission_mode: CodexPermissionMode,
     /// How long the tree has between SIGTERM and SIGKILL, and how long a closed wire waits for
     /// the exit (default 3000 ms).
-    #[serde(default = "default_grace_ms")]
+    #[serde(default = "crate::out_of_process::default_dispose_grace_ms")]
     pub dispose_grace_ms: f64,
 }
 
@@ -138,7 +130,7 @@ impl Default for CodexProviderConfig {
             args: default_codex_args(),
             env: BTreeMap::new(),
             permission_mode: CodexPermissionMode::default(),
-            dispose_grace_ms: default_grace_ms(),
+            dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
     }
 }
@@ -154,15 +146,21 @@ struct CodexSettings {
 
 /// The Codex provider: one-shot runs only, no start capabilities, no parent context.
 pub struct CodexProvider {
-    settings: Arc<CodexSettings>,
-    addr: OnceLock<Addr<CodexProviderActor>>,
+    shell: ProcessShell<CodexSettings>,
 }
 
-impl std::fmt::Debug for CodexProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CodexProvider")
-            .field("name", &self.settings.name)
-            .finish_non_exhaustive()
+process_provider!(CodexProvider);
+
+impl ProcessBackend for CodexSettings {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn start_run(
+        self: Arc<Self>,
+        request: ResolvedSubagentStartRequest,
+    ) -> BoxFuture<'static, Result<SubagentRun>> {
+        Box::pin(start_run(self, request))
     }
 }
 
@@ -177,7 +175,7 @@ impl CodexProvider {
         require_non_empty(PREFIX, "command", &config.command)?;
         let grace = dispose_grace(PREFIX, config.dispose_grace_ms)?;
         Ok(Self {
-            settings: Arc::new(CodexSettings {
+            shell: ProcessShell::new(CodexSettings {
                 name: config.provider_name,
                 argv: std::iter::once(config.command)
                     .chain(config.args)
@@ -187,71 +185,7 @@ impl CodexProvider {
                 mode: config.permission_mode,
                 grace,
             }),
-            addr: OnceLock::new(),
         })
-    }
-
-    fn addr(&self) -> Addr<CodexProviderActor> {
-        self.addr
-            .get_or_init(|| {
-                CodexProviderActor {
-                    settings: Arc::clone(&self.settings),
-                    started: 0,
-                }
-                .start()
-            })
-            .clone()
-    }
-}
-
-impl SubagentProvider for CodexProvider {
-    fn name(&self) -> &str {
-        &self.settings.name
-    }
-
-    fn capabilities(&self) -> SubagentCapabilities {
-        NO_START_CAPABILITIES
-    }
-
-    fn inherits_parent_context(&self) -> bool {
-        false
-    }
-
-    fn start(
-        &self,
-        request: ResolvedSubagentStartRequest,
-    ) -> BoxFuture<'static, Result<SubagentRun>> {
-        let addr = self.addr();
-        Box::pin(async move {
-            addr.send(StartCodexRun(request))
-                .await
-                .map_err(SubagentError::from)?
-        })
-    }
-}
-
-/// The provider's actor: it counts its runs and starts each one; every run then lives in tasks
-/// of its own.
-struct CodexProviderActor {
-    settings: Arc<CodexSettings>,
-    started: u64,
-}
-
-impl Actor for CodexProviderActor {
-    type Context = Context<Self>;
-}
-
-#[derive(Message)]
-#[rtype(result = "Result<SubagentRun>")]
-struct StartCodexRun(ResolvedSubagentStartRequest);
-
-impl Handler<StartCodexRun> for CodexProviderActor {
-    type Result = ResponseFuture<Result<SubagentRun>>;
-
-    fn handle(&mut self, msg: StartCodexRun, _: &mut Context<Self>) -> Self::Result {
-        self.started += 1;
-        tracing::debug!(provider = %self.settings.name, started = self.started, "Codex run start");
-        Box::pin(start_run(Arc::clone(&self.settings), msg.0))
     }
 }
 

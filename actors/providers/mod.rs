@@ -6,6 +6,7 @@ pub mod claude_code;
 pub mod codex;
 pub mod fork;
 pub mod in_process;
+pub(crate) mod process;
 pub mod sdk;
 pub mod spawn;
 

@@ -26,14 +26,6 @@ fn default_command() -> String {
     "subagents".to_owned()
 }
 
-fn default_eof_grace_ms() -> f64 {
-    6000.0
-}
-
-fn default_grace_ms() -> f64 {
-    3000.0
-}
-
 /// The SDK provider's configuration (`providerName`, `command`, `args`, `cwd`, `env`,
 /// `disposeEofGraceMs`, `disposeGraceMs`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -55,10 +47,10 @@ pub struct SdkProviderConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// How long a disposed child has to exit after its stdin closes (default 6000 ms).
-    #[serde(default = "default_eof_grace_ms")]
+    #[serde(default = "crate::out_of_process::default_dispose_eof_grace_ms")]
     pub dispose_eof_grace_ms: f64,
     /// How long the tree has between SIGTERM and SIGKILL (default 3000 ms).
-    #[serde(default = "default_grace_ms")]
+    #[serde(default = "crate::out_of_process::default_dispose_grace_ms")]
     pub dispose_grace_ms: f64,
 }
 
@@ -70,8 +62,8 @@ impl Default for SdkProviderConfig {
             args: Vec::new(),
             cwd: None,
             env: BTreeMap::new(),
-            dispose_eof_grace_ms: default_eof_grace_ms(),
-            dispose_grace_ms: default_grace_ms(),
+            dispose_eof_grace_ms: crate::out_of_process::default_dispose_eof_grace_ms(),
+            dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
     }
 }

@@ -9,6 +9,17 @@ use crate::error::{ErrorCode, Result, SubagentError};
 /// The largest grace a provider accepts, in milliseconds (the reference's timer limit).
 pub const MAX_GRACE_MS: f64 = 2_147_483_647.0;
 
+/// The default `disposeGraceMs`: 3 s between SIGTERM and SIGKILL.
+pub fn default_dispose_grace_ms() -> f64 {
+    3000.0
+}
+
+/// The default `disposeEofGraceMs`: 6 s to exit after stdin closes (it outlasts the SIGTERM
+/// grace, so a child that flushes on EOF can finish).
+pub fn default_dispose_eof_grace_ms() -> f64 {
+    6000.0
+}
+
 fn invalid_config(message: String) -> SubagentError {
     SubagentError::new(ErrorCode::InvalidConfig, message)
 }

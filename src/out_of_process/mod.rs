@@ -20,8 +20,9 @@ mod settle;
 mod task;
 
 pub use config::{
-    dispose_grace, grace_ms, no_parent_cwd, positive_finite, require_non_empty, resolve_child_cwd,
-    usable_cwd, validate_configured_cwd, CwdLabel, MAX_GRACE_MS,
+    default_dispose_eof_grace_ms, default_dispose_grace_ms, dispose_grace, grace_ms, no_parent_cwd,
+    positive_finite, require_non_empty, resolve_child_cwd, usable_cwd, validate_configured_cwd,
+    CwdLabel, MAX_GRACE_MS,
 };
 pub use env::{child_env, is_credential_name};
 pub use process::{ChildProcess, ExitOutcome, ProcessSpec, StderrMode};

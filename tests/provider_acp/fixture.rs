@@ -11,6 +11,7 @@ use subagents::{
 };
 use tempfile::TempDir;
 
+pub use crate::support::{alive, gone};
 use crate::support::{memory_runtime, text, within};
 
 /// The `subagents` binary, which serves `acp-agent`.
@@ -83,16 +84,6 @@ impl Acp {
     }
 }
 
-/// Whether `pid` is a live process (a zombie awaiting its reaper is dead).
-pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat
-            .rfind(')')
-            .and_then(|end| stat[end + 1..].split_whitespace().next().map(str::to_owned));
-        !matches!(state.as_deref(), Some("Z" | "X") | None)
-    })
-}
-
 /// Waits until `file` exists (the peer's ready signals), with the safety-net timeout.
 pub async fn appears(file: &Path) {
     within(&format!("{} to appear", file.display()), async {
@@ -110,15 +101,4 @@ pub fn pid_in(file: &Path) -> u32 {
         .trim()
         .parse()
         .unwrap()
-}
-
-/// Waits (with the safety-net timeout) until `pid` has exited: its exit is asynchronous to
-/// whatever released it.
-pub async fn gone(pid: u32) {
-    within(&format!("process {pid} to exit"), async {
-        while alive(pid) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
 }

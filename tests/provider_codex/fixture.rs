@@ -16,6 +16,7 @@ use subagents::{
 };
 use tempfile::TempDir;
 
+pub use crate::support::alive;
 use crate::support::{memory_runtime, text, within};
 
 /// The `subagents` binary, which serves `replay`.
@@ -378,16 +379,6 @@ answer() {
         config.command = "/bin/sh".to_owned();
         config.args = vec!["-c".to_owned(), script];
     }
-}
-
-/// Whether `pid` is a live process (a zombie awaiting its reaper is dead).
-pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat
-            .rfind(')')
-            .and_then(|end| stat[end + 1..].split_whitespace().next().map(str::to_owned));
-        !matches!(state.as_deref(), Some("Z" | "X") | None)
-    })
 }
 
 /// The live processes whose command line mentions `needle` (a fixture path is unique to its
