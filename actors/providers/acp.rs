@@ -18,13 +18,12 @@ use agent_client_protocol::v1::schema::{
     RequestPermissionResponse, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
 };
 use agent_client_protocol::{v1, Agent, ByteStreams, Client, UntypedMessage};
-use futures::future::BoxFuture;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::CancellationToken;
 
-use super::process::{process_provider, ProcessBackend, ProcessShell};
+use super::process::{process_provider, ProcessShell};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::launch::{publish, Teardown};
 use crate::out_of_process::{
@@ -123,20 +122,7 @@ pub struct AcpProvider {
     shell: ProcessShell<AcpSettings>,
 }
 
-process_provider!(AcpProvider);
-
-impl ProcessBackend for AcpSettings {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn start_run(
-        self: Arc<Self>,
-        request: ResolvedSubagentStartRequest,
-    ) -> BoxFuture<'static, Result<SubagentRun>> {
-        Box::pin(start_run(self, request))
-    }
-}
+process_provider!(AcpProvider, AcpSettings, start_run);
 
 impl AcpProvider {
     /// Checks `config` (the graces and the cwd override, resolved against this process's

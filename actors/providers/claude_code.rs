@@ -13,13 +13,12 @@ use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::process::{process_provider, ProcessBackend, ProcessShell};
+use super::process::{process_provider, ProcessShell};
 use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::diagnostic::{log_run_failure, Fact, FailureLine};
@@ -206,20 +205,7 @@ pub struct ClaudeCodeProvider {
     shell: ProcessShell<ClaudeSettings>,
 }
 
-process_provider!(ClaudeCodeProvider);
-
-impl ProcessBackend for ClaudeSettings {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn start_run(
-        self: Arc<Self>,
-        request: ResolvedSubagentStartRequest,
-    ) -> BoxFuture<'static, Result<SubagentRun>> {
-        Box::pin(start_run(self, request))
-    }
-}
+process_provider!(ClaudeCodeProvider, ClaudeSettings, start_run);
 
 impl ClaudeCodeProvider {
     /// Checks `config` and builds the provider; loading starts no process.
@@ -299,14 +285,6 @@ fn aborted_before_start() -> SubagentError {
     )
 }
 
-fn start_failure(failure: &FailureLine, cause: SubagentError) -> SubagentError {
-    SubagentError::new(
-        ErrorCode::ChildStartFailed,
-        format!("{PREFIX}: {}", failure.line()),
-    )
-    .with_source(cause)
-}
-
 async fn start_run(
     settings: Arc<ClaudeSettings>,
     resolved: ResolvedSubagentStartRequest,
@@ -325,7 +303,7 @@ async fn start_run(
     let query_start = failure("query-start", "unknown");
     let cwd = usable_cwd(PREFIX, CwdLabel::ParentSession, &parent_cwd).map_err(|error| {
         tracing::warn!(%error, "{PREFIX} \"{}\": child start failed", settings.name);
-        start_failure(&query_start, error)
+        query_start.start_error(PREFIX, error)
     })?;
     let process = ChildProcess::spawn(&ProcessSpec {
         argv: settings.argv.clone(),
@@ -334,7 +312,7 @@ async fn start_run(
         stderr: StderrMode::Inherit,
         grace: settings.grace,
     })
-    .map_err(|error| start_failure(&query_start, error))?;
+    .map_err(|error| query_start.start_error(PREFIX, error))?;
     let process = Arc::new(process);
     let (Some(stdin), Some(stdout)) = (process.take_stdin(), process.take_stdout()) else {
         return Err(SubagentError::bug("a child started without its pipes"));

@@ -10,7 +10,6 @@ use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,7 +17,7 @@ use tokio::process::ChildStderr;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::process::{process_provider, ProcessBackend, ProcessShell};
+use super::process::{process_provider, ProcessShell};
 use crate::content::text_of;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::codex::turn::{Fatal, Turn, TurnEnd};
@@ -149,20 +148,7 @@ pub struct CodexProvider {
     shell: ProcessShell<CodexSettings>,
 }
 
-process_provider!(CodexProvider);
-
-impl ProcessBackend for CodexSettings {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn start_run(
-        self: Arc<Self>,
-        request: ResolvedSubagentStartRequest,
-    ) -> BoxFuture<'static, Result<SubagentRun>> {
-        Box::pin(start_run(self, request))
-    }
-}
+process_provider!(CodexProvider, CodexSettings, start_run);
 
 impl CodexProvider {
     /// Checks `config` and builds the provider; loading starts no process.
@@ -196,15 +182,6 @@ fn aborted(when: &str) -> SubagentError {
     )
 }
 
-/// A startup failure in safe words; the raw cause stays the source.
-fn startup_failure(failure: &FailureLine, cause: SubagentError) -> SubagentError {
-    SubagentError::new(
-        ErrorCode::ChildStartFailed,
-        format!("{PREFIX}: {}", failure.line()),
-    )
-    .with_source(cause)
-}
-
 async fn start_run(
     settings: Arc<CodexSettings>,
     resolved: ResolvedSubagentStartRequest,
@@ -218,7 +195,7 @@ async fn start_run(
     let cwd = match usable_cwd(PREFIX, CwdLabel::ParentSession, &parent_cwd) {
         Ok(cwd) => cwd,
         Err(_) if request.cancel.is_cancelled() => return Err(aborted("app-server startup")),
-        Err(error) => return Err(startup_failure(&Stage::Initialize.unknown(), error)),
+        Err(error) => return Err(Stage::Initialize.unknown().start_error(PREFIX, error)),
     };
     let texts: Vec<String> = task_texts(PREFIX, &request.prompt)?
         .into_iter()
@@ -234,7 +211,7 @@ async fn start_run(
         stderr: StderrMode::Piped,
         grace: settings.grace,
     })
-    .map_err(|error| startup_failure(&Stage::Initialize.unknown(), error))?;
+    .map_err(|error| Stage::Initialize.unknown().start_error(PREFIX, error))?;
     let process = Arc::new(process);
     let (Some(stdin), Some(stdout)) = (process.take_stdin(), process.take_stdout()) else {
         return Err(SubagentError::bug("a child started without its pipes"));
@@ -283,7 +260,7 @@ async fn start_run(
         teardown.run().await;
         return Err(match failure {
             Some((failure, cause)) if !request.cancel.is_cancelled() => {
-                startup_failure(&failure, cause)
+                failure.start_error(PREFIX, cause)
             }
             _ => aborted("run publication"),
         });

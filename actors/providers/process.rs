@@ -88,9 +88,25 @@ impl<B: ProcessBackend> Handler<StartRun> for ShellActor<B> {
 }
 
 /// Implements [`crate::seam::SubagentProvider`] and `Debug` for a provider made of a `shell`
-/// field: no start capabilities, no parent context, runs through the shell's actor.
+/// field (no start capabilities, no parent context, runs through the shell's actor), and
+/// [`ProcessBackend`] for its settings type, whose `name` field is the registry name and whose
+/// runs start with the async fn `$start(Arc<$settings>, ResolvedSubagentStartRequest)`.
 macro_rules! process_provider {
-    ($provider:ty) => {
+    ($provider:ty, $settings:ty, $start:path) => {
+        impl $crate::actors::providers::process::ProcessBackend for $settings {
+            fn name(&self) -> &str {
+                &self.name
+            }
+
+            fn start_run(
+                self: std::sync::Arc<Self>,
+                request: $crate::seam::ResolvedSubagentStartRequest,
+            ) -> futures::future::BoxFuture<'static, $crate::error::Result<$crate::seam::SubagentRun>>
+            {
+                Box::pin($start(self, request))
+            }
+        }
+
         impl $crate::seam::SubagentProvider for $provider {
             fn name(&self) -> &str {
                 self.shell.name()

@@ -4,6 +4,7 @@
 //! token.
 
 use super::ExitOutcome;
+use crate::error::{ErrorCode, SubagentError};
 
 /// Where and why a product run failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +58,16 @@ impl FailureLine {
         }
         line.push(')');
         line
+    }
+
+    /// A failed start in these safe words (`CHILD_START_FAILED`, `"<prefix>: <line>"`); the
+    /// raw cause stays the source, never the message.
+    pub(crate) fn start_error(&self, prefix: &str, cause: SubagentError) -> SubagentError {
+        SubagentError::new(
+            ErrorCode::ChildStartFailed,
+            format!("{prefix}: {}", self.line()),
+        )
+        .with_source(cause)
     }
 
     /// The run's diagnostic: the line, then the latest unattended decision, if any.
