@@ -577,6 +577,32 @@ async fn a_child_that_exits_before_the_handshake_fails_the_start_with_its_exit_c
     );
 }
 
+// ACP-21
+#[test]
+fn acp_agent_refuses_model_flags_that_do_not_fit() {
+    for (args, said) in [
+        (
+            &["--model", "openai"][..],
+            "--model openai needs --base-url",
+        ),
+        (
+            &["--base-url", "http://127.0.0.1:9"][..],
+            "--base-url only applies with --model openai",
+        ),
+    ] {
+        let output = std::process::Command::new(BINARY)
+            .arg("acp-agent")
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "stdout is the protocol channel");
+    }
+}
+
 // SDK-01
 #[actix_rt::test]
 async fn the_sdk_provider_delegates_to_a_subagents_process() {

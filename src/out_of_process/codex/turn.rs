@@ -563,4 +563,101 @@ mod tests {
         turn.commit(&json!({"turn": {"id": "turn-1"}})).unwrap();
         assert_eq!(turn.fact(), Some(facts::approval("command approval", true)));
     }
+
+    // CODEX-46 (reference 29, 30)
+    #[test]
+    fn a_mismatched_early_item_or_request_leaves_no_fact() {
+        let mut early_item = Turn::new("thread-1".into());
+        early_item.turn_start_sent();
+        let declined = json!({"threadId": "thread-1", "turnId": "turn-early",
+                              "item": {"type": "commandExecution", "status": "declined"}});
+        early_item.notify("item/completed", &declined).unwrap();
+        assert!(early_item
+            .commit(&json!({"turn": {"id": "turn-response"}}))
+            .is_err());
+        assert_eq!(early_item.fact(), None);
+
+        let mut early_request = Turn::new("thread-1".into());
+        early_request.turn_start_sent();
+        let request = json!({"threadId": "thread-1", "turnId": "turn-early",
+                             "availableDecisions": ["cancel"]});
+        let reply = early_request.request("item/commandExecution/requestApproval", &request);
+        assert_eq!(
+            reply.unwrap(),
+            json!({"decision": "cancel"}),
+            "answered at once"
+        );
+        assert!(early_request
+            .commit(&json!({"turn": {"id": "turn-response"}}))
+            .is_err());
+        assert_eq!(early_request.fact(), None);
+    }
+
+    // CODEX-47 (reference 31)
+    #[test]
+    fn a_turn_named_before_turn_start_or_two_early_turns_fail() {
+        let mut before = Turn::new("thread-1".into());
+        let request = json!({"threadId": "thread-1", "turnId": "turn-1"});
+        let failure = before
+            .request("item/fileChange/requestApproval", &request)
+            .unwrap_err();
+        assert_eq!(
+            failure.message,
+            "subagent-codex: app-server referenced a turn before turn/start"
+        );
+        let mut early = Turn::new("thread-1".into());
+        early.turn_start_sent();
+        early
+            .notify(
+                "turn/started",
+                &json!({"threadId": "thread-1", "turn": {"id": "turn-1"}}),
+            )
+            .unwrap();
+        let failure = early
+            .notify("item/completed", &message_in("turn-2", "x"))
+            .unwrap_err();
+        assert_eq!(failure.stage, Stage::TurnStart);
+        assert_eq!(
+            failure.message,
+            "subagent-codex: app-server referenced conflicting turns"
+        );
+    }
+
+    // CODEX-48 (reference 33)
+    #[test]
+    fn frames_before_turn_start_and_for_other_turns_are_ignored() {
+        let mut turn = Turn::new("thread-1".into());
+        turn.notify("item/completed", &message_in("turn-before", "early"))
+            .unwrap();
+        let completed = json!({"threadId": "thread-1",
+                               "turn": {"id": "turn-before", "status": "completed"}});
+        turn.notify("turn/completed", &completed).unwrap();
+        turn.notify("future/notification", &json!({})).unwrap();
+        assert_eq!(turn.end(), None);
+        turn.turn_start_sent();
+        turn.commit(&json!({"turn": {"id": "turn-1"}})).unwrap();
+        turn.notify("item/completed", &message_in("turn-2", "not ours"))
+            .unwrap();
+        assert_eq!(turn.output(), Vec::<ContentBlock>::new());
+    }
+
+    // CODEX-49 (reference 26, 17)
+    #[test]
+    fn an_invalid_held_terminal_fails_at_turn_start() {
+        let mut turn = Turn::new("thread-1".into());
+        turn.turn_start_sent();
+        let bad = json!({"threadId": "thread-1", "turn": {"id": "turn-1", "status": "inProgress"}});
+        turn.notify("turn/completed", &bad).unwrap();
+        let failure = turn.commit(&json!({"turn": {"id": "turn-1"}})).unwrap_err();
+        assert_eq!(failure.stage, Stage::TurnStart);
+        assert_eq!(
+            failure.message,
+            "subagent-codex: app-server returned invalid terminal turn status inProgress"
+        );
+    }
+
+    fn message_in(turn: &str, text: &str) -> Value {
+        json!({"threadId": "thread-1", "turnId": turn,
+               "item": {"type": "agentMessage", "text": text, "phase": "final_answer"}})
+    }
 }
