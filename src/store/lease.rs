@@ -54,7 +54,7 @@ impl LeaseHolder {
         self.id
     }
 
-    fn liveness(&self) -> Weak<()> {
+    pub(crate) fn liveness(&self) -> Weak<()> {
         Arc::downgrade(&self.alive)
     }
 }

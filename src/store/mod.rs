@@ -20,6 +20,7 @@
 //! live in memory (one process owns the directory); a networked backend maps the lease to a row
 //! with a holder, an expiry and an epoch column.
 
+mod codec;
 pub(crate) mod faults;
 mod group_flush;
 pub mod lease;

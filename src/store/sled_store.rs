@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use futures::future::{self, BoxFuture, FutureExt};
 use serde_json::Value;
 
+use super::codec::{assemble, decode_header, encode_batch};
 use super::group_flush::GroupFlush;
 use super::lease::LeaseTable;
 use super::{
@@ -326,28 +327,6 @@ impl SledStore {
     }
 }
 
-fn decode_header(id: SessionId, bytes: &[u8]) -> Result<SessionHeader> {
-    let header: SessionHeader = serde_json::from_slice(bytes).map_err(|e| {
-        SubagentError::new(
-            ErrorCode::StoreCorrupt,
-            format!("session {id}: bad header: {e}"),
-        )
-        .with_source(e)
-    })?;
-    if header.id != id {
-        return Err(SubagentError::new(
-            ErrorCode::StoreCorrupt,
-            format!("session {id}: header names session {}", header.id),
-        ));
-    }
-    header.validate().map_err(|e| {
-        SubagentError::new(
-            ErrorCode::StoreCorrupt,
-            format!("session {id}: {}", e.message()),
-        )
-    })?;
-    Ok(header)
-}
 
 fn event_key(id: SessionId, seq: u64) -> [u8; ID_LEN + SEQ_LEN] {
     let mut key = [0; ID_LEN + SEQ_LEN];
@@ -413,22 +392,6 @@ fn id_from_key(key: &[u8]) -> Option<SessionId> {
     Some(SessionId::from_uuid(uuid::Uuid::from_bytes(bytes)))
 }
 
-/// One append's row: its events as a JSON array, or `None` for no events.
-fn encode_batch(id: SessionId, events: &[Arc<SessionEvent>]) -> Result<Option<Vec<u8>>> {
-    if events.is_empty() {
-        return Ok(None);
-    }
-    let plain: Vec<&SessionEvent> = events.iter().map(AsRef::as_ref).collect();
-    serde_json::to_vec(&plain).map(Some).map_err(|e| {
-        SubagentError::new(
-            ErrorCode::InvalidEvent,
-            format!(
-                "session {id}: events from {} do not encode: {e}",
-                events[0].seq
-            ),
-        )
-    })
-}
 
 fn io(what: &'static str) -> impl Fn(sled::Error) -> SubagentError {
     move |error| SubagentError::store_io(what, error)
@@ -577,9 +540,8 @@ impl SessionPersistence for SledStore {
         let outcome = (|| {
             // The head is the commit point: events at or past it are an unfinished append.
             let head = self.read_head(id)?;
-            let mut events = Vec::new();
             if from_seq >= head.next_seq {
-                return Ok(events);
+                return Ok(Vec::new());
             }
             // The batch holding `from_seq` starts at or before it.
             let first = self
@@ -589,51 +551,20 @@ impl SessionPersistence for SledStore {
                 .transpose()
                 .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?
                 .map_or_else(|| event_key(id, 0).to_vec(), |(key, _)| key.to_vec());
-            let mut expected = None;
-            for row in self
+            let rows = self
                 .batches
                 .range(first..event_key(id, head.next_seq).to_vec())
-            {
-                let (key, bytes) =
-                    row.map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?;
-                let start = key
-                    .get(ID_LEN..)
-                    .and_then(|seq| <[u8; SEQ_LEN]>::try_from(seq).ok())
-                    .map(u64::from_be_bytes);
-                let batch: Vec<SessionEvent> = serde_json::from_slice(&bytes).map_err(|e| {
-                    SubagentError::new(
-                        ErrorCode::StoreCorrupt,
-                        format!(
-                            "session {id}: the events from {} do not decode: {e}",
-                            start.map_or_else(|| "?".to_owned(), |seq| seq.to_string())
-                        ),
-                    )
-                    .with_source(e)
-                })?;
-                for event in batch {
-                    let next = *expected.get_or_insert(start.unwrap_or(u64::MAX));
-                    if event.seq != next {
-                        return Err(SubagentError::new(
-                            ErrorCode::StoreCorrupt,
-                            format!("session {id}: seq gap at {next}"),
-                        ));
-                    }
-                    expected = Some(next + 1);
-                    if event.seq >= from_seq && event.seq < head.next_seq {
-                        events.push(Arc::new(event));
-                    }
-                }
-            }
-            let read = u64::try_from(events.len()).unwrap_or(u64::MAX);
-            if read != head.next_seq - from_seq {
-                return Err(SubagentError::new(
-                    ErrorCode::StoreCorrupt,
-                    format!(
-                        "session {id}: {read} events stored from {from_seq}, its head says {}",
-                        head.next_seq - from_seq
-                    ),
-                ));
-            }
+                .map(|row| {
+                    let (key, bytes) = row.map_err(|e| {
+                        SubagentError::store_io(format!("reading session {id}"), e)
+                    })?;
+                    let start = key
+                        .get(ID_LEN..)
+                        .and_then(|seq| <[u8; SEQ_LEN]>::try_from(seq).ok())
+                        .map(u64::from_be_bytes);
+                    Ok((start, bytes.to_vec()))
+                });
+            let events = assemble(id, from_seq, head.next_seq, rows)?;
             Ok(events)
         })();
         Box::pin(future::ready(outcome))

@@ -1,0 +1,102 @@
+//! Provides the byte encoding every persistent backend shares: a header is its JSON, an
+//! append is one row holding its events as a JSON array, and a read reassembles the rows below
+//! the session's head into one contiguous run of events.
+
+use std::sync::Arc;
+
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::session::{SessionEvent, SessionHeader};
+
+/// Decodes and checks a stored header.
+pub(crate) fn decode_header(id: SessionId, bytes: &[u8]) -> Result<SessionHeader> {
+    let header: SessionHeader = serde_json::from_slice(bytes).map_err(|e| {
+        SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("session {id}: bad header: {e}"),
+        )
+        .with_source(e)
+    })?;
+    if header.id != id {
+        return Err(SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("session {id}: header names session {}", header.id),
+        ));
+    }
+    header.validate().map_err(|e| {
+        SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("session {id}: {}", e.message()),
+        )
+    })?;
+    Ok(header)
+}
+
+/// One append's row: its events as a JSON array, or `None` for no events.
+pub(crate) fn encode_batch(id: SessionId, events: &[Arc<SessionEvent>]) -> Result<Option<Vec<u8>>> {
+    if events.is_empty() {
+        return Ok(None);
+    }
+    let plain: Vec<&SessionEvent> = events.iter().map(AsRef::as_ref).collect();
+    serde_json::to_vec(&plain).map(Some).map_err(|e| {
+        SubagentError::new(
+            ErrorCode::InvalidEvent,
+            format!(
+                "session {id}: events from {} do not encode: {e}",
+                events[0].seq
+            ),
+        )
+    })
+}
+
+/// Reassembles `rows` (each an append's first seq, when readable, and its JSON array) into the
+/// events from `from_seq` below `next_seq`, checking that they run without a gap.
+///
+/// # Errors
+/// `STORE_CORRUPT` for a row that does not decode, a gap, or fewer events than the head says.
+pub(crate) fn assemble(
+    id: SessionId,
+    from_seq: u64,
+    next_seq: u64,
+    rows: impl Iterator<Item = Result<(Option<u64>, Vec<u8>)>>,
+) -> Result<Vec<Arc<SessionEvent>>> {
+    let mut events = Vec::new();
+    let mut expected = None;
+    for row in rows {
+        let (start, bytes) = row?;
+        let batch: Vec<SessionEvent> = serde_json::from_slice(&bytes).map_err(|e| {
+            SubagentError::new(
+                ErrorCode::StoreCorrupt,
+                format!(
+                    "session {id}: the events from {} do not decode: {e}",
+                    start.map_or_else(|| "?".to_owned(), |seq| seq.to_string())
+                ),
+            )
+            .with_source(e)
+        })?;
+        for event in batch {
+            let next = *expected.get_or_insert(start.unwrap_or(u64::MAX));
+            if event.seq != next {
+                return Err(SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    format!("session {id}: seq gap at {next}"),
+                ));
+            }
+            expected = Some(next + 1);
+            if event.seq >= from_seq && event.seq < next_seq {
+                events.push(Arc::new(event));
+            }
+        }
+    }
+    let read = u64::try_from(events.len()).unwrap_or(u64::MAX);
+    if read != next_seq.saturating_sub(from_seq) {
+        return Err(SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!(
+                "session {id}: {read} events stored from {from_seq}, its head says {}",
+                next_seq.saturating_sub(from_seq)
+            ),
+        ));
+    }
+    Ok(events)
+}
