@@ -27,14 +27,14 @@ fn note(seq: u64, label: &str) -> SessionEvent {
     )
 }
 
-fn notes(from: u64, count: u64) -> Vec<Arc<SessionEvent>> {
+pub(crate) fn notes(from: u64, count: u64) -> Vec<Arc<SessionEvent>> {
     (from..from + count)
         .map(|seq| Arc::new(note(seq, &format!("n{seq}"))))
         .collect()
 }
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(crate) enum Op {
     Create(usize),
     Append {
         session: usize,
@@ -58,7 +58,7 @@ struct ModelSession {
     flushed: usize,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(crate) fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0..4usize).prop_map(Op::Create),
         (
@@ -86,7 +86,7 @@ fn op_or_crash() -> impl Strategy<Value = Op> {
 ///
 /// `crash` opens the store a killed process would leave: every session must then read back as a
 /// prefix of its model log that holds at least every flushed event, and the model adopts it.
-fn check_against_model(
+pub(crate) fn check_against_model(
     ops: &[Op],
     mut store: Arc<dyn SessionPersistence>,
     reopen: &dyn Fn(Arc<dyn SessionPersistence>) -> Arc<dyn SessionPersistence>,
@@ -480,7 +480,7 @@ fn a_corrupt_record_is_a_typed_error_for_its_session_only() {
         .any(|row| row.header().is_some_and(|h| h.id == good)));
 }
 
-fn open_turn_events() -> Vec<Arc<SessionEvent>> {
+pub(crate) fn open_turn_events() -> Vec<Arc<SessionEvent>> {
     vec![
         Arc::new(SessionEvent::new(0, EventKind::TurnStart { turn: 1 })),
         Arc::new(SessionEvent::new(

@@ -1,6 +1,8 @@
 //! Fixtures shared by every test area: runtimes over a fresh store, content helpers, and a
 //! safety-net timeout whose message names what was awaited.
 
+pub mod postgres;
+
 use std::borrow::Borrow;
 use std::future::Future;
 use std::sync::{Arc, Mutex};

@@ -67,6 +67,8 @@ mod seam_structured;
 mod session_log;
 /// Stores: the model-based property test, corruption, repair, leases.
 mod store;
+/// The PostgreSQL store, on a throwaway server.
+mod store_postgres;
 /// Tools: layers, restrictions, guards, parallel calls.
 mod tools;
 /// The control tools: send_message, interrupt_agent, list_agents.

@@ -25,6 +25,7 @@ pub(crate) mod faults;
 mod group_flush;
 pub mod lease;
 mod memory;
+mod postgres;
 mod sled_store;
 
 use std::sync::Arc;
@@ -38,6 +39,7 @@ use crate::session::{interrupted_turn_closers, SessionEvent, SessionHeader};
 
 pub use lease::{Lease, LeaseEpoch, LeaseHolder};
 pub use memory::MemoryStore;
+pub use postgres::{PostgresConfig, PostgresStore};
 pub use sled_store::SledStore;
 
 /// A store shared by the runtime's actors.

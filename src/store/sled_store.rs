@@ -327,7 +327,6 @@ impl SledStore {
     }
 }
 
-
 fn event_key(id: SessionId, seq: u64) -> [u8; ID_LEN + SEQ_LEN] {
     let mut key = [0; ID_LEN + SEQ_LEN];
     key[..ID_LEN].copy_from_slice(id.as_bytes());
@@ -391,7 +390,6 @@ fn id_from_key(key: &[u8]) -> Option<SessionId> {
     let bytes: [u8; ID_LEN] = key.get(..ID_LEN)?.try_into().ok()?;
     Some(SessionId::from_uuid(uuid::Uuid::from_bytes(bytes)))
 }
-
 
 fn io(what: &'static str) -> impl Fn(sled::Error) -> SubagentError {
     move |error| SubagentError::store_io(what, error)
@@ -555,9 +553,8 @@ impl SessionPersistence for SledStore {
                 .batches
                 .range(first..event_key(id, head.next_seq).to_vec())
                 .map(|row| {
-                    let (key, bytes) = row.map_err(|e| {
-                        SubagentError::store_io(format!("reading session {id}"), e)
-                    })?;
+                    let (key, bytes) = row
+                        .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?;
                     let start = key
                         .get(ID_LEN..)
                         .and_then(|seq| <[u8; SEQ_LEN]>::try_from(seq).ok())

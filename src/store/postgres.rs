@@ -1,0 +1,677 @@
+//! Provides [`PostgresStore`]: [`SessionPersistence`] over PostgreSQL, for runtimes that share
+//! sessions across processes and machines.
+//!
+//! # Layout
+//! - `subagents_sessions`: one row per session (id, parent, header JSON, the next seq, the
+//!   fencing epoch). The parent column is the children index.
+//! - `subagents_event_batches`: one row per append (session, first seq, the events as a JSON
+//!   array), as the sled store keeps them.
+//! - `subagents_leases`: one row per held lease (session, holder, epoch, expiry).
+//! - `subagents_projection_cache`: one row per (unit, session).
+//!
+//! # Guarantees
+//! Compare-and-append is one statement: it locks the session row, checks the expected seq and
+//! the writer's epoch, inserts the batch and moves the head together, so two writers never
+//! interleave and a fenced-out writer changes nothing (`LEASE_LOST`, as on sled). A commit is
+//! durable when it returns (the server's `synchronous_commit`), so `flush` has nothing to wait
+//! for. Leases expire after their time-to-live unless renewed; a holder of this process that
+//! is gone (its runtime dropped) holds nothing, as on the embedded stores.
+//!
+//! # Schema
+//! The crate creates and migrates its tables itself, at [`PostgresStore::connect`], under an
+//! advisory lock, so any number of runtimes may start against one database at once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio_postgres::NoTls;
+
+use super::codec::{assemble, decode_header, encode_batch};
+use super::lease::{lease_lost, Lease, LeaseEpoch, LeaseHolder};
+use super::{check_append, check_contiguous, not_found, ListedSession, SessionPersistence};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::session::{SessionEvent, SessionHeader};
+
+/// The schema versions, applied in order; each runs once, in one transaction.
+const MIGRATIONS: &[&str] = &[
+    // 1: sessions, batches, leases, the projection cache.
+    "CREATE TABLE subagents_sessions (
+         id uuid PRIMARY KEY,
+         parent uuid,
+         header bytea NOT NULL,
+         next_seq bigint NOT NULL,
+         epoch bigint NOT NULL DEFAULT 0
+     );
+     CREATE INDEX subagents_sessions_by_parent ON subagents_sessions (parent, id);
+     CREATE TABLE subagents_event_batches (
+         session uuid NOT NULL REFERENCES subagents_sessions (id),
+         first_seq bigint NOT NULL,
+         events bytea NOT NULL,
+         PRIMARY KEY (session, first_seq)
+     );
+     CREATE TABLE subagents_leases (
+         session uuid PRIMARY KEY REFERENCES subagents_sessions (id),
+         holder uuid NOT NULL,
+         epoch bigint NOT NULL,
+         expires_at timestamptz NOT NULL
+     );
+     CREATE TABLE subagents_projection_cache (
+         unit text NOT NULL,
+         session uuid NOT NULL,
+         row bytea NOT NULL,
+         PRIMARY KEY (unit, session)
+     );",
+];
+
+/// The advisory lock key that serializes migrations across runtimes ("subagent" in ASCII).
+const MIGRATION_LOCK: i64 = 0x7375_6261_6765_6e74;
+
+/// How a [`PostgresStore`] connects.
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    /// A libpq-style connection string or URL (`postgres://user@host/db`,
+    /// `host=/run/postgresql dbname=subagents`).
+    pub url: String,
+    /// How long a lease lasts unrenewed (default 30 s): a runtime that dies holds its
+    /// sessions no longer than this.
+    pub lease_ttl: Duration,
+    /// The most connections the pool opens (default 16).
+    pub pool_size: usize,
+}
+
+impl PostgresConfig {
+    /// A configuration for `url` with the defaults.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            lease_ttl: Duration::from_secs(30),
+            pool_size: 16,
+        }
+    }
+}
+
+/// [`SessionPersistence`] over PostgreSQL.
+pub struct PostgresStore {
+    pool: Pool,
+    lease_ttl: Duration,
+    /// The holders this process granted leases to: one that is gone holds nothing.
+    holders: Mutex<HashMap<uuid::Uuid, Weak<()>>>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("lease_ttl", &self.lease_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io(what: impl std::fmt::Display) -> impl Fn(tokio_postgres::Error) -> SubagentError {
+    let what = what.to_string();
+    move |error| SubagentError::store_io(what.clone(), error)
+}
+
+fn pool_io(what: impl std::fmt::Display) -> impl Fn(deadpool_postgres::PoolError) -> SubagentError {
+    let what = what.to_string();
+    move |error| SubagentError::store_io(what.clone(), error)
+}
+
+/// A seq as PostgreSQL's `bigint`.
+fn seq_column(seq: u64) -> Result<i64> {
+    i64::try_from(seq).map_err(|_| SubagentError::bug(format!("seq {seq} exceeds bigint")))
+}
+
+/// A `bigint` column as a seq or epoch.
+fn seq_value(column: i64) -> Result<u64> {
+    u64::try_from(column).map_err(|_| {
+        SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("a stored seq or epoch is negative: {column}"),
+        )
+    })
+}
+
+fn uuid_of(id: SessionId) -> uuid::Uuid {
+    *id.as_uuid()
+}
+
+impl PostgresStore {
+    /// Connects with the defaults and migrates the schema.
+    ///
+    /// # Errors
+    /// `STORE_IO` when the server cannot be reached or the schema cannot be migrated;
+    /// `INVALID_CONFIG` for a malformed connection string.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(PostgresConfig::new(url)).await
+    }
+
+    /// Connects as `config` says and migrates the schema.
+    ///
+    /// # Errors
+    /// As [`PostgresStore::connect`].
+    pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
+        let pg: tokio_postgres::Config = config.url.parse().map_err(|error| {
+            SubagentError::new(
+                ErrorCode::InvalidConfig,
+                "the PostgreSQL connection string does not parse",
+            )
+            .with_source(error)
+        })?;
+        let manager = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size.max(1))
+            .build()
+            .map_err(|error| {
+                SubagentError::new(
+                    ErrorCode::InvalidConfig,
+                    "the connection pool does not build",
+                )
+                .with_source(error)
+            })?;
+        let store = Self {
+            pool,
+            lease_ttl: config.lease_ttl,
+            holders: Mutex::default(),
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Applies the migrations this database has not seen, under an advisory lock.
+    async fn migrate(&self) -> Result<()> {
+        let mut client = self
+            .pool
+            .get()
+            .await
+            .map_err(pool_io("connecting to PostgreSQL"))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(io("starting the schema migration"))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(io("locking the schema"))?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS subagents_schema (
+                 version integer PRIMARY KEY,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             )",
+        )
+        .await
+        .map_err(io("creating the schema table"))?;
+        let applied: i32 = tx
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM subagents_schema",
+                &[],
+            )
+            .await
+            .map_err(io("reading the schema version"))?
+            .get(0);
+        let known = i32::try_from(MIGRATIONS.len()).unwrap_or(i32::MAX);
+        if applied > known {
+            return Err(SubagentError::new(
+                ErrorCode::StoreCorrupt,
+                format!(
+                    "the database's schema is version {applied}, newer than this crate's {known}"
+                ),
+            ));
+        }
+        for (version, migration) in (1..)
+            .zip(MIGRATIONS)
+            .skip(usize::try_from(applied).unwrap_or(0))
+        {
+            tx.batch_execute(migration)
+                .await
+                .map_err(io(format!("applying schema version {version}")))?;
+            tx.execute(
+                "INSERT INTO subagents_schema (version) VALUES ($1)",
+                &[&version],
+            )
+            .await
+            .map_err(io("recording the schema version"))?;
+            tracing::info!(version, "PostgreSQL schema migrated");
+        }
+        tx.commit()
+            .await
+            .map_err(io("committing the schema migration"))
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool
+            .get()
+            .await
+            .map_err(pool_io("connecting to PostgreSQL"))
+    }
+
+    /// Remembers `holder` as a holder of this process.
+    fn remember(&self, holder: &LeaseHolder) {
+        self.holders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(holder.id(), holder.liveness());
+    }
+
+    /// Whether `holder` is a holder of this process that is gone.
+    fn is_gone(&self, holder: uuid::Uuid) -> bool {
+        self.holders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&holder)
+            .is_some_and(|alive| alive.strong_count() == 0)
+    }
+
+    fn ttl_interval(&self) -> f64 {
+        self.lease_ttl.as_secs_f64()
+    }
+
+    /// Creates `header` with `events` and, with a holder, its first lease, in one transaction.
+    async fn write_creation(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+        holder: Option<LeaseHolder>,
+    ) -> Result<Option<Lease>> {
+        let id = header.id;
+        header.validate()?;
+        check_contiguous(id, 0, &events)?;
+        let header_bytes = serde_json::to_vec(&header).map_err(|e| {
+            SubagentError::new(ErrorCode::InvalidHeader, format!("session {id}: {e}"))
+        })?;
+        let encoded = encode_batch(id, &events)?;
+        let next_seq = seq_column(u64::try_from(events.len()).unwrap_or(u64::MAX))?;
+        let epoch: i64 = i64::from(holder.is_some());
+        let parent = header.parent_session.map(uuid_of);
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(io(format!("creating session {id}")))?;
+        let inserted = tx
+            .execute(
+                "INSERT INTO subagents_sessions (id, parent, header, next_seq, epoch)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+                &[&uuid_of(id), &parent, &header_bytes, &next_seq, &epoch],
+            )
+            .await
+            .map_err(io(format!("creating session {id}")))?;
+        if inserted == 0 {
+            return Err(SubagentError::new(
+                ErrorCode::SessionExists,
+                format!("session {id} already exists"),
+            ));
+        }
+        if let Some(encoded) = encoded {
+            tx.execute(
+                "INSERT INTO subagents_event_batches (session, first_seq, events)
+                 VALUES ($1, 0, $2)",
+                &[&uuid_of(id), &encoded],
+            )
+            .await
+            .map_err(io(format!("creating session {id}")))?;
+        }
+        if let Some(holder) = &holder {
+            tx.execute(
+                "INSERT INTO subagents_leases (session, holder, epoch, expires_at)
+                 VALUES ($1, $2, 1, now() + make_interval(secs => $3))",
+                &[&uuid_of(id), &holder.id(), &self.ttl_interval()],
+            )
+            .await
+            .map_err(io(format!("leasing session {id}")))?;
+        }
+        tx.commit()
+            .await
+            .map_err(io(format!("creating session {id}")))?;
+        Ok(holder.map(|holder| {
+            self.remember(&holder);
+            Lease {
+                epoch: LeaseEpoch(1),
+                ttl: Some(self.lease_ttl),
+            }
+        }))
+    }
+
+    async fn listing(&self, parent: Option<SessionId>) -> Result<Vec<ListedSession>> {
+        let client = self.client().await?;
+        let rows =
+            match parent {
+                None => {
+                    client
+                        .query("SELECT id, header FROM subagents_sessions ORDER BY id", &[])
+                        .await
+                }
+                Some(parent) => client
+                    .query(
+                        "SELECT id, header FROM subagents_sessions WHERE parent = $1 ORDER BY id",
+                        &[&uuid_of(parent)],
+                    )
+                    .await,
+            }
+            .map_err(io("listing sessions"))?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let id = SessionId::from_uuid(row.get(0));
+                let bytes: Vec<u8> = row.get(1);
+                match decode_header(id, &bytes) {
+                    Ok(header) => ListedSession::Header(header),
+                    Err(error) => ListedSession::Corrupt {
+                        id: Some(id),
+                        error,
+                    },
+                }
+            })
+            .collect())
+    }
+}
+
+impl SessionPersistence for PostgresStore {
+    fn create(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+    ) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move { self.write_creation(header, events, None).await.map(drop) })
+    }
+
+    fn create_leased(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+        holder: LeaseHolder,
+    ) -> BoxFuture<'_, Result<Lease>> {
+        Box::pin(async move {
+            self.write_creation(header, events, Some(holder))
+                .await?
+                .ok_or_else(|| SubagentError::bug("a leased creation granted no lease"))
+        })
+    }
+
+    fn append(
+        &self,
+        id: SessionId,
+        expected_next_seq: u64,
+        events: Vec<Arc<SessionEvent>>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            check_contiguous(id, expected_next_seq, &events)?;
+            let Some(encoded) = encode_batch(id, &events)? else {
+                return Ok(());
+            };
+            let count = u64::try_from(events.len()).unwrap_or(u64::MAX);
+            let expected = seq_column(expected_next_seq)?;
+            let next = seq_column(expected_next_seq.saturating_add(count))?;
+            let epoch = lease
+                .map(|LeaseEpoch(epoch)| seq_column(epoch))
+                .transpose()?;
+            let client = self.client().await?;
+            // One statement: the row lock, the compare, the batch and the head move together.
+            let rows = client
+                .query(
+                    "WITH head AS (
+                         SELECT next_seq, epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE
+                     ), fits AS (
+                         SELECT 1 FROM head
+                         WHERE next_seq = $2 AND ($3::bigint IS NULL OR epoch = $3)
+                     ), batch AS (
+                         INSERT INTO subagents_event_batches (session, first_seq, events)
+                         SELECT $1, $2, $4 FROM fits
+                         RETURNING 1
+                     ), moved AS (
+                         UPDATE subagents_sessions SET next_seq = $5
+                         WHERE id = $1 AND EXISTS (SELECT 1 FROM fits)
+                         RETURNING 1
+                     )
+                     SELECT next_seq, epoch, EXISTS (SELECT 1 FROM moved) FROM head",
+                    &[&uuid_of(id), &expected, &epoch, &encoded, &next],
+                )
+                .await
+                .map_err(io(format!("appending to session {id}")))?;
+            let Some(row) = rows.first() else {
+                return Err(not_found(id));
+            };
+            let (stored_next, stored_epoch, moved): (i64, i64, bool) =
+                (row.get(0), row.get(1), row.get(2));
+            if !moved {
+                check_append(
+                    id,
+                    expected_next_seq,
+                    seq_value(stored_next)?,
+                    lease,
+                    seq_value(stored_epoch)?,
+                )?;
+                return Err(SubagentError::bug(format!(
+                    "session {id}: an append that fits was not applied"
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    fn flush(&self, _id: SessionId) -> BoxFuture<'_, Result<()>> {
+        // Every commit is durable when it returns.
+        Box::pin(async { Ok(()) })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        Box::pin(self.listing(None))
+    }
+
+    fn list_children(&self, parent: SessionId) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        Box::pin(self.listing(Some(parent)))
+    }
+
+    fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT header FROM subagents_sessions WHERE id = $1",
+                    &[&uuid_of(id)],
+                )
+                .await
+                .map_err(io(format!("reading session {id}")))?
+                .ok_or_else(|| not_found(id))?;
+            let bytes: Vec<u8> = row.get(0);
+            decode_header(id, &bytes)
+        })
+    }
+
+    fn read_from(
+        &self,
+        id: SessionId,
+        from_seq: u64,
+    ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
+        Box::pin(async move {
+            let from = seq_column(from_seq)?;
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT s.next_seq, b.first_seq, b.events
+                     FROM subagents_sessions s
+                     LEFT JOIN subagents_event_batches b
+                       ON b.session = s.id
+                      AND b.first_seq < s.next_seq
+                      AND b.first_seq >= coalesce((
+                          SELECT max(first_seq) FROM subagents_event_batches
+                          WHERE session = $1 AND first_seq <= $2), 0)
+                     WHERE s.id = $1
+                     ORDER BY b.first_seq",
+                    &[&uuid_of(id), &from],
+                )
+                .await
+                .map_err(io(format!("reading session {id}")))?;
+            let Some(first) = rows.first() else {
+                return Err(not_found(id));
+            };
+            let next_seq = seq_value(first.get(0))?;
+            if from_seq >= next_seq {
+                return Ok(Vec::new());
+            }
+            let batches = rows.iter().filter_map(|row| {
+                let start: Option<i64> = row.get(1);
+                let bytes: Option<Vec<u8>> = row.get(2);
+                Some(Ok((
+                    start.and_then(|start| u64::try_from(start).ok()),
+                    bytes?,
+                )))
+            });
+            assemble(id, from_seq, next_seq, batches)
+        })
+    }
+
+    fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let tx = client
+                .transaction()
+                .await
+                .map_err(io(format!("leasing session {id}")))?;
+            let epoch: i64 = tx
+                .query_opt(
+                    "SELECT epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE",
+                    &[&uuid_of(id)],
+                )
+                .await
+                .map_err(io(format!("leasing session {id}")))?
+                .ok_or_else(|| not_found(id))?
+                .get(0);
+            let held = tx
+                .query_opt(
+                    "SELECT holder, expires_at > now() FROM subagents_leases WHERE session = $1",
+                    &[&uuid_of(id)],
+                )
+                .await
+                .map_err(io(format!("leasing session {id}")))?;
+            if let Some(held) = held {
+                let (other, live): (uuid::Uuid, bool) = (held.get(0), held.get(1));
+                if other != holder.id() && live && !self.is_gone(other) {
+                    return Err(SubagentError::new(
+                        ErrorCode::SessionLeased,
+                        format!("session {id} is live in another runtime (its lease is held)"),
+                    ));
+                }
+            }
+            let granted = epoch
+                .checked_add(1)
+                .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
+            tx.execute(
+                "UPDATE subagents_sessions SET epoch = $2 WHERE id = $1",
+                &[&uuid_of(id), &granted],
+            )
+            .await
+            .map_err(io(format!("leasing session {id}")))?;
+            tx.execute(
+                "INSERT INTO subagents_leases (session, holder, epoch, expires_at)
+                 VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+                 ON CONFLICT (session) DO UPDATE
+                 SET holder = excluded.holder, epoch = excluded.epoch,
+                     expires_at = excluded.expires_at",
+                &[&uuid_of(id), &holder.id(), &granted, &self.ttl_interval()],
+            )
+            .await
+            .map_err(io(format!("leasing session {id}")))?;
+            tx.commit()
+                .await
+                .map_err(io(format!("leasing session {id}")))?;
+            self.remember(&holder);
+            Ok(Lease {
+                epoch: LeaseEpoch(seq_value(granted)?),
+                ttl: Some(self.lease_ttl),
+            })
+        })
+    }
+
+    fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let epoch = seq_column(epoch.0)?;
+            let client = self.client().await?;
+            let renewed = client
+                .execute(
+                    "UPDATE subagents_leases SET expires_at = now() + make_interval(secs => $3)
+                     WHERE session = $1 AND epoch = $2",
+                    &[&uuid_of(id), &epoch, &self.ttl_interval()],
+                )
+                .await
+                .map_err(io(format!("renewing the lease of session {id}")))?;
+            if renewed == 0 {
+                return Err(lease_lost(id));
+            }
+            Ok(())
+        })
+    }
+
+    fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let epoch = seq_column(epoch.0)?;
+            let client = self.client().await?;
+            client
+                .execute(
+                    "DELETE FROM subagents_leases WHERE session = $1 AND epoch = $2",
+                    &[&uuid_of(id), &epoch],
+                )
+                .await
+                .map_err(io(format!("releasing the lease of session {id}")))?;
+            Ok(())
+        })
+    }
+
+    fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
+        let unit = unit.to_owned();
+        Box::pin(async move {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT row FROM subagents_projection_cache WHERE unit = $1 AND session = $2",
+                    &[&unit, &uuid_of(id)],
+                )
+                .await
+                .map_err(io(format!("reading the {unit} cache of session {id}")))?;
+            row.map(|row| {
+                let bytes: Vec<u8> = row.get(0);
+                serde_json::from_slice(&bytes).map_err(|e| {
+                    SubagentError::new(
+                        ErrorCode::StoreCorrupt,
+                        format!("session {id}: the {unit} cache row does not decode: {e}"),
+                    )
+                    .with_source(e)
+                })
+            })
+            .transpose()
+        })
+    }
+
+    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
+        let unit = unit.to_owned();
+        Box::pin(async move {
+            let bytes = serde_json::to_vec(&row).map_err(|e| {
+                SubagentError::new(
+                    ErrorCode::InvalidProjection,
+                    format!("session {id}: the {unit} cache row does not encode: {e}"),
+                )
+            })?;
+            let client = self.client().await?;
+            client
+                .execute(
+                    "INSERT INTO subagents_projection_cache (unit, session, row)
+                     VALUES ($1, $2, $3)
+                     ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
+                    &[&unit, &uuid_of(id), &bytes],
+                )
+                .await
+                .map_err(io(format!("writing the {unit} cache of session {id}")))?;
+            Ok(())
+        })
+    }
+}

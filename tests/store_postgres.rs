@@ -1,0 +1,345 @@
+//! `PostgresStore` on a throwaway server: the model test every store passes, compare-and-append
+//! and fencing, leases that expire, listing, corruption, repair, the schema migration.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::executor::block_on;
+use proptest::prelude::*;
+use subagents::store::{LeaseHolder, ListedSession, PostgresConfig, PostgresStore};
+use subagents::{
+    ErrorCode, EventKind, SessionHeader, SessionId, SessionPersistence, TurnEndReason,
+};
+
+use crate::store::{check_against_model, notes, op, open_turn_events};
+use crate::support::postgres::server;
+
+/// A tokio runtime the store's connections run on, entered for the caller's thread, so the
+/// synchronous tests can drive the store with `block_on`.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn connect(url: &str) -> Arc<dyn SessionPersistence> {
+    Arc::new(block_on(PostgresStore::connect(url)).unwrap())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_postgres_store_acts_like_the_model_even_across_reconnects(
+        ops in prop::collection::vec(op(), 1..40)
+    ) {
+        let runtime = runtime();
+        let _entered = runtime.enter();
+        // A database per case: the model lists every session of its store.
+        let url = server().fresh_database();
+        check_against_model(
+            &ops,
+            connect(&url),
+            &|old| {
+                drop(old);
+                connect(&url)
+            },
+            &|| unreachable!("op() never crashes"),
+        );
+    }
+}
+
+#[test]
+fn a_lease_fences_out_older_epochs_refuses_a_second_holder_and_expires() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let mut config = PostgresConfig::new(url.clone());
+    config.lease_ttl = Duration::from_millis(300);
+    let store = block_on(PostgresStore::connect_with(config)).unwrap();
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+    let runtime_a = LeaseHolder::new();
+    let first = block_on(store.acquire_lease(id, runtime_a.clone())).unwrap();
+    let second = block_on(store.acquire_lease(id, runtime_a.clone())).unwrap();
+    assert!(second.epoch > first.epoch, "each grant is a newer epoch");
+    assert_eq!(
+        second.ttl,
+        Some(Duration::from_millis(300)),
+        "a networked lease must be renewed"
+    );
+
+    let stale = block_on(store.append(id, 0, notes(0, 1), Some(first.epoch))).unwrap_err();
+    assert_eq!(stale.code(), ErrorCode::LeaseLost);
+    block_on(store.append(id, 0, notes(0, 1), Some(second.epoch))).unwrap();
+    assert_eq!(
+        block_on(store.read_from(id, 0)).unwrap().len(),
+        1,
+        "the stale write left nothing"
+    );
+
+    let other = LeaseHolder::new();
+    let refused = block_on(store.acquire_lease(id, other.clone())).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::SessionLeased);
+    assert_eq!(
+        block_on(store.renew_lease(id, first.epoch))
+            .unwrap_err()
+            .code(),
+        ErrorCode::LeaseLost
+    );
+    block_on(store.renew_lease(id, second.epoch)).unwrap();
+
+    // A stale release is a no-op; the current one frees the lease.
+    block_on(store.release_lease(id, first.epoch)).unwrap();
+    assert_eq!(
+        block_on(store.acquire_lease(id, other.clone()))
+            .unwrap_err()
+            .code(),
+        ErrorCode::SessionLeased
+    );
+    block_on(store.release_lease(id, second.epoch)).unwrap();
+    let taken = block_on(store.acquire_lease(id, other.clone())).unwrap();
+    assert!(taken.epoch > second.epoch);
+
+    // A holder of this process that is gone holds nothing.
+    drop(other);
+    let third = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
+    assert!(third.epoch > taken.epoch);
+
+    // A lease left unrenewed past its time-to-live is free for another runtime (held by a
+    // holder this process never saw, as another process's would be).
+    let other_process = block_on(PostgresStore::connect(&url)).unwrap();
+    let refused = block_on(other_process.acquire_lease(id, LeaseHolder::new())).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::SessionLeased, "still held");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    // Waits for the server's clock to pass the expiry (a time-to-live, not an ordering).
+    while block_on(other_process.acquire_lease(id, LeaseHolder::new())).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease never expired"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let late = block_on(store.append(id, 1, notes(1, 1), Some(third.epoch))).unwrap_err();
+    assert_eq!(
+        late.code(),
+        ErrorCode::LeaseLost,
+        "the expired holder is fenced out"
+    );
+}
+
+/// A fresh database's store (and its url), with the runtime entered by the caller.
+fn fresh() -> (PostgresStore, String) {
+    let url = server().fresh_database();
+    (block_on(PostgresStore::connect(&url)).unwrap(), url)
+}
+
+/// Runs one SQL statement on `url` (to damage rows as a bad writer or a newer crate would).
+fn execute(url: &str, sql: &str) {
+    block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client.batch_execute(sql).await.unwrap();
+    });
+}
+
+#[test]
+fn children_are_listed_by_parent_and_a_corrupt_header_is_its_own_error() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let (store, url) = fresh();
+    let parent = SessionId::new();
+    block_on(store.create(SessionHeader::new(parent), notes(0, 1))).unwrap();
+    let mut children = Vec::new();
+    for _ in 0..3 {
+        let mut header = SessionHeader::new(SessionId::new());
+        header.parent_session = Some(parent);
+        children.push(header.id);
+        block_on(store.create(header, vec![])).unwrap();
+    }
+    let listed: Vec<SessionId> = block_on(store.list_children(parent))
+        .unwrap()
+        .iter()
+        .filter_map(ListedSession::id)
+        .collect();
+    children.sort();
+    assert_eq!(listed, children, "by parent, in id order");
+    assert!(block_on(store.list_children(children[0]))
+        .unwrap()
+        .is_empty());
+
+    execute(
+        &url,
+        &format!(
+            "UPDATE subagents_sessions SET header = 'not json'::bytea WHERE id = '{}'",
+            children[1]
+        ),
+    );
+    let listed = block_on(store.list_children(parent)).unwrap();
+    assert_eq!(listed.len(), 3, "a bad row never hides the others");
+    assert!(
+        matches!(&listed[1], ListedSession::Corrupt { id: Some(id), .. } if *id == children[1])
+    );
+    assert_eq!(
+        block_on(store.header(children[1])).unwrap_err().code(),
+        ErrorCode::StoreCorrupt
+    );
+    assert!(block_on(store.header(children[0])).is_ok());
+}
+
+#[test]
+fn compare_and_append_refuses_a_gap_a_duplicate_and_an_unknown_session() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let (store, _) = fresh();
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
+    block_on(store.append(id, 2, notes(2, 3), None)).unwrap();
+    for expected in [4, 6] {
+        let refused = block_on(store.append(id, expected, notes(expected, 1), None)).unwrap_err();
+        assert_eq!(
+            refused.code(),
+            ErrorCode::StoreConflict,
+            "expected {expected}"
+        );
+    }
+    assert_eq!(
+        block_on(store.append(SessionId::new(), 0, notes(0, 1), None))
+            .unwrap_err()
+            .code(),
+        ErrorCode::SessionNotFound
+    );
+    assert_eq!(
+        block_on(store.create(SessionHeader::new(id), vec![]))
+            .unwrap_err()
+            .code(),
+        ErrorCode::SessionExists
+    );
+    // A read from the middle of an append returns exactly the rest.
+    let rest = block_on(store.read_from(id, 3)).unwrap();
+    assert_eq!(rest.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4]);
+    assert!(block_on(store.read_from(id, 5)).unwrap().is_empty());
+}
+
+#[test]
+fn two_writers_racing_for_one_seq_leave_exactly_one_append() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let (store, _) = fresh();
+    let store = Arc::new(store);
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+    let racers: Vec<_> = (0..8)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            runtime.spawn(async move { store.append(id, 0, notes(0, 2), None).await })
+        })
+        .collect();
+    let outcomes: Vec<_> = block_on(futures::future::join_all(racers))
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(outcomes.iter().filter(|outcome| outcome.is_ok()).count(), 1);
+    assert!(outcomes
+        .iter()
+        .filter_map(|outcome| outcome.as_ref().err())
+        .all(|error| error.code() == ErrorCode::StoreConflict));
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
+}
+
+#[test]
+fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let (store, url) = fresh();
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), open_turn_events())).unwrap();
+    assert_eq!(block_on(store.inspect(id)).unwrap().events.len(), 4);
+    assert_eq!(
+        block_on(store.read_from(id, 0)).unwrap().len(),
+        2,
+        "inspect commits nothing"
+    );
+    let prepared = block_on(store.prepare(id, None)).unwrap();
+    assert!(matches!(
+        prepared.events[3].kind,
+        EventKind::TurnEnd {
+            reason: TurnEndReason::Interrupted,
+            ..
+        }
+    ));
+    let reconnected = block_on(PostgresStore::connect(&url)).unwrap();
+    assert_eq!(block_on(reconnected.read_from(id, 0)).unwrap().len(), 4);
+    assert_eq!(
+        block_on(reconnected.prepare(id, None))
+            .unwrap()
+            .events
+            .len(),
+        4,
+        "once"
+    );
+}
+
+#[test]
+fn a_leased_creation_grants_the_first_epoch_and_the_cache_keeps_rows() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let (store, _) = fresh();
+    let id = SessionId::new();
+    let holder = LeaseHolder::new();
+    let lease =
+        block_on(store.create_leased(SessionHeader::new(id), notes(0, 1), holder.clone())).unwrap();
+    assert_eq!(lease.epoch.0, 1);
+    block_on(store.append(id, 1, notes(1, 1), Some(lease.epoch))).unwrap();
+    assert_eq!(
+        block_on(store.acquire_lease(id, LeaseHolder::new()))
+            .unwrap_err()
+            .code(),
+        ErrorCode::SessionLeased
+    );
+    assert_eq!(block_on(store.cache_get("identity", id)).unwrap(), None);
+    let row = serde_json::json!({"label": "child", "seq": 1});
+    block_on(store.cache_put("identity", id, row.clone())).unwrap();
+    block_on(store.cache_put("identity", id, row.clone())).unwrap();
+    assert_eq!(
+        block_on(store.cache_get("identity", id)).unwrap(),
+        Some(row)
+    );
+    assert_eq!(block_on(store.cache_get("timing", id)).unwrap(), None);
+}
+
+#[test]
+fn the_schema_migrates_once_and_a_newer_schema_is_refused() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    // Several runtimes starting at once migrate once, under the advisory lock.
+    let starts: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            runtime.spawn(async move { PostgresStore::connect(&url).await.map(drop) })
+        })
+        .collect();
+    for start in block_on(futures::future::join_all(starts)) {
+        start.unwrap().unwrap();
+    }
+    execute(&url, "INSERT INTO subagents_schema (version) VALUES (999)");
+    let refused = block_on(PostgresStore::connect(&url)).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::StoreCorrupt);
+    assert!(
+        refused.message().contains("version 999"),
+        "{}",
+        refused.message()
+    );
+    let unreachable = block_on(PostgresStore::connect(
+        "host=/nonexistent port=1 user=x dbname=y",
+    ))
+    .unwrap_err();
+    assert_eq!(unreachable.code(), ErrorCode::StoreIo);
+    let malformed = block_on(PostgresStore::connect("postgres://[bad")).unwrap_err();
+    assert_eq!(malformed.code(), ErrorCode::InvalidConfig);
+}

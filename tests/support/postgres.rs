@@ -1,0 +1,158 @@
+//! A throwaway PostgreSQL for the tests: one server per test binary, started on first use
+//! (`initdb` into a temporary directory, `pg_ctl` on a private unix socket, no TCP), and a
+//! fresh database per caller. A watcher process stops the server and removes its directory
+//! once the test binary has exited, however it exits.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// The running server.
+pub struct TestPostgres {
+    socket_dir: PathBuf,
+    port: u16,
+}
+
+/// The PostgreSQL binaries: the directory `pg_config --bindir` names, else the newest
+/// `/usr/lib/postgresql/*/bin`.
+fn bin_dir() -> PathBuf {
+    if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        if dir.join("initdb").exists() {
+            return dir;
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed (initdb, pg_ctl)")
+        .filter_map(|entry| Some(entry.ok()?.path().join("bin")))
+        .filter(|bin| bin.join("initdb").exists())
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .expect("PostgreSQL is installed (initdb, pg_ctl)")
+}
+
+/// Runs a PostgreSQL tool as the `postgres` user when this process is root (the server
+/// refuses to run as root), else as ourselves.
+fn pg_tool(bin: &Path, tool: &str) -> Command {
+    if rustix::process::geteuid().is_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(bin.join(tool));
+        command
+    } else {
+        Command::new(bin.join(tool))
+    }
+}
+
+fn start() -> TestPostgres {
+    let bin = bin_dir();
+    let dir = tempfile::Builder::new()
+        .prefix("subagents-pg-")
+        .tempdir()
+        .expect("a temporary directory")
+        .keep();
+    if rustix::process::geteuid().is_root() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
+            .expect("the directory opens to the postgres user");
+    }
+    let data = dir.join("data");
+    let initdb = pg_tool(&bin, "initdb")
+        .arg("-D")
+        .arg(&data)
+        .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("initdb runs");
+    assert!(
+        initdb.status.success(),
+        "initdb failed: {}",
+        String::from_utf8_lossy(&initdb.stderr)
+    );
+    // A port number only names the socket file; any free one will do.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free port number");
+    let options = format!(
+        "-c listen_addresses='' -k {} -p {port} -c fsync=off -c synchronous_commit=off \
+         -c full_page_writes=off -c max_connections=200",
+        dir.display()
+    );
+    let started = pg_tool(&bin, "pg_ctl")
+        .arg("-D")
+        .arg(&data)
+        .args(["-o", &options, "-l"])
+        .arg(dir.join("log"))
+        .args(["-w", "start"])
+        .stdout(Stdio::null())
+        .status()
+        .expect("pg_ctl runs");
+    assert!(started.success(), "pg_ctl could not start the server");
+    // Stop the server and remove its directory once this test binary is gone.
+    let stop = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} -D {data} -m immediate stop \
+         >/dev/null 2>&1; rm -rf {dir}",
+        pid = std::process::id(),
+        stop = if rustix::process::geteuid().is_root() {
+            format!("runuser -u postgres -- {}", bin.join("pg_ctl").display())
+        } else {
+            bin.join("pg_ctl").display().to_string()
+        },
+        data = data.display(),
+        dir = dir.display(),
+    );
+    // The outer shell backgrounds the watcher and exits at once (reaped here); the watcher
+    // lives on, reparented, past this process.
+    let spawned = Command::new("sh")
+        .args(["-c", &format!("( {stop} ) </dev/null >/dev/null 2>&1 &")])
+        .status()
+        .expect("the watcher starts");
+    assert!(spawned.success(), "the watcher could not start");
+    TestPostgres {
+        socket_dir: dir,
+        port,
+    }
+}
+
+/// The test binary's server, started on first use.
+pub fn server() -> &'static TestPostgres {
+    static SERVER: OnceLock<TestPostgres> = OnceLock::new();
+    SERVER.get_or_init(start)
+}
+
+impl TestPostgres {
+    /// The connection string of `database`.
+    pub fn url(&self, database: &str) -> String {
+        format!(
+            "host={} port={} user=postgres dbname={database}",
+            self.socket_dir.display(),
+            self.port
+        )
+    }
+
+    /// A fresh, empty database's connection string.
+    pub fn fresh_database(&self) -> String {
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let created = Command::new(bin_dir().join("psql"))
+            .args(["-h"])
+            .arg(&self.socket_dir)
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-q",
+            ])
+            .args(["-c", &format!("CREATE DATABASE {name}")])
+            .stdout(Stdio::null())
+            .status()
+            .expect("psql runs");
+        assert!(created.success(), "CREATE DATABASE {name} failed");
+        self.url(&name)
+    }
+}
