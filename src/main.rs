@@ -6,7 +6,6 @@
 mod cli;
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -14,8 +13,8 @@ use subagents::model::{OpenAiAdapter, StreamChunk};
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
     AgentOptions, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, EventKind,
-    FlushPolicy, MessageSource, Runtime, SessionEvent, SledStore, SpawnInProcess, SubagentError,
-    Tool, ToolOutput, TurnEndReason,
+    FlushPolicy, MessageSource, Runtime, SessionEvent, SpawnInProcess, SubagentError, Tool,
+    ToolOutput, TurnEndReason,
 };
 
 /// The binary runs on mimalloc: under many concurrent children glibc's allocator spent a third of
@@ -53,9 +52,9 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct DemoArgs {
-    /// The sled store directory.
+    /// The store: a sled directory, or a `postgres://` URL.
     #[arg(long, default_value = ".subagents")]
-    store: PathBuf,
+    store: cli::store::StoreLocation,
     /// Crash-recovery drill: after the tool step is durable, hold the model's final answer
     /// until the process is killed. Prints `stalled <session-id>` when it is safe to kill.
     #[arg(long, conflicts_with_all = ["burst", "forest"])]
@@ -78,7 +77,7 @@ struct DemoArgs {
 
 /// The demo's validated plan: what the command line asked for, before any actor starts.
 struct DemoPlan {
-    store: PathBuf,
+    store: cli::store::StoreLocation,
     drill: Drill,
     model: DemoModel,
     model_name: String,
@@ -272,8 +271,10 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
         }
         Drill::Burst(turns) => (1..=turns).for_each(|turn| model.push_all(scripted_turn(turn))),
     }
-    let store = SledStore::open(&plan.store)?;
-    let builder = Runtime::builder().store(store).tool(word_count_tool());
+    let store = plan.store.open(false).await?;
+    let builder = Runtime::builder()
+        .shared_store(store)
+        .tool(word_count_tool());
     let builder = match plan.model {
         DemoModel::Scripted => builder.model("scripted", model),
         DemoModel::OpenAi(config) => builder.model("openai", OpenAiAdapter::new(config)?),
@@ -317,7 +318,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
         }
     }
     let events = agent.log().events();
-    writeln!(out, "session {} in {}", agent.id(), plan.store.display())?;
+    writeln!(out, "session {} in {}", agent.id(), plan.store)?;
     for event in &events {
         writeln!(out, "{}", describe(event))?;
     }
@@ -334,21 +335,21 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
 /// and lists its agents. The store is left behind for `subagents tree`.
 async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
     let rt = Runtime::builder()
-        .store(SledStore::open(&plan.store)?)
+        .shared_store(plan.store.open(false).await?)
         .model("tour", subagents::tour::TourModel)
         .build()?;
     subagents::tour::install_tour(&rt).await?;
     let (parent, transcript) =
         subagents::tour::run_tour(&rt, std::time::Duration::from_secs(30)).await?;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "parent {parent} in {}", plan.store.display())?;
+    writeln!(out, "parent {parent} in {}", plan.store)?;
     for line in &transcript {
         writeln!(out, "{line}")?;
     }
     writeln!(
         out,
         "inspect the forest with: subagents tree {parent} --store {}",
-        plan.store.display()
+        plan.store.argument()
     )?;
     drop(out);
     rt.shutdown().await?;
@@ -361,7 +362,7 @@ async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
 async fn run_forest(plan: DemoPlan) -> Result<(), Failure> {
     let model = ScriptedModel::new();
     let rt = Runtime::builder()
-        .store(SledStore::open(&plan.store)?)
+        .shared_store(plan.store.open(false).await?)
         .model("scripted", model.clone())
         .build()?;
     rt.subagents()

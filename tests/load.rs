@@ -28,8 +28,12 @@ fn small(store: LoadStore) -> Scenario {
 
 #[actix_rt::test]
 async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
-    for store in [LoadStore::Memory, LoadStore::Sled] {
-        let scenario = small(store);
+    let postgres = crate::support::postgres::server().fresh_database();
+    for store in [LoadStore::Memory, LoadStore::Sled, LoadStore::Postgres] {
+        let mut scenario = small(store);
+        if store == LoadStore::Postgres {
+            scenario.store_url = Some(postgres.clone());
+        }
         let counters = Arc::new(LoadCounters::default());
         let report = within("the load run", run(&scenario, Arc::clone(&counters)))
             .await
@@ -68,8 +72,8 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
             .collect();
         assert_eq!(
             names.len(),
-            if store == LoadStore::Sled { 8 } else { 7 },
-            "{names:?}"
+            if store == LoadStore::Memory { 7 } else { 8 },
+            "{names:?}: a persistent store is reopened and listed"
         );
         assert_eq!(
             counters.settled.load(std::sync::atomic::Ordering::Relaxed),
@@ -136,6 +140,11 @@ fn a_broken_scenario_file_is_refused_naming_the_field() {
     let error = Scenario::from_file(&no_window).unwrap_err();
     assert!(error.message().contains("in_flight"), "{error}");
 
+    let no_url = dir.path().join("postgres.json");
+    std::fs::write(&no_url, r#"{"store": "postgres"}"#).unwrap();
+    let error = Scenario::from_file(&no_url).unwrap_err();
+    assert!(error.message().contains("store_url"), "{error}");
+
     let wrong_type = dir.path().join("type.toml");
     std::fs::write(&wrong_type, "roots = \"many\"\n").unwrap();
     let error = Scenario::from_file(&wrong_type).unwrap_err();
@@ -198,5 +207,53 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
     assert!(
         !stderr.contains("SubagentError {"),
         "printed for a person: {stderr}"
+    );
+}
+
+#[test]
+fn a_load_run_on_postgres_verifies_and_its_forest_prints_from_another_process() {
+    let url = crate::support::postgres::server().fresh_database();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "load",
+            "--roots",
+            "1",
+            "--children",
+            "4",
+            "--json",
+            "--store",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["passed"], true);
+    let checks = report["checks"].as_array().unwrap();
+    assert!(
+        checks
+            .iter()
+            .any(|check| check["name"] == "the store reopens and lists the same forest"),
+        "{checks:?}"
+    );
+    let tree = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["tree", "--json", "--store", &url])
+        .output()
+        .unwrap();
+    assert!(
+        tree.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tree.stderr)
+    );
+    let forest: serde_json::Value = serde_json::from_slice(&tree.stdout).unwrap();
+    let printed = forest.to_string();
+    assert_eq!(
+        printed.matches("\"mode\"").count(),
+        4,
+        "the four children of the run's root: {printed}"
     );
 }

@@ -49,9 +49,10 @@ pub(crate) struct LoadArgs {
     /// Simulated model latency in milliseconds: `5` (fixed) or `2..10` (uniform).
     #[arg(long, value_name = "MS", value_parser = parse_latency)]
     latency: Option<Latency>,
-    /// Where sessions are persisted.
-    #[arg(long, value_enum)]
-    store: Option<LoadStore>,
+    /// Where sessions are persisted: `sled` (default), `memory`, or a PostgreSQL connection
+    /// string (`postgres://…`).
+    #[arg(long, value_name = "sled|memory|postgres://…", value_parser = parse_store)]
+    store: Option<(LoadStore, Option<String>)>,
     /// The sled directory (default: a fresh temporary directory).
     #[arg(long, value_name = "DIR")]
     store_dir: Option<PathBuf>,
@@ -74,6 +75,20 @@ pub(crate) struct LoadArgs {
     /// Also draw the run's timeline (throughput and children in flight) into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+}
+
+fn parse_store(text: &str) -> Result<(LoadStore, Option<String>), String> {
+    match text {
+        "sled" => Ok((LoadStore::Sled, None)),
+        "memory" => Ok((LoadStore::Memory, None)),
+        _ => match text.parse::<super::store::StoreLocation>()? {
+            super::store::StoreLocation::Postgres(url) => Ok((LoadStore::Postgres, Some(url))),
+            super::store::StoreLocation::Sled(_) => Err(format!(
+                "`{text}` is not sled, memory or a PostgreSQL connection string (a sled \
+                 directory goes in --store-dir)"
+            )),
+        },
+    }
 }
 
 fn parse_latency(text: &str) -> Result<Latency, String> {
@@ -116,12 +131,17 @@ impl LoadArgs {
             interrupt_share,
             budget_share,
             latency,
-            store,
             flush,
             workers,
             in_flight,
             seed
         );
+        if let Some((store, url)) = &self.store {
+            scenario.store = *store;
+            if url.is_some() {
+                scenario.store_url.clone_from(url);
+            }
+        }
         if self.store_dir.is_some() {
             scenario.store_dir.clone_from(&self.store_dir);
         }

@@ -5,4 +5,5 @@ pub(crate) mod load;
 pub(crate) mod model;
 pub(crate) mod plot;
 pub(crate) mod replay;
+pub(crate) mod store;
 pub(crate) mod tree;

@@ -4,14 +4,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::json;
 use subagents::store::{ListedSession, SharedStore};
 use subagents::{
-    CancellationToken, ErrorCode, Runtime, SessionId, SledStore, SubagentDescendantListEntry,
-    SubagentError, SubagentListEntry,
+    CancellationToken, ErrorCode, Runtime, SessionId, SubagentDescendantListEntry, SubagentError,
+    SubagentListEntry,
 };
 
 /// The `tree` command's arguments.
@@ -19,9 +18,9 @@ use subagents::{
 pub(crate) struct TreeArgs {
     /// The session whose descendants to print; every root session of the store when omitted.
     root: Option<SessionId>,
-    /// The sled store directory.
+    /// The store: a sled directory, or a `postgres://` URL.
     #[arg(long, default_value = ".subagents")]
-    store: PathBuf,
+    store: super::store::StoreLocation,
     /// Print JSON for scripts instead of an indented tree.
     #[arg(long)]
     json: bool,
@@ -35,14 +34,7 @@ struct Tree {
 
 /// Runs the command, writing to `out`.
 pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), super::super::Failure> {
-    if !args.store.is_dir() {
-        return Err(SubagentError::new(
-            ErrorCode::SessionNotFound,
-            format!("there is no store at {}", args.store.display()),
-        )
-        .into());
-    }
-    let store: SharedStore = Arc::new(SledStore::open(&args.store)?);
+    let store: SharedStore = args.store.open(true).await?;
     let rt = Runtime::builder()
         .shared_store(Arc::clone(&store))
         .build()?;
@@ -53,10 +45,7 @@ pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), supe
             if store.header(root).await.is_err() && !root_sessions(&store).await?.contains(&root) {
                 return Err(SubagentError::new(
                     ErrorCode::SessionNotFound,
-                    format!(
-                        "session {root} is not in the store at {}",
-                        args.store.display()
-                    ),
+                    format!("session {root} is not in the store at {}", args.store),
                 )
                 .into());
             }
@@ -142,7 +131,7 @@ fn describe(entry: &SubagentListEntry) -> String {
 
 fn print_text(trees: &[Tree], args: &TreeArgs, out: &mut impl Write) -> std::io::Result<()> {
     if trees.is_empty() {
-        writeln!(out, "no delegated children in {}", args.store.display())?;
+        writeln!(out, "no delegated children in {}", args.store)?;
     }
     for tree in trees {
         writeln!(out, "{}", tree.root)?;

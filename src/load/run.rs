@@ -397,18 +397,36 @@ fn peak_rss_bytes() -> u64 {
 /// The store of a run, and the temporary directory it lives in (removed when dropped).
 struct RunStore {
     store: SharedStore,
-    sled_dir: Option<std::path::PathBuf>,
+    reopen: Option<Reopen>,
     _temporary: Option<tempfile::TempDir>,
 }
 
-fn open_store(scenario: &Scenario) -> Result<RunStore> {
-    match scenario.store {
-        LoadStore::Memory => Ok(RunStore {
+/// How verification reopens a run's store.
+pub(crate) enum Reopen {
+    /// A copy of the sled directory (the original stays open, and sled locks it).
+    SledCopy(std::path::PathBuf),
+    /// A second connection to the database.
+    Postgres(String),
+}
+
+async fn open_store(scenario: &Scenario) -> Result<RunStore> {
+    match (scenario.store, &scenario.store_url) {
+        (LoadStore::Memory, _) => Ok(RunStore {
             store: Arc::new(MemoryStore::new()),
-            sled_dir: None,
+            reopen: None,
             _temporary: None,
         }),
-        LoadStore::Sled => {
+        (LoadStore::Postgres, url) => {
+            let url = url.clone().ok_or_else(|| {
+                SubagentError::new(ErrorCode::InvalidArgs, "the postgres store needs store_url")
+            })?;
+            Ok(RunStore {
+                store: Arc::new(crate::store::PostgresStore::connect(&url).await?),
+                reopen: Some(Reopen::Postgres(url)),
+                _temporary: None,
+            })
+        }
+        (LoadStore::Sled, _) => {
             let (dir, temporary) = match &scenario.store_dir {
                 Some(dir) => (dir.clone(), None),
                 None => {
@@ -420,7 +438,7 @@ fn open_store(scenario: &Scenario) -> Result<RunStore> {
             };
             Ok(RunStore {
                 store: Arc::new(SledStore::open(&dir)?),
-                sled_dir: Some(dir),
+                reopen: Some(Reopen::SledCopy(dir)),
                 _temporary: temporary,
             })
         }
@@ -437,7 +455,7 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
     scenario.validate()?;
     let floors = super::report::Floors::measure(scenario.store == LoadStore::Sled).await;
     let rss_before = rss_bytes();
-    let opened = open_store(scenario)?;
+    let opened = open_store(scenario).await?;
     let workers = match scenario.workers {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         workers => workers,
@@ -587,7 +605,7 @@ async fn grow(
         shared.reports.load(Ordering::Relaxed),
         listed_before,
         shutdown,
-        opened.sled_dir.as_deref(),
+        opened.reopen.as_ref(),
     )
     .await;
     let report = LoadReport::new(super::report::Measured {

@@ -17,6 +17,8 @@ pub enum LoadStore {
     Sled,
     /// The in-memory store.
     Memory,
+    /// A PostgreSQL database, at `store_url`.
+    Postgres,
 }
 
 /// When a load run's root agents make their logs durable. Children follow the seam's own rules
@@ -90,6 +92,8 @@ pub struct Scenario {
     pub store: LoadStore,
     /// The sled directory (default: a fresh temporary directory, removed afterwards).
     pub store_dir: Option<PathBuf>,
+    /// The PostgreSQL connection string (required with the `postgres` store).
+    pub store_url: Option<String>,
     /// When the root agents flush (children follow the seam's own rules; see [`LoadFlush`]).
     pub flush: LoadFlush,
     /// Worker threads for agents (0: one per core).
@@ -118,6 +122,7 @@ impl Default for Scenario {
             latency: Latency::default(),
             store: LoadStore::Sled,
             store_dir: None,
+            store_url: None,
             flush: LoadFlush::OnRequest,
             workers: 0,
             in_flight: 10_000,
@@ -202,8 +207,17 @@ impl Scenario {
             }
             _ => {}
         }
-        if self.store == LoadStore::Memory && self.store_dir.is_some() {
+        if self.store != LoadStore::Sled && self.store_dir.is_some() {
             return Err(invalid("store_dir", "applies only to the sled store"));
+        }
+        match (self.store, &self.store_url) {
+            (LoadStore::Postgres, None) => {
+                return Err(invalid("store_url", "is required with the postgres store"));
+            }
+            (LoadStore::Sled | LoadStore::Memory, Some(_)) => {
+                return Err(invalid("store_url", "applies only to the postgres store"));
+            }
+            _ => {}
         }
         if self.total_children().is_none() {
             return Err(invalid("children", "makes a forest too large to count"));

@@ -175,7 +175,7 @@ pub(crate) async fn verify(
     reports: u64,
     listed: Forest,
     shutdown: Result<()>,
-    sled_dir: Option<&Path>,
+    reopen: Option<&super::run::Reopen>,
 ) -> Verified {
     let mut checks = Vec::new();
     let mut persisted = Persisted::default();
@@ -297,8 +297,8 @@ pub(crate) async fn verify(
         },
     ));
 
-    if let Some(dir) = sled_dir {
-        checks.push(match reopened(rt, dir, roots).await {
+    if let Some(reopen) = reopen {
+        checks.push(match reopened(rt, reopen, roots).await {
             Ok(forest) => {
                 let (reopened_pairs, reopened_diagnostics) = shape(&forest);
                 check(
@@ -334,19 +334,35 @@ fn with_causes(error: &crate::SubagentError) -> String {
     text
 }
 
-/// The forest a fresh runtime lists from a copy of the sled directory, taken after a flush
-/// (the original stays open in this process, and sled locks it).
-async fn reopened(rt: &Runtime, dir: &Path, roots: &[SessionId]) -> Result<Forest> {
+/// The forest a fresh runtime lists from the store reopened: a copy of the sled directory,
+/// taken after a flush (the original stays open in this process, and sled locks it), or a
+/// second connection to the database.
+async fn reopened(
+    rt: &Runtime,
+    reopen: &super::run::Reopen,
+    roots: &[SessionId],
+) -> Result<Forest> {
     if let (Some(store), Some(root)) = (rt.store(), roots.first()) {
         // A flush makes the whole database durable, whichever session it names.
         store.flush(*root).await?;
     }
-    let copy = tempfile::tempdir()
-        .map_err(|error| crate::SubagentError::store_io("creating a copy directory", error))?;
-    copy_dir(dir, copy.path())?;
-    let reopened = Runtime::builder()
-        .store(SledStore::open(copy.path())?)
-        .build()?;
+    // The copy directory lives until the listing is done.
+    let mut _copy = None;
+    let store: crate::store::SharedStore = match reopen {
+        super::run::Reopen::SledCopy(dir) => {
+            let copy = tempfile::tempdir().map_err(|error| {
+                crate::SubagentError::store_io("creating a copy directory", error)
+            })?;
+            copy_dir(dir, copy.path())?;
+            let store = std::sync::Arc::new(SledStore::open(copy.path())?);
+            _copy = Some(copy);
+            store
+        }
+        super::run::Reopen::Postgres(url) => {
+            std::sync::Arc::new(crate::store::PostgresStore::connect(url).await?)
+        }
+    };
+    let reopened = Runtime::builder().shared_store(store).build()?;
     let forest = list_forest(&reopened, roots).await;
     reopened.shutdown().await?;
     forest

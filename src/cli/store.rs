@@ -1,0 +1,93 @@
+//! The `--store` value the commands share: a sled directory, or a PostgreSQL connection string
+//! (`postgres://…`, `postgresql://…`, or libpq's `key=value` form).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use subagents::store::{PostgresStore, SharedStore};
+use subagents::{ErrorCode, SledStore, SubagentError};
+
+/// Where a command's sessions live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoreLocation {
+    /// A sled directory.
+    Sled(PathBuf),
+    /// A PostgreSQL database.
+    Postgres(String),
+}
+
+impl FromStr for StoreLocation {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.is_empty() {
+            return Err("the store must be a directory or a postgres:// URL".to_owned());
+        }
+        let postgres = text.starts_with("postgres://")
+            || text.starts_with("postgresql://")
+            || text.contains("dbname=")
+            || text.contains("host=");
+        Ok(if postgres {
+            Self::Postgres(text.to_owned())
+        } else {
+            Self::Sled(PathBuf::from(text))
+        })
+    }
+}
+
+/// The directory, or the URL without its password.
+impl fmt::Display for StoreLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Sled(dir) => write!(f, "{}", dir.display()),
+            Self::Postgres(url) => match url.parse::<tokio_postgres::Config>() {
+                Ok(config) => {
+                    let hosts: Vec<String> = config
+                        .get_hosts()
+                        .iter()
+                        .map(|host| match host {
+                            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+                        })
+                        .collect();
+                    write!(
+                        f,
+                        "PostgreSQL database {} on {}",
+                        config.get_dbname().unwrap_or("postgres"),
+                        hosts.join(",")
+                    )
+                }
+                Err(_) => f.write_str("a PostgreSQL database"),
+            },
+        }
+    }
+}
+
+impl StoreLocation {
+    /// The value to pass back as `--store` (the URL as given, password included).
+    pub(crate) fn argument(&self) -> String {
+        match self {
+            Self::Sled(dir) => dir.display().to_string(),
+            Self::Postgres(url) => format!("'{url}'"),
+        }
+    }
+
+    /// Opens the store; with `must_exist`, a sled directory that is not there is an error (a
+    /// reader must not create an empty store).
+    pub(crate) async fn open(&self, must_exist: bool) -> Result<SharedStore, SubagentError> {
+        match self {
+            Self::Sled(dir) => {
+                if must_exist && !dir.is_dir() {
+                    return Err(SubagentError::new(
+                        ErrorCode::SessionNotFound,
+                        format!("there is no store at {}", dir.display()),
+                    ));
+                }
+                Ok(Arc::new(SledStore::open(dir)?))
+            }
+            Self::Postgres(url) => Ok(Arc::new(PostgresStore::connect(url).await?)),
+        }
+    }
+}
