@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use proptest::prelude::*;
 use subagents::content::Message;
-use subagents::store::{LeaseEpoch, LeaseHolder, ListedSession};
+use subagents::store::{LeaseEpoch, LeaseHolder, ListedSession, PostgresStore};
 use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     ContentBlock, CreateAgent, ErrorCode, EventKind, MemoryStore, MessageSource, Runtime,
@@ -279,19 +279,69 @@ proptest! {
     }
 }
 
+/// A backend of the shared suite: a store, and a way to open it again as a new process would
+/// (`None` for the memory store, which lives only as long as itself).
+pub(crate) struct Backend {
+    pub(crate) name: &'static str,
+    pub(crate) store: Arc<dyn SessionPersistence>,
+    pub(crate) reopen: Option<Box<dyn Fn() -> Arc<dyn SessionPersistence>>>,
+}
+
+/// A runtime PostgreSQL's connections run on, entered for the caller's thread, so the
+/// synchronous tests drive every backend with `block_on`.
+pub(crate) fn store_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Every backend: memory, sled (a fresh directory), PostgreSQL (a fresh database). Call with
+/// [`store_runtime`] entered.
+pub(crate) fn backends() -> Vec<Backend> {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let url = crate::support::postgres::server().fresh_database();
+    let sled_dir = dir.clone();
+    vec![
+        Backend {
+            name: "memory",
+            store: Arc::new(MemoryStore::new()),
+            reopen: None,
+        },
+        Backend {
+            name: "sled",
+            store: Arc::new(SledStore::open(&dir).unwrap()),
+            reopen: Some(Box::new(move || {
+                Arc::new(SledStore::open(&sled_dir).unwrap())
+            })),
+        },
+        Backend {
+            name: "postgres",
+            store: Arc::new(block_on(PostgresStore::connect(&url)).unwrap()),
+            reopen: Some(Box::new(move || {
+                Arc::new(block_on(PostgresStore::connect(&url)).unwrap())
+            })),
+        },
+    ]
+}
+
 #[test]
 fn a_lease_fences_out_older_epochs_and_refuses_a_second_holder() {
-    for store in [
-        Arc::new(MemoryStore::new()) as Arc<dyn SessionPersistence>,
-        Arc::new(SledStore::temporary().unwrap()),
-    ] {
+    let runtime = store_runtime();
+    let _entered = runtime.enter();
+    for Backend { name, store, .. } in backends() {
         let id = SessionId::new();
         block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
         let runtime = LeaseHolder::new();
         let first = block_on(store.acquire_lease(id, runtime.clone())).unwrap();
         let second = block_on(store.acquire_lease(id, runtime.clone())).unwrap();
         assert!(second.epoch > first.epoch, "each grant is a newer epoch");
-        assert_eq!(second.ttl, None, "embedded leases need no renewal");
+        assert_eq!(
+            second.ttl.is_some(),
+            name == "postgres",
+            "{name}: embedded leases need no renewal, networked ones expire"
+        );
 
         let stale = block_on(store.append(id, 0, notes(0, 1), Some(first.epoch))).unwrap_err();
         assert_eq!(stale.code(), ErrorCode::LeaseLost);
@@ -380,10 +430,9 @@ async fn a_lease_with_a_ttl_expires_unless_renewed() {
 
 #[test]
 fn children_are_listed_by_parent_without_reading_logs() {
-    for store in [
-        Arc::new(MemoryStore::new()) as Arc<dyn SessionPersistence>,
-        Arc::new(SledStore::temporary().unwrap()),
-    ] {
+    let runtime = store_runtime();
+    let _entered = runtime.enter();
+    for Backend { store, .. } in backends() {
         let parent = SessionId::new();
         block_on(store.create(SessionHeader::new(parent), notes(0, 1))).unwrap();
         let mut children = Vec::new();
@@ -480,7 +529,7 @@ fn a_corrupt_record_is_a_typed_error_for_its_session_only() {
         .any(|row| row.header().is_some_and(|h| h.id == good)));
 }
 
-pub(crate) fn open_turn_events() -> Vec<Arc<SessionEvent>> {
+fn open_turn_events() -> Vec<Arc<SessionEvent>> {
     vec![
         Arc::new(SessionEvent::new(0, EventKind::TurnStart { turn: 1 })),
         Arc::new(SessionEvent::new(
@@ -492,21 +541,26 @@ pub(crate) fn open_turn_events() -> Vec<Arc<SessionEvent>> {
 
 #[test]
 fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
-    let dir = tempfile::tempdir().unwrap();
-    let id = SessionId::new();
+    let runtime = store_runtime();
+    let _entered = runtime.enter();
+    for Backend {
+        name,
+        store,
+        reopen,
+    } in backends()
     {
-        let store = SledStore::open(dir.path()).unwrap();
+        let id = SessionId::new();
         block_on(store.create(SessionHeader::new(id), open_turn_events())).unwrap();
         let inspected = block_on(store.inspect(id)).unwrap();
         assert_eq!(
             inspected.events.len(),
             4,
-            "step/end and turn/end were added"
+            "{name}: step/end and turn/end were added"
         );
         assert_eq!(
             block_on(store.read_from(id, 0)).unwrap().len(),
             2,
-            "inspect commits nothing"
+            "{name}: inspect commits nothing"
         );
         let prepared = block_on(store.prepare(id, None)).unwrap();
         let kinds = |events: &[Arc<SessionEvent>]| {
@@ -515,7 +569,7 @@ fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
         assert_eq!(
             kinds(&prepared.events),
             kinds(&inspected.events),
-            "both repairs agree"
+            "{name}: both agree"
         );
         assert!(matches!(
             prepared.events[3].kind,
@@ -524,15 +578,20 @@ fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
                 ..
             }
         ));
+        let Some(reopen) = reopen else { continue };
+        drop(store);
+        let reopened = reopen();
+        assert_eq!(
+            block_on(reopened.read_from(id, 0)).unwrap().len(),
+            4,
+            "{name}: the repair survived a reopen"
+        );
+        assert_eq!(
+            block_on(reopened.prepare(id, None)).unwrap().events.len(),
+            4,
+            "{name}: repair happens once"
+        );
     }
-    let reopened = SledStore::open(dir.path()).unwrap();
-    let stored = block_on(reopened.read_from(id, 0)).unwrap();
-    assert_eq!(stored.len(), 4, "the repair survived a reopen");
-    assert_eq!(
-        block_on(reopened.prepare(id, None)).unwrap().events.len(),
-        4,
-        "repair happens once"
-    );
 }
 
 #[test]
@@ -571,7 +630,14 @@ fn flushed_writes_survive_a_reopen() {
 
 #[test]
 fn a_bad_header_is_refused_at_create() {
-    let store = MemoryStore::new();
+    let runtime = store_runtime();
+    let _entered = runtime.enter();
+    for Backend { store, .. } in backends() {
+        bad_headers_are_refused(&*store);
+    }
+}
+
+fn bad_headers_are_refused(store: &dyn SessionPersistence) {
     let mut header = SessionHeader::new(SessionId::new());
     header.cwd = Some("not/absolute".into());
     assert_eq!(
@@ -660,27 +726,40 @@ fn a_store_in_the_per_event_layout_is_refused_with_a_clear_error() {
 
 #[test]
 fn a_read_from_the_middle_of_an_append_returns_exactly_the_rest() {
-    let store = SledStore::temporary().unwrap();
-    let id = SessionId::new();
-    block_on(store.create(SessionHeader::new(id), notes(0, 3))).unwrap();
-    block_on(store.append(id, 3, notes(3, 4), None)).unwrap();
-    for from in 0..=8u64 {
-        let seqs: Vec<u64> = block_on(store.read_from(id, from))
-            .unwrap()
-            .iter()
-            .map(|event| event.seq)
-            .collect();
-        assert_eq!(seqs, (from.min(7)..7).collect::<Vec<_>>(), "from {from}");
+    let runtime = store_runtime();
+    let _entered = runtime.enter();
+    for Backend { name, store, .. } in backends() {
+        let id = SessionId::new();
+        block_on(store.create(SessionHeader::new(id), notes(0, 3))).unwrap();
+        block_on(store.append(id, 3, notes(3, 4), None)).unwrap();
+        for from in 0..=8u64 {
+            let seqs: Vec<u64> = block_on(store.read_from(id, from))
+                .unwrap()
+                .iter()
+                .map(|event| event.seq)
+                .collect();
+            assert_eq!(
+                seqs,
+                (from.min(7)..7).collect::<Vec<_>>(),
+                "{name}: from {from}"
+            );
+        }
     }
 }
 
 #[test]
 fn a_leased_creation_grants_the_first_epoch_in_the_same_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let id = SessionId::new();
-    let holder = LeaseHolder::new();
+    let runtime = store_runtime();
+    let _entered = runtime.enter();
+    for Backend {
+        name,
+        store,
+        reopen,
+    } in backends()
     {
-        let store = SledStore::open(dir.path()).unwrap();
+        let Some(reopen) = reopen else { continue };
+        let id = SessionId::new();
+        let holder = LeaseHolder::new();
         let lease =
             block_on(store.create_leased(SessionHeader::new(id), notes(0, 2), holder.clone()))
                 .unwrap();
@@ -688,7 +767,7 @@ fn a_leased_creation_grants_the_first_epoch_in_the_same_write() {
         assert_eq!(
             refused.code(),
             ErrorCode::SessionLeased,
-            "the lease is held"
+            "{name}: the lease is held"
         );
         block_on(store.append(id, 2, notes(2, 1), Some(lease.epoch))).unwrap();
         // Creating the same id again is refused and grants nothing.
@@ -696,12 +775,15 @@ fn a_leased_creation_grants_the_first_epoch_in_the_same_write() {
             block_on(store.create_leased(SessionHeader::new(id), vec![], LeaseHolder::new()));
         assert_eq!(again.unwrap_err().code(), ErrorCode::SessionExists);
         block_on(store.flush(id)).unwrap();
+        block_on(store.release_lease(id, lease.epoch)).unwrap();
+        drop(store);
+        drop(holder);
+        // The epoch is durable: after a reopen the next grant fences the first one out.
+        let store = reopen();
+        let next = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
+        let stale = block_on(store.append(id, 3, notes(3, 1), Some(LeaseEpoch(1)))).unwrap_err();
+        assert_eq!(stale.code(), ErrorCode::LeaseLost, "{name}");
+        assert!(next.epoch > LeaseEpoch(1));
+        assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 3);
     }
-    // The epoch is durable: after a reopen the next grant fences the first one out.
-    let store = SledStore::open(dir.path()).unwrap();
-    let next = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
-    let stale = block_on(store.append(id, 3, notes(3, 1), Some(LeaseEpoch(1)))).unwrap_err();
-    assert_eq!(stale.code(), ErrorCode::LeaseLost);
-    assert!(next.epoch > LeaseEpoch(1));
-    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 3);
 }

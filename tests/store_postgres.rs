@@ -7,22 +7,12 @@ use std::time::Duration;
 use futures::executor::block_on;
 use proptest::prelude::*;
 use subagents::store::{LeaseHolder, ListedSession, PostgresConfig, PostgresStore};
-use subagents::{
-    ErrorCode, EventKind, SessionHeader, SessionId, SessionPersistence, TurnEndReason,
-};
+use subagents::{ErrorCode, SessionHeader, SessionId, SessionPersistence};
 
-use crate::store::{check_against_model, notes, op, open_turn_events};
+use crate::store::{check_against_model, notes, op};
 use crate::support::postgres::server;
 
-/// A tokio runtime the store's connections run on, entered for the caller's thread, so the
-/// synchronous tests can drive the store with `block_on`.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use crate::store::store_runtime as runtime;
 
 fn connect(url: &str) -> Arc<dyn SessionPersistence> {
     Arc::new(block_on(PostgresStore::connect(url)).unwrap())
@@ -159,7 +149,7 @@ fn children_are_listed_by_parent_and_a_corrupt_header_is_its_own_error() {
         let mut header = SessionHeader::new(SessionId::new());
         header.parent_session = Some(parent);
         children.push(header.id);
-        block_on(store.create(header, vec![])).unwrap();
+        block_on(store.create(header, notes(0, 1))).unwrap();
     }
     let listed: Vec<SessionId> = block_on(store.list_children(parent))
         .unwrap()
@@ -252,58 +242,15 @@ fn two_writers_racing_for_one_seq_leave_exactly_one_append() {
 }
 
 #[test]
-fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
-    let runtime = runtime();
-    let _entered = runtime.enter();
-    let (store, url) = fresh();
-    let id = SessionId::new();
-    block_on(store.create(SessionHeader::new(id), open_turn_events())).unwrap();
-    assert_eq!(block_on(store.inspect(id)).unwrap().events.len(), 4);
-    assert_eq!(
-        block_on(store.read_from(id, 0)).unwrap().len(),
-        2,
-        "inspect commits nothing"
-    );
-    let prepared = block_on(store.prepare(id, None)).unwrap();
-    assert!(matches!(
-        prepared.events[3].kind,
-        EventKind::TurnEnd {
-            reason: TurnEndReason::Interrupted,
-            ..
-        }
-    ));
-    let reconnected = block_on(PostgresStore::connect(&url)).unwrap();
-    assert_eq!(block_on(reconnected.read_from(id, 0)).unwrap().len(), 4);
-    assert_eq!(
-        block_on(reconnected.prepare(id, None))
-            .unwrap()
-            .events
-            .len(),
-        4,
-        "once"
-    );
-}
-
-#[test]
-fn a_leased_creation_grants_the_first_epoch_and_the_cache_keeps_rows() {
+fn the_projection_cache_keeps_one_row_per_unit_and_session() {
     let runtime = runtime();
     let _entered = runtime.enter();
     let (store, _) = fresh();
     let id = SessionId::new();
-    let holder = LeaseHolder::new();
-    let lease =
-        block_on(store.create_leased(SessionHeader::new(id), notes(0, 1), holder.clone())).unwrap();
-    assert_eq!(lease.epoch.0, 1);
-    block_on(store.append(id, 1, notes(1, 1), Some(lease.epoch))).unwrap();
-    assert_eq!(
-        block_on(store.acquire_lease(id, LeaseHolder::new()))
-            .unwrap_err()
-            .code(),
-        ErrorCode::SessionLeased
-    );
+    block_on(store.create(SessionHeader::new(id), notes(0, 1))).unwrap();
     assert_eq!(block_on(store.cache_get("identity", id)).unwrap(), None);
     let row = serde_json::json!({"label": "child", "seq": 1});
-    block_on(store.cache_put("identity", id, row.clone())).unwrap();
+    block_on(store.cache_put("identity", id, serde_json::json!({"old": true}))).unwrap();
     block_on(store.cache_put("identity", id, row.clone())).unwrap();
     assert_eq!(
         block_on(store.cache_get("identity", id)).unwrap(),

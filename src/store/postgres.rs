@@ -343,21 +343,24 @@ impl PostgresStore {
 
     async fn listing(&self, parent: Option<SessionId>) -> Result<Vec<ListedSession>> {
         let client = self.client().await?;
-        let rows =
-            match parent {
-                None => {
-                    client
-                        .query("SELECT id, header FROM subagents_sessions ORDER BY id", &[])
-                        .await
-                }
-                Some(parent) => client
+        let rows = match parent {
+            None => {
+                client
+                    .query("SELECT id, header FROM subagents_sessions ORDER BY id", &[])
+                    .await
+            }
+            Some(parent) => {
+                client
                     .query(
-                        "SELECT id, header FROM subagents_sessions WHERE parent = $1 ORDER BY id",
+                        // A child with no events yet has nothing to list, as on the other stores.
+                        "SELECT id, header FROM subagents_sessions
+                     WHERE parent = $1 AND next_seq > 0 ORDER BY id",
                         &[&uuid_of(parent)],
                     )
-                    .await,
+                    .await
             }
-            .map_err(io("listing sessions"))?;
+        }
+        .map_err(io("listing sessions"))?;
         Ok(rows
             .iter()
             .map(|row| {
