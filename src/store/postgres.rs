@@ -299,8 +299,12 @@ impl PostgresStore {
             .map_err(io(format!("creating session {id}")))?;
         let inserted = tx
             .execute(
-                "INSERT INTO subagents_sessions (id, parent, header, next_seq, epoch)
+                &tx.prepare_cached(
+                    "INSERT INTO subagents_sessions (id, parent, header, next_seq, epoch)
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+                )
+                .await
+                .map_err(io("preparing a statement"))?,
                 &[&uuid_of(id), &parent, &header_bytes, &next_seq, &epoch],
             )
             .await
@@ -313,8 +317,12 @@ impl PostgresStore {
         }
         if let Some(encoded) = encoded {
             tx.execute(
-                "INSERT INTO subagents_event_batches (session, first_seq, events)
+                &tx.prepare_cached(
+                    "INSERT INTO subagents_event_batches (session, first_seq, events)
                  VALUES ($1, 0, $2)",
+                )
+                .await
+                .map_err(io("preparing a statement"))?,
                 &[&uuid_of(id), &encoded],
             )
             .await
@@ -322,8 +330,12 @@ impl PostgresStore {
         }
         if let Some(holder) = &holder {
             tx.execute(
-                "INSERT INTO subagents_leases (session, holder, epoch, expires_at)
+                &tx.prepare_cached(
+                    "INSERT INTO subagents_leases (session, holder, epoch, expires_at)
                  VALUES ($1, $2, 1, now() + make_interval(secs => $3))",
+                )
+                .await
+                .map_err(io("preparing a statement"))?,
                 &[&uuid_of(id), &holder.id(), &self.ttl_interval()],
             )
             .await
@@ -346,7 +358,13 @@ impl PostgresStore {
         let rows = match parent {
             None => {
                 client
-                    .query("SELECT id, header FROM subagents_sessions ORDER BY id", &[])
+                    .query(
+                        &client
+                            .prepare_cached("SELECT id, header FROM subagents_sessions ORDER BY id")
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[],
+                    )
                     .await
             }
             Some(parent) => {
@@ -422,7 +440,9 @@ impl SessionPersistence for PostgresStore {
             // One statement: the row lock, the compare, the batch and the head move together.
             let rows = client
                 .query(
-                    "WITH head AS (
+                    &client
+                        .prepare_cached(
+                            "WITH head AS (
                          SELECT next_seq, epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE
                      ), fits AS (
                          SELECT 1 FROM head
@@ -437,6 +457,9 @@ impl SessionPersistence for PostgresStore {
                          RETURNING 1
                      )
                      SELECT next_seq, epoch, EXISTS (SELECT 1 FROM moved) FROM head",
+                        )
+                        .await
+                        .map_err(io("preparing a statement"))?,
                     &[&uuid_of(id), &expected, &epoch, &encoded, &next],
                 )
                 .await
@@ -480,7 +503,10 @@ impl SessionPersistence for PostgresStore {
             let client = self.client().await?;
             let row = client
                 .query_opt(
-                    "SELECT header FROM subagents_sessions WHERE id = $1",
+                    &client
+                        .prepare_cached("SELECT header FROM subagents_sessions WHERE id = $1")
+                        .await
+                        .map_err(io("preparing a statement"))?,
                     &[&uuid_of(id)],
                 )
                 .await
@@ -501,7 +527,9 @@ impl SessionPersistence for PostgresStore {
             let client = self.client().await?;
             let rows = client
                 .query(
-                    "SELECT s.next_seq, b.first_seq, b.events
+                    &client
+                        .prepare_cached(
+                            "SELECT s.next_seq, b.first_seq, b.events
                      FROM subagents_sessions s
                      LEFT JOIN subagents_event_batches b
                        ON b.session = s.id
@@ -511,6 +539,9 @@ impl SessionPersistence for PostgresStore {
                           WHERE session = $1 AND first_seq <= $2), 0)
                      WHERE s.id = $1
                      ORDER BY b.first_seq",
+                        )
+                        .await
+                        .map_err(io("preparing a statement"))?,
                     &[&uuid_of(id), &from],
                 )
                 .await
@@ -543,7 +574,11 @@ impl SessionPersistence for PostgresStore {
                 .map_err(io(format!("leasing session {id}")))?;
             let epoch: i64 = tx
                 .query_opt(
-                    "SELECT epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE",
+                    &tx.prepare_cached(
+                        "SELECT epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE",
+                    )
+                    .await
+                    .map_err(io("preparing a statement"))?,
                     &[&uuid_of(id)],
                 )
                 .await
@@ -552,7 +587,7 @@ impl SessionPersistence for PostgresStore {
                 .get(0);
             let held = tx
                 .query_opt(
-                    "SELECT holder, expires_at > now() FROM subagents_leases WHERE session = $1",
+                    &tx.prepare_cached("SELECT holder, expires_at > now() FROM subagents_leases WHERE session = $1").await.map_err(io("preparing a statement"))?,
                     &[&uuid_of(id)],
                 )
                 .await
@@ -570,17 +605,23 @@ impl SessionPersistence for PostgresStore {
                 .checked_add(1)
                 .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
             tx.execute(
-                "UPDATE subagents_sessions SET epoch = $2 WHERE id = $1",
+                &tx.prepare_cached("UPDATE subagents_sessions SET epoch = $2 WHERE id = $1")
+                    .await
+                    .map_err(io("preparing a statement"))?,
                 &[&uuid_of(id), &granted],
             )
             .await
             .map_err(io(format!("leasing session {id}")))?;
             tx.execute(
-                "INSERT INTO subagents_leases (session, holder, epoch, expires_at)
+                &tx.prepare_cached(
+                    "INSERT INTO subagents_leases (session, holder, epoch, expires_at)
                  VALUES ($1, $2, $3, now() + make_interval(secs => $4))
                  ON CONFLICT (session) DO UPDATE
                  SET holder = excluded.holder, epoch = excluded.epoch,
                      expires_at = excluded.expires_at",
+                )
+                .await
+                .map_err(io("preparing a statement"))?,
                 &[&uuid_of(id), &holder.id(), &granted, &self.ttl_interval()],
             )
             .await
@@ -602,8 +643,8 @@ impl SessionPersistence for PostgresStore {
             let client = self.client().await?;
             let renewed = client
                 .execute(
-                    "UPDATE subagents_leases SET expires_at = now() + make_interval(secs => $3)
-                     WHERE session = $1 AND epoch = $2",
+                    &client.prepare_cached("UPDATE subagents_leases SET expires_at = now() + make_interval(secs => $3)
+                     WHERE session = $1 AND epoch = $2").await.map_err(io("preparing a statement"))?,
                     &[&uuid_of(id), &epoch, &self.ttl_interval()],
                 )
                 .await
@@ -621,7 +662,12 @@ impl SessionPersistence for PostgresStore {
             let client = self.client().await?;
             client
                 .execute(
-                    "DELETE FROM subagents_leases WHERE session = $1 AND epoch = $2",
+                    &client
+                        .prepare_cached(
+                            "DELETE FROM subagents_leases WHERE session = $1 AND epoch = $2",
+                        )
+                        .await
+                        .map_err(io("preparing a statement"))?,
                     &[&uuid_of(id), &epoch],
                 )
                 .await
@@ -636,7 +682,7 @@ impl SessionPersistence for PostgresStore {
             let client = self.client().await?;
             let row = client
                 .query_opt(
-                    "SELECT row FROM subagents_projection_cache WHERE unit = $1 AND session = $2",
+                    &client.prepare_cached("SELECT row FROM subagents_projection_cache WHERE unit = $1 AND session = $2").await.map_err(io("preparing a statement"))?,
                     &[&unit, &uuid_of(id)],
                 )
                 .await
@@ -667,9 +713,14 @@ impl SessionPersistence for PostgresStore {
             let client = self.client().await?;
             client
                 .execute(
-                    "INSERT INTO subagents_projection_cache (unit, session, row)
+                    &client
+                        .prepare_cached(
+                            "INSERT INTO subagents_projection_cache (unit, session, row)
                      VALUES ($1, $2, $3)
                      ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
+                        )
+                        .await
+                        .map_err(io("preparing a statement"))?,
                     &[&unit, &uuid_of(id), &bytes],
                 )
                 .await
