@@ -285,6 +285,8 @@ pub(crate) struct Backend {
     pub(crate) name: &'static str,
     pub(crate) store: Arc<dyn SessionPersistence>,
     pub(crate) reopen: Option<Box<dyn Fn() -> Arc<dyn SessionPersistence>>>,
+    /// The sled directory, removed with the backend.
+    pub(crate) _dir: Option<tempfile::TempDir>,
 }
 
 /// A runtime PostgreSQL's connections run on, entered for the caller's thread, so the
@@ -300,21 +302,23 @@ pub(crate) fn store_runtime() -> tokio::runtime::Runtime {
 /// Every backend: memory, sled (a fresh directory), PostgreSQL (a fresh database). Call with
 /// [`store_runtime`] entered.
 pub(crate) fn backends() -> Vec<Backend> {
-    let dir = tempfile::tempdir().unwrap().keep();
+    let dir = tempfile::tempdir().unwrap();
     let url = crate::support::postgres::server().fresh_database();
-    let sled_dir = dir.clone();
+    let sled_dir = dir.path().to_owned();
     vec![
         Backend {
             name: "memory",
             store: Arc::new(MemoryStore::new()),
             reopen: None,
+            _dir: None,
         },
         Backend {
             name: "sled",
-            store: Arc::new(SledStore::open(&dir).unwrap()),
+            store: Arc::new(SledStore::open(dir.path()).unwrap()),
             reopen: Some(Box::new(move || {
                 Arc::new(SledStore::open(&sled_dir).unwrap())
             })),
+            _dir: Some(dir),
         },
         Backend {
             name: "postgres",
@@ -322,6 +326,7 @@ pub(crate) fn backends() -> Vec<Backend> {
             reopen: Some(Box::new(move || {
                 Arc::new(block_on(PostgresStore::connect(&url)).unwrap())
             })),
+            _dir: None,
         },
     ]
 }
@@ -456,6 +461,16 @@ fn children_are_listed_by_parent_without_reading_logs() {
         assert!(block_on(store.list_children(children[0]))
             .unwrap()
             .is_empty());
+        let all: Vec<SessionId> = block_on(store.list())
+            .unwrap()
+            .iter()
+            .filter_map(ListedSession::id)
+            .collect();
+        assert_eq!(
+            all.len(),
+            4,
+            "the parent and its three children, not the silent one"
+        );
     }
 }
 
@@ -547,6 +562,7 @@ fn inspect_repairs_in_memory_and_prepare_repairs_durably() {
         name,
         store,
         reopen,
+        ..
     } in backends()
     {
         let id = SessionId::new();
@@ -755,6 +771,7 @@ fn a_leased_creation_grants_the_first_epoch_in_the_same_write() {
         name,
         store,
         reopen,
+        ..
     } in backends()
     {
         let Some(reopen) = reopen else { continue };

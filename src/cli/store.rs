@@ -9,13 +9,28 @@ use std::sync::Arc;
 use subagents::store::{PostgresStore, SharedStore};
 use subagents::{ErrorCode, SledStore, SubagentError};
 
-/// Where a command's sessions live.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a command's sessions live. Its `Debug` and `Display` never show a password.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) enum StoreLocation {
     /// A sled directory.
     Sled(PathBuf),
     /// A PostgreSQL database.
     Postgres(String),
+}
+
+impl fmt::Debug for StoreLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreLocation({self})")
+    }
+}
+
+/// Whether `text` is libpq's `key=value …` form: every word a known-looking `key=value`.
+fn is_keyword_form(text: &str) -> bool {
+    text.split_whitespace().all(|word| {
+        word.split_once('=').is_some_and(|(key, _)| {
+            !key.is_empty() && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        })
+    })
 }
 
 impl FromStr for StoreLocation {
@@ -27,8 +42,7 @@ impl FromStr for StoreLocation {
         }
         let postgres = text.starts_with("postgres://")
             || text.starts_with("postgresql://")
-            || text.contains("dbname=")
-            || text.contains("host=");
+            || is_keyword_form(text);
         Ok(if postgres {
             Self::Postgres(text.to_owned())
         } else {
@@ -66,11 +80,12 @@ impl fmt::Display for StoreLocation {
 }
 
 impl StoreLocation {
-    /// The value to pass back as `--store` (the URL as given, password included).
+    /// The value to pass back as `--store`: the directory, or, for a database whose URL may
+    /// hold a password, a reminder to pass the same one.
     pub(crate) fn argument(&self) -> String {
         match self {
             Self::Sled(dir) => dir.display().to_string(),
-            Self::Postgres(url) => format!("'{url}'"),
+            Self::Postgres(_) => "<the same connection string>".to_owned(),
         }
     }
 
@@ -86,6 +101,9 @@ impl StoreLocation {
                     ));
                 }
                 Ok(Arc::new(SledStore::open(dir)?))
+            }
+            Self::Postgres(url) if must_exist => {
+                Ok(Arc::new(PostgresStore::connect_existing(url).await?))
             }
             Self::Postgres(url) => Ok(Arc::new(PostgresStore::connect(url).await?)),
         }

@@ -92,7 +92,9 @@ pub struct Scenario {
     pub store: LoadStore,
     /// The sled directory (default: a fresh temporary directory, removed afterwards).
     pub store_dir: Option<PathBuf>,
-    /// The PostgreSQL connection string (required with the `postgres` store).
+    /// The PostgreSQL connection string (required with the `postgres` store). Never written
+    /// out: the report's JSON leaves it out, as it may hold a password.
+    #[serde(skip_serializing)]
     pub store_url: Option<String>,
     /// When the root agents flush (children follow the seam's own rules; see [`LoadFlush`]).
     pub flush: LoadFlush,

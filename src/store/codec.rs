@@ -82,7 +82,12 @@ pub(crate) fn assemble(
                     format!("session {id}: seq gap at {next}"),
                 ));
             }
-            expected = Some(next + 1);
+            expected = Some(next.checked_add(1).ok_or_else(|| {
+                SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    format!("session {id}: a seq past the largest"),
+                )
+            })?);
             if event.seq >= from_seq && event.seq < next_seq {
                 events.push(Arc::new(event));
             }

@@ -66,13 +66,21 @@ const MIGRATIONS: &[&str] = &[
          row bytea NOT NULL,
          PRIMARY KEY (unit, session)
      );",
+    // 2: the row a flush writes (its synchronous commit makes every earlier append durable).
+    "CREATE TABLE subagents_flushes (id integer PRIMARY KEY, at timestamptz NOT NULL);",
 ];
+
+/// How long opening a connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a store call waits for a free connection before failing (`STORE_IO`).
+const POOL_WAIT: Duration = Duration::from_secs(30);
 
 /// The advisory lock key that serializes migrations across runtimes ("subagent" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7375_6261_6765_6e74;
 
 /// How a [`PostgresStore`] connects.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PostgresConfig {
     /// A libpq-style connection string or URL (`postgres://user@host/db`,
     /// `host=/run/postgresql dbname=subagents`).
@@ -82,6 +90,17 @@ pub struct PostgresConfig {
     pub lease_ttl: Duration,
     /// The most connections the pool opens (default 16).
     pub pool_size: usize,
+}
+
+/// Never shows the connection string: it may hold a password.
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &"<redacted>")
+            .field("lease_ttl", &self.lease_ttl)
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
 }
 
 impl PostgresConfig {
@@ -140,6 +159,32 @@ fn uuid_of(id: SessionId) -> uuid::Uuid {
     *id.as_uuid()
 }
 
+/// The schema version this crate writes.
+fn known_version() -> i32 {
+    i32::try_from(MIGRATIONS.len()).unwrap_or(i32::MAX)
+}
+
+/// The database's schema version, or `None` when it has no `subagents` schema.
+async fn schema_version(client: &tokio_postgres::Client) -> Result<Option<i32>> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('subagents_schema') IS NOT NULL", &[])
+        .await
+        .map_err(io("reading the schema version"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let version: i32 = client
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM subagents_schema",
+            &[],
+        )
+        .await
+        .map_err(io("reading the schema version"))?
+        .get(0);
+    Ok(Some(version))
+}
+
 impl PostgresStore {
     /// Connects with the defaults and migrates the schema.
     ///
@@ -155,13 +200,25 @@ impl PostgresStore {
     /// # Errors
     /// As [`PostgresStore::connect`].
     pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
-        let pg: tokio_postgres::Config = config.url.parse().map_err(|error| {
+        let store = Self::pool(config)?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// The store over a pool for `config`, before any connection is opened.
+    fn pool(config: PostgresConfig) -> Result<Self> {
+        let mut pg: tokio_postgres::Config = config.url.parse().map_err(|error| {
             SubagentError::new(
                 ErrorCode::InvalidConfig,
                 "the PostgreSQL connection string does not parse",
             )
             .with_source(error)
         })?;
+        // Appends commit without waiting for the disk; `flush` waits (see there).
+        pg.options("-c synchronous_commit=off");
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(CONNECT_TIMEOUT);
+        }
         let manager = Manager::from_config(
             pg,
             NoTls,
@@ -171,6 +228,9 @@ impl PostgresStore {
         );
         let pool = Pool::builder(manager)
             .max_size(config.pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
             .build()
             .map_err(|error| {
                 SubagentError::new(
@@ -184,8 +244,33 @@ impl PostgresStore {
             lease_ttl: config.lease_ttl,
             holders: Mutex::default(),
         };
-        store.migrate().await?;
         Ok(store)
+    }
+
+    /// Opens a store for reading what is there: like [`PostgresStore::connect`], but a
+    /// database without this crate's schema is refused instead of migrated, so a mistyped
+    /// database name never gets an empty store.
+    ///
+    /// # Errors
+    /// `SESSION_NOT_FOUND` when the database has no `subagents` schema; `STORE_CORRUPT` for a
+    /// schema of another version; as [`PostgresStore::connect`] otherwise.
+    pub async fn connect_existing(url: &str) -> Result<Self> {
+        let store = Self::pool(PostgresConfig::new(url))?;
+        let client = store.client().await?;
+        match schema_version(&client).await? {
+            Some(version) if version == known_version() => Ok(store),
+            Some(version) => Err(SubagentError::new(
+                ErrorCode::StoreCorrupt,
+                format!(
+                    "the database's schema is version {version}, this crate's is {}",
+                    known_version()
+                ),
+            )),
+            None => Err(SubagentError::new(
+                ErrorCode::SessionNotFound,
+                "there is no subagents store in this database",
+            )),
+        }
     }
 
     /// Applies the migrations this database has not seen, under an advisory lock.
@@ -195,6 +280,10 @@ impl PostgresStore {
             .get()
             .await
             .map_err(pool_io("connecting to PostgreSQL"))?;
+        // Up to date already: no lock and no DDL (a reader's role may not create tables).
+        if schema_version(&client).await? == Some(known_version()) {
+            return Ok(());
+        }
         let tx = client
             .transaction()
             .await
@@ -218,8 +307,8 @@ impl PostgresStore {
             .await
             .map_err(io("reading the schema version"))?
             .get(0);
-        let known = i32::try_from(MIGRATIONS.len()).unwrap_or(i32::MAX);
-        if applied > known {
+        let known = known_version();
+        if applied > known || applied < 0 {
             return Err(SubagentError::new(
                 ErrorCode::StoreCorrupt,
                 format!(
@@ -355,27 +444,26 @@ impl PostgresStore {
 
     async fn listing(&self, parent: Option<SessionId>) -> Result<Vec<ListedSession>> {
         let client = self.client().await?;
+        // A session with no events yet has nothing to list, as on the other stores.
         let rows = match parent {
             None => {
-                client
-                    .query(
-                        &client
-                            .prepare_cached("SELECT id, header FROM subagents_sessions ORDER BY id")
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[],
+                let statement = client
+                    .prepare_cached(
+                        "SELECT id, header FROM subagents_sessions WHERE next_seq > 0 ORDER BY id",
                     )
                     .await
+                    .map_err(io("listing sessions"))?;
+                client.query(&statement, &[]).await
             }
             Some(parent) => {
-                client
-                    .query(
-                        // A child with no events yet has nothing to list, as on the other stores.
+                let statement = client
+                    .prepare_cached(
                         "SELECT id, header FROM subagents_sessions
-                     WHERE parent = $1 AND next_seq > 0 ORDER BY id",
-                        &[&uuid_of(parent)],
+                         WHERE parent = $1 AND next_seq > 0 ORDER BY id",
                     )
                     .await
+                    .map_err(io("listing sessions"))?;
+                client.query(&statement, &[&uuid_of(parent)]).await
             }
         }
         .map_err(io("listing sessions"))?;
@@ -485,9 +573,34 @@ impl SessionPersistence for PostgresStore {
         })
     }
 
-    fn flush(&self, _id: SessionId) -> BoxFuture<'_, Result<()>> {
-        // Every commit is durable when it returns.
-        Box::pin(async { Ok(()) })
+    fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            // Appends commit without waiting for the disk (the connections run with
+            // synchronous_commit off). A transaction that writes and commits synchronously
+            // flushes the write-ahead log up to its own commit, so every earlier append of
+            // every session is durable once it returns.
+            let mut client = self.client().await?;
+            let tx = client
+                .transaction()
+                .await
+                .map_err(io(format!("flushing session {id}")))?;
+            tx.batch_execute("SET LOCAL synchronous_commit = on")
+                .await
+                .map_err(io(format!("flushing session {id}")))?;
+            let touch = tx
+                .prepare_cached(
+                    "INSERT INTO subagents_flushes (id, at) VALUES (1, now())
+                     ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                )
+                .await
+                .map_err(io(format!("flushing session {id}")))?;
+            tx.execute(&touch, &[])
+                .await
+                .map_err(io(format!("flushing session {id}")))?;
+            tx.commit()
+                .await
+                .map_err(io(format!("flushing session {id}")))
+        })
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
@@ -534,6 +647,7 @@ impl SessionPersistence for PostgresStore {
                      LEFT JOIN subagents_event_batches b
                        ON b.session = s.id
                       AND b.first_seq < s.next_seq
+                      AND $2 < s.next_seq
                       AND b.first_seq >= coalesce((
                           SELECT max(first_seq) FROM subagents_event_batches
                           WHERE session = $1 AND first_seq <= $2), 0)
@@ -587,7 +701,7 @@ impl SessionPersistence for PostgresStore {
                 .get(0);
             let held = tx
                 .query_opt(
-                    &tx.prepare_cached("SELECT holder, expires_at > now() FROM subagents_leases WHERE session = $1").await.map_err(io("preparing a statement"))?,
+                    &tx.prepare_cached("SELECT holder, expires_at > now() FROM subagents_leases WHERE session = $1 FOR UPDATE").await.map_err(io("preparing a statement"))?,
                     &[&uuid_of(id)],
                 )
                 .await

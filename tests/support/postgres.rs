@@ -58,6 +58,31 @@ fn start() -> TestPostgres {
             .expect("the directory opens to the postgres user");
     }
     let data = dir.join("data");
+    // Armed before anything can fail: once this test binary is gone, however it ends, the
+    // watcher stops the server (if it started) and removes the directory. It runs in a new
+    // session and ignores hangups and terminations, so cancelling the tests does not take it.
+    let quote = |path: &Path| format!("'{}'", path.display().to_string().replace('\'', "'\\''"));
+    let pg_ctl = if rustix::process::geteuid().is_root() {
+        format!("runuser -u postgres -- {}", quote(&bin.join("pg_ctl")))
+    } else {
+        quote(&bin.join("pg_ctl"))
+    };
+    let watch = format!(
+        "trap '' HUP TERM INT; while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+         if [ -d {data}/global ]; then {pg_ctl} -D {data} -m immediate stop; fi; rm -rf {dir}",
+        pid = std::process::id(),
+        data = quote(&data),
+        dir = quote(&dir),
+    );
+    let spawned = Command::new("sh")
+        .args([
+            "-c",
+            "setsid sh -c \"$0\" </dev/null >/dev/null 2>&1 &",
+            &watch,
+        ])
+        .status()
+        .expect("the watcher starts");
+    assert!(spawned.success(), "the watcher could not start");
     let initdb = pg_tool(&bin, "initdb")
         .arg("-D")
         .arg(&data)
@@ -78,7 +103,7 @@ fn start() -> TestPostgres {
         .expect("a free port number");
     let options = format!(
         "-c listen_addresses='' -k {} -p {port} -c fsync=off -c synchronous_commit=off \
-         -c full_page_writes=off -c max_connections=200",
+         -c full_page_writes=off -c max_connections=500",
         dir.display()
     );
     let started = pg_tool(&bin, "pg_ctl")
@@ -91,36 +116,29 @@ fn start() -> TestPostgres {
         .status()
         .expect("pg_ctl runs");
     assert!(started.success(), "pg_ctl could not start the server");
-    // Stop the server and remove its directory once this test binary is gone.
-    let stop = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} -D {data} -m immediate stop \
-         >/dev/null 2>&1; rm -rf {dir}",
-        pid = std::process::id(),
-        stop = if rustix::process::geteuid().is_root() {
-            format!("runuser -u postgres -- {}", bin.join("pg_ctl").display())
-        } else {
-            bin.join("pg_ctl").display().to_string()
-        },
-        data = data.display(),
-        dir = dir.display(),
-    );
-    // The outer shell backgrounds the watcher and exits at once (reaped here); the watcher
-    // lives on, reparented, past this process.
-    let spawned = Command::new("sh")
-        .args(["-c", &format!("( {stop} ) </dev/null >/dev/null 2>&1 &")])
-        .status()
-        .expect("the watcher starts");
-    assert!(spawned.success(), "the watcher could not start");
     TestPostgres {
         socket_dir: dir,
         port,
     }
 }
 
-/// The test binary's server, started on first use.
+/// The test binary's server, started on first use. A start that failed is not retried by
+/// every later test: they all report the first failure.
 pub fn server() -> &'static TestPostgres {
-    static SERVER: OnceLock<TestPostgres> = OnceLock::new();
-    SERVER.get_or_init(start)
+    static SERVER: OnceLock<Result<TestPostgres, String>> = OnceLock::new();
+    let started = SERVER.get_or_init(|| {
+        std::panic::catch_unwind(start).map_err(|panic| {
+            panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+                .unwrap_or_else(|| "the server did not start".to_owned())
+        })
+    });
+    match started {
+        Ok(server) => server,
+        Err(why) => panic!("no test PostgreSQL: {why}"),
+    }
 }
 
 impl TestPostgres {
