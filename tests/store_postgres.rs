@@ -42,7 +42,8 @@ proptest! {
 }
 
 #[test]
-fn a_lease_fences_out_older_epochs_refuses_a_second_holder_and_expires() {
+fn a_lease_expires_unless_renewed_and_its_late_writer_is_fenced_out() {
+    // (Fencing, refusal, renewal and release are the shared suite's: tests/store.rs.)
     let runtime = runtime();
     let _entered = runtime.enter();
     let url = server().fresh_database();
@@ -51,72 +52,47 @@ fn a_lease_fences_out_older_epochs_refuses_a_second_holder_and_expires() {
     let store = block_on(PostgresStore::connect_with(config)).unwrap();
     let id = SessionId::new();
     block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
-    let runtime_a = LeaseHolder::new();
-    let first = block_on(store.acquire_lease(id, runtime_a.clone())).unwrap();
-    let second = block_on(store.acquire_lease(id, runtime_a.clone())).unwrap();
-    assert!(second.epoch > first.epoch, "each grant is a newer epoch");
+    let holder = LeaseHolder::new();
+    let lease = block_on(store.acquire_lease(id, holder.clone())).unwrap();
     assert_eq!(
-        second.ttl,
+        lease.ttl,
         Some(Duration::from_millis(300)),
         "a networked lease must be renewed"
     );
-
-    let stale = block_on(store.append(id, 0, notes(0, 1), Some(first.epoch))).unwrap_err();
-    assert_eq!(stale.code(), ErrorCode::LeaseLost);
-    block_on(store.append(id, 0, notes(0, 1), Some(second.epoch))).unwrap();
-    assert_eq!(
-        block_on(store.read_from(id, 0)).unwrap().len(),
-        1,
-        "the stale write left nothing"
-    );
-
-    let other = LeaseHolder::new();
-    let refused = block_on(store.acquire_lease(id, other.clone())).unwrap_err();
-    assert_eq!(refused.code(), ErrorCode::SessionLeased);
-    assert_eq!(
-        block_on(store.renew_lease(id, first.epoch))
-            .unwrap_err()
-            .code(),
-        ErrorCode::LeaseLost
-    );
-    block_on(store.renew_lease(id, second.epoch)).unwrap();
-
-    // A stale release is a no-op; the current one frees the lease.
-    block_on(store.release_lease(id, first.epoch)).unwrap();
-    assert_eq!(
-        block_on(store.acquire_lease(id, other.clone()))
-            .unwrap_err()
-            .code(),
-        ErrorCode::SessionLeased
-    );
-    block_on(store.release_lease(id, second.epoch)).unwrap();
-    let taken = block_on(store.acquire_lease(id, other.clone())).unwrap();
-    assert!(taken.epoch > second.epoch);
-
-    // A holder of this process that is gone holds nothing.
-    drop(other);
-    let third = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
-    assert!(third.epoch > taken.epoch);
-
-    // A lease left unrenewed past its time-to-live is free for another runtime (held by a
-    // holder this process never saw, as another process's would be).
+    // Another process (a store that never saw this holder) is refused while the lease lives.
     let other_process = block_on(PostgresStore::connect(&url)).unwrap();
     let refused = block_on(other_process.acquire_lease(id, LeaseHolder::new())).unwrap_err();
     assert_eq!(refused.code(), ErrorCode::SessionLeased, "still held");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     // Waits for the server's clock to pass the expiry (a time-to-live, not an ordering).
-    while block_on(other_process.acquire_lease(id, LeaseHolder::new())).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the lease never expired"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let late = block_on(store.append(id, 1, notes(1, 1), Some(third.epoch))).unwrap_err();
+    let taken = loop {
+        match block_on(other_process.acquire_lease(id, LeaseHolder::new())) {
+            Ok(taken) => break taken,
+            Err(_) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the lease never expired"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    assert!(taken.epoch > lease.epoch);
+    let late = block_on(store.append(id, 0, notes(0, 1), Some(lease.epoch))).unwrap_err();
     assert_eq!(
         late.code(),
         ErrorCode::LeaseLost,
         "the expired holder is fenced out"
+    );
+    assert_eq!(
+        block_on(store.renew_lease(id, lease.epoch))
+            .unwrap_err()
+            .code(),
+        ErrorCode::LeaseLost
+    );
+    assert!(
+        block_on(store.read_from(id, 0)).unwrap().is_empty(),
+        "nothing of its landed"
     );
 }
 
