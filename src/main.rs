@@ -70,6 +70,10 @@ struct DemoArgs {
     /// end, printing `flushed <session-id> <events>` after each acknowledged flush.
     #[arg(long, value_name = "TURNS")]
     burst: Option<u32>,
+    /// How long a PostgreSQL lease lasts unrenewed, in milliseconds (default 30000): a
+    /// drill's process that is paused longer loses its session to whoever takes it next.
+    #[arg(long, value_name = "MS")]
+    lease_ttl_ms: Option<u64>,
     /// The model (the scripted model records `--model-name`, default `scripted-demo`).
     #[command(flatten)]
     model: cli::model::ModelArgs,
@@ -78,6 +82,7 @@ struct DemoArgs {
 /// The demo's validated plan: what the command line asked for, before any actor starts.
 struct DemoPlan {
     store: cli::store::StoreLocation,
+    lease_ttl: Option<std::time::Duration>,
     drill: Drill,
     model: DemoModel,
     model_name: String,
@@ -111,6 +116,10 @@ impl DemoPlan {
         }
         Ok(Self {
             store: args.store,
+            lease_ttl: match args.lease_ttl_ms {
+                Some(0) => return Err(usage("--lease-ttl-ms must be at least 1")),
+                ms => ms.map(std::time::Duration::from_millis),
+            },
             drill,
             model,
             model_name: args
@@ -271,7 +280,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
         }
         Drill::Burst(turns) => (1..=turns).for_each(|turn| model.push_all(scripted_turn(turn))),
     }
-    let store = plan.store.open(false).await?;
+    let store = plan.store.open_with(false, plan.lease_ttl).await?;
     let builder = Runtime::builder()
         .shared_store(store)
         .tool(word_count_tool());
@@ -335,7 +344,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
 /// and lists its agents. The store is left behind for `subagents tree`.
 async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
     let rt = Runtime::builder()
-        .shared_store(plan.store.open(false).await?)
+        .shared_store(plan.store.open_with(false, plan.lease_ttl).await?)
         .model("tour", subagents::tour::TourModel)
         .build()?;
     subagents::tour::install_tour(&rt).await?;
@@ -362,7 +371,7 @@ async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
 async fn run_forest(plan: DemoPlan) -> Result<(), Failure> {
     let model = ScriptedModel::new();
     let rt = Runtime::builder()
-        .shared_store(plan.store.open(false).await?)
+        .shared_store(plan.store.open_with(false, plan.lease_ttl).await?)
         .model("scripted", model.clone())
         .build()?;
     rt.subagents()

@@ -266,3 +266,75 @@ fn the_schema_migrates_once_and_a_newer_schema_is_refused() {
     let malformed = block_on(PostgresStore::connect("postgres://[bad")).unwrap_err();
     assert_eq!(malformed.code(), ErrorCode::InvalidConfig);
 }
+
+/// Signals `pid` (the paused-writer drill).
+fn signal(pid: u32, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
+}
+
+#[test]
+fn a_paused_writer_that_wakes_past_its_lease_is_fenced_out_and_faults() {
+    use std::io::BufRead;
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    // A writer in another process, flushing every step, turn after turn.
+    let mut writer = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "demo",
+            "--burst",
+            "100000",
+            "--lease-ttl-ms",
+            "600",
+            "--store",
+            &url,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(writer.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let id: SessionId = first.split_whitespace().nth(1).unwrap().parse().unwrap();
+    signal(writer.id(), rustix::process::Signal::STOP);
+    // The rest of its output is drained, so a full pipe never holds it.
+    let drained = std::thread::spawn(move || lines.count());
+
+    // The new owner takes the lease once it has expired, and writes under its own epoch.
+    let store = block_on(PostgresStore::connect(&url)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let lease = loop {
+        match block_on(store.acquire_lease(id, LeaseHolder::new())) {
+            Ok(lease) => break lease,
+            Err(error) => {
+                assert_eq!(error.code(), ErrorCode::SessionLeased);
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the lease never expired"
+                );
+                // The server's clock decides the expiry (a time-to-live, not an ordering).
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    let before = block_on(store.read_from(id, 0)).unwrap().len() as u64;
+    block_on(store.append(id, before, notes(before, 1), Some(lease.epoch))).unwrap();
+
+    signal(writer.id(), rustix::process::Signal::CONT);
+    let status = writer.wait().unwrap();
+    drained.join().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut writer.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(2), "the fenced writer faults: {stderr}");
+    assert!(
+        stderr.contains("LEASE_LOST") || stderr.contains("no longer current"),
+        "{stderr}"
+    );
+    let after = block_on(store.read_from(id, 0)).unwrap();
+    assert_eq!(
+        after.len() as u64,
+        before + 1,
+        "nothing of the old writer's after the new owner's epoch"
+    );
+}

@@ -92,6 +92,32 @@ impl StoreLocation {
     /// Opens the store; with `must_exist`, a sled directory that is not there is an error (a
     /// reader must not create an empty store).
     pub(crate) async fn open(&self, must_exist: bool) -> Result<SharedStore, SubagentError> {
+        self.open_with(must_exist, None).await
+    }
+
+    /// [`StoreLocation::open`] with a lease time-to-live for a PostgreSQL store.
+    ///
+    /// # Errors
+    /// `INVALID_ARGS` for a time-to-live on a sled store (its leases live in this process).
+    pub(crate) async fn open_with(
+        &self,
+        must_exist: bool,
+        lease_ttl: Option<std::time::Duration>,
+    ) -> Result<SharedStore, SubagentError> {
+        match (self, lease_ttl) {
+            (Self::Sled(_), Some(_)) => {
+                return Err(SubagentError::new(
+                    ErrorCode::InvalidArgs,
+                    "--lease-ttl-ms applies only to a PostgreSQL store",
+                ))
+            }
+            (Self::Postgres(url), Some(ttl)) => {
+                let mut config = subagents::store::PostgresConfig::new(url.clone());
+                config.lease_ttl = ttl;
+                return Ok(Arc::new(PostgresStore::connect_with(config).await?));
+            }
+            _ => {}
+        }
         match self {
             Self::Sled(dir) => {
                 if must_exist && !dir.is_dir() {
