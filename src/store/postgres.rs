@@ -67,7 +67,7 @@ const MIGRATIONS: &[&str] = &[
          PRIMARY KEY (unit, session)
      );",
     // 2: the row a flush writes (its synchronous commit makes every earlier append durable).
-    "CREATE TABLE subagents_flushes (id integer PRIMARY KEY, at timestamptz NOT NULL);",
+    "CREATE TABLE subagents_flushes (session uuid PRIMARY KEY, at timestamptz NOT NULL);",
 ];
 
 /// How long opening a connection may take.
@@ -381,58 +381,52 @@ impl PostgresStore {
         let next_seq = seq_column(u64::try_from(events.len()).unwrap_or(u64::MAX))?;
         let epoch: i64 = i64::from(holder.is_some());
         let parent = header.parent_session.map(uuid_of);
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(io(format!("creating session {id}")))?;
-        let inserted = tx
-            .execute(
-                &tx.prepare_cached(
-                    "INSERT INTO subagents_sessions (id, parent, header, next_seq, epoch)
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
-                )
-                .await
-                .map_err(io("preparing a statement"))?,
-                &[&uuid_of(id), &parent, &header_bytes, &next_seq, &epoch],
+        let holder_id = holder.as_ref().map(LeaseHolder::id);
+        let client = self.client().await?;
+        // One statement: the session, its seed and its first lease stand or fall together (the
+        // batch's and the lease's references are checked at the statement's end).
+        let statement = client
+            .prepare_cached(
+                "WITH created AS (
+                     INSERT INTO subagents_sessions (id, parent, header, next_seq, epoch)
+                     VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (id) DO NOTHING
+                     RETURNING id
+                 ), seed AS (
+                     INSERT INTO subagents_event_batches (session, first_seq, events)
+                     SELECT id, 0, $6 FROM created WHERE $6::bytea IS NOT NULL
+                 ), leased AS (
+                     INSERT INTO subagents_leases (session, holder, epoch, expires_at)
+                     SELECT id, $7, 1, now() + make_interval(secs => $8)
+                     FROM created WHERE $7::uuid IS NOT NULL
+                 )
+                 SELECT count(*) FROM created",
             )
             .await
             .map_err(io(format!("creating session {id}")))?;
-        if inserted == 0 {
+        let created: i64 = client
+            .query_one(
+                &statement,
+                &[
+                    &uuid_of(id),
+                    &parent,
+                    &header_bytes,
+                    &next_seq,
+                    &epoch,
+                    &encoded,
+                    &holder_id,
+                    &self.ttl_interval(),
+                ],
+            )
+            .await
+            .map_err(io(format!("creating session {id}")))?
+            .get(0);
+        if created == 0 {
             return Err(SubagentError::new(
                 ErrorCode::SessionExists,
                 format!("session {id} already exists"),
             ));
         }
-        if let Some(encoded) = encoded {
-            tx.execute(
-                &tx.prepare_cached(
-                    "INSERT INTO subagents_event_batches (session, first_seq, events)
-                 VALUES ($1, 0, $2)",
-                )
-                .await
-                .map_err(io("preparing a statement"))?,
-                &[&uuid_of(id), &encoded],
-            )
-            .await
-            .map_err(io(format!("creating session {id}")))?;
-        }
-        if let Some(holder) = &holder {
-            tx.execute(
-                &tx.prepare_cached(
-                    "INSERT INTO subagents_leases (session, holder, epoch, expires_at)
-                 VALUES ($1, $2, 1, now() + make_interval(secs => $3))",
-                )
-                .await
-                .map_err(io("preparing a statement"))?,
-                &[&uuid_of(id), &holder.id(), &self.ttl_interval()],
-            )
-            .await
-            .map_err(io(format!("leasing session {id}")))?;
-        }
-        tx.commit()
-            .await
-            .map_err(io(format!("creating session {id}")))?;
         Ok(holder.map(|holder| {
             self.remember(&holder);
             Lease {
@@ -579,27 +573,23 @@ impl SessionPersistence for PostgresStore {
             // synchronous_commit off). A transaction that writes and commits synchronously
             // flushes the write-ahead log up to its own commit, so every earlier append of
             // every session is durable once it returns.
-            let mut client = self.client().await?;
-            let tx = client
-                .transaction()
-                .await
-                .map_err(io(format!("flushing session {id}")))?;
-            tx.batch_execute("SET LOCAL synchronous_commit = on")
-                .await
-                .map_err(io(format!("flushing session {id}")))?;
-            let touch = tx
+            // One statement, its own transaction: the local setting holds at its commit. A
+            // row per session, so concurrent flushes never wait on each other.
+            let client = self.client().await?;
+            let touch = client
                 .prepare_cached(
-                    "INSERT INTO subagents_flushes (id, at) VALUES (1, now())
-                     ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                    "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
+                     INSERT INTO subagents_flushes (session, at)
+                     SELECT $1, now() FROM durable
+                     ON CONFLICT (session) DO UPDATE SET at = excluded.at",
                 )
                 .await
                 .map_err(io(format!("flushing session {id}")))?;
-            tx.execute(&touch, &[])
+            client
+                .execute(&touch, &[&uuid_of(id)])
                 .await
                 .map_err(io(format!("flushing session {id}")))?;
-            tx.commit()
-                .await
-                .map_err(io(format!("flushing session {id}")))
+            Ok(())
         })
     }
 
@@ -686,26 +676,28 @@ impl SessionPersistence for PostgresStore {
                 .transaction()
                 .await
                 .map_err(io(format!("leasing session {id}")))?;
-            let epoch: i64 = tx
-                .query_opt(
-                    &tx.prepare_cached(
-                        "SELECT epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE",
-                    )
-                    .await
-                    .map_err(io("preparing a statement"))?,
-                    &[&uuid_of(id)],
+            let failed = io(format!("leasing session {id}"));
+            let head = tx
+                .prepare_cached("SELECT epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE")
+                .await
+                .map_err(&failed)?;
+            let current = tx
+                .prepare_cached(
+                    "SELECT holder, expires_at > now() FROM subagents_leases
+                     WHERE session = $1 FOR UPDATE",
                 )
                 .await
-                .map_err(io(format!("leasing session {id}")))?
-                .ok_or_else(|| not_found(id))?
-                .get(0);
-            let held = tx
-                .query_opt(
-                    &tx.prepare_cached("SELECT holder, expires_at > now() FROM subagents_leases WHERE session = $1 FOR UPDATE").await.map_err(io("preparing a statement"))?,
-                    &[&uuid_of(id)],
-                )
-                .await
-                .map_err(io(format!("leasing session {id}")))?;
+                .map_err(&failed)?;
+            // Sent together (one round trip); the server runs them in order, so the session row
+            // is locked before the lease row is read.
+            let session = uuid_of(id);
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&session];
+            let (head, held) = futures::try_join!(
+                tx.query_opt(&head, &params),
+                tx.query_opt(&current, &params)
+            )
+            .map_err(&failed)?;
+            let epoch: i64 = head.ok_or_else(|| not_found(id))?.get(0);
             if let Some(held) = held {
                 let (other, live): (uuid::Uuid, bool) = (held.get(0), held.get(1));
                 if other != holder.id() && live && !self.is_gone(other) {
@@ -718,28 +710,25 @@ impl SessionPersistence for PostgresStore {
             let granted = epoch
                 .checked_add(1)
                 .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
-            tx.execute(
-                &tx.prepare_cached("UPDATE subagents_sessions SET epoch = $2 WHERE id = $1")
-                    .await
-                    .map_err(io("preparing a statement"))?,
-                &[&uuid_of(id), &granted],
-            )
-            .await
-            .map_err(io(format!("leasing session {id}")))?;
-            tx.execute(
-                &tx.prepare_cached(
-                    "INSERT INTO subagents_leases (session, holder, epoch, expires_at)
-                 VALUES ($1, $2, $3, now() + make_interval(secs => $4))
-                 ON CONFLICT (session) DO UPDATE
-                 SET holder = excluded.holder, epoch = excluded.epoch,
-                     expires_at = excluded.expires_at",
+            let grant = tx
+                .prepare_cached(
+                    "WITH fenced AS (
+                         UPDATE subagents_sessions SET epoch = $3 WHERE id = $1 RETURNING id
+                     )
+                     INSERT INTO subagents_leases (session, holder, epoch, expires_at)
+                     SELECT id, $2, $3, now() + make_interval(secs => $4) FROM fenced
+                     ON CONFLICT (session) DO UPDATE
+                     SET holder = excluded.holder, epoch = excluded.epoch,
+                         expires_at = excluded.expires_at",
                 )
                 .await
-                .map_err(io("preparing a statement"))?,
+                .map_err(&failed)?;
+            tx.execute(
+                &grant,
                 &[&uuid_of(id), &holder.id(), &granted, &self.ttl_interval()],
             )
             .await
-            .map_err(io(format!("leasing session {id}")))?;
+            .map_err(&failed)?;
             tx.commit()
                 .await
                 .map_err(io(format!("leasing session {id}")))?;
