@@ -36,7 +36,10 @@ async fn resume_on(
 }
 
 /// Starts `subagents demo` with `args` over `store`; its stdout arrives line by line.
-fn spawn_demo(args: &[&str], store: &std::path::Path) -> (Child, mpsc::Receiver<String>) {
+fn spawn_demo(
+    args: &[&str],
+    store: impl AsRef<std::ffi::OsStr>,
+) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_subagents"))
         .arg("demo")
         .args(args)
@@ -204,8 +207,9 @@ struct Forest {
 
 /// Starts `subagents demo --forest`, waits until it reports the forest durable, and kills it
 /// with SIGKILL.
-fn grow_and_kill(store: &std::path::Path) -> Forest {
-    let (mut child, received) = spawn_demo(&["--forest"], store);
+fn grow_and_kill(store: impl AsRef<std::ffi::OsStr>, extra: &[&str]) -> Forest {
+    let args: Vec<&str> = ["--forest"].iter().chain(extra).copied().collect();
+    let (mut child, received) = spawn_demo(&args, store);
     let line = received
         .recv_timeout(Duration::from_secs(60))
         .expect("the demo reports its forest (safety net: 60 s)");
@@ -247,106 +251,122 @@ fn texts<E: std::borrow::Borrow<subagents::SessionEvent>>(events: &[E]) -> Vec<S
 #[test]
 fn a_killed_forest_resumes_a_grandchild_through_its_parent_from_its_last_flushed_event() {
     let dir = tempfile::tempdir().unwrap();
-    let forest = grow_and_kill(dir.path());
+    let forest = grow_and_kill(dir.path(), &[]);
     let store = SledStore::open(dir.path()).expect("the store reopens after the crash");
+    actix::System::new().block_on(resume_killed_forest(std::sync::Arc::new(store), forest));
+}
+
+#[test]
+fn a_forest_killed_on_postgres_resumes_in_another_process_once_its_leases_expire() {
+    let url = crate::support::postgres::server().fresh_database();
+    let forest = grow_and_kill(&url, &["--lease-ttl-ms", "300"]);
+    // The dead process's leases hold until they expire (their time-to-live, unrenewed).
+    std::thread::sleep(Duration::from_millis(700));
+    actix::System::new().block_on(async move {
+        let store = subagents::store::PostgresStore::connect(&url)
+            .await
+            .expect("the database is there after the crash");
+        resume_killed_forest(std::sync::Arc::new(store), forest).await;
+    });
+}
+
+/// What a killed forest's store must let another runtime do: every node's flushed
+/// conversation is there, a node that died mid-turn is repaired, and a grandchild resumes
+/// through its cold parent from its last flushed event, resident once.
+async fn resume_killed_forest(store: std::sync::Arc<dyn SessionPersistence>, forest: Forest) {
     // What the dead process made durable: each node's conversation so far.
-    let before = block_on(store.read_from(forest.grandchild, 0)).unwrap();
+    let before = store.read_from(forest.grandchild, 0).await.unwrap();
     assert_eq!(
         texts(&before),
         ["grandchild: work on your part", "grandchild answered"]
     );
     for mid_turn in [forest.great_grandchild, forest.busy_child] {
-        let inspected = block_on(store.inspect(mid_turn)).unwrap();
+        let inspected = store.inspect(mid_turn).await.unwrap();
         assert_eq!(
             turn_ends(&inspected.events),
             [TurnEndReason::Interrupted],
             "a node that died mid-turn is repaired on load"
         );
     }
-
-    actix::System::new().block_on(async move {
-        let child_gate = subagents::testing::Gate::new();
-        let model = ScriptedModel::new();
-        // The child's resumed turn holds, so it stays resident while its own child is resumed.
-        model.push(ScriptStep::text("child again").gated(&child_gate));
-        model.push(ScriptStep::text("grandchild again"));
-        let rt = crate::support::seam_runtime_on(
-            Runtime::builder().model("scripted", model.clone()),
-            std::sync::Arc::new(store),
-        )
-        .await;
-        let root = rt
-            .agents()
-            .resume(ResumeAgent::new(forest.root))
-            .await
-            .expect("the root resumes");
-        let recorder = crate::support::SeamRecorder::new(&rt, subagents::EventScope::All);
-        // The grandchild's parent is cold too: the root wakes it first.
-        crate::support::followup_child(&rt, root.agent(), forest.child, "child: carry on")
-            .await
-            .expect("the child cold-resumes");
-        child_gate.reached().await;
-        let child = rt
-            .agents()
-            .get(forest.child)
-            .await
-            .expect("the child is live");
-        crate::support::followup_child(&rt, &child, forest.grandchild, "grandchild: and now?")
-            .await
-            .expect("the grandchild cold-resumes through its live parent");
-        crate::support::settled(&recorder, forest.grandchild, 1).await;
-        // The grandchild's conversation continued from its last flushed event.
-        let request = model
-            .requests()
-            .into_iter()
-            .find(|request| request.session_id == Some(forest.grandchild))
-            .expect("the grandchild asked its model");
-        let history: Vec<String> = request
-            .messages
-            .iter()
-            .filter(|message| !matches!(message.source, subagents::MessageSource::Plugin { .. }))
-            .map(subagents::Message::text)
-            .collect();
-        assert!(
-            history.ends_with(&[
-                "grandchild: work on your part".to_owned(),
-                "grandchild answered".to_owned(),
-                "grandchild: and now?".to_owned(),
-            ]),
-            "{history:?}"
-        );
-        let after = rt
-            .store()
-            .unwrap()
-            .read_from(forest.grandchild, 0)
-            .await
-            .unwrap();
-        assert_eq!(
-            after[..before.len()],
-            before[..],
-            "nothing flushed was lost"
-        );
-        assert_eq!(
-            texts(&after[before.len()..]),
-            ["grandchild: and now?", "grandchild again"]
-        );
-        assert!(after
-            .iter()
-            .any(|event| matches!(event.kind, EventKind::TurnStart { turn: 2 })));
-        // No session is resident twice: the child is this runtime's one Activation of it,
-        // and nothing else may load it while it lives.
-        assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 1);
-        let twice = rt
-            .agents()
-            .resume(ResumeAgent::new(forest.child))
-            .await
-            .expect_err("a resident child cannot be loaded again");
-        assert_eq!(twice.code(), subagents::ErrorCode::DuplicateAgent);
-        child_gate.release();
-        crate::support::settled(&recorder, forest.child, 1).await;
-        assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
-        root.dispose().await.unwrap();
-    });
+    let child_gate = subagents::testing::Gate::new();
+    let model = ScriptedModel::new();
+    // The child's resumed turn holds, so it stays resident while its own child is resumed.
+    model.push(ScriptStep::text("child again").gated(&child_gate));
+    model.push(ScriptStep::text("grandchild again"));
+    let rt =
+        crate::support::seam_runtime_on(Runtime::builder().model("scripted", model.clone()), store)
+            .await;
+    let root = rt
+        .agents()
+        .resume(ResumeAgent::new(forest.root))
+        .await
+        .expect("the root resumes");
+    let recorder = crate::support::SeamRecorder::new(&rt, subagents::EventScope::All);
+    // The grandchild's parent is cold too: the root wakes it first.
+    crate::support::followup_child(&rt, root.agent(), forest.child, "child: carry on")
+        .await
+        .expect("the child cold-resumes");
+    child_gate.reached().await;
+    let child = rt
+        .agents()
+        .get(forest.child)
+        .await
+        .expect("the child is live");
+    crate::support::followup_child(&rt, &child, forest.grandchild, "grandchild: and now?")
+        .await
+        .expect("the grandchild cold-resumes through its live parent");
+    crate::support::settled(&recorder, forest.grandchild, 1).await;
+    // The grandchild's conversation continued from its last flushed event.
+    let request = model
+        .requests()
+        .into_iter()
+        .find(|request| request.session_id == Some(forest.grandchild))
+        .expect("the grandchild asked its model");
+    let history: Vec<String> = request
+        .messages
+        .iter()
+        .filter(|message| !matches!(message.source, subagents::MessageSource::Plugin { .. }))
+        .map(subagents::Message::text)
+        .collect();
+    assert!(
+        history.ends_with(&[
+            "grandchild: work on your part".to_owned(),
+            "grandchild answered".to_owned(),
+            "grandchild: and now?".to_owned(),
+        ]),
+        "{history:?}"
+    );
+    let after = rt
+        .store()
+        .unwrap()
+        .read_from(forest.grandchild, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        after[..before.len()],
+        before[..],
+        "nothing flushed was lost"
+    );
+    assert_eq!(
+        texts(&after[before.len()..]),
+        ["grandchild: and now?", "grandchild again"]
+    );
+    assert!(after
+        .iter()
+        .any(|event| matches!(event.kind, EventKind::TurnStart { turn: 2 })));
+    // No session is resident twice: the child is this runtime's one Activation of it,
+    // and nothing else may load it while it lives.
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 1);
+    let twice = rt
+        .agents()
+        .resume(ResumeAgent::new(forest.child))
+        .await
+        .expect_err("a resident child cannot be loaded again");
+    assert_eq!(twice.code(), subagents::ErrorCode::DuplicateAgent);
+    child_gate.release();
+    crate::support::settled(&recorder, forest.child, 1).await;
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
+    root.dispose().await.unwrap();
 }
 
 /// Runs `subagents tree` over `store` with `args`; its standard output.
@@ -369,7 +389,7 @@ fn tree(store: &std::path::Path, args: &[&str]) -> String {
 #[test]
 fn the_tree_command_prints_a_killed_forest_from_its_store() {
     let dir = tempfile::tempdir().unwrap();
-    let forest = grow_and_kill(dir.path());
+    let forest = grow_and_kill(dir.path(), &[]);
     let trees: serde_json::Value = serde_json::from_str(&tree(dir.path(), &["--json"])).unwrap();
     assert_eq!(trees.as_array().map(Vec::len), Some(1), "{trees:#}");
     assert_eq!(trees[0]["root"], forest.root.to_string());
