@@ -146,6 +146,7 @@ provider_rows=[
  ('ACP-23','a command that cannot be started fails the start'),
  ('ACP-24','no process outlives its run: after dispose, cancel, crash, failed startup and a dropped run, the child and its grandchild are gone'),
  ('SDK-01','the SDK provider runs `subagents acp-agent` as the child and returns its answer; its messages name the SDK child'),
+ ('SDK-02','an SDK child that exits before init fails the start with its exit code and the tail of its stderr'),
 ]
 # Codex and Claude Code: the ids the tests carry (each test names the reference tests it ports in
 # its marker), titled by the test's own name.

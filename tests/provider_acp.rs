@@ -603,6 +603,44 @@ fn acp_agent_refuses_model_flags_that_do_not_fit() {
     }
 }
 
+// SDK-02
+#[actix_rt::test]
+async fn an_sdk_child_that_dies_before_its_handshake_says_why() {
+    let rt = memory_runtime(&subagents::testing::ScriptedModel::new());
+    let dir = tempfile::tempdir().unwrap();
+    let parent = rt
+        .agents()
+        .create(CreateAgent::new().cwd(dir.path()))
+        .await
+        .unwrap();
+    let config = SdkProviderConfig {
+        command: BINARY.to_owned(),
+        args: vec!["--no-such-flag".to_owned()],
+        ..SdkProviderConfig::default()
+    };
+    rt.subagents()
+        .register_provider(SdkProvider::new(config).unwrap())
+        .await
+        .unwrap()
+        .keep();
+    let error = rt
+        .subagents()
+        .start(
+            "sdk",
+            subagents::SubagentStartRequest::new(parent.agent(), text("go")),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ChildStartFailed);
+    let message = error.message();
+    assert!(message.starts_with("subagent-sdk: "), "{message}");
+    assert!(message.contains("exit code: 2"), "{message}");
+    assert!(
+        message.contains("stderr: ") && message.contains("--no-such-flag"),
+        "the child's last words: {message}"
+    );
+}
+
 // SDK-01
 #[actix_rt::test]
 async fn the_sdk_provider_delegates_to_a_subagents_process() {

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::process::{process_provider, ProcessShell};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::launch::{publish, Teardown};
+use crate::out_of_process::stderr_tail::StderrTail;
 use crate::out_of_process::{
     child_env, grace_ms, resolve_child_cwd, validate_configured_cwd, ChildProcess, ExitOutcome,
     PartialOutput, ProcessSpec, StderrMode,
@@ -108,6 +109,9 @@ struct AcpSettings {
     prefix: &'static str,
     /// What messages call the child (`ACP`, or `SDK`).
     child_kind: &'static str,
+    /// Whether a failed start says what the child wrote to stderr (the SDK provider's child is
+    /// this crate's own binary, whose last words name the problem).
+    stderr_tail: bool,
     name: String,
     argv: Vec<OsString>,
     cwd: Option<PathBuf>,
@@ -180,6 +184,7 @@ impl AcpProvider {
             shell: ProcessShell::new(AcpSettings {
                 prefix,
                 child_kind,
+                stderr_tail: child_kind == "SDK",
                 name: config.provider_name,
                 argv,
                 cwd,
@@ -251,12 +256,17 @@ async fn start_run(
         argv: settings.argv.clone(),
         cwd: cwd.clone(),
         env: child_env(std::env::vars_os(), &settings.env),
-        stderr: StderrMode::Inherit,
+        stderr: if settings.stderr_tail {
+            StderrMode::Piped
+        } else {
+            StderrMode::Inherit
+        },
         grace: settings.grace,
     })?;
     let (Some(stdin), Some(stdout)) = (process.take_stdin(), process.take_stdout()) else {
         return Err(SubagentError::bug("a child started without its pipes"));
     };
+    let stderr = process.take_stderr().map(StderrTail::forward);
     let local = request.cancel.child_token();
     let partial = PartialOutput::default();
     let shutdown = CancellationToken::new();
@@ -300,11 +310,22 @@ async fn start_run(
     };
     if let Some((error, child_closed)) = failure {
         let (before, after) = teardown.run().await;
-        return Err(if request.cancel.is_cancelled() {
-            aborted_before_start(child_kind)
+        if request.cancel.is_cancelled() {
+            return Err(aborted_before_start(child_kind));
+        }
+        let error = with_exit(error, if child_closed { after } else { before });
+        let said = match stderr {
+            Some(stderr) => stderr.text(Duration::from_secs(1)).await,
+            None => String::new(),
+        };
+        return Err(if said.is_empty() {
+            error
         } else {
-            with_exit(error, if child_closed { after } else { before })
+            SubagentError::new(error.code(), format!("{}; stderr: {said}", error.message()))
         });
+    }
+    if let Some(stderr) = stderr {
+        stderr.detach();
     }
     let output = partial.clone();
     let attempt = async move {

@@ -17,6 +17,7 @@ pub(crate) mod launch;
 pub(crate) mod ndjson;
 mod process;
 mod settle;
+pub(crate) mod stderr_tail;
 mod task;
 
 pub use config::{
