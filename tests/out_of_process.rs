@@ -345,3 +345,11 @@ async fn a_signal_names_how_the_leader_ended() {
     assert_eq!(outcome.to_string(), "signal: SIGKILL");
     assert!(process.wait_for_tree_exit(None).await);
 }
+
+// ACP-24
+#[test]
+fn a_child_cannot_start_outside_the_actor_system() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = ChildProcess::spawn(&spec("exit 0", dir.path())).unwrap_err();
+    assert_eq!(error.code(), ErrorCode::NoActorSystem);
+}

@@ -338,3 +338,10 @@ fn a_paused_writer_that_wakes_past_its_lease_is_fenced_out_and_faults() {
         "nothing of the old writer's after the new owner's epoch"
     );
 }
+
+#[test]
+fn the_store_refuses_to_run_outside_a_runtime() {
+    let url = server().fresh_database();
+    let refused = block_on(PostgresStore::connect(&url)).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::NoActorSystem);
+}

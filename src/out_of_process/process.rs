@@ -128,13 +128,20 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl ChildProcess {
-    /// Starts the child in a new process group. Must run inside the actor system (the exit
-    /// watch is a task).
+    /// Starts the child in a new process group.
     ///
     /// # Errors
     /// `CHILD_START_FAILED` when the executable cannot be started (missing, not executable, bad
-    /// cwd); the OS error is the cause.
+    /// cwd), the OS error as the cause; `NO_ACTOR_SYSTEM` outside the actor system (the exit
+    /// watch is a task).
     pub fn spawn(spec: &ProcessSpec) -> Result<Self> {
+        // The exit watch is a task: without a runtime nothing could ever see the child exit.
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            SubagentError::new(
+                ErrorCode::NoActorSystem,
+                "a child process must be started inside the actor system",
+            )
+        })?;
         let Some((program, args)) = spec.argv.split_first() else {
             return Err(SubagentError::new(
                 ErrorCode::ChildStartFailed,
@@ -188,7 +195,7 @@ impl ChildProcess {
             }
         };
         let (exited, exit) = watch::channel(None);
-        tokio::spawn(watch_exit(group, exited));
+        runtime.spawn(watch_exit(group, exited));
         tracing::debug!(pid, program = %program_name, "child process started");
         Ok(Self {
             pid,

@@ -275,11 +275,7 @@ impl PostgresStore {
 
     /// Applies the migrations this database has not seen, under an advisory lock.
     async fn migrate(&self) -> Result<()> {
-        let mut client = self
-            .pool
-            .get()
-            .await
-            .map_err(pool_io("connecting to PostgreSQL"))?;
+        let mut client = self.client().await?;
         // Up to date already: no lock and no DDL (a reader's role may not create tables).
         if schema_version(&client).await? == Some(known_version()) {
             return Ok(());
@@ -337,6 +333,13 @@ impl PostgresStore {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
+        // Connections and their timeouts run on tokio: outside a runtime they would panic.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(SubagentError::new(
+                ErrorCode::NoActorSystem,
+                "the PostgreSQL store is used inside the actor system (a tokio runtime)",
+            ));
+        }
         self.pool
             .get()
             .await
