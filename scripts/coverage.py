@@ -147,6 +147,7 @@ provider_rows=[
  ('ACP-24','no process outlives its run: after dispose, cancel, crash, failed startup and a dropped run, the child and its grandchild are gone'),
  ('SDK-01','the SDK provider runs `subagents acp-agent` as the child and returns its answer; its messages name the SDK child'),
  ('SDK-02','an SDK child that exits before init fails the start with its exit code and the tail of its stderr'),
+ ('SDK-03','the DSH SDK wire: initialize with serverInfo, client-minted session ids, session.event/session.status streaming, the output fold from assistant/message, the stop reason from the last turn/end, the shutdown request'),
 ]
 # Codex and Claude Code: the ids the tests carry (each test names the reference tests it ports in
 # its marker), titled by the test's own name.
@@ -156,9 +157,14 @@ for prefix in ('CODEX','CLAUDE'):
         first=ported[i][0].split(' ')[0].rsplit('::',1)[-1].replace('_',' ')
         provider_rows.append((i, first))
 provider_out=[]; provider_counts={'ported':0,'n/a':0,'pending':0}
+provider_na={
+ 'SDK-03':'n/a — by the issue\'s design the SDK provider launches `subagents acp-agent` and speaks ACP to it (ACP-01..24 cover that wire); the DSH SDK JSON-RPC wire has no counterpart here',
+}
 for i,t in provider_rows:
     if i in ported:
         st='; '.join(ported[i]); provider_counts['ported']+=1
+    elif i in provider_na:
+        st=provider_na[i]; provider_counts['n/a']+=1
     else:
         st='pending — issue #12'; provider_counts['pending']+=1
     provider_out.append(f'| {i} | {t.replace("|","/")} | {st} |')
@@ -176,7 +182,7 @@ providers_table=(f'## Out-of-process provider behaviors (issue #12)\n\nThe behav
   'tick by tick (Codex 35 in part, 39, 40b–f, 42–46, 50–55; Claude Code 12–14, 24, 28–33), whose subjects here are real processes covered by the ACP-24 and '
   '`out_of_process` process tests; the Claude Code SDK option projections (10, 11, 15–17), whose counterpart is the CLI invocation (CLAUDE-10); and the package, '
   'loader and real-product suites (Codex 1, 10; Claude Code 1, 9; the key-gated e2e). '
-  f'Ported: {provider_counts["ported"]}; pending: {provider_counts["pending"]}.\n\n| id | behavior | status |\n| --- | --- | --- |\n'+'\n'.join(provider_out)+'\n\n')
+  f'Ported: {provider_counts["ported"]}; not applicable: {provider_counts["n/a"]}; pending: {provider_counts["pending"]}.\n\n| id | behavior | status |\n| --- | --- | --- |\n'+'\n'.join(provider_out)+'\n\n')
 if '## Out-of-process provider behaviors' in tail:
     tail=tail[:tail.index('## Out-of-process provider behaviors')]+tail[tail.index('## Host-runtime behaviors', tail.index('## Out-of-process provider behaviors')):] if tail.count('## Host-runtime behaviors') else tail
 open('tests/COVERAGE.md','w').write(head+'| id | upstream test | status |\n| --- | --- | --- |\n'+'\n'.join(out)+'\n\n'+tools_table+providers_table+tail)
