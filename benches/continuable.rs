@@ -61,6 +61,8 @@ async fn fixture_on(store: Arc<dyn SessionPersistence>) -> Fixture {
 
 /// [`fixture_on`] with `model` answering every agent.
 async fn fixture_with(store: Arc<dyn SessionPersistence>, model: ScriptedModel) -> Fixture {
+    // A recorded request keeps a copy of its whole history: memory the runtime does not hold.
+    model.set_recording(false);
     let rt = Runtime::builder()
         .shared_store(store)
         .model("scripted", model)
