@@ -46,7 +46,8 @@ enum SlotState {
 
 /// The registry of live agents.
 pub struct AgentRegistry {
-    slots: HashMap<SessionId, Slot>,
+    /// Boxed, as the manager's residents are: buckets stay pointer-sized at a million agents.
+    slots: HashMap<SessionId, Box<Slot>>,
     /// Set by shutdown: new reservations are refused.
     closing: bool,
     /// Shutdown waits here until no creation is in progress.
@@ -93,7 +94,7 @@ impl AgentRegistry {
 
     /// Whether `owner` is exactly live and takes children (invariant 2).
     fn check_owner(&self, (owner, incarnation): Exact) -> Result<()> {
-        match self.slots.get(&owner) {
+        match self.slots.get(&owner).map(Box::as_ref) {
             Some(Slot {
                 incarnation: live,
                 state: SlotState::Live { handle, retiring },
@@ -133,12 +134,12 @@ impl AgentRegistry {
         }
         self.slots.insert(
             id,
-            Slot {
+            Box::new(Slot {
                 incarnation,
                 owner: owner.map(|(owner, _)| owner),
                 children: BTreeSet::new(),
                 state: SlotState::Reserved,
-            },
+            }),
         );
         Ok(())
     }
@@ -154,7 +155,7 @@ impl AgentRegistry {
         let agent = handle.agent();
         let exact = (agent.id(), agent.incarnation());
         let reserved = matches!(
-            self.slots.get(&exact.0),
+            self.slots.get(&exact.0).map(Box::as_ref),
             Some(Slot { incarnation, state: SlotState::Reserved, .. }) if *incarnation == exact.1
         );
         let outcome = if !reserved {
@@ -193,7 +194,7 @@ impl AgentRegistry {
     }
 
     /// Frees the id if its slot is exactly this incarnation; returns the freed slot.
-    fn remove(&mut self, (id, incarnation): Exact) -> Option<Slot> {
+    fn remove(&mut self, (id, incarnation): Exact) -> Option<Box<Slot>> {
         if self.slots.get(&id)?.incarnation != incarnation {
             return None;
         }

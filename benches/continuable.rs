@@ -12,8 +12,8 @@
 //! - `scale` (printed once after the groups, not sampled): N = 10,000 and 100,000 resident
 //!   children under one parent, each held mid-turn at a gate (a resident child that is idle
 //!   between turns settles and is released, so a held turn is what residency costs): the RSS
-//!   growth per resident child, the latency of 1,000 follow-ups enqueued to resident children
-//!   (p50 and p99), and the time to drain the whole forest.
+//!   growth and the live heap growth per resident child, the latency of 1,000 follow-ups
+//!   enqueued to resident children (p50 and p99), and the time to drain the whole forest.
 //!
 //! Run with `cargo bench --bench continuable` (`-- scale` for the scale pass alone;
 //! `SUBAGENTS_SCALE=20000,50000` for other sizes).
@@ -37,9 +37,13 @@ mod ended;
 #[path = "support/floors.rs"]
 mod floors;
 
-/// The bench runs on mimalloc, as the `subagents` binary does.
+#[path = "support/live_bytes.rs"]
+mod live_bytes;
+
+/// The bench runs on mimalloc, as the `subagents` binary does, counting live heap bytes for
+/// the scale pass.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: live_bytes::Counting = live_bytes::Counting;
 
 struct Fixture {
     rt: Runtime,
@@ -243,6 +247,7 @@ async fn scale(n: usize) {
     .await;
     let rt = fixture.rt.clone();
     let before = subagents::load::rss_bytes();
+    let heap_before = live_bytes::live_bytes();
     let began = Instant::now();
     let mut children = Vec::with_capacity(n);
     for _ in 0..n {
@@ -251,6 +256,7 @@ async fn scale(n: usize) {
     let started = began.elapsed();
     assert_eq!(subagents::testing::resident_count(rt.subagents()).await, n);
     let grown = subagents::load::rss_bytes().saturating_sub(before);
+    let heap = live_bytes::live_bytes().saturating_sub(heap_before);
     let mut latencies = Vec::with_capacity(1000);
     for child in children.iter().step_by((n / 1000).max(1)).take(1000) {
         let sent = Instant::now();
@@ -265,12 +271,13 @@ async fn scale(n: usize) {
         .expect("drain");
     let drained = drain.elapsed();
     println!(
-        "scale/{n}: start {:.2} s ({:.1} µs each), RSS +{} MiB ({} B per resident child), \
-         follow-up p50 {:.1} µs p99 {:.1} µs, drain {:.3} s",
+        "scale/{n}: start {:.2} s ({:.1} µs each), RSS +{} MiB ({} B per resident child; \
+         {} B of live heap), follow-up p50 {:.1} µs p99 {:.1} µs, drain {:.3} s",
         started.as_secs_f64(),
         started.as_secs_f64() * 1e6 / n as f64,
         grown >> 20,
         grown / n as u64,
+        heap / n,
         percentile(&latencies, 0.50).as_secs_f64() * 1e6,
         percentile(&latencies, 0.99).as_secs_f64() * 1e6,
         drained.as_secs_f64(),

@@ -109,8 +109,8 @@ pub use seam::{
     SubagentStartRequest,
 };
 pub use session::{
-    CancelCause, EventKind, FailureCategory, History, LlmFailure, SessionEvent, SessionHeader,
-    SessionLog, SessionLogView, TokenUsage, TurnEndReason,
+    CancelCause, EventKind, FailureCategory, History, HistoryEntry, LlmFailure, SessionEvent,
+    SessionHeader, SessionLog, SessionLogView, TokenUsage, TurnEndReason,
 };
 pub use stop_reason::StopReason;
 pub use store::{

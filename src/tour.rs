@@ -56,7 +56,7 @@ enum Answer {
 /// The answer to `request`: read from its last prompt (the last user message that is not a
 /// tool result) and the tool results that followed it.
 fn answer(request: &GenerateRequest) -> Answer {
-    let messages: Vec<&Message> = request.messages.iter().collect();
+    let messages: Vec<&Message> = request.messages.messages().collect();
     // Tool results and plugin context (the runtime context a child carries) are not prompts.
     let prompt_at = messages.iter().rposition(|message| {
         message.role == Role::User

@@ -324,7 +324,7 @@ async fn resume_killed_forest(store: std::sync::Arc<dyn SessionPersistence>, for
         .expect("the grandchild asked its model");
     let history: Vec<String> = request
         .messages
-        .iter()
+        .messages()
         .filter(|message| !matches!(message.source, subagents::MessageSource::Plugin { .. }))
         .map(subagents::Message::text)
         .collect();

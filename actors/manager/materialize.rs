@@ -197,7 +197,7 @@ impl Handler<Install> for ContinuationManager {
         };
         self.residents.insert(
             id,
-            Resident {
+            Box::new(Resident {
                 agent: child,
                 activation,
                 parent,
@@ -211,7 +211,7 @@ impl Handler<Install> for ContinuationManager {
                 disposal: None,
                 run: run.clone(),
                 budget,
-            },
+            }),
         );
         self.events.emit(&SubagentEvent::Start(run));
         Ok(())

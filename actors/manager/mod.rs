@@ -150,7 +150,9 @@ pub(crate) struct ContinuationManager {
     service: Addr<SubagentService>,
     events: Arc<EventBus<SubagentEvent>>,
     setup: Arc<SetupRegistry>,
-    residents: HashMap<SessionId, Resident>,
+    /// Boxed: a bucket holds a pointer, not a whole record, so a map grown for a million
+    /// children does not pay the record's size for every empty bucket.
+    residents: HashMap<SessionId, Box<Resident>>,
     materializations: HashMap<u64, Materialization>,
     /// Children whose cold resume is in flight: another delivery waits for it.
     resuming: HashMap<SessionId, Signal>,

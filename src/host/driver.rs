@@ -250,14 +250,18 @@ async fn drive_within_budget(
     turn: u64,
     claimed: Vec<Message>,
 ) -> Result<Option<Ending>, Fault> {
+    // Pinned before either branch awaits it: awaiting the future by value would move it into a
+    // second slot of this state machine, doubling the memory every held turn costs.
     let driving = drive(ctx, turn, claimed);
+    tokio::pin!(driving);
     let Some(left) = ctx.budget.as_ref().and_then(BudgetMeter::wall_time_left) else {
         return driving.await;
     };
-    tokio::pin!(driving);
     tokio::select! {
         outcome = &mut driving => outcome,
-        () = tokio::time::sleep(left) => {
+        // Boxed: the timer is as large as a held turn's whole step, and only a budget with a
+        // wall-time limit needs one.
+        () = Box::pin(tokio::time::sleep(left)) => {
             ctx.cancel.exhaust(BudgetLimit::WallTime);
             // The driver sees the cancel and closes what is open.
             driving.await
@@ -363,7 +367,7 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
         .route(ctx.options.provider.as_deref())
         .map_err(Fault::Failed)?;
     let visible = ctx.scope.tools().visible(&ctx.env.tools);
-    let request = GenerateRequest {
+    let mut stream = adapter.stream(GenerateRequest {
         provider: provider.clone(),
         model: ctx.options.model.clone(),
         messages: ctx.log.history(),
@@ -379,40 +383,35 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
         max_tokens: ctx.options.max_tokens,
         session_id: Some(ctx.agent),
         cancel: ctx.cancel.token.clone(),
-    };
-    let mut stream = adapter.stream(request);
+    });
     let mut assembler = crate::model::BlockAssembler::new();
     let mut chunk_seqs = Vec::new();
     let mut usage: Option<TokenUsage> = None;
     let mut finish: Option<FinishReason> = None;
     loop {
-        let next = tokio::select! {
+        // Matched as a temporary: only the chunk outlives this statement, so a turn waiting
+        // for room below does not also hold the received item in its state.
+        let chunk = match tokio::select! {
             biased;
             () = ctx.cancel.token.cancelled() => None,
             item = stream.next() => Some(item),
-        };
-        let item = match next {
+        } {
             None => return Err(record_interrupted(ctx, turn, step, &assembler, chunk_seqs)),
             Some(None) => break,
-            Some(Some(item)) => item,
-        };
-        match item {
-            Err(failure) if ctx.cancel.is_cancelled() => {
-                drop(failure);
+            Some(Some(Ok(chunk))) => chunk,
+            Some(Some(Err(_))) if ctx.cancel.is_cancelled() => {
                 return Err(record_interrupted(ctx, turn, step, &assembler, chunk_seqs));
             }
-            Err(failure) => return Err(Fault::Failed(failure)),
-            Ok(chunk) => {
-                ctx.reserve().await?;
-                match &chunk {
-                    StreamChunk::Usage { usage: counts } => usage = Some(*counts),
-                    StreamChunk::Finish { reason } => finish = Some(reason.clone()),
-                    _ => {}
-                }
-                assembler.push(&chunk);
-                chunk_seqs.push(ctx.append(EventKind::AssistantChunk { turn, step, chunk })?);
-            }
+            Some(Some(Err(failure))) => return Err(Fault::Failed(failure)),
+        };
+        ctx.reserve().await?;
+        match &chunk {
+            StreamChunk::Usage { usage: counts } => usage = Some(*counts),
+            StreamChunk::Finish { reason } => finish = Some(reason.clone()),
+            _ => {}
         }
+        assembler.push(&chunk);
+        chunk_seqs.push(ctx.append(EventKind::AssistantChunk { turn, step, chunk })?);
     }
     // The request (and its history snapshot) goes with the stream, before the history grows:
     // the log then extends its history in place instead of copying it.
@@ -461,7 +460,9 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
         FinishReason::MaxTokens => Some(Ending::MaxTokens),
         FinishReason::Refusal => Some(Ending::Blocked),
         _ if calls.is_empty() => Some(Ending::Completed),
-        _ => run_tools(ctx, turn, step, calls).await?,
+        // Boxed: a step that calls no tool (every held model call) does not pay for the tools'
+        // state in its own.
+        _ => Box::pin(run_tools(ctx, turn, step, calls)).await?,
     };
     Ok(match spent {
         true => Some(Ending::Exhausted(BudgetLimit::Tokens)),

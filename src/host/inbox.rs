@@ -171,10 +171,14 @@ impl Inbox {
         Ok(discarded)
     }
 
-    /// Drops journaled removals from the pending ids.
+    /// Drops journaled removals from the pending ids. An inbox that empties lets go of its
+    /// buffers: an idle or held agent keeps none, which is most of a resident child's life.
     fn forget(&mut self, removed: &[Message]) {
         for message in removed {
             self.pending.remove(&message.id);
+        }
+        if self.pending.is_empty() {
+            *self = Self::default();
         }
     }
 }

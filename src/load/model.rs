@@ -86,7 +86,7 @@ impl LoadModel {
 fn answer(request: &GenerateRequest) -> Vec<StreamChunk> {
     let last = request
         .messages
-        .iter()
+        .messages()
         .rev()
         .find(|message| !matches!(message.source, MessageSource::Plugin { .. }));
     let text = last

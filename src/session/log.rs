@@ -259,8 +259,9 @@ impl SessionLog {
         let mut event = SessionEvent::new(seq, kind);
         event.source_event_seqs = sources;
         state.shape.admit(&event)?;
+        let event = Arc::new(event);
         state.history.push(&event);
-        state.events.push(Arc::new(event));
+        state.events.push(event);
         if let Some(write_behind) = &state.write_behind {
             write_behind.wake.notify_one();
         }

@@ -21,7 +21,7 @@ pub use fold::{
     AssistantOutputFold, ConsumedWork,
 };
 pub use header::{SessionHeader, SessionOrigin, SESSION_FORMAT_VERSION};
-pub use history::History;
+pub use history::{History, HistoryEntry};
 pub use invariants::LogShape;
 pub use log::SessionLog;
 pub use repair::interrupted_turn_closers;

@@ -13,7 +13,10 @@ pub(super) fn request_body(config: &OpenAiConfig, request: &GenerateRequest) -> 
     body.insert("model".into(), Value::String(model));
     body.insert(
         "messages".into(),
-        Value::Array(wire_messages(request.system.as_deref(), &request.messages)),
+        Value::Array(wire_messages(
+            request.system.as_deref(),
+            request.messages.messages(),
+        )),
     );
     body.insert("stream".into(), Value::Bool(true));
     body.insert("stream_options".into(), json!({"include_usage": true}));
@@ -42,7 +45,10 @@ pub(super) fn wire_tool(tool: &ToolSchema) -> Value {
 }
 
 /// The system prompt and the history as chat messages.
-pub(super) fn wire_messages(system: Option<&str>, messages: &[Message]) -> Vec<Value> {
+pub(super) fn wire_messages<'a>(
+    system: Option<&str>,
+    messages: impl ExactSizeIterator<Item = &'a Message>,
+) -> Vec<Value> {
     let mut wire = Vec::with_capacity(messages.len().saturating_add(1));
     if let Some(system) = system.filter(|system| !system.is_empty()) {
         wire.push(json!({"role": "system", "content": system}));
