@@ -38,12 +38,17 @@ use crate::ids::SessionId;
 use crate::session::{SessionHeader, SessionLog};
 use crate::store::{Lease, LeaseHolder, SharedStore};
 
-/// The agents service: creates, resumes and finds agents. Cheap to clone.
+/// The agents service: creates, resumes and finds agents. Cheap to clone (one pointer: every
+/// agent reference carries one, so its size is paid per resident child, several times over).
 #[derive(Clone)]
 pub struct Agents {
+    shared: Arc<AgentsShared>,
+}
+
+struct AgentsShared {
     registry: Addr<AgentRegistry>,
     env: Arc<AgentEnv>,
-    incarnations: Arc<AtomicU64>,
+    incarnations: AtomicU64,
     workers: Option<Arc<WorkerPool>>,
     holder: LeaseHolder,
 }
@@ -79,22 +84,24 @@ struct Staged {
 impl Agents {
     pub(crate) fn start(env: Arc<AgentEnv>, workers: Option<Arc<WorkerPool>>) -> Self {
         Self {
-            registry: AgentRegistry::new(Arc::clone(&env.events)).start(),
-            env,
-            incarnations: Arc::new(AtomicU64::new(1)),
-            workers,
-            holder: LeaseHolder::new(),
+            shared: Arc::new(AgentsShared {
+                registry: AgentRegistry::new(Arc::clone(&env.events)).start(),
+                env,
+                incarnations: AtomicU64::new(1),
+                workers,
+                holder: LeaseHolder::new(),
+            }),
         }
     }
 
     /// The environment every agent shares.
     pub fn env(&self) -> &Arc<AgentEnv> {
-        &self.env
+        &self.shared.env
     }
 
     /// This runtime's lease holder: every session it drives is leased in its name.
     pub fn lease_holder(&self) -> &LeaseHolder {
-        &self.holder
+        &self.shared.holder
     }
 
     /// Creates and publishes a new agent.
@@ -118,7 +125,7 @@ impl Agents {
         let log = SessionLog::new(header, request.seed)?;
         self.publish(Staged {
             log,
-            scope: AgentScope::new(Arc::clone(&self.env.tools)),
+            scope: AgentScope::new(Arc::clone(&self.shared.env.tools)),
             options: request.options,
             setup: request.setup,
             cancel: request.cancel,
@@ -141,13 +148,14 @@ impl Agents {
     /// As [`Agents::create`].
     pub async fn resume(&self, request: ResumeAgent) -> Result<AgentHandle> {
         check_token(request.cancel.as_ref())?;
-        let store = self.env.store.clone().ok_or_else(|| {
+        let store = self.shared.env.store.clone().ok_or_else(|| {
             SubagentError::new(
                 ErrorCode::PersistenceUnavailable,
                 "resume requires session persistence",
             )
         })?;
         if self
+            .shared
             .registry
             .send(IsTaken(request.id))
             .await
@@ -158,14 +166,14 @@ impl Agents {
                 format!("agent {} is already live", request.id),
             ));
         }
-        let lease = LeaseGuard::acquire(&store, request.id, &self.holder).await?;
+        let lease = LeaseGuard::acquire(&store, request.id, &self.shared.holder).await?;
         let stored = store.prepare(request.id, Some(lease.lease.epoch)).await?;
         let stored_len =
             u64::try_from(stored.events.len()).map_err(|_| SubagentError::bug("log too long"))?;
         let log = SessionLog::from_stored(stored.header, stored.events)?;
         self.publish(Staged {
             log,
-            scope: AgentScope::new(Arc::clone(&self.env.tools)),
+            scope: AgentScope::new(Arc::clone(&self.shared.env.tools)),
             options: request.options,
             setup: request.setup,
             cancel: request.cancel,
@@ -191,32 +199,33 @@ impl Agents {
         };
         check_token(cancel.as_ref())?;
         let id = log.id();
-        let incarnation = self.incarnations.fetch_add(1, Ordering::Relaxed);
+        let incarnation = self.shared.incarnations.fetch_add(1, Ordering::Relaxed);
         let owner_exact = owner
             .as_ref()
             .map(|owner| (owner.id(), owner.incarnation()));
         // The guard exists before the reservation is sent: `send` queues the message at once,
         // so a drop at any later await is followed, in mailbox order, by its `Abandon`.
         let reservation = Reservation {
-            registry: self.registry.clone(),
+            registry: self.shared.registry.clone(),
             agent: Some((id, incarnation)),
         };
         // The token owns the creation until here; from the reservation on, creation completes
         // or fails on its own.
-        self.registry
+        self.shared
+            .registry
             .send(Reserve {
                 agent: (id, incarnation),
                 owner: owner_exact,
             })
             .await??;
-        let (next_seq, lease) = match (&self.env.store, resumed) {
+        let (next_seq, lease) = match (&self.shared.env.store, resumed) {
             (Some(_), Some((stored_len, lease))) => (stored_len, Some(lease)),
             (Some(store), None) => {
                 let initial = log.with_events(<[_]>::to_vec);
                 let count = u64::try_from(initial.len())
                     .map_err(|_| SubagentError::bug("initial log too long"))?;
                 let lease = store
-                    .create_leased(log.header(), initial, self.holder.clone())
+                    .create_leased(log.header(), initial, self.shared.holder.clone())
                     .await?;
                 (count, Some(LeaseGuard::held(store, id, lease)))
             }
@@ -238,13 +247,13 @@ impl Agents {
         let actor = AgentActor::new(
             log.clone(),
             inbox,
-            Arc::clone(&self.env),
+            Arc::clone(&self.shared.env),
             Arc::new(scope),
             options.clone(),
             disposers,
             (incarnation, self.clone()),
         );
-        let addr = match &self.workers {
+        let addr = match &self.shared.workers {
             Some(workers) => AgentActor::start_in_arbiter(&workers.next(), move |_| actor),
             None => actor.start(),
         };
@@ -255,7 +264,7 @@ impl Agents {
                 format!("agent {id} could not start: its worker has stopped"),
             ));
         }
-        if let (Some(store), Some(lease)) = (&self.env.store, lease) {
+        if let (Some(store), Some(lease)) = (&self.shared.env.store, lease) {
             let faulted = addr.downgrade();
             // From here the writer owns the lease: it renews it and releases it on close.
             log.attach(
@@ -270,7 +279,7 @@ impl Agents {
             );
         }
         let agent = AgentRef::new(id, incarnation, &addr, log, Arc::new(options), self.clone());
-        let handle = AgentHandle::new(agent, addr.clone(), self.registry.clone());
+        let handle = AgentHandle::new(agent, addr.clone(), self.shared.registry.clone());
         let publish = Publish {
             handle: handle.clone(),
             owner: owner_exact,
@@ -279,9 +288,10 @@ impl Agents {
         if owner_exact.is_none() && cancel.is_none() {
             // Nothing can refuse this publication (no owner to retire, no token to fire), so
             // it needs no reply: a lookup sent after this is handled after it.
-            self.registry.do_send(publish);
+            self.shared.registry.do_send(publish);
         } else {
             let published = self
+                .shared
                 .registry
                 .send(publish)
                 .await
@@ -298,7 +308,7 @@ impl Agents {
         }
         reservation.keep();
         tracing::debug!(session_id = %id, incarnation, "agent published");
-        self.env.events.emit(&AgentEvent {
+        self.shared.env.events.emit(&AgentEvent {
             agent: id,
             kind: AgentEventKind::Created,
         });
@@ -308,17 +318,17 @@ impl Agents {
     /// Refuses new creations (`DRAINING`) and waits until none is in progress, so a following
     /// listing sees every agent that will ever be live.
     pub(crate) async fn close(&self) {
-        let _ = self.registry.send(Close).await;
+        let _ = self.shared.registry.send(Close).await;
     }
 
     /// The live agents without a live owner: the roots of the ownership forest.
     pub(crate) async fn roots(&self) -> Vec<AgentHandle> {
-        self.registry.send(Roots).await.unwrap_or_default()
+        self.shared.registry.send(Roots).await.unwrap_or_default()
     }
 
     /// Stops the worker threads (after every agent on them was released).
     pub(crate) fn stop_workers(&self) {
-        if let Some(workers) = &self.workers {
+        if let Some(workers) = &self.shared.workers {
             workers.stop();
         }
     }
@@ -331,7 +341,7 @@ impl Agents {
     /// The owning handle of the live agent of session `id`, if any (it shares its disposal with
     /// every other handle of the agent).
     pub async fn handle(&self, id: SessionId) -> Option<AgentHandle> {
-        self.registry.send(Lookup(id)).await.ok().flatten()
+        self.shared.registry.send(Lookup(id)).await.ok().flatten()
     }
 
     /// Whether `agent` is exactly the live agent of its session (same incarnation).
@@ -341,7 +351,8 @@ impl Agents {
 
     /// Every live agent.
     pub async fn list(&self) -> Vec<AgentRef> {
-        self.registry
+        self.shared
+            .registry
             .send(ListLive)
             .await
             .unwrap_or_default()

@@ -114,8 +114,9 @@ pub enum MessageSource {
         /// The settled child's session.
         sender_session_id: SessionId,
     },
-    /// A source this crate does not know, kept verbatim.
-    Other(Value),
+    /// A source this crate does not know, kept verbatim (boxed: every message pays for the
+    /// largest source inline, and this one is rare).
+    Other(Box<Value>),
 }
 
 /// The serde shape of the known sources.
@@ -204,7 +205,7 @@ impl<'de> Deserialize<'de> for MessageSource {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = Value::deserialize(deserializer)?;
         let Ok(known) = serde_json::from_value::<KnownSource>(value.clone()) else {
-            return Ok(Self::Other(value));
+            return Ok(Self::Other(Box::new(value)));
         };
         Ok(match known {
             KnownSource::User => Self::User,

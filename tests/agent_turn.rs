@@ -78,9 +78,11 @@ async fn a_text_turn_logs_the_full_step_structure() {
         ]
     );
     let message = events.iter().find_map(|e| match &e.kind {
-        EventKind::AssistantMessage { message, usage, .. } => {
-            Some((message.clone(), *usage, e.source_event_seqs.clone()))
-        }
+        EventKind::AssistantMessage { message, usage, .. } => Some((
+            message.clone(),
+            usage.as_deref().copied(),
+            e.source_event_seqs.clone(),
+        )),
         _ => None,
     });
     let (message, usage, sources) = message.unwrap();

@@ -7,7 +7,7 @@ use subagents::model::StreamChunk;
 use subagents::session::repair::TOOL_OUTCOME_UNKNOWN;
 use subagents::session::{
     continuable_stop_reason, final_assistant_output, fold_consumed_work, interrupted_turn_closers,
-    one_shot_stop_reason, validate_seed, ConsumedWork, InboxTarget, SpliceOutcome, ToolErrorInfo,
+    one_shot_stop_reason, validate_seed, ConsumedWork, InboxTarget, SpliceOutcome,
 };
 use subagents::{
     CancelCause, ContentBlock, ErrorCode, EventKind, MessageSource, SessionEvent, SessionHeader,
@@ -100,7 +100,7 @@ fn unknown_types_load_only_when_ignorable() {
 fn unknown_message_sources_are_kept_verbatim() {
     let raw = json!({"kind": "webhook", "url": "x"});
     let source: MessageSource = serde_json::from_value(raw.clone()).unwrap();
-    assert_eq!(source, MessageSource::Other(raw.clone()));
+    assert_eq!(source, MessageSource::Other(Box::new(raw.clone())));
     assert_eq!(serde_json::to_value(&source).unwrap(), raw);
     let relay = MessageSource::SubagentReportRelay {
         sender_session_id: SessionId::new(),
@@ -483,9 +483,8 @@ fn crash_repair_closes_open_calls_the_step_and_the_turn() {
         .iter()
         .filter_map(|k| match k {
             EventKind::ToolResult {
-                error: Some(ToolErrorInfo { code, .. }),
-                ..
-            } => Some(code.as_str()),
+                error: Some(error), ..
+            } => Some(error.code.as_str()),
             _ => None,
         })
         .collect();

@@ -257,7 +257,7 @@ mod tests {
             turn,
             step: 1,
             message: Message::assistant(Vec::new(), "p", "m"),
-            usage: Some(usage),
+            usage: Some(Box::new(usage)),
             interrupted: false,
         }
     }

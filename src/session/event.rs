@@ -217,9 +217,9 @@ pub enum EventKind {
         step: u64,
         /// The message.
         message: Message,
-        /// Token counts, when the model sent them.
+        /// Token counts, when the model sent them (boxed: see `ToolResult`'s `error`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        usage: Option<TokenUsage>,
+        usage: Option<Box<TokenUsage>>,
         /// Set when the message holds what streamed before a cancel.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         interrupted: bool,
@@ -248,12 +248,13 @@ pub enum EventKind {
         step: u64,
         /// The tool-result message.
         message: Message,
-        /// Set when the call failed.
+        /// Set when the call failed (boxed, as `meta` is: every event is as large as the
+        /// largest kind, and most results carry neither).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        error: Option<ToolErrorInfo>,
+        error: Option<Box<ToolErrorInfo>>,
         /// Tool-defined metadata.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        meta: Option<Value>,
+        meta: Option<Box<Value>>,
     },
     /// The inbox journal: every inbox change, appended before the live lists change.
     #[serde(rename = "agent/inbox/spliced")]

@@ -87,10 +87,10 @@ fn closing_result(turn: u64, step: u64, call_id: CallId, name: String, code: &st
         turn,
         step,
         message: Message::tool_result(call_id, vec![ContentBlock::text(text)], true),
-        error: Some(ToolErrorInfo {
+        error: Some(Box::new(ToolErrorInfo {
             name,
             code: code.to_owned(),
-        }),
+        })),
         meta: None,
     }
 }

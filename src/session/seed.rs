@@ -62,7 +62,9 @@ pub(crate) fn free_form_json(kind: &EventKind) -> Vec<&Value> {
     }
     match kind {
         EventKind::Extension { data, .. } => vec![data],
-        EventKind::ToolResult { meta, message, .. } => meta.iter().chain(source(message)).collect(),
+        EventKind::ToolResult { meta, message, .. } => {
+            meta.as_deref().into_iter().chain(source(message)).collect()
+        }
         EventKind::UserMessage(message) | EventKind::AssistantMessage { message, .. } => {
             source(message).into_iter().collect()
         }
