@@ -20,7 +20,7 @@
 //! stays the single owner of pending work.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use std::panic::AssertUnwindSafe;
 
@@ -250,18 +250,26 @@ async fn drive_within_budget(
     turn: u64,
     claimed: Vec<Message>,
 ) -> Result<Option<Ending>, Fault> {
-    // Pinned before either branch awaits it: awaiting the future by value would move it into a
-    // second slot of this state machine, doubling the memory every held turn costs.
+    match ctx.budget.as_ref().and_then(BudgetMeter::wall_time_left) {
+        None => drive(ctx, turn, claimed).await,
+        // Boxed: only a turn racing a wall-time limit pays for the race in its state (a held
+        // turn's state is what a resident child costs).
+        Some(left) => Box::pin(drive_until(ctx, turn, claimed, left)).await,
+    }
+}
+
+/// Runs the steps of a turn, cancelling it where it stands once `left` has passed.
+async fn drive_until(
+    ctx: &TurnContext,
+    turn: u64,
+    claimed: Vec<Message>,
+    left: Duration,
+) -> Result<Option<Ending>, Fault> {
     let driving = drive(ctx, turn, claimed);
     tokio::pin!(driving);
-    let Some(left) = ctx.budget.as_ref().and_then(BudgetMeter::wall_time_left) else {
-        return driving.await;
-    };
     tokio::select! {
         outcome = &mut driving => outcome,
-        // Boxed: the timer is as large as a held turn's whole step, and only a budget with a
-        // wall-time limit needs one.
-        () = Box::pin(tokio::time::sleep(left)) => {
+        () = tokio::time::sleep(left) => {
             ctx.cancel.exhaust(BudgetLimit::WallTime);
             // The driver sees the cancel and closes what is open.
             driving.await

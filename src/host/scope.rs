@@ -5,6 +5,7 @@
 //! A child gets a new, flat scope: nothing is copied from its parent's scope. Disposing the
 //! agent unwinds the scope: its disposers run in reverse registration order.
 
+use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -17,19 +18,26 @@ use crate::session::SessionLog;
 use crate::tools::{Guard, Tool, ToolExecutionResult, ToolFilter, ToolLayer, ToolRegistry};
 
 /// A named, ordered piece of the system prompt.
+///
+/// Name and text borrow `'static` strings when they can: the runtime's own sections are
+/// constants, and every delegated child carries some, so an owned copy would be paid per child.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptSection {
     /// The section name; an agent's section shadows a global one of the same name.
-    pub name: String,
+    pub name: Cow<'static, str>,
     /// Sort key, ascending.
     pub order: f64,
     /// The text; an empty section is left out.
-    pub text: String,
+    pub text: Cow<'static, str>,
 }
 
 impl PromptSection {
     /// A section.
-    pub fn new(name: impl Into<String>, order: f64, text: impl Into<String>) -> Self {
+    pub fn new(
+        name: impl Into<Cow<'static, str>>,
+        order: f64,
+        text: impl Into<Cow<'static, str>>,
+    ) -> Self {
         Self {
             name: name.into(),
             order,
@@ -97,7 +105,7 @@ pub fn assemble_system_prompt(
     (!sections.is_empty()).then(|| {
         sections
             .iter()
-            .map(|section| section.text.as_str())
+            .map(|section| section.text.as_ref())
             .collect::<Vec<_>>()
             .join("\n\n")
     })
@@ -243,6 +251,8 @@ impl AgentScope {
     /// `user/message` that enters the next step whenever the rendered text changed.
     pub fn context(&mut self, section: PromptSection) {
         self.contexts.retain(|s| s.name != section.name);
+        // Exact: a child usually carries one or two contexts for its whole life.
+        self.contexts.reserve_exact(1);
         self.contexts.push(section);
         // Rendered once here, not at every step.
         self.rendered_context = assemble_system_prompt(&[], &self.contexts, &[])

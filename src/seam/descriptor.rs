@@ -121,14 +121,16 @@ impl SubagentDescriptor {
 
     /// The payload, absent fields omitted.
     pub fn to_json(&self) -> Value {
-        let mut payload = Map::new();
+        // Gathered first, so the map is allocated at its exact size: every child's log keeps
+        // this payload for its whole life.
+        let mut payload: Vec<(String, Value)> = Vec::with_capacity(8);
         let version = match self.budget {
             Some(_) => BUDGETED_DESCRIPTOR_VERSION,
             None => SUBAGENT_DESCRIPTOR_VERSION,
         };
-        payload.insert("version".into(), json!(version));
-        payload.insert("mode".into(), json!(self.mode.as_str()));
-        payload.insert("provider".into(), json!(self.provider));
+        payload.push(("version".into(), json!(version)));
+        payload.push(("mode".into(), json!(self.mode.as_str())));
+        payload.push(("provider".into(), json!(self.provider)));
         let optional = [
             ("label", &self.label),
             ("agentProvider", &self.agent_provider),
@@ -137,7 +139,7 @@ impl SubagentDescriptor {
         ];
         for (key, value) in optional {
             if let Some(value) = value {
-                payload.insert(key.into(), json!(value));
+                payload.push((key.into(), json!(value)));
             }
         }
         if let Some(filter) = &self.tool_filter {
@@ -148,12 +150,12 @@ impl SubagentDescriptor {
             if !filter.deny.is_empty() {
                 object.insert("deny".into(), json!(filter.deny));
             }
-            payload.insert("toolFilter".into(), Value::Object(object));
+            payload.push(("toolFilter".into(), Value::Object(object)));
         }
         if let Some(limits) = &self.budget {
-            payload.insert("budget".into(), Value::Object(budget::to_json(limits)));
+            payload.push(("budget".into(), Value::Object(budget::to_json(limits))));
         }
-        Value::Object(payload)
+        Value::Object(payload.into_iter().collect())
     }
 
     /// The `subagent/descriptor` event kind carrying this descriptor.
