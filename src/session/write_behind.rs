@@ -81,7 +81,13 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) async fn run(self) {
+    // Not an `async fn`: its argument would be kept twice in the task's state (as the captured
+    // argument and as the body's local), and every attached log has this task.
+    pub(super) fn run(self) -> impl std::future::Future<Output = ()> + Send {
+        async move { self.write_until_closed().await }
+    }
+
+    async fn write_until_closed(&self) {
         let mut renew_at = self.renewal_after(Instant::now());
         let outcome = loop {
             if let Some(at) = renew_at.filter(|at| *at <= Instant::now()) {
@@ -102,9 +108,11 @@ impl Writer {
                 Work::Idle => {
                     match renew_at {
                         Some(at) => {
+                            // Boxed: only a lease with a time-to-live needs the timer, and
+                            // the state of every idle writer would pay for it.
                             tokio::select! {
                                 () = self.wake.notified() => {}
-                                () = tokio::time::sleep_until(at) => {}
+                                () = Box::pin(tokio::time::sleep_until(at)) => {}
                             }
                         }
                         None => self.wake.notified().await,
