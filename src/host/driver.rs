@@ -116,7 +116,7 @@ pub(crate) struct TurnContext {
     pub log: SessionLog,
     pub env: Arc<AgentEnv>,
     pub scope: Arc<AgentScope>,
-    pub options: AgentOptions,
+    pub options: Arc<AgentOptions>,
     pub cancel: TurnCancel,
     pub inbox: Arc<dyn InboxPort>,
     /// The agent's budget, when it has one.

@@ -111,6 +111,12 @@ pub fn assemble_system_prompt(
     })
 }
 
+/// The runtime-context message text of `contexts`, if any section has text.
+fn render_contexts(contexts: &[PromptSection]) -> Option<String> {
+    assemble_system_prompt(&[], contexts, &[])
+        .map(|sections| format!("{RUNTIME_CONTEXT_HEADER}\n\n{sections}"))
+}
+
 /// What a pre-step hook sees.
 #[derive(Debug)]
 pub struct PreStep<'a> {
@@ -184,9 +190,10 @@ pub struct AgentScope {
     tools: ToolLayer,
     sections: Vec<PromptSection>,
     contexts: Vec<PromptSection>,
-    /// The contexts rendered as one message text, kept up to date by [`AgentScope::context`].
-    rendered_context: Option<Arc<str>>,
-    last_context: std::sync::Mutex<Option<Arc<str>>>,
+    /// The contexts as they stood when their message last entered a step. Kept as sections,
+    /// not as the rendered text: a delegated child's sections borrow static text, so this
+    /// costs a few pointers where the text would cost its length for every resident child.
+    sent_contexts: std::sync::Mutex<Option<Vec<PromptSection>>>,
     pre_step: Vec<PreStepHook>,
     step_entered: Vec<StepEnteredHook>,
     turn_stopping: Vec<TurnStoppingHook>,
@@ -210,8 +217,7 @@ impl AgentScope {
             tools: ToolLayer::default(),
             sections: Vec::new(),
             contexts: Vec::new(),
-            rendered_context: None,
-            last_context: std::sync::Mutex::new(None),
+            sent_contexts: std::sync::Mutex::new(None),
             pre_step: Vec::new(),
             step_entered: Vec::new(),
             turn_stopping: Vec::new(),
@@ -254,29 +260,31 @@ impl AgentScope {
         // Exact: a child usually carries one or two contexts for its whole life.
         self.contexts.reserve_exact(1);
         self.contexts.push(section);
-        // Rendered once here, not at every step.
-        self.rendered_context = assemble_system_prompt(&[], &self.contexts, &[])
-            .map(|sections| Arc::from(format!("{RUNTIME_CONTEXT_HEADER}\n\n{sections}")));
     }
 
     /// The runtime-context message for the next step, if the rendered contexts changed since
     /// the last one this agent saw.
     pub fn runtime_context_message(&self) -> Option<Message> {
-        let text = self.rendered_context.as_ref()?;
-        let mut last = self
-            .last_context
+        let mut sent = self
+            .sent_contexts
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if last
-            .as_ref()
-            .is_some_and(|seen| Arc::ptr_eq(seen, text) || seen == text)
-        {
+        // The same sections render the same text: the common case renders nothing.
+        if sent.as_deref() == Some(self.contexts.as_slice()) {
             return None;
         }
-        *last = Some(Arc::clone(text));
+        let text = render_contexts(&self.contexts)?;
+        let unchanged = sent
+            .as_deref()
+            .and_then(render_contexts)
+            .is_some_and(|seen| seen == text);
+        *sent = Some(self.contexts.clone());
+        if unchanged {
+            return None;
+        }
         // The header tells the model this is standing context, not a request.
         Some(Message::user(
-            vec![crate::content::ContentBlock::text(text.as_ref())],
+            vec![crate::content::ContentBlock::text(text)],
             crate::content::MessageSource::Plugin {
                 plugin: RUNTIME_CONTEXT_PLUGIN.to_owned(),
             },
@@ -418,5 +426,54 @@ where
     ) -> BoxFuture<'a, Result<Option<SetupCommit>>> {
         let outcome = (*self)(scope, log);
         Box::pin(futures::future::ready(outcome))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::ToolRegistry;
+
+    fn scope() -> AgentScope {
+        AgentScope::new(Arc::new(ToolRegistry::new()))
+    }
+
+    fn sent_text(scope: &AgentScope) -> Option<String> {
+        scope
+            .runtime_context_message()
+            .map(|message| message.text())
+    }
+
+    #[test]
+    fn a_runtime_context_enters_once_and_again_only_when_its_text_changes() {
+        let mut scope = scope();
+        assert_eq!(sent_text(&scope), None, "no context, no message");
+        scope.context(PromptSection::new("policy", 1.0, "read only"));
+        let first = sent_text(&scope).expect("the first context is sent");
+        assert!(first.starts_with(RUNTIME_CONTEXT_HEADER) && first.ends_with("read only"));
+        assert_eq!(
+            sent_text(&scope),
+            None,
+            "an unchanged context is not sent again"
+        );
+
+        scope.context(PromptSection::new("policy", 1.0, String::from("read only")));
+        assert_eq!(
+            sent_text(&scope),
+            None,
+            "the same text set again is unchanged"
+        );
+
+        scope.context(PromptSection::new("policy", 1.0, "read write"));
+        scope.context(PromptSection::new("policy", 1.0, "read only"));
+        assert_eq!(
+            sent_text(&scope),
+            None,
+            "a change undone before the next step leaves what the model saw"
+        );
+
+        scope.context(PromptSection::new("depth", 0.5, "depth 2"));
+        let second = sent_text(&scope).expect("a new section changes the text");
+        assert!(second.contains("depth 2\n\nread only"), "{second}");
     }
 }
