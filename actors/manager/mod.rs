@@ -144,6 +144,17 @@ struct Resident {
     budget: BudgetMeter,
 }
 
+impl Resident {
+    /// Forgets an accepted send. The set lets go of its buffer once empty: a resident child
+    /// holds none between sends, and there may be a million of them.
+    fn forget_accepted(&mut self, id: &MessageId) {
+        self.accepted.remove(id);
+        if self.accepted.is_empty() {
+            self.accepted = HashSet::new();
+        }
+    }
+}
+
 /// The continuation manager actor.
 pub(crate) struct ContinuationManager {
     agents: Agents,
@@ -475,7 +486,7 @@ impl Handler<Refused> for ContinuationManager {
 
     fn handle(&mut self, msg: Refused, ctx: &mut Context<Self>) {
         if let Some(resident) = self.residents.get_mut(&msg.child) {
-            resident.accepted.remove(&msg.message);
+            resident.forget_accepted(&msg.message);
             self.evaluate(msg.child, ctx);
         }
     }
@@ -498,16 +509,16 @@ impl Handler<AgentActivity> for ContinuationManager {
         };
         match msg.activity {
             Activity::Claimed(id) => {
-                resident.accepted.remove(&id);
+                resident.forget_accepted(&id);
                 resident.busy = true;
             }
             Activity::Discarded(id) => {
-                resident.accepted.remove(&id);
+                resident.forget_accepted(&id);
             }
             Activity::Idle => resident.busy = false,
             // Accepted work a faulted agent holds will never be claimed: it no longer keeps
             // the Activation resident, so the child settles (its teardown reports the fault).
-            Activity::Faulted => resident.accepted.clear(),
+            Activity::Faulted => resident.accepted = HashSet::new(),
         }
         self.evaluate(msg.child, ctx);
     }

@@ -173,8 +173,11 @@ impl TurnContext {
 
     /// Waits for room in the write-behind queue (backpressure); a fault ends the turn.
     async fn reserve(&self) -> Result<(), Fault> {
-        self.log
-            .reserve()
+        if self.log.has_room() {
+            return Ok(());
+        }
+        // Boxed: the queue is rarely full, and a held turn's state should not carry the wait.
+        Box::pin(self.log.reserve())
             .await
             .map_err(|_| Fault::Failed(self.fault_failure()))
     }
@@ -374,28 +377,27 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
         .models
         .route(ctx.options.provider.as_deref())
         .map_err(Fault::Failed)?;
-    let visible = ctx.scope.tools().visible(&ctx.env.tools);
-    let mut stream = adapter.stream(GenerateRequest {
-        provider: provider.clone(),
-        model: ctx.options.model.clone(),
-        messages: ctx.log.history(),
-        system: assemble_system_prompt(
-            &ctx.env.sections,
-            ctx.scope.sections(),
-            &visible
-                .iter()
-                .filter_map(|tool| tool.guidance())
-                .collect::<Vec<_>>(),
-        ),
-        tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
-        max_tokens: ctx.options.max_tokens,
-        session_id: Some(ctx.agent),
-        cancel: ctx.cancel.token.clone(),
-    });
-    let mut assembler = crate::model::BlockAssembler::new();
-    let mut chunk_seqs = Vec::new();
-    let mut usage: Option<TokenUsage> = None;
-    let mut finish: Option<FinishReason> = None;
+    let mut stream = {
+        let visible = ctx.scope.tools().visible(&ctx.env.tools);
+        adapter.stream(GenerateRequest {
+            provider: provider.clone(),
+            model: ctx.options.model.clone(),
+            messages: ctx.log.history(),
+            system: assemble_system_prompt(
+                &ctx.env.sections,
+                ctx.scope.sections(),
+                &visible
+                    .iter()
+                    .filter_map(|tool| tool.guidance())
+                    .collect::<Vec<_>>(),
+            ),
+            tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
+            max_tokens: ctx.options.max_tokens,
+            session_id: Some(ctx.agent),
+            cancel: ctx.cancel.token.clone(),
+        })
+    };
+    let mut streamed = Streamed::default();
     loop {
         // Matched as a temporary: only the chunk outlives this statement, so a turn waiting
         // for room below does not also hold the received item in its state.
@@ -404,38 +406,101 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
             () = ctx.cancel.token.cancelled() => None,
             item = stream.next() => Some(item),
         } {
-            None => return Err(record_interrupted(ctx, turn, step, &assembler, chunk_seqs)),
+            None => {
+                return Err(record_interrupted(
+                    ctx,
+                    turn,
+                    step,
+                    &streamed.assembler,
+                    streamed.chunk_seqs,
+                ))
+            }
             Some(None) => break,
             Some(Some(Ok(chunk))) => chunk,
             Some(Some(Err(_))) if ctx.cancel.is_cancelled() => {
-                return Err(record_interrupted(ctx, turn, step, &assembler, chunk_seqs));
+                return Err(record_interrupted(
+                    ctx,
+                    turn,
+                    step,
+                    &streamed.assembler,
+                    streamed.chunk_seqs,
+                ));
             }
             Some(Some(Err(failure))) => return Err(Fault::Failed(failure)),
         };
         ctx.reserve().await?;
         match &chunk {
-            StreamChunk::Usage { usage: counts } => usage = Some(*counts),
-            StreamChunk::Finish { reason } => finish = Some(reason.clone()),
+            StreamChunk::Usage { usage } => streamed.usage = Some(Box::new(*usage)),
+            StreamChunk::Finish { reason } => streamed.finish = Some(Box::new(reason.clone())),
             _ => {}
         }
-        assembler.push(&chunk);
-        chunk_seqs.push(ctx.append(EventKind::AssistantChunk { turn, step, chunk })?);
+        streamed.assembler.push(&chunk);
+        let seq = ctx.append(EventKind::AssistantChunk { turn, step, chunk })?;
+        streamed.chunk_seqs.push(seq);
     }
     // The request (and its history snapshot) goes with the stream, before the history grows:
     // the log then extends its history in place instead of copying it.
     drop(stream);
-    let finish = finish.unwrap_or(FinishReason::Stop);
+    let (answered, spent) = conclude_step(ctx, turn, step, &provider, streamed)?;
+    let ending = match answered {
+        Answered::Ended(ending) => ending,
+        // Boxed: a step that calls no tool (every held model call) does not pay for the tools'
+        // state in its own.
+        Answered::Called(calls) => Box::pin(run_tools(ctx, turn, step, calls)).await?,
+    };
+    Ok(match spent {
+        true => Some(Ending::Exhausted(BudgetLimit::Tokens)),
+        false => ending,
+    })
+}
+
+/// What a step's response streamed so far. The rarely set parts are boxed: a turn held on its
+/// model call keeps this in its state, and a resident child is mostly that state.
+#[derive(Default)]
+struct Streamed {
+    assembler: crate::model::BlockAssembler,
+    chunk_seqs: Vec<u64>,
+    usage: Option<Box<TokenUsage>>,
+    finish: Option<Box<FinishReason>>,
+}
+
+/// What a step's answer asks for next.
+enum Answered {
+    /// The step ended (how, if the answer says).
+    Ended(Option<Ending>),
+    /// The model called tools: they run before the step ends.
+    Called(Vec<(CallId, String, String)>),
+}
+
+/// Appends the step's assistant message from what streamed, and says what comes next and
+/// whether the message spent the token budget.
+fn conclude_step(
+    ctx: &TurnContext,
+    turn: u64,
+    step: u64,
+    provider: &str,
+    streamed: Streamed,
+) -> Result<(Answered, bool), Fault> {
+    let finish = streamed.finish.map_or(FinishReason::Stop, |finish| *finish);
     let content = match &finish {
         FinishReason::Error { failure } | FinishReason::Aborted { failure } => {
             if ctx.cancel.is_cancelled() {
-                return Err(record_interrupted(ctx, turn, step, &assembler, chunk_seqs));
+                return Err(record_interrupted(
+                    ctx,
+                    turn,
+                    step,
+                    &streamed.assembler,
+                    streamed.chunk_seqs,
+                ));
             }
             return Err(Fault::Failed(failure.clone()));
         }
-        FinishReason::MaxTokens => assembler.text_blocks(),
-        FinishReason::Stop | FinishReason::ToolCalls | FinishReason::Refusal => assembler.blocks(),
+        FinishReason::MaxTokens => streamed.assembler.text_blocks(),
+        FinishReason::Stop | FinishReason::ToolCalls | FinishReason::Refusal => {
+            streamed.assembler.blocks()
+        }
     };
-    let message = Message::assistant(content, &provider, &ctx.options.model);
+    let message = Message::assistant(content, provider, &ctx.options.model);
     let calls: Vec<(CallId, String, String)> = message
         .content
         .iter()
@@ -450,7 +515,7 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
         .collect();
     // The step that reaches the token limit is the turn's last; its tool calls still run, so
     // the history stays whole.
-    let spent = match (&ctx.budget, &usage) {
+    let spent = match (&ctx.budget, &streamed.usage) {
         (Some(meter), Some(usage)) => meter.charge_tokens(usage),
         _ => false,
     };
@@ -459,23 +524,18 @@ async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Endi
             turn,
             step,
             message,
-            usage: usage.map(Box::new),
+            usage: streamed.usage,
             interrupted: false,
         },
-        chunk_seqs,
+        streamed.chunk_seqs,
     )?;
-    let ending = match finish {
-        FinishReason::MaxTokens => Some(Ending::MaxTokens),
-        FinishReason::Refusal => Some(Ending::Blocked),
-        _ if calls.is_empty() => Some(Ending::Completed),
-        // Boxed: a step that calls no tool (every held model call) does not pay for the tools'
-        // state in its own.
-        _ => Box::pin(run_tools(ctx, turn, step, calls)).await?,
+    let answered = match finish {
+        FinishReason::MaxTokens => Answered::Ended(Some(Ending::MaxTokens)),
+        FinishReason::Refusal => Answered::Ended(Some(Ending::Blocked)),
+        _ if calls.is_empty() => Answered::Ended(Some(Ending::Completed)),
+        _ => Answered::Called(calls),
     };
-    Ok(match spent {
-        true => Some(Ending::Exhausted(BudgetLimit::Tokens)),
-        false => ending,
-    })
+    Ok((answered, spent))
 }
 
 /// Records what streamed before a cancel (non-blank text or reasoning only) and reports the

@@ -62,10 +62,18 @@ pub(super) struct LogState {
     pub(super) history: Projection,
     pub(super) write_behind: Option<WriteBehind>,
     /// The first failed durable write; set once, never cleared.
-    pub(super) fault: Option<SubagentError>,
+    /// Boxed: every live log carries the field, and almost none ever fault.
+    pub(super) fault: Option<Box<SubagentError>>,
     /// A reader's memo that lives and dies with the live log (the projection registry's
     /// watermark cells), so it needs no registry of its own.
     pub(super) memo: Option<Box<dyn std::any::Any + Send>>,
+}
+
+/// Whether the write-behind queue is full: as many events wait for the store as it may hold.
+fn backlog_full(state: &LogState) -> bool {
+    state.write_behind.as_ref().is_some_and(|write_behind| {
+        len_of(&state.events).saturating_sub(write_behind.written) >= WRITE_BEHIND_LIMIT
+    })
 }
 
 impl std::fmt::Debug for SessionLog {
@@ -273,7 +281,7 @@ impl SessionLog {
         if !self.inner.faulted.load(Ordering::Acquire) {
             return None;
         }
-        self.lock().fault.clone()
+        self.lock().fault.as_deref().cloned()
     }
 
     /// Whether a durable write of this log failed.
@@ -329,7 +337,7 @@ impl SessionLog {
         let first_close = {
             let mut state = self.lock();
             if let Some(fault) = &state.fault {
-                return Err(fault.clone());
+                return Err(SubagentError::clone(fault));
             }
             let Some(write_behind) = state.write_behind.as_mut() else {
                 return Ok(());
@@ -370,39 +378,32 @@ impl SessionLog {
             let room = {
                 let state = self.lock();
                 if let Some(fault) = &state.fault {
-                    return Err(fault.clone());
+                    return Err(SubagentError::clone(fault));
                 }
-                let backlog = match &state.write_behind {
-                    Some(write_behind) => {
-                        len_of(&state.events).saturating_sub(write_behind.written)
-                    }
-                    None => return Ok(()),
-                };
-                if backlog < WRITE_BEHIND_LIMIT {
-                    return Ok(());
+                match state.write_behind.as_ref() {
+                    Some(write_behind) if backlog_full(&state) => Arc::clone(&write_behind.room),
+                    _ => return Ok(()),
                 }
-                state
-                    .write_behind
-                    .as_ref()
-                    .map(|write_behind| Arc::clone(&write_behind.room))
             };
-            let Some(room) = room else { return Ok(()) };
             let notified = room.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Re-check after enabling: the writer may have made room in between.
             let backlog_left = {
                 let state = self.lock();
-                state.fault.is_none()
-                    && state.write_behind.as_ref().is_some_and(|write_behind| {
-                        len_of(&state.events).saturating_sub(write_behind.written)
-                            >= WRITE_BEHIND_LIMIT
-                    })
+                state.fault.is_none() && backlog_full(&state)
             };
             if backlog_left {
                 notified.await;
             }
         }
+    }
+
+    /// Whether [`SessionLog::reserve`] would return at once without an error: no fault, and
+    /// room in the write-behind queue. Lets a caller skip the wait's state in the common case.
+    pub(crate) fn has_room(&self) -> bool {
+        let state = self.lock();
+        state.fault.is_none() && !backlog_full(&state)
     }
 
     /// Waits until every event committed before this call is durable in the store.
@@ -438,7 +439,7 @@ impl SessionLog {
         {
             let mut state = self.lock();
             if let Some(fault) = &state.fault {
-                return Err(fault.clone());
+                return Err(SubagentError::clone(fault));
             }
             let target = len_of(&state.events);
             let Some(write_behind) = state.write_behind.as_mut() else {

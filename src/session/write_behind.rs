@@ -209,7 +209,7 @@ impl Writer {
         let mut hook = None;
         if let Err(error) = &outcome {
             tracing::error!(session_id = %self.id, %error, "durable write failed: the session is faulted");
-            state.fault.get_or_insert_with(|| error.clone());
+            state.fault.get_or_insert_with(|| Box::new(error.clone()));
             inner.faulted.store(true, Ordering::Release);
             hook = write_behind.on_fault.take();
         }

@@ -26,7 +26,9 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct MemoryState {
-    sessions: BTreeMap<SessionId, MemorySession>,
+    /// Boxed: a B-tree node holds eleven values whether or not they are in use, and a
+    /// session record is large.
+    sessions: BTreeMap<SessionId, Box<MemorySession>>,
     cache: HashMap<(String, SessionId), Value>,
     leases: LeaseTable,
 }
@@ -98,11 +100,11 @@ impl SessionPersistence for MemoryStore {
             }
             state.sessions.insert(
                 header.id,
-                MemorySession {
+                Box::new(MemorySession {
                     header,
                     events,
                     lease: 0,
-                },
+                }),
             );
             Ok(())
         });
