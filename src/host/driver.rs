@@ -19,6 +19,7 @@
 //! The driver never touches the inbox directly: it claims through [`InboxPort`], so the actor
 //! stays the single owner of pending work.
 
+use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -133,10 +134,17 @@ enum Ending {
     Exhausted(BudgetLimit),
 }
 
-/// Why a turn stopped early.
+/// Why a turn stopped early. The failure is boxed: every step's outcome is a `Result` with
+/// this error, and a held turn's state keeps room for one.
 enum Fault {
     Aborted,
-    Failed(LlmFailure),
+    Failed(Box<LlmFailure>),
+}
+
+impl Fault {
+    fn failed(failure: LlmFailure) -> Self {
+        Self::Failed(Box::new(failure))
+    }
 }
 
 impl TurnContext {
@@ -148,13 +156,13 @@ impl TurnContext {
         self.check_fault()?;
         self.log
             .append_with_sources(kind, sources)
-            .map_err(|error| Fault::Failed(LlmFailure::new("UNKNOWN", error.to_string())))
+            .map_err(|error| Fault::failed(LlmFailure::new("UNKNOWN", error.to_string())))
     }
 
     /// A faulted log ends the turn: nothing more it does could be made durable.
     fn check_fault(&self) -> Result<(), Fault> {
         match self.log.is_faulted() {
-            true => Err(Fault::Failed(self.fault_failure())),
+            true => Err(Fault::failed(self.fault_failure())),
             false => Ok(()),
         }
     }
@@ -179,7 +187,7 @@ impl TurnContext {
         // Boxed: the queue is rarely full, and a held turn's state should not carry the wait.
         Box::pin(self.log.reserve())
             .await
-            .map_err(|_| Fault::Failed(self.fault_failure()))
+            .map_err(|_| Fault::failed(self.fault_failure()))
     }
 }
 
@@ -189,43 +197,56 @@ impl TurnContext {
 /// Whatever happens inside — a fault, a refused append, even a panic in a hook or in this
 /// crate — the turn is closed: open tool calls get results, an open step gets `step/end`, so the
 /// log stays balanced and the agent can run its next turn.
-pub(crate) async fn run_turn(ctx: &TurnContext, turn: u64, claimed: Vec<Message>) -> TurnEndReason {
-    let started = Instant::now();
-    let outcome = match ctx.budget.as_ref().and_then(BudgetMeter::exhausted) {
-        // Opened on a spent budget: the claimed work ends here, before any step.
-        Some(limit) => Ok(Some(Ending::Exhausted(limit))),
-        None => AssertUnwindSafe(drive_within_budget(ctx, turn, claimed))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|_| {
-                tracing::error!(session_id = %ctx.agent, turn, "the turn driver panicked");
-                Err(Fault::Failed(LlmFailure::new(
-                    "UNKNOWN",
-                    "the turn driver panicked",
-                )))
-            }),
-    };
-    if let Some(meter) = &ctx.budget {
-        meter.charge_wall_time(started.elapsed());
-    }
-    let reason = match outcome {
-        // A faulted log ends the turn with the fault, whatever else happened.
-        _ if ctx.log.is_faulted() => TurnEndReason::Error {
-            error: ctx.fault_failure(),
-        },
-        // A failure that follows a cancel is the cancel's doing.
-        Err(Fault::Aborted | Fault::Failed(_)) if ctx.cancel.is_cancelled() => {
-            ctx.cancel.end_reason()
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in the turn's state"
+)]
+pub(crate) fn run_turn(
+    ctx: &TurnContext,
+    turn: u64,
+    claimed: Vec<Message>,
+) -> impl Future<Output = TurnEndReason> + '_ {
+    // Not `async fn`s, this and the driver functions it nests: an `async fn` keeps its
+    // arguments twice in its state (captured, and again as the body's locals), and every held
+    // turn carries all of them.
+    async move {
+        let started = Instant::now();
+        let outcome = match ctx.budget.as_ref().and_then(BudgetMeter::exhausted) {
+            // Opened on a spent budget: the claimed work ends here, before any step.
+            Some(limit) => Ok(Some(Ending::Exhausted(limit))),
+            None => AssertUnwindSafe(drive_within_budget(ctx, turn, claimed))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::error!(session_id = %ctx.agent, turn, "the turn driver panicked");
+                    Err(Fault::failed(LlmFailure::new(
+                        "UNKNOWN",
+                        "the turn driver panicked",
+                    )))
+                }),
+        };
+        if let Some(meter) = &ctx.budget {
+            meter.charge_wall_time(started.elapsed());
         }
-        Err(Fault::Aborted) => ctx.cancel.end_reason(),
-        Err(Fault::Failed(error)) => TurnEndReason::Error { error },
-        Ok(Some(Ending::Exhausted(limit))) => TurnEndReason::BudgetExhausted { limit },
-        Ok(Some(Ending::MaxTokens)) => TurnEndReason::MaxTokens,
-        Ok(Some(Ending::Blocked)) => TurnEndReason::Blocked,
-        Ok(Some(Ending::Completed) | None) => TurnEndReason::Completed,
-    };
-    close_turn(ctx, turn, reason.clone());
-    reason
+        let reason = match outcome {
+            // A faulted log ends the turn with the fault, whatever else happened.
+            _ if ctx.log.is_faulted() => TurnEndReason::Error {
+                error: ctx.fault_failure(),
+            },
+            // A failure that follows a cancel is the cancel's doing.
+            Err(Fault::Aborted | Fault::Failed(_)) if ctx.cancel.is_cancelled() => {
+                ctx.cancel.end_reason()
+            }
+            Err(Fault::Aborted) => ctx.cancel.end_reason(),
+            Err(Fault::Failed(error)) => TurnEndReason::Error { error: *error },
+            Ok(Some(Ending::Exhausted(limit))) => TurnEndReason::BudgetExhausted { limit },
+            Ok(Some(Ending::MaxTokens)) => TurnEndReason::MaxTokens,
+            Ok(Some(Ending::Blocked)) => TurnEndReason::Blocked,
+            Ok(Some(Ending::Completed) | None) => TurnEndReason::Completed,
+        };
+        close_turn(ctx, turn, reason.clone());
+        reason
+    }
 }
 
 /// Appends what closes the turn: results for open calls and `step/end` if a fault left them
@@ -282,176 +303,192 @@ async fn drive_until(
 
 /// Runs the steps of a turn. Returns the turn's ending: the last step ending, except that
 /// `max-tokens` is sticky.
-async fn drive(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in the turn's state"
+)]
+fn drive(
     ctx: &TurnContext,
     turn: u64,
     mut entering: Vec<Message>,
-) -> Result<Option<Ending>, Fault> {
-    let mut step = 0;
-    let mut turn_ending: Option<Ending> = None;
-    // Whether the previous step ended the turn's work (no tool results left for the model).
-    let mut step_ended = false;
-    loop {
-        if ctx.cancel.is_cancelled() {
-            return Err(Fault::Aborted);
-        }
-        // Runtime context rides along with real input only; it never opens a step by itself.
-        if !entering.is_empty() {
-            entering.extend(ctx.scope.runtime_context_message());
-        }
-        let pre_step = PreStep {
-            agent: ctx.agent,
-            turn,
-            step: step + 1,
-            log: &ctx.log,
-        };
-        let messages = match ctx.scope.pre_step(
-            &ctx.env.pre_step,
-            &pre_step,
-            PreStepDecision::Enter(entering),
-        ) {
-            PreStepDecision::Reject => return Ok(Some(Ending::Blocked)),
-            PreStepDecision::Fail(message) => {
-                return Err(Fault::Failed(LlmFailure::new("UNKNOWN", message)))
+) -> impl Future<Output = Result<Option<Ending>, Fault>> + '_ {
+    async move {
+        let mut step = 0;
+        let mut turn_ending: Option<Ending> = None;
+        // Whether the previous step ended the turn's work (no tool results left for the model).
+        let mut step_ended = false;
+        loop {
+            if ctx.cancel.is_cancelled() {
+                return Err(Fault::Aborted);
             }
-            PreStepDecision::Enter(messages) => messages,
-        };
-        if messages.is_empty() && step == 0 {
-            return Ok(Some(Ending::Completed));
-        }
-        if messages.is_empty() && step_ended {
-            return Ok(turn_ending);
-        }
-        ctx.reserve().await?;
-        // A cancel that landed while the queue was full must not open a step.
-        if ctx.cancel.is_cancelled() {
-            return Err(Fault::Aborted);
-        }
-        ctx.scope.step_entered(&pre_step);
-        step += 1;
-        if step == 1 {
-            if let Some(meter) = &ctx.budget {
-                meter.charge_turn();
+            // Runtime context rides along with real input only; it never opens a step by itself.
+            if !entering.is_empty() {
+                entering.extend(ctx.scope.runtime_context_message());
             }
-        }
-        ctx.append(EventKind::StepStart { turn, step })?;
-        for message in messages {
-            ctx.append(EventKind::UserMessage(message))?;
-        }
-        let stepped = run_step(ctx, turn, step).await;
-        ctx.append(EventKind::StepEnd { turn, step })?;
-        crate::projection::cache::checkpoint_if_due(&ctx.env, &ctx.log);
-        if ctx.options.flush == FlushPolicy::EveryStep && ctx.log.flush().await.is_err() {
-            // The log is faulted; the turn ends with the fault.
-            return Err(Fault::Failed(ctx.fault_failure()));
-        }
-        let step_ending = stepped?;
-        if let Some(Ending::Exhausted(limit)) = step_ending {
-            return Ok(Some(Ending::Exhausted(limit)));
-        }
-        if let Some(ending) = step_ending {
-            if turn_ending != Some(Ending::MaxTokens) {
-                turn_ending = Some(ending);
-            }
-        }
-        step_ended = step_ending.is_some();
-        entering = ctx.inbox.claim_next_step(turn).await;
-        if step_ended && entering.is_empty() {
-            let stopping = PreStep {
+            let pre_step = PreStep {
                 agent: ctx.agent,
                 turn,
                 step: step + 1,
                 log: &ctx.log,
             };
-            entering = ctx.scope.turn_stopping(&stopping);
-            if entering.is_empty() {
+            let messages = match ctx.scope.pre_step(
+                &ctx.env.pre_step,
+                &pre_step,
+                PreStepDecision::Enter(entering),
+            ) {
+                PreStepDecision::Reject => return Ok(Some(Ending::Blocked)),
+                PreStepDecision::Fail(message) => {
+                    return Err(Fault::failed(LlmFailure::new("UNKNOWN", message)))
+                }
+                PreStepDecision::Enter(messages) => messages,
+            };
+            if messages.is_empty() && step == 0 {
+                return Ok(Some(Ending::Completed));
+            }
+            if messages.is_empty() && step_ended {
                 return Ok(turn_ending);
+            }
+            ctx.reserve().await?;
+            // A cancel that landed while the queue was full must not open a step.
+            if ctx.cancel.is_cancelled() {
+                return Err(Fault::Aborted);
+            }
+            ctx.scope.step_entered(&pre_step);
+            step += 1;
+            if step == 1 {
+                if let Some(meter) = &ctx.budget {
+                    meter.charge_turn();
+                }
+            }
+            ctx.append(EventKind::StepStart { turn, step })?;
+            for message in messages {
+                ctx.append(EventKind::UserMessage(message))?;
+            }
+            let stepped = run_step(ctx, turn, step).await;
+            ctx.append(EventKind::StepEnd { turn, step })?;
+            crate::projection::cache::checkpoint_if_due(&ctx.env, &ctx.log);
+            if ctx.options.flush == FlushPolicy::EveryStep && ctx.log.flush().await.is_err() {
+                // The log is faulted; the turn ends with the fault.
+                return Err(Fault::failed(ctx.fault_failure()));
+            }
+            let step_ending = stepped?;
+            if let Some(Ending::Exhausted(limit)) = step_ending {
+                return Ok(Some(Ending::Exhausted(limit)));
+            }
+            if let Some(ending) = step_ending {
+                if turn_ending != Some(Ending::MaxTokens) {
+                    turn_ending = Some(ending);
+                }
+            }
+            step_ended = step_ending.is_some();
+            entering = ctx.inbox.claim_next_step(turn).await;
+            if step_ended && entering.is_empty() {
+                let stopping = PreStep {
+                    agent: ctx.agent,
+                    turn,
+                    step: step + 1,
+                    log: &ctx.log,
+                };
+                entering = ctx.scope.turn_stopping(&stopping);
+                if entering.is_empty() {
+                    return Ok(turn_ending);
+                }
             }
         }
     }
 }
 
-async fn run_step(ctx: &TurnContext, turn: u64, step: u64) -> Result<Option<Ending>, Fault> {
-    let (provider, adapter) = ctx
-        .env
-        .models
-        .route(ctx.options.provider.as_deref())
-        .map_err(Fault::Failed)?;
-    let mut stream = {
-        let visible = ctx.scope.tools().visible(&ctx.env.tools);
-        adapter.stream(GenerateRequest {
-            provider: provider.clone(),
-            model: ctx.options.model.clone(),
-            messages: ctx.log.history(),
-            system: assemble_system_prompt(
-                &ctx.env.sections,
-                ctx.scope.sections(),
-                &visible
-                    .iter()
-                    .filter_map(|tool| tool.guidance())
-                    .collect::<Vec<_>>(),
-            ),
-            tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
-            max_tokens: ctx.options.max_tokens,
-            session_id: Some(ctx.agent),
-            cancel: ctx.cancel.token.clone(),
-        })
-    };
-    let mut streamed = Streamed::default();
-    loop {
-        // Matched as a temporary: only the chunk outlives this statement, so a turn waiting
-        // for room below does not also hold the received item in its state.
-        let chunk = match tokio::select! {
-            biased;
-            () = ctx.cancel.token.cancelled() => None,
-            item = stream.next() => Some(item),
-        } {
-            None => {
-                return Err(record_interrupted(
-                    ctx,
-                    turn,
-                    step,
-                    &streamed.assembler,
-                    streamed.chunk_seqs,
-                ))
-            }
-            Some(None) => break,
-            Some(Some(Ok(chunk))) => chunk,
-            Some(Some(Err(_))) if ctx.cancel.is_cancelled() => {
-                return Err(record_interrupted(
-                    ctx,
-                    turn,
-                    step,
-                    &streamed.assembler,
-                    streamed.chunk_seqs,
-                ));
-            }
-            Some(Some(Err(failure))) => return Err(Fault::Failed(failure)),
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in the turn's state"
+)]
+fn run_step(
+    ctx: &TurnContext,
+    turn: u64,
+    step: u64,
+) -> impl Future<Output = Result<Option<Ending>, Fault>> + '_ {
+    async move {
+        let (provider, adapter) = ctx
+            .env
+            .models
+            .route(ctx.options.provider.as_deref())
+            .map_err(Fault::failed)?;
+        let mut stream = {
+            let visible = ctx.scope.tools().visible(&ctx.env.tools);
+            adapter.stream(GenerateRequest {
+                provider: provider.clone(),
+                model: ctx.options.model.clone(),
+                messages: ctx.log.history(),
+                system: assemble_system_prompt(
+                    &ctx.env.sections,
+                    ctx.scope.sections(),
+                    &visible
+                        .iter()
+                        .filter_map(|tool| tool.guidance())
+                        .collect::<Vec<_>>(),
+                ),
+                tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
+                max_tokens: ctx.options.max_tokens,
+                session_id: Some(ctx.agent),
+                cancel: ctx.cancel.token.clone(),
+            })
         };
-        ctx.reserve().await?;
-        match &chunk {
-            StreamChunk::Usage { usage } => streamed.usage = Some(Box::new(*usage)),
-            StreamChunk::Finish { reason } => streamed.finish = Some(Box::new(reason.clone())),
-            _ => {}
+        let mut streamed = Streamed::default();
+        loop {
+            // Matched as a temporary: only the chunk outlives this statement, so a turn waiting
+            // for room below does not also hold the received item in its state.
+            let chunk = match tokio::select! {
+                biased;
+                () = ctx.cancel.token.cancelled() => None,
+                item = stream.next() => Some(item),
+            } {
+                None => {
+                    return Err(record_interrupted(
+                        ctx,
+                        turn,
+                        step,
+                        &streamed.assembler,
+                        streamed.chunk_seqs,
+                    ))
+                }
+                Some(None) => break,
+                Some(Some(Ok(chunk))) => chunk,
+                Some(Some(Err(_))) if ctx.cancel.is_cancelled() => {
+                    return Err(record_interrupted(
+                        ctx,
+                        turn,
+                        step,
+                        &streamed.assembler,
+                        streamed.chunk_seqs,
+                    ));
+                }
+                Some(Some(Err(failure))) => return Err(Fault::failed(failure)),
+            };
+            ctx.reserve().await?;
+            match &chunk {
+                StreamChunk::Usage { usage } => streamed.usage = Some(Box::new(*usage)),
+                StreamChunk::Finish { reason } => streamed.finish = Some(Box::new(reason.clone())),
+                _ => {}
+            }
+            streamed.assembler.push(&chunk);
+            let seq = ctx.append(EventKind::AssistantChunk { turn, step, chunk })?;
+            streamed.chunk_seqs.push(seq);
         }
-        streamed.assembler.push(&chunk);
-        let seq = ctx.append(EventKind::AssistantChunk { turn, step, chunk })?;
-        streamed.chunk_seqs.push(seq);
+        // The request (and its history snapshot) goes with the stream, before the history grows:
+        // the log then extends its history in place instead of copying it.
+        drop(stream);
+        let (answered, spent) = conclude_step(ctx, turn, step, &provider, streamed)?;
+        let ending = match answered {
+            Answered::Ended(ending) => ending,
+            // Boxed: a step that calls no tool (every held model call) does not pay for the tools'
+            // state in its own.
+            Answered::Called(calls) => Box::pin(run_tools(ctx, turn, step, calls)).await?,
+        };
+        Ok(match spent {
+            true => Some(Ending::Exhausted(BudgetLimit::Tokens)),
+            false => ending,
+        })
     }
-    // The request (and its history snapshot) goes with the stream, before the history grows:
-    // the log then extends its history in place instead of copying it.
-    drop(stream);
-    let (answered, spent) = conclude_step(ctx, turn, step, &provider, streamed)?;
-    let ending = match answered {
-        Answered::Ended(ending) => ending,
-        // Boxed: a step that calls no tool (every held model call) does not pay for the tools'
-        // state in its own.
-        Answered::Called(calls) => Box::pin(run_tools(ctx, turn, step, calls)).await?,
-    };
-    Ok(match spent {
-        true => Some(Ending::Exhausted(BudgetLimit::Tokens)),
-        false => ending,
-    })
 }
 
 /// What a step's response streamed so far. The rarely set parts are boxed: a turn held on its
@@ -493,7 +530,7 @@ fn conclude_step(
                     streamed.chunk_seqs,
                 ));
             }
-            return Err(Fault::Failed(failure.clone()));
+            return Err(Fault::failed(failure.clone()));
         }
         FinishReason::MaxTokens => streamed.assembler.text_blocks(),
         FinishReason::Stop | FinishReason::ToolCalls | FinishReason::Refusal => {

@@ -83,6 +83,10 @@ pub(super) struct Writer {
 impl Writer {
     // Not an `async fn`: its argument would be kept twice in the task's state (as the captured
     // argument and as the body's local), and every attached log has this task.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its argument twice"
+    )]
     pub(super) fn run(self) -> impl std::future::Future<Output = ()> + Send {
         async move { self.write_until_closed().await }
     }
