@@ -79,6 +79,8 @@ struct Staged {
     owner: Option<AgentRef>,
     /// A resumed session: its stored length and the lease taken before loading it.
     resumed: Option<(u64, LeaseGuard)>,
+    /// Where the agent runs: `None` is the calling arbiter.
+    arbiter: Option<actix::ArbiterHandle>,
 }
 
 impl Agents {
@@ -131,6 +133,11 @@ impl Agents {
             cancel: request.cancel,
             owner: request.owner,
             resumed: None,
+            arbiter: if request.on_current_arbiter {
+                None
+            } else {
+                self.worker()
+            },
         })
         .await
     }
@@ -179,6 +186,7 @@ impl Agents {
             cancel: request.cancel,
             owner: None,
             resumed: Some((stored_len, lease)),
+            arbiter: self.worker(),
         })
         .await
     }
@@ -192,6 +200,7 @@ impl Agents {
             cancel,
             owner,
             resumed,
+            arbiter,
         } = staged;
         let commit = match setup {
             Some(setup) => setup.run(&mut scope, &log).await?,
@@ -253,8 +262,8 @@ impl Agents {
             disposers,
             (incarnation, self.clone()),
         );
-        let addr = match &self.shared.workers {
-            Some(workers) => AgentActor::start_in_arbiter(&workers.next(), move |_| actor),
+        let addr = match &arbiter {
+            Some(arbiter) => AgentActor::start_in_arbiter(arbiter, move |_| actor),
             None => actor.start(),
         };
         if !addr.connected() {
@@ -267,7 +276,7 @@ impl Agents {
         if let (Some(store), Some(lease)) = (&self.shared.env.store, lease) {
             let faulted = addr.downgrade();
             // From here the writer owns the lease: it renews it and releases it on close.
-            log.attach(
+            let writing = log.attach(
                 Arc::clone(store),
                 next_seq,
                 Some(lease.hand_over()),
@@ -277,6 +286,10 @@ impl Agents {
                     }
                 }),
             );
+            // On the creating arbiter, which talks to the log on close. A one-shot's creation
+            // already runs on its child's worker (see `InProcessProvider`); placing the writer
+            // on the agent's worker instead measured slower, every close then crossing threads.
+            tokio::spawn(writing);
         }
         let agent = AgentRef::new(id, incarnation, &addr, log, Arc::new(options), self.clone());
         let handle = AgentHandle::new(agent, addr.clone(), self.shared.registry.clone());
@@ -324,6 +337,12 @@ impl Agents {
     /// The live agents without a live owner: the roots of the ownership forest.
     pub(crate) async fn roots(&self) -> Vec<AgentHandle> {
         self.shared.registry.send(Roots).await.unwrap_or_default()
+    }
+
+    /// The worker the next agent goes to, or `None` without a worker pool (agents then run on
+    /// the arbiter that creates them).
+    pub(crate) fn worker(&self) -> Option<actix::ArbiterHandle> {
+        self.shared.workers.as_ref().map(|workers| workers.next())
     }
 
     /// Stops the worker threads (after every agent on them was released).

@@ -167,13 +167,13 @@ fn in_flight_two_workers(c: &mut Criterion, system: &SystemRunner) {
         .measurement_time(Duration::from_secs(6))
         .sample_size(10);
     let (rt, parent) = system.block_on(setup_on(
-        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryStore::forgetting_one_shots()),
         ScriptedModel::repeating(ScriptStep::text("done")),
         2,
     ));
     for n in [1usize, 1_000, 4_000] {
         group.throughput(Throughput::Elements(u64::try_from(n).expect("small")));
-        group.bench_function(BenchmarkId::new("spawn/memory", n), |b| {
+        group.bench_function(BenchmarkId::new("spawn/memory-forgetting", n), |b| {
             b.iter(|| system.block_on(many_runs(&rt, &parent, "spawn", n)));
         });
     }

@@ -877,6 +877,45 @@ async fn runs_spread_over_worker_threads_all_complete() {
     );
 }
 
+// A start handed to a worker and dropped by its caller leaves no child behind, whether the
+// cancel reached the worker before or after the child was published.
+#[actix_rt::test]
+async fn a_dropped_start_handed_to_a_worker_leaves_no_child() {
+    let model = ScriptedModel::repeating(ScriptStep::text("done"));
+    model.set_recording(false);
+    let rt = seam_runtime_from(
+        Runtime::builder()
+            .model("scripted", model.clone())
+            .workers(2),
+    )
+    .await;
+    let parent = root(&rt).await;
+    for _ in 0..50 {
+        let start = rt.subagents().start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("x")),
+        );
+        // Polled once, so the start is sent, then dropped.
+        assert!(futures::FutureExt::now_or_never(start).is_none());
+    }
+    let kept = rt
+        .subagents()
+        .start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("x")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(kept.result().await.unwrap().output, text("done"));
+    kept.dispose().await.unwrap();
+    within("every dropped start's child to be released", async {
+        while rt.agents().list().await.len() > 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
 // A store built to forget one-shot children drops each one's session at disposal (and only
 // then); the default store keeps it. (Not a catalog behavior: the load hot path's option.)
 #[actix_rt::test]

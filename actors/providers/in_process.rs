@@ -6,8 +6,10 @@
 
 use actix::prelude::*;
 
-use crate::error::Result;
-use crate::seam::child_run::{completed_turn_prefix, start_in_process_run};
+use tokio::sync::oneshot;
+
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::seam::child_run::{completed_turn_prefix, start_in_process_run, Placement};
 use crate::seam::{
     ContinuableCreateRequest, ContinuableCreateSpec, ResolvedSubagentStartRequest, SubagentRun,
 };
@@ -62,8 +64,33 @@ impl Handler<StartOneShot> for InProcessProvider {
         self.started += 1;
         let seed = self.seed_for(&msg.0.request.parent);
         tracing::debug!(parent = %msg.0.request.parent.id(), started = self.started, "one-shot start");
-        Box::pin(start_in_process_run(msg.0, seed))
+        let Some(worker) = msg.0.request.parent.agents().worker() else {
+            return Box::pin(start_in_process_run(msg.0, seed, Placement::Runtime));
+        };
+        // The whole run lives on the child's worker: its creation, its agent, the agent's
+        // write-behind and the task that drives it, so they talk within one thread and the
+        // calling arbiter only hands the run over.
+        let (started, run) = oneshot::channel();
+        let spawned = worker.spawn(async move {
+            // A caller that stopped waiting drops the run, which disposes its child.
+            let _ = started.send(start_in_process_run(msg.0, seed, Placement::Here).await);
+        });
+        Box::pin(async move {
+            if !spawned {
+                return Err(worker_stopped());
+            }
+            run.await.map_err(|_| worker_stopped())?
+        })
     }
+}
+
+/// The worker a start was handed to stopped before the child was published: the runtime is
+/// shutting down.
+fn worker_stopped() -> SubagentError {
+    SubagentError::new(
+        ErrorCode::AgentDisposed,
+        "the child could not start: its worker has stopped",
+    )
 }
 
 /// Prepares a continuable child's creation inputs: nothing for `spawn`, the completed-turn

@@ -24,6 +24,10 @@ pub struct CreateAgent {
     pub(crate) setup: Option<Box<dyn AgentSetup>>,
     pub(crate) cancel: Option<CancellationToken>,
     pub(crate) owner: Option<AgentRef>,
+    /// Start the agent on the calling arbiter instead of the next worker: set by a creation
+    /// that already runs on the worker it chose, so the child, its write-behind and whatever
+    /// drives it share one thread.
+    pub(crate) on_current_arbiter: bool,
 }
 
 impl CreateAgent {
@@ -92,6 +96,13 @@ impl CreateAgent {
     #[must_use]
     pub fn cancel(mut self, token: CancellationToken) -> Self {
         self.cancel = Some(token);
+        self
+    }
+
+    /// Starts the agent on the calling arbiter (see [`CreateAgent::on_current_arbiter`]).
+    #[must_use]
+    pub(crate) fn on_current_arbiter(mut self) -> Self {
+        self.on_current_arbiter = true;
         self
     }
 }

@@ -273,8 +273,18 @@ impl ChildComposition {
     }
 }
 
+/// Where a one-shot child's agent runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// Where the runtime places agents: on the next worker, or on the calling arbiter without
+    /// a worker pool.
+    Runtime,
+    /// On the arbiter running the start (already a worker), beside the task that drives it.
+    Here,
+}
+
 /// Creates, publishes and drives one child for a resolved one-shot request, seeded with `seed`
-/// (a fork prefix) or fresh.
+/// (a fork prefix) or fresh, with its agent at `placement`.
 ///
 /// # Errors
 /// Before publication only, with nothing left behind: `ABORTED_BEFORE_PUBLICATION`,
@@ -283,6 +293,7 @@ impl ChildComposition {
 pub(crate) async fn start_in_process_run(
     resolved: ResolvedSubagentStartRequest,
     seed: Vec<SessionEvent>,
+    placement: Placement,
 ) -> Result<SubagentRun> {
     let parent = resolved.request.parent.clone();
     let token = resolved.request.cancel.clone();
@@ -345,6 +356,9 @@ pub(crate) async fn start_in_process_run(
         .cancel(token.clone());
     if let Some(cwd) = parent.header().cwd {
         create = create.cwd(cwd);
+    }
+    if placement == Placement::Here {
+        create = create.on_current_arbiter();
     }
     let handle = parent.agents().create(create).await.map_err(|error| {
         if error.code() == ErrorCode::Cancelled {

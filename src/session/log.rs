@@ -25,6 +25,7 @@
 //!   ends its turn with an error and refuses new work). What the store holds is a prefix of the
 //!   log that contains every event a successful flush covered.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -291,13 +292,17 @@ impl SessionLog {
 
     /// Starts write-behind to `store` under `lease`: events from `next_seq` on are appended to
     /// the store; `on_fault` is told once if a durable write fails.
+    ///
+    /// Returns the writer task, for the caller to spawn where the session's agent runs. Dropped
+    /// unfinished (or never spawned), it faults the log rather than leave a barrier waiting.
+    #[must_use = "write-behind runs only once the returned task is spawned"]
     pub(crate) fn attach(
         &self,
         store: SharedStore,
         next_seq: u64,
         lease: Option<Lease>,
         on_fault: FaultHook,
-    ) {
+    ) -> impl Future<Output = ()> + Send + 'static {
         let wake = Arc::new(Notify::new());
         let id = {
             let mut state = self.lock();
@@ -320,8 +325,9 @@ impl SessionLog {
             id,
             lease,
             wake,
+            finished: AtomicBool::new(false),
         };
-        tokio::spawn(writer.run());
+        writer.run()
     }
 
     /// Writes what is left, releases the lease and stops write-behind; appends after it stay in
@@ -509,14 +515,14 @@ mod tests {
             .unwrap();
         let faults = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&faults);
-        log.attach(
+        tokio::spawn(log.attach(
             Arc::clone(store) as SharedStore,
             0,
             Some(lease),
             Box::new(move |_| {
                 counted.fetch_add(1, Ordering::SeqCst);
             }),
-        );
+        ));
         (log, faults)
     }
 
@@ -579,6 +585,45 @@ mod tests {
         assert_eq!(log.flush().await.unwrap_err().code(), ErrorCode::StoreIo);
         assert_eq!(faults.load(Ordering::SeqCst), 1);
         assert!(log.is_faulted());
+    }
+
+    // A writer task dropped before it ran (its worker stopped, or the runtime shut down) must
+    // not leave a barrier or a closer waiting forever: the log faults instead.
+    #[tokio::test]
+    async fn a_dropped_writer_faults_the_log_instead_of_leaving_waiters() {
+        let store = faulting_store();
+        let log = SessionLog::new(SessionHeader::new(SessionId::new()), Vec::new()).unwrap();
+        store.create(log.header(), Vec::new()).await.unwrap();
+        let faults = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&faults);
+        let writing = log.attach(
+            Arc::clone(&store) as SharedStore,
+            0,
+            None,
+            Box::new(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        note(&log);
+        drop(writing);
+        let flushed = log
+            .flush()
+            .now_or_never()
+            .expect("the flush is answered at once");
+        assert_eq!(
+            flushed.unwrap_err().code(),
+            ErrorCode::PersistenceUnavailable
+        );
+        assert!(log.is_faulted());
+        assert_eq!(faults.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            log.close()
+                .now_or_never()
+                .expect("the close is answered at once")
+                .unwrap_err()
+                .code(),
+            ErrorCode::PersistenceUnavailable
+        );
     }
 
     #[tokio::test]

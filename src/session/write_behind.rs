@@ -4,7 +4,7 @@
 //! the session's lease, and faults the log when a durable write fails. The guarantees are
 //! stated in [`crate::session::log`].
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -78,6 +78,8 @@ pub(super) struct Writer {
     pub(super) id: SessionId,
     pub(super) lease: Option<Lease>,
     pub(super) wake: Arc<Notify>,
+    /// Set once write-behind has ended (see the `Drop` impl).
+    pub(super) finished: AtomicBool,
 }
 
 impl Writer {
@@ -88,10 +90,14 @@ impl Writer {
         reason = "an async fn keeps its argument twice"
     )]
     pub(super) fn run(self) -> impl std::future::Future<Output = ()> + Send {
-        async move { self.write_until_closed().await }
+        async move {
+            let outcome = self.write_until_closed().await;
+            self.finish(outcome);
+        }
     }
 
-    async fn write_until_closed(&self) {
+    /// Writes until the log closes (then releases the lease) or a durable write fails.
+    async fn write_until_closed(&self) -> Result<()> {
         let mut renew_at = self.renewal_after(Instant::now());
         let outcome = loop {
             if let Some(at) = renew_at.filter(|at| *at <= Instant::now()) {
@@ -128,11 +134,10 @@ impl Writer {
                 break Err(error);
             }
         };
-        let outcome = match outcome {
+        match outcome {
             Ok(()) => self.release().await,
             Err(error) => Err(error),
-        };
-        self.finish(outcome);
+        }
     }
 
     /// When to renew next: a third of the lease's time-to-live after `from`.
@@ -200,6 +205,7 @@ impl Writer {
 
     /// Stops write-behind: answers every waiter with `outcome` and, on an error, faults the log.
     fn finish(&self, outcome: Result<()>) {
+        self.finished.store(true, Ordering::Release);
         let Some(inner) = self.log.upgrade() else {
             if let Err(error) = outcome {
                 tracing::error!(session_id = %self.id, %error, "write-behind of a dropped log failed");
@@ -226,6 +232,20 @@ impl Writer {
         drop(state);
         if let (Some(hook), Err(error)) = (hook, outcome) {
             hook(error);
+        }
+    }
+}
+
+impl Drop for Writer {
+    /// A writer dropped before it finished (never polled, or its thread stopped under it) ends
+    /// write-behind with an error, so no barrier or closer waits for it forever. A log that is
+    /// gone has no one waiting.
+    fn drop(&mut self) {
+        if !self.finished.load(Ordering::Acquire) && self.log.strong_count() > 0 {
+            self.finish(Err(SubagentError::new(
+                ErrorCode::PersistenceUnavailable,
+                "the session's write-behind stopped before the log closed",
+            )));
         }
     }
 }
