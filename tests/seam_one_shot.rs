@@ -841,9 +841,8 @@ async fn one_parent_drives_a_spawn_child_and_a_fork_child_then_keeps_working() {
     );
 }
 
-// Agents spread over worker threads behave as on one: every run completes and is released.
-#[actix_rt::test]
-async fn runs_spread_over_worker_threads_all_complete() {
+/// A runtime with agents spread over two worker threads, and its model (answers `done`).
+async fn on_two_workers() -> (Runtime, ScriptedModel) {
     let model = ScriptedModel::repeating(ScriptStep::text("done"));
     model.set_recording(false);
     let rt = seam_runtime_from(
@@ -852,6 +851,13 @@ async fn runs_spread_over_worker_threads_all_complete() {
             .workers(2),
     )
     .await;
+    (rt, model)
+}
+
+// Agents spread over worker threads behave as on one: every run completes and is released.
+#[actix_rt::test]
+async fn runs_spread_over_worker_threads_all_complete() {
+    let (rt, model) = on_two_workers().await;
     let parent = root(&rt).await;
     let runs = futures::future::join_all((0..200).map(|i| {
         rt.subagents().start(
@@ -881,14 +887,7 @@ async fn runs_spread_over_worker_threads_all_complete() {
 // cancel reached the worker before or after the child was published.
 #[actix_rt::test]
 async fn a_dropped_start_handed_to_a_worker_leaves_no_child() {
-    let model = ScriptedModel::repeating(ScriptStep::text("done"));
-    model.set_recording(false);
-    let rt = seam_runtime_from(
-        Runtime::builder()
-            .model("scripted", model.clone())
-            .workers(2),
-    )
-    .await;
+    let (rt, _) = on_two_workers().await;
     let parent = root(&rt).await;
     for _ in 0..50 {
         let start = rt.subagents().start(

@@ -442,18 +442,13 @@ fn run_step(
                 () = ctx.cancel.token.cancelled() => None,
                 item = stream.next() => Some(item),
             } {
-                None => {
-                    return Err(record_interrupted(
-                        ctx,
-                        turn,
-                        step,
-                        &streamed.assembler,
-                        streamed.chunk_seqs,
-                    ))
-                }
                 Some(None) => break,
                 Some(Some(Ok(chunk))) => chunk,
-                Some(Some(Err(_))) if ctx.cancel.is_cancelled() => {
+                Some(Some(Err(failure))) if !ctx.cancel.is_cancelled() => {
+                    return Err(Fault::failed(failure));
+                }
+                // Cancelled: seen first, or surfacing as the stream's failure.
+                None | Some(Some(Err(_))) => {
                     return Err(record_interrupted(
                         ctx,
                         turn,
@@ -462,7 +457,6 @@ fn run_step(
                         streamed.chunk_seqs,
                     ));
                 }
-                Some(Some(Err(failure))) => return Err(Fault::failed(failure)),
             };
             ctx.reserve().await?;
             match &chunk {
