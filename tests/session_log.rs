@@ -75,6 +75,69 @@ fn events_round_trip_through_the_upstream_envelope() {
     );
 }
 
+// The envelope's `data` is written straight from the variant (no intermediate JSON value):
+// for every kind it must be exactly what the tagged form holds under `data`, and read back
+// whole, with the optional envelope fields too.
+#[test]
+fn every_kind_writes_the_data_its_tagged_form_holds_and_reads_back() {
+    let kinds = vec![
+        EventKind::TurnStart { turn: 1 },
+        EventKind::StepStart { turn: 1, step: 1 },
+        user("q"),
+        EventKind::AssistantChunk {
+            turn: 1,
+            step: 1,
+            chunk: StreamChunk::TextDelta {
+                index: 0,
+                text: "a \"quoted\" line\n".into(),
+            },
+        },
+        assistant(1, 1, vec![ContentBlock::text("a")]),
+        EventKind::ToolCall {
+            turn: 1,
+            step: 1,
+            call_id: CallId::new("c1"),
+            name: "read".into(),
+            arguments: "{\"path\":\"x\"}".into(),
+        },
+        EventKind::ToolResult {
+            turn: 1,
+            step: 1,
+            message: Message::tool_result(CallId::new("c1"), vec![ContentBlock::text("r")], true),
+            error: Some(Box::new(subagents::session::ToolErrorInfo {
+                name: "read".into(),
+                code: "E_IO".into(),
+            })),
+            meta: Some(Box::new(json!({"bytes": 3}))),
+        },
+        EventKind::InboxSpliced {
+            target: InboxTarget::NextStep,
+            start: 0,
+            removed_count: Some(1),
+            inserted: Vec::new(),
+            outcome: Some(SpliceOutcome::Canceled),
+        },
+        EventKind::StepEnd { turn: 1, step: 1 },
+        EventKind::TurnEnd {
+            turn: 1,
+            reason: TurnEndReason::Aborted {
+                reason: CancelCause::User,
+            },
+        },
+        EventKind::EndSeed {},
+    ];
+    for (seq, kind) in kinds.into_iter().enumerate() {
+        let mut event = SessionEvent::new(seq as u64, kind);
+        event.source_event_seqs = vec![1, 2];
+        let json = serde_json::to_value(&event).unwrap();
+        let tagged = serde_json::to_value(&event.kind).unwrap();
+        assert_eq!(json["data"], tagged["data"], "{}", event.kind.type_name());
+        assert_eq!(json["sourceEventSeqs"], json!([1, 2]));
+        let back: SessionEvent = serde_json::from_value(json).unwrap();
+        assert_eq!(back, event);
+    }
+}
+
 #[test]
 fn unknown_types_load_only_when_ignorable() {
     let known =

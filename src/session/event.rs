@@ -9,6 +9,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
+use super::adjacent::ContentOf;
 use crate::content::Message;
 use crate::host::BudgetLimit;
 use crate::ids::CallId;
@@ -429,7 +430,8 @@ impl SessionEvent {
     }
 }
 
-#[derive(Serialize, Deserialize)]
+/// An event as stored, read before its `data` is typed.
+#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct RawEvent {
     #[serde(rename = "type")]
@@ -446,30 +448,51 @@ struct RawEvent {
     source_event_seqs: Vec<u64>,
 }
 
+/// An event as stored, written from borrowed parts (the same fields as [`RawEvent`]).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RawEventRef<'a, D> {
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    seq: u64,
+    time: u64,
+    data: D,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ignorable: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    surface_op: Option<SurfaceOp>,
+    #[serde(skip_serializing_if = "<[u64]>::is_empty")]
+    source_event_seqs: &'a [u64],
+}
+
 impl Serialize for SessionEvent {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let (event_type, data) = match &self.kind {
-            EventKind::Extension { event_type, data } => (event_type.clone(), data.clone()),
-            known => {
-                let mut tagged = match serde_json::to_value(known) {
-                    Ok(Value::Object(map)) => map,
-                    Ok(_) => Map::new(),
-                    Err(error) => return Err(serde::ser::Error::custom(error)),
-                };
-                let data = tagged.remove("data").unwrap_or(Value::Null);
-                (known.type_name().to_owned(), data)
+        fn raw<'a, D>(event: &'a SessionEvent, event_type: &'a str, data: D) -> RawEventRef<'a, D> {
+            RawEventRef {
+                event_type,
+                seq: event.seq,
+                time: event.time,
+                data,
+                ignorable: event.ignorable,
+                surface_op: event.surface_op,
+                source_event_seqs: &event.source_event_seqs,
             }
-        };
-        RawEvent {
-            event_type,
-            seq: self.seq,
-            time: self.time,
-            data,
-            ignorable: self.ignorable,
-            surface_op: self.surface_op,
-            source_event_seqs: self.source_event_seqs.clone(),
         }
-        .serialize(serializer)
+        match &self.kind {
+            EventKind::Extension { event_type, data } => {
+                raw(self, event_type, data).serialize(serializer)
+            }
+            // A known kind's `data` is written straight from its variant.
+            known => raw(
+                self,
+                known.type_name(),
+                ContentOf {
+                    value: known,
+                    content: "data",
+                },
+            )
+            .serialize(serializer),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Provides the session log: its event vocabulary, header, invariants, seed rules, crash repair
 //! and the folds the seam reads from a run's events.
 
+mod adjacent;
 pub mod event;
 pub mod fold;
 pub mod header;
