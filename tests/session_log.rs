@@ -159,6 +159,49 @@ fn unknown_types_load_only_when_ignorable() {
     assert!(serde_json::from_value::<SessionEvent>(strict).is_err());
 }
 
+// The envelope reads the same whatever the order of its fields (this crate writes `type`
+// before `data`, which lets `data` be typed as it is read; other writers need not), skips
+// fields it does not know, and refuses a field given twice or a missing `type`.
+#[test]
+fn an_envelope_reads_the_same_in_any_field_order() {
+    let expected = SessionEvent::new(3, EventKind::StepStart { turn: 1, step: 2 });
+    for text in [
+        r#"{"type":"step/start","seq":3,"time":7,"data":{"turn":1,"step":2}}"#,
+        r#"{"data":{"turn":1,"step":2},"time":7,"seq":3,"type":"step/start","extra":[1]}"#,
+        r#"{"seq":3,"data":{"turn":1,"step":2},"type":"step/start","time":7}"#,
+    ] {
+        let event: SessionEvent = serde_json::from_str(text).unwrap();
+        assert_eq!((event.seq, event.time), (3, 7), "{text}");
+        assert_eq!(event.kind, expected.kind, "{text}");
+    }
+    let extension = r#"{"data":{"x":1},"type":"plugin/thing","seq":0,"time":1,"ignorable":true}"#;
+    let event: SessionEvent = serde_json::from_str(extension).unwrap();
+    assert!(matches!(event.kind, EventKind::Extension { .. }));
+    for (bad, says) in [
+        (
+            r#"{"type":"step/start","type":"step/end","seq":3,"time":7,"data":{}}"#,
+            "duplicate field `type`",
+        ),
+        (
+            r#"{"seq":3,"time":7,"data":{"turn":1,"step":2}}"#,
+            "missing field `type`",
+        ),
+        (
+            r#"{"type":"step/start","time":7,"data":{"turn":1,"step":2}}"#,
+            "missing field `seq`",
+        ),
+        (
+            r#"{"type":"step/start","seq":3,"time":7,"data":{"turn":"x","step":2}}"#,
+            "invalid type",
+        ),
+    ] {
+        let error = serde_json::from_str::<SessionEvent>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(says), "{bad}: {error}");
+    }
+}
+
 #[test]
 fn unknown_message_sources_are_kept_verbatim() {
     let raw = json!({"kind": "webhook", "url": "x"});

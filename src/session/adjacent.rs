@@ -1,13 +1,19 @@
-//! Provides [`ContentOf`]: serializes only the content field of an adjacently tagged value
-//! (`#[serde(tag = "...", content = "...")]`), straight into the caller's serializer.
+//! Provides the two halves of reading and writing an adjacently tagged value
+//! (`#[serde(tag = "...", content = "...")]`) whose tag is stored beside its content rather
+//! than with it: [`ContentOf`] writes only the content, straight into the caller's serializer,
+//! and [`TaggedContent`] reads a value from a tag already known and its content's deserializer.
 //!
-//! The event codec writes an event's `data` this way. Going through a `serde_json::Value` (the
-//! tagged object, then its content removed) cost more than the rest of a sled append: every
-//! field became a map entry, allocated, hashed and then written out again.
+//! The event codec reads and writes an event's `data` this way. Going through a
+//! `serde_json::Value` (the tagged object, then its content taken out, or put in) cost more than
+//! the rest of a sled append, and most of a cold resume: every field became a map entry,
+//! allocated, hashed and then copied again.
 
 use std::fmt::Display;
+use std::marker::PhantomData;
 
+use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
 use serde::ser::{self, Impossible, Serialize, SerializeStruct, Serializer};
+use serde::{Deserialize, Deserializer};
 
 /// Serializes as the content of the adjacently tagged `T` whose content field is named
 /// `content`: the field's value, or `null` for a variant without one. Anything else `T` might
@@ -204,12 +210,98 @@ impl<S: Serializer> SerializeStruct for ContentField<S> {
     }
 }
 
+/// Reads the adjacently tagged `T` from its tag, known already, and its content's
+/// deserializer: as if from `{ "<tag_field>": tag, "<content>": ... }`, tag first.
+pub(super) struct TaggedContent<'a, T> {
+    tag_field: &'static str,
+    tag: &'a str,
+    content: &'static str,
+    value: PhantomData<fn() -> T>,
+}
+
+impl<'a, T> TaggedContent<'a, T> {
+    /// Reads `T` with tag field `tag_field` holding `tag`, and content field `content`.
+    pub(super) fn new(tag_field: &'static str, tag: &'a str, content: &'static str) -> Self {
+        Self {
+            tag_field,
+            tag,
+            content,
+            value: PhantomData,
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> DeserializeSeed<'de> for TaggedContent<'_, T> {
+    type Value = T;
+
+    fn deserialize<D: Deserializer<'de>>(self, content: D) -> Result<T, D::Error> {
+        T::deserialize(TaggedMap {
+            tag_field: self.tag_field,
+            tag: self.tag,
+            content_field: self.content,
+            content: Some(content),
+            entries_read: 0,
+        })
+    }
+}
+
+/// A two-entry map, tag then content, with the content read from the wrapped deserializer.
+struct TaggedMap<'a, D> {
+    tag_field: &'static str,
+    tag: &'a str,
+    content_field: &'static str,
+    content: Option<D>,
+    entries_read: u8,
+}
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for TaggedMap<'_, D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        visitor.visit_map(self)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum
+        identifier ignored_any
+    }
+}
+
+impl<'de, D: Deserializer<'de>> MapAccess<'de> for TaggedMap<'_, D> {
+    type Error = D::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, D::Error> {
+        let key = match self.entries_read {
+            0 => self.tag_field,
+            1 => self.content_field,
+            _ => return Ok(None),
+        };
+        seed.deserialize(key.into_deserializer()).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, D::Error> {
+        self.entries_read += 1;
+        match self.entries_read {
+            1 => seed.deserialize(self.tag.into_deserializer()),
+            _ => match self.content.take() {
+                Some(content) => seed.deserialize(content),
+                None => Err(de::Error::custom("the content was read twice")),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use serde::Serialize;
+    use serde::de::DeserializeSeed;
+    use serde::{Deserialize, Serialize};
     use serde_json::json;
 
-    use super::ContentOf;
+    use super::{ContentOf, TaggedContent};
 
     #[derive(Serialize)]
     #[serde(tag = "type", content = "data")]
@@ -243,6 +335,30 @@ mod tests {
             let expected = tagged.get("data").cloned().unwrap_or(json!(null));
             assert_eq!(content(&value), expected);
         }
+    }
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    #[serde(tag = "type", content = "data")]
+    enum Read {
+        Unit,
+        Newtype(u32),
+        Struct { a: u32 },
+    }
+
+    fn read(tag: &str, content: &str) -> Result<Read, serde_json::Error> {
+        let mut deserializer = serde_json::Deserializer::from_str(content);
+        TaggedContent::new("type", tag, "data").deserialize(&mut deserializer)
+    }
+
+    #[test]
+    fn a_value_reads_from_its_known_tag_and_its_content_alone() {
+        assert_eq!(read("Newtype", "7").unwrap(), Read::Newtype(7));
+        assert_eq!(read("Struct", r#"{"a":1}"#).unwrap(), Read::Struct { a: 1 });
+        assert_eq!(read("Unit", "null").unwrap(), Read::Unit);
+        let unknown = read("Missing", "1").unwrap_err().to_string();
+        assert!(unknown.contains("unknown variant"), "{unknown}");
+        let mistyped = read("Struct", "3").unwrap_err().to_string();
+        assert!(mistyped.contains("invalid type"), "{mistyped}");
     }
 
     #[test]

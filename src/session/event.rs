@@ -6,10 +6,11 @@
 //! is marked `ignorable` (or is one of the plugin kinds a later part of the crate owns); an
 //! unknown type without `ignorable` fails the load, as upstream.
 
+use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::adjacent::ContentOf;
+use super::adjacent::{ContentOf, TaggedContent};
 use crate::content::Message;
 use crate::host::BudgetLimit;
 use crate::ids::CallId;
@@ -430,25 +431,7 @@ impl SessionEvent {
     }
 }
 
-/// An event as stored, read before its `data` is typed.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawEvent {
-    #[serde(rename = "type")]
-    event_type: String,
-    seq: u64,
-    time: u64,
-    #[serde(default)]
-    data: Value,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    ignorable: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    surface_op: Option<SurfaceOp>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    source_event_seqs: Vec<u64>,
-}
-
-/// An event as stored, written from borrowed parts (the same fields as [`RawEvent`]).
+/// An event as stored, written from borrowed parts.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct RawEventRef<'a, D> {
@@ -498,30 +481,116 @@ impl Serialize for SessionEvent {
 
 impl<'de> Deserialize<'de> for SessionEvent {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let raw = RawEvent::deserialize(deserializer)?;
-        let kind = if EventKind::is_known_type(&raw.event_type) {
-            let mut tagged = Map::new();
-            tagged.insert("type".into(), Value::String(raw.event_type));
-            tagged.insert("data".into(), raw.data);
-            serde_json::from_value(Value::Object(tagged)).map_err(serde::de::Error::custom)?
-        } else if raw.ignorable || PLUGIN_EVENT_TYPES.contains(&raw.event_type.as_str()) {
-            EventKind::Extension {
-                event_type: raw.event_type,
-                data: raw.data,
+        deserializer.deserialize_map(EventVisitor)
+    }
+}
+
+/// Reads the stored envelope. A known kind's `data` that follows its `type` (as this crate
+/// writes it) is read straight into its variant; otherwise it is read as JSON and typed at the
+/// end, which also serves extensions (whose `ignorable` may come after their `data`).
+struct EventVisitor;
+
+/// The envelope's fields; others are skipped.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
+enum Field {
+    #[serde(rename = "type")]
+    Type,
+    Seq,
+    Time,
+    Data,
+    Ignorable,
+    SurfaceOp,
+    SourceEventSeqs,
+    #[serde(other)]
+    Other,
+}
+
+/// The envelope's `data`: typed already, or read as JSON.
+enum Data {
+    Known(EventKind),
+    Json(Value),
+}
+
+impl<'de> Visitor<'de> for EventVisitor {
+    type Value = SessionEvent;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("a session event")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SessionEvent, A::Error> {
+        fn once<T, E: de::Error>(
+            slot: &mut Option<T>,
+            field: &'static str,
+            value: T,
+        ) -> Result<(), E> {
+            match slot.replace(value) {
+                None => Ok(()),
+                Some(_) => Err(E::duplicate_field(field)),
             }
-        } else {
-            return Err(serde::de::Error::custom(format!(
-                "unknown event type {:?} without ignorable",
-                raw.event_type
-            )));
+        }
+        let mut event_type: Option<String> = None;
+        let mut seq = None;
+        let mut time = None;
+        let mut data = None;
+        let mut ignorable = None;
+        let mut surface_op = None;
+        let mut source_event_seqs = None;
+        while let Some(field) = map.next_key::<Field>()? {
+            match field {
+                Field::Type => once(&mut event_type, "type", map.next_value()?)?,
+                Field::Seq => once(&mut seq, "seq", map.next_value()?)?,
+                Field::Time => once(&mut time, "time", map.next_value()?)?,
+                Field::Data => {
+                    let value = match event_type.as_deref() {
+                        Some(known) if EventKind::is_known_type(known) => Data::Known(
+                            map.next_value_seed(TaggedContent::new("type", known, "data"))?,
+                        ),
+                        _ => Data::Json(map.next_value()?),
+                    };
+                    once(&mut data, "data", value)?;
+                }
+                Field::Ignorable => once(&mut ignorable, "ignorable", map.next_value()?)?,
+                Field::SurfaceOp => once(
+                    &mut surface_op,
+                    "surfaceOp",
+                    map.next_value::<Option<SurfaceOp>>()?,
+                )?,
+                Field::SourceEventSeqs => {
+                    once(&mut source_event_seqs, "sourceEventSeqs", map.next_value()?)?;
+                }
+                Field::Other => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+        }
+        let event_type = event_type.ok_or_else(|| de::Error::missing_field("type"))?;
+        let ignorable = ignorable.unwrap_or(false);
+        let kind = match data.unwrap_or(Data::Json(Value::Null)) {
+            Data::Known(kind) => kind,
+            Data::Json(data) if EventKind::is_known_type(&event_type) => {
+                let mut tagged = Map::new();
+                tagged.insert("type".into(), Value::String(event_type));
+                tagged.insert("data".into(), data);
+                serde_json::from_value(Value::Object(tagged)).map_err(de::Error::custom)?
+            }
+            Data::Json(data) if ignorable || PLUGIN_EVENT_TYPES.contains(&event_type.as_str()) => {
+                EventKind::Extension { event_type, data }
+            }
+            Data::Json(_) => {
+                return Err(de::Error::custom(format!(
+                    "unknown event type {event_type:?} without ignorable"
+                )))
+            }
         };
-        Ok(Self {
-            seq: raw.seq,
-            time: raw.time,
+        Ok(SessionEvent {
+            seq: seq.ok_or_else(|| de::Error::missing_field("seq"))?,
+            time: time.ok_or_else(|| de::Error::missing_field("time"))?,
             kind,
-            ignorable: raw.ignorable,
-            surface_op: raw.surface_op,
-            source_event_seqs: raw.source_event_seqs,
+            ignorable,
+            surface_op: surface_op.flatten(),
+            source_event_seqs: source_event_seqs.unwrap_or_default(),
         })
     }
 }
