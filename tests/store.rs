@@ -382,6 +382,46 @@ fn a_lease_fences_out_older_epochs_and_refuses_a_second_holder() {
     }
 }
 
+// A leased writer's next append is checked against the head as stored: after a leased
+// creation, after a write without a lease moved it, and under a newer lease. (A store that
+// keeps heads in memory to spare a read must see every head it writes.)
+#[test]
+fn a_leased_append_sees_every_write_that_moved_the_head() {
+    let runtime = store_runtime();
+    let _entered = runtime.enter();
+    for Backend { name, store, .. } in backends() {
+        let id = SessionId::new();
+        let holder = LeaseHolder::new();
+        let created = block_on(store.create_leased(
+            SessionHeader::new(id),
+            notes(0, 2).into_iter().collect(),
+            holder.clone(),
+        ))
+        .unwrap();
+        let stale = block_on(store.append(id, 0, notes(0, 1), Some(created.epoch))).unwrap_err();
+        assert_eq!(stale.code(), ErrorCode::StoreConflict, "{name}");
+        block_on(store.append(id, 2, notes(2, 1), Some(created.epoch))).unwrap();
+        // Without a lease, the head moves to 4.
+        block_on(store.append(id, 3, notes(3, 1), None)).unwrap();
+        let behind = block_on(store.append(id, 3, notes(3, 1), Some(created.epoch))).unwrap_err();
+        assert_eq!(
+            behind.code(),
+            ErrorCode::StoreConflict,
+            "{name}: a stale head was used"
+        );
+        block_on(store.append(id, 4, notes(4, 1), Some(created.epoch))).unwrap();
+        let again = block_on(store.acquire_lease(id, holder.clone())).unwrap();
+        let behind = block_on(store.append(id, 4, notes(4, 1), Some(again.epoch))).unwrap_err();
+        assert_eq!(behind.code(), ErrorCode::StoreConflict, "{name}");
+        block_on(store.append(id, 5, notes(5, 1), Some(again.epoch))).unwrap();
+        assert_eq!(
+            labelled(block_on(store.read_from(id, 0)).unwrap()).len(),
+            6,
+            "{name}: each event once, in order"
+        );
+    }
+}
+
 #[test]
 fn the_fencing_epoch_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();

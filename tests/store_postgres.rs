@@ -11,6 +11,7 @@ use subagents::{ErrorCode, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::{check_against_model, notes, op};
 use crate::support::postgres::server;
+use crate::support::within;
 
 use crate::store::store_runtime as runtime;
 
@@ -344,4 +345,47 @@ fn the_store_refuses_to_run_outside_a_runtime() {
     let url = server().fresh_database();
     let refused = block_on(PostgresStore::connect(&url)).unwrap_err();
     assert_eq!(refused.code(), ErrorCode::NoActorSystem);
+}
+
+// A connection the pool opened for another thread (an agent's worker arbiter) keeps serving the
+// store while that thread cannot drive it (here, blocked; in a load run, stopped before the
+// verification): the pool opens its connections on the store's own runtime.
+#[actix_rt::test]
+async fn connections_opened_for_a_worker_serve_the_store_while_the_worker_is_stuck() {
+    let store = Arc::new(
+        PostgresStore::connect(&server().fresh_database())
+            .await
+            .unwrap(),
+    );
+    let ids: Vec<SessionId> = (0..4).map(|_| SessionId::new()).collect();
+    let worker = actix::Arbiter::new();
+    let (created_tx, created) = tokio::sync::oneshot::channel();
+    let on_worker = Arc::clone(&store);
+    let to_create = ids.clone();
+    // At once, so the pool opens connections for the worker.
+    assert!(worker.spawn(async move {
+        let creations = to_create
+            .into_iter()
+            .map(|id| on_worker.create(SessionHeader::new(id), vec![]));
+        let _ = created_tx.send(futures::future::join_all(creations).await);
+    }));
+    for creation in created.await.unwrap() {
+        creation.unwrap();
+    }
+    // The worker's thread is held until the reads are done: nothing on it runs.
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    assert!(worker.spawn(async move {
+        let _ = held.recv();
+    }));
+    let reads = within(
+        "reads through every pooled connection",
+        futures::future::join_all(ids.iter().map(|id| store.read_from(*id, 0))),
+    )
+    .await;
+    release.send(()).unwrap();
+    worker.stop();
+    worker.join().unwrap();
+    for read in reads {
+        assert!(read.unwrap().is_empty());
+    }
 }

@@ -76,6 +76,61 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a store call waits for a free connection before failing (`STORE_IO`).
 const POOL_WAIT: Duration = Duration::from_secs(30);
 
+/// The runtime the caller runs on; the store needs one (see [`OnStoreRuntime`]).
+fn store_runtime() -> Result<tokio::runtime::Handle> {
+    tokio::runtime::Handle::try_current().map_err(|_| {
+        SubagentError::new(
+            ErrorCode::NoActorSystem,
+            "the PostgreSQL store is used inside the actor system (a tokio runtime)",
+        )
+    })
+}
+
+/// Opens the pool's connections on the runtime that opened the store, whichever thread asks
+/// for one. A connection's socket and its driving task belong to the runtime they start on, and
+/// agents run on worker threads that stop before the store is done with (a load run verifies
+/// after its workers stopped): a connection opened there would die with its worker, and the
+/// pool would hand it out dead.
+struct OnStoreRuntime {
+    runtime: tokio::runtime::Handle,
+}
+
+/// A connection of the pool: its client and the task driving it.
+type Opened = (tokio_postgres::Client, tokio::task::JoinHandle<()>);
+
+impl deadpool_postgres::Connect for OnStoreRuntime {
+    fn connect(
+        &self,
+        config: &tokio_postgres::Config,
+    ) -> BoxFuture<'_, std::result::Result<Opened, tokio_postgres::Error>> {
+        let config = config.clone();
+        let opening = self
+            .runtime
+            .spawn(open_on(config.clone(), self.runtime.clone()));
+        Box::pin(async move {
+            match opening.await {
+                Ok(opened) => opened,
+                // The store's runtime has shut down: open it here, the best left to do.
+                Err(_) => open_on(config, tokio::runtime::Handle::current()).await,
+            }
+        })
+    }
+}
+
+/// Opens a connection and drives it on `runtime` (the one this runs on).
+async fn open_on(
+    config: tokio_postgres::Config,
+    runtime: tokio::runtime::Handle,
+) -> std::result::Result<Opened, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    let driving = runtime.spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::warn!(%error, "a PostgreSQL connection failed");
+        }
+    });
+    Ok((client, driving))
+}
+
 /// The advisory lock key that serializes migrations across runtimes ("subagent" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7375_6261_6765_6e74;
 
@@ -219,9 +274,11 @@ impl PostgresStore {
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(CONNECT_TIMEOUT);
         }
-        let manager = Manager::from_config(
+        let manager = Manager::from_connect(
             pg,
-            NoTls,
+            OnStoreRuntime {
+                runtime: store_runtime()?,
+            },
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -333,13 +390,8 @@ impl PostgresStore {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
-        // Connections and their timeouts run on tokio: outside a runtime they would panic.
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(SubagentError::new(
-                ErrorCode::NoActorSystem,
-                "the PostgreSQL store is used inside the actor system (a tokio runtime)",
-            ));
-        }
+        // The pool's timeouts run on tokio: outside a runtime they would panic.
+        store_runtime()?;
         self.pool
             .get()
             .await
