@@ -2,7 +2,8 @@
 //!
 //! The actor serializes nothing heavy: each start is validated and its seed cut in the handler
 //! (so a fork sees the parent's log as it is when the start arrives), then the child's creation
-//! runs as a future beside the mailbox, so starts overlap freely.
+//! runs as a future beside the mailbox, so starts overlap freely. With a worker pool that future
+//! runs on the child's worker instead, so the whole run lives on one thread.
 
 use actix::prelude::*;
 

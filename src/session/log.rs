@@ -293,8 +293,8 @@ impl SessionLog {
     /// Starts write-behind to `store` under `lease`: events from `next_seq` on are appended to
     /// the store; `on_fault` is told once if a durable write fails.
     ///
-    /// Returns the writer task, for the caller to spawn where the session's agent runs. Dropped
-    /// unfinished (or never spawned), it faults the log rather than leave a barrier waiting.
+    /// Returns the writer task, for the caller to spawn. Dropped unfinished (or never spawned),
+    /// it faults the log rather than leave a barrier waiting.
     #[must_use = "write-behind runs only once the returned task is spawned"]
     pub(crate) fn attach(
         &self,
