@@ -6,9 +6,9 @@
 //! is marked `ignorable` (or is one of the plugin kinds a later part of the crate owns); an
 //! unknown type without `ignorable` fails the load, as upstream.
 
-use serde::de::{self, MapAccess, Visitor};
+use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::adjacent::{ContentOf, TaggedContent};
 use crate::content::Message;
@@ -570,10 +570,9 @@ impl<'de> Visitor<'de> for EventVisitor {
         let kind = match data.unwrap_or(Data::Json(Value::Null)) {
             Data::Known(kind) => kind,
             Data::Json(data) if EventKind::is_known_type(&event_type) => {
-                let mut tagged = Map::new();
-                tagged.insert("type".into(), Value::String(event_type));
-                tagged.insert("data".into(), data);
-                serde_json::from_value(Value::Object(tagged)).map_err(de::Error::custom)?
+                TaggedContent::new("type", &event_type, "data")
+                    .deserialize(data)
+                    .map_err(de::Error::custom)?
             }
             Data::Json(data) if ignorable || PLUGIN_EVENT_TYPES.contains(&event_type.as_str()) => {
                 EventKind::Extension { event_type, data }
