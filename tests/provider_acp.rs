@@ -603,9 +603,15 @@ fn acp_agent_refuses_model_flags_that_do_not_fit() {
     }
 }
 
-// SDK-02
-#[actix_rt::test]
-async fn an_sdk_child_that_dies_before_its_handshake_says_why() {
+/// A memory runtime with the SDK provider `config` registered, and a root parent working in a
+/// fresh directory (kept alive by the returned guard).
+async fn with_sdk_provider(
+    config: SdkProviderConfig,
+) -> (
+    subagents::Runtime,
+    subagents::AgentHandle,
+    tempfile::TempDir,
+) {
     let rt = memory_runtime(&subagents::testing::ScriptedModel::new());
     let dir = tempfile::tempdir().unwrap();
     let parent = rt
@@ -613,16 +619,23 @@ async fn an_sdk_child_that_dies_before_its_handshake_says_why() {
         .create(CreateAgent::new().cwd(dir.path()))
         .await
         .unwrap();
-    let config = SdkProviderConfig {
-        command: BINARY.to_owned(),
-        args: vec!["--no-such-flag".to_owned()],
-        ..SdkProviderConfig::default()
-    };
     rt.subagents()
         .register_provider(SdkProvider::new(config).unwrap())
         .await
         .unwrap()
         .keep();
+    (rt, parent, dir)
+}
+
+// SDK-02
+#[actix_rt::test]
+async fn an_sdk_child_that_dies_before_its_handshake_says_why() {
+    let (rt, parent, _dir) = with_sdk_provider(SdkProviderConfig {
+        command: BINARY.to_owned(),
+        args: vec!["--no-such-flag".to_owned()],
+        ..SdkProviderConfig::default()
+    })
+    .await;
     let error = rt
         .subagents()
         .start(
@@ -644,26 +657,15 @@ async fn an_sdk_child_that_dies_before_its_handshake_says_why() {
 // SDK-01
 #[actix_rt::test]
 async fn the_sdk_provider_delegates_to_a_subagents_process() {
-    let rt = memory_runtime(&subagents::testing::ScriptedModel::new());
-    let dir = tempfile::tempdir().unwrap();
-    let parent = rt
-        .agents()
-        .create(CreateAgent::new().cwd(dir.path()))
-        .await
-        .unwrap();
-    let config = SdkProviderConfig {
+    let (rt, parent, _dir) = with_sdk_provider(SdkProviderConfig {
         command: BINARY.to_owned(),
         env: BTreeMap::from([(
             "ACP_AGENT_TEXT".to_owned(),
             "from the child runtime".to_owned(),
         )]),
         ..SdkProviderConfig::default()
-    };
-    rt.subagents()
-        .register_provider(SdkProvider::new(config).unwrap())
-        .await
-        .unwrap()
-        .keep();
+    })
+    .await;
     let run = rt
         .subagents()
         .start(

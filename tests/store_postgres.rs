@@ -19,6 +19,26 @@ fn connect(url: &str) -> Arc<dyn SessionPersistence> {
     Arc::new(block_on(PostgresStore::connect(url)).unwrap())
 }
 
+/// Takes the lease of `id` for a new holder once the current one has expired. The expiry is
+/// the behavior under test and the server's clock decides it, so this polls (bounded) rather
+/// than waits on an event: nothing announces a lease running out.
+fn acquire_once_expired(store: &PostgresStore, id: SessionId) -> subagents::store::Lease {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match block_on(store.acquire_lease(id, LeaseHolder::new())) {
+            Ok(lease) => return lease,
+            Err(error) => {
+                assert_eq!(error.code(), ErrorCode::SessionLeased);
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the lease never expired"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
@@ -64,20 +84,7 @@ fn a_lease_expires_unless_renewed_and_its_late_writer_is_fenced_out() {
     let other_process = block_on(PostgresStore::connect(&url)).unwrap();
     let refused = block_on(other_process.acquire_lease(id, LeaseHolder::new())).unwrap_err();
     assert_eq!(refused.code(), ErrorCode::SessionLeased, "still held");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    // Waits for the server's clock to pass the expiry (a time-to-live, not an ordering).
-    let taken = loop {
-        match block_on(other_process.acquire_lease(id, LeaseHolder::new())) {
-            Ok(taken) => break taken,
-            Err(_) => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the lease never expired"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    };
+    let taken = acquire_once_expired(&other_process, id);
     assert!(taken.epoch > lease.epoch);
     let late = block_on(store.append(id, 0, notes(0, 1), Some(lease.epoch))).unwrap_err();
     assert_eq!(
@@ -304,21 +311,7 @@ fn a_paused_writer_that_wakes_past_its_lease_is_fenced_out_and_faults() {
 
     // The new owner takes the lease once it has expired, and writes under its own epoch.
     let store = block_on(PostgresStore::connect(&url)).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let lease = loop {
-        match block_on(store.acquire_lease(id, LeaseHolder::new())) {
-            Ok(lease) => break lease,
-            Err(error) => {
-                assert_eq!(error.code(), ErrorCode::SessionLeased);
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the lease never expired"
-                );
-                // The server's clock decides the expiry (a time-to-live, not an ordering).
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    };
+    let lease = acquire_once_expired(&store, id);
     let before = block_on(store.read_from(id, 0)).unwrap().len() as u64;
     block_on(store.append(id, before, notes(before, 1), Some(lease.epoch))).unwrap();
 

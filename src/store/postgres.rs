@@ -229,15 +229,19 @@ async fn schema_version(client: &tokio_postgres::Client) -> Result<Option<i32>> 
     if !exists {
         return Ok(None);
     }
-    let version: i32 = client
+    applied_version(client).await.map(Some)
+}
+
+/// The newest migration recorded in the schema table (0 when none is).
+async fn applied_version(client: &impl tokio_postgres::GenericClient) -> Result<i32> {
+    Ok(client
         .query_one(
             "SELECT coalesce(max(version), 0) FROM subagents_schema",
             &[],
         )
         .await
         .map_err(io("reading the schema version"))?
-        .get(0);
-    Ok(Some(version))
+        .get(0))
 }
 
 impl PostgresStore {
@@ -352,14 +356,7 @@ impl PostgresStore {
         )
         .await
         .map_err(io("creating the schema table"))?;
-        let applied: i32 = tx
-            .query_one(
-                "SELECT coalesce(max(version), 0) FROM subagents_schema",
-                &[],
-            )
-            .await
-            .map_err(io("reading the schema version"))?
-            .get(0);
+        let applied = applied_version(&*tx).await?;
         let known = known_version();
         if applied > known || applied < 0 {
             return Err(SubagentError::new(
