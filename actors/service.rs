@@ -24,6 +24,7 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures::future::BoxFuture;
 
 use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
@@ -195,12 +196,11 @@ fn observe_run(
     };
     events.emit(&SubagentEvent::Start(info.clone()));
     let events = Arc::clone(events);
-    let result = run.result_watch();
-    tokio::spawn(async move {
-        let (stop_reason, last_assistant_message) = match result.await {
+    run.on_settled(Box::new(move |outcome| {
+        let (stop_reason, last_assistant_message) = match outcome {
             Ok(result) => {
-                let output = (!result.output.is_empty()).then_some(result.output);
-                (result.stop_reason, output)
+                let output = (!result.output.is_empty()).then(|| result.output.clone());
+                (result.stop_reason.clone(), output)
             }
             Err(error) => {
                 tracing::warn!(child_id = %info.id, %error, "a subagent run failed as infrastructure");
@@ -212,7 +212,7 @@ fn observe_run(
             stop_reason,
             last_assistant_message,
         }));
-    });
+    }));
 }
 
 /// Registers a provider; replies with its registration id. Errors: `DUPLICATE_PROVIDER`,
@@ -296,26 +296,32 @@ impl Handler<LookupContinuable> for SubagentService {
     }
 }
 
-/// Starts a one-shot run; see the module docs for the validation order.
+/// Resolves a one-shot start (see the module docs for the validation order) and hands the
+/// provider's start back: the caller's own future drives it, so no task of the service's
+/// waits on a provider.
 #[derive(Message)]
-#[rtype(result = "Result<SubagentRun>")]
+#[rtype(result = "Result<ResolvedStart>")]
 struct Start {
     name: String,
     request: SubagentStartRequest,
 }
 
+/// A start the service resolved: the provider's start, under way, and what observing it needs.
+struct ResolvedStart {
+    started: BoxFuture<'static, Result<SubagentRun>>,
+    parent: crate::ids::SessionId,
+}
+
 impl Handler<Start> for SubagentService {
-    type Result = ResponseFuture<Result<SubagentRun>>;
+    type Result = Result<ResolvedStart>;
 
     fn handle(&mut self, msg: Start, _: &mut Context<Self>) -> Self::Result {
         let parent = msg.request.parent.id();
-        let resolved = self.resolve(&msg.name, msg.request);
-        let events = Arc::clone(&self.events);
-        Box::pin(async move {
-            let (provider, resolved) = resolved?;
-            let run = provider.start(resolved).await?;
-            observe_run(&events, msg.name, parent, &run);
-            Ok(run)
+        let (provider, resolved) = self.resolve(&msg.name, msg.request)?;
+        // Called here, in mailbox order: a provider enqueues its start before the reply.
+        Ok(ResolvedStart {
+            started: provider.start(resolved),
+            parent,
         })
     }
 }
@@ -540,15 +546,22 @@ impl Subagents {
         let start_cancel = request.cancel.child_token();
         request.cancel = start_cancel.clone();
         let service = self.service.clone();
+        let events = Arc::clone(&self.events);
         let name = name.to_owned();
         async move {
             let abandon = start_cancel.drop_guard();
-            let started = service
-                .send(Start { name, request })
+            let resolved = service
+                .send(Start {
+                    name: name.clone(),
+                    request,
+                })
                 .await
-                .map_err(SubagentError::from);
+                .map_err(SubagentError::from)?;
+            let ResolvedStart { started, parent } = resolved?;
+            let run = started.await?;
             abandon.disarm();
-            started?
+            observe_run(&events, name, parent, &run);
+            Ok(run)
         }
     }
 

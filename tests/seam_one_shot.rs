@@ -883,6 +883,64 @@ async fn runs_spread_over_worker_threads_all_complete() {
     );
 }
 
+// On worker threads a run's `subagent/end` comes from the run's own task and its disposal runs
+// on the child's worker: every start is paired with one end carrying the run's outcome, and a
+// disposed run still reads its child's log from the caller's thread.
+#[actix_rt::test]
+async fn runs_on_workers_pair_every_start_with_one_end_and_keep_their_logs_readable() {
+    let (rt, _) = on_two_workers().await;
+    let parent = root(&rt).await;
+    let recorder = crate::support::SeamRecorder::new(&rt, subagents::EventScope::All);
+    let runs = futures::future::join_all((0..100).map(|_| {
+        rt.subagents().start(
+            "spawn",
+            SubagentStartRequest::new(parent.agent(), text("x")),
+        )
+    }))
+    .await;
+    let mut ids = Vec::new();
+    for run in runs {
+        let run = run.unwrap();
+        run.result().await.unwrap();
+        run.dispose().await.unwrap();
+        let child = run.local_agent().expect("an in-process run").clone();
+        assert_eq!(
+            subagents::session::final_assistant_output(&child.log().events()),
+            text("done"),
+            "a disposed child's log stays readable"
+        );
+        ids.push(run.id());
+    }
+    recorder
+        .wait_until("every end", |events| {
+            events
+                .iter()
+                .filter(|event| matches!(event, subagents::SubagentEvent::End(_)))
+                .count()
+                >= ids.len()
+        })
+        .await;
+    let events = recorder.events();
+    for id in &ids {
+        let starts = events
+            .iter()
+            .filter(
+                |event| matches!(event, subagents::SubagentEvent::Start(info) if info.id == *id),
+            )
+            .count();
+        let ends: Vec<_> = events
+            .iter()
+            .filter_map(|event| match event {
+                subagents::SubagentEvent::End(end) if end.info.id == *id => Some(end),
+                _ => None,
+            })
+            .collect();
+        assert_eq!((starts, ends.len()), (1, 1), "run {id}");
+        assert_eq!(ends[0].stop_reason, StopReason::Completed);
+        assert_eq!(ends[0].last_assistant_message, Some(text("done")));
+    }
+}
+
 // A start handed to a worker and dropped by its caller leaves no child behind, whether the
 // cancel reached the worker before or after the child was published.
 #[actix_rt::test]

@@ -51,46 +51,48 @@ impl Actor for InProcessProvider {
     type Context = Context<Self>;
 }
 
-/// Starts one one-shot child. Sent by the provider handle's `start`; replies once the child is
-/// published (or with the creation's error, nothing left behind). A stopped provider actor
-/// fails the send (`AGENT_DISPOSED`).
+/// Starts one one-shot child. Sent by the provider handle's `start`; replies at once with where
+/// the run will arrive: once the child is published, or with the creation's error, nothing left
+/// behind. A stopped provider actor fails the send (`AGENT_DISPOSED`).
 #[derive(Message)]
-#[rtype(result = "Result<SubagentRun>")]
+#[rtype(result = "oneshot::Receiver<Result<SubagentRun>>")]
 pub(crate) struct StartOneShot(pub(crate) ResolvedSubagentStartRequest);
 
 impl Handler<StartOneShot> for InProcessProvider {
-    type Result = ResponseFuture<Result<SubagentRun>>;
+    type Result = MessageResult<StartOneShot>;
 
     fn handle(&mut self, msg: StartOneShot, _: &mut Context<Self>) -> Self::Result {
         self.started += 1;
         let seed = self.seed_for(&msg.0.request.parent);
         tracing::debug!(parent = %msg.0.request.parent.id(), started = self.started, "one-shot start");
-        let Some(worker) = msg.0.request.parent.agents().worker() else {
-            return Box::pin(start_in_process_run(msg.0, seed, Placement::Runtime));
-        };
-        // The whole run lives on the child's worker: its creation, its agent, the agent's
-        // write-behind and the task that drives it, so they talk within one thread and the
-        // calling arbiter only hands the run over.
+        // A caller that stopped waiting drops the run, which disposes its child.
         let (started, run) = oneshot::channel();
-        let spawned = worker.spawn(async move {
-            // A caller that stopped waiting drops the run, which disposes its child.
-            let _ = started.send(start_in_process_run(msg.0, seed, Placement::Here).await);
-        });
-        Box::pin(async move {
-            if !spawned {
-                return Err(worker_stopped());
+        match msg.0.request.parent.agents().worker() {
+            // The whole run lives on the child's worker: its creation, its agent, the agent's
+            // write-behind and the task that drives it, so they talk within one thread and
+            // this arbiter only hands the run over. A stopped worker drops `started`.
+            Some(worker) => {
+                worker.spawn(async move {
+                    let _ = started.send(start_in_process_run(msg.0, seed, Placement::Here).await);
+                });
             }
-            run.await.map_err(|_| worker_stopped())?
-        })
+            None => {
+                actix::spawn(async move {
+                    let _ =
+                        started.send(start_in_process_run(msg.0, seed, Placement::Runtime).await);
+                });
+            }
+        }
+        MessageResult(run)
     }
 }
 
-/// The worker a start was handed to stopped before the child was published: the runtime is
+/// The arbiter a start was handed to stopped before the child was published: the runtime is
 /// shutting down.
-fn worker_stopped() -> SubagentError {
+pub(crate) fn start_abandoned() -> SubagentError {
     SubagentError::new(
         ErrorCode::AgentDisposed,
-        "the child could not start: its worker has stopped",
+        "the child could not start: the runtime is shutting down",
     )
 }
 

@@ -21,7 +21,7 @@ use crate::seam::{
     ContinuableCreateRequest, ContinuableCreateSpec, PrepareContinuable,
     ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentRun,
 };
-use in_process::{InProcessProvider, Prepare, SeedPolicy, StartOneShot};
+use in_process::{start_abandoned, InProcessProvider, Prepare, SeedPolicy, StartOneShot};
 
 /// What distinguishes one in-process provider from another: its name and how it seeds children.
 pub trait InProcessKind: Send + Sync + 'static {
@@ -81,11 +81,11 @@ impl<K: InProcessKind> SubagentProvider for InProcess<K> {
         &self,
         request: ResolvedSubagentStartRequest,
     ) -> BoxFuture<'static, Result<SubagentRun>> {
-        let addr = self.addr();
+        // Enqueued now, so starts reach the provider in the order they were made.
+        let reply = self.addr().send(StartOneShot(request));
         Box::pin(async move {
-            addr.send(StartOneShot(request))
-                .await
-                .map_err(SubagentError::from)?
+            let run = reply.await.map_err(SubagentError::from)?;
+            run.await.map_err(|_| start_abandoned())?
         })
     }
 

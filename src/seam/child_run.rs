@@ -38,6 +38,8 @@ use crate::host::{
 };
 use crate::host::{AgentHandle, CreateAgent};
 use crate::seam::depth::{check_max_depth, resolve_child_depth};
+use crate::seam::run::LocalWiring;
+use crate::seam::settle_hook::SettleHook;
 use crate::seam::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::session::{
     fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind,
@@ -368,12 +370,16 @@ pub(crate) async fn start_in_process_run(
         }
     })?;
     tracing::debug!(parent = %parent.id(), child_id = %handle.agent().id(), depth, "one-shot child published");
+    // On a worker, the run's disposal goes back to it: the release talks to the agent, its
+    // log and its writer, which all live there, and the caller's thread only waits.
+    let home = (placement == Placement::Here).then(actix::Arbiter::current);
     Ok(drive_published_run(
         handle,
         request.prompt,
         token,
         boundary,
         capture_slot.get().cloned(),
+        home,
     ))
 }
 
@@ -385,20 +391,24 @@ fn aborted_before_publication() -> SubagentError {
 }
 
 /// Wires a published child into a run: one task sends the prompt, watches the request's
-/// token, and reads the result; the disposal releases the child and tells the store.
+/// token, and reads the result; the disposal releases the child and tells the store, on
+/// `home` (the child's worker) when given.
 fn drive_published_run(
     handle: AgentHandle,
     prompt: Vec<ContentBlock>,
     token: CancellationToken,
     boundary: u64,
     capture: Option<StructuredCapture>,
+    home: Option<actix::ArbiterHandle>,
 ) -> SubagentRun {
     let child = handle.agent().clone();
     let cancelled = Arc::new(AtomicBool::new(false));
+    let settle = Arc::new(SettleHook::new());
     let work = {
         let child = child.clone();
         let cancelled = Arc::clone(&cancelled);
-        async move {
+        let settle = Arc::clone(&settle);
+        let work = async move {
             // The owner has cancelled once the token fired or the run is being disposed.
             let owner_cancelled = || cancelled.load(Ordering::SeqCst) || token.is_cancelled();
             let turn = async {
@@ -441,6 +451,11 @@ fn drive_published_run(
                     .min(events.len());
                 read_result(&events[own..], cancelled, capture.as_ref())
             }))
+        };
+        async move {
+            let outcome = work.await;
+            settle.settle(&outcome);
+            outcome
         }
     };
     let task = tokio::spawn(work);
@@ -453,8 +468,12 @@ fn drive_published_run(
     let settled = result.clone();
     let id = child.id();
     let store = child.agents().env().store.clone();
-    SubagentRun::from_shared(id, Some(child), result, move || {
-        Box::pin(async move {
+    let wiring = LocalWiring {
+        settle,
+        home: home.clone(),
+    };
+    SubagentRun::local(child, wiring, result, move || {
+        let release = async move {
             cancelled.store(true, Ordering::SeqCst);
             let released = handle.dispose().await;
             // Disposal returns once the result is settled too; only a release failure is
@@ -466,8 +485,38 @@ fn drive_published_run(
                 }
             }
             released
-        })
+        };
+        match home {
+            Some(worker) => Box::pin(on_worker(worker, release)),
+            None => Box::pin(release),
+        }
     })
+}
+
+/// Runs `work` to completion on `worker` and answers its outcome; the work finishes even when
+/// the caller stops waiting.
+///
+/// # Errors
+/// `work`'s own; `AGENT_DISPOSED` when the worker has stopped (the runtime is shutting down,
+/// and its shutdown releases the agent).
+async fn on_worker(
+    worker: actix::ArbiterHandle,
+    work: impl std::future::Future<Output = Result<()>> + Send + 'static,
+) -> Result<()> {
+    let (done, outcome) = tokio::sync::oneshot::channel();
+    let spawned = worker.spawn(async move {
+        let _ = done.send(work.await);
+    });
+    let stopped = || {
+        SubagentError::new(
+            ErrorCode::AgentDisposed,
+            "the run could not be disposed on its worker: the worker has stopped",
+        )
+    };
+    if !spawned {
+        return Err(stopped());
+    }
+    outcome.await.map_err(|_| stopped())?
 }
 
 /// Reads a one-shot result from the child's own events.

@@ -15,6 +15,7 @@ pub mod request;
 pub mod result;
 pub mod run;
 pub(crate) mod scripted;
+pub(crate) mod settle_hook;
 pub mod settlement;
 pub mod setup;
 

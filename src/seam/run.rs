@@ -9,6 +9,7 @@ use crate::actors::agent::AgentRef;
 use crate::error::Result;
 use crate::host::handle::OnceTask;
 use crate::ids::SessionId;
+use crate::seam::settle_hook::{SettleHook, SettleObserver};
 use crate::seam::SubagentResult;
 
 pub(crate) type SharedResult = Shared<BoxFuture<'static, Result<SubagentResult>>>;
@@ -30,6 +31,7 @@ pub struct SubagentRun {
 struct RunInner {
     id: SessionId,
     local_agent: Option<AgentRef>,
+    local: Option<LocalWiring>,
     result: SharedResult,
     dispose: Mutex<Option<Dispose>>,
     disposal: OnceTask,
@@ -49,9 +51,25 @@ impl RunInner {
     }
 }
 
+/// What an in-process run has beyond its result and disposal.
+pub(crate) struct LocalWiring {
+    /// Told of the outcome by the run's own task.
+    pub(crate) settle: Arc<SettleHook>,
+    /// The worker the child lives on, when it has one.
+    pub(crate) home: Option<actix::ArbiterHandle>,
+}
+
 impl Drop for RunInner {
     fn drop(&mut self) {
         if self.disposal.started() {
+            // The child's memory (its log above all) goes back to its worker to be freed there,
+            // beside the rest of it, rather than on the caller's thread.
+            if let (Some(agent), Some(home)) = (
+                self.local_agent.take(),
+                self.local.as_ref().and_then(|local| local.home.as_ref()),
+            ) {
+                home.spawn(async move { drop(agent) });
+            }
             return;
         }
         let id = self.id;
@@ -90,13 +108,26 @@ impl SubagentRun {
         R: Future<Output = Result<SubagentResult>> + Send + 'static,
         D: FnOnce() -> BoxFuture<'static, Result<()>> + Send + 'static,
     {
-        Self::from_shared(id, local_agent, result.boxed().shared(), dispose)
+        Self::from_parts(id, local_agent, None, result.boxed().shared(), dispose)
     }
 
-    /// [`SubagentRun::new`] with a result that is already shared.
-    pub(crate) fn from_shared<D>(
+    /// An in-process run of `agent`, whose task settles `result` and tells `local.settle`.
+    pub(crate) fn local<D>(
+        agent: AgentRef,
+        local: LocalWiring,
+        result: SharedResult,
+        dispose: D,
+    ) -> Self
+    where
+        D: FnOnce() -> BoxFuture<'static, Result<()>> + Send + 'static,
+    {
+        Self::from_parts(agent.id(), Some(agent), Some(local), result, dispose)
+    }
+
+    fn from_parts<D>(
         id: SessionId,
         local_agent: Option<AgentRef>,
+        local: Option<LocalWiring>,
         result: SharedResult,
         dispose: D,
     ) -> Self
@@ -107,6 +138,7 @@ impl SubagentRun {
             inner: Arc::new(RunInner {
                 id,
                 local_agent,
+                local,
                 result,
                 dispose: Mutex::new(Some(Box::new(dispose))),
                 disposal: OnceTask::default(),
@@ -124,10 +156,19 @@ impl SubagentRun {
         self.inner.local_agent.as_ref()
     }
 
-    /// The result alone, without holding the run: an observer of it never keeps a dropped run
-    /// (and its child) alive.
-    pub(crate) fn result_watch(&self) -> SharedResult {
-        self.inner.result.clone()
+    /// Tells `observer` the run's outcome once it settles, without holding the run (an
+    /// observer never keeps a dropped run, or its child, alive). An in-process run's own task
+    /// tells it; any other run is watched by a task of its own.
+    pub(crate) fn on_settled(&self, observer: SettleObserver) {
+        let observer = match &self.inner.local {
+            Some(local) => match local.settle.observe(observer) {
+                None => return,
+                Some(late) => late,
+            },
+            None => observer,
+        };
+        let result = self.inner.result.clone();
+        tokio::spawn(async move { observer(&result.await) });
     }
 
     /// The child's terminal result.
