@@ -84,14 +84,18 @@ struct Staged {
 }
 
 impl Agents {
-    pub(crate) fn start(env: Arc<AgentEnv>, workers: Option<Arc<WorkerPool>>) -> Self {
+    pub(crate) fn start(
+        env: Arc<AgentEnv>,
+        workers: Option<Arc<WorkerPool>>,
+        holder: LeaseHolder,
+    ) -> Self {
         Self {
             shared: Arc::new(AgentsShared {
                 registry: AgentRegistry::new(Arc::clone(&env.events)).start(),
                 env,
                 incarnations: AtomicU64::new(1),
                 workers,
-                holder: LeaseHolder::new(),
+                holder,
             }),
         }
     }

@@ -7,8 +7,7 @@
 //! - `floor/sled_insert_turn_bytes`: one sled row of a child turn's event bytes.
 //!
 //! A run here is: `start` → `result` → `dispose`. Run with `cargo bench --bench one_shot`.
-//! First the bench prints the resident memory per in-flight child (RSS delta while 4,000
-//! children, or `SUBAGENTS_HELD`, are held mid-turn, divided by their number).
+//! The memory an in-flight child holds is measured by `cargo bench --bench in_flight_memory`.
 
 use std::hint::black_box;
 
@@ -23,7 +22,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use futures::future::join_all;
-use subagents::testing::{Gate, ScriptStep, ScriptedModel};
+use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
     AgentHandle, ContentBlock, CreateAgent, MemoryStore, MessageSource, Runtime,
     SessionPersistence, SledStore, SubagentStartRequest,
@@ -180,61 +179,8 @@ fn in_flight_two_workers(c: &mut Criterion, system: &SystemRunner) {
     group.finish();
 }
 
-/// How many runs [`memory_per_child`] holds: `SUBAGENTS_HELD` (one count; run the bench once
-/// per count, since a later pass in the same process reuses the pages an earlier one freed),
-/// 4,000 by default.
-fn held_count() -> usize {
-    std::env::var("SUBAGENTS_HELD")
-        .ok()
-        .and_then(|count| count.trim().parse().ok())
-        .filter(|count| *count > 0)
-        .unwrap_or(4_000)
-}
-
-/// Resident memory per in-flight child: runs held at a gate mid-turn.
-fn memory_per_child(system: &SystemRunner) {
-    let held_runs = held_count();
-    let gate = Gate::new();
-    // The parent's own turn answers at once; every child's answer is held at the gate.
-    let model = ScriptedModel::with_script([ScriptStep::text("parent")]);
-    model.set_fallback(ScriptStep::text("held").gated(&gate));
-    let (rt, parent) = system.block_on(setup(Arc::new(MemoryStore::new()), model.clone()));
-    let before = subagents::load::rss_bytes();
-    let runs = system.block_on(async {
-        let runs = join_all((0..held_runs).map(|_| {
-            rt.subagents().start(
-                "spawn",
-                SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]),
-            )
-        }))
-        .await;
-        // Every child is mid-turn once its model request is waiting at the gate.
-        while model.request_count() < held_runs + 1 {
-            tokio::task::yield_now().await;
-        }
-        runs.into_iter()
-            .map(|run| run.expect("start"))
-            .collect::<Vec<_>>()
-    });
-    let held = subagents::load::rss_bytes();
-    gate.release();
-    system.block_on(async {
-        for run in &runs {
-            run.result().await.expect("result");
-            run.dispose().await.expect("dispose");
-        }
-    });
-    let per_child = held.saturating_sub(before) / u64::try_from(held_runs).expect("small");
-    eprintln!(
-        "memory: {held_runs} children in flight held {} KiB of RSS, {per_child} bytes per child",
-        held.saturating_sub(before) / 1024
-    );
-}
-
 fn bench(c: &mut Criterion) {
     let system = System::new();
-    // First, while the heap is fresh: later benches leave freed pages the allocator reuses.
-    memory_per_child(&system);
     floors(c, &system);
     sequential(c, &system);
     in_flight(c, &system);

@@ -16,7 +16,7 @@ use crate::host::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSec
 use crate::jobs::Jobs;
 use crate::model::{LlmAdapter, ModelRouter};
 use crate::projection::ProjectionRegistry;
-use crate::store::{SessionPersistence, SharedStore};
+use crate::store::{LeaseHolder, SessionPersistence, SharedStore};
 use crate::tools::{Tool, ToolRegistry};
 
 /// Assembles a [`Runtime`].
@@ -32,6 +32,7 @@ pub struct RuntimeBuilder {
     workers: usize,
     without_projections: bool,
     without_projection_cache: bool,
+    holder: Option<LeaseHolder>,
 }
 
 impl RuntimeBuilder {
@@ -117,6 +118,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Leases every session this runtime drives in `holder`'s name, instead of a fresh
+    /// holder's: the holder that joined a cluster as a node
+    /// ([`crate::store::PostgresStore::join`]), whose leases then live while the node
+    /// heartbeats.
+    #[must_use]
+    pub fn lease_holder(mut self, holder: LeaseHolder) -> Self {
+        self.holder = Some(holder);
+        self
+    }
+
     /// Starts the runtime's actors on the current arbiter.
     ///
     /// # Errors
@@ -148,6 +159,7 @@ impl RuntimeBuilder {
         let agents = Agents::start(
             Arc::clone(&env),
             (self.workers > 1).then(|| Arc::new(WorkerPool::new(self.workers))),
+            self.holder.unwrap_or_default(),
         );
         Ok(Runtime {
             subagents: Subagents::start_service(agents.clone()),

@@ -382,3 +382,157 @@ async fn connections_opened_for_a_worker_serve_the_store_while_the_worker_is_stu
         assert!(read.unwrap().is_empty());
     }
 }
+
+/// One value of one row of `sql` on `url` (to read what the store wrote, as an operator would).
+fn query_value<T: for<'a> tokio_postgres::types::FromSql<'a>>(url: &str, sql: &str) -> T {
+    block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client.query_one(sql, &[]).await.unwrap().get(0)
+    })
+}
+
+/// A store whose nodes go silent after 600 ms and whose plain leases after 300 ms.
+fn cluster_store(url: &str) -> Arc<PostgresStore> {
+    let mut config = PostgresConfig::new(url);
+    config.node_ttl = Duration::from_millis(600);
+    config.lease_ttl = Duration::from_millis(300);
+    Arc::new(block_on(PostgresStore::connect_with(config)).unwrap())
+}
+
+// A node's leases need no renewal: they live while the node heartbeats, past both time-to-lives.
+// Once the node goes silent (its process died: here its membership is dropped without leaving),
+// another node takes them within the node time-to-live, and the silent node's late write is
+// refused by its fencing epoch with nothing landed.
+#[test]
+fn a_nodes_lease_lives_while_it_heartbeats_and_passes_on_once_it_goes_silent() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let store = cluster_store(&url);
+    let node = LeaseHolder::new();
+    let membership = block_on(store.join(&node, "a")).unwrap();
+    assert_eq!(membership.node(), node.id());
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+    let lease = block_on(store.acquire_lease(id, node.clone())).unwrap();
+    assert_eq!(
+        lease.ttl, None,
+        "a node's lease is not renewed lease by lease"
+    );
+    let other = block_on(PostgresStore::connect(&url)).unwrap();
+    // Past the lease and node time-to-lives, with no renewal: only the heartbeat keeps it. (A
+    // wait is the behavior under test: nothing announces that a lease is still held.)
+    std::thread::sleep(Duration::from_millis(1_500));
+    let refused = block_on(other.acquire_lease(id, LeaseHolder::new())).unwrap_err();
+    assert_eq!(
+        refused.code(),
+        ErrorCode::SessionLeased,
+        "held by a live node"
+    );
+    block_on(store.append(id, 0, notes(0, 1), Some(lease.epoch))).unwrap();
+
+    drop(membership);
+    let taken = acquire_once_expired(&other, id);
+    assert!(taken.epoch > lease.epoch);
+    let late = block_on(store.append(id, 1, notes(1, 1), Some(lease.epoch))).unwrap_err();
+    assert_eq!(
+        late.code(),
+        ErrorCode::LeaseLost,
+        "the silent node is fenced out"
+    );
+    assert_eq!(
+        block_on(store.read_from(id, 0)).unwrap().len(),
+        1,
+        "nothing of the silent node's landed after the new owner's epoch"
+    );
+}
+
+// A node whose row expired (it was paused past its time-to-live) learns that its membership is
+// lost, is not revived by a late heartbeat, and cannot join again under the same id; its later
+// leases are plain ones, renewed lease by lease.
+#[test]
+fn a_node_declared_dead_learns_it_and_cannot_rejoin() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let store = cluster_store(&url);
+    let node = LeaseHolder::new();
+    let membership = block_on(store.join(&node, "paused")).unwrap();
+    execute(
+        &url,
+        "UPDATE subagents_nodes SET expires_at = now() - interval '1 second'",
+    );
+    block_on(within("the lost membership", membership.lost().cancelled()));
+    let expired: bool = query_value(
+        &url,
+        "SELECT bool_and(expires_at < now()) FROM subagents_nodes",
+    );
+    assert!(expired, "no heartbeat revived the row");
+    let again = block_on(store.join(&node, "paused")).unwrap_err();
+    assert_eq!(again.code(), ErrorCode::LeaseLost);
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+    let lease = block_on(store.acquire_lease(id, node)).unwrap();
+    assert_eq!(lease.ttl, Some(Duration::from_millis(300)));
+}
+
+// Leaving removes the node's row at once.
+#[test]
+fn a_node_that_leaves_removes_its_row() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let store = cluster_store(&url);
+    let membership = block_on(store.join(&LeaseHolder::new(), "leaving")).unwrap();
+    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
+    assert_eq!(name, "leaving");
+    block_on(membership.leave()).unwrap();
+    let rows: i64 = query_value(&url, "SELECT count(*) FROM subagents_nodes");
+    assert_eq!(rows, 0);
+}
+
+// A runtime run as a node leases every session it drives in the node's name.
+#[actix_rt::test]
+async fn a_runtime_run_as_a_node_leases_in_the_nodes_name() {
+    let url = server().fresh_database();
+    let mut config = PostgresConfig::new(url.clone());
+    config.node_ttl = Duration::from_millis(600);
+    let store = Arc::new(PostgresStore::connect_with(config).await.unwrap());
+    let node = LeaseHolder::new();
+    let membership = store.join(&node, "runtime").await.unwrap();
+    let rt = subagents::Runtime::builder()
+        .shared_store(store.clone())
+        .lease_holder(node.clone())
+        .model(
+            "scripted",
+            subagents::testing::ScriptedModel::repeating(subagents::testing::ScriptStep::text(
+                "done",
+            )),
+        )
+        .build()
+        .unwrap();
+    let agent = rt
+        .agents()
+        .create(subagents::CreateAgent::new())
+        .await
+        .unwrap();
+    let holder: uuid::Uuid = {
+        let url = url.clone();
+        let id = agent.agent().id();
+        tokio::task::spawn_blocking(move || {
+            query_value(
+                &url,
+                &format!("SELECT holder FROM subagents_leases WHERE session = '{id}'"),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(holder, node.id());
+    agent.dispose().await.unwrap();
+    rt.shutdown().await.unwrap();
+    membership.leave().await.unwrap();
+}

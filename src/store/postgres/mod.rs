@@ -8,6 +8,7 @@
 //!   array), as the sled store keeps them.
 //! - `subagents_leases`: one row per held lease (session, holder, epoch, expiry).
 //! - `subagents_projection_cache`: one row per (unit, session).
+//! - `subagents_nodes`: one row per runtime that joined the cluster (see [`membership`]).
 //!
 //! # Guarantees
 //! Compare-and-append is one statement: it locks the session row, checks the expected seq and
@@ -15,13 +16,17 @@
 //! interleave and a fenced-out writer changes nothing (`LEASE_LOST`, as on sled). A commit is
 //! durable when it returns (the server's `synchronous_commit`), so `flush` has nothing to wait
 //! for. Leases expire after their time-to-live unless renewed; a holder of this process that
-//! is gone (its runtime dropped) holds nothing, as on the embedded stores.
+//! is gone (its runtime dropped) holds nothing, as on the embedded stores. A holder that joined
+//! the cluster as a node ([`PostgresStore::join`]) renews nothing: its leases live while its
+//! node heartbeats.
 //!
 //! # Schema
 //! The crate creates and migrates its tables itself, at [`PostgresStore::connect`], under an
 //! advisory lock, so any number of runtimes may start against one database at once.
 
-use std::collections::HashMap;
+mod membership;
+
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -36,6 +41,8 @@ use super::{check_append, check_contiguous, not_found, ListedSession, SessionPer
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
+
+pub use membership::NodeMembership;
 
 /// The schema versions, applied in order; each runs once, in one transaction.
 const MIGRATIONS: &[&str] = &[
@@ -68,6 +75,14 @@ const MIGRATIONS: &[&str] = &[
      );",
     // 2: the row a flush writes (its synchronous commit makes every earlier append durable).
     "CREATE TABLE subagents_flushes (session uuid PRIMARY KEY, at timestamptz NOT NULL);",
+    // 3: cluster membership: a member's leases live while its row does.
+    "CREATE TABLE subagents_nodes (
+         node uuid PRIMARY KEY,
+         name text NOT NULL,
+         started_at timestamptz NOT NULL DEFAULT now(),
+         heartbeat_at timestamptz NOT NULL DEFAULT now(),
+         expires_at timestamptz NOT NULL
+     );",
 ];
 
 /// How long opening a connection may take.
@@ -145,6 +160,9 @@ pub struct PostgresConfig {
     pub lease_ttl: Duration,
     /// The most connections the pool opens (default 16).
     pub pool_size: usize,
+    /// How long a node that joined the cluster keeps its row, and with it its leases, without
+    /// a heartbeat (default 10 s; it heartbeats every third of this).
+    pub node_ttl: Duration,
 }
 
 /// Never shows the connection string: it may hold a password.
@@ -154,6 +172,7 @@ impl std::fmt::Debug for PostgresConfig {
             .field("url", &"<redacted>")
             .field("lease_ttl", &self.lease_ttl)
             .field("pool_size", &self.pool_size)
+            .field("node_ttl", &self.node_ttl)
             .finish()
     }
 }
@@ -165,6 +184,7 @@ impl PostgresConfig {
             url: url.into(),
             lease_ttl: Duration::from_secs(30),
             pool_size: 16,
+            node_ttl: Duration::from_secs(10),
         }
     }
 }
@@ -173,8 +193,11 @@ impl PostgresConfig {
 pub struct PostgresStore {
     pool: Pool,
     lease_ttl: Duration,
+    node_ttl: Duration,
     /// The holders this process granted leases to: one that is gone holds nothing.
     holders: Mutex<HashMap<uuid::Uuid, Weak<()>>>,
+    /// The holders of this process that are cluster members now (their leases need no renewal).
+    members: Mutex<HashSet<uuid::Uuid>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -303,7 +326,9 @@ impl PostgresStore {
         let store = Self {
             pool,
             lease_ttl: config.lease_ttl,
+            node_ttl: config.node_ttl,
             holders: Mutex::default(),
+            members: Mutex::default(),
         };
         Ok(store)
     }
@@ -412,8 +437,40 @@ impl PostgresStore {
             .is_some_and(|alive| alive.strong_count() == 0)
     }
 
-    fn ttl_interval(&self) -> f64 {
-        self.lease_ttl.as_secs_f64()
+    fn remember_member(&self, node: uuid::Uuid) {
+        self.members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(node);
+    }
+
+    fn forget_member(&self, node: uuid::Uuid) {
+        self.members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&node);
+    }
+
+    /// The lease `holder` is granted: a member's lives while its node heartbeats (its row's
+    /// expiry is a floor of one node time-to-live); anyone else's lasts the lease time-to-live
+    /// unless renewed. Answers the lease and its row's time-to-live in seconds.
+    fn lease_terms(&self, holder: uuid::Uuid, epoch: LeaseEpoch) -> (Lease, f64) {
+        let member = self
+            .members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&holder);
+        if member {
+            (Lease { epoch, ttl: None }, self.node_ttl.as_secs_f64())
+        } else {
+            (
+                Lease {
+                    epoch,
+                    ttl: Some(self.lease_ttl),
+                },
+                self.lease_ttl.as_secs_f64(),
+            )
+        }
     }
 
     /// Creates `header` with `events` and, with a holder, its first lease, in one transaction.
@@ -434,6 +491,8 @@ impl PostgresStore {
         let epoch: i64 = i64::from(holder.is_some());
         let parent = header.parent_session.map(uuid_of);
         let holder_id = holder.as_ref().map(LeaseHolder::id);
+        let terms = holder_id.map(|holder| self.lease_terms(holder, LeaseEpoch(1)));
+        let row_ttl = terms.map_or(0.0, |(_, secs)| secs);
         let client = self.client().await?;
         // One statement: the session, its seed and its first lease stand or fall together (the
         // batch's and the lease's references are checked at the statement's end).
@@ -467,7 +526,7 @@ impl PostgresStore {
                     &epoch,
                     &encoded,
                     &holder_id,
-                    &self.ttl_interval(),
+                    &row_ttl,
                 ],
             )
             .await
@@ -479,13 +538,10 @@ impl PostgresStore {
                 format!("session {id} already exists"),
             ));
         }
-        Ok(holder.map(|holder| {
-            self.remember(&holder);
-            Lease {
-                epoch: LeaseEpoch(1),
-                ttl: Some(self.lease_ttl),
-            }
-        }))
+        if let Some(holder) = &holder {
+            self.remember(holder);
+        }
+        Ok(terms.map(|(lease, _)| lease))
     }
 
     async fn listing(&self, parent: Option<SessionId>) -> Result<Vec<ListedSession>> {
@@ -735,8 +791,13 @@ impl SessionPersistence for PostgresStore {
                 .map_err(&failed)?;
             let current = tx
                 .prepare_cached(
-                    "SELECT holder, expires_at > now() FROM subagents_leases
-                     WHERE session = $1 FOR UPDATE",
+                    // Held while its own expiry is ahead, or while its holder is a node
+                    // whose row is.
+                    "SELECT lease.holder,
+                            lease.expires_at > now() OR coalesce(node.expires_at > now(), false)
+                     FROM subagents_leases lease
+                     LEFT JOIN subagents_nodes node ON node.node = lease.holder
+                     WHERE lease.session = $1 FOR UPDATE OF lease",
                 )
                 .await
                 .map_err(&failed)?;
@@ -762,6 +823,7 @@ impl SessionPersistence for PostgresStore {
             let granted = epoch
                 .checked_add(1)
                 .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
+            let (lease, row_ttl) = self.lease_terms(holder.id(), LeaseEpoch(seq_value(granted)?));
             let grant = tx
                 .prepare_cached(
                     "WITH fenced AS (
@@ -775,20 +837,14 @@ impl SessionPersistence for PostgresStore {
                 )
                 .await
                 .map_err(&failed)?;
-            tx.execute(
-                &grant,
-                &[&uuid_of(id), &holder.id(), &granted, &self.ttl_interval()],
-            )
-            .await
-            .map_err(&failed)?;
+            tx.execute(&grant, &[&uuid_of(id), &holder.id(), &granted, &row_ttl])
+                .await
+                .map_err(&failed)?;
             tx.commit()
                 .await
                 .map_err(io(format!("leasing session {id}")))?;
             self.remember(&holder);
-            Ok(Lease {
-                epoch: LeaseEpoch(seq_value(granted)?),
-                ttl: Some(self.lease_ttl),
-            })
+            Ok(lease)
         })
     }
 
@@ -800,7 +856,7 @@ impl SessionPersistence for PostgresStore {
                 .execute(
                     &client.prepare_cached("UPDATE subagents_leases SET expires_at = now() + make_interval(secs => $3)
                      WHERE session = $1 AND epoch = $2").await.map_err(io("preparing a statement"))?,
-                    &[&uuid_of(id), &epoch, &self.ttl_interval()],
+                    &[&uuid_of(id), &epoch, &self.lease_ttl.as_secs_f64()],
                 )
                 .await
                 .map_err(io(format!("renewing the lease of session {id}")))?;

@@ -1,0 +1,189 @@
+//! Provides [`NodeMembership`]: a runtime's place in a cluster of runtimes that share one
+//! PostgreSQL, kept by heartbeats on its row of `subagents_nodes`.
+//!
+//! # Why nodes
+//! A lease taken by a member ([`PostgresStore::join`]) lives as long as its node heartbeats, so
+//! a node renews one row instead of one lease per live session. A node that stops heartbeating
+//! (it died, or it is paused) holds its leases no longer than the node time-to-live; another
+//! node then takes them with newer fencing epochs, and anything the silent node writes after
+//! that is refused (`LEASE_LOST`).
+//!
+//! # A lost membership
+//! A node whose row expired is not revived by a late heartbeat: it has been declared dead, and
+//! another node may hold its sessions. Its membership reports the loss
+//! ([`NodeMembership::lost`]), and its holder's later leases are plain ones again (with a
+//! time-to-live to renew). A host should stop such a runtime.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{io, pool_io, PostgresStore};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::store::LeaseHolder;
+
+/// A node's membership: its row, renewed every third of the node time-to-live until it is
+/// left, dropped, or lost.
+#[derive(Debug)]
+pub struct NodeMembership {
+    node: uuid::Uuid,
+    lost: CancellationToken,
+    /// Stops the heartbeat when the membership is dropped or left.
+    stop: CancellationToken,
+    store: Arc<PostgresStore>,
+}
+
+impl NodeMembership {
+    /// The node's id: the id of the [`LeaseHolder`] that joined.
+    pub fn node(&self) -> uuid::Uuid {
+        self.node
+    }
+
+    /// Cancelled once the membership is lost: the node's row expired before a heartbeat
+    /// renewed it (the node was paused, or could not reach the server for a time-to-live).
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    /// Leaves the cluster: the heartbeat stops and the node's row is removed. Leases the node
+    /// still holds then last only their own time-to-live: release the runtime's agents first.
+    ///
+    /// # Errors
+    /// `STORE_IO` when the row cannot be removed (it then expires on its own).
+    pub async fn leave(self) -> Result<()> {
+        self.stop.cancel();
+        self.store.forget_member(self.node);
+        let client = self
+            .store
+            .pool
+            .get()
+            .await
+            .map_err(pool_io("leaving the cluster"))?;
+        client
+            .execute("DELETE FROM subagents_nodes WHERE node = $1", &[&self.node])
+            .await
+            .map_err(io("leaving the cluster"))?;
+        Ok(())
+    }
+}
+
+impl Drop for NodeMembership {
+    /// Stops heartbeating without removing the row: the node's leases then expire as a dead
+    /// node's would.
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.store.forget_member(self.node);
+    }
+}
+
+impl PostgresStore {
+    /// Joins `holder`'s runtime to the cluster as a node named `name`, and heartbeats its row
+    /// until the membership is left or dropped. Leases `holder` takes from then on live as long
+    /// as the node heartbeats (they carry no time-to-live to renew).
+    ///
+    /// # Errors
+    /// `LEASE_LOST` when `holder` was a node already declared dead; `STORE_IO` when the row
+    /// cannot be written; `NO_ACTOR_SYSTEM` outside a tokio runtime.
+    pub async fn join(
+        self: &Arc<Self>,
+        holder: &LeaseHolder,
+        name: &str,
+    ) -> Result<NodeMembership> {
+        let node = holder.id();
+        let ttl = self.node_ttl.as_secs_f64();
+        let client = self.client().await?;
+        let joined = client
+            .execute(
+                "INSERT INTO subagents_nodes (node, name, expires_at)
+                 VALUES ($1, $2, now() + make_interval(secs => $3))
+                 ON CONFLICT (node) DO UPDATE
+                 SET name = excluded.name, heartbeat_at = now(), expires_at = excluded.expires_at
+                 WHERE subagents_nodes.expires_at > now()",
+                &[&node, &name, &ttl],
+            )
+            .await
+            .map_err(io(format!("joining the cluster as node {node}")))?;
+        drop(client);
+        if joined == 0 {
+            return Err(SubagentError::new(
+                ErrorCode::LeaseLost,
+                format!("node {node} was declared dead: a new runtime (a new holder) must join"),
+            ));
+        }
+        self.remember(holder);
+        self.remember_member(node);
+        let membership = NodeMembership {
+            node,
+            lost: CancellationToken::new(),
+            stop: CancellationToken::new(),
+            store: Arc::clone(self),
+        };
+        let heartbeat = Heartbeat {
+            store: Arc::clone(self),
+            node,
+            lost: membership.lost.clone(),
+            stop: membership.stop.clone(),
+        };
+        tokio::spawn(heartbeat.run());
+        tracing::info!(%node, name, "joined the cluster");
+        Ok(membership)
+    }
+}
+
+/// The task that renews a node's row.
+struct Heartbeat {
+    store: Arc<PostgresStore>,
+    node: uuid::Uuid,
+    lost: CancellationToken,
+    stop: CancellationToken,
+}
+
+impl Heartbeat {
+    async fn run(self) {
+        let ttl = self.store.node_ttl;
+        let every = (ttl / 3).max(Duration::from_millis(1));
+        // The row is good until here, as far as this node knows (its own clock, started before
+        // the write, so it never thinks the row lives longer than the server does).
+        let mut good_until = Instant::now() + ttl;
+        loop {
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            let sent = Instant::now();
+            match self.beat().await {
+                Ok(true) => good_until = sent + ttl,
+                Ok(false) => {
+                    tracing::error!(node = %self.node, "this node's membership expired: another node may hold its sessions");
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(node = %self.node, %error, "a heartbeat failed; retrying");
+                    if Instant::now() >= good_until {
+                        tracing::error!(node = %self.node, "no heartbeat landed for a node time-to-live: this node's membership is lost");
+                        break;
+                    }
+                }
+            }
+        }
+        self.store.forget_member(self.node);
+        self.lost.cancel();
+    }
+
+    /// Renews the row if it has not expired; `false` when it has (or is gone).
+    async fn beat(&self) -> Result<bool> {
+        let client = self.store.client().await?;
+        let renewed = client
+            .execute(
+                "UPDATE subagents_nodes
+                 SET heartbeat_at = now(), expires_at = now() + make_interval(secs => $2)
+                 WHERE node = $1 AND expires_at > now()",
+                &[&self.node, &self.store.node_ttl.as_secs_f64()],
+            )
+            .await
+            .map_err(io(format!("heartbeating node {}", self.node)))?;
+        Ok(renewed == 1)
+    }
+}
