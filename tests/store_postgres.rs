@@ -536,3 +536,101 @@ async fn a_runtime_run_as_a_node_leases_in_the_nodes_name() {
     rt.shutdown().await.unwrap();
     membership.leave().await.unwrap();
 }
+
+/// A handler that records what it serves and answers `{"seen": n}`, refusing `n == 7`; the
+/// first delivery it serves waits for `gate`.
+fn recording_handler(
+    served: &Arc<std::sync::Mutex<Vec<(i64, u64)>>>,
+    gate: &subagents::testing::Gate,
+) -> subagents::store::deliveries::DeliveryHandler {
+    let served = Arc::clone(served);
+    let gate = gate.clone();
+    Arc::new(move |delivery: subagents::store::deliveries::Delivery| {
+        let n = delivery.payload["n"].as_u64().unwrap();
+        served.lock().unwrap().push((delivery.id, n));
+        let gate = gate.clone();
+        Box::pin(async move {
+            if n == 0 {
+                gate.pass().await;
+            }
+            if n == 7 {
+                Err(subagents::SubagentError::new(
+                    ErrorCode::Unauthorized,
+                    "not from this sender",
+                ))
+            } else {
+                Ok(serde_json::json!({ "seen": n }))
+            }
+        })
+    })
+}
+
+// Deliveries between two nodes (each with its own connections, as two processes would have),
+// committed one after another while the target is busy with the first: every one is served
+// exactly once, in the order it was sent, and its sender gets its own answer, or the target's
+// typed error.
+#[test]
+fn deliveries_between_nodes_are_served_once_each_in_the_order_sent() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let a = cluster_store(&url);
+    let b = cluster_store(&url);
+    let sender = block_on(a.join(&LeaseHolder::new(), "a")).unwrap();
+    let target = block_on(b.join(&LeaseHolder::new(), "b")).unwrap();
+    let served = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let gate = subagents::testing::Gate::new();
+    target.serve(recording_handler(&served, &gate));
+    let session = SessionId::new();
+    let sent: Vec<_> = (0..30u64)
+        .map(|n| {
+            block_on(sender.send(target.node(), session, &serde_json::json!({ "n": n }))).unwrap()
+        })
+        .collect();
+    gate.release();
+    for (n, sent) in sent.into_iter().enumerate() {
+        let answer = block_on(within("an answer", sent.answer()));
+        if n == 7 {
+            let refused = answer.unwrap_err();
+            assert_eq!(refused.code(), ErrorCode::Unauthorized);
+            assert_eq!(refused.message(), "not from this sender");
+        } else {
+            assert_eq!(answer.unwrap(), serde_json::json!({ "seen": n }));
+        }
+    }
+    let served = served.lock().unwrap().clone();
+    let order: Vec<u64> = served.iter().map(|(_, n)| *n).collect();
+    assert_eq!(
+        order,
+        (0..30).collect::<Vec<_>>(),
+        "each served once, in the order sent"
+    );
+    let answered: i64 = query_value(
+        &url,
+        "SELECT count(*) FROM subagents_deliveries WHERE state = 'answered'",
+    );
+    assert_eq!(answered, 30);
+}
+
+// A delivery to a node that went silent before serving it is withdrawn once the node's
+// membership expires, and its sender is told the session's node stopped.
+#[test]
+fn a_delivery_to_a_silent_node_is_withdrawn_and_its_sender_told() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let a = cluster_store(&url);
+    let b = cluster_store(&url);
+    let sender = block_on(a.join(&LeaseHolder::new(), "a")).unwrap();
+    let silent = block_on(b.join(&LeaseHolder::new(), "silent")).unwrap();
+    let node = silent.node();
+    drop(silent);
+    let refused = block_on(within(
+        "the refusal",
+        sender.deliver(node, SessionId::new(), &serde_json::json!({ "n": 1 })),
+    ))
+    .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::SessionLeased);
+    let state: String = query_value(&url, "SELECT state FROM subagents_deliveries");
+    assert_eq!(state, "withdrawn", "a node that wakes cannot serve it");
+}

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::deliveries::{listen, Inbound};
 use super::{io, pool_io, PostgresStore};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::store::LeaseHolder;
@@ -28,11 +29,13 @@ use crate::store::LeaseHolder;
 /// left, dropped, or lost.
 #[derive(Debug)]
 pub struct NodeMembership {
-    node: uuid::Uuid,
+    pub(super) node: uuid::Uuid,
     lost: CancellationToken,
-    /// Stops the heartbeat when the membership is dropped or left.
-    stop: CancellationToken,
-    store: Arc<PostgresStore>,
+    /// Stops the heartbeat, the listener and the server when the membership is dropped or
+    /// left.
+    pub(super) stop: CancellationToken,
+    pub(super) store: Arc<PostgresStore>,
+    pub(super) inbound: Arc<Inbound>,
 }
 
 impl NodeMembership {
@@ -81,7 +84,8 @@ impl Drop for NodeMembership {
 impl PostgresStore {
     /// Joins `holder`'s runtime to the cluster as a node named `name`, and heartbeats its row
     /// until the membership is left or dropped. Leases `holder` takes from then on live as long
-    /// as the node heartbeats (they carry no time-to-live to renew).
+    /// as the node heartbeats (they carry no time-to-live to renew). The node listens for
+    /// deliveries from its peers from now on (see [`NodeMembership::serve`]).
     ///
     /// # Errors
     /// `LEASE_LOST` when `holder` was a node already declared dead; `STORE_IO` when the row
@@ -112,13 +116,17 @@ impl PostgresStore {
                 format!("node {node} was declared dead: a new runtime (a new holder) must join"),
             ));
         }
+        let inbound = Arc::new(Inbound::default());
+        let stop = CancellationToken::new();
+        listen(self, node, Arc::clone(&inbound), stop.clone()).await?;
         self.remember(holder);
         self.remember_member(node);
         let membership = NodeMembership {
             node,
             lost: CancellationToken::new(),
-            stop: CancellationToken::new(),
+            stop,
             store: Arc::clone(self),
+            inbound,
         };
         let heartbeat = Heartbeat {
             store: Arc::clone(self),

@@ -9,6 +9,7 @@
 //! - `subagents_leases`: one row per held lease (session, holder, epoch, expiry).
 //! - `subagents_projection_cache`: one row per (unit, session).
 //! - `subagents_nodes`: one row per runtime that joined the cluster (see [`membership`]).
+//! - `subagents_deliveries`: one row per delivery between nodes (see [`deliveries`]).
 //!
 //! # Guarantees
 //! Compare-and-append is one statement: it locks the session row, checks the expected seq and
@@ -24,6 +25,7 @@
 //! The crate creates and migrates its tables itself, at [`PostgresStore::connect`], under an
 //! advisory lock, so any number of runtimes may start against one database at once.
 
+pub mod deliveries;
 mod membership;
 
 use std::collections::{HashMap, HashSet};
@@ -83,6 +85,20 @@ const MIGRATIONS: &[&str] = &[
          heartbeat_at timestamptz NOT NULL DEFAULT now(),
          expires_at timestamptz NOT NULL
      );",
+    // 4: deliveries between nodes, served in id order per target.
+    "CREATE TABLE subagents_deliveries (
+         id bigserial PRIMARY KEY,
+         target uuid NOT NULL,
+         sender uuid NOT NULL,
+         session uuid NOT NULL,
+         payload bytea NOT NULL,
+         state text NOT NULL DEFAULT 'pending',
+         answer bytea,
+         sent_at timestamptz NOT NULL DEFAULT now(),
+         answered_at timestamptz
+     );
+     CREATE INDEX subagents_deliveries_pending ON subagents_deliveries (target, id)
+         WHERE state = 'pending';",
 ];
 
 /// How long opening a connection may take.
@@ -192,6 +208,8 @@ impl PostgresConfig {
 /// [`SessionPersistence`] over PostgreSQL.
 pub struct PostgresStore {
     pool: Pool,
+    /// For connections of their own (a node's listener).
+    pg_config: tokio_postgres::Config,
     lease_ttl: Duration,
     node_ttl: Duration,
     /// The holders this process granted leases to: one that is gone holds nothing.
@@ -302,7 +320,7 @@ impl PostgresStore {
             pg.connect_timeout(CONNECT_TIMEOUT);
         }
         let manager = Manager::from_connect(
-            pg,
+            pg.clone(),
             OnStoreRuntime {
                 runtime: store_runtime()?,
             },
@@ -325,6 +343,7 @@ impl PostgresStore {
             })?;
         let store = Self {
             pool,
+            pg_config: pg,
             lease_ttl: config.lease_ttl,
             node_ttl: config.node_ttl,
             holders: Mutex::default(),

@@ -1,0 +1,471 @@
+//! Provides node-to-node deliveries: one durable row of `subagents_deliveries` per delivery,
+//! announced to its target node with a `NOTIFY` on the node's channel, served by the target
+//! one at a time in the order they were sent, and answered on the same row (announced back
+//! to the sender the same way).
+//!
+//! # Guarantees
+//! - A delivery is served at most once: the target claims it (pending → claimed) in the
+//!   transaction that reads it, and answers it (claimed → answered) exactly once.
+//! - A node serves its deliveries one at a time, oldest visible first: deliveries one sender
+//!   committed one after another are served in that order (concurrent senders' interleave).
+//! - A lost notification only delays: both sides also look at the table every
+//!   [`RECHECK`].
+//! - A sender whose target node's membership expired with the delivery still pending is told
+//!   so (`SESSION_LEASED`: the session passes on once the dead node's leases expire), and the
+//!   row is withdrawn so that the dead node, were it to wake, cannot serve it. One that expired
+//!   while serving it gets the same error, saying the delivery may have been accepted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::{json, Value};
+use tokio::sync::{oneshot, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::{io, uuid_of, NodeMembership, PostgresStore};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+
+/// How often each side looks at the table without a notification.
+pub const RECHECK: Duration = Duration::from_millis(500);
+
+/// One delivery, as its target node serves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    /// The row id: deliveries to one node are served in its order.
+    pub id: i64,
+    /// The node that sent it.
+    pub sender: uuid::Uuid,
+    /// The session it is about.
+    pub session: SessionId,
+    /// What the sender sent.
+    pub payload: Value,
+}
+
+/// How a node serves a delivery: its answer, or the typed error the sender gets back.
+pub type DeliveryHandler = Arc<dyn Fn(Delivery) -> BoxFuture<'static, Result<Value>> + Send + Sync>;
+
+/// The channel a node listens on (an unquoted identifier: lowercase hex only).
+pub(super) fn channel_of(node: uuid::Uuid) -> String {
+    format!("subagents_node_{}", node.simple())
+}
+
+/// What a node's listener hands on.
+#[derive(Default)]
+pub(super) struct Inbound {
+    /// Woken when a delivery for this node was committed.
+    pub(super) deliveries: Notify,
+    /// The senders waiting for an answer, by delivery id.
+    pub(super) answers: Mutex<HashMap<i64, oneshot::Sender<()>>>,
+}
+
+impl std::fmt::Debug for Inbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbound").finish_non_exhaustive()
+    }
+}
+
+impl Inbound {
+    /// Routes one notification payload: `d` (a delivery for this node) or `a:<id>` (the
+    /// answer to one of its own).
+    fn route(&self, payload: &str) {
+        if payload == "d" {
+            self.deliveries.notify_one();
+        } else if let Some(id) = payload.strip_prefix("a:").and_then(|id| id.parse().ok()) {
+            let waiting = self
+                .answers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+            if let Some(waiting) = waiting {
+                let _ = waiting.send(());
+            }
+        }
+    }
+}
+
+/// Opens the connection that listens on `node`'s channel, driven until `stop`; notifications
+/// go to `inbound`.
+pub(super) async fn listen(
+    store: &PostgresStore,
+    node: uuid::Uuid,
+    inbound: Arc<Inbound>,
+    stop: CancellationToken,
+) -> Result<()> {
+    let (client, mut connection) = store
+        .pg_config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(io("opening the cluster listener"))?;
+    tokio::spawn(async move {
+        let messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        futures::pin_mut!(messages);
+        loop {
+            let message = tokio::select! {
+                () = stop.cancelled() => return,
+                message = futures::StreamExt::next(&mut messages) => message,
+            };
+            match message {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(notice))) => {
+                    inbound.route(notice.payload());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(error)) => {
+                    tracing::warn!(%node, %error, "the cluster listener failed; deliveries fall back to rechecks");
+                    return;
+                }
+                None => return,
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {}", channel_of(node)))
+        .await
+        .map_err(io("listening for deliveries"))?;
+    // The client must outlive the listening: the connection ends when it is dropped.
+    tokio::spawn(async move {
+        let _client = client;
+        std::future::pending::<()>().await;
+    });
+    Ok(())
+}
+
+/// An answer as stored: `{"ok": value}` or `{"error": {"code", "message"}}`.
+fn encode_answer(answer: &Result<Value>) -> Value {
+    match answer {
+        Ok(value) => json!({ "ok": value }),
+        Err(error) => json!({ "error": { "code": error.code(), "message": error.message() } }),
+    }
+}
+
+fn decode_answer(id: i64, stored: Value) -> Result<Value> {
+    let mut stored = match stored {
+        Value::Object(fields) => fields,
+        _ => return Err(corrupt_answer(id)),
+    };
+    if let Some(value) = stored.remove("ok") {
+        return Ok(value);
+    }
+    let error = stored.remove("error").ok_or_else(|| corrupt_answer(id))?;
+    let code: ErrorCode =
+        serde_json::from_value(error["code"].clone()).map_err(|_| corrupt_answer(id))?;
+    let message = error["message"].as_str().unwrap_or_default();
+    Err(SubagentError::new(code, message))
+}
+
+fn corrupt_answer(id: i64) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::StoreCorrupt,
+        format!("delivery {id}: its stored answer is malformed"),
+    )
+}
+
+impl PostgresStore {
+    /// Commits a delivery from `sender` to `target` and announces it; answers its row id.
+    /// `before_commit` runs with the id before the commit, so an answer can never come first.
+    pub(super) async fn send_delivery(
+        &self,
+        sender: uuid::Uuid,
+        target: uuid::Uuid,
+        session: SessionId,
+        payload: &Value,
+        before_commit: impl FnOnce(i64),
+    ) -> Result<i64> {
+        let failed = io(format!("delivering to node {target}"));
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(&failed)?;
+        let inserted = tx
+            .prepare_cached(
+                "INSERT INTO subagents_deliveries (target, sender, session, payload)
+                 VALUES ($1, $2, $3, $4) RETURNING id",
+            )
+            .await
+            .map_err(&failed)?;
+        let payload = serde_json::to_vec(payload).map_err(|error| {
+            SubagentError::new(
+                ErrorCode::InvalidArgs,
+                format!("a delivery's payload does not encode: {error}"),
+            )
+        })?;
+        let id: i64 = tx
+            .query_one(&inserted, &[&target, &sender, &uuid_of(session), &payload])
+            .await
+            .map_err(&failed)?
+            .get(0);
+        tx.execute("SELECT pg_notify($1, 'd')", &[&channel_of(target)])
+            .await
+            .map_err(&failed)?;
+        before_commit(id);
+        tx.commit().await.map_err(&failed)?;
+        Ok(id)
+    }
+
+    /// The answer of delivery `id`, once it has one; withdraws it when its target's
+    /// membership expired with it still pending.
+    pub(super) async fn poll_answer(&self, id: i64) -> Result<Option<Value>> {
+        let failed = io(format!("reading the answer to delivery {id}"));
+        let client = self.client().await?;
+        let read = client
+            .prepare_cached(
+                "SELECT delivery.state, delivery.answer,
+                        coalesce(node.expires_at > now(), false)
+                 FROM subagents_deliveries delivery
+                 LEFT JOIN subagents_nodes node ON node.node = delivery.target
+                 WHERE delivery.id = $1",
+            )
+            .await
+            .map_err(&failed)?;
+        let row = client.query_one(&read, &[&id]).await.map_err(&failed)?;
+        let (state, answer, target_live): (String, Option<Vec<u8>>, bool) =
+            (row.get(0), row.get(1), row.get(2));
+        match (state.as_str(), answer) {
+            ("answered", Some(answer)) => {
+                let answer = serde_json::from_slice(&answer).map_err(|_| corrupt_answer(id))?;
+                decode_answer(id, answer).map(Some)
+            }
+            ("pending", _) if !target_live => {
+                let withdraw = client
+                    .prepare_cached(
+                        "UPDATE subagents_deliveries SET state = 'withdrawn'
+                         WHERE id = $1 AND state = 'pending'",
+                    )
+                    .await
+                    .map_err(&failed)?;
+                let withdrawn = client.execute(&withdraw, &[&id]).await.map_err(&failed)?;
+                if withdrawn == 1 {
+                    Err(SubagentError::new(
+                        ErrorCode::SessionLeased,
+                        format!(
+                            "delivery {id}: the node holding its session stopped before serving \
+                             it; the session passes on once that node's leases expire"
+                        ),
+                    ))
+                } else {
+                    // Claimed meanwhile: the answer comes.
+                    Ok(None)
+                }
+            }
+            ("claimed", _) if !target_live => Err(SubagentError::new(
+                ErrorCode::SessionLeased,
+                format!(
+                    "delivery {id}: the node holding its session stopped while serving it (it may \
+                     have been accepted); the session passes on once that node's leases expire"
+                ),
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    /// Claims `node`'s oldest pending delivery.
+    pub(super) async fn claim_delivery(&self, node: uuid::Uuid) -> Result<Option<Delivery>> {
+        let failed = io(format!("claiming a delivery for node {node}"));
+        let client = self.client().await?;
+        let claim = client
+            .prepare_cached(
+                "UPDATE subagents_deliveries SET state = 'claimed'
+                 WHERE id = (
+                     SELECT id FROM subagents_deliveries
+                     WHERE target = $1 AND state = 'pending'
+                     ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
+                 )
+                 RETURNING id, sender, session, payload",
+            )
+            .await
+            .map_err(&failed)?;
+        let Some(row) = client.query_opt(&claim, &[&node]).await.map_err(&failed)? else {
+            return Ok(None);
+        };
+        let id: i64 = row.get(0);
+        let payload: Vec<u8> = row.get(3);
+        Ok(Some(Delivery {
+            id,
+            sender: row.get(1),
+            session: SessionId::from_uuid(row.get(2)),
+            payload: serde_json::from_slice(&payload).map_err(|_| {
+                SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    format!("delivery {id}: its stored payload is malformed"),
+                )
+            })?,
+        }))
+    }
+
+    /// Stores the answer to a claimed delivery and announces it to its sender.
+    pub(super) async fn answer_delivery(
+        &self,
+        delivery: &Delivery,
+        answer: &Result<Value>,
+    ) -> Result<()> {
+        let id = delivery.id;
+        let failed = io(format!("answering delivery {id}"));
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(&failed)?;
+        let answered = tx
+            .prepare_cached(
+                "UPDATE subagents_deliveries SET state = 'answered', answer = $2,
+                 answered_at = now() WHERE id = $1 AND state = 'claimed'",
+            )
+            .await
+            .map_err(&failed)?;
+        let encoded = serde_json::to_vec(&encode_answer(answer))
+            .map_err(|error| SubagentError::bug(format!("an answer does not encode: {error}")))?;
+        tx.execute(&answered, &[&id, &encoded])
+            .await
+            .map_err(&failed)?;
+        tx.execute(
+            "SELECT pg_notify($1, $2)",
+            &[&channel_of(delivery.sender), &format!("a:{id}")],
+        )
+        .await
+        .map_err(&failed)?;
+        tx.commit().await.map_err(&failed)
+    }
+}
+
+/// A committed delivery whose answer has not been read yet. Dropping it stops waiting: the
+/// delivery is still served, and its answer is left on its row.
+#[derive(Debug)]
+pub struct SentDelivery<'a> {
+    membership: &'a NodeMembership,
+    id: i64,
+    announced: oneshot::Receiver<()>,
+}
+
+impl SentDelivery<'_> {
+    /// The delivery's row id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The target's answer.
+    ///
+    /// # Errors
+    /// The target's own typed error; `SESSION_LEASED` when the target's membership expired
+    /// with the delivery unserved (the delivery is withdrawn) or mid-serving; `STORE_IO`.
+    pub async fn answer(mut self) -> Result<Value> {
+        loop {
+            if let Some(value) = self.membership.store.poll_answer(self.id).await? {
+                return Ok(value);
+            }
+            // An announcement, or a recheck in case one was lost.
+            let _ = tokio::time::timeout(RECHECK, &mut self.announced).await;
+        }
+    }
+}
+
+impl Drop for SentDelivery<'_> {
+    fn drop(&mut self) {
+        self.membership
+            .inbound
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+impl NodeMembership {
+    /// Commits a delivery of `payload` about `session` to node `target`. Deliveries one node
+    /// commits one after another reach their target in that order.
+    ///
+    /// # Errors
+    /// `INVALID_ARGS` for a payload that does not encode; `STORE_IO`.
+    pub async fn send(
+        &self,
+        target: uuid::Uuid,
+        session: SessionId,
+        payload: &Value,
+    ) -> Result<SentDelivery<'_>> {
+        let (answered, announced) = oneshot::channel();
+        let registered = std::cell::Cell::new(None);
+        // Registered before the commit, so the announcement of its answer cannot come first.
+        let register = |id| {
+            registered.set(Some(id));
+            self.inbound
+                .answers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(id, answered);
+        };
+        let sent = self
+            .store
+            .send_delivery(self.node, target, session, payload, register)
+            .await;
+        match sent {
+            Ok(id) => Ok(SentDelivery {
+                membership: self,
+                id,
+                announced,
+            }),
+            Err(error) => {
+                // The commit failed: nothing will answer.
+                if let Some(id) = registered.get() {
+                    self.inbound
+                        .answers
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(&id);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// [`NodeMembership::send`], then [`SentDelivery::answer`].
+    ///
+    /// # Errors
+    /// As the two calls.
+    ///
+    /// # Cancel safety
+    /// Dropping the future stops the wait; a delivery already committed is still served.
+    pub async fn deliver(
+        &self,
+        target: uuid::Uuid,
+        session: SessionId,
+        payload: &Value,
+    ) -> Result<Value> {
+        self.send(target, session, payload).await?.answer().await
+    }
+
+    /// Serves this node's deliveries, one at a time in the order they were committed, with
+    /// `handler`, until the membership is left or dropped. Serve once per node.
+    pub fn serve(&self, handler: DeliveryHandler) {
+        let store = Arc::clone(&self.store);
+        let node = self.node;
+        let inbound = Arc::clone(&self.inbound);
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let claimed = tokio::select! {
+                    () = stop.cancelled() => return,
+                    claimed = store.claim_delivery(node) => claimed,
+                };
+                match claimed {
+                    Ok(Some(delivery)) => {
+                        let answer = handler(delivery.clone()).await;
+                        // Its sender waits for it: a passing fault is retried.
+                        while let Err(error) = store.answer_delivery(&delivery, &answer).await {
+                            tracing::warn!(%node, delivery = delivery.id, %error, "a delivery's answer could not be stored; retrying");
+                            tokio::select! {
+                                () = stop.cancelled() => return,
+                                () = tokio::time::sleep(RECHECK) => {}
+                            }
+                        }
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::warn!(%node, %error, "claiming a delivery failed; retrying");
+                    }
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = inbound.deliveries.notified() => {}
+                    () = tokio::time::sleep(RECHECK) => {}
+                }
+            }
+        });
+    }
+}
