@@ -4,6 +4,10 @@
 //! one: unix socket, fsync off), and a flush after each append. Floors in the same run: one bare
 //! sled row of the same bytes.
 //!
+//! `store/postgres/delivery_round_trip`: one delivery between two cluster nodes (each with its
+//! own connections), from its commit to its answer read back by the sender, served by a
+//! handler that answers at once: the transport under a cross-node follow-up.
+//!
 //! Run with `cargo bench --bench store`.
 
 use std::sync::Arc;
@@ -105,6 +109,27 @@ fn bench(c: &mut Criterion) {
     let url = postgres::server().fresh_database();
     let pg = block_on(PostgresStore::connect(&url)).expect("postgres connects");
     bench_store(c, "postgres", &pg);
+    delivery_round_trip(c, &url);
+}
+
+fn delivery_round_trip(c: &mut Criterion, url: &str) {
+    let sender_store = Arc::new(block_on(PostgresStore::connect(url)).expect("postgres connects"));
+    let target_store = Arc::new(block_on(PostgresStore::connect(url)).expect("postgres connects"));
+    let sender = block_on(sender_store.join(&LeaseHolder::new(), "sender")).expect("joins");
+    let target = block_on(target_store.join(&LeaseHolder::new(), "target")).expect("joins");
+    target.serve(Arc::new(|delivery: subagents::store::deliveries::Delivery| {
+        Box::pin(async move { Ok(delivery.payload) })
+    }));
+    let session = SessionId::new();
+    let payload = serde_json::json!({ "kind": "followup", "text": "go on" });
+    let mut group = c.benchmark_group("store/postgres");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("delivery_round_trip", |b| {
+        b.iter(|| {
+            block_on(sender.deliver(target.node(), session, &payload)).expect("answered")
+        });
+    });
+    group.finish();
 }
 
 criterion_group!(benches, bench);
