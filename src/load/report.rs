@@ -419,7 +419,7 @@ impl fmt::Display for LoadReport {
         )?;
         latency_line(
             f,
-            "follow-up to turn start (ms)",
+            "follow-up to turn start (log time, to the ms)",
             &self.latency.followup_to_turn_start,
         )?;
         latency_line(f, "follow-up to settled", &self.latency.followup_to_settled)?;
