@@ -11,12 +11,12 @@ use std::sync::Arc;
 use actix::prelude::*;
 use futures::future::join_all;
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
-use subagents::{
-    ContentBlock, CreateAgent, MemoryStore, MessageSource, Runtime, SubagentStartRequest,
-};
+use subagents::{ContentBlock, MemoryStore, SubagentStartRequest};
 
 #[path = "support/live_bytes.rs"]
 mod live_bytes;
+#[path = "support/parent.rs"]
+mod parent;
 
 /// The bench runs on mimalloc, as the `subagents` binary does, counting live heap bytes.
 #[global_allocator]
@@ -42,28 +42,13 @@ async fn hold(held: usize) -> (u64, u64) {
     let gate = Gate::new();
     // The parent's own turn answers at once; every child's answer is held at the gate.
     let model = ScriptedModel::with_script([ScriptStep::text("parent")]);
-    model.set_recording(false);
     model.set_fallback(ScriptStep::text("held").gated(&gate));
-    let rt = Runtime::builder()
-        .shared_store(Arc::new(MemoryStore::forgetting_one_shots()))
-        .model("scripted", model.clone())
-        .build()
-        .expect("runtime builds");
-    rt.subagents()
-        .register_in_process_providers()
-        .await
-        .expect("in-process providers register");
-    let parent = rt
-        .agents()
-        .create(CreateAgent::new())
-        .await
-        .expect("parent");
-    parent
-        .agent()
-        .followup(vec![ContentBlock::text("go")], MessageSource::User)
-        .await
-        .expect("parent turn");
-    parent.agent().when_idle().await;
+    let (rt, parent) = parent::runtime_with_parent(
+        Arc::new(MemoryStore::forgetting_one_shots()),
+        model.clone(),
+        1,
+    )
+    .await;
     let heap_before = live_bytes::live_bytes();
     let rss_before = subagents::load::rss_bytes();
     let runs = join_all((0..held).map(|_| {

@@ -24,51 +24,19 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use futures::future::join_all;
 use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
-    AgentHandle, ContentBlock, CreateAgent, MemoryStore, MessageSource, Runtime,
-    SessionPersistence, SledStore, SubagentStartRequest,
+    AgentHandle, ContentBlock, MemoryStore, Runtime, SessionPersistence, SledStore,
+    SubagentStartRequest,
 };
 
 #[path = "support/floors.rs"]
 mod floors;
+#[path = "support/parent.rs"]
+mod parent;
 
 /// A runtime with both in-process providers and a parent that completed one turn (so a fork
 /// child inherits a real prefix).
 async fn setup(store: Arc<dyn SessionPersistence>, model: ScriptedModel) -> (Runtime, AgentHandle) {
-    setup_on(store, model, 1).await
-}
-
-/// [`setup`] with agents spread over `workers` threads.
-async fn setup_on(
-    store: Arc<dyn SessionPersistence>,
-    model: ScriptedModel,
-    workers: usize,
-) -> (Runtime, AgentHandle) {
-    model.set_recording(false);
-    let rt = Runtime::builder()
-        .workers(workers)
-        .shared_store(store)
-        .model("scripted", model)
-        .build()
-        .expect("runtime builds");
-    rt.subagents()
-        .register_in_process_providers()
-        .await
-        .expect("in-process providers register");
-    let parent = rt
-        .agents()
-        .create(CreateAgent::new())
-        .await
-        .expect("parent");
-    parent
-        .agent()
-        .followup(
-            vec![ContentBlock::text("context for forks")],
-            MessageSource::User,
-        )
-        .await
-        .expect("parent turn");
-    parent.agent().when_idle().await;
-    (rt, parent)
+    parent::runtime_with_parent(store, model, 1).await
 }
 
 async fn one_run(rt: &Runtime, parent: &AgentHandle, provider: &str) {
@@ -165,7 +133,7 @@ fn in_flight_two_workers(c: &mut Criterion, system: &SystemRunner) {
     group
         .measurement_time(Duration::from_secs(6))
         .sample_size(10);
-    let (rt, parent) = system.block_on(setup_on(
+    let (rt, parent) = system.block_on(parent::runtime_with_parent(
         Arc::new(MemoryStore::forgetting_one_shots()),
         ScriptedModel::repeating(ScriptStep::text("done")),
         2,

@@ -537,6 +537,17 @@ async fn a_runtime_run_as_a_node_leases_in_the_nodes_name() {
     membership.leave().await.unwrap();
 }
 
+/// Two nodes on `url`, each with a store (and connections) of its own, as two processes have.
+fn two_nodes(
+    url: &str,
+) -> (
+    subagents::store::NodeMembership,
+    subagents::store::NodeMembership,
+) {
+    let join = |name| block_on(cluster_store(url).join(&LeaseHolder::new(), name)).unwrap();
+    (join("a"), join("b"))
+}
+
 /// A handler that records what it serves and answers `{"seen": n}`, refusing `n == 7`; the
 /// first delivery it serves waits for `gate`.
 fn recording_handler(
@@ -574,10 +585,7 @@ fn deliveries_between_nodes_are_served_once_each_in_the_order_sent() {
     let runtime = runtime();
     let _entered = runtime.enter();
     let url = server().fresh_database();
-    let a = cluster_store(&url);
-    let b = cluster_store(&url);
-    let sender = block_on(a.join(&LeaseHolder::new(), "a")).unwrap();
-    let target = block_on(b.join(&LeaseHolder::new(), "b")).unwrap();
+    let (sender, target) = two_nodes(&url);
     let served = Arc::new(std::sync::Mutex::new(Vec::new()));
     let gate = subagents::testing::Gate::new();
     target.serve(recording_handler(&served, &gate));
@@ -619,10 +627,7 @@ fn a_delivery_to_a_silent_node_is_withdrawn_and_its_sender_told() {
     let runtime = runtime();
     let _entered = runtime.enter();
     let url = server().fresh_database();
-    let a = cluster_store(&url);
-    let b = cluster_store(&url);
-    let sender = block_on(a.join(&LeaseHolder::new(), "a")).unwrap();
-    let silent = block_on(b.join(&LeaseHolder::new(), "silent")).unwrap();
+    let (sender, silent) = two_nodes(&url);
     let node = silent.node();
     drop(silent);
     let refused = block_on(within(
