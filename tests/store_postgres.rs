@@ -639,3 +639,27 @@ fn a_delivery_to_a_silent_node_is_withdrawn_and_its_sender_told() {
     let state: String = query_value(&url, "SELECT state FROM subagents_deliveries");
     assert_eq!(state, "withdrawn", "a node that wakes cannot serve it");
 }
+
+// An answer too long to ride in its announcement (PostgreSQL caps a notification at 8,000
+// bytes) is read back from its row.
+#[test]
+fn an_answer_too_long_for_its_announcement_is_read_from_its_row() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let (sender, target) = two_nodes(&url);
+    target.serve(Arc::new(
+        |delivery: subagents::store::deliveries::Delivery| {
+            Box::pin(async move { Ok(delivery.payload) })
+        },
+    ));
+    for len in [10, 20_000] {
+        let payload = serde_json::json!({ "text": "x".repeat(len) });
+        let answer = block_on(within(
+            "the echo",
+            sender.deliver(target.node(), SessionId::new(), &payload),
+        ))
+        .unwrap();
+        assert_eq!(answer, payload);
+    }
+}

@@ -1,7 +1,9 @@
 //! Provides node-to-node deliveries: one durable row of `subagents_deliveries` per delivery,
-//! announced to its target node with a `NOTIFY` on the node's channel, served by the target
-//! one at a time in the order they were sent, and answered on the same row (announced back
-//! to the sender the same way).
+//! announced to its target node with a `NOTIFY` on the node's channel (the row and the
+//! announcement are one statement), served by the target one at a time in the order they were
+//! sent, and answered on the same row, announced back to the sender the same way with the
+//! answer itself when it fits in a notification. A round trip is three statements: send,
+//! claim, answer.
 //!
 //! # Guarantees
 //! - A delivery is served at most once: the target claims it (pending → claimed) in the
@@ -28,6 +30,9 @@ use super::{io, uuid_of, NodeMembership, PostgresStore};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 
+/// The longest answer an announcement carries (PostgreSQL's limit is 8,000 bytes).
+const MAX_CARRIED: usize = 7_000;
+
 /// How often each side looks at the table without a notification.
 pub const RECHECK: Duration = Duration::from_millis(500);
 
@@ -42,6 +47,8 @@ pub struct Delivery {
     pub session: SessionId,
     /// What the sender sent.
     pub payload: Value,
+    /// The sender's key for its answer's announcement.
+    pub(super) ticket: uuid::Uuid,
 }
 
 /// How a node serves a delivery: its answer, or the typed error the sender gets back.
@@ -57,8 +64,9 @@ pub(super) fn channel_of(node: uuid::Uuid) -> String {
 pub(super) struct Inbound {
     /// Woken when a delivery for this node was committed.
     pub(super) deliveries: Notify,
-    /// The senders waiting for an answer, by delivery id.
-    pub(super) answers: Mutex<HashMap<i64, oneshot::Sender<()>>>,
+    /// The senders waiting for an answer, by delivery id: told the stored answer when the
+    /// announcement carried it.
+    pub(super) answers: Mutex<HashMap<uuid::Uuid, oneshot::Sender<Option<Value>>>>,
 }
 
 impl std::fmt::Debug for Inbound {
@@ -68,20 +76,30 @@ impl std::fmt::Debug for Inbound {
 }
 
 impl Inbound {
-    /// Routes one notification payload: `d` (a delivery for this node) or `a:<id>` (the
-    /// answer to one of its own).
+    /// Routes one notification payload: `d` (a delivery for this node), or `a:<ticket>` or
+    /// `a:<ticket>:<answer>` (the answer to one of its own, carried when it fits).
     fn route(&self, payload: &str) {
         if payload == "d" {
             self.deliveries.notify_one();
-        } else if let Some(id) = payload.strip_prefix("a:").and_then(|id| id.parse().ok()) {
-            let waiting = self
-                .answers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&id);
-            if let Some(waiting) = waiting {
-                let _ = waiting.send(());
-            }
+            return;
+        }
+        let Some(answer) = payload.strip_prefix("a:") else {
+            return;
+        };
+        let (ticket, carried) = match answer.split_once(':') {
+            Some((ticket, carried)) => (ticket, serde_json::from_str(carried).ok()),
+            None => (answer, None),
+        };
+        let Ok(ticket) = ticket.parse::<uuid::Uuid>() else {
+            return;
+        };
+        let waiting = self
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&ticket);
+        if let Some(waiting) = waiting {
+            let _ = waiting.send(carried);
         }
     }
 }
@@ -163,43 +181,49 @@ fn corrupt_answer(id: i64) -> SubagentError {
 }
 
 impl PostgresStore {
-    /// Commits a delivery from `sender` to `target` and announces it; answers its row id.
-    /// `before_commit` runs with the id before the commit, so an answer can never come first.
+    /// Commits a delivery from `sender` to `target` and announces it, in one statement;
+    /// answers its row id. `ticket` keys the announcement of its answer.
     pub(super) async fn send_delivery(
         &self,
         sender: uuid::Uuid,
         target: uuid::Uuid,
         session: SessionId,
         payload: &Value,
-        before_commit: impl FnOnce(i64),
+        ticket: uuid::Uuid,
     ) -> Result<i64> {
         let failed = io(format!("delivering to node {target}"));
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(&failed)?;
-        let inserted = tx
-            .prepare_cached(
-                "INSERT INTO subagents_deliveries (target, sender, session, payload)
-                 VALUES ($1, $2, $3, $4) RETURNING id",
-            )
-            .await
-            .map_err(&failed)?;
         let payload = serde_json::to_vec(payload).map_err(|error| {
             SubagentError::new(
                 ErrorCode::InvalidArgs,
                 format!("a delivery's payload does not encode: {error}"),
             )
         })?;
-        let id: i64 = tx
-            .query_one(&inserted, &[&target, &sender, &uuid_of(session), &payload])
-            .await
-            .map_err(&failed)?
-            .get(0);
-        tx.execute("SELECT pg_notify($1, 'd')", &[&channel_of(target)])
+        let client = self.client().await?;
+        let sent = client
+            .prepare_cached(
+                "WITH sent AS (
+                     INSERT INTO subagents_deliveries (target, sender, session, payload, ticket)
+                     VALUES ($1, $2, $3, $4, $5) RETURNING id
+                 )
+                 SELECT id, pg_notify($6, 'd')::text FROM sent",
+            )
             .await
             .map_err(&failed)?;
-        before_commit(id);
-        tx.commit().await.map_err(&failed)?;
-        Ok(id)
+        let row = client
+            .query_one(
+                &sent,
+                &[
+                    &target,
+                    &sender,
+                    &uuid_of(session),
+                    &payload,
+                    &ticket,
+                    &channel_of(target),
+                ],
+            )
+            .await
+            .map_err(&failed)?;
+        Ok(row.get(0))
     }
 
     /// The answer of delivery `id`, once it has one; withdraws it when its target's
@@ -270,7 +294,7 @@ impl PostgresStore {
                      WHERE target = $1 AND state = 'pending'
                      ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
                  )
-                 RETURNING id, sender, session, payload",
+                 RETURNING id, sender, session, payload, ticket",
             )
             .await
             .map_err(&failed)?;
@@ -289,10 +313,13 @@ impl PostgresStore {
                     format!("delivery {id}: its stored payload is malformed"),
                 )
             })?,
+            ticket: row.get(4),
         }))
     }
 
-    /// Stores the answer to a claimed delivery and announces it to its sender.
+    /// Stores the answer to a claimed delivery and announces it to its sender, carrying it in
+    /// the announcement when it fits (one statement: the row and the announcement commit
+    /// together).
     pub(super) async fn answer_delivery(
         &self,
         delivery: &Delivery,
@@ -300,27 +327,34 @@ impl PostgresStore {
     ) -> Result<()> {
         let id = delivery.id;
         let failed = io(format!("answering delivery {id}"));
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(&failed)?;
-        let answered = tx
+        let stored = encode_answer(answer);
+        let encoded = serde_json::to_vec(&stored)
+            .map_err(|error| SubagentError::bug(format!("an answer does not encode: {error}")))?;
+        let ticket = delivery.ticket;
+        let announcement = match String::from_utf8(encoded.clone()) {
+            Ok(text) if text.len() <= MAX_CARRIED => format!("a:{ticket}:{text}"),
+            _ => format!("a:{ticket}"),
+        };
+        let client = self.client().await?;
+        let answered = client
             .prepare_cached(
-                "UPDATE subagents_deliveries SET state = 'answered', answer = $2,
-                 answered_at = now() WHERE id = $1 AND state = 'claimed'",
+                "WITH answered AS (
+                     UPDATE subagents_deliveries SET state = 'answered', answer = $2,
+                     answered_at = now() WHERE id = $1 AND state = 'claimed'
+                     RETURNING id
+                 )
+                 SELECT pg_notify($3, $4) FROM answered",
             )
             .await
             .map_err(&failed)?;
-        let encoded = serde_json::to_vec(&encode_answer(answer))
-            .map_err(|error| SubagentError::bug(format!("an answer does not encode: {error}")))?;
-        tx.execute(&answered, &[&id, &encoded])
+        client
+            .execute(
+                &answered,
+                &[&id, &encoded, &channel_of(delivery.sender), &announcement],
+            )
             .await
             .map_err(&failed)?;
-        tx.execute(
-            "SELECT pg_notify($1, $2)",
-            &[&channel_of(delivery.sender), &format!("a:{id}")],
-        )
-        .await
-        .map_err(&failed)?;
-        tx.commit().await.map_err(&failed)
+        Ok(())
     }
 }
 
@@ -330,7 +364,8 @@ impl PostgresStore {
 pub struct SentDelivery<'a> {
     membership: &'a NodeMembership,
     id: i64,
-    announced: oneshot::Receiver<()>,
+    ticket: uuid::Uuid,
+    announced: futures::future::Fuse<oneshot::Receiver<Option<Value>>>,
 }
 
 impl SentDelivery<'_> {
@@ -346,11 +381,18 @@ impl SentDelivery<'_> {
     /// with the delivery unserved (the delivery is withdrawn) or mid-serving; `STORE_IO`.
     pub async fn answer(mut self) -> Result<Value> {
         loop {
+            // The announcement (which usually carries the answer), or a recheck in case it was
+            // lost.
+            match tokio::time::timeout(RECHECK, &mut self.announced).await {
+                Ok(Ok(Some(carried))) => return decode_answer(self.id, carried),
+                Ok(Ok(None)) => {}
+                // Announced without the answer, its channel is gone, or a recheck is due.
+                Ok(Err(_)) | Err(_) => {}
+            }
+            // (Once the announcement has come, the fused wait above is a plain recheck delay.)
             if let Some(value) = self.membership.store.poll_answer(self.id).await? {
                 return Ok(value);
             }
-            // An announcement, or a recheck in case one was lost.
-            let _ = tokio::time::timeout(RECHECK, &mut self.announced).await;
         }
     }
 }
@@ -362,7 +404,7 @@ impl Drop for SentDelivery<'_> {
             .answers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.id);
+            .remove(&self.ticket);
     }
 }
 
@@ -379,38 +421,27 @@ impl NodeMembership {
         payload: &Value,
     ) -> Result<SentDelivery<'_>> {
         let (answered, announced) = oneshot::channel();
-        let registered = std::cell::Cell::new(None);
-        // Registered before the commit, so the announcement of its answer cannot come first.
-        let register = |id| {
-            registered.set(Some(id));
-            self.inbound
-                .answers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(id, answered);
-        };
+        // Registered before the delivery is sent, so the announcement of its answer cannot
+        // come first.
+        let ticket = uuid::Uuid::new_v4();
+        self.inbound
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(ticket, answered);
         let sent = self
             .store
-            .send_delivery(self.node, target, session, payload, register)
+            .send_delivery(self.node, target, session, payload, ticket)
             .await;
-        match sent {
-            Ok(id) => Ok(SentDelivery {
-                membership: self,
-                id,
-                announced,
-            }),
-            Err(error) => {
-                // The commit failed: nothing will answer.
-                if let Some(id) = registered.get() {
-                    self.inbound
-                        .answers
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .remove(&id);
-                }
-                Err(error)
-            }
-        }
+        // From here on the ticket is withdrawn when the sent delivery is dropped.
+        let mut sent_delivery = SentDelivery {
+            membership: self,
+            id: 0,
+            ticket,
+            announced: futures::FutureExt::fuse(announced),
+        };
+        sent_delivery.id = sent?;
+        Ok(sent_delivery)
     }
 
     /// [`NodeMembership::send`], then [`SentDelivery::answer`].

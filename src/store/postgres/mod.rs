@@ -92,6 +92,7 @@ const MIGRATIONS: &[&str] = &[
          sender uuid NOT NULL,
          session uuid NOT NULL,
          payload bytea NOT NULL,
+         ticket uuid NOT NULL,
          state text NOT NULL DEFAULT 'pending',
          answer bytea,
          sent_at timestamptz NOT NULL DEFAULT now(),
