@@ -5,13 +5,16 @@
 //! settlement) in its own handler; the Activation carries out the one long piece of work that
 //! must not hold the manager up: the teardown of its epoch. Teardown awaits the owned children's
 //! disposals (already opened top-down by the manager), waits for the child to be quiescent,
-//! makes its log durable (best effort: a failure is logged), captures the epoch's terminal
-//! facts while the child is still registered, and disposes the
-//! handle (which drains the session log into the store and releases the lease). It answers the
-//! facts and stops.
+//! takes one of the manager's release permits, makes its log durable (best effort: a failure is
+//! logged), captures the epoch's terminal facts while the child is still registered, and
+//! disposes the handle (which drains the session log into the store and releases the lease).
+//! It answers the facts and stops.
+
+use std::sync::Arc;
 
 use actix::prelude::*;
 use futures::future::{BoxFuture, Shared};
+use tokio::sync::Semaphore;
 
 use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -91,7 +94,16 @@ impl Actor for Activation {
 pub(crate) struct Teardown {
     /// The owned children's disposals, opened before this one's.
     pub(crate) children: Vec<Disposal>,
+    /// The manager's bound on releases under way at once (see [`RELEASES_AT_ONCE`]).
+    pub(crate) releases: Arc<Semaphore>,
 }
+
+/// How many Activations release their child at once. A release holds the child's final flush
+/// and its projection checkpoint in memory; a drain opens every disposal at once, so without a
+/// bound a drain of a million children would hold a million checkpoints together. A permit is
+/// taken only once the owned children are gone and the child is quiescent, and never while
+/// waiting on another disposal, so the bound cannot deadlock a child-first drain.
+pub(crate) const RELEASES_AT_ONCE: usize = 512;
 
 impl Handler<Teardown> for Activation {
     type Result = ResponseActFuture<Self, Terminal>;
@@ -116,6 +128,8 @@ impl Handler<Teardown> for Activation {
                 };
                 let child = handle.agent().clone();
                 child.when_idle().await;
+                // The semaphore is never closed; a closed one would only lift the bound.
+                let _release = msg.releases.acquire_owned().await.ok();
                 // The best-effort final flush (the seed's durability barrier before release),
                 // after the cancel and before capture. Not `log.flush()`: a failed write-behind
                 // flush faults the log, and disposal would then fail the epoch. A failure is

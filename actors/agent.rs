@@ -106,6 +106,10 @@ pub struct AgentActor {
     /// Its incarnation and service: each turn builds the agent's own exact reference from
     /// them, the authority its tools act with (built per turn, so an idle agent holds none).
     identity: (u64, Agents),
+    /// Set once a release is on its way: the disposal writes the projection checkpoint, so a
+    /// turn cancelled ahead of it does not write the same rows beside it (a drain of a million
+    /// children would otherwise hold a million checkpoints in flight at once).
+    releasing: bool,
 }
 
 /// What an Activation's settlement watcher learns from its agent, in the agent's own order.
@@ -141,6 +145,7 @@ impl AgentActor {
     ) -> Self {
         Self {
             identity,
+            releasing: false,
             id: log.id(),
             log,
             inbox,
@@ -280,7 +285,9 @@ impl AgentActor {
 
     fn turn_finished(&mut self, turn: u64, reason: TurnEndReason, ctx: &mut Context<Self>) {
         tracing::debug!(session_id = %self.id, turn, ?reason, "turn ended");
-        crate::projection::cache::checkpoint_after_turn(&self.env, &self.log);
+        if !self.releasing {
+            crate::projection::cache::checkpoint_after_turn(&self.env, &self.log);
+        }
         self.emit(AgentEventKind::TurnEnded { turn, reason });
         let next = self.state.turn_finished(self.inbox.has_next_turn());
         self.apply(next, ctx);
@@ -368,6 +375,7 @@ impl AgentActor {
     }
 
     fn retire(&mut self, ctx: &mut Context<Self>) {
+        self.releasing = true;
         if let Some(cancel) = self.state.retire() {
             // Stop only once the turn has closed its log; `turn_finished` comes back here.
             cancel.cancel(CancelCause::Disposed);
@@ -484,12 +492,15 @@ impl Handler<Observe> for AgentActor {
 pub(crate) struct Cancel {
     pub(crate) cause: CancelCause,
     pub(crate) inbox: InboxPolicy,
+    /// Whether the agent's release follows (see `AgentActor::releasing`).
+    pub(crate) releasing: bool,
 }
 
 impl Handler<Cancel> for AgentActor {
     type Result = Result<()>;
 
     fn handle(&mut self, msg: Cancel, _: &mut Context<Self>) -> Self::Result {
+        self.releasing |= msg.releasing;
         self.cancel(msg.cause, msg.inbox)
     }
 }
@@ -816,7 +827,11 @@ impl AgentRef {
             ));
         }
         self.live_addr()?
-            .send(Cancel { cause, inbox })
+            .send(Cancel {
+                cause,
+                inbox,
+                releasing: false,
+            })
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))?
     }
@@ -848,8 +863,26 @@ impl AgentRef {
 
     /// Cancels in mailbox order now, without waiting (a gone agent has nothing to cancel).
     pub(crate) fn cancel_now(&self, cause: CancelCause, inbox: InboxPolicy) {
+        self.send_cancel(Cancel {
+            cause,
+            inbox,
+            releasing: false,
+        });
+    }
+
+    /// Cancels in mailbox order now for the release that follows: the owner cancelled (cause
+    /// `parent`) and pending work is discarded.
+    pub(crate) fn cancel_for_release(&self) {
+        self.send_cancel(Cancel {
+            cause: CancelCause::Parent,
+            inbox: InboxPolicy::Discard,
+            releasing: true,
+        });
+    }
+
+    fn send_cancel(&self, cancel: Cancel) {
         if let Some(addr) = self.addr() {
-            addr.do_send(Cancel { cause, inbox });
+            addr.do_send(cancel);
         }
     }
 

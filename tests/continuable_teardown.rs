@@ -81,6 +81,34 @@ async fn a_drain_reports_a_failing_branch_after_every_branch_settled() {
     faults.disarm(StoreOperation::ReleaseLease);
 }
 
+// A drain cancels a child's running turn on its way to the release, and the release writes the
+// child's projection checkpoint: the cancelled turn writes none beside it, so a drain holds one
+// checkpoint per releasing child, not two.
+#[actix_rt::test]
+async fn a_drained_child_writes_each_checkpoint_unit_once_at_its_release() {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("held").gated(&gate));
+    let (rt, faults, parent) = faulty(&model).await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
+    gate.reached().await;
+    within(
+        "the drain",
+        rt.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .expect("the drain succeeds");
+    let units = faults.cache_puts(started.child_id);
+    assert!(!units.is_empty(), "the release checkpoints the child");
+    let distinct: std::collections::HashSet<&String> = units.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        units.len(),
+        "each unit written once: {units:?}"
+    );
+}
+
 // CONT-43 CONT-83
 #[actix_rt::test]
 async fn a_drain_begun_at_start_publication_rolls_the_start_back_silently() {

@@ -62,7 +62,7 @@ use actix::prelude::*;
 use futures::future::{join_all, BoxFuture, FutureExt, Shared};
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::activation::{Activation, Disposal, Teardown, Terminal};
+use crate::actors::activation::{Activation, Disposal, Teardown, Terminal, RELEASES_AT_ONCE};
 use crate::actors::agent::{Activity, AgentRef, InboxPolicy, PostTarget, Wake};
 use crate::actors::agents::Agents;
 use crate::actors::service::{LookupContinuable, SubagentService};
@@ -170,6 +170,8 @@ pub(crate) struct ContinuationManager {
     closing: HashMap<SessionId, ClosingScope>,
     draining: bool,
     next_materialization: u64,
+    /// Bounds the Activations releasing their child at once (see [`RELEASES_AT_ONCE`]).
+    releases: Arc<tokio::sync::Semaphore>,
 }
 
 impl Actor for ContinuationManager {
@@ -212,6 +214,7 @@ impl ContinuationManager {
             closing: HashMap::new(),
             draining: false,
             next_materialization: 0,
+            releases: Arc::new(tokio::sync::Semaphore::new(RELEASES_AT_ONCE)),
         }
     }
 
@@ -373,9 +376,7 @@ impl ContinuationManager {
         if let Some(disposal) = &resident.disposal {
             return Some(disposal.clone());
         }
-        resident
-            .agent
-            .cancel_now(CancelCause::Parent, InboxPolicy::Discard);
+        resident.agent.cancel_for_release();
         let activation = resident.activation.clone();
         let mut owned: Vec<SessionId> = resident.owned.iter().copied().collect();
         owned.sort_unstable();
@@ -388,9 +389,10 @@ impl ContinuationManager {
             .filter_map(|owned| self.open_disposal(owned, ctx))
             .collect();
         let manager = ctx.address();
+        let releases = Arc::clone(&self.releases);
         let disposal: Disposal = async move {
             let terminal = activation
-                .send(Teardown { children })
+                .send(Teardown { children, releases })
                 .await
                 .unwrap_or_else(|_| {
                     Terminal::failed(SubagentError::bug("an Activation stopped before teardown"))

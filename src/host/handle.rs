@@ -224,6 +224,7 @@ impl AgentHandle {
                 .send(Cancel {
                     cause: CancelCause::Disposed,
                     inbox: InboxPolicy::Discard,
+                    releasing: true,
                 })
                 .await;
         }

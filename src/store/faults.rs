@@ -50,6 +50,8 @@ pub struct FaultInjectingStore {
     /// How many held calls were dropped before their hold was released.
     abandoned: Arc<AtomicUsize>,
     flushes: AtomicUsize,
+    /// Every projection cache row written: its unit and session, in order.
+    cache_puts: Mutex<Vec<(String, SessionId)>>,
 }
 
 /// Counts a held call dropped before it got through its hold.
@@ -76,6 +78,7 @@ impl FaultInjectingStore {
             waited: tokio::sync::watch::Sender::new(0),
             abandoned: Arc::default(),
             flushes: AtomicUsize::new(0),
+            cache_puts: Mutex::default(),
         }
     }
 
@@ -129,6 +132,18 @@ impl FaultInjectingStore {
     /// How many held calls their callers dropped before the hold was released.
     pub fn abandoned_calls(&self) -> usize {
         self.abandoned.load(Ordering::SeqCst)
+    }
+
+    /// The projection units whose cache row was written for `id`, in the order written (a unit
+    /// written twice appears twice).
+    pub fn cache_puts(&self, id: SessionId) -> Vec<String> {
+        self.cache_puts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, session)| *session == id)
+            .map(|(unit, _)| unit.clone())
+            .collect()
     }
 
     /// How many flushes were asked for (armed or not).
@@ -271,6 +286,10 @@ impl SessionPersistence for FaultInjectingStore {
     }
 
     fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
+        self.cache_puts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((unit.to_owned(), id));
         self.inner.cache_put(unit, id, row)
     }
 }
