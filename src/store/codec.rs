@@ -1,12 +1,48 @@
 //! Provides the byte encoding every persistent backend shares: a header is its JSON, an
 //! append is one row holding its events as a JSON array, and a read reassembles the rows below
-//! the session's head into one contiguous run of events.
+//! the session's head into one contiguous run of events. A projection cache row is its JSON.
 
 use std::sync::Arc;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
+
+/// Encodes a projection cache row.
+///
+/// # Errors
+/// `INVALID_PROJECTION` when the row does not encode.
+pub(crate) fn encode_cache_row(
+    unit: &str,
+    id: SessionId,
+    row: &serde_json::Value,
+) -> Result<Vec<u8>> {
+    serde_json::to_vec(row).map_err(|e| {
+        SubagentError::new(
+            ErrorCode::InvalidProjection,
+            format!("session {id}: the {unit} cache row does not encode: {e}"),
+        )
+        .with_source(e)
+    })
+}
+
+/// Decodes a stored projection cache row.
+///
+/// # Errors
+/// `STORE_CORRUPT` when the bytes are not a row.
+pub(crate) fn decode_cache_row(
+    unit: &str,
+    id: SessionId,
+    bytes: &[u8],
+) -> Result<serde_json::Value> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("session {id}: the {unit} cache row does not decode: {e}"),
+        )
+        .with_source(e)
+    })
+}
 
 /// Decodes and checks a stored header.
 pub(crate) fn decode_header(id: SessionId, bytes: &[u8]) -> Result<SessionHeader> {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
+use super::codec::{decode_cache_row, encode_cache_row};
 use super::lease::LeaseTable;
 use super::{
     check_append, check_contiguous, not_found, Lease, LeaseEpoch, LeaseHolder, ListedSession,
@@ -29,7 +30,10 @@ struct MemoryState {
     /// Boxed: a B-tree node holds eleven values whether or not they are in use, and a
     /// session record is large.
     sessions: BTreeMap<SessionId, Box<MemorySession>>,
-    cache: HashMap<(String, SessionId), Value>,
+    /// Projection cache rows as their JSON bytes, as a persistent store keeps them: a row held
+    /// as a `Value` tree takes several times its encoding, and a store holds one for every
+    /// continuable child it has seen released.
+    cache: HashMap<(String, SessionId), Box<[u8]>>,
     leases: LeaseTable,
 }
 
@@ -208,12 +212,21 @@ impl SessionPersistence for MemoryStore {
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
-        let row = self.lock().cache.get(&(unit.to_owned(), id)).cloned();
-        Box::pin(future::ready(Ok(row)))
+        let row = self
+            .lock()
+            .cache
+            .get(&(unit.to_owned(), id))
+            .map(|bytes| decode_cache_row(unit, id, bytes))
+            .transpose();
+        Box::pin(future::ready(row))
     }
 
     fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
-        self.lock().cache.insert((unit.to_owned(), id), row);
-        Box::pin(future::ready(Ok(())))
+        let stored = encode_cache_row(unit, id, &row).map(|bytes| {
+            self.lock()
+                .cache
+                .insert((unit.to_owned(), id), bytes.into_boxed_slice());
+        });
+        Box::pin(future::ready(stored))
     }
 }

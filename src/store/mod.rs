@@ -200,7 +200,7 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// Writes a projection-cache row for (`unit`, `id`).
     ///
     /// # Errors
-    /// `STORE_IO`.
+    /// `INVALID_PROJECTION` for a row that does not encode; `STORE_IO`.
     fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>>;
 
     /// Told that the one-shot child `id` was disposed: the runtime never reads or writes its

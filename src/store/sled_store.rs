@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use futures::future::{self, BoxFuture, FutureExt};
 use serde_json::Value;
 
-use super::codec::{assemble, decode_header, encode_batch};
+use super::codec::{assemble, decode_cache_row, decode_header, encode_batch, encode_cache_row};
 use super::group_flush::GroupFlush;
 use super::lease::LeaseTable;
 use super::{
@@ -600,28 +600,19 @@ impl SessionPersistence for SledStore {
             .get(cache_key(unit, id))
             .map_err(|e| SubagentError::store_io("reading the projection cache", e))
             .and_then(|row| {
-                row.map(|bytes| {
-                    serde_json::from_slice(&bytes).map_err(|e| {
-                        SubagentError::new(
-                            ErrorCode::StoreCorrupt,
-                            format!("cache row {unit}/{id}: {e}"),
-                        )
-                    })
-                })
-                .transpose()
+                row.map(|bytes| decode_cache_row(unit, id, &bytes))
+                    .transpose()
             });
         Box::pin(future::ready(outcome))
     }
 
     fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
-        let outcome = serde_json::to_vec(&row)
-            .map_err(|e| SubagentError::new(ErrorCode::InvalidEvent, e.to_string()))
-            .and_then(|bytes| {
-                self.cache
-                    .insert(cache_key(unit, id), bytes)
-                    .map(drop)
-                    .map_err(|e| SubagentError::store_io("writing the projection cache", e))
-            });
+        let outcome = encode_cache_row(unit, id, &row).and_then(|bytes| {
+            self.cache
+                .insert(cache_key(unit, id), bytes)
+                .map(drop)
+                .map_err(|e| SubagentError::store_io("writing the projection cache", e))
+        });
         Box::pin(future::ready(outcome))
     }
 }

@@ -37,7 +37,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_postgres::NoTls;
 
-use super::codec::{assemble, decode_header, encode_batch};
+use super::codec::{assemble, decode_cache_row, decode_header, encode_batch, encode_cache_row};
 use super::lease::{lease_lost, Lease, LeaseEpoch, LeaseHolder};
 use super::{check_append, check_contiguous, not_found, ListedSession, SessionPersistence};
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -920,13 +920,7 @@ impl SessionPersistence for PostgresStore {
                 .map_err(io(format!("reading the {unit} cache of session {id}")))?;
             row.map(|row| {
                 let bytes: Vec<u8> = row.get(0);
-                serde_json::from_slice(&bytes).map_err(|e| {
-                    SubagentError::new(
-                        ErrorCode::StoreCorrupt,
-                        format!("session {id}: the {unit} cache row does not decode: {e}"),
-                    )
-                    .with_source(e)
-                })
+                decode_cache_row(&unit, id, &bytes)
             })
             .transpose()
         })
@@ -935,12 +929,7 @@ impl SessionPersistence for PostgresStore {
     fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
         let unit = unit.to_owned();
         Box::pin(async move {
-            let bytes = serde_json::to_vec(&row).map_err(|e| {
-                SubagentError::new(
-                    ErrorCode::InvalidProjection,
-                    format!("session {id}: the {unit} cache row does not encode: {e}"),
-                )
-            })?;
+            let bytes = encode_cache_row(&unit, id, &row)?;
             let client = self.client().await?;
             client
                 .execute(
