@@ -117,11 +117,13 @@ fn delivery_round_trip(c: &mut Criterion, url: &str) {
     let target_store = Arc::new(block_on(PostgresStore::connect(url)).expect("postgres connects"));
     let sender = block_on(sender_store.join(&LeaseHolder::new(), "sender")).expect("joins");
     let target = block_on(target_store.join(&LeaseHolder::new(), "target")).expect("joins");
-    target.serve(Arc::new(
-        |delivery: subagents::store::deliveries::Delivery| {
-            Box::pin(async move { Ok(delivery.payload) })
-        },
-    ));
+    target
+        .serve(Arc::new(
+            |delivery: subagents::store::deliveries::Delivery| {
+                Box::pin(async move { Ok(delivery.payload) })
+            },
+        ))
+        .expect("the target serves");
     let session = SessionId::new();
     let payload = serde_json::json!({ "kind": "followup", "text": "go on" });
     let mut group = c.benchmark_group("store/postgres");

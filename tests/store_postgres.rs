@@ -451,8 +451,9 @@ fn a_nodes_lease_lives_while_it_heartbeats_and_passes_on_once_it_goes_silent() {
 }
 
 // A node whose row expired (it was paused past its time-to-live) learns that its membership is
-// lost, is not revived by a late heartbeat, and cannot join again under the same id; its later
-// leases are plain ones, renewed lease by lease.
+// lost, is not revived by a late heartbeat, serves no delivery sent to it after, and cannot join
+// again under the same id, even once it has left; its later leases are plain ones, renewed
+// lease by lease.
 #[test]
 fn a_node_declared_dead_learns_it_and_cannot_rejoin() {
     let runtime = runtime();
@@ -461,6 +462,16 @@ fn a_node_declared_dead_learns_it_and_cannot_rejoin() {
     let store = cluster_store(&url);
     let node = LeaseHolder::new();
     let membership = block_on(store.join(&node, "paused")).unwrap();
+    let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&served);
+    membership
+        .serve(Arc::new(
+            move |delivery: subagents::store::deliveries::Delivery| {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Box::pin(async move { Ok(delivery.payload) })
+            },
+        ))
+        .unwrap();
     execute(
         &url,
         "UPDATE subagents_nodes SET expires_at = now() - interval '1 second'",
@@ -471,6 +482,19 @@ fn a_node_declared_dead_learns_it_and_cannot_rejoin() {
         "SELECT bool_and(expires_at < now()) FROM subagents_nodes",
     );
     assert!(expired, "no heartbeat revived the row");
+    let peer = block_on(cluster_store(&url).join(&LeaseHolder::new(), "peer")).unwrap();
+    let unserved = block_on(within(
+        "the withdrawn delivery",
+        peer.deliver(node.id(), SessionId::new(), &serde_json::json!({ "n": 1 })),
+    ))
+    .unwrap_err();
+    assert_eq!(unserved.code(), ErrorCode::SessionLeased);
+    assert_eq!(
+        served.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a node declared dead serves nothing"
+    );
+    block_on(membership.leave()).unwrap();
     let again = block_on(store.join(&node, "paused")).unwrap_err();
     assert_eq!(again.code(), ErrorCode::LeaseLost);
     let id = SessionId::new();
@@ -588,7 +612,9 @@ fn deliveries_between_nodes_are_served_once_each_in_the_order_sent() {
     let (sender, target) = two_nodes(&url);
     let served = Arc::new(std::sync::Mutex::new(Vec::new()));
     let gate = subagents::testing::Gate::new();
-    target.serve(recording_handler(&served, &gate));
+    target
+        .serve(recording_handler(&served, &gate))
+        .expect("the target serves");
     let session = SessionId::new();
     let sent: Vec<_> = (0..30u64)
         .map(|n| {
@@ -648,11 +674,13 @@ fn an_answer_too_long_for_its_announcement_is_read_from_its_row() {
     let _entered = runtime.enter();
     let url = server().fresh_database();
     let (sender, target) = two_nodes(&url);
-    target.serve(Arc::new(
-        |delivery: subagents::store::deliveries::Delivery| {
-            Box::pin(async move { Ok(delivery.payload) })
-        },
-    ));
+    target
+        .serve(Arc::new(
+            |delivery: subagents::store::deliveries::Delivery| {
+                Box::pin(async move { Ok(delivery.payload) })
+            },
+        ))
+        .expect("the target serves");
     for len in [10, 20_000] {
         let payload = serde_json::json!({ "text": "x".repeat(len) });
         let answer = block_on(within(

@@ -39,7 +39,7 @@ use crate::host::{
 use crate::host::{AgentHandle, CreateAgent};
 use crate::seam::depth::{check_max_depth, resolve_child_depth};
 use crate::seam::run::LocalWiring;
-use crate::seam::settle_hook::SettleHook;
+use crate::seam::settle_hook::{SettleGuard, SettleHook};
 use crate::seam::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::session::{
     fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind,
@@ -453,8 +453,10 @@ fn drive_published_run(
             }))
         };
         async move {
+            // Settles even when `work` panics or the task is dropped at shutdown.
+            let guard = SettleGuard::new(settle);
             let outcome = work.await;
-            settle.settle(&outcome);
+            guard.settle(&outcome);
             outcome
         }
     };

@@ -1,9 +1,9 @@
 //! Provides [`SettleHook`]: how the task that settles a run tells the run's one observer (the
 //! seam's `subagent/end`), so no task of its own has to wait on the result.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::error::Result;
+use crate::error::{Result, SubagentError};
 use crate::seam::SubagentResult;
 
 /// Told a run's outcome once, by the task that settles it.
@@ -58,6 +58,35 @@ impl SettleHook {
     }
 }
 
+/// Settles its hook when dropped unsettled: a settling task that panicked, or that the runtime
+/// dropped at shutdown, still tells the observer (as an infrastructure error), so no run's
+/// `subagent/start` is left without its `subagent/end`.
+pub(crate) struct SettleGuard(Option<Arc<SettleHook>>);
+
+impl SettleGuard {
+    /// Guards `hook` until [`SettleGuard::settle`].
+    pub(crate) fn new(hook: Arc<SettleHook>) -> Self {
+        Self(Some(hook))
+    }
+
+    /// Settles the hook with the run's outcome.
+    pub(crate) fn settle(mut self, outcome: &Result<SubagentResult>) {
+        if let Some(hook) = self.0.take() {
+            hook.settle(outcome);
+        }
+    }
+}
+
+impl Drop for SettleGuard {
+    fn drop(&mut self) {
+        if let Some(hook) = self.0.take() {
+            hook.settle(&Err(SubagentError::bug(
+                "the run's task ended before it settled",
+            )));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -102,6 +131,40 @@ mod tests {
         let late = hook.observe(counting(&told)).expect("handed back");
         assert_eq!(told.load(Ordering::SeqCst), 0);
         late(&completed());
+        assert_eq!(told.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_guard_dropped_unsettled_tells_the_observer_an_error_once() {
+        let hook = Arc::new(SettleHook::new());
+        let told = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&told);
+        assert!(hook
+            .observe(Box::new(move |outcome| {
+                assert!(
+                    outcome.is_err(),
+                    "an unsettled run is an infrastructure error"
+                );
+                counted.fetch_add(1, Ordering::SeqCst);
+            }))
+            .is_none());
+        let guard = SettleGuard::new(Arc::clone(&hook));
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _guard = guard;
+            panic!("the settling task panicked");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(told.load(Ordering::SeqCst), 1);
+        hook.settle(&completed());
+        assert_eq!(told.load(Ordering::SeqCst), 1, "told once");
+    }
+
+    #[test]
+    fn a_settled_guard_tells_the_outcome_and_nothing_on_drop() {
+        let hook = Arc::new(SettleHook::new());
+        let told = Arc::new(AtomicUsize::new(0));
+        assert!(hook.observe(counting(&told)).is_none());
+        SettleGuard::new(Arc::clone(&hook)).settle(&completed());
         assert_eq!(told.load(Ordering::SeqCst), 1);
     }
 

@@ -18,6 +18,7 @@
 //!   while serving it gets the same error, saying the delivery may have been accepted.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -67,6 +68,8 @@ pub(super) struct Inbound {
     /// The senders waiting for an answer, by delivery id: told the stored answer when the
     /// announcement carried it.
     pub(super) answers: Mutex<HashMap<uuid::Uuid, oneshot::Sender<Option<Value>>>>,
+    /// Whether a server runs: one at a time, or deliveries would no longer be served in order.
+    serving: AtomicBool,
 }
 
 impl std::fmt::Debug for Inbound {
@@ -117,6 +120,7 @@ pub(super) async fn listen(
         .connect(tokio_postgres::NoTls)
         .await
         .map_err(io("opening the cluster listener"))?;
+    let stop_client = stop.clone();
     tokio::spawn(async move {
         let messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
         futures::pin_mut!(messages);
@@ -142,10 +146,11 @@ pub(super) async fn listen(
         .batch_execute(&format!("LISTEN {}", channel_of(node)))
         .await
         .map_err(io("listening for deliveries"))?;
-    // The client must outlive the listening: the connection ends when it is dropped.
+    // The client must outlive the listening (the connection ends when it is dropped), and no
+    // longer: it goes with the membership.
     tokio::spawn(async move {
         let _client = client;
-        std::future::pending::<()>().await;
+        stop_client.cancelled().await;
     });
     Ok(())
 }
@@ -289,10 +294,13 @@ impl PostgresStore {
         let claim = client
             .prepare_cached(
                 "UPDATE subagents_deliveries SET state = 'claimed'
-                 WHERE id = (
+                 WHERE state = 'pending' AND id = (
                      SELECT id FROM subagents_deliveries
                      WHERE target = $1 AND state = 'pending'
                      ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
+                 )
+                 AND EXISTS (
+                     SELECT 1 FROM subagents_nodes WHERE node = $1 AND expires_at > now()
                  )
                  RETURNING id, sender, session, payload, ticket",
             )
@@ -429,18 +437,17 @@ impl NodeMembership {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(ticket, answered);
-        let sent = self
-            .store
-            .send_delivery(self.node, target, session, payload, ticket)
-            .await;
-        // From here on the ticket is withdrawn when the sent delivery is dropped.
+        // Built before the send, so the ticket is withdrawn however this future ends.
         let mut sent_delivery = SentDelivery {
             membership: self,
             id: 0,
             ticket,
             announced: futures::FutureExt::fuse(announced),
         };
-        sent_delivery.id = sent?;
+        sent_delivery.id = self
+            .store
+            .send_delivery(self.node, target, session, payload, ticket)
+            .await?;
         Ok(sent_delivery)
     }
 
@@ -461,8 +468,18 @@ impl NodeMembership {
     }
 
     /// Serves this node's deliveries, one at a time in the order they were committed, with
-    /// `handler`, until the membership is left or dropped. Serve once per node.
-    pub fn serve(&self, handler: DeliveryHandler) {
+    /// `handler`, until the membership is left, dropped or lost. A handler that panics answers
+    /// its delivery with an error, and serving goes on.
+    ///
+    /// # Errors
+    /// `INVALID_ARGS` when this node already serves.
+    pub fn serve(&self, handler: DeliveryHandler) -> Result<()> {
+        if self.inbound.serving.swap(true, Ordering::SeqCst) {
+            return Err(SubagentError::new(
+                ErrorCode::InvalidArgs,
+                format!("node {} already serves its deliveries", self.node),
+            ));
+        }
         let store = Arc::clone(&self.store);
         let node = self.node;
         let inbound = Arc::clone(&self.inbound);
@@ -475,7 +492,7 @@ impl NodeMembership {
                 };
                 match claimed {
                     Ok(Some(delivery)) => {
-                        let answer = handler(delivery.clone()).await;
+                        let answer = handle(&handler, &delivery).await;
                         // Its sender waits for it: a passing fault is retried.
                         while let Err(error) = store.answer_delivery(&delivery, &answer).await {
                             tracing::warn!(%node, delivery = delivery.id, %error, "a delivery's answer could not be stored; retrying");
@@ -498,5 +515,21 @@ impl NodeMembership {
                 }
             }
         });
+        Ok(())
     }
+}
+
+/// `handler`'s answer to `delivery`; a panic in it is the delivery's error, not the server's
+/// end (its sender would otherwise wait on a claimed row for as long as the node lives).
+async fn handle(handler: &DeliveryHandler, delivery: &Delivery) -> Result<Value> {
+    use futures::FutureExt;
+    let panicked =
+        || SubagentError::bug(format!("the handler of delivery {} panicked", delivery.id));
+    let answer =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(delivery.clone())))
+            .map_err(|_| panicked())?;
+    std::panic::AssertUnwindSafe(answer)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(panicked()))
 }

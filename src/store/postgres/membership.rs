@@ -52,6 +52,8 @@ impl NodeMembership {
 
     /// Leaves the cluster: the heartbeat stops and the node's row is removed. Leases the node
     /// still holds then last only their own time-to-live: release the runtime's agents first.
+    /// A lost membership's row stays: it is the record that the node was declared dead, which
+    /// keeps its holder from joining again.
     ///
     /// # Errors
     /// `STORE_IO` when the row cannot be removed (it then expires on its own).
@@ -65,7 +67,10 @@ impl NodeMembership {
             .await
             .map_err(pool_io("leaving the cluster"))?;
         client
-            .execute("DELETE FROM subagents_nodes WHERE node = $1", &[&self.node])
+            .execute(
+                "DELETE FROM subagents_nodes WHERE node = $1 AND expires_at > now()",
+                &[&self.node],
+            )
             .await
             .map_err(io("leaving the cluster"))?;
         Ok(())
@@ -97,28 +102,29 @@ impl PostgresStore {
     ) -> Result<NodeMembership> {
         let node = holder.id();
         let ttl = self.node_ttl.as_secs_f64();
-        let client = self.client().await?;
-        let joined = client
-            .execute(
-                "INSERT INTO subagents_nodes (node, name, expires_at)
-                 VALUES ($1, $2, now() + make_interval(secs => $3))
-                 ON CONFLICT (node) DO UPDATE
-                 SET name = excluded.name, heartbeat_at = now(), expires_at = excluded.expires_at
-                 WHERE subagents_nodes.expires_at > now()",
-                &[&node, &name, &ttl],
-            )
-            .await
-            .map_err(io(format!("joining the cluster as node {node}")))?;
-        drop(client);
-        if joined == 0 {
+        // Listening first: a failure here leaves no row behind (a row left to expire would be
+        // the record of a dead node, and the holder could never join).
+        let inbound = Arc::new(Inbound::default());
+        let stop = CancellationToken::new();
+        listen(self, node, Arc::clone(&inbound), stop.clone()).await?;
+        // Taken before the write, so this node never thinks its row lives longer than the
+        // server does.
+        let written = Instant::now();
+        let joined = self.insert_member(node, name, ttl).await;
+        let joined = match joined {
+            Ok(joined) => joined,
+            Err(error) => {
+                stop.cancel();
+                return Err(error);
+            }
+        };
+        if !joined {
+            stop.cancel();
             return Err(SubagentError::new(
                 ErrorCode::LeaseLost,
                 format!("node {node} was declared dead: a new runtime (a new holder) must join"),
             ));
         }
-        let inbound = Arc::new(Inbound::default());
-        let stop = CancellationToken::new();
-        listen(self, node, Arc::clone(&inbound), stop.clone()).await?;
         self.remember(holder);
         self.remember_member(node);
         let membership = NodeMembership {
@@ -133,41 +139,76 @@ impl PostgresStore {
             node,
             lost: membership.lost.clone(),
             stop: membership.stop.clone(),
+            client: None,
         };
-        tokio::spawn(heartbeat.run());
+        tokio::spawn(heartbeat.run(written + self.node_ttl));
         tracing::info!(%node, name, "joined the cluster");
         Ok(membership)
     }
+
+    /// Writes `node`'s row, or renews it while it is live; `false` for a node already
+    /// declared dead.
+    async fn insert_member(&self, node: uuid::Uuid, name: &str, ttl: f64) -> Result<bool> {
+        let client = self.client().await?;
+        let joined = client
+            .execute(
+                "INSERT INTO subagents_nodes (node, name, expires_at)
+                 VALUES ($1, $2, now() + make_interval(secs => $3))
+                 ON CONFLICT (node) DO UPDATE
+                 SET name = excluded.name, heartbeat_at = now(), expires_at = excluded.expires_at
+                 WHERE subagents_nodes.expires_at > now()",
+                &[&node, &name, &ttl],
+            )
+            .await
+            .map_err(io(format!("joining the cluster as node {node}")))?;
+        Ok(joined == 1)
+    }
 }
 
-/// The task that renews a node's row.
+/// The task that renews a node's row, on a connection of its own: a pool busy with the
+/// runtime's writes must not starve the heartbeat into the node's death.
 struct Heartbeat {
     store: Arc<PostgresStore>,
     node: uuid::Uuid,
     lost: CancellationToken,
     stop: CancellationToken,
+    /// Opened at the first beat, and again after a beat failed.
+    client: Option<tokio_postgres::Client>,
 }
 
 impl Heartbeat {
-    async fn run(self) {
+    /// Beats until stopped or lost; the row is good until `good_until`, as far as this node
+    /// knows.
+    async fn run(mut self, mut good_until: Instant) {
         let ttl = self.store.node_ttl;
         let every = (ttl / 3).max(Duration::from_millis(1));
-        // The row is good until here, as far as this node knows (its own clock, started before
-        // the write, so it never thinks the row lives longer than the server does).
-        let mut good_until = Instant::now() + ttl;
         loop {
             tokio::select! {
                 () = self.stop.cancelled() => return,
                 () = tokio::time::sleep(every) => {}
             }
             let sent = Instant::now();
-            match self.beat().await {
+            // A beat that has not landed by the time the row expires is a lost membership,
+            // however long the server or the network would keep it waiting.
+            let beat = match tokio::time::timeout_at(good_until, self.beat()).await {
+                Ok(beat) => beat,
+                Err(_) => Err(SubagentError::new(
+                    ErrorCode::StoreIo,
+                    format!(
+                        "heartbeating node {}: no answer within the node time-to-live",
+                        self.node
+                    ),
+                )),
+            };
+            match beat {
                 Ok(true) => good_until = sent + ttl,
                 Ok(false) => {
                     tracing::error!(node = %self.node, "this node's membership expired: another node may hold its sessions");
                     break;
                 }
                 Err(error) => {
+                    // The connection may be gone: the next beat opens another.
+                    self.client = None;
                     tracing::warn!(node = %self.node, %error, "a heartbeat failed; retrying");
                     if Instant::now() >= good_until {
                         tracing::error!(node = %self.node, "no heartbeat landed for a node time-to-live: this node's membership is lost");
@@ -178,11 +219,30 @@ impl Heartbeat {
         }
         self.store.forget_member(self.node);
         self.lost.cancel();
+        // A node declared dead serves nothing more: its sessions may be another node's now.
+        self.stop.cancel();
     }
 
     /// Renews the row if it has not expired; `false` when it has (or is gone).
-    async fn beat(&self) -> Result<bool> {
-        let client = self.store.client().await?;
+    async fn beat(&mut self) -> Result<bool> {
+        let client = match &mut self.client {
+            Some(client) => client,
+            empty => {
+                let (client, connection) = self
+                    .store
+                    .pg_config
+                    .connect(tokio_postgres::NoTls)
+                    .await
+                    .map_err(io("opening the heartbeat connection"))?;
+                // Driven until the client is dropped (the heartbeat ended or gave it up).
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%error, "the heartbeat connection closed");
+                    }
+                });
+                empty.insert(client)
+            }
+        };
         let renewed = client
             .execute(
                 "UPDATE subagents_nodes
