@@ -121,7 +121,9 @@ impl RuntimeBuilder {
     /// Leases every session this runtime drives in `holder`'s name, instead of a fresh
     /// holder's: the holder that joined a cluster as a node
     /// ([`crate::store::PostgresStore::join`]), whose leases then live while the node
-    /// heartbeats.
+    /// heartbeats. One holder per runtime: a store treats a session leased by the same holder
+    /// as its own, so two runtimes sharing a holder would take each other's live sessions
+    /// (their fencing epochs still keep one of them from writing).
     #[must_use]
     pub fn lease_holder(mut self, holder: LeaseHolder) -> Self {
         self.holder = Some(holder);

@@ -589,10 +589,12 @@ async fn grow(
         return Err(failure);
     }
     let root_ids: Vec<SessionId> = roots.iter().map(|root| root.agent().id()).collect();
-    let created = lock(&shared.created).clone();
-    let accepted = lock(&shared.accepted).clone();
+    // Taken, not copied: at a million children each record is held once.
+    let created = std::mem::take(&mut *lock(&shared.created));
+    let accepted = std::mem::take(&mut *lock(&shared.accepted));
     let drain_began = Instant::now();
-    let listed_before = super::verify::list_forest(rt, &root_ids).await?;
+    // Only the listing's shape is kept through the drain, not a million listed entries.
+    let listed_before = super::verify::shape(&super::verify::list_forest(rt, &root_ids).await?);
     let shutdown = rt.shutdown().await;
     let drain = drain_began.elapsed();
     let verified = verify(

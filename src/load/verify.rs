@@ -63,7 +63,10 @@ pub(crate) async fn list_forest(rt: &Runtime, roots: &[SessionId]) -> Result<For
 }
 
 /// The (id, parent) pairs of a forest's child entries, and how many diagnostics it holds.
-fn shape(forest: &Forest) -> (HashSet<(SessionId, SessionId)>, usize) {
+pub(crate) type Shape = (HashSet<(SessionId, SessionId)>, usize);
+
+/// A forest's [`Shape`].
+pub(crate) fn shape(forest: &Forest) -> Shape {
     let mut pairs = HashSet::new();
     let mut diagnostics = 0;
     for (_, entries) in forest {
@@ -173,7 +176,7 @@ pub(crate) async fn verify(
     roots: &[SessionId],
     expected_total: Option<u64>,
     reports: u64,
-    listed: Forest,
+    listed: Shape,
     shutdown: Result<()>,
     reopen: Option<&super::run::Reopen>,
 ) -> Verified {
@@ -200,7 +203,7 @@ pub(crate) async fn verify(
         .iter()
         .map(|created| (created.id, created.parent))
         .collect();
-    let (pairs, diagnostics) = shape(&listed);
+    let (pairs, diagnostics) = listed;
     checks.push(check(
         "each root's descendants are exactly the children created",
         pairs == expected && diagnostics == 0,
