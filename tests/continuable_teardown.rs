@@ -35,6 +35,24 @@ fn notice_inserted(agent: &AgentRef) -> bool {
     })
 }
 
+/// A runtime on a fault-injecting store, its root, and a continuable child of the root whose
+/// first turn is held at `gate` (later turns answer "ok").
+async fn held_child(
+    gate: &Gate,
+) -> (
+    Runtime,
+    Arc<subagents::testing::FaultInjectingStore>,
+    subagents::AgentHandle,
+    SessionId,
+) {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("held").gated(gate));
+    let (rt, faults, parent) = faulty(&model).await;
+    let started = start_continuable(&rt, parent.agent(), "task").await;
+    gate.reached().await;
+    (rt, faults, parent, started.child_id)
+}
+
 // CONT-30 CONT-54 CONT-73
 #[actix_rt::test]
 async fn a_child_whose_release_fails_settles_as_error_and_withholds_its_output() {
@@ -65,11 +83,7 @@ async fn a_child_whose_release_fails_settles_as_error_and_withholds_its_output()
 #[actix_rt::test]
 async fn a_drain_reports_a_failing_branch_after_every_branch_settled() {
     let gate = Gate::new();
-    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    model.push(ScriptStep::text("held").gated(&gate));
-    let (rt, faults, parent) = faulty(&model).await;
-    let started = start_continuable(&rt, parent.agent(), "task").await;
-    gate.reached().await;
+    let (rt, faults, parent, child) = held_child(&gate).await;
     faults.arm(StoreOperation::ReleaseLease);
     let drain = rt
         .subagents()
@@ -77,7 +91,7 @@ async fn a_drain_reports_a_failing_branch_after_every_branch_settled() {
     gate.release();
     let error = within("the drain", drain).await.unwrap_err();
     assert_eq!(error.code(), ErrorCode::ActivationTeardownFailed);
-    assert!(rt.agents().get(started.child_id).await.is_none());
+    assert!(rt.agents().get(child).await.is_none());
     faults.disarm(StoreOperation::ReleaseLease);
 }
 
@@ -87,11 +101,7 @@ async fn a_drain_reports_a_failing_branch_after_every_branch_settled() {
 #[actix_rt::test]
 async fn a_drained_child_writes_each_checkpoint_unit_once_at_its_release() {
     let gate = Gate::new();
-    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    model.push(ScriptStep::text("held").gated(&gate));
-    let (rt, faults, parent) = faulty(&model).await;
-    let started = start_continuable(&rt, parent.agent(), "task").await;
-    gate.reached().await;
+    let (rt, faults, parent, child) = held_child(&gate).await;
     within(
         "the drain",
         rt.subagents()
@@ -99,7 +109,7 @@ async fn a_drained_child_writes_each_checkpoint_unit_once_at_its_release() {
     )
     .await
     .expect("the drain succeeds");
-    let units = faults.cache_puts(started.child_id);
+    let units = faults.cache_puts(child);
     assert!(!units.is_empty(), "the release checkpoints the child");
     let distinct: std::collections::HashSet<&String> = units.iter().collect();
     assert_eq!(
