@@ -29,6 +29,12 @@ pub trait SubagentProvider: Send + Sync + 'static {
     /// The service already validated every requested capability and resolved the descriptor.
     /// Before the future resolves the provider owns setup and must clean up any unpublished
     /// resources before failing; from resolution on, failures settle through the run.
+    ///
+    /// # Cancel safety
+    /// The future may be dropped before it resolves: a caller that drops
+    /// [`Subagents::start`](crate::Subagents::start) drops it, and `request.request.cancel`
+    /// fires with it. Whatever it has set up by then must be released by that drop, or its
+    /// work run detached (as the in-process providers do) and abandon the child on the token.
     fn start(
         &self,
         request: ResolvedSubagentStartRequest,
