@@ -23,8 +23,14 @@ use crate::session::{LlmFailure, TokenUsage};
 /// the gate and never from sleeping.
 #[derive(Debug, Clone)]
 pub struct Gate {
-    reached: Arc<watch::Sender<bool>>,
-    released: Arc<watch::Sender<bool>>,
+    /// One pointer: every call held at the gate keeps a copy (a scale run holds a million).
+    shared: Arc<GateState>,
+}
+
+#[derive(Debug)]
+struct GateState {
+    reached: watch::Sender<bool>,
+    released: watch::Sender<bool>,
 }
 
 impl Default for Gate {
@@ -37,27 +43,29 @@ impl Gate {
     /// A closed gate.
     pub fn new() -> Self {
         Self {
-            reached: Arc::new(watch::channel(false).0),
-            released: Arc::new(watch::channel(false).0),
+            shared: Arc::new(GateState {
+                reached: watch::channel(false).0,
+                released: watch::channel(false).0,
+            }),
         }
     }
 
     /// Opens the gate; every held and future call goes through.
     pub fn release(&self) {
-        self.released.send_replace(true);
+        self.shared.released.send_replace(true);
     }
 
     /// Resolves once a call has reached the gate.
     pub async fn reached(&self) {
-        let mut reached = self.reached.subscribe();
+        let mut reached = self.shared.reached.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = reached.wait_for(|reached| *reached).await;
     }
 
     /// Marks the gate reached and waits until it is released.
     pub async fn pass(&self) {
-        self.reached.send_replace(true);
-        let mut released = self.released.subscribe();
+        self.shared.reached.send_replace(true);
+        let mut released = self.shared.released.subscribe();
         let _ = released.wait_for(|released| *released).await;
     }
 }
@@ -235,7 +243,8 @@ struct Shared {
 
 struct ScriptState {
     steps: VecDeque<ScriptStep>,
-    fallback: Option<ScriptStep>,
+    /// Shared with the calls it answers (see [`Next`]).
+    fallback: Option<Arc<ScriptStep>>,
     latency: Option<Duration>,
     requests: Vec<GenerateRequest>,
     request_count: usize,
@@ -271,7 +280,7 @@ impl ScriptedModel {
     /// A model that answers every call with `step` (for demos and load runs).
     pub fn repeating(step: ScriptStep) -> Self {
         let model = Self::new();
-        model.lock().fallback = Some(step);
+        model.set_fallback(step);
         model
     }
 
@@ -287,7 +296,7 @@ impl ScriptedModel {
 
     /// Answers every call after the script runs out with `step`.
     pub fn set_fallback(&self, step: ScriptStep) {
-        self.lock().fallback = Some(step);
+        self.lock().fallback = Some(Arc::new(step));
     }
 
     /// Delays every response by `latency` (cancellable), simulating a remote model.
@@ -344,15 +353,23 @@ fn hang_after(
     canned(chunks).chain(tail).boxed()
 }
 
-/// Holds at `gate` (or fails as aborted on cancel), then yields `chunks`.
+/// The step a call answers with: its own, taken from the script, or the shared fallback.
+enum Next {
+    Own(ScriptStep),
+    Fallback(Arc<ScriptStep>),
+}
+
+/// Holds at `gate` (or fails as aborted on cancel), then yields the chunks `chunks` makes.
+/// They are made once the gate opens: a call held at a gate holds no copy of a repeated
+/// step's chunks (a scale run holds a million such calls).
 fn gated(
     gate: Gate,
-    chunks: Vec<StreamChunk>,
+    chunks: impl FnOnce() -> Vec<StreamChunk> + Send + 'static,
     cancel: tokio_util::sync::CancellationToken,
 ) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
     stream::once(async move {
         tokio::select! {
-            () = gate.pass() => Ok(canned(chunks)),
+            () = gate.pass() => Ok(canned(chunks())),
             () = cancel.cancelled() => Err(aborted()),
         }
     })
@@ -375,10 +392,28 @@ impl LlmAdapter for ScriptedModel {
             if state.recording {
                 state.requests.push(request.clone());
             }
-            let step = state.steps.pop_front().or_else(|| state.fallback.clone());
+            let step = match state.steps.pop_front() {
+                Some(step) => Some(Next::Own(step)),
+                None => state.fallback.clone().map(Next::Fallback),
+            };
             (step, state.latency)
         };
         let cancel = request.cancel.clone();
+        let step = match step {
+            Some(Next::Fallback(fallback)) => {
+                if let ScriptStep::Gated(gate, _) = &*fallback {
+                    let gate = gate.clone();
+                    let chunks = move || match &*fallback {
+                        ScriptStep::Gated(_, chunks) => chunks.clone(),
+                        _ => Vec::new(),
+                    };
+                    return delayed(gated(gate, chunks, cancel.clone()), latency, cancel);
+                }
+                Some(ScriptStep::clone(&fallback))
+            }
+            Some(Next::Own(step)) => Some(step),
+            None => None,
+        };
         let body: BoxStream<'static, Result<StreamChunk, LlmFailure>> = match step {
             None => stream::once(async {
                 Err(LlmFailure::new(
@@ -404,25 +439,34 @@ impl LlmAdapter for ScriptedModel {
                 cancel.clone(),
             ),
             Some(ScriptStep::HangAfter(chunks)) => hang_after(chunks, cancel.clone()),
-            Some(ScriptStep::Gated(gate, chunks)) => gated(gate, chunks, cancel.clone()),
+            Some(ScriptStep::Gated(gate, chunks)) => gated(gate, move || chunks, cancel.clone()),
             Some(ScriptStep::Split { head, gate, tail }) => canned(head)
-                .chain(gated(gate, tail, cancel.clone()))
+                .chain(gated(gate, move || tail, cancel.clone()))
                 .boxed(),
         };
-        match latency {
-            None => body,
-            Some(latency) => stream::once(async move {
-                tokio::select! {
-                    () = tokio::time::sleep(latency) => Ok(body),
-                    () = cancel.cancelled() => Err(aborted()),
-                }
-            })
-            .map(|delayed| match delayed {
-                Ok(inner) => inner,
-                Err(failure) => stream::once(async move { Err(failure) }).boxed(),
-            })
-            .flatten()
-            .boxed(),
-        }
+        delayed(body, latency, cancel)
     }
+}
+
+/// `body`, started after `latency` when there is one (failing as aborted if cancelled first).
+fn delayed(
+    body: BoxStream<'static, Result<StreamChunk, LlmFailure>>,
+    latency: Option<Duration>,
+    cancel: tokio_util::sync::CancellationToken,
+) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
+    let Some(latency) = latency else {
+        return body;
+    };
+    stream::once(async move {
+        tokio::select! {
+            () = tokio::time::sleep(latency) => Ok(body),
+            () = cancel.cancelled() => Err(aborted()),
+        }
+    })
+    .map(|delayed| match delayed {
+        Ok(inner) => inner,
+        Err(failure) => stream::once(async move { Err(failure) }).boxed(),
+    })
+    .flatten()
+    .boxed()
 }
