@@ -95,10 +95,12 @@ pub struct AgentActor {
     scope: Arc<AgentScope>,
     /// Shared with every turn and every reference the agent hands out.
     options: Arc<AgentOptions>,
-    disposers: Vec<Disposer>,
+    /// Run in reverse at retirement (a slice: the list never grows after creation).
+    disposers: Box<[Disposer]>,
     state: AgentState,
-    idle_waiters: Vec<oneshot::Sender<()>>,
-    retire_waiters: Vec<oneshot::Sender<()>>,
+    /// Callers waiting for the agent to become idle or to retire (one list: an actor's whole
+    /// state sits in its task, and every resident child has one).
+    waiters: Vec<(Awaited, oneshot::Sender<()>)>,
     /// The continuation manager's view of this agent, when it is a resident Activation.
     activity: Option<ActivityObserver>,
     /// The budget every turn is charged against, when the agent has one.
@@ -110,6 +112,15 @@ pub struct AgentActor {
     /// turn cancelled ahead of it does not write the same rows beside it (a drain of a million
     /// children would otherwise hold a million checkpoints in flight at once).
     releasing: bool,
+}
+
+/// What a caller waits for the agent to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaited {
+    /// Become idle (no turn running).
+    Idle,
+    /// Retire (disposal finished; the actor stops).
+    Retired,
 }
 
 /// What an Activation's settlement watcher learns from its agent, in the agent's own order.
@@ -139,7 +150,7 @@ impl AgentActor {
         inbox: Inbox,
         env: Arc<AgentEnv>,
         scope: Arc<AgentScope>,
-        options: AgentOptions,
+        options: Arc<AgentOptions>,
         disposers: Vec<Disposer>,
         identity: (u64, Agents),
     ) -> Self {
@@ -151,13 +162,24 @@ impl AgentActor {
             inbox,
             env,
             scope,
-            options: Arc::new(options),
-            disposers,
+            options,
+            disposers: disposers.into_boxed_slice(),
             state: AgentState::new(),
-            idle_waiters: Vec::new(),
-            retire_waiters: Vec::new(),
+            waiters: Vec::new(),
             activity: None,
             budget: None,
+        }
+    }
+
+    /// Answers every caller waiting for `what`.
+    fn answer_waiters(&mut self, what: Awaited) {
+        let (answered, waiting) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition::<Vec<_>, _>(|(awaited, _)| *awaited == what);
+        self.waiters = waiting;
+        for (_, waiter) in answered {
+            // A waiter that stopped listening needs no answer.
+            let _ = waiter.send(());
         }
     }
 
@@ -257,25 +279,26 @@ impl AgentActor {
         }
         let cancel = TurnCancel::new();
         self.state.turn_started(turn, cancel.clone());
+        // One address for both (each `ctx.address()` allocates a sender).
+        let address = ctx.address();
         let turn_ctx = TurnContext {
-            agent: self.id,
-            caller: Some(AgentRef::new(
+            caller: AgentRef::new(
                 self.id,
                 self.identity.0,
-                &ctx.address(),
+                &address,
                 self.log.clone(),
                 Arc::clone(&self.options),
                 self.identity.1.clone(),
-            )),
+            ),
             log: self.log.clone(),
             env: Arc::clone(&self.env),
             scope: Arc::clone(&self.scope),
             options: Arc::clone(&self.options),
             cancel,
-            inbox: Arc::new(ctx.address().downgrade()),
+            inbox: Arc::new(address.downgrade()),
             budget: self.budget.clone(),
         };
-        let driver = async move { run_turn(&turn_ctx, turn, claimed).await };
+        let driver = run_turn(turn_ctx, turn, claimed);
         ctx.spawn(
             driver
                 .into_actor(self)
@@ -294,10 +317,7 @@ impl AgentActor {
     }
 
     fn become_idle(&mut self) {
-        for waiter in self.idle_waiters.drain(..) {
-            // A waiter that stopped listening needs no answer.
-            let _ = waiter.send(());
-        }
+        self.answer_waiters(Awaited::Idle);
         self.notify(Activity::Idle);
     }
 
@@ -384,15 +404,16 @@ impl AgentActor {
         if let Err(error) = self.discard_pending() {
             tracing::warn!(session_id = %self.id, %error, "could not journal the final discard");
         }
-        for disposer in self.disposers.drain(..).rev() {
+        for disposer in std::mem::take(&mut self.disposers)
+            .into_vec()
+            .into_iter()
+            .rev()
+        {
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(disposer)).is_err() {
                 tracing::error!(session_id = %self.id, "a scope disposer panicked");
             }
         }
-        for waiter in self.retire_waiters.drain(..) {
-            // A waiter that stopped listening needs no answer.
-            let _ = waiter.send(());
-        }
+        self.answer_waiters(Awaited::Retired);
         ctx.stop();
     }
 }
@@ -518,7 +539,7 @@ impl Handler<WhenIdle> for AgentActor {
             return Box::pin(async {});
         }
         let (sender, receiver) = oneshot::channel();
-        self.idle_waiters.push(sender);
+        self.waiters.push((Awaited::Idle, sender));
         Box::pin(async move {
             // A dropped sender means the actor stopped: it is idle for good.
             let _ = receiver.await;
@@ -584,7 +605,7 @@ impl Handler<Retire> for AgentActor {
 
     fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) -> Self::Result {
         let (sender, receiver) = oneshot::channel();
-        self.retire_waiters.push(sender);
+        self.waiters.push((Awaited::Retired, sender));
         self.retire(ctx);
         Box::pin(async move {
             // A dropped sender means the actor stopped: retired either way.

@@ -105,6 +105,11 @@ impl Agents {
         &self.shared.env
     }
 
+    /// The registry of this runtime's live agents.
+    pub(crate) fn registry(&self) -> &Addr<AgentRegistry> {
+        &self.shared.registry
+    }
+
     /// This runtime's lease holder: every session it drives is leased in its name.
     pub fn lease_holder(&self) -> &LeaseHolder {
         &self.shared.holder
@@ -257,12 +262,14 @@ impl Agents {
             Inbox::replay(&events[own..])
         });
         let disposers = scope.take_disposers();
+        // One copy, shared by the actor and every reference to it.
+        let options = Arc::new(options);
         let actor = AgentActor::new(
             log.clone(),
             inbox,
             Arc::clone(&self.shared.env),
             Arc::new(scope),
-            options.clone(),
+            Arc::clone(&options),
             disposers,
             (incarnation, self.clone()),
         );
@@ -295,8 +302,8 @@ impl Agents {
             // on the agent's worker instead measured slower, every close then crossing threads.
             tokio::spawn(writing);
         }
-        let agent = AgentRef::new(id, incarnation, &addr, log, Arc::new(options), self.clone());
-        let handle = AgentHandle::new(agent, addr.clone(), self.shared.registry.clone());
+        let agent = AgentRef::new(id, incarnation, &addr, log, options, self.clone());
+        let handle = AgentHandle::new(agent, addr.clone());
         let publish = Publish {
             handle: handle.clone(),
             owner: owner_exact,

@@ -4,6 +4,8 @@
 //! These are plain data that cross the disk and process boundaries, so their serde forms follow
 //! the upstream wire shapes (`{"type":"text","text":…}`, `{"kind":"user"}`, camelCase fields).
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
@@ -82,10 +84,11 @@ pub enum MessageSource {
     User,
     /// Produced by a model.
     Model {
-        /// The model provider's route name.
-        provider: String,
+        /// The model provider's route name (shared text: every assistant message carries
+        /// it, and a message is as large as its largest source).
+        provider: Arc<str>,
         /// The model name.
-        model: String,
+        model: Arc<str>,
     },
     /// A tool result.
     Tool {
@@ -170,8 +173,8 @@ impl Serialize for MessageSource {
         let known = match self {
             Self::User => KnownSource::User,
             Self::Model { provider, model } => KnownSource::Model {
-                provider: provider.clone(),
-                model: model.clone(),
+                provider: provider.to_string(),
+                model: model.to_string(),
             },
             Self::Tool { call_id } => KnownSource::Tool {
                 call_id: call_id.clone(),
@@ -209,7 +212,10 @@ impl<'de> Deserialize<'de> for MessageSource {
         };
         Ok(match known {
             KnownSource::User => Self::User,
-            KnownSource::Model { provider, model } => Self::Model { provider, model },
+            KnownSource::Model { provider, model } => Self::Model {
+                provider: provider.into(),
+                model: model.into(),
+            },
             KnownSource::Tool { call_id } => Self::Tool { call_id },
             KnownSource::Plugin { plugin } => Self::Plugin { plugin },
             KnownSource::Coordinator {
@@ -261,8 +267,8 @@ impl Message {
             role: Role::Assistant,
             content,
             source: MessageSource::Model {
-                provider: provider.to_owned(),
-                model: model.to_owned(),
+                provider: provider.into(),
+                model: model.into(),
             },
         }
     }

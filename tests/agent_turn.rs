@@ -91,7 +91,7 @@ async fn a_text_turn_logs_the_full_step_structure() {
         usage.map(|u| (u.input_tokens, u.output_tokens)),
         Some((10, 5))
     );
-    assert_eq!(sources, [5, 6, 7, 8], "the message cites its chunks");
+    assert_eq!(*sources, [5, 6, 7, 8], "the message cites its chunks");
     assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
 }
 

@@ -752,7 +752,7 @@ fn policy_events(events: &[SessionEvent]) -> Vec<(u64, String, Value)> {
             EventKind::Extension { event_type, data }
                 if event_type == "sandbox/mode" || event_type == "approval/policy" =>
             {
-                Some((e.seq, event_type.clone(), data.clone()))
+                Some((e.seq, event_type.to_string(), data.clone()))
             }
             _ => None,
         })

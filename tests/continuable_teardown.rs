@@ -415,7 +415,7 @@ fn policy_events(events: &[subagents::SessionEvent]) -> Vec<(String, serde_json:
         .iter()
         .filter_map(|e| match &e.kind {
             EventKind::Extension { event_type, data } if event_type != "subagent/descriptor" => {
-                Some((event_type.clone(), data.clone()))
+                Some((event_type.to_string(), data.clone()))
             }
             _ => None,
         })

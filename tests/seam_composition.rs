@@ -416,7 +416,7 @@ fn policy_types(log: &[SessionEvent]) -> Vec<(u64, String, Value)> {
     log.iter()
         .filter_map(|e| match &e.kind {
             EventKind::Extension { event_type, data } if event_type != "subagent/descriptor" => {
-                Some((e.seq, event_type.clone(), data.clone()))
+                Some((e.seq, event_type.to_string(), data.clone()))
             }
             _ => None,
         })

@@ -128,7 +128,7 @@ fn every_kind_writes_the_data_its_tagged_form_holds_and_reads_back() {
     ];
     for (seq, kind) in kinds.into_iter().enumerate() {
         let mut event = SessionEvent::new(seq as u64, kind);
-        event.source_event_seqs = vec![1, 2];
+        event.source_event_seqs = vec![1, 2].into();
         let json = serde_json::to_value(&event).unwrap();
         let tagged = serde_json::to_value(&event.kind).unwrap();
         assert_eq!(json["data"], tagged["data"], "{}", event.kind.type_name());

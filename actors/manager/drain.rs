@@ -77,7 +77,7 @@ impl Handler<DrainDescendants> for ContinuationManager {
         let mut branches = Vec::new();
         for (_, target) in &targets {
             let owned_by_target = self.residents[target]
-                .owner
+                .owner()
                 .is_some_and(|owner| target_ids.contains(&owner));
             if let Some(disposal) = self.open_disposal(*target, ctx) {
                 if !owned_by_target {
@@ -129,7 +129,7 @@ impl Handler<DrainRoots> for ContinuationManager {
         let mut roots: Vec<SessionId> = self
             .residents
             .iter()
-            .filter(|(_, resident)| resident.owner.is_none())
+            .filter(|(_, resident)| !resident.owned_by_parent)
             .map(|(id, _)| *id)
             .collect();
         roots.sort_unstable();

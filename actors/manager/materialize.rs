@@ -164,7 +164,7 @@ impl Handler<Install> for ContinuationManager {
                 format!("continuable child {id} already has an Activation"),
             ));
         }
-        let owner = match self.residents.get_mut(&parent.id()) {
+        let owned_by_parent = match self.residents.get_mut(&parent.id()) {
             Some(resident) if resident.agent == parent => {
                 if resident.disposal.is_some() {
                     return Err(SubagentError::new(
@@ -172,48 +172,34 @@ impl Handler<Install> for ContinuationManager {
                         format!("parent Activation {} is already settling", parent.id()),
                     ));
                 }
-                resident.owned.insert(id);
-                Some(parent.id())
+                resident.own(id);
+                true
             }
-            _ => None,
+            _ => false,
         };
-        let manager = ctx.address();
-        child.observe(
-            Arc::new(move |child, activity| {
-                manager.do_send(AgentActivity { child, activity });
-            }),
-            budget.clone(),
-        );
+        child.observe(self.activity_observer(ctx), budget.clone());
         let activation = Activation::new(handle, boundary).start();
         let mut ancestry = Vec::with_capacity(lineage.len() + 1);
         ancestry.push(id);
         ancestry.extend(lineage);
-        let run = SubagentRunInfo {
+        let resident = Box::new(Resident {
+            agent: child,
+            activation,
+            parent,
+            ancestry,
+            owned_by_parent,
+            owned: None,
+            accepted: HashSet::new(),
+            busy: false,
+            armed: false,
+            announced: false,
+            disposal: None,
             run_id: RunId::new(),
-            provider,
-            id,
-            local: true,
-            parent: parent.id(),
-        };
-        self.residents.insert(
-            id,
-            Box::new(Resident {
-                agent: child,
-                activation,
-                parent,
-                ancestry,
-                owner,
-                owned: HashSet::new(),
-                accepted: HashSet::new(),
-                busy: false,
-                armed: false,
-                announced: false,
-                disposal: None,
-                run: run.clone(),
-                budget,
-            }),
-        );
-        self.events.emit(&SubagentEvent::Start(run));
+            provider: provider.into_boxed_str(),
+            budget,
+        });
+        self.events.emit(&SubagentEvent::Start(resident.run(id)));
+        self.residents.insert(id, resident);
         Ok(())
     }
 }
@@ -270,19 +256,22 @@ impl Handler<Finished> for ContinuationManager {
         let Some(resident) = self.residents.remove(&msg.child) else {
             return Ok(());
         };
+        if self.residents.is_empty() {
+            self.activity = None;
+        }
         let terminal = msg.terminal;
         if resident.announced {
             self.notify_settlement(&resident, &terminal, ctx);
         }
-        if let Some(owner) = resident.owner {
+        if let Some(owner) = resident.owner() {
             if let Some(parent) = self.residents.get_mut(&owner) {
-                parent.owned.remove(&msg.child);
+                parent.disown(&msg.child);
                 self.evaluate(owner, ctx);
             }
         }
         let last_assistant_message = terminal.output.filter(|output| !output.is_empty());
         self.events.emit(&SubagentEvent::End(SubagentRunEndInfo {
-            info: resident.run,
+            info: resident.run(msg.child),
             stop_reason: terminal.stop_reason,
             last_assistant_message,
         }));

@@ -63,6 +63,7 @@ use futures::future::{join_all, BoxFuture, FutureExt, Shared};
 use tokio_util::sync::CancellationToken;
 
 use crate::actors::activation::{Activation, Disposal, Teardown, Terminal, RELEASES_AT_ONCE};
+use crate::actors::agent::ActivityObserver;
 use crate::actors::agent::{Activity, AgentRef, InboxPolicy, PostTarget, Wake};
 use crate::actors::agents::Agents;
 use crate::actors::service::{LookupContinuable, SubagentService};
@@ -127,9 +128,15 @@ struct Resident {
     /// The child, its parent and the parent's ancestors, observed at materialization; it
     /// survives intermediates leaving the registry.
     ancestry: Vec<SessionId>,
-    /// The parent's id when the parent is itself a resident Activation.
-    owner: Option<SessionId>,
-    owned: HashSet<SessionId>,
+    /// Whether the parent is itself a resident Activation, which then owns this one.
+    owned_by_parent: bool,
+    /// The resident children this Activation owns (boxed: most children own none, and a
+    /// million resident children would each carry an empty set).
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin optional pointer: most records never own a child"
+    )]
+    owned: Option<Box<HashSet<SessionId>>>,
     /// Waking sends the agent has not yet claimed or discarded.
     accepted: HashSet<MessageId>,
     /// Whether the agent is running, as its activity last said.
@@ -139,12 +146,52 @@ struct Resident {
     /// Whether a caller ever received an id for this epoch (a rolled-back start never did).
     announced: bool,
     disposal: Option<Disposal>,
-    run: SubagentRunInfo,
+    /// This epoch's run id (its `subagent/start` and `subagent/end` carry it).
+    run_id: RunId,
+    /// The provider that started it (a `Box<str>`: the record stays within a smaller
+    /// allocation class, and there may be a million).
+    provider: Box<str>,
     /// The child's budget and spending, shared with its agent's turn driver.
     budget: BudgetMeter,
 }
 
 impl Resident {
+    /// Its owner's id, when its parent is a resident Activation.
+    fn owner(&self) -> Option<SessionId> {
+        self.owned_by_parent.then(|| self.parent.id())
+    }
+
+    /// Whether it owns no resident child.
+    fn owns_none(&self) -> bool {
+        self.owned.as_ref().is_none_or(|owned| owned.is_empty())
+    }
+
+    /// Records a resident child it owns.
+    fn own(&mut self, child: SessionId) {
+        self.owned.get_or_insert_default().insert(child);
+    }
+
+    /// Forgets a resident child it owned; the set goes once empty.
+    fn disown(&mut self, child: &SessionId) {
+        if let Some(owned) = &mut self.owned {
+            owned.remove(child);
+            if owned.is_empty() {
+                self.owned = None;
+            }
+        }
+    }
+
+    /// This epoch's run.
+    fn run(&self, id: SessionId) -> SubagentRunInfo {
+        SubagentRunInfo {
+            run_id: self.run_id,
+            provider: self.provider.to_string(),
+            id,
+            local: true,
+            parent: self.parent.id(),
+        }
+    }
+
     /// Forgets an accepted send. The set lets go of its buffer once empty: a resident child
     /// holds none between sends, and there may be a million of them.
     fn forget_accepted(&mut self, id: &MessageId) {
@@ -172,6 +219,10 @@ pub(crate) struct ContinuationManager {
     next_materialization: u64,
     /// Bounds the Activations releasing their child at once (see [`RELEASES_AT_ONCE`]).
     releases: Arc<tokio::sync::Semaphore>,
+    /// The observer every resident child reports its activity through: one for all of them,
+    /// where one each would hold a manager address apiece (a few allocations per child).
+    /// Dropped when no child is resident, so the manager never keeps its own address alive.
+    activity: Option<ActivityObserver>,
 }
 
 impl Actor for ContinuationManager {
@@ -197,6 +248,17 @@ fn unauthorized(message: String) -> SubagentError {
 }
 
 impl ContinuationManager {
+    /// The activity observer resident children report through (see the field).
+    fn activity_observer(&mut self, ctx: &Context<Self>) -> ActivityObserver {
+        let observer = self.activity.get_or_insert_with(|| {
+            let manager = ctx.address();
+            Arc::new(move |child, activity| {
+                manager.do_send(AgentActivity { child, activity });
+            })
+        });
+        Arc::clone(observer)
+    }
+
     pub(crate) fn new(
         agents: Agents,
         service: Addr<SubagentService>,
@@ -209,6 +271,7 @@ impl ContinuationManager {
             events,
             setup,
             residents: HashMap::new(),
+            activity: None,
             materializations: HashMap::new(),
             resuming: HashMap::new(),
             closing: HashMap::new(),
@@ -361,7 +424,7 @@ impl ContinuationManager {
                 && resident.disposal.is_none()
                 && !resident.busy
                 && resident.accepted.is_empty()
-                && resident.owned.is_empty()
+                && resident.owns_none()
         });
         if settled {
             tracing::debug!(%child, "continuable child settled");
@@ -378,7 +441,11 @@ impl ContinuationManager {
         }
         resident.agent.cancel_for_release();
         let activation = resident.activation.clone();
-        let mut owned: Vec<SessionId> = resident.owned.iter().copied().collect();
+        let mut owned: Vec<SessionId> = resident
+            .owned
+            .iter()
+            .flat_map(|owned| owned.iter().copied())
+            .collect();
         owned.sort_unstable();
         // A placeholder memo first: nothing below can reach this child again, but the memo
         // must exist before any other work is opened.
@@ -563,5 +630,22 @@ impl Handler<MaterializationOver> for ContinuationManager {
         if let Some(child) = msg.resuming {
             self.resuming.remove(&child);
         }
+    }
+}
+
+/// What a million resident children multiply: each record stays within the allocation class
+/// it was cut to fit, since one byte more moves every child's copy into the next class.
+#[cfg(all(test, target_pointer_width = "64"))]
+mod footprint {
+    use std::mem::size_of;
+
+    #[test]
+    fn per_child_records_stay_within_their_allocation_classes() {
+        // An event lives in an `Arc` (two counts, 16 bytes): 192 bytes in all.
+        assert!(size_of::<crate::session::SessionEvent>() <= 176);
+        // Boxed in the manager's map: mimalloc's 320-byte class.
+        assert!(size_of::<super::Resident>() <= 320);
+        // Inside the actor's task with actix's context and tokio's header: a 768-byte cell.
+        assert!(size_of::<crate::actors::agent::AgentActor>() <= 328);
     }
 }

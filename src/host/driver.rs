@@ -111,9 +111,8 @@ impl TurnCancel {
 
 /// Everything one turn needs.
 pub(crate) struct TurnContext {
-    pub agent: SessionId,
     /// The agent's exact reference, handed to its tool calls.
-    pub caller: Option<AgentRef>,
+    pub caller: AgentRef,
     pub log: SessionLog,
     pub env: Arc<AgentEnv>,
     pub scope: Arc<AgentScope>,
@@ -148,6 +147,11 @@ impl Fault {
 }
 
 impl TurnContext {
+    /// The agent's session.
+    pub(crate) fn agent(&self) -> SessionId {
+        self.caller.id()
+    }
+
     fn append(&self, kind: EventKind) -> Result<u64, Fault> {
         self.append_with_sources(kind, Vec::new())
     }
@@ -202,14 +206,15 @@ impl TurnContext {
     reason = "an async fn keeps its arguments twice in the turn's state"
 )]
 pub(crate) fn run_turn(
-    ctx: &TurnContext,
+    ctx: TurnContext,
     turn: u64,
     claimed: Vec<Message>,
-) -> impl Future<Output = TurnEndReason> + '_ {
+) -> impl Future<Output = TurnEndReason> + 'static {
     // Not `async fn`s, this and the driver functions it nests: an `async fn` keeps its
     // arguments twice in its state (captured, and again as the body's locals), and every held
-    // turn carries all of them.
+    // turn carries all of them. The turn owns its context, so no wrapper holds it beside them.
     async move {
+        let ctx = &ctx;
         let started = Instant::now();
         let outcome = match ctx.budget.as_ref().and_then(BudgetMeter::exhausted) {
             // Opened on a spent budget: the claimed work ends here, before any step.
@@ -218,7 +223,7 @@ pub(crate) fn run_turn(
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| {
-                    tracing::error!(session_id = %ctx.agent, turn, "the turn driver panicked");
+                    tracing::error!(session_id = %ctx.agent(), turn, "the turn driver panicked");
                     Err(Fault::failed(LlmFailure::new(
                         "UNKNOWN",
                         "the turn driver panicked",
@@ -263,22 +268,26 @@ fn close_turn(ctx: &TurnContext, turn: u64, reason: TurnEndReason) {
         .chain(std::iter::once(EventKind::TurnEnd { turn, reason }));
     for closer in closers {
         if let Err(error) = ctx.log.append(closer) {
-            tracing::error!(session_id = %ctx.agent, turn, %error, "could not close the turn");
+            tracing::error!(session_id = %ctx.agent(), turn, %error, "could not close the turn");
         }
     }
 }
 
 /// Runs the steps of a turn, cancelling it where it stands when its budget's wall time runs out.
-async fn drive_within_budget(
+/// A plain function choosing the future, not an `async fn` awaiting it: a held turn's state
+/// then carries no frame of its own here.
+fn drive_within_budget(
     ctx: &TurnContext,
     turn: u64,
     claimed: Vec<Message>,
-) -> Result<Option<Ending>, Fault> {
+) -> impl Future<Output = Result<Option<Ending>, Fault>> + '_ {
     match ctx.budget.as_ref().and_then(BudgetMeter::wall_time_left) {
-        None => drive(ctx, turn, claimed).await,
+        None => futures::future::Either::Left(drive(ctx, turn, claimed)),
         // Boxed: only a turn racing a wall-time limit pays for the race in its state (a held
         // turn's state is what a resident child costs).
-        Some(left) => Box::pin(drive_until(ctx, turn, claimed, left)).await,
+        Some(left) => {
+            futures::future::Either::Right(Box::pin(drive_until(ctx, turn, claimed, left)))
+        }
     }
 }
 
@@ -326,7 +335,7 @@ fn drive(
                 entering.extend(ctx.scope.runtime_context_message());
             }
             let pre_step = PreStep {
-                agent: ctx.agent,
+                agent: ctx.agent(),
                 turn,
                 step: step + 1,
                 log: &ctx.log,
@@ -384,7 +393,7 @@ fn drive(
             entering = ctx.inbox.claim_next_step(turn).await;
             if step_ended && entering.is_empty() {
                 let stopping = PreStep {
-                    agent: ctx.agent,
+                    agent: ctx.agent(),
                     turn,
                     step: step + 1,
                     log: &ctx.log,
@@ -429,7 +438,7 @@ fn run_step(
                 ),
                 tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
                 max_tokens: ctx.options.max_tokens,
-                session_id: Some(ctx.agent),
+                session_id: Some(ctx.agent()),
                 cancel: ctx.cancel.token.clone(),
             })
         };
@@ -598,7 +607,7 @@ fn record_interrupted(
             chunk_seqs,
         );
         if appended.is_err() {
-            tracing::error!(session_id = %ctx.agent, turn, step, "could not record the interrupted message");
+            tracing::error!(session_id = %ctx.agent(), turn, step, "could not record the interrupted message");
         }
     }
     Fault::Aborted
@@ -627,10 +636,7 @@ async fn run_tools(
                 name: name.clone(),
                 arguments: arguments.clone(),
             })?;
-            let tool_ctx = match &ctx.caller {
-                Some(caller) => ToolCtx::for_agent(caller, call_id, name, ctx.cancel.token.clone()),
-                None => ToolCtx::new(ctx.agent, call_id, name, ctx.cancel.token.clone()),
-            };
+            let tool_ctx = ToolCtx::for_agent(&ctx.caller, call_id, name, ctx.cancel.token.clone());
             dispatched.push((seq, tool_ctx, arguments));
         }
         let layer = ctx.scope.tools();
@@ -700,7 +706,7 @@ fn commit_result(
         vec![call_seq],
     )?;
     ctx.scope.tool_result(&ToolResultSeen {
-        agent: ctx.agent,
+        agent: ctx.agent(),
         call_id: &call.call_id,
         execution: call.execution(),
         name: &call.name,

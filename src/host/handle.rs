@@ -22,7 +22,7 @@ use actix::Addr;
 use futures::future::{BoxFuture, FutureExt, Shared};
 
 use crate::actors::agent::{AgentActor, AgentRef, Cancel, InboxPolicy, Retire};
-use crate::actors::registry::{AgentRegistry, BeginRetire, Release};
+use crate::actors::registry::{BeginRetire, Release};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::projection::cache::checkpoint_at_disposal;
 use crate::session::CancelCause;
@@ -117,7 +117,6 @@ impl OnceTask {
 }
 
 struct HandleShared {
-    registry: Addr<AgentRegistry>,
     /// Ownership flags shared with the registry, so a childless agent's disposal needs no
     /// registry round trip to retire (see [`Ownership`]).
     ownership: Ownership,
@@ -147,15 +146,12 @@ impl std::fmt::Debug for AgentHandle {
 }
 
 impl AgentHandle {
-    pub(crate) fn new(
-        agent: AgentRef,
-        actor: Addr<AgentActor>,
-        registry: Addr<AgentRegistry>,
-    ) -> Self {
+    /// A handle owning `actor`. It reaches the registry through the agent's runtime (a handle
+    /// of its own would allocate a sender for every agent).
+    pub(crate) fn new(agent: AgentRef, actor: Addr<AgentActor>) -> Self {
         Self {
             agent,
             shared: Arc::new(HandleShared {
-                registry,
                 ownership: Ownership::default(),
                 actor,
                 disposal: OnceTask::default(),
@@ -207,8 +203,9 @@ impl AgentHandle {
         let agent = &self.agent;
         let exact = (agent.id(), agent.incarnation());
         let children = if self.shared.ownership.retire() {
-            self.shared
-                .registry
+            agent
+                .agents()
+                .registry()
                 .send(BeginRetire(exact))
                 .await
                 .unwrap_or_default()
@@ -239,7 +236,7 @@ impl AgentHandle {
         }
         // A disposed agent keeps its events for readers, and nothing else.
         agent.log().inner().retire();
-        self.shared.registry.send(Release(exact)).await.ok();
+        agent.agents().registry().send(Release(exact)).await.ok();
         closed?;
         released_children.into_iter().collect()
     }

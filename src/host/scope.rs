@@ -111,10 +111,28 @@ pub fn assemble_system_prompt(
     })
 }
 
+/// The runtime contexts that last entered a step (see [`AgentScope::runtime_context_message`]).
+#[derive(Debug, Clone, Copy)]
+struct SentContexts {
+    version: u64,
+    fingerprint: u64,
+}
+
+/// A fingerprint of a rendered runtime-context text: equal texts have equal fingerprints, and
+/// different ones collide with odds of one in 2^64.
+fn fingerprint(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// The runtime-context message text of `contexts`, if any section has text.
 fn render_contexts(contexts: &[PromptSection]) -> Option<String> {
-    assemble_system_prompt(&[], contexts, &[])
-        .map(|sections| format!("{RUNTIME_CONTEXT_HEADER}\n\n{sections}"))
+    assemble_system_prompt(&[], contexts, &[]).map(|sections| {
+        // Sized exactly: the text lives in the log for the session's life.
+        [RUNTIME_CONTEXT_HEADER, "\n\n", &sections].concat()
+    })
 }
 
 /// What a pre-step hook sees.
@@ -190,14 +208,15 @@ pub struct AgentScope {
     tools: ToolLayer,
     sections: Vec<PromptSection>,
     contexts: Vec<PromptSection>,
-    /// The contexts as they stood when their message last entered a step. Kept as sections,
-    /// not as the rendered text: a delegated child's sections borrow static text, so this
-    /// costs a few pointers where the text would cost its length for every resident child.
-    sent_contexts: std::sync::Mutex<Option<Vec<PromptSection>>>,
-    pre_step: Vec<PreStepHook>,
-    step_entered: Vec<StepEnteredHook>,
-    turn_stopping: Vec<TurnStoppingHook>,
-    tool_results: Vec<ToolResultObserver>,
+    /// Counts changes to `contexts`, so a step that finds them unchanged renders nothing.
+    contexts_version: u64,
+    /// What the last runtime-context message to enter a step was rendered from. Kept as a
+    /// version and a fingerprint of the text, not as the sections or the text: every resident
+    /// child holds one.
+    sent_contexts: std::sync::Mutex<Option<SentContexts>>,
+    /// Absent until a hook is added: a delegated child has none, and every resident child
+    /// holds a scope.
+    hooks: Option<Box<Hooks>>,
     disposers: Vec<Disposer>,
 }
 
@@ -210,18 +229,41 @@ impl std::fmt::Debug for AgentScope {
     }
 }
 
+/// An agent's own hooks (see [`AgentScope`]).
+#[derive(Default)]
+struct Hooks {
+    pre_step: Vec<PreStepHook>,
+    step_entered: Vec<StepEnteredHook>,
+    turn_stopping: Vec<TurnStoppingHook>,
+    tool_results: Vec<ToolResultObserver>,
+}
+
+/// The hooks of a scope that has none.
+static NO_HOOKS: Hooks = Hooks {
+    pre_step: Vec::new(),
+    step_entered: Vec::new(),
+    turn_stopping: Vec::new(),
+    tool_results: Vec::new(),
+};
+
 impl AgentScope {
+    fn hooks(&self) -> &Hooks {
+        self.hooks.as_deref().unwrap_or(&NO_HOOKS)
+    }
+
+    fn hooks_mut(&mut self) -> &mut Hooks {
+        self.hooks.get_or_insert_default()
+    }
+
     pub(crate) fn new(globals: Arc<ToolRegistry>) -> Self {
         Self {
             globals,
             tools: ToolLayer::default(),
             sections: Vec::new(),
             contexts: Vec::new(),
+            contexts_version: 0,
             sent_contexts: std::sync::Mutex::new(None),
-            pre_step: Vec::new(),
-            step_entered: Vec::new(),
-            turn_stopping: Vec::new(),
-            tool_results: Vec::new(),
+            hooks: None,
             disposers: Vec::new(),
         }
     }
@@ -260,6 +302,7 @@ impl AgentScope {
         // Exact: a child usually carries one or two contexts for its whole life.
         self.contexts.reserve_exact(1);
         self.contexts.push(section);
+        self.contexts_version += 1;
     }
 
     /// The runtime-context message for the next step, if the rendered contexts changed since
@@ -270,15 +313,16 @@ impl AgentScope {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // The same sections render the same text: the common case renders nothing.
-        if sent.as_deref() == Some(self.contexts.as_slice()) {
+        if sent.is_some_and(|sent| sent.version == self.contexts_version) {
             return None;
         }
         let text = render_contexts(&self.contexts)?;
-        let unchanged = sent
-            .as_deref()
-            .and_then(render_contexts)
-            .is_some_and(|seen| seen == text);
-        *sent = Some(self.contexts.clone());
+        let fingerprint = fingerprint(&text);
+        let unchanged = sent.is_some_and(|sent| sent.fingerprint == fingerprint);
+        *sent = Some(SentContexts {
+            version: self.contexts_version,
+            fingerprint,
+        });
         if unchanged {
             return None;
         }
@@ -293,12 +337,12 @@ impl AgentScope {
 
     /// Adds a step-entered hook.
     pub fn on_step_entered(&mut self, hook: StepEnteredHook) {
-        self.step_entered.push(hook);
+        self.hooks_mut().step_entered.push(hook);
     }
 
     /// Runs the step-entered hooks; a panicking hook is logged and skipped.
     pub fn step_entered(&self, step: &PreStep<'_>) {
-        for hook in &self.step_entered {
+        for hook in &self.hooks().step_entered {
             if catch_unwind(AssertUnwindSafe(|| hook(step))).is_err() {
                 tracing::error!(session_id = %step.agent, turn = step.turn, "a step-entered hook panicked");
             }
@@ -307,17 +351,17 @@ impl AgentScope {
 
     /// Adds a pre-step hook (run after those already added).
     pub fn on_pre_step(&mut self, hook: PreStepHook) {
-        self.pre_step.push(hook);
+        self.hooks_mut().pre_step.push(hook);
     }
 
     /// Adds a turn-stopping hook (run serially, after those already added).
     pub fn on_turn_stopping(&mut self, hook: TurnStoppingHook) {
-        self.turn_stopping.push(hook);
+        self.hooks_mut().turn_stopping.push(hook);
     }
 
     /// Adds a tool-result observer.
     pub fn on_tool_result(&mut self, observer: ToolResultObserver) {
-        self.tool_results.push(observer);
+        self.hooks_mut().tool_results.push(observer);
     }
 
     /// Adds work to run when the scope unwinds.
@@ -349,7 +393,7 @@ impl AgentScope {
         step: &PreStep<'_>,
         mut decision: PreStepDecision,
     ) -> PreStepDecision {
-        for hook in global.iter().chain(&self.pre_step) {
+        for hook in global.iter().chain(&self.hooks().pre_step) {
             let current = decision;
             decision = match catch_unwind(AssertUnwindSafe(|| hook(step, current))) {
                 Ok(next) => next,
@@ -366,7 +410,7 @@ impl AgentScope {
     /// that panics is logged and contributes nothing.
     pub fn turn_stopping(&self, step: &PreStep<'_>) -> Vec<Message> {
         let mut steered = Vec::new();
-        for hook in &self.turn_stopping {
+        for hook in &self.hooks().turn_stopping {
             match catch_unwind(AssertUnwindSafe(|| hook(step))) {
                 Ok(messages) => steered.extend(messages),
                 Err(_) => {
@@ -379,7 +423,7 @@ impl AgentScope {
 
     /// Tells every observer about a final result, each contained on its own.
     pub fn tool_result(&self, seen: &ToolResultSeen<'_>) {
-        for observer in &self.tool_results {
+        for observer in &self.hooks().tool_results {
             if catch_unwind(AssertUnwindSafe(|| observer(seen))).is_err() {
                 tracing::error!(session_id = %seen.agent, tool = seen.name, "tool-result observer panicked");
             }
@@ -442,6 +486,14 @@ mod tests {
         scope
             .runtime_context_message()
             .map(|message| message.text())
+    }
+
+    // Every agent holds its scope in an `Arc` (16 bytes of counts): within mimalloc's
+    // 320-byte class.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn a_scope_stays_within_its_allocation_class() {
+        assert!(std::mem::size_of::<AgentScope>() <= 304);
     }
 
     #[test]

@@ -90,7 +90,7 @@ pub(crate) fn budget_event(budget: &Budget) -> EventKind {
     let mut payload = to_json(budget);
     payload.insert("version".into(), json!(BUDGET_EVENT_VERSION));
     EventKind::Extension {
-        event_type: BUDGET_EVENT.to_owned(),
+        event_type: BUDGET_EVENT.into(),
         data: Value::Object(payload),
     }
 }

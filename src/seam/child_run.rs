@@ -181,7 +181,7 @@ pub(crate) fn recorded_policy<E: Borrow<SessionEvent>>(events: &[E]) -> Delegate
     let mut policy = DelegatedPolicy::default();
     for event in events {
         if let EventKind::Extension { event_type, data } = &event.borrow().kind {
-            match event_type.as_str() {
+            match &**event_type {
                 SANDBOX_MODE_EVENT => {
                     policy.sandbox_mode = data["mode"].as_str().map(str::to_owned);
                 }

@@ -161,7 +161,7 @@ impl SubagentDescriptor {
     /// The `subagent/descriptor` event kind carrying this descriptor.
     pub fn event(&self) -> EventKind {
         EventKind::Extension {
-            event_type: DESCRIPTOR_EVENT.to_owned(),
+            event_type: DESCRIPTOR_EVENT.into(),
             data: self.to_json(),
         }
     }

@@ -6,6 +6,8 @@
 //! is marked `ignorable` (or is one of the plugin kinds a later part of the crate owns); an
 //! unknown type without `ignorable` fails the load, as upstream.
 
+use std::borrow::Cow;
+
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
@@ -284,8 +286,9 @@ pub enum EventKind {
     /// Any other kind, kept verbatim.
     #[serde(skip)]
     Extension {
-        /// The event type.
-        event_type: String,
+        /// The event type: borrowed when it is a name this crate knows, so the events it
+        /// writes carry no copy of it.
+        event_type: Cow<'static, str>,
         /// The payload.
         data: Value,
     },
@@ -353,12 +356,14 @@ pub const PLUGIN_EVENT_TYPES: &[&str] = &[
 pub enum SurfaceOp {
     /// Appends to the history.
     Append,
-    /// Replaces the history entries `start..end`.
+    /// Replaces the history entries `start..end`. The indices are `u32`: a history holds far
+    /// fewer entries, and every event carries this field (a larger one would move every event
+    /// into a larger allocation class).
     Replace {
         /// First replaced index.
-        start: u64,
+        start: u32,
         /// One past the last replaced index.
-        end: u64,
+        end: u32,
     },
 }
 
@@ -379,8 +384,8 @@ impl<'de> Deserialize<'de> for SurfaceOp {
         #[derive(Deserialize)]
         struct Replace {
             op: String,
-            start: u64,
-            end: u64,
+            start: u32,
+            end: u32,
         }
         let value = Value::deserialize(deserializer)?;
         if value.as_str() == Some("append") {
@@ -412,8 +417,9 @@ pub struct SessionEvent {
     pub ignorable: bool,
     /// Set on surface kinds only.
     pub surface_op: Option<SurfaceOp>,
-    /// Earlier seqs this event derives from (no duplicates).
-    pub source_event_seqs: Vec<u64>,
+    /// Earlier seqs this event derives from (no duplicates). A boxed slice: it is set once,
+    /// and every event in a live log carries the field.
+    pub source_event_seqs: Box<[u64]>,
 }
 
 impl SessionEvent {
@@ -426,7 +432,7 @@ impl SessionEvent {
             surface_op: kind.is_surface().then_some(SurfaceOp::Append),
             kind,
             ignorable: false,
-            source_event_seqs: Vec::new(),
+            source_event_seqs: Box::default(),
         }
     }
 }
@@ -575,6 +581,13 @@ impl<'de> Visitor<'de> for EventVisitor {
                     .map_err(de::Error::custom)?
             }
             Data::Json(data) if ignorable || PLUGIN_EVENT_TYPES.contains(&event_type.as_str()) => {
+                let event_type = match PLUGIN_EVENT_TYPES
+                    .iter()
+                    .find(|known| **known == event_type)
+                {
+                    Some(known) => Cow::Borrowed(*known),
+                    None => Cow::Owned(event_type),
+                };
                 EventKind::Extension { event_type, data }
             }
             Data::Json(_) => {
@@ -589,7 +602,9 @@ impl<'de> Visitor<'de> for EventVisitor {
             kind,
             ignorable,
             surface_op: surface_op.flatten(),
-            source_event_seqs: source_event_seqs.unwrap_or_default(),
+            source_event_seqs: source_event_seqs
+                .map(Vec::into_boxed_slice)
+                .unwrap_or_default(),
         })
     }
 }

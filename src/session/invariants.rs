@@ -26,9 +26,11 @@ use crate::session::event::{EventKind, SessionEvent};
 #[derive(Debug, Clone, Default)]
 pub struct LogShape {
     last_turn: u64,
-    open_turn: Option<u64>,
+    /// Whether `last_turn` is open (an open turn is always the last one).
+    turn_open: bool,
     last_step: u64,
-    open_step: Option<u64>,
+    /// Whether `last_step` is open.
+    step_open: bool,
     open_calls: BTreeSet<CallId>,
     answered_calls: BTreeSet<CallId>,
 }
@@ -44,12 +46,12 @@ impl LogShape {
 
     /// The open turn, if any.
     pub fn open_turn(&self) -> Option<u64> {
-        self.open_turn
+        self.turn_open.then_some(self.last_turn)
     }
 
     /// The open step, if any.
     pub fn open_step(&self) -> Option<u64> {
-        self.open_step
+        self.step_open.then_some(self.last_step)
     }
 
     /// Tool calls of the open step that have no result yet.
@@ -59,7 +61,7 @@ impl LogShape {
 
     /// Whether no turn or step is open and no call is dangling.
     pub fn is_balanced(&self) -> bool {
-        self.open_turn.is_none() && self.open_step.is_none() && self.open_calls.is_empty()
+        !self.turn_open && !self.step_open && self.open_calls.is_empty()
     }
 
     /// Checks `event` against invariants 1–6 and, if it passes, records its effect.
@@ -86,33 +88,33 @@ impl LogShape {
         }
         match &event.kind {
             EventKind::TurnStart { turn } => {
-                if self.open_turn.is_some() {
+                if self.turn_open {
                     return fail("a turn is already open");
                 }
                 if *turn != self.last_turn + 1 {
                     return fail("turn number must follow the previous turn");
                 }
-                self.open_turn = Some(*turn);
+                self.turn_open = true;
                 self.last_turn = *turn;
                 self.last_step = 0;
             }
             EventKind::TurnEnd { turn, .. } => {
-                if self.open_turn != Some(*turn) {
+                if self.open_turn() != Some(*turn) {
                     return fail("no such open turn");
                 }
-                if self.open_step.is_some() {
+                if self.step_open {
                     return fail("a step is still open");
                 }
-                self.open_turn = None;
+                self.turn_open = false;
             }
             EventKind::StepStart { turn, step } => {
-                if self.open_turn != Some(*turn) || self.open_step.is_some() {
+                if self.open_turn() != Some(*turn) || self.step_open {
                     return fail("a step starts only inside its open turn, one at a time");
                 }
                 if *step != self.last_step + 1 {
                     return fail("step number must follow the previous step");
                 }
-                self.open_step = Some(*step);
+                self.step_open = true;
                 self.last_step = *step;
                 self.answered_calls.clear();
             }
@@ -121,7 +123,7 @@ impl LogShape {
                 if !self.open_calls.is_empty() {
                     return fail("a tool call of this step has no result");
                 }
-                self.open_step = None;
+                self.step_open = false;
             }
             EventKind::AssistantChunk { turn, step, .. }
             | EventKind::AssistantMessage { turn, step, .. } => {
@@ -158,11 +160,11 @@ impl LogShape {
                 }
                 self.answered_calls.insert(call_id.clone());
             }
-            EventKind::Extension { event_type, .. } => match event_type.as_str() {
-                "request/header" | "request/context" if self.open_step.is_none() => {
+            EventKind::Extension { event_type, .. } => match &**event_type {
+                "request/header" | "request/context" if !self.step_open => {
                     return fail("request events sit inside an open step");
                 }
-                "todo/write" if self.open_turn.is_none() => {
+                "todo/write" if !self.turn_open => {
                     return fail("todo/write sits inside an open turn");
                 }
                 _ => {}
@@ -173,7 +175,7 @@ impl LogShape {
     }
 
     fn require_step(&self, turn: u64, step: u64) -> std::result::Result<(), &'static str> {
-        if self.open_turn != Some(turn) || self.open_step != Some(step) {
+        if self.open_turn() != Some(turn) || self.open_step() != Some(step) {
             return Err("must sit inside its open turn and step");
         }
         Ok(())

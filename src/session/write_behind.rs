@@ -1,8 +1,10 @@
 //! Provides the write-behind of an attached [`SessionLog`]: the log's half
 //! ([`WriteBehind`]: watermarks, waiting barriers, the fault hook) and the per-session [`Writer`]
 //! task that appends what the log committed to the store, flushes for durable barriers, renews
-//! the session's lease, and faults the log when a durable write fails. The guarantees are
-//! stated in [`crate::session::log`].
+//! the session's lease, and faults the log when a durable write fails. A writer with nothing to
+//! do and no lease to renew parks in its log instead of waiting as a task, and the log's next
+//! append, barrier or close starts it again. The guarantees are stated in
+//! [`crate::session::log`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -33,21 +35,66 @@ pub(super) struct WriteBehind {
     /// Events below this seq are durable (a store flush covered them).
     pub(super) durable: u64,
     pub(super) barriers: Vec<Barrier>,
-    /// Wakes the writer.
-    pub(super) wake: Arc<Notify>,
-    /// Wakes producers waiting for room.
-    pub(super) room: Arc<Notify>,
+    /// Shared with the writer.
+    pub(super) signals: Arc<Signals>,
     /// Set by [`SessionLog::close`]: write what is left, release the lease, stop.
     pub(super) closing: Option<oneshot::Sender<Result<()>>>,
     pub(super) closing_requested: bool,
     pub(super) on_fault: Option<FaultHook>,
+    /// The writer, while it has nothing to do and no lease to renew: it waits here rather than
+    /// as a task, so an idle session holds no task (a million resident children would hold a
+    /// million). The next thing for it to do starts it again.
+    pub(super) parked: Option<Box<Parked>>,
+}
+
+impl WriteBehind {
+    /// Tells the writer there is something to do: wakes it, or hands back the parked writer,
+    /// which the caller resumes once it no longer holds the log's lock (a writer whose runtime
+    /// has stopped is dropped at once, and its drop takes that lock).
+    #[must_use = "a parked writer runs again only once resumed"]
+    pub(super) fn wake(&mut self) -> Option<Box<Parked>> {
+        let parked = self.parked.take();
+        if parked.is_none() {
+            self.signals.wake.notify_one();
+        }
+        parked
+    }
 }
 
 impl Drop for WriteBehind {
     fn drop(&mut self) {
-        // The last handle of the log is gone: let the writer notice and stop.
-        self.wake.notify_one();
+        // The last handle of the log is gone (no lock is held): let the writer notice and stop,
+        // releasing its lease.
+        if let Some(parked) = self.wake() {
+            (*parked).resume();
+        }
     }
+}
+
+/// A writer waiting, outside any task, for its next work.
+pub(super) struct Parked {
+    writer: Writer,
+    /// The runtime it ran on, where it runs again.
+    runtime: tokio::runtime::Handle,
+}
+
+impl Parked {
+    /// Runs the writer again on its runtime; called without the log's lock held.
+    pub(super) fn resume(self) {
+        let Parked { writer, runtime } = self;
+        // A stopped runtime drops the task unrun; the writer's drop then ends write-behind
+        // with an error, so no waiter hangs.
+        drop(runtime.spawn(writer.run()));
+    }
+}
+
+/// The notifications between a log and its writer (one allocation for both).
+#[derive(Default)]
+pub(super) struct Signals {
+    /// Wakes the writer.
+    pub(super) wake: Notify,
+    /// Wakes producers waiting for room.
+    pub(super) room: Notify,
 }
 
 /// A flush or drain waiting for the writer.
@@ -77,7 +124,7 @@ pub(super) struct Writer {
     pub(super) store: SharedStore,
     pub(super) id: SessionId,
     pub(super) lease: Option<Lease>,
-    pub(super) wake: Arc<Notify>,
+    pub(super) signals: Arc<Signals>,
     /// Set once write-behind has ended (see the `Drop` impl).
     pub(super) finished: AtomicBool,
 }
@@ -91,13 +138,45 @@ impl Writer {
     )]
     pub(super) fn run(self) -> impl std::future::Future<Output = ()> + Send {
         async move {
-            let outcome = self.write_until_closed().await;
-            self.finish(outcome);
+            let mut writer = self;
+            loop {
+                match writer.write_until_closed().await {
+                    Some(outcome) => return writer.finish(outcome),
+                    None => match writer.park() {
+                        Ok(()) => return,
+                        Err(busy) => writer = busy,
+                    },
+                }
+            }
         }
     }
 
-    /// Writes until the log closes (then releases the lease) or a durable write fails.
-    async fn write_until_closed(&self) -> Result<()> {
+    /// Parks this writer in its log when there is still nothing to do; gives it back when there
+    /// is (or when its log is gone, for it to release the lease).
+    fn park(self) -> std::result::Result<(), Self> {
+        let Some(inner) = self.log.upgrade() else {
+            return Err(self);
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(self);
+        };
+        let mut state = lock_state(&inner);
+        if !matches!(next_work(&mut state), Work::Idle) {
+            return Err(self);
+        }
+        let Some(write_behind) = state.write_behind.as_mut() else {
+            return Err(self);
+        };
+        write_behind.parked = Some(Box::new(Parked {
+            writer: self,
+            runtime,
+        }));
+        Ok(())
+    }
+
+    /// Writes until the log closes (then releases the lease) or a durable write fails; `None`
+    /// when it is idle with no lease to renew, to be parked.
+    async fn write_until_closed(&self) -> Option<Result<()>> {
         let mut renew_at = self.renewal_after(Instant::now());
         let outcome = loop {
             if let Some(at) = renew_at.filter(|at| *at <= Instant::now()) {
@@ -117,15 +196,15 @@ impl Writer {
                 Work::Exit => break Ok(()),
                 Work::Idle => {
                     match renew_at {
+                        None => return None,
                         Some(at) => {
                             // Boxed: only a lease with a time-to-live needs the timer, and
                             // the state of every idle writer would pay for it.
                             tokio::select! {
-                                () = self.wake.notified() => {}
+                                () = self.signals.wake.notified() => {}
                                 () = Box::pin(tokio::time::sleep_until(at)) => {}
                             }
                         }
-                        None => self.wake.notified().await,
                     }
                     Ok(())
                 }
@@ -134,10 +213,10 @@ impl Writer {
                 break Err(error);
             }
         };
-        match outcome {
+        Some(match outcome {
             Ok(()) => self.release().await,
             Err(error) => Err(error),
-        }
+        })
     }
 
     /// When to renew next: a third of the lease's time-to-live after `from`.
@@ -182,7 +261,7 @@ impl Writer {
             let mut state = lock_state(&inner);
             if let Some(write_behind) = state.write_behind.as_mut() {
                 write_behind.written = from + count;
-                write_behind.room.notify_waiters();
+                write_behind.signals.room.notify_waiters();
             }
         }
         Ok(())
@@ -224,7 +303,7 @@ impl Writer {
             hook = write_behind.on_fault.take();
         }
         answer_barriers(&mut write_behind.barriers, |_| Some(outcome.clone()));
-        write_behind.room.notify_waiters();
+        write_behind.signals.room.notify_waiters();
         if let Some(closing) = write_behind.closing.take() {
             // The closer may have stopped waiting; the close still happened.
             let _ = closing.send(outcome.clone());

@@ -30,9 +30,19 @@ pub struct LeaseEpoch(pub u64);
 /// Who holds leases: one runtime. Clones are the same holder.
 #[derive(Debug, Clone)]
 pub struct LeaseHolder {
-    id: uuid::Uuid,
-    alive: Arc<()>,
+    /// Its id, in an allocation whose strong count says whether the holder is alive: a lease
+    /// table keeps one weak pointer per lease for both.
+    identity: Arc<HolderIdentity>,
 }
+
+/// A holder's identity, shared by its clones.
+#[derive(Debug)]
+pub(crate) struct HolderIdentity {
+    id: uuid::Uuid,
+}
+
+/// A holder as a lease table remembers it: gone once every clone of it is dropped.
+pub(crate) type HolderLiveness = Weak<HolderIdentity>;
 
 impl Default for LeaseHolder {
     fn default() -> Self {
@@ -44,18 +54,19 @@ impl LeaseHolder {
     /// A new holder with a fresh id.
     pub fn new() -> Self {
         Self {
-            id: uuid::Uuid::new_v4(),
-            alive: Arc::new(()),
+            identity: Arc::new(HolderIdentity {
+                id: uuid::Uuid::new_v4(),
+            }),
         }
     }
 
     /// The holder's id, as a networked store would record it.
     pub fn id(&self) -> uuid::Uuid {
-        self.id
+        self.identity.id
     }
 
-    pub(crate) fn liveness(&self) -> Weak<()> {
-        Arc::downgrade(&self.alive)
+    pub(crate) fn liveness(&self) -> HolderLiveness {
+        Arc::downgrade(&self.identity)
     }
 }
 
@@ -69,18 +80,18 @@ pub struct Lease {
     pub ttl: Option<Duration>,
 }
 
-/// One held lease, as an embedded store records it.
+/// One held lease, as an embedded store records it: 16 bytes, as a table holds one for every
+/// live session (a million resident children hold a million).
 #[derive(Debug)]
 struct HeldLease {
-    holder: uuid::Uuid,
-    alive: Weak<()>,
+    holder: HolderLiveness,
     epoch: u64,
-    expires: Option<Instant>,
 }
 
 impl HeldLease {
-    fn is_held(&self, now: Instant) -> bool {
-        self.alive.strong_count() > 0 && self.expires.is_none_or(|at| at > now)
+    /// The id of its holder, while the holder is alive.
+    fn live_holder(&self) -> Option<uuid::Uuid> {
+        self.holder.upgrade().map(|identity| identity.id)
     }
 }
 
@@ -89,6 +100,8 @@ impl HeldLease {
 #[derive(Debug, Default)]
 pub(crate) struct LeaseTable {
     held: HashMap<SessionId, HeldLease>,
+    /// When each lease lapses unrenewed; kept only by a table with a time-to-live.
+    expiries: HashMap<SessionId, Instant>,
     ttl: Option<Duration>,
 }
 
@@ -97,6 +110,7 @@ impl LeaseTable {
     pub(crate) fn new(ttl: Option<Duration>) -> Self {
         Self {
             held: HashMap::new(),
+            expiries: HashMap::new(),
             ttl,
         }
     }
@@ -114,7 +128,9 @@ impl LeaseTable {
     ) -> Result<Lease> {
         let now = Instant::now();
         if let Some(held) = self.held.get(&id) {
-            if held.holder != holder.id && held.is_held(now) {
+            let unexpired = self.expiries.get(&id).is_none_or(|at| *at > now);
+            let other = held.live_holder().is_some_and(|live| live != holder.id());
+            if other && unexpired {
                 return Err(SubagentError::new(
                     ErrorCode::SessionLeased,
                     format!("session {id} is live in another runtime (its lease is held)"),
@@ -127,12 +143,13 @@ impl LeaseTable {
         self.held.insert(
             id,
             HeldLease {
-                holder: holder.id,
-                alive: holder.liveness(),
+                holder: holder.liveness(),
                 epoch,
-                expires: self.ttl.map(|ttl| now + ttl),
             },
         );
+        if let Some(ttl) = self.ttl {
+            self.expiries.insert(id, now + ttl);
+        }
         Ok(Lease {
             epoch: LeaseEpoch(epoch),
             ttl: self.ttl,
@@ -145,9 +162,11 @@ impl LeaseTable {
     /// `LEASE_LOST` when the lease was released, or expired and taken by another holder.
     pub(crate) fn renew(&mut self, id: SessionId, epoch: LeaseEpoch) -> Result<()> {
         let now = Instant::now();
-        match self.held.get_mut(&id) {
+        match self.held.get(&id) {
             Some(held) if held.epoch == epoch.0 => {
-                held.expires = self.ttl.map(|ttl| now + ttl);
+                if let Some(ttl) = self.ttl {
+                    self.expiries.insert(id, now + ttl);
+                }
                 Ok(())
             }
             _ => Err(lease_lost(id)),
@@ -158,6 +177,7 @@ impl LeaseTable {
     pub(crate) fn release(&mut self, id: SessionId, epoch: LeaseEpoch) {
         if self.held.get(&id).is_some_and(|held| held.epoch == epoch.0) {
             self.held.remove(&id);
+            self.expiries.remove(&id);
         }
     }
 }
@@ -168,4 +188,42 @@ pub(crate) fn lease_lost(id: SessionId) -> SubagentError {
         ErrorCode::LeaseLost,
         format!("session {id}: this writer's lease is no longer current (fenced by a newer one)"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A lease table keeps one record per live session; a million resident children hold a
+    // million of them.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn a_held_lease_is_two_words() {
+        assert_eq!(std::mem::size_of::<HeldLease>(), 16);
+    }
+
+    #[test]
+    fn a_lease_passes_on_once_its_holder_is_gone_and_not_before() {
+        let mut table = LeaseTable::new(None);
+        let id = SessionId::new();
+        let first = LeaseHolder::new();
+        let lease = table.acquire(id, &first, 0).expect("a free lease");
+        let second = LeaseHolder::new();
+        assert_eq!(
+            table
+                .acquire(id, &second, lease.epoch.0)
+                .unwrap_err()
+                .code(),
+            ErrorCode::SessionLeased,
+            "a live holder keeps its lease"
+        );
+        let again = table
+            .acquire(id, &first.clone(), lease.epoch.0)
+            .expect("a clone of the holder is the same holder");
+        drop(first);
+        let taken = table
+            .acquire(id, &second, again.epoch.0)
+            .expect("a gone holder holds nothing");
+        assert!(taken.epoch > again.epoch);
+    }
 }

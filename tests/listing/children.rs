@@ -655,7 +655,7 @@ async fn compacted_and_uncompacted_children_are_listed_identically() {
         )),
     );
     summary.surface_op = Some(subagents::session::SurfaceOp::Replace { start: 0, end: 0 });
-    summary.source_event_seqs = vec![1];
+    summary.source_event_seqs = vec![1].into();
     events.push(Arc::new(summary));
     store.create(header, events).await.unwrap();
     assert_eq!(

@@ -29,7 +29,7 @@ pub mod deliveries;
 mod membership;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -38,7 +38,7 @@ use serde_json::Value;
 use tokio_postgres::NoTls;
 
 use super::codec::{assemble, decode_cache_row, decode_header, encode_batch, encode_cache_row};
-use super::lease::{lease_lost, Lease, LeaseEpoch, LeaseHolder};
+use super::lease::{lease_lost, HolderLiveness, Lease, LeaseEpoch, LeaseHolder};
 use super::{check_append, check_contiguous, not_found, ListedSession, SessionPersistence};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -214,7 +214,7 @@ pub struct PostgresStore {
     lease_ttl: Duration,
     node_ttl: Duration,
     /// The holders this process granted leases to: one that is gone holds nothing.
-    holders: Mutex<HashMap<uuid::Uuid, Weak<()>>>,
+    holders: Mutex<HashMap<uuid::Uuid, HolderLiveness>>,
     /// The holders of this process that are cluster members now (their leases need no renewal).
     members: Mutex<HashSet<uuid::Uuid>>,
 }
