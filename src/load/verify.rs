@@ -337,6 +337,9 @@ fn with_causes(error: &crate::SubagentError) -> String {
     text
 }
 
+/// The page cache of the store reopened to list the forest.
+const LISTING_CACHE_BYTES: u64 = 64 << 20;
+
 /// The forest a fresh runtime lists from the store reopened: a copy of the sled directory,
 /// taken after a flush (the original stays open in this process, and sled locks it), or a
 /// second connection to the database.
@@ -357,7 +360,12 @@ async fn reopened(
                 crate::SubagentError::store_io("creating a copy directory", error)
             })?;
             copy_dir(dir, copy.path())?;
-            let store = std::sync::Arc::new(SledStore::open(copy.path())?);
+            // A small cache: the listing reads each row once, and the original store (with
+            // its own cache) is still open beside it.
+            let store = std::sync::Arc::new(SledStore::open_with_cache(
+                copy.path(),
+                LISTING_CACHE_BYTES,
+            )?);
             _copy = Some(copy);
             store
         }

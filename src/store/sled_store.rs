@@ -78,10 +78,25 @@ impl SledStore {
     /// # Errors
     /// `STORE_IO` when sled cannot open the directory (for example, another process holds it).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
+        Self::open_configured(path.as_ref(), Self::config)
+    }
+
+    /// [`SledStore::open`] with a page cache of at most `cache_bytes` (sled's own default is
+    /// 1 GiB): for a short-lived second store in a process that already holds one, such as the
+    /// load harness's reading of a copy.
+    ///
+    /// # Errors
+    /// As [`SledStore::open`].
+    pub(crate) fn open_with_cache(path: impl AsRef<Path>, cache_bytes: u64) -> Result<Self> {
+        Self::open_configured(path.as_ref(), || Self::config().cache_capacity(cache_bytes))
+    }
+
+    /// Opens `path` with the configuration `config` makes (one per attempt: sled's builder
+    /// refuses a configuration shared with a clone).
+    fn open_configured(path: &Path, config: impl Fn() -> sled::Config) -> Result<Self> {
         let deadline = Instant::now() + Self::LOCK_WAIT;
         loop {
-            match Self::config().path(path).open() {
+            match config().path(path).open() {
                 Ok(db) => return Self::from_db(db),
                 Err(sled::Error::Io(error))
                     if error.to_string().contains("could not acquire lock")
