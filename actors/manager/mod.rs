@@ -63,8 +63,7 @@ use futures::future::{join_all, BoxFuture, FutureExt, Shared};
 use tokio_util::sync::CancellationToken;
 
 use crate::actors::activation::{Activation, Disposal, Teardown, Terminal, RELEASES_AT_ONCE};
-use crate::actors::agent::ActivityObserver;
-use crate::actors::agent::{Activity, AgentRef, InboxPolicy, PostTarget, Wake};
+use crate::actors::agent::{Activity, ActivityObserver, AgentRef, InboxPolicy, PostTarget, Wake};
 use crate::actors::agents::Agents;
 use crate::actors::service::{LookupContinuable, SubagentService};
 use crate::content::{ContentBlock, Message, MessageSource};

@@ -367,18 +367,28 @@ fn gated(
     chunks: impl FnOnce() -> Vec<StreamChunk> + Send + 'static,
     cancel: tokio_util::sync::CancellationToken,
 ) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
-    stream::once(async move {
+    opened_by(async move {
         tokio::select! {
             () = gate.pass() => Ok(canned(chunks())),
             () = cancel.cancelled() => Err(aborted()),
         }
     })
-    .map(|opened| match opened {
-        Ok(inner) => inner,
-        Err(failure) => stream::once(async move { Err(failure) }).boxed(),
-    })
-    .flatten()
-    .boxed()
+}
+
+/// The stream `opening` resolves to, or its failure as the one item.
+fn opened_by(
+    opening: impl std::future::Future<
+            Output = Result<BoxStream<'static, Result<StreamChunk, LlmFailure>>, LlmFailure>,
+        > + Send
+        + 'static,
+) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
+    stream::once(opening)
+        .map(|opened| match opened {
+            Ok(inner) => inner,
+            Err(failure) => stream::once(async move { Err(failure) }).boxed(),
+        })
+        .flatten()
+        .boxed()
 }
 
 impl LlmAdapter for ScriptedModel {
@@ -457,16 +467,10 @@ fn delayed(
     let Some(latency) = latency else {
         return body;
     };
-    stream::once(async move {
+    opened_by(async move {
         tokio::select! {
             () = tokio::time::sleep(latency) => Ok(body),
             () = cancel.cancelled() => Err(aborted()),
         }
     })
-    .map(|delayed| match delayed {
-        Ok(inner) => inner,
-        Err(failure) => stream::once(async move { Err(failure) }).boxed(),
-    })
-    .flatten()
-    .boxed()
 }

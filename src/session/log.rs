@@ -689,13 +689,19 @@ mod tests {
         panic!("the idle writer never parked");
     }
 
-    #[tokio::test]
-    async fn an_idle_writer_parks_and_the_next_append_starts_it_again() {
-        let store = faulting_store();
-        let (log, _) = attached(&store).await;
+    /// A log attached to `store`, one note written, its writer parked.
+    async fn parked_after_a_note(store: &Arc<FaultInjectingStore>) -> SessionLog {
+        let (log, _) = attached(store).await;
         note(&log);
         log.drain().await.unwrap();
         until_parked(&log).await;
+        log
+    }
+
+    #[tokio::test]
+    async fn an_idle_writer_parks_and_the_next_append_starts_it_again() {
+        let store = faulting_store();
+        let log = parked_after_a_note(&store).await;
         note(&log);
         log.flush().await.expect("the parked writer ran again");
         assert_eq!(store.read_from(log.id(), 0).await.unwrap().len(), 2);
@@ -710,10 +716,7 @@ mod tests {
     #[tokio::test]
     async fn a_log_dropped_while_its_writer_is_parked_still_releases_the_lease() {
         let store = faulting_store();
-        let (log, _) = attached(&store).await;
-        note(&log);
-        log.drain().await.unwrap();
-        until_parked(&log).await;
+        let log = parked_after_a_note(&store).await;
         let id = log.id();
         drop(log);
         for _ in 0..10_000 {
