@@ -45,8 +45,21 @@ async fn held_child(
     subagents::AgentHandle,
     SessionId,
 ) {
+    held_at(gate, ScriptStep::text("held").gated(gate)).await
+}
+
+/// [`held_child`] with the child's first step `held`, which must hold at `gate`.
+async fn held_at(
+    gate: &Gate,
+    held: ScriptStep,
+) -> (
+    Runtime,
+    Arc<subagents::testing::FaultInjectingStore>,
+    subagents::AgentHandle,
+    SessionId,
+) {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    model.push(ScriptStep::text("held").gated(gate));
+    model.push(held);
     let (rt, faults, parent) = faulty(&model).await;
     let started = start_continuable(&rt, parent.agent(), "task").await;
     gate.reached().await;
@@ -102,6 +115,38 @@ async fn a_drain_reports_a_failing_branch_after_every_branch_settled() {
 async fn a_drained_child_writes_each_checkpoint_unit_once_at_its_release() {
     let gate = Gate::new();
     let (rt, faults, parent, child) = held_child(&gate).await;
+    drain_writes_each_unit_once(&rt, &faults, &parent, child).await;
+}
+
+// The same when the cancelled step had streamed enough to be due a throttled checkpoint at its
+// end (hundreds of chunks): the step's end writes none, the release writes each unit once.
+#[actix_rt::test]
+async fn a_drained_child_due_a_checkpoint_mid_turn_still_writes_each_unit_once() {
+    let gate = Gate::new();
+    let mut head = vec![subagents::StreamChunk::BlockStart {
+        index: 0,
+        block_type: subagents::BlockType::Text,
+    }];
+    head.extend((0..300).map(|_| subagents::StreamChunk::TextDelta {
+        index: 0,
+        text: "x".into(),
+    }));
+    let held = ScriptStep::Split {
+        head,
+        gate: gate.clone(),
+        tail: Vec::new(),
+    };
+    let (rt, faults, parent, child) = held_at(&gate, held).await;
+    drain_writes_each_unit_once(&rt, &faults, &parent, child).await;
+}
+
+/// Drains `parent`'s children and asserts `child` had each checkpoint unit written once.
+async fn drain_writes_each_unit_once(
+    rt: &Runtime,
+    faults: &subagents::testing::FaultInjectingStore,
+    parent: &subagents::AgentHandle,
+    child: SessionId,
+) {
     within(
         "the drain",
         rt.subagents()

@@ -375,7 +375,12 @@ fn drive(
             }
             let stepped = run_step(ctx, turn, step).await;
             ctx.append(EventKind::StepEnd { turn, step })?;
-            crate::projection::cache::checkpoint_if_due(&ctx.env, &ctx.log);
+            // A cancelled step ends its turn, and the turn's end checkpoints the log (or, on the
+            // way to a release, the disposal does): a throttled checkpoint here would be a second
+            // one beside it, and a drain cancels a million turns at once.
+            if !ctx.cancel.is_cancelled() {
+                crate::projection::cache::checkpoint_if_due(&ctx.env, &ctx.log);
+            }
             if ctx.options.flush == FlushPolicy::EveryStep && ctx.log.flush().await.is_err() {
                 // The log is faulted; the turn ends with the fault.
                 return Err(Fault::failed(ctx.fault_failure()));
