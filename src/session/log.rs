@@ -39,7 +39,7 @@ use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
 use crate::session::seed::{check_lossless, free_form_json, validate_seed};
 use crate::session::write_behind::{
-    Barrier, FaultHook, Signals, WriteBehind, Writer, WRITE_BEHIND_LIMIT,
+    Barrier, FaultHook, Resume, Signals, WriteBehind, Writer, WRITE_BEHIND_LIMIT,
 };
 use crate::store::{Lease, SharedStore};
 
@@ -275,11 +275,13 @@ impl SessionLog {
         let event = Arc::new(event);
         state.history.push(&event);
         state.events.push(event);
-        let parked = state.write_behind.as_mut().and_then(WriteBehind::wake);
+        let resume = state
+            .write_behind
+            .as_mut()
+            .map(WriteBehind::wake)
+            .unwrap_or_default();
         drop(state);
-        if let Some(parked) = parked {
-            (*parked).resume();
-        }
+        resume.run();
         Ok(seq)
     }
 
@@ -346,7 +348,7 @@ impl SessionLog {
     /// Dropping the future abandons the wait; the writer still finishes and stops.
     pub(crate) async fn close(&self) -> Result<()> {
         let (reply, closed) = oneshot::channel();
-        let (first_close, parked) = {
+        let (first_close, resume) = {
             let mut state = self.lock();
             if let Some(fault) = &state.fault {
                 return Err(SubagentError::clone(fault));
@@ -355,17 +357,15 @@ impl SessionLog {
                 return Ok(());
             };
             let first = !write_behind.closing_requested;
-            let mut parked = None;
+            let mut resume = Resume::default();
             if first {
                 write_behind.closing_requested = true;
                 write_behind.closing = Some(reply);
-                parked = write_behind.wake();
+                resume = write_behind.wake();
             }
-            (first, parked)
+            (first, resume)
         };
-        if let Some(parked) = parked {
-            (*parked).resume();
-        }
+        resume.run();
         if !first_close {
             // A second close waits like a drain of the same writer.
             return self.barrier(false).await;
@@ -452,7 +452,7 @@ impl SessionLog {
 
     async fn barrier(&self, durable: bool) -> Result<()> {
         let (reply, done) = oneshot::channel();
-        let parked = {
+        let resume = {
             let mut state = self.lock();
             if let Some(fault) = &state.fault {
                 return Err(SubagentError::clone(fault));
@@ -476,9 +476,7 @@ impl SessionLog {
             });
             write_behind.wake()
         };
-        if let Some(parked) = parked {
-            (*parked).resume();
-        }
+        resume.run();
         done.await.unwrap_or_else(|_| {
             // The writer stopped without answering: only a fault or a dropped log does that.
             Err(self.fault().unwrap_or_else(|| {

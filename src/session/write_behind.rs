@@ -51,13 +51,12 @@ impl WriteBehind {
     /// Tells the writer there is something to do: wakes it, or hands back the parked writer,
     /// which the caller resumes once it no longer holds the log's lock (a writer whose runtime
     /// has stopped is dropped at once, and its drop takes that lock).
-    #[must_use = "a parked writer runs again only once resumed"]
-    pub(super) fn wake(&mut self) -> Option<Box<Parked>> {
+    pub(super) fn wake(&mut self) -> Resume {
         let parked = self.parked.take();
         if parked.is_none() {
             self.signals.wake.notify_one();
         }
-        parked
+        Resume(parked)
     }
 }
 
@@ -65,9 +64,7 @@ impl Drop for WriteBehind {
     fn drop(&mut self) {
         // The last handle of the log is gone (no lock is held): let the writer notice and stop,
         // releasing its lease.
-        if let Some(parked) = self.wake() {
-            (*parked).resume();
-        }
+        self.wake().run();
     }
 }
 
@@ -78,13 +75,21 @@ pub(super) struct Parked {
     runtime: tokio::runtime::Handle,
 }
 
-impl Parked {
-    /// Runs the writer again on its runtime; called without the log's lock held.
-    pub(super) fn resume(self) {
-        let Parked { writer, runtime } = self;
-        // A stopped runtime drops the task unrun; the writer's drop then ends write-behind
-        // with an error, so no waiter hangs.
-        drop(runtime.spawn(writer.run()));
+/// What [`WriteBehind::wake`] leaves to do once the log's lock is released: start the parked
+/// writer again, if it was parked.
+#[derive(Default)]
+#[must_use = "a parked writer runs again only once resumed"]
+pub(super) struct Resume(Option<Box<Parked>>);
+
+impl Resume {
+    /// Runs the parked writer again on its runtime; called without the log's lock held.
+    pub(super) fn run(self) {
+        if let Some(parked) = self.0 {
+            let Parked { writer, runtime } = *parked;
+            // A stopped runtime drops the task unrun; the writer's drop then ends write-behind
+            // with an error, so no waiter hangs.
+            drop(runtime.spawn(writer.run()));
+        }
     }
 }
 
