@@ -318,17 +318,13 @@ async fn terminate_ends_a_grandchild_that_outlived_its_leader() {
 async fn dropping_a_handle_kills_its_whole_tree() {
     let dir = tempfile::tempdir().unwrap();
     let process = ChildProcess::spawn(&spec(
-        "trap '' TERM; sleep 600 & echo $! > grandchild; echo $$ > leader; wait",
+        // Renamed into place: the file is complete once it exists.
+        "trap '' TERM; sleep 600 & echo $! > grandchild; echo $$ > leader.tmp; mv leader.tmp leader; wait",
         dir.path(),
     ))
     .unwrap();
     let grandchild_file = dir.path().join("grandchild");
-    within("the script to start", async {
-        while !dir.path().join("leader").exists() {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    crate::support::appears(&dir.path().join("leader")).await;
     let (leader, grandchild) = (pid_in(&dir.path().join("leader")), pid_in(&grandchild_file));
     drop(process);
     crate::support::gone(leader).await;

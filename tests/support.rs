@@ -673,6 +673,18 @@ pub fn alive(pid: u32) -> bool {
     })
 }
 
+/// Waits until `file` exists (a peer process's ready signal), with the safety-net timeout. A
+/// file whose content is then read must be renamed into place by its writer: a redirection
+/// creates it empty before writing.
+pub async fn appears(file: &std::path::Path) {
+    within(&format!("{} to appear", file.display()), async {
+        while !file.exists() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
 /// Waits (with the safety-net timeout) until `pid` has exited: its exit is asynchronous to
 /// whatever released it.
 pub async fn gone(pid: u32) {

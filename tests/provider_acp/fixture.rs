@@ -2,7 +2,6 @@
 //! that runs `subagents acp-agent` (the reference peer) scripted through `ACP_AGENT_*`.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use subagents::testing::ScriptedModel;
 use subagents::{
@@ -11,7 +10,7 @@ use subagents::{
 };
 use tempfile::TempDir;
 
-pub use crate::support::{alive, gone};
+pub use crate::support::{alive, appears, gone};
 use crate::support::{memory_runtime, text, within};
 
 /// The `subagents` binary, which serves `acp-agent`.
@@ -82,16 +81,6 @@ impl Acp {
         )
         .await
     }
-}
-
-/// Waits until `file` exists (the peer's ready signals), with the safety-net timeout.
-pub async fn appears(file: &Path) {
-    within(&format!("{} to appear", file.display()), async {
-        while !file.exists() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
 }
 
 /// The pid written to `file`.
