@@ -29,9 +29,11 @@ use futures::future::BoxFuture;
 use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
 use crate::actors::manager::{
-    ContinuationManager, Delivery, DrainAll, DrainDescendants, Followup, Interrupt, ReportFrom,
-    ResidentCount, Routed, StartContinuable,
+    ask_followup, ask_interrupt, delivery_handler, ContinuationManager, Delivery, DrainAll,
+    DrainDescendants, Followup, ForgetRemote, Interrupt, InterruptRouted, RemotePlaced,
+    ReportFrom, ResidentCount, Routed, StartContinuable,
 };
+use crate::cluster::{ClusterLink, FollowupAnswer};
 use crate::content::{ContentBlock, Message};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
@@ -335,6 +337,7 @@ pub struct Subagents {
     manager: Addr<ContinuationManager>,
     setup: Arc<SetupRegistry>,
     events: Arc<EventBus<SubagentEvent>>,
+    cluster: Option<ClusterLink>,
 }
 
 impl std::fmt::Debug for Subagents {
@@ -394,7 +397,7 @@ impl std::fmt::Debug for ProviderRegistration {
 impl Subagents {
     /// Starts the provider service and the continuation manager, which creates and resumes
     /// continuable children through `agents`.
-    pub(crate) fn start_service(agents: Agents) -> Self {
+    pub(crate) fn start_service(agents: Agents, cluster: Option<ClusterLink>) -> Self {
         let events = EventBus::new();
         let setup = Arc::new(SetupRegistry::default());
         let service = SubagentService {
@@ -408,14 +411,22 @@ impl Subagents {
             service.clone(),
             Arc::clone(&events),
             Arc::clone(&setup),
+            cluster.clone(),
         )
         .start();
+        if let Some(cluster) = &cluster {
+            let handler = delivery_handler(manager.clone(), cluster.clone());
+            if let Err(error) = cluster.membership().serve(handler) {
+                tracing::warn!(%error, "this node's deliveries are served elsewhere");
+            }
+        }
         Self {
             agents,
             service,
             manager,
             setup,
             events,
+            cluster,
         }
     }
 
@@ -620,6 +631,7 @@ impl Subagents {
         options: FollowupOptions,
     ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
         let manager = self.manager.clone();
+        let cluster = self.cluster.clone();
         let parent = parent.clone();
         let delivery = Delivery {
             message: Message::user(content, options.source),
@@ -630,6 +642,8 @@ impl Subagents {
             if let Some(raise) = &delivery.raise {
                 budget::validate(raise)?;
             }
+            // Each time the child's node answered that it no longer has it.
+            let mut moved = 0;
             loop {
                 let routed = manager
                     .send(Followup {
@@ -639,10 +653,52 @@ impl Subagents {
                         token: token.clone(),
                     })
                     .await
-                    .map_err(SubagentError::from)??;
-                if let Routed::Accepted(id) = routed {
-                    return Ok(id);
+                    .map_err(SubagentError::from)?;
+                let (cluster, node) = match routed {
+                    Ok(Routed::Accepted(id)) => return Ok(id),
+                    Ok(Routed::Retry) => continue,
+                    Ok(Routed::Remote(cluster, node)) => (cluster, node),
+                    // Resident on another node of the cluster: asked there.
+                    Err(error) if error.code() == ErrorCode::SessionLeased => {
+                        let Some(cluster) = &cluster else {
+                            return Err(error);
+                        };
+                        match cluster.other_holder(child_id).await? {
+                            Some(node) if moved < MAX_MOVES => (cluster.clone(), node),
+                            _ => return Err(error),
+                        }
+                    }
+                    Err(error) => return Err(error),
+                };
+                let asked =
+                    ask_followup(&cluster, node, parent.id(), child_id, &delivery).await;
+                match asked {
+                    Ok(FollowupAnswer::Accepted(id)) => {
+                        // Recorded as the parent's, as if placed there: it waits for the
+                        // child's notice, and its release releases it.
+                        let placed = RemotePlaced {
+                            child: child_id,
+                            parent: parent.clone(),
+                            node,
+                        };
+                        if let Err(error) = manager.send(placed).await.map_err(SubagentError::from)? {
+                            tracing::debug!(child = %child_id, %error, "a follow-up was accepted on another node while its parent closed");
+                        }
+                        return Ok(id);
+                    }
+                    // Settled there, or its node died: resumed from the store (here, once the
+                    // dead node's lease expired).
+                    Ok(FollowupAnswer::Absent) => moved += 1,
+                    Err(error) if error.code() == ErrorCode::SessionLeased => moved += 1,
+                    Err(error) => return Err(error),
                 }
+                manager
+                    .send(ForgetRemote {
+                        child: child_id,
+                        node,
+                    })
+                    .await
+                    .map_err(SubagentError::from)?;
             }
         })
     }
@@ -657,10 +713,20 @@ impl Subagents {
     /// `UNAUTHORIZED`: a wrong parent address, a caller outside the target's live ancestry,
     /// a stale ancestor, or an ancestor naming itself.
     pub async fn interrupt(&self, target: SessionId, authority: InterruptAuthority) -> Result<()> {
-        self.manager
+        let routed = self
+            .manager
             .send(Interrupt { target, authority })
             .await
-            .map_err(SubagentError::from)?
+            .map_err(SubagentError::from)??;
+        match routed {
+            InterruptRouted::Done => Ok(()),
+            InterruptRouted::Remote {
+                cluster,
+                node,
+                parent,
+                cause,
+            } => ask_interrupt(&cluster, node, parent, target, cause).await,
+        }
     }
 
     /// Delivers `content` from a resident continuable child to its durable direct parent,
@@ -732,6 +798,10 @@ impl Subagents {
         self.manager.send(ResidentCount).await.unwrap_or(0)
     }
 }
+
+/// How many times a follow-up follows its child to another node before it gives up with
+/// `SESSION_LEASED` (a child moving that often is being resumed and settled elsewhere).
+const MAX_MOVES: u32 = 8;
 
 /// Runs `work` as a task of its own, so a caller that drops the future cannot leave it half
 /// done.

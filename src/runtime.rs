@@ -16,7 +16,8 @@ use crate::host::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSec
 use crate::jobs::Jobs;
 use crate::model::{LlmAdapter, ModelRouter};
 use crate::projection::ProjectionRegistry;
-use crate::store::{LeaseHolder, SessionPersistence, SharedStore};
+use crate::cluster::ClusterLink;
+use crate::store::{LeaseHolder, NodeMembership, SessionPersistence, SharedStore};
 use crate::tools::{Tool, ToolRegistry};
 
 /// Assembles a [`Runtime`].
@@ -33,6 +34,7 @@ pub struct RuntimeBuilder {
     without_projections: bool,
     without_projection_cache: bool,
     holder: Option<LeaseHolder>,
+    cluster: Option<Arc<NodeMembership>>,
 }
 
 impl RuntimeBuilder {
@@ -130,6 +132,19 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Runs this runtime as a node of a cluster: `membership` is what
+    /// [`crate::store::PostgresStore::join`] answered for this runtime's lease holder (set it
+    /// with [`RuntimeBuilder::lease_holder`]). The runtime then serves its peers' deliveries:
+    /// children placed here by parents on other nodes ([`crate::ContinuableStartSpec::on_node`]),
+    /// and follow-ups, interrupts and releases for them; its own parents' children placed
+    /// elsewhere are asked there, and a follow-up to a child resident on another node is
+    /// routed to it. [`Runtime::shutdown`] leaves the cluster once everything is released.
+    #[must_use]
+    pub fn cluster(mut self, membership: NodeMembership) -> Self {
+        self.cluster = Some(Arc::new(membership));
+        self
+    }
+
     /// Starts the runtime's actors on the current arbiter.
     ///
     /// # Errors
@@ -141,6 +156,19 @@ impl RuntimeBuilder {
                 ErrorCode::NoActorSystem,
                 "a runtime must be built inside a running actix system",
             ));
+        }
+        if let Some(membership) = &self.cluster {
+            let holder = self.holder.as_ref().map(LeaseHolder::id);
+            if holder != Some(membership.node()) {
+                return Err(SubagentError::new(
+                    ErrorCode::InvalidArgs,
+                    format!(
+                        "a cluster node's runtime must lease in its node's name: set \
+                         lease_holder to the holder that joined as node {}",
+                        membership.node()
+                    ),
+                ));
+            }
         }
         let tools = Arc::new(ToolRegistry::new());
         for tool in self.tools {
@@ -164,7 +192,11 @@ impl RuntimeBuilder {
             self.holder.unwrap_or_default(),
         );
         Ok(Runtime {
-            subagents: Subagents::start_service(agents.clone()),
+            subagents: Subagents::start_service(
+                agents.clone(),
+                self.cluster.clone().map(ClusterLink::new),
+            ),
+            cluster: self.cluster,
             agents,
             env,
             jobs: Jobs::default(),
@@ -179,6 +211,7 @@ pub struct Runtime {
     subagents: Subagents,
     env: Arc<AgentEnv>,
     jobs: Jobs,
+    cluster: Option<Arc<NodeMembership>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -261,6 +294,12 @@ impl Runtime {
             }
         }
         self.agents.stop_workers();
+        // Everything this node held is released: its peers may take its sessions at once.
+        if let Some(membership) = &self.cluster {
+            if let Err(error) = membership.leave().await {
+                first_error.get_or_insert(error);
+            }
+        }
         first_error.map_or(Ok(()), Err)
     }
 }

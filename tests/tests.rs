@@ -23,6 +23,8 @@ mod continuable_model;
 mod continuable_teardown;
 /// Continuable children in narrow windows: races with tokens, drains, the final flush.
 mod continuable_windows;
+/// A cluster of runtimes: children placed on another node, asked across nodes.
+mod cluster;
 /// Killing a writer process mid-turn and recovering its store.
 mod crash;
 /// The error surface: every code's string is pinned.

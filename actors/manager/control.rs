@@ -5,16 +5,29 @@ use super::*;
 
 /// Interrupts a resident child's turn, keeping its inbox (see `Subagents::interrupt`).
 #[derive(Message)]
-#[rtype(result = "Result<()>")]
+#[rtype(result = "Result<InterruptRouted>")]
 pub(crate) struct Interrupt {
     pub(crate) target: SessionId,
     pub(crate) authority: InterruptAuthority,
 }
 
-impl Handler<Interrupt> for ContinuationManager {
-    type Result = Result<()>;
+/// Where an authorized interrupt went.
+pub(crate) enum InterruptRouted {
+    /// Issued here (or nothing was resident to stop).
+    Done,
+    /// The target was placed on another node by `parent`: ask it there.
+    Remote {
+        cluster: ClusterLink,
+        node: NodeId,
+        parent: SessionId,
+        cause: CancelCause,
+    },
+}
 
-    fn handle(&mut self, msg: Interrupt, _: &mut Context<Self>) -> Result<()> {
+impl Handler<Interrupt> for ContinuationManager {
+    type Result = Result<InterruptRouted>;
+
+    fn handle(&mut self, msg: Interrupt, _: &mut Context<Self>) -> Result<InterruptRouted> {
         let target = msg.target;
         if let InterruptAuthority::Ancestor(caller) = &msg.authority {
             if !caller.is_alive() {
@@ -30,8 +43,7 @@ impl Handler<Interrupt> for ContinuationManager {
             }
         }
         let Some(resident) = self.residents.get(&target) else {
-            // Unknown, one-shot or already settled: nothing to stop.
-            return Ok(());
+            return self.route_remote_interrupt(target, &msg.authority);
         };
         let cause = match &msg.authority {
             InterruptAuthority::User { parent_session_id } => {
@@ -55,7 +67,49 @@ impl Handler<Interrupt> for ContinuationManager {
         if resident.disposal.is_none() {
             resident.agent.cancel_now(cause, InboxPolicy::Keep);
         }
-        Ok(())
+        Ok(InterruptRouted::Done)
+    }
+}
+
+impl ContinuationManager {
+    /// An interrupt of a child that is not resident here: routed to the node its parent here
+    /// placed it on, once authorized as for a resident child; otherwise (unknown, one-shot,
+    /// already settled) nothing to stop.
+    fn route_remote_interrupt(
+        &self,
+        target: SessionId,
+        authority: &InterruptAuthority,
+    ) -> Result<InterruptRouted> {
+        let (Some(remote), Some(cluster)) = (self.remote_children.get(&target), &self.cluster)
+        else {
+            return Ok(InterruptRouted::Done);
+        };
+        let parent = remote.parent.id();
+        let cause = match authority {
+            InterruptAuthority::User { parent_session_id } => {
+                if parent != *parent_session_id {
+                    return Err(unauthorized(format!(
+                        "continuable child {target} belongs to another parent session"
+                    )));
+                }
+                CancelCause::User
+            }
+            InterruptAuthority::Ancestor(caller) => {
+                if !self.lineage_of(&remote.parent).contains(&caller.id()) {
+                    return Err(unauthorized(format!(
+                        "continuable child {target} is not a live descendant of agent {}",
+                        caller.id()
+                    )));
+                }
+                CancelCause::Parent
+            }
+        };
+        Ok(InterruptRouted::Remote {
+            cluster: cluster.clone(),
+            node: remote.node,
+            parent,
+            cause,
+        })
     }
 }
 
@@ -94,22 +148,43 @@ impl Handler<ReportFrom> for ContinuationManager {
                 format!("continuable child {child} is already settling"),
             ));
         }
-        let parent_session = resident.parent.id();
-        let captured = resident.parent.clone();
         let message = Message::user(
             report_content(child, msg.content),
             MessageSource::SubagentReportRelay {
                 sender_session_id: child,
             },
         );
+        let captured = match &resident.parent {
+            ParentLink::Local(agent) => agent.clone(),
+            ParentLink::Remote(remote) => {
+                let kind = crate::cluster::NoticeKind::Report(msg.delivery);
+                return Ok(self.report_remote(remote, child, message, kind));
+            }
+        };
+        self.post_report(child, &captured, message, msg.delivery, ctx)
+    }
+}
+
+impl ContinuationManager {
+    /// Posts `child`'s report to its local parent: the parent's resident Activation when it
+    /// has one (a waking report counts as accepted work there), else the exact agent it was
+    /// materialized under while that lives.
+    pub(super) fn post_report(
+        &mut self,
+        child: SessionId,
+        captured: &AgentRef,
+        message: Message,
+        delivery: ReportDelivery,
+        ctx: &mut Context<Self>,
+    ) -> Result<BoxFuture<'static, Result<MessageId>>> {
         let id = message.id;
-        let (parent, counted) = match (self.residents.get_mut(&parent_session), msg.delivery) {
+        let (parent, counted) = match (self.residents.get_mut(&captured.id()), delivery) {
             (Some(parent), ReportDelivery::Wakeup) if parent.disposal.is_none() => {
                 parent.accepted.insert(id);
                 (parent.agent.clone(), true)
             }
             (Some(parent), _) => (parent.agent.clone(), false),
-            (None, _) if captured.is_alive() => (captured, false),
+            (None, _) if captured.is_alive() => (captured.clone(), false),
             (None, _) => {
                 return Err(SubagentError::new(
                     ErrorCode::ParentUnavailable,
@@ -117,7 +192,7 @@ impl Handler<ReportFrom> for ContinuationManager {
                 ))
             }
         };
-        let target = match msg.delivery {
+        let target = match delivery {
             ReportDelivery::Quiet => PostTarget::Inbox(InboxTarget::NextStep, Wake::Quiet),
             ReportDelivery::Wakeup => PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
         };

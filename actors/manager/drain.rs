@@ -73,8 +73,9 @@ impl Handler<DrainDescendants> for ContinuationManager {
             .filter(|m| m.lineage.iter().any(|id| root_ids.contains(id)))
             .map(|m| m.over.clone())
             .collect();
-        // Every target's disposal opens now, top-down, before any await.
-        let mut branches = Vec::new();
+        // Every target's disposal opens now, top-down, before any await; children placed on
+        // other nodes by a parent at or below a root are released there.
+        let mut branches = self.release_remote_below(Some(&root_ids), ctx);
         for (_, target) in &targets {
             let owned_by_target = self.residents[target]
                 .owner()
@@ -133,12 +134,14 @@ impl Handler<DrainRoots> for ContinuationManager {
             .map(|(id, _)| *id)
             .collect();
         roots.sort_unstable();
-        MessageResult(
-            roots
-                .into_iter()
-                .filter_map(|root| self.open_disposal(root, ctx))
-                .collect(),
-        )
+        let mut branches: Vec<Disposal> = roots
+            .into_iter()
+            .filter_map(|root| self.open_disposal(root, ctx))
+            .collect();
+        // Children placed on other nodes: those of resident parents are in the branches
+        // already (memoized), those of host-owned parents are released here.
+        branches.extend(self.release_remote_below(None, ctx));
+        MessageResult(branches)
     }
 }
 

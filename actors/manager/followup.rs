@@ -13,6 +13,8 @@ pub(crate) enum Routed {
     Accepted(MessageId),
     /// The child was settling or being resumed; route again.
     Retry,
+    /// The child was placed on another node: ask it there.
+    Remote(ClusterLink, NodeId),
 }
 
 /// Delivers a follow-up: enqueue (running), wake (waiting) or cold-resume (absent).
@@ -36,6 +38,20 @@ impl Handler<Followup> for ContinuationManager {
         if msg.token.is_cancelled() {
             return Box::pin(async { Err(cancelled()) });
         }
+        if let Some(remote) = self.remote_children.get(&msg.child) {
+            if remote.parent != msg.parent {
+                return Box::pin(async move {
+                    Err(unauthorized(format!(
+                        "continuable child {} belongs to another parent session",
+                        msg.child
+                    )))
+                });
+            }
+            if let Some(cluster) = self.cluster.clone() {
+                let node = remote.node;
+                return Box::pin(async move { Ok(Routed::Remote(cluster, node)) });
+            }
+        }
         if let Some(resident) = self.residents.get(&msg.child) {
             if let Some(disposal) = resident.disposal.clone() {
                 // Lost the race with settlement: wait for the teardown, then cold-resume.
@@ -44,7 +60,8 @@ impl Handler<Followup> for ContinuationManager {
                     Ok(Routed::Retry)
                 });
             }
-            let accepted = self.submit(msg.child, &msg.parent, msg.delivery, &msg.token, ctx);
+            let parent = ParentLink::Local(msg.parent);
+            let accepted = self.submit(msg.child, &parent, msg.delivery, &msg.token, ctx);
             return Box::pin(async move { Ok(Routed::Accepted(accepted?.await?)) });
         }
         if let Some(resuming) = self.resuming.get(&msg.child).cloned() {
@@ -169,7 +186,7 @@ impl ColdResume {
         let boundary = usize::try_from(handle.agent().log().len()).unwrap_or(usize::MAX);
         let installing = Installing {
             handle,
-            parent,
+            parent: ParentLink::Local(parent),
             lineage: self.lineage,
             provider: descriptor.provider,
             boundary,

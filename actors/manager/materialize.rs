@@ -2,6 +2,8 @@
 //! install-then-submit sequence a start and a cold resume share (rolled back on any failure).
 
 use super::*;
+use crate::cluster::RemoteStart;
+use crate::host::DelegatedPolicy;
 
 /// The setup every Activation gets (fresh or resumed): its composition and the deployment's
 /// setup contributions, whose batch is committed once the agent is published.
@@ -57,7 +59,7 @@ pub(super) fn map_cancelled(error: SubagentError) -> SubagentError {
 /// What is installed once a child's agent is published.
 pub(super) struct Installing {
     pub(super) handle: AgentHandle,
-    pub(super) parent: AgentRef,
+    pub(super) parent: ParentLink,
     pub(super) lineage: Vec<SessionId>,
     pub(super) provider: String,
     pub(super) boundary: usize,
@@ -164,8 +166,12 @@ impl Handler<Install> for ContinuationManager {
                 format!("continuable child {id} already has an Activation"),
             ));
         }
-        let owned_by_parent = match self.residents.get_mut(&parent.id()) {
-            Some(resident) if resident.agent == parent => {
+        let local_parent = match &parent {
+            ParentLink::Local(agent) => self.residents.get_mut(&agent.id()).map(|r| (r, agent)),
+            ParentLink::Remote(_) => None,
+        };
+        let owned_by_parent = match local_parent {
+            Some((resident, parent)) if resident.agent == *parent => {
                 if resident.disposal.is_some() {
                     return Err(SubagentError::new(
                         ErrorCode::ActivationClosing,
@@ -209,7 +215,7 @@ impl Handler<Install> for ContinuationManager {
 #[rtype(result = "Result<BoxFuture<'static, Result<MessageId>>>")]
 struct Submit {
     child: SessionId,
-    parent: AgentRef,
+    parent: ParentLink,
     delivery: Delivery,
     token: CancellationToken,
 }
@@ -296,15 +302,6 @@ impl Handler<StartContinuable> for ContinuationManager {
         let registry = Arc::clone(&self.setup);
         Box::pin(async move {
             let (plan, _guard) = admitted?;
-            let StartPlan {
-                child,
-                depth,
-                lineage,
-                options,
-                descriptor,
-                composition,
-            } = plan;
-            let descriptor_budget = descriptor.budget;
             let ContinuableStartSpec {
                 provider,
                 parent,
@@ -323,7 +320,7 @@ impl Handler<StartContinuable> for ContinuationManager {
                 .continuable()
                 .ok_or_else(|| unsupported_continuable(&provider))?
                 .prepare_continuable(ContinuableCreateRequest {
-                    session_id: child,
+                    session_id: plan.child,
                     parent: parent.clone(),
                     cancel: token.clone(),
                 });
@@ -332,49 +329,122 @@ impl Handler<StartContinuable> for ContinuationManager {
                 return Err(cancelled());
             }
             let seed = created.seed.unwrap_or_default();
-            let inherited =
-                u64::try_from(seed.len()).map_err(|_| SubagentError::bug("seed too long"))?;
-            let slot = Arc::default();
-            let mut create = CreateAgent::new()
-                .id(child)
-                .delegated_by(parent.id(), depth)
-                .seed(seed, inherited)
-                .options(options)
-                .setup(activation_setup(
-                    composition,
-                    Some(descriptor),
-                    registry,
-                    Arc::clone(&slot),
-                ))
-                .cancel(token.clone());
-            if let Some(cwd) = parent.header().cwd {
-                create = create.cwd(cwd);
+            let cwd = parent.header().cwd;
+            if let Some(placement) = plan.placement {
+                if !seed.is_empty() {
+                    return Err(SubagentError::new(
+                        ErrorCode::UnsupportedCapability,
+                        format!(
+                            "subagent provider \"{provider}\" seeds its children with the \
+                             parent's turns, which cannot be placed on another node"
+                        ),
+                    ));
+                }
+                let start = RemoteStart {
+                    child: plan.child,
+                    parent: parent.id(),
+                    lineage: plan.lineage,
+                    depth: plan.depth,
+                    options: plan.options,
+                    descriptor: plan.descriptor.to_json(),
+                    policy: plan.policy,
+                    cwd: cwd.map(|cwd| cwd.to_string_lossy().into_owned()),
+                    provider,
+                    prompt,
+                };
+                return remote::place(manager, placement, parent, start).await;
             }
-            let handle = agents.create(create).await.map_err(map_cancelled)?;
-            commit_setup(&handle, &slot).await?;
-            let boundary = usize::try_from(handle.agent().log().len()).unwrap_or(usize::MAX);
-            let installing = Installing {
-                handle,
-                parent,
-                lineage,
+            let fresh = FreshChild {
+                child: plan.child,
+                depth: plan.depth,
+                lineage: plan.lineage,
+                options: plan.options,
+                descriptor: plan.descriptor,
+                composition: plan.composition,
+                seed,
+                cwd,
                 provider,
-                boundary,
-                budget: BudgetMeter::new(
-                    descriptor_budget.unwrap_or_default(),
-                    BudgetSpent::default(),
-                ),
+                prompt,
             };
-            let delivery = Delivery {
-                message: Message::user(prompt, MessageSource::User),
-                raise: None,
-            };
-            let message_id = install_and_submit(manager, installing, delivery, token).await?;
-            Ok(ContinuableStart {
-                child_id: child,
-                message_id,
-            })
+            let parent = ParentLink::Local(parent);
+            create_and_install(manager, agents, registry, parent, fresh, token).await
         })
     }
+}
+
+/// A fresh child's creation inputs, resolved by its parent's runtime.
+pub(super) struct FreshChild {
+    pub(super) child: SessionId,
+    pub(super) depth: u64,
+    pub(super) lineage: Vec<SessionId>,
+    pub(super) options: AgentOptions,
+    pub(super) descriptor: SubagentDescriptor,
+    pub(super) composition: ChildComposition,
+    pub(super) seed: Vec<crate::session::SessionEvent>,
+    pub(super) cwd: Option<std::path::PathBuf>,
+    pub(super) provider: String,
+    pub(super) prompt: Vec<ContentBlock>,
+}
+
+/// Creates a fresh child under `parent`, installs its Activation and submits its prompt.
+pub(super) async fn create_and_install(
+    manager: Addr<ContinuationManager>,
+    agents: Agents,
+    registry: Arc<SetupRegistry>,
+    parent: ParentLink,
+    fresh: FreshChild,
+    token: CancellationToken,
+) -> Result<ContinuableStart> {
+    let FreshChild {
+        child,
+        depth,
+        lineage,
+        options,
+        descriptor,
+        composition,
+        seed,
+        cwd,
+        provider,
+        prompt,
+    } = fresh;
+    let descriptor_budget = descriptor.budget;
+    let inherited = u64::try_from(seed.len()).map_err(|_| SubagentError::bug("seed too long"))?;
+    let slot = Arc::default();
+    let mut create = CreateAgent::new()
+        .id(child)
+        .delegated_by(parent.id(), depth)
+        .seed(seed, inherited)
+        .options(options)
+        .setup(activation_setup(
+            composition,
+            Some(descriptor),
+            registry,
+            Arc::clone(&slot),
+        ))
+        .cancel(token.clone());
+    if let Some(cwd) = cwd {
+        create = create.cwd(cwd);
+    }
+    let handle = agents.create(create).await.map_err(map_cancelled)?;
+    commit_setup(&handle, &slot).await?;
+    let boundary = usize::try_from(handle.agent().log().len()).unwrap_or(usize::MAX);
+    let installing = Installing {
+        handle,
+        parent,
+        lineage,
+        provider,
+        boundary,
+        budget: BudgetMeter::new(descriptor_budget.unwrap_or_default(), BudgetSpent::default()),
+    };
+    let delivery = Delivery {
+        message: Message::user(prompt, MessageSource::User),
+        raise: None,
+    };
+    let message_id = install_and_submit(manager, installing, delivery, token).await?;
+    Ok(ContinuableStart {
+        child_id: child,
+        message_id,
+    })
 }
 
 fn unsupported_continuable(provider: &str) -> SubagentError {
@@ -392,6 +462,9 @@ struct StartPlan {
     options: AgentOptions,
     descriptor: SubagentDescriptor,
     composition: ChildComposition,
+    policy: DelegatedPolicy,
+    /// The node the child is placed on, when it is not this one.
+    placement: Option<(ClusterLink, NodeId)>,
 }
 
 impl ContinuationManager {
@@ -430,12 +503,14 @@ impl ContinuationManager {
             budget::validate(limits)?;
         }
         descriptor.budget = spec.budget;
+        let policy = spec.policy.clone().unwrap_or_default();
         let composition = ChildComposition::new(
             &env,
-            Some(spec.policy.clone().unwrap_or_default()),
+            Some(policy.clone()),
             spec.persona.as_deref(),
             spec.tool_filter.clone(),
         )?;
+        let placement = self.placement(spec.node)?;
         let materialization = self.register_materialization(lineage.clone(), None, ctx);
         Ok((
             StartPlan {
@@ -445,6 +520,8 @@ impl ContinuationManager {
                 options,
                 descriptor,
                 composition,
+                policy,
+                placement,
             },
             materialization,
         ))

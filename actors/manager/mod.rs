@@ -48,12 +48,16 @@ mod control;
 mod drain;
 mod followup;
 mod materialize;
+mod remote;
 
-pub(crate) use control::{Interrupt, ReportFrom};
+pub(crate) use control::{Interrupt, InterruptRouted, ReportFrom};
 pub(crate) use drain::{DrainAll, DrainDescendants, ResidentCount};
 pub(crate) use followup::{Followup, Routed};
 use materialize::Finished;
 pub(crate) use materialize::{Delivery, StartContinuable};
+pub(crate) use remote::{
+    ask_followup, ask_interrupt, delivery_handler, ForgetRemote, RemotePlaced,
+};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -66,6 +70,7 @@ use crate::actors::activation::{Activation, Disposal, Teardown, Terminal, RELEAS
 use crate::actors::agent::{Activity, ActivityObserver, AgentRef, InboxPolicy, PostTarget, Wake};
 use crate::actors::agents::Agents;
 use crate::actors::service::{LookupContinuable, SubagentService};
+use crate::cluster::{ClusterLink, NodeId};
 use crate::content::{ContentBlock, Message, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
@@ -117,13 +122,78 @@ struct ClosingScope {
     members: HashSet<SessionId>,
 }
 
+/// A resident child's durable direct parent: an agent of this runtime, or one resident on
+/// another node of the cluster (whose authority each delivery from it proves by holding the
+/// parent's lease).
+#[derive(Clone)]
+pub(crate) enum ParentLink {
+    Local(AgentRef),
+    /// Boxed: the record stays in its allocation class, and remote parents are the exception.
+    Remote(Box<RemoteParent>),
+}
+
+/// A parent resident on another node.
+#[derive(Clone)]
+pub(crate) struct RemoteParent {
+    id: SessionId,
+    /// The node it was resident on when it last reached this one.
+    node: NodeId,
+}
+
+impl ParentLink {
+    fn remote(id: SessionId, node: NodeId) -> Self {
+        Self::Remote(Box::new(RemoteParent { id, node }))
+    }
+
+    fn id(&self) -> SessionId {
+        match self {
+            Self::Local(agent) => agent.id(),
+            Self::Remote(remote) => remote.id,
+        }
+    }
+
+    /// A local parent while its exact agent lives; a remote one always (its node's authority
+    /// is checked by lease on each delivery, and a notice to a dead node is dropped).
+    fn is_alive(&self) -> bool {
+        match self {
+            Self::Local(agent) => agent.is_alive(),
+            Self::Remote(_) => true,
+        }
+    }
+
+    /// Whether this is `id`, resident on another node.
+    fn is_remote(&self, id: SessionId) -> bool {
+        matches!(self, Self::Remote(remote) if remote.id == id)
+    }
+
+    /// Whether `other` names this parent in the same place (an id alone does not: a remote
+    /// sender never speaks for a local parent).
+    fn same_as(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Local(agent), Self::Local(other)) => agent.id() == other.id(),
+            (Self::Remote(remote), Self::Remote(other)) => remote.id == other.id,
+            _ => false,
+        }
+    }
+}
+
+/// A child this runtime's parent placed on another node: the parent's node keeps the record,
+/// so that follow-ups route to it, the parent waits while it is resident, and the parent's
+/// release releases it first.
+struct RemoteChild {
+    parent: AgentRef,
+    node: NodeId,
+    /// Its release, once asked for (memoized: a drain and a disposal may both ask).
+    release: Option<Disposal>,
+}
+
 /// The manager's record of one resident Activation.
 struct Resident {
     agent: AgentRef,
     activation: Addr<Activation>,
     /// The exact parent the Activation was materialized under; its id is the child's durable
     /// direct parent (`header.parentSession`), and notices go to it when it is not resident.
-    parent: AgentRef,
+    parent: ParentLink,
     /// The child, its parent and the parent's ancestors, observed at materialization; it
     /// survives intermediates leaving the registry.
     ancestry: Vec<SessionId>,
@@ -222,6 +292,10 @@ pub(crate) struct ContinuationManager {
     /// where one each would hold a manager address apiece (a few allocations per child).
     /// Dropped when no child is resident, so the manager never keeps its own address alive.
     activity: Option<ActivityObserver>,
+    /// This runtime's cluster, when it joined one.
+    cluster: Option<ClusterLink>,
+    /// Children this runtime's parents placed on other nodes.
+    remote_children: HashMap<SessionId, RemoteChild>,
 }
 
 impl Actor for ContinuationManager {
@@ -263,8 +337,11 @@ impl ContinuationManager {
         service: Addr<SubagentService>,
         events: Arc<EventBus<SubagentEvent>>,
         setup: Arc<SetupRegistry>,
+        cluster: Option<ClusterLink>,
     ) -> Self {
         Self {
+            cluster,
+            remote_children: HashMap::new(),
             agents,
             service,
             events,
@@ -302,6 +379,19 @@ impl ContinuationManager {
             }
         }
         lineage
+    }
+
+    /// The lineage a delivery from `parent` to `child` is admitted under: a local parent's own,
+    /// or for a remote parent the ancestry its child was placed with.
+    fn caller_lineage(&self, child: SessionId, parent: &ParentLink) -> Vec<SessionId> {
+        match parent {
+            ParentLink::Local(agent) => self.lineage_of(agent),
+            ParentLink::Remote(remote) => self
+                .residents
+                .get(&child)
+                .filter(|resident| resident.parent.same_as(parent))
+                .map_or_else(|| vec![remote.id], |resident| resident.ancestry[1..].to_vec()),
+        }
     }
 
     /// `DRAINING` when a manager-wide drain runs, or a scoped drain's root (still live) is in
@@ -356,7 +446,7 @@ impl ContinuationManager {
     fn submit(
         &mut self,
         child: SessionId,
-        parent: &AgentRef,
+        parent: &ParentLink,
         delivery: Delivery,
         token: &CancellationToken,
         ctx: &mut Context<Self>,
@@ -365,7 +455,7 @@ impl ContinuationManager {
         if token.is_cancelled() {
             return Err(cancelled());
         }
-        let lineage = self.lineage_of(parent);
+        let lineage = self.caller_lineage(child, parent);
         self.assert_admitting(&lineage)?;
         let resident = self.residents.get_mut(&child).ok_or_else(|| {
             SubagentError::new(
@@ -385,7 +475,7 @@ impl ContinuationManager {
                 parent.id()
             )));
         }
-        if resident.parent.id() != parent.id() {
+        if !resident.parent.same_as(parent) {
             return Err(unauthorized(format!(
                 "continuable child {child} belongs to another parent session"
             )));
@@ -452,7 +542,10 @@ impl ContinuationManager {
         resident.disposal = Some(over.map(|()| Ok(())).boxed().shared());
         let children: Vec<Disposal> = owned
             .into_iter()
-            .filter_map(|owned| self.open_disposal(owned, ctx))
+            .filter_map(|owned| {
+                self.open_disposal(owned, ctx)
+                    .or_else(|| self.release_remote(owned, ctx))
+            })
             .collect();
         let manager = ctx.address();
         let releases = Arc::clone(&self.releases);
@@ -500,18 +593,38 @@ impl ContinuationManager {
             terminal.output.clone(),
         );
         let message = Message::user(content, source);
-        let parent_lineage = self.lineage_of(&resident.parent);
+        match &resident.parent {
+            ParentLink::Local(parent) => self.post_settled_notice(child, parent, message, ctx),
+            ParentLink::Remote(remote) => self.notify_remote(
+                remote,
+                child,
+                message,
+                crate::cluster::NoticeKind::Settled,
+            ),
+        }
+    }
+
+    /// Posts `child`'s settled notice to its local `parent` (the exact agent it was
+    /// materialized under, or the parent's resident Activation).
+    fn post_settled_notice(
+        &mut self,
+        child: SessionId,
+        captured: &AgentRef,
+        message: Message,
+        ctx: &mut Context<Self>,
+    ) {
+        let parent_lineage = self.lineage_of(captured);
         let closing = self.is_closing(&parent_lineage);
         // A parent whose lineage is tearing down, or whose own disposal has begun, records the
         // notice without a wake: waking it would start a turn its teardown must then cancel.
-        let recipient = match self.residents.get_mut(&resident.parent.id()) {
+        let recipient = match self.residents.get_mut(&captured.id()) {
             Some(parent) if !closing && parent.disposal.is_none() => {
                 // Counted before the send, so the parent cannot look settled meanwhile.
                 parent.accepted.insert(message.id);
                 Some((parent.agent.clone(), true, false))
             }
             Some(parent) => Some((parent.agent.clone(), false, true)),
-            None if resident.parent.is_alive() => Some((resident.parent.clone(), false, closing)),
+            None if captured.is_alive() => Some((captured.clone(), false, closing)),
             None => None,
         };
         let Some((parent, counted, quiet)) = recipient else {

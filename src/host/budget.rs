@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::session::{EventKind, SessionEvent, TokenUsage, TurnEndReason};
 
 /// Optional limits on what an agent may spend. An unset limit never binds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Budget {
     /// The most turns that may reach the model.
     pub turns: Option<u64>,

@@ -167,7 +167,7 @@ pub struct AgentEnv {
 }
 
 /// The policy a delegating parent hands to its children, captured synchronously at delegation.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DelegatedPolicy {
     /// The parent's explicit sandbox override (never the deployment default).
     pub sandbox_mode: Option<String>,

@@ -46,6 +46,8 @@ pub struct ContinuableStartSpec {
     pub budget: Option<Budget>,
     /// Owns the start only until the prompt is accepted into the child's inbox.
     pub cancel: CancellationToken,
+    /// The cluster node the child is placed on (see [`ContinuableStartSpec::on_node`]).
+    pub node: Option<crate::cluster::NodeId>,
     pub(crate) policy: Option<DelegatedPolicy>,
 }
 
@@ -68,8 +70,21 @@ impl ContinuableStartSpec {
             persona: None,
             budget: None,
             cancel: CancellationToken::new(),
+            node: None,
             policy: None,
         }
+    }
+
+    /// Places the child on cluster node `node` (this runtime's own node, or `None`, keeps it
+    /// here): the child is created and resident there, its follow-ups and interrupts travel
+    /// there, and its reports and settled notice come back. A seeded (forked) child cannot be
+    /// placed elsewhere (`UNSUPPORTED_CAPABILITY`), and a runtime in no cluster refuses any
+    /// other node (`INVALID_ARGS`). Once the start reached the node, the caller's token no
+    /// longer stops it.
+    #[must_use]
+    pub fn on_node(mut self, node: crate::cluster::NodeId) -> Self {
+        self.node = Some(node);
+        self
     }
 
     /// Sets the child's model options.

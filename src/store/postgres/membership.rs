@@ -57,7 +57,7 @@ impl NodeMembership {
     ///
     /// # Errors
     /// `STORE_IO` when the row cannot be removed (it then expires on its own).
-    pub async fn leave(self) -> Result<()> {
+    pub async fn leave(&self) -> Result<()> {
         self.stop.cancel();
         self.store.forget_member(self.node);
         let client = self
@@ -74,6 +74,37 @@ impl NodeMembership {
             .await
             .map_err(io("leaving the cluster"))?;
         Ok(())
+    }
+}
+
+impl NodeMembership {
+    /// The node whose live lease holds `session` now, if any: a lease is live while its own
+    /// expiry is ahead or while its holder is a node whose row is. A cluster routes what a
+    /// child is asked to the node that holds it, and checks a sender's authority over a parent
+    /// by who holds the parent.
+    ///
+    /// # Errors
+    /// `STORE_IO`.
+    pub async fn holder_of(&self, session: crate::ids::SessionId) -> Result<Option<uuid::Uuid>> {
+        let client = self.store.client().await?;
+        let row = client
+            .query_opt(
+                &client
+                    .prepare_cached(
+                        "SELECT lease.holder FROM subagents_leases lease
+                         LEFT JOIN subagents_nodes node ON node.node = lease.holder
+                         WHERE lease.session = $1
+                           AND (lease.expires_at > now() OR coalesce(node.expires_at > now(), false))",
+                    )
+                    .await
+                    .map_err(io("preparing a statement"))?,
+                &[&super::uuid_of(session)],
+            )
+            .await
+            .map_err(io(format!("reading who holds session {session}")))?;
+        Ok(row
+            .map(|row| row.get::<_, uuid::Uuid>(0))
+            .filter(|holder| !self.store.is_gone(*holder)))
     }
 }
 

@@ -1,0 +1,627 @@
+//! The manager's side of a cluster (see [`crate::cluster`]): children its parents placed on
+//! other nodes, and children placed here by parents on other nodes.
+//!
+//! A parent's node keeps a [`RemoteChild`] record for each child it placed elsewhere: the
+//! parent owns it as it would a resident child (it waits while the child is resident, and its
+//! release releases the child first), its follow-ups and interrupts route there, and the
+//! record ends with the child's settled notice. A child's node keeps the child as an ordinary
+//! resident whose parent is a [`ParentLink::Remote`]; what its parent asks arrives as a
+//! delivery, is authorized by who holds the parent's lease, and is decided in this actor's
+//! handlers like any local request.
+
+use serde_json::Value;
+
+use super::materialize::{create_and_install, FreshChild};
+use super::*;
+use crate::cluster::{
+    decode_op, encode_answer, FollowupAnswer, NoticeKind, RemoteOp, RemoteStart,
+};
+use crate::store::deliveries::{Delivery as NodeDelivery, DeliveryHandler};
+
+/// Asks `node` to create the child a parent here prepared, then records it as the parent's.
+pub(super) async fn place(
+    manager: Addr<ContinuationManager>,
+    (cluster, node): (ClusterLink, NodeId),
+    parent: AgentRef,
+    start: RemoteStart,
+) -> Result<ContinuableStart> {
+    let child = start.child;
+    // Once sent, the start is the child's node's: the caller's token no longer stops it (a
+    // child created there and unknown here would have no parent to answer to).
+    let started: ContinuableStart = cluster
+        .ask(node, child, &RemoteOp::Start(Box::new(start)))
+        .await?;
+    manager
+        .send(RemotePlaced {
+            child,
+            parent,
+            node,
+        })
+        .await
+        .map_err(SubagentError::from)??;
+    Ok(started)
+}
+
+/// Asks `node` to accept a follow-up from `parent` for `child`.
+pub(crate) async fn ask_followup(
+    cluster: &ClusterLink,
+    node: NodeId,
+    parent: SessionId,
+    child: SessionId,
+    delivery: &Delivery,
+) -> Result<FollowupAnswer> {
+    let op = RemoteOp::Followup {
+        parent,
+        child,
+        message: delivery.message.clone(),
+        raise: delivery.raise,
+    };
+    cluster.ask(node, child, &op).await
+}
+
+/// Asks `node` to interrupt `child` for `parent`.
+pub(crate) async fn ask_interrupt(
+    cluster: &ClusterLink,
+    node: NodeId,
+    parent: SessionId,
+    child: SessionId,
+    cause: CancelCause,
+) -> Result<()> {
+    let op = RemoteOp::Interrupt {
+        parent,
+        child,
+        cause,
+    };
+    match cluster.ask::<()>(node, child, &op).await {
+        // A dead node's child has no turn left to stop.
+        Err(error) if error.code() == ErrorCode::SessionLeased => Ok(()),
+        outcome => outcome,
+    }
+}
+
+impl ContinuationManager {
+    /// The node a start asks for, when it is another node than this one.
+    pub(super) fn placement(&self, node: Option<NodeId>) -> Result<Option<(ClusterLink, NodeId)>> {
+        let Some(node) = node else {
+            return Ok(None);
+        };
+        match &self.cluster {
+            Some(cluster) if cluster.node() == node => Ok(None),
+            Some(cluster) => Ok(Some((cluster.clone(), node))),
+            None => Err(SubagentError::new(
+                ErrorCode::InvalidArgs,
+                format!("a child cannot be placed on node {node}: this runtime is in no cluster"),
+            )),
+        }
+    }
+
+    /// Releases a child a parent here placed on another node (memoized); `None` when there is
+    /// no such child.
+    pub(super) fn release_remote(
+        &mut self,
+        child: SessionId,
+        ctx: &Context<Self>,
+    ) -> Option<Disposal> {
+        let cluster = self.cluster.clone()?;
+        let manager = ctx.address();
+        let record = self.remote_children.get_mut(&child)?;
+        if let Some(release) = &record.release {
+            return Some(release.clone());
+        }
+        let (node, parent) = (record.node, record.parent.id());
+        let release: Disposal = async move {
+            let op = RemoteOp::Release { parent, child };
+            let outcome = match cluster.ask::<()>(node, child, &op).await {
+                // A dead node holds nothing any more: its leases expire with it.
+                Err(error) if error.code() == ErrorCode::SessionLeased => Ok(()),
+                outcome => outcome,
+            };
+            // Released (or gone): the parent no longer waits for it, notice or not.
+            manager.do_send(ForgetRemote { child, node });
+            outcome
+        }
+        .boxed()
+        .shared();
+        record.release = Some(release.clone());
+        Some(release)
+    }
+
+    /// The releases of every child placed elsewhere by a parent here at or below one of
+    /// `roots` (by any parent, with no roots).
+    pub(super) fn release_remote_below(
+        &mut self,
+        roots: Option<&[SessionId]>,
+        ctx: &Context<Self>,
+    ) -> Vec<Disposal> {
+        let mut children: Vec<SessionId> = self
+            .remote_children
+            .iter()
+            .filter(|(_, record)| {
+                roots.is_none_or(|roots| {
+                    self.lineage_of(&record.parent)
+                        .iter()
+                        .any(|id| roots.contains(id))
+                })
+            })
+            .map(|(child, _)| *child)
+            .collect();
+        children.sort_unstable();
+        children
+            .into_iter()
+            .filter_map(|child| self.release_remote(child, ctx))
+            .collect()
+    }
+
+    /// Sends `child`'s settled notice to its parent's node; a node that cannot be reached
+    /// leaves the child's session as the record.
+    pub(super) fn notify_remote(
+        &self,
+        remote: &RemoteParent,
+        child: SessionId,
+        message: Message,
+        kind: NoticeKind,
+    ) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        let (parent, node) = (remote.id, remote.node);
+        tokio::spawn(async move {
+            let op = RemoteOp::Notify {
+                parent,
+                child,
+                message,
+                kind,
+            };
+            if let Err(error) = cluster.ask::<MessageId>(node, child, &op).await {
+                tracing::warn!(%child, %parent, %node, %error, "a settled notice did not reach its parent's node; the child's session is the record");
+            }
+        });
+    }
+
+    /// Sends `child`'s report to its parent's node; resolves with the parent's acceptance.
+    pub(super) fn report_remote(
+        &self,
+        remote: &RemoteParent,
+        child: SessionId,
+        message: Message,
+        kind: NoticeKind,
+    ) -> BoxFuture<'static, Result<MessageId>> {
+        let cluster = self.cluster.clone();
+        let (parent, node) = (remote.id, remote.node);
+        async move {
+            let cluster = cluster.ok_or_else(|| SubagentError::bug("a remote parent without a cluster"))?;
+            let op = RemoteOp::Notify {
+                parent,
+                child,
+                message,
+                kind,
+            };
+            cluster
+                .ask::<MessageId>(node, child, &op)
+                .await
+                .map_err(|error| {
+                    SubagentError::new(
+                        ErrorCode::ParentUnavailable,
+                        format!("the parent of continuable child {child} on node {node} did not take its report: {error}"),
+                    )
+                })
+        }
+        .boxed()
+    }
+}
+
+/// Records a child a parent here placed on another node; a parent released meanwhile (or
+/// under a drain) releases it again at once and the start answers `DRAINING`.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub(crate) struct RemotePlaced {
+    pub(crate) child: SessionId,
+    pub(crate) parent: AgentRef,
+    pub(crate) node: NodeId,
+}
+
+impl Handler<RemotePlaced> for ContinuationManager {
+    type Result = Result<()>;
+
+    fn handle(&mut self, msg: RemotePlaced, ctx: &mut Context<Self>) -> Result<()> {
+        let RemotePlaced {
+            child,
+            parent,
+            node,
+        } = msg;
+        let lineage = self.lineage_of(&parent);
+        let mut admitted = self.assert_admitting(&lineage);
+        match self.residents.get_mut(&parent.id()) {
+            Some(resident) if resident.agent == parent && resident.disposal.is_none() => {
+                resident.own(child);
+            }
+            Some(resident) if resident.agent == parent => {
+                admitted = Err(SubagentError::new(
+                    ErrorCode::ActivationClosing,
+                    format!("parent Activation {} is already settling", parent.id()),
+                ));
+            }
+            _ => {}
+        }
+        self.remote_children.insert(
+            child,
+            RemoteChild {
+                parent,
+                node,
+                release: None,
+            },
+        );
+        if admitted.is_err() {
+            if let Some(release) = self.release_remote(child, ctx) {
+                tokio::spawn(release);
+            }
+        }
+        admitted
+    }
+}
+
+/// Forgets a child placed on `node` (it settled there, was released, or its node died); its
+/// parent no longer waits for it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct ForgetRemote {
+    pub(crate) child: SessionId,
+    pub(crate) node: NodeId,
+}
+
+impl Handler<ForgetRemote> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: ForgetRemote, ctx: &mut Context<Self>) {
+        self.forget_remote(msg.child, Some(msg.node), ctx);
+    }
+}
+
+impl ContinuationManager {
+    /// Ends the record of a child placed elsewhere (on `node`, when given) and lets its parent
+    /// settle if it waited only for it.
+    fn forget_remote(&mut self, child: SessionId, node: Option<NodeId>, ctx: &mut Context<Self>) {
+        let matches = self
+            .remote_children
+            .get(&child)
+            .is_some_and(|record| node.is_none_or(|node| record.node == node));
+        if !matches {
+            return;
+        }
+        let Some(record) = self.remote_children.remove(&child) else {
+            return;
+        };
+        let parent = record.parent.id();
+        if let Some(resident) = self.residents.get_mut(&parent) {
+            if resident.agent == record.parent {
+                resident.disown(&child);
+                self.evaluate(parent, ctx);
+            }
+        }
+    }
+}
+
+/// Internal: a parent on another node starts a child here.
+#[derive(Message)]
+#[rtype(result = "Result<ContinuableStart>")]
+struct StartPlaced {
+    start: RemoteStart,
+    sender: NodeId,
+}
+
+impl Handler<StartPlaced> for ContinuationManager {
+    type Result = ResponseFuture<Result<ContinuableStart>>;
+
+    fn handle(&mut self, msg: StartPlaced, ctx: &mut Context<Self>) -> Self::Result {
+        let admitted = self.admit_placed(&msg.start, ctx);
+        let manager = ctx.address();
+        let agents = self.agents.clone();
+        let registry = Arc::clone(&self.setup);
+        Box::pin(async move {
+            let (fresh, _guard) = admitted?;
+            let parent = ParentLink::remote(msg.start.parent, msg.sender);
+            let token = CancellationToken::new();
+            create_and_install(manager, agents, registry, parent, fresh, token).await
+        })
+    }
+}
+
+impl ContinuationManager {
+    /// Admission, persistence, the descriptor and this node's composition of a placed start.
+    fn admit_placed(
+        &mut self,
+        start: &RemoteStart,
+        ctx: &Context<Self>,
+    ) -> Result<(FreshChild, MaterializationGuard)> {
+        self.assert_admitting(&start.lineage)?;
+        let env = Arc::clone(self.agents.env());
+        if env.store.is_none() {
+            return Err(SubagentError::new(
+                ErrorCode::PersistenceUnavailable,
+                "continuable children require session persistence",
+            ));
+        }
+        let descriptor = SubagentDescriptor::from_json(&start.descriptor)?
+            .filter(|descriptor| descriptor.mode == DelegationMode::Continuable)
+            .ok_or_else(|| {
+                SubagentError::new(
+                    ErrorCode::InvalidDescriptor,
+                    "a placed child's descriptor is not a continuable one",
+                )
+            })?;
+        let composition = ChildComposition::new(
+            &env,
+            Some(start.policy.clone()),
+            descriptor.persona.as_deref(),
+            descriptor.tool_filter.clone(),
+        )?;
+        let guard = self.register_materialization(start.lineage.clone(), None, ctx);
+        let fresh = FreshChild {
+            child: start.child,
+            depth: start.depth,
+            lineage: start.lineage.clone(),
+            options: start.options.clone(),
+            descriptor,
+            composition,
+            seed: Vec::new(),
+            cwd: start.cwd.clone().map(Into::into),
+            provider: start.provider.clone(),
+            prompt: start.prompt.clone(),
+        };
+        Ok((fresh, guard))
+    }
+}
+
+/// Internal: a parent on another node sends its resident child here a follow-up.
+#[derive(Message)]
+#[rtype(result = "Result<FollowupAnswer>")]
+struct PlacedFollowup {
+    parent: SessionId,
+    sender: NodeId,
+    child: SessionId,
+    delivery: Delivery,
+}
+
+impl Handler<PlacedFollowup> for ContinuationManager {
+    type Result = ResponseFuture<Result<FollowupAnswer>>;
+
+    fn handle(&mut self, msg: PlacedFollowup, ctx: &mut Context<Self>) -> Self::Result {
+        let Some(resident) = self.residents.get_mut(&msg.child) else {
+            return Box::pin(async { Ok(FollowupAnswer::Absent) });
+        };
+        if let Some(disposal) = resident.disposal.clone() {
+            // Settling: once it is gone, the parent's node resumes it.
+            return Box::pin(async move {
+                let _ = disposal.await;
+                Ok(FollowupAnswer::Absent)
+            });
+        }
+        // The parent may have moved between nodes: its notices go where it is now.
+        if let ParentLink::Remote(remote) = &mut resident.parent {
+            if remote.id == msg.parent {
+                remote.node = msg.sender;
+            }
+        }
+        let parent = ParentLink::remote(msg.parent, msg.sender);
+        let token = CancellationToken::new();
+        let accepted = self.submit(msg.child, &parent, msg.delivery, &token, ctx);
+        Box::pin(async move { Ok(FollowupAnswer::Accepted(accepted?.await?)) })
+    }
+}
+
+/// Internal: a parent on another node interrupts its resident child here.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+struct PlacedInterrupt {
+    parent: SessionId,
+    child: SessionId,
+    cause: CancelCause,
+}
+
+impl Handler<PlacedInterrupt> for ContinuationManager {
+    type Result = Result<()>;
+
+    fn handle(&mut self, msg: PlacedInterrupt, _: &mut Context<Self>) -> Result<()> {
+        let Some(resident) = self.residents.get(&msg.child) else {
+            return Ok(());
+        };
+        if !resident.parent.is_remote(msg.parent) {
+            return Err(unauthorized(format!(
+                "continuable child {} belongs to another parent session",
+                msg.child
+            )));
+        }
+        if resident.disposal.is_none() {
+            resident.agent.cancel_now(msg.cause, InboxPolicy::Keep);
+        }
+        Ok(())
+    }
+}
+
+/// Internal: a parent on another node releases its child here (child first, its own release
+/// waits for this one).
+#[derive(Message)]
+#[rtype(result = "Result<Option<Disposal>>")]
+struct PlacedRelease {
+    parent: SessionId,
+    child: SessionId,
+}
+
+impl Handler<PlacedRelease> for ContinuationManager {
+    type Result = Result<Option<Disposal>>;
+
+    fn handle(&mut self, msg: PlacedRelease, ctx: &mut Context<Self>) -> Self::Result {
+        let Some(resident) = self.residents.get(&msg.child) else {
+            return Ok(None);
+        };
+        if !resident.parent.is_remote(msg.parent) {
+            return Err(unauthorized(format!(
+                "continuable child {} belongs to another parent session",
+                msg.child
+            )));
+        }
+        Ok(self.open_disposal(msg.child, ctx))
+    }
+}
+
+/// Internal: a child on another node sends its parent here a settled notice or a report.
+#[derive(Message)]
+#[rtype(result = "Result<BoxFuture<'static, Result<MessageId>>>")]
+struct PlacedNotice {
+    parent: SessionId,
+    sender: NodeId,
+    child: SessionId,
+    message: Message,
+    kind: NoticeKind,
+}
+
+impl Handler<PlacedNotice> for ContinuationManager {
+    type Result = Result<BoxFuture<'static, Result<MessageId>>>;
+
+    fn handle(&mut self, msg: PlacedNotice, ctx: &mut Context<Self>) -> Self::Result {
+        let PlacedNotice {
+            parent,
+            sender,
+            child,
+            message,
+            kind,
+        } = msg;
+        let recorded = self
+            .remote_children
+            .get(&child)
+            .filter(|record| record.parent.id() == parent)
+            .map(|record| record.parent.clone());
+        let captured = recorded
+            .or_else(|| {
+                self.residents
+                    .get(&parent)
+                    .map(|resident| resident.agent.clone())
+            })
+            .ok_or_else(|| {
+                SubagentError::new(
+                    ErrorCode::ParentUnavailable,
+                    format!("agent {parent} is not resident on this node"),
+                )
+            })?;
+        match kind {
+            NoticeKind::Settled => {
+                let id = message.id;
+                self.post_settled_notice(child, &captured, message, ctx);
+                self.forget_remote(child, Some(sender), ctx);
+                Ok(async move { Ok(id) }.boxed())
+            }
+            NoticeKind::Report(delivery) => {
+                self.post_report(child, &captured, message, delivery, ctx)
+            }
+        }
+    }
+}
+
+/// Checks that `sender` holds `parent`'s lease: only the node a parent is resident on may
+/// act for it (a node that lost its leases, or never had this parent, is refused).
+async fn authorize(cluster: &ClusterLink, parent: SessionId, sender: NodeId) -> Result<()> {
+    match cluster.membership().holder_of(parent).await? {
+        Some(holder) if holder == sender => Ok(()),
+        _ => Err(unauthorized(format!(
+            "node {sender} does not hold agent {parent}'s session and cannot act for it"
+        ))),
+    }
+}
+
+/// How this node serves what its peers ask of it.
+pub(crate) fn delivery_handler(
+    manager: Addr<ContinuationManager>,
+    cluster: ClusterLink,
+) -> DeliveryHandler {
+    Arc::new(move |delivery: NodeDelivery| {
+        let (manager, cluster) = (manager.clone(), cluster.clone());
+        async move { serve(&manager, &cluster, delivery).await }.boxed()
+    })
+}
+
+async fn serve(
+    manager: &Addr<ContinuationManager>,
+    cluster: &ClusterLink,
+    delivery: NodeDelivery,
+) -> Result<Value> {
+    let sender = delivery.sender;
+    match decode_op(delivery.payload)? {
+        RemoteOp::Start(start) => {
+            authorize(cluster, start.parent, sender).await?;
+            let started = manager
+                .send(StartPlaced {
+                    start: *start,
+                    sender,
+                })
+                .await
+                .map_err(SubagentError::from)??;
+            encode_answer(&started)
+        }
+        RemoteOp::Followup {
+            parent,
+            child,
+            message,
+            raise,
+        } => {
+            authorize(cluster, parent, sender).await?;
+            if let Some(raise) = &raise {
+                budget::validate(raise)?;
+            }
+            let answer = manager
+                .send(PlacedFollowup {
+                    parent,
+                    sender,
+                    child,
+                    delivery: Delivery { message, raise },
+                })
+                .await
+                .map_err(SubagentError::from)??;
+            encode_answer(&answer)
+        }
+        RemoteOp::Interrupt {
+            parent,
+            child,
+            cause,
+        } => {
+            authorize(cluster, parent, sender).await?;
+            manager
+                .send(PlacedInterrupt {
+                    parent,
+                    child,
+                    cause,
+                })
+                .await
+                .map_err(SubagentError::from)??;
+            Ok(Value::Null)
+        }
+        RemoteOp::Release { parent, child } => {
+            authorize(cluster, parent, sender).await?;
+            let release = manager
+                .send(PlacedRelease { parent, child })
+                .await
+                .map_err(SubagentError::from)??;
+            if let Some(release) = release {
+                release.await?;
+            }
+            Ok(Value::Null)
+        }
+        RemoteOp::Notify {
+            parent,
+            child,
+            message,
+            kind,
+        } => {
+            let accepted = manager
+                .send(PlacedNotice {
+                    parent,
+                    sender,
+                    child,
+                    message,
+                    kind,
+                })
+                .await
+                .map_err(SubagentError::from)??;
+            encode_answer(&accepted.await?)
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Provides what one runtime of a cluster asks another about continuable children: the
+//! operations ([`RemoteOp`]) that cross nodes as deliveries, and the link ([`ClusterLink`])
+//! that sends them and finds which node holds a session.
+//!
+//! # Placement
+//! A continuable child is resident on at most one node: the one holding its session lease. A
+//! parent places a child on another node with [`crate::ContinuableStartSpec::on_node`]; the
+//! parent's node prepares the start (admission, depth, options, descriptor, the delegated
+//! policy) and the target node creates the child under a *remote parent*. From then on:
+//! - the parent's follow-ups and interrupts travel to the child's node as deliveries, and the
+//!   child's node checks the sender's authority by who holds the parent's lease;
+//! - the child's reports and its settled notice travel back to the parent's node;
+//! - a parent whose child lives elsewhere is waiting while it does, and its release (a drain,
+//!   a disposal) releases the child on its node first;
+//! - a child whose node died is cold-resumed by its parent's node once the dead node's leases
+//!   expired, on the next follow-up.
+//!
+//! Deliveries are served one at a time per node, so no handler here waits on a delivery to
+//! another node: what a handler awaits is always local (an inbox acceptance, a teardown).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::content::{ContentBlock, Message};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::host::{AgentOptions, Budget, DelegatedPolicy};
+use crate::ids::{MessageId, SessionId};
+use crate::seam::ReportDelivery;
+use crate::session::CancelCause;
+use crate::store::NodeMembership;
+
+/// A node's id: the id of the lease holder that joined the cluster.
+pub type NodeId = uuid::Uuid;
+
+/// What one node asks another about a continuable child.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub(crate) enum RemoteOp {
+    /// Create a child under a parent resident on the sender, and accept its prompt.
+    Start(Box<RemoteStart>),
+    /// Accept a parent's follow-up into its child's inbox.
+    Followup {
+        parent: SessionId,
+        child: SessionId,
+        message: Message,
+        raise: Option<Budget>,
+    },
+    /// Interrupt a child's turn under its parent's authority (inbox kept).
+    Interrupt {
+        parent: SessionId,
+        child: SessionId,
+        cause: CancelCause,
+    },
+    /// A child's settled notice or report, for its parent resident on the target.
+    Notify {
+        parent: SessionId,
+        child: SessionId,
+        message: Message,
+        kind: NoticeKind,
+    },
+    /// Release a child placed by a parent on the sender (its parent is being released).
+    Release { parent: SessionId, child: SessionId },
+}
+
+/// Which message a child sends its remote parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum NoticeKind {
+    /// The epoch's settled notice: the child is no longer resident.
+    Settled,
+    /// A report, delivered as asked.
+    Report(ReportDelivery),
+}
+
+/// Everything a node needs to create a child its parent's node prepared.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RemoteStart {
+    pub(crate) child: SessionId,
+    pub(crate) parent: SessionId,
+    /// The parent, then its ancestors.
+    pub(crate) lineage: Vec<SessionId>,
+    pub(crate) depth: u64,
+    pub(crate) options: AgentOptions,
+    /// The descriptor's payload, as recorded.
+    pub(crate) descriptor: Value,
+    pub(crate) policy: DelegatedPolicy,
+    pub(crate) cwd: Option<String>,
+    pub(crate) provider: String,
+    pub(crate) prompt: Vec<ContentBlock>,
+}
+
+/// How a node answered a follow-up.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum FollowupAnswer {
+    /// Accepted into the child's inbox with this id.
+    Accepted(MessageId),
+    /// The child is not resident there (it settled, or never was): resume it elsewhere.
+    Absent,
+}
+
+/// A runtime's link to its cluster: its membership, shared with the delivery server.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterLink {
+    membership: Arc<NodeMembership>,
+}
+
+impl ClusterLink {
+    pub(crate) fn new(membership: Arc<NodeMembership>) -> Self {
+        Self { membership }
+    }
+
+    /// This node's id.
+    pub(crate) fn node(&self) -> NodeId {
+        self.membership.node()
+    }
+
+    pub(crate) fn membership(&self) -> &Arc<NodeMembership> {
+        &self.membership
+    }
+
+    /// The live node holding `session`'s lease, when it is another node than this one.
+    pub(crate) async fn other_holder(&self, session: SessionId) -> Result<Option<NodeId>> {
+        let holder = self.membership.holder_of(session).await?;
+        Ok(holder.filter(|holder| *holder != self.node()))
+    }
+
+    /// Sends `op` about `session` to `node` and decodes its answer.
+    pub(crate) async fn ask<T: serde::de::DeserializeOwned>(
+        &self,
+        node: NodeId,
+        session: SessionId,
+        op: &RemoteOp,
+    ) -> Result<T> {
+        let payload = serde_json::to_value(op).map_err(|error| {
+            SubagentError::bug(format!("a cluster operation did not encode: {error}"))
+        })?;
+        let answer = self.membership.deliver(node, session, &payload).await?;
+        serde_json::from_value(answer).map_err(|error| {
+            SubagentError::new(
+                ErrorCode::StoreCorrupt,
+                format!("node {node} answered a cluster operation unreadably: {error}"),
+            )
+        })
+    }
+}
+
+/// Decodes a delivery's payload.
+pub(crate) fn decode_op(payload: Value) -> Result<RemoteOp> {
+    serde_json::from_value(payload).map_err(|error| {
+        SubagentError::new(
+            ErrorCode::InvalidArgs,
+            format!("a delivery is not a cluster operation this node knows: {error}"),
+        )
+    })
+}
+
+/// Encodes a handler's answer.
+pub(crate) fn encode_answer<T: Serialize>(answer: &T) -> Result<Value> {
+    serde_json::to_value(answer)
+        .map_err(|error| SubagentError::bug(format!("an answer did not encode: {error}")))
+}

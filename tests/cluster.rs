@@ -1,0 +1,306 @@
+//! A cluster of runtimes on one PostgreSQL: continuable children placed on another node than
+//! their parent's, asked across nodes (follow-ups in FIFO order, interrupts, reports, the
+//! settled notice, child-first releases), and refused to a node that does not hold the parent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use subagents::cluster::NodeId;
+use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
+use subagents::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
+use subagents::{
+    CancelCause, ContinuableStartSpec, ErrorCode, InterruptAuthority, Message, MessageSource,
+    ReportDelivery, ReportOptions, Runtime, SessionId,
+};
+
+use crate::support::postgres::server;
+use crate::support::{
+    delivered, eventually, followup_child, notices, persisted, root, seam_runtime_on, settled,
+    text, turn_ends, SeamRecorder,
+};
+
+/// A store whose nodes go silent after 2 s (short enough for a test to outlive a node).
+async fn cluster_store(url: &str) -> Arc<PostgresStore> {
+    let mut config = PostgresConfig::new(url);
+    config.node_ttl = Duration::from_secs(2);
+    Arc::new(PostgresStore::connect_with(config).await.unwrap())
+}
+
+/// A runtime joined to the cluster on `url` as node `name`, running `model`.
+async fn node(url: &str, name: &str, model: &ScriptedModel) -> (Runtime, NodeId) {
+    let store = cluster_store(url).await;
+    let holder = LeaseHolder::new();
+    let membership = store.join(&holder, name).await.unwrap();
+    let id = membership.node();
+    let builder = Runtime::builder()
+        .model("scripted", model.clone())
+        .lease_holder(holder)
+        .cluster(membership);
+    (seam_runtime_on(builder, store).await, id)
+}
+
+/// Starts a `spawn` child of `parent` on `node`.
+async fn place(
+    rt: &Runtime,
+    parent: &subagents::AgentRef,
+    node: NodeId,
+    prompt: &str,
+) -> subagents::Result<subagents::ContinuableStart> {
+    rt.subagents()
+        .start_continuable(
+            ContinuableStartSpec::new("spawn", "placed", parent, text(prompt)).on_node(node),
+        )
+        .await
+}
+
+/// Waits until `agent`'s log holds `count` settled notices (they cross from another node).
+async fn notices_reach(agent: &subagents::AgentRef, count: usize) -> Vec<String> {
+    eventually("the settled notices", || notices(agent).len() >= count).await;
+    notices(agent)
+}
+
+/// Records `parent`'s children's lifecycle on the node `rt` they run on.
+fn lifecycle(rt: &Runtime, parent: &subagents::AgentHandle) -> SeamRecorder {
+    SeamRecorder::new(rt, subagents::EventScope::Key(parent.agent().id()))
+}
+
+#[actix_rt::test]
+async fn a_child_placed_on_another_node_runs_there_and_takes_its_parents_followups_in_order() {
+    let url = server().fresh_database();
+    let (model_a, model_b) = (
+        ScriptedModel::repeating(ScriptStep::text("parent")),
+        ScriptedModel::repeating(ScriptStep::text("child")),
+    );
+    let gate = Gate::new();
+    model_b.push(ScriptStep::text("first answer").gated(&gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    let on_b = lifecycle(&b, &parent);
+    let started = place(&a, parent.agent(), b_id, "first").await.unwrap();
+    gate.reached().await;
+    // Resident on B alone: its agent and Activation live there, the parent's node has none.
+    assert_eq!(resident_count(b.subagents()).await, 1);
+    assert_eq!(resident_count(a.subagents()).await, 0);
+    assert!(b.agents().get(started.child_id).await.is_some());
+    assert!(a.agents().get(started.child_id).await.is_none());
+    // Follow-ups from the parent's node cross while the first turn holds, in FIFO order.
+    let second = followup_child(&a, parent.agent(), started.child_id, "second")
+        .await
+        .unwrap();
+    let third = followup_child(&a, parent.agent(), started.child_id, "third")
+        .await
+        .unwrap();
+    assert_ne!(second, third);
+    gate.release();
+    settled(&on_b, started.child_id, 1).await;
+    let seen = notices_reach(parent.agent(), 1).await;
+    assert_eq!(seen.len(), 1, "one settled notice: {seen:?}");
+    let events = persisted(&a, started.child_id).await;
+    assert_eq!(delivered(&events), ["first", "second", "third"]);
+    let header = a.store().unwrap().header(started.child_id).await.unwrap();
+    assert_eq!(header.parent_session, Some(parent.agent().id()));
+    // Listed durably from the parent's node.
+    let children = a
+        .subagents()
+        .list_children(parent.agent().id(), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(children.len(), 1);
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn an_interrupt_crosses_to_the_childs_node_and_its_report_comes_back() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
+    let gate = Gate::new();
+    model_b.push(ScriptStep::text("never").gated(&gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    let started = place(&a, parent.agent(), b_id, "work").await.unwrap();
+    gate.reached().await;
+    // The child reports from its node; the report lands in the parent's log on the other.
+    let child = b.agents().get(started.child_id).await.unwrap();
+    let report = b
+        .subagents()
+        .report_from(
+            &child,
+            text("halfway"),
+            ReportOptions::new(ReportDelivery::Wakeup),
+        )
+        .await
+        .unwrap();
+    eventually("the report", || {
+        parent.agent().log().events().iter().any(|event| {
+            matches!(&event.kind, subagents::EventKind::UserMessage(message) if message.id == report)
+        })
+    })
+    .await;
+    // A wrong parent is refused on the parent's node; the right one interrupts across.
+    let wrong = a
+        .subagents()
+        .interrupt(
+            started.child_id,
+            InterruptAuthority::User {
+                parent_session_id: SessionId::new(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), ErrorCode::Unauthorized);
+    a.subagents()
+        .interrupt(
+            started.child_id,
+            InterruptAuthority::User {
+                parent_session_id: parent.agent().id(),
+            },
+        )
+        .await
+        .unwrap();
+    gate.release();
+    notices_reach(parent.agent(), 1).await;
+    let events = persisted(&b, started.child_id).await;
+    assert_eq!(
+        turn_ends(&events),
+        [subagents::TurnEndReason::Aborted {
+            reason: CancelCause::User
+        }]
+    );
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn draining_a_parent_releases_its_child_on_the_other_node_first() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
+    let gate = Gate::new();
+    model_b.push(ScriptStep::text("held").gated(&gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    let started = place(&a, parent.agent(), b_id, "work").await.unwrap();
+    gate.reached().await;
+    a.subagents()
+        .drain_continuable_descendants(&[parent.agent().clone()])
+        .await
+        .unwrap();
+    // Released before the drain answered: nothing resident on the child's node.
+    assert_eq!(resident_count(b.subagents()).await, 0);
+    assert!(b.agents().get(started.child_id).await.is_none());
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_child_whose_node_left_is_resumed_on_its_parents_node() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("resumed here"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
+    let gate = Gate::new();
+    model_b.push(ScriptStep::text("held").gated(&gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    let started = place(&a, parent.agent(), b_id, "first").await.unwrap();
+    gate.reached().await;
+    // B leaves: its child is released there, and its notice reaches the parent.
+    b.shutdown().await.unwrap();
+    notices_reach(parent.agent(), 1).await;
+    // The next follow-up finds no record and no holder: the child resumes here.
+    followup_child(&a, parent.agent(), started.child_id, "second")
+        .await
+        .unwrap();
+    assert!(a.agents().get(started.child_id).await.is_some());
+    notices_reach(parent.agent(), 2).await;
+    let events = persisted(&a, started.child_id).await;
+    assert_eq!(delivered(&events), ["first", "second"]);
+    a.shutdown().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
+    let gate = Gate::new();
+    model_b.push(ScriptStep::text("held").gated(&gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    let started = place(&a, parent.agent(), b_id, "work").await.unwrap();
+    gate.reached().await;
+    // A third node claims to be the parent: the child's node checks who holds the parent.
+    let stranger = cluster_store(&url)
+        .await
+        .join(&LeaseHolder::new(), "stranger")
+        .await
+        .unwrap();
+    let message = Message::user(text("not yours"), MessageSource::User);
+    let refused = stranger
+        .deliver(
+            b_id,
+            started.child_id,
+            &json!({
+                "op": "followup",
+                "parent": parent.agent().id(),
+                "child": started.child_id,
+                "message": message,
+                "raise": null,
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Unauthorized);
+    gate.release();
+    notices_reach(parent.agent(), 1).await;
+    let events = persisted(&b, started.child_id).await;
+    assert_eq!(delivered(&events), ["work"]);
+    stranger.leave().await.unwrap();
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_placement_outside_a_cluster_or_of_a_fork_is_refused() {
+    let url = server().fresh_database();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let (a, _) = node(&url, "a", &model).await;
+    let (b, b_id) = node(&url, "b", &model).await;
+    let parent = root(&a).await;
+    // A completed turn: a fork of this parent is seeded with it.
+    parent
+        .agent()
+        .followup(text("hello"), MessageSource::User)
+        .await
+        .unwrap();
+    parent.agent().when_idle().await;
+    let fork = a
+        .subagents()
+        .start_continuable(
+            ContinuableStartSpec::new("fork", "forked", parent.agent(), text("go")).on_node(b_id),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(fork.code(), ErrorCode::UnsupportedCapability);
+    let lone = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        Arc::new(subagents::MemoryStore::new()),
+    )
+    .await;
+    let lone_parent = root(&lone).await;
+    let outside = place(&lone, lone_parent.agent(), b_id, "go")
+        .await
+        .unwrap_err();
+    assert_eq!(outside.code(), ErrorCode::InvalidArgs);
+    assert_eq!(resident_count(b.subagents()).await, 0);
+    lone.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
