@@ -45,6 +45,10 @@ enum Command {
     /// agent on the scripted model, scripted further by `ACP_AGENT_*` variables. The reference
     /// peer of the ACP and SDK providers.
     AcpAgent(cli::acp_agent::AcpAgentArgs),
+    /// Run a long-lived cluster node on PostgreSQL: it heartbeats its membership and serves
+    /// its peers' deliveries for the children it holds until SIGTERM or SIGINT; with
+    /// `--drive` it also grows a forest of continuable children across the cluster.
+    Node(Box<cli::node::NodeArgs>),
     /// A fake product executable (a Codex app-server, a Claude Code CLI) for tests: replays a
     /// recorded NDJSON wire from a fixture file.
     Replay(cli::replay::ReplayArgs),
@@ -179,6 +183,9 @@ fn main() -> ExitCode {
         }),
         Command::AcpAgent(args) => actix::System::new()
             .block_on(cli::acp_agent::run(args))
+            .map_err(Failure::from),
+        Command::Node(args) => actix::System::new()
+            .block_on(cli::node::run(*args))
             .map_err(Failure::from),
         Command::Replay(args) => actix::System::new()
             .block_on(cli::replay::run(args))

@@ -25,6 +25,8 @@ mod continuable_teardown;
 mod continuable_windows;
 /// A cluster of runtimes: children placed on another node, asked across nodes.
 mod cluster;
+/// Three `subagents node` processes: a forest across them, one node killed mid-turn.
+mod cluster_nodes;
 /// Killing a writer process mid-turn and recovering its store.
 mod crash;
 /// The error surface: every code's string is pinned.

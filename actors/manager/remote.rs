@@ -321,7 +321,14 @@ impl Handler<StartPlaced> for ContinuationManager {
             let (fresh, _guard) = admitted?;
             let parent = ParentLink::remote(msg.start.parent, msg.sender);
             let token = CancellationToken::new();
-            create_and_install(manager, agents, registry, parent, fresh, token).await
+            let started =
+                create_and_install(manager, agents.clone(), registry, parent, fresh, token).await?;
+            // Answered once durable: a node that dies after answering still has the child
+            // and its prompt. (One gone already was released, which flushes.)
+            if let Some(child) = agents.get(started.child_id).await {
+                child.log().flush().await?;
+            }
+            Ok(started)
         })
     }
 }
@@ -402,10 +409,17 @@ impl Handler<PlacedFollowup> for ContinuationManager {
                 remote.node = msg.sender;
             }
         }
+        let log = resident.agent.log().clone();
         let parent = ParentLink::remote(msg.parent, msg.sender);
         let token = CancellationToken::new();
         let accepted = self.submit(msg.child, &parent, msg.delivery, &token, ctx);
-        Box::pin(async move { Ok(FollowupAnswer::Accepted(accepted?.await?)) })
+        Box::pin(async move {
+            let id = accepted?.await?;
+            // Answered once durable: the parent's node never resends what was accepted, so a
+            // node that dies after answering must still have it.
+            log.flush().await?;
+            Ok(FollowupAnswer::Accepted(id))
+        })
     }
 }
 

@@ -3,6 +3,7 @@
 pub(crate) mod acp_agent;
 pub(crate) mod load;
 pub(crate) mod model;
+pub(crate) mod node;
 pub(crate) mod plot;
 pub(crate) mod replay;
 pub(crate) mod store;

@@ -60,6 +60,15 @@ impl LeaseHolder {
         }
     }
 
+    /// A holder with a chosen id: a cluster node that runs under a configured id (a node
+    /// declared dead cannot join again under it). One holder per id in a process: a second
+    /// one would count as a different holder of the same id's leases.
+    pub fn with_id(id: uuid::Uuid) -> Self {
+        Self {
+            identity: Arc::new(HolderIdentity { id }),
+        }
+    }
+
     /// The holder's id, as a networked store would record it.
     pub fn id(&self) -> uuid::Uuid {
         self.identity.id

@@ -1,0 +1,316 @@
+//! `subagents node`: a long-running runtime that joins a cluster on PostgreSQL, heartbeats its
+//! membership and serves its peers' deliveries for the children it holds, until SIGTERM or
+//! SIGINT (a graceful leave: every child released, then the membership row removed).
+//!
+//! With `--drive ROOTS` the node also grows a forest: `ROOTS` root agents, each placing
+//! `--children` continuable children round-robin on the `--place-on` nodes (on itself when
+//! none are named) and sending each `--followups` follow-ups per round, one round at start and
+//! one more for each `round` line read from stdin (`quit` or the end of stdin leaves).
+//!
+//! It prints one line per fact, flushed, for a person or a test to follow:
+//! `node <id> <name>` once serving; with `--drive`, `child <root> <child> <node>` per placed
+//! child, `accepted <child> <message-id>` per accepted follow-up and `round <k>` once a round
+//! was accepted whole; `left <id>` after a graceful leave.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use subagents::model::OpenAiAdapter;
+use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
+use subagents::testing::{Gate, ScriptStep, ScriptedModel};
+use subagents::{
+    AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, FollowupOptions,
+    MessageSource, Runtime, SessionId, SpawnInProcess, SubagentError,
+};
+use tokio::io::AsyncBufReadExt;
+
+use super::model::{usage, ModelArgs, ModelPlan};
+use super::store::StoreLocation;
+
+/// The `node` command's flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct NodeArgs {
+    /// The cluster's store: a PostgreSQL connection string (`postgres://…`).
+    #[arg(long)]
+    store: StoreLocation,
+    /// This node's id (a UUID); a fresh one by default. A node declared dead cannot join
+    /// again under its id.
+    #[arg(long, value_name = "UUID")]
+    node_id: Option<uuid::Uuid>,
+    /// The node's name in the membership table.
+    #[arg(long, default_value = "node")]
+    name: String,
+    /// How long the node's membership lives without a heartbeat, in milliseconds (default
+    /// 10000): the node's leases pass on that long after it dies.
+    #[arg(long, value_name = "MS")]
+    node_ttl_ms: Option<u64>,
+    /// How long each call to this node's scripted model takes, in milliseconds.
+    #[arg(long, value_name = "MS")]
+    latency_ms: Option<u64>,
+    /// Hold every turn run on this node mid-turn until the process ends (a crash drill; the
+    /// scripted model only).
+    #[arg(long)]
+    hold: bool,
+    /// Grow a forest from this node: this many root agents.
+    #[arg(long, value_name = "ROOTS")]
+    drive: Option<u32>,
+    /// Continuable children per root (with `--drive`).
+    #[arg(long, value_name = "N")]
+    children: Option<u32>,
+    /// Follow-ups per child in each round (with `--drive`).
+    #[arg(long, value_name = "N")]
+    followups: Option<u32>,
+    /// The nodes the children are placed on, round-robin, as comma-separated ids (with
+    /// `--drive`; this node itself when none are named).
+    #[arg(long, value_name = "UUID,…", value_delimiter = ',')]
+    place_on: Vec<uuid::Uuid>,
+    /// The model (the scripted model by default).
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// The forest a driving node grows.
+struct Drive {
+    roots: u32,
+    children: u32,
+    followups: u32,
+    place_on: Vec<uuid::Uuid>,
+}
+
+/// The checked flags.
+struct NodePlan {
+    url: String,
+    node_id: Option<uuid::Uuid>,
+    name: String,
+    node_ttl: Option<Duration>,
+    latency: Option<Duration>,
+    hold: bool,
+    drive: Option<Drive>,
+    model: ModelPlan,
+    model_name: String,
+}
+
+impl NodePlan {
+    fn from_args(args: NodeArgs) -> Result<Self, SubagentError> {
+        let StoreLocation::Postgres(url) = args.store else {
+            return Err(usage(
+                "subagents node needs a PostgreSQL store: --store postgres://…",
+            ));
+        };
+        let model = args.model.plan()?;
+        if matches!(model, ModelPlan::OpenAi(_)) && (args.hold || args.latency_ms.is_some()) {
+            return Err(usage(
+                "--hold and --latency-ms script the scripted model only",
+            ));
+        }
+        let drive = match args.drive {
+            Some(0) => return Err(usage("--drive needs at least one root")),
+            Some(roots) => Some(Drive {
+                roots,
+                children: match args.children {
+                    Some(0) => return Err(usage("--children must be at least 1")),
+                    children => children.unwrap_or(1),
+                },
+                followups: args.followups.unwrap_or(0),
+                place_on: args.place_on,
+            }),
+            None => {
+                for (given, flag) in [
+                    (args.children.is_some(), "--children"),
+                    (args.followups.is_some(), "--followups"),
+                    (!args.place_on.is_empty(), "--place-on"),
+                ] {
+                    if given {
+                        return Err(usage(format!("{flag} only applies with --drive")));
+                    }
+                }
+                None
+            }
+        };
+        Ok(Self {
+            url,
+            node_id: args.node_id,
+            name: args.name,
+            node_ttl: match args.node_ttl_ms {
+                Some(0) => return Err(usage("--node-ttl-ms must be at least 1")),
+                ms => ms.map(Duration::from_millis),
+            },
+            latency: args.latency_ms.map(Duration::from_millis),
+            hold: args.hold,
+            drive,
+            model,
+            model_name: args
+                .model
+                .model_name
+                .unwrap_or_else(|| "scripted-node".into()),
+        })
+    }
+}
+
+/// Prints one line and flushes it: a test reads the lines as they come.
+fn say(line: std::fmt::Arguments<'_>) -> Result<(), SubagentError> {
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(line)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+        .map_err(|error| {
+            SubagentError::new(ErrorCode::StoreIo, format!("writing the output: {error}"))
+        })
+}
+
+/// Runs the node until it is told to leave (or is declared dead: an error).
+pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
+    let plan = NodePlan::from_args(args)?;
+    let mut config = PostgresConfig::new(plan.url.clone());
+    if let Some(ttl) = plan.node_ttl {
+        config.node_ttl = ttl;
+    }
+    let store = Arc::new(PostgresStore::connect_with(config).await?);
+    let holder = plan.node_id.map_or_else(LeaseHolder::new, LeaseHolder::with_id);
+    let membership = store.join(&holder, &plan.name).await?;
+    let node = membership.node();
+    let lost = membership.lost();
+    // Held for the process's life: a held turn waits at it until the process ends.
+    let hold = Gate::new();
+    let builder = Runtime::builder()
+        .shared_store(store)
+        .lease_holder(holder)
+        .cluster(membership);
+    let builder = match &plan.model {
+        ModelPlan::Scripted => {
+            let answer = ScriptStep::text(format!("{} answered", plan.name));
+            let model = ScriptedModel::repeating(if plan.hold {
+                answer.gated(&hold)
+            } else {
+                answer
+            });
+            if let Some(latency) = plan.latency {
+                model.set_latency(latency);
+            }
+            builder.model("scripted", model)
+        }
+        ModelPlan::OpenAi(config) => {
+            builder.model("openai", OpenAiAdapter::new(config.clone())?)
+        }
+    };
+    let rt = builder.build()?;
+    rt.subagents()
+        .register_provider(SpawnInProcess::default())
+        .await?
+        .keep();
+    say(format_args!("node {node} {}", plan.name))?;
+    let driven = async {
+        match &plan.drive {
+            Some(drive) => drive_forest(&rt, drive, &plan.model_name, node).await,
+            None => until_signalled().await,
+        }
+    };
+    let outcome = tokio::select! {
+        outcome = driven => outcome,
+        () = lost.cancelled() => Err(SubagentError::new(
+            ErrorCode::LeaseLost,
+            format!("node {node} was declared dead (no heartbeat landed within its time-to-live): its children may be another node's now"),
+        )),
+    };
+    // Released child first, then the membership row removed (a lost node's row stays).
+    let shut = rt.shutdown().await;
+    outcome?;
+    shut?;
+    say(format_args!("left {node}"))
+}
+
+/// Waits for SIGTERM or SIGINT.
+async fn until_signalled() -> Result<(), SubagentError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let io = |error: std::io::Error| {
+        SubagentError::new(ErrorCode::InvalidArgs, format!("handling signals: {error}"))
+    };
+    let mut terms = signal(SignalKind::terminate()).map_err(io)?;
+    let mut interrupts = signal(SignalKind::interrupt()).map_err(io)?;
+    tokio::select! {
+        _ = terms.recv() => {}
+        _ = interrupts.recv() => {}
+    }
+    Ok(())
+}
+
+/// Grows the forest, sends the first round, then one round per `round` line on stdin until
+/// `quit`, the end of stdin, or a signal.
+async fn drive_forest(
+    rt: &Runtime,
+    drive: &Drive,
+    model_name: &str,
+    node: uuid::Uuid,
+) -> Result<(), SubagentError> {
+    let options = subagents::AgentOptions {
+        model: model_name.to_owned(),
+        ..subagents::AgentOptions::default()
+    };
+    let mut roots: Vec<AgentHandle> = Vec::new();
+    let mut children: Vec<(usize, SessionId)> = Vec::new();
+    let mut placed = 0_usize;
+    for r in 0..drive.roots {
+        let root = rt
+            .agents()
+            .create(CreateAgent::new().options(options.clone()))
+            .await?;
+        for c in 0..drive.children {
+            let target = if drive.place_on.is_empty() {
+                node
+            } else {
+                drive.place_on[placed % drive.place_on.len()]
+            };
+            placed += 1;
+            let spec = ContinuableStartSpec::new(
+                "spawn",
+                format!("child {r}.{c}"),
+                root.agent(),
+                vec![ContentBlock::text(format!("task {r}.{c}"))],
+            )
+            .on_node(target);
+            let started = rt.subagents().start_continuable(spec).await?;
+            say(format_args!(
+                "child {} {} {target}",
+                root.agent().id(),
+                started.child_id
+            ))?;
+            children.push((roots.len(), started.child_id));
+        }
+        roots.push(root);
+    }
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut round = 1;
+    loop {
+        for (root, child) in &children {
+            for i in 1..=drive.followups {
+                let id = rt
+                    .subagents()
+                    .followup(
+                        roots[*root].agent(),
+                        *child,
+                        vec![ContentBlock::text(format!("round {round} message {i}"))],
+                        FollowupOptions::new(MessageSource::User),
+                    )
+                    .await?;
+                say(format_args!("accepted {child} {id}"))?;
+            }
+        }
+        say(format_args!("round {round}"))?;
+        let next = tokio::select! {
+            line = lines.next_line() => line.map_err(|error| {
+                SubagentError::new(ErrorCode::InvalidArgs, format!("reading stdin: {error}"))
+            })?,
+            signalled = until_signalled() => { signalled?; None }
+        };
+        match next.as_deref().map(str::trim) {
+            Some("round") => round += 1,
+            Some("quit") | None => return Ok(()),
+            Some(other) => {
+                return Err(usage(format!(
+                    "unknown command {other:?}: a driving node reads `round` or `quit`"
+                )))
+            }
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Three `subagents node` processes on one PostgreSQL: a forest grown on one node with its
+//! children placed on the other two, follow-ups crossing nodes in FIFO order, one node
+//! SIGKILLed mid-turn, and its children resumed on a survivor once its membership expired.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use subagents::store::PostgresStore;
+use subagents::{EventKind, SessionId, SessionPersistence, TurnEndReason};
+
+use crate::support::postgres::server;
+use crate::support::{delivered, turn_ends};
+
+/// A running `subagents node`.
+struct NodeProcess {
+    process: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    id: String,
+}
+
+impl NodeProcess {
+    /// Starts a node named `name` on `url` with `extra` flags and waits until it serves.
+    fn start(url: &str, name: &str, extra: &[&str]) -> Self {
+        let mut process = Command::new(env!("CARGO_BIN_EXE_subagents"))
+            .args(["node", "--store", url, "--name", name, "--node-ttl-ms", "1500"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the node binary starts");
+        let stdout = process.stdout.take().expect("piped stdout");
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = process.stdin.take();
+        let mut node = Self {
+            process,
+            stdin,
+            lines,
+            id: String::new(),
+        };
+        let line = node.next_line();
+        let mut words = line.split_whitespace();
+        assert_eq!(words.next(), Some("node"), "{line}");
+        node.id = words.next().expect("the node's id").to_owned();
+        node
+    }
+
+    /// The node's next line (safety net: 60 s).
+    fn next_line(&self) -> String {
+        self.lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the node printed its next line (safety net: 60 s)")
+    }
+
+    /// Every line up to and including `last`.
+    fn lines_until(&self, last: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let line = self.next_line();
+            let done = line == last;
+            seen.push(line);
+            if done {
+                return seen;
+            }
+        }
+    }
+
+    /// Writes a command line to the driving node's stdin.
+    fn tell(&mut self, command: &str) {
+        let stdin = self.stdin.as_mut().expect("the node's stdin is open");
+        writeln!(stdin, "{command}").expect("the node reads its stdin");
+    }
+
+    /// Waits for the process to end; its exit status.
+    fn wait(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        self.process.wait().expect("the node is reaped")
+    }
+}
+
+/// The store as the nodes see it, read from this process.
+fn read(url: &str, child: SessionId) -> Vec<subagents::SessionEvent> {
+    actix::System::new().block_on(async {
+        let store = PostgresStore::connect_existing(url).await.unwrap();
+        store
+            .read_from(child, 0)
+            .await
+            .unwrap()
+            .iter()
+            .map(|event| (**event).clone())
+            .collect()
+    })
+}
+
+/// Polls another process's progress in the store until `holds` (bounded: the other process
+/// announces nothing this test can wait on).
+fn until_stored(url: &str, children: &[SessionId], what: &str, holds: impl Fn(&[Vec<subagents::SessionEvent>]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let logs: Vec<_> = children.iter().map(|child| read(url, *child)).collect();
+        if holds(&logs) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether `events` ran one turn at a time, numbered in order: a log two residents wrote at
+/// once would interleave turns.
+fn one_turn_at_a_time(events: &[subagents::SessionEvent]) -> bool {
+    let mut open = None;
+    let mut last = 0;
+    for event in events {
+        match &event.kind {
+            EventKind::TurnStart { turn } => {
+                if open.is_some() || *turn <= last {
+                    return false;
+                }
+                open = Some(*turn);
+                last = *turn;
+            }
+            EventKind::TurnEnd { turn, .. } => {
+                if open != Some(*turn) {
+                    return false;
+                }
+                open = None;
+            }
+            _ => {}
+        }
+    }
+    true
+}
+
+fn completed(events: &[subagents::SessionEvent]) -> usize {
+    turn_ends(events)
+        .iter()
+        .filter(|reason| **reason == TurnEndReason::Completed)
+        .count()
+}
+
+fn count(url: &str, sql: &str) -> i64 {
+    actix::System::new().block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client.query_one(sql, &[]).await.unwrap().get(0)
+    })
+}
+
+#[test]
+fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
+    let url = server().fresh_database();
+    let b = NodeProcess::start(&url, "b", &[]);
+    let c = NodeProcess::start(&url, "c", &["--hold"]);
+    let place_on = format!("{},{}", b.id, c.id);
+    let mut a = NodeProcess::start(
+        &url,
+        "a",
+        &["--drive", "2", "--children", "2", "--followups", "2", "--place-on", &place_on],
+    );
+    let first = a.lines_until("round 1");
+    let placed: Vec<(SessionId, String)> = first
+        .iter()
+        .filter_map(|line| line.strip_prefix("child "))
+        .map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            (words[1].parse().unwrap(), words[2].to_owned())
+        })
+        .collect();
+    assert_eq!(placed.len(), 4, "{first:?}");
+    let on = |node: &str| -> Vec<SessionId> {
+        placed
+            .iter()
+            .filter(|(_, at)| at == node)
+            .map(|(child, _)| *child)
+            .collect()
+    };
+    let (on_b, on_c) = (on(&b.id), on(&c.id));
+    assert_eq!((on_b.len(), on_c.len()), (2, 2), "placed round-robin");
+    assert_eq!(
+        first.iter().filter(|line| line.starts_with("accepted ")).count(),
+        8,
+        "two follow-ups to each child, each accepted once"
+    );
+    // B's children finish their three turns there; C's hold their first turn, with their
+    // two follow-ups durably accepted behind it.
+    until_stored(&url, &on_b, "B's children to finish", |logs| {
+        logs.iter().all(|events| completed(events) == 3)
+    });
+    until_stored(&url, &on_c, "C's children to be mid-turn", |logs| {
+        logs.iter().all(|events| {
+            delivered(events).len() >= 1
+                && events
+                    .iter()
+                    .any(|event| matches!(event.kind, EventKind::TurnStart { .. }))
+        })
+    });
+    // C dies mid-turn. The next round reaches C's children only once C's membership has
+    // expired: they resume on A (the caller's node) with everything C flushed.
+    let mut c = c;
+    c.process.kill().expect("SIGKILL delivered");
+    c.process.wait().expect("the killed node is reaped");
+    a.tell("round");
+    let second = a.lines_until("round 2");
+    assert_eq!(
+        second.iter().filter(|line| line.starts_with("accepted ")).count(),
+        8,
+        "{second:?}"
+    );
+    let all: Vec<SessionId> = placed.iter().map(|(child, _)| *child).collect();
+    until_stored(&url, &all, "every child to finish round 2", |logs| {
+        logs.iter().all(|events| delivered(events).len() == 5 && turn_ends(events).len() == 5)
+    });
+    a.tell("quit");
+    let left = a.lines_until(&format!("left {}", a.id));
+    assert!(left.iter().all(|line| !line.starts_with("accepted")));
+    assert!(a.wait().success(), "the driving node leaves cleanly");
+    // SAFETY net for the test: B leaves on SIGTERM.
+    let pid = b.process.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(b.wait().success(), "node B leaves cleanly on SIGTERM");
+    for (child, node) in &placed {
+        let events = read(&url, *child);
+        let label = events
+            .iter()
+            .find_map(|event| match &event.kind {
+                EventKind::UserMessage(message) => Some(message.text()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(
+            delivered(&events),
+            [
+                label.as_str(),
+                "round 1 message 1",
+                "round 1 message 2",
+                "round 2 message 1",
+                "round 2 message 2"
+            ],
+            "each follow-up delivered once, in order ({child})"
+        );
+        assert!(one_turn_at_a_time(&events), "one resident at a time ({child})");
+        let ends = turn_ends(&events);
+        if *node == c.id {
+            // The turn C died in was repaired; A ran the rest.
+            assert_ne!(ends[0], TurnEndReason::Completed, "{ends:?}");
+            assert_eq!(completed(&events), 4, "{ends:?}");
+        } else {
+            assert_eq!(completed(&events), 5, "{ends:?}");
+        }
+    }
+    // Every lease released: the survivors left cleanly, and A took over and released C's.
+    assert_eq!(count(&url, "SELECT count(*) FROM subagents_leases"), 0);
+    // C's row stays, expired: the record that it died.
+    assert_eq!(
+        count(&url, "SELECT count(*) FROM subagents_nodes WHERE expires_at > now()"),
+        0
+    );
+    assert_eq!(count(&url, "SELECT count(*) FROM subagents_nodes"), 1);
+}
