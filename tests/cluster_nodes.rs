@@ -19,17 +19,20 @@ struct NodeProcess {
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
     id: String,
+    /// What the node printed for a person.
+    stderr: tempfile::NamedTempFile,
 }
 
 impl NodeProcess {
     /// Starts a node named `name` on `url` with `extra` flags and waits until it serves.
     fn start(url: &str, name: &str, extra: &[&str]) -> Self {
+        let stderr = tempfile::NamedTempFile::new().unwrap();
         let mut process = Command::new(env!("CARGO_BIN_EXE_subagents"))
             .args(["node", "--store", url, "--name", name, "--node-ttl-ms", "1500"])
             .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr.reopen().unwrap())
             .spawn()
             .expect("the node binary starts");
         let stdout = process.stdout.take().expect("piped stdout");
@@ -47,6 +50,7 @@ impl NodeProcess {
             stdin,
             lines,
             id: String::new(),
+            stderr,
         };
         let line = node.next_line();
         let mut words = line.split_whitespace();
@@ -81,10 +85,21 @@ impl NodeProcess {
         writeln!(stdin, "{command}").expect("the node reads its stdin");
     }
 
+    /// What the node printed to stderr so far.
+    fn errors(&self) -> String {
+        std::fs::read_to_string(self.stderr.path()).unwrap()
+    }
+
     /// Waits for the process to end; its exit status.
-    fn wait(mut self) -> std::process::ExitStatus {
+    fn wait(&mut self) -> std::process::ExitStatus {
         drop(self.stdin.take());
         self.process.wait().expect("the node is reaped")
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.process.id().to_string();
+        let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(sent.success(), "kill {signal} {pid}");
     }
 }
 
@@ -226,10 +241,9 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
     a.tell("quit");
     let left = a.lines_until(&format!("left {}", a.id));
     assert!(left.iter().all(|line| !line.starts_with("accepted")));
-    assert!(a.wait().success(), "the driving node leaves cleanly");
-    // SAFETY net for the test: B leaves on SIGTERM.
-    let pid = b.process.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(a.wait().success(), "the driving node leaves cleanly: {}", a.errors());
+    let mut b = b;
+    b.signal("-TERM");
     assert!(b.wait().success(), "node B leaves cleanly on SIGTERM");
     for (child, node) in &placed {
         let events = read(&url, *child);
@@ -269,4 +283,63 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
         0
     );
     assert_eq!(count(&url, "SELECT count(*) FROM subagents_nodes"), 1);
+}
+
+#[test]
+fn a_paused_node_that_wakes_past_its_membership_is_fenced_out_and_faults() {
+    let url = server().fresh_database();
+    // C's model answers slowly: the child is mid-call when C is paused.
+    let mut c = NodeProcess::start(&url, "c", &["--latency-ms", "3000"]);
+    let place_on = c.id.clone();
+    let mut a = NodeProcess::start(
+        &url,
+        "a",
+        &["--drive", "1", "--children", "1", "--followups", "1", "--place-on", &place_on],
+    );
+    let first = a.lines_until("round 1");
+    let child: SessionId = first
+        .iter()
+        .find_map(|line| line.strip_prefix("child "))
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    until_stored(&url, &[child], "the child's first turn on C", |logs| {
+        logs[0]
+            .iter()
+            .any(|event| matches!(event.kind, EventKind::TurnStart { .. }))
+    });
+    c.signal("-STOP");
+    // Past C's membership, A's next follow-up takes the child over and runs it to the end.
+    a.tell("round");
+    a.lines_until("round 2");
+    until_stored(&url, &[child], "the child to finish on A", |logs| {
+        completed(&logs[0]) == 2
+    });
+    let taken_over = read(&url, child).len();
+    // C wakes: its model call answers, its write is refused, and it learns it was declared
+    // dead; it exits with the error, having landed nothing.
+    c.signal("-CONT");
+    let status = c.wait();
+    assert_eq!(status.code(), Some(2), "{}", c.errors());
+    let said = c.errors();
+    assert!(said.contains("(code LEASE_LOST)"), "{said}");
+    // Its write was attempted and refused by the newer epoch (logged as the session faulted).
+    assert!(said.contains("fenced by a newer one"), "{said}");
+    let events = read(&url, child);
+    assert_eq!(events.len(), taken_over, "nothing of C's after A took the child over");
+    assert!(
+        events.iter().all(|event| match &event.kind {
+            EventKind::AssistantMessage { message, .. } => !message.text().contains("c answered"),
+            _ => true,
+        }),
+        "C's answer never landed"
+    );
+    assert_eq!(
+        delivered(&events),
+        ["task 0.0", "round 1 message 1", "round 2 message 1"]
+    );
+    assert!(one_turn_at_a_time(&events));
+    a.tell("quit");
+    assert!(a.wait().success(), "{}", a.errors());
 }
