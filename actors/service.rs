@@ -30,8 +30,8 @@ use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
 use crate::actors::manager::{
     ask_followup, ask_interrupt, delivery_handler, ContinuationManager, Delivery, DrainAll,
-    DrainDescendants, Followup, ForgetRemote, Interrupt, InterruptRouted, RemotePlaced,
-    ReportFrom, ResidentCount, Routed, StartContinuable,
+    DrainDescendants, Followup, ForgetRemote, Interrupt, InterruptRouted, RemotePlaced, ReportFrom,
+    ResidentCount, Routed, StartContinuable,
 };
 use crate::cluster::{ClusterLink, FollowupAnswer};
 use crate::content::{ContentBlock, Message};
@@ -415,7 +415,7 @@ impl Subagents {
         )
         .start();
         if let Some(cluster) = &cluster {
-            let handler = delivery_handler(manager.clone(), cluster.clone());
+            let handler = delivery_handler(manager.clone(), agents.clone(), cluster.clone());
             if let Err(error) = cluster.membership().serve(handler) {
                 tracing::warn!(%error, "this node's deliveries are served elsewhere");
             }
@@ -654,6 +654,8 @@ impl Subagents {
                     })
                     .await
                     .map_err(SubagentError::from)?;
+                // Whether the child was found on another node by its lease (not placed).
+                let mut found = false;
                 let (cluster, node) = match routed {
                     Ok(Routed::Accepted(id)) => return Ok(id),
                     Ok(Routed::Retry) => continue,
@@ -664,28 +666,29 @@ impl Subagents {
                             return Err(error);
                         };
                         match cluster.other_holder(child_id).await? {
-                            Some(node) if moved < MAX_MOVES => (cluster.clone(), node),
+                            Some(node) if moved < MAX_MOVES => {
+                                found = true;
+                                (cluster.clone(), node)
+                            }
                             _ => return Err(error),
                         }
                     }
                     Err(error) => return Err(error),
                 };
-                let asked =
-                    ask_followup(&cluster, node, parent.id(), child_id, &delivery).await;
+                if found {
+                    // Recorded as the parent's, as if placed there, before it is asked: it
+                    // waits for the child's notice (which may come before the answer), and
+                    // its release releases it.
+                    let placed = RemotePlaced {
+                        child: child_id,
+                        parent: parent.clone(),
+                        node,
+                    };
+                    manager.send(placed).await.map_err(SubagentError::from)??;
+                }
+                let asked = ask_followup(&cluster, node, parent.id(), child_id, &delivery).await;
                 match asked {
-                    Ok(FollowupAnswer::Accepted(id)) => {
-                        // Recorded as the parent's, as if placed there: it waits for the
-                        // child's notice, and its release releases it.
-                        let placed = RemotePlaced {
-                            child: child_id,
-                            parent: parent.clone(),
-                            node,
-                        };
-                        if let Err(error) = manager.send(placed).await.map_err(SubagentError::from)? {
-                            tracing::debug!(child = %child_id, %error, "a follow-up was accepted on another node while its parent closed");
-                        }
-                        return Ok(id);
-                    }
+                    Ok(FollowupAnswer::Accepted(id)) => return Ok(id),
                     // Settled there, or its node died: resumed from the store (here, once the
                     // dead node's lease expired).
                     Ok(FollowupAnswer::Absent) => moved += 1,

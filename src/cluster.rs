@@ -15,8 +15,10 @@
 //! - a child whose node died is cold-resumed by its parent's node once the dead node's leases
 //!   expired, on the next follow-up.
 //!
-//! Deliveries are served one at a time per node, so no handler here waits on a delivery to
-//! another node: what a handler awaits is always local (an inbox acceptance, a teardown).
+//! A node serves the deliveries about one session one at a time (a child's start, follow-ups,
+//! interrupt and release arrive in the order they were sent), and different sessions' at once.
+//! No handler here waits on a delivery to another node: what a handler awaits is always local
+//! (an inbox acceptance, a flush, a teardown).
 
 use std::sync::Arc;
 

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use crate::actors::agents::Agents;
 use crate::actors::service::Subagents;
 use crate::actors::workers::WorkerPool;
+use crate::cluster::ClusterLink;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::host::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
 use crate::jobs::Jobs;
 use crate::model::{LlmAdapter, ModelRouter};
 use crate::projection::ProjectionRegistry;
-use crate::cluster::ClusterLink;
 use crate::store::{LeaseHolder, NodeMembership, SessionPersistence, SharedStore};
 use crate::tools::{Tool, ToolRegistry};
 

@@ -28,7 +28,15 @@ impl NodeProcess {
     fn start(url: &str, name: &str, extra: &[&str]) -> Self {
         let stderr = tempfile::NamedTempFile::new().unwrap();
         let mut process = Command::new(env!("CARGO_BIN_EXE_subagents"))
-            .args(["node", "--store", url, "--name", name, "--node-ttl-ms", "1500"])
+            .args([
+                "node",
+                "--store",
+                url,
+                "--name",
+                name,
+                "--node-ttl-ms",
+                "1500",
+            ])
             .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -119,7 +127,12 @@ fn read(url: &str, child: SessionId) -> Vec<subagents::SessionEvent> {
 
 /// Polls another process's progress in the store until `holds` (bounded: the other process
 /// announces nothing this test can wait on).
-fn until_stored(url: &str, children: &[SessionId], what: &str, holds: impl Fn(&[Vec<subagents::SessionEvent>]) -> bool) {
+fn until_stored(
+    url: &str,
+    children: &[SessionId],
+    what: &str,
+    holds: impl Fn(&[Vec<subagents::SessionEvent>]) -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let logs: Vec<_> = children.iter().map(|child| read(url, *child)).collect();
@@ -183,7 +196,16 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
     let mut a = NodeProcess::start(
         &url,
         "a",
-        &["--drive", "2", "--children", "2", "--followups", "2", "--place-on", &place_on],
+        &[
+            "--drive",
+            "2",
+            "--children",
+            "2",
+            "--followups",
+            "2",
+            "--place-on",
+            &place_on,
+        ],
     );
     let first = a.lines_until("round 1");
     let placed: Vec<(SessionId, String)> = first
@@ -205,7 +227,10 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
     let (on_b, on_c) = (on(&b.id), on(&c.id));
     assert_eq!((on_b.len(), on_c.len()), (2, 2), "placed round-robin");
     assert_eq!(
-        first.iter().filter(|line| line.starts_with("accepted ")).count(),
+        first
+            .iter()
+            .filter(|line| line.starts_with("accepted "))
+            .count(),
         8,
         "two follow-ups to each child, each accepted once"
     );
@@ -216,7 +241,7 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
     });
     until_stored(&url, &on_c, "C's children to be mid-turn", |logs| {
         logs.iter().all(|events| {
-            delivered(events).len() >= 1
+            !delivered(events).is_empty()
                 && events
                     .iter()
                     .any(|event| matches!(event.kind, EventKind::TurnStart { .. }))
@@ -230,18 +255,26 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
     a.tell("round");
     let second = a.lines_until("round 2");
     assert_eq!(
-        second.iter().filter(|line| line.starts_with("accepted ")).count(),
+        second
+            .iter()
+            .filter(|line| line.starts_with("accepted "))
+            .count(),
         8,
         "{second:?}"
     );
     let all: Vec<SessionId> = placed.iter().map(|(child, _)| *child).collect();
     until_stored(&url, &all, "every child to finish round 2", |logs| {
-        logs.iter().all(|events| delivered(events).len() == 5 && turn_ends(events).len() == 5)
+        logs.iter()
+            .all(|events| delivered(events).len() == 5 && turn_ends(events).len() == 5)
     });
     a.tell("quit");
     let left = a.lines_until(&format!("left {}", a.id));
     assert!(left.iter().all(|line| !line.starts_with("accepted")));
-    assert!(a.wait().success(), "the driving node leaves cleanly: {}", a.errors());
+    assert!(
+        a.wait().success(),
+        "the driving node leaves cleanly: {}",
+        a.errors()
+    );
     let mut b = b;
     b.signal("-TERM");
     assert!(b.wait().success(), "node B leaves cleanly on SIGTERM");
@@ -265,7 +298,10 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
             ],
             "each follow-up delivered once, in order ({child})"
         );
-        assert!(one_turn_at_a_time(&events), "one resident at a time ({child})");
+        assert!(
+            one_turn_at_a_time(&events),
+            "one resident at a time ({child})"
+        );
         let ends = turn_ends(&events);
         if *node == c.id {
             // The turn C died in was repaired; A ran the rest.
@@ -279,7 +315,10 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
     assert_eq!(count(&url, "SELECT count(*) FROM subagents_leases"), 0);
     // C's row stays, expired: the record that it died.
     assert_eq!(
-        count(&url, "SELECT count(*) FROM subagents_nodes WHERE expires_at > now()"),
+        count(
+            &url,
+            "SELECT count(*) FROM subagents_nodes WHERE expires_at > now()"
+        ),
         0
     );
     assert_eq!(count(&url, "SELECT count(*) FROM subagents_nodes"), 1);
@@ -294,7 +333,16 @@ fn a_paused_node_that_wakes_past_its_membership_is_fenced_out_and_faults() {
     let mut a = NodeProcess::start(
         &url,
         "a",
-        &["--drive", "1", "--children", "1", "--followups", "1", "--place-on", &place_on],
+        &[
+            "--drive",
+            "1",
+            "--children",
+            "1",
+            "--followups",
+            "1",
+            "--place-on",
+            &place_on,
+        ],
     );
     let first = a.lines_until("round 1");
     let child: SessionId = first
@@ -327,7 +375,11 @@ fn a_paused_node_that_wakes_past_its_membership_is_fenced_out_and_faults() {
     // Its write was attempted and refused by the newer epoch (logged as the session faulted).
     assert!(said.contains("fenced by a newer one"), "{said}");
     let events = read(&url, child);
-    assert_eq!(events.len(), taken_over, "nothing of C's after A took the child over");
+    assert_eq!(
+        events.len(),
+        taken_over,
+        "nothing of C's after A took the child over"
+    );
     assert!(
         events.iter().all(|event| match &event.kind {
             EventKind::AssistantMessage { message, .. } => !message.text().contains("c answered"),

@@ -95,6 +95,49 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
 }
 
 #[actix_rt::test]
+async fn a_scenario_spread_over_two_cluster_nodes_verifies() {
+    let url = crate::support::postgres::server().fresh_database();
+    let mut scenario = small(LoadStore::Postgres);
+    scenario.store_url = Some(url.clone());
+    scenario.nodes = 2;
+    // Slow enough turns that a first follow-up usually catches its child on the other node.
+    scenario.latency = subagents::load::Latency::Fixed { ms: 50 };
+    let report = within(
+        "the load run",
+        run(&scenario, Arc::new(LoadCounters::default())),
+    )
+    .await
+    .unwrap();
+    assert!(report.passed, "{report}");
+    assert_eq!(report.children.total, scenario.total_children().unwrap());
+    assert_eq!(report.followups.refused_by_budget, 2);
+    assert_eq!(report.followups.reports_sent, 2);
+    assert!(report.latency.cross_node_followup_acceptance.count <= report.followups.accepted);
+    // The children placed on the second node were started, asked and released across nodes.
+    let answered: i64 = tokio::task::spawn_blocking(move || {
+        futures::executor::block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            let driven = tokio::spawn(connection);
+            let count = client
+                .query_one(
+                    "SELECT count(*) FROM subagents_deliveries WHERE state = 'answered'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            driven.abort();
+            count
+        })
+    })
+    .await
+    .unwrap();
+    assert!(answered > 0, "no delivery crossed the nodes");
+}
+
+#[actix_rt::test]
 async fn the_window_bounds_the_root_children_in_flight() {
     // One level, so every child in flight is a root child.
     let scenario = Scenario {
@@ -144,6 +187,12 @@ fn a_broken_scenario_file_is_refused_naming_the_field() {
     std::fs::write(&no_url, r#"{"store": "postgres"}"#).unwrap();
     let error = Scenario::from_file(&no_url).unwrap_err();
     assert!(error.message().contains("store_url"), "{error}");
+
+    let lone = dir.path().join("nodes.json");
+    std::fs::write(&lone, r#"{"nodes": 2}"#).unwrap();
+    let error = Scenario::from_file(&lone).unwrap_err();
+    assert!(error.message().contains("`nodes`"), "{error}");
+    assert!(error.message().contains("postgres"), "{error}");
 
     let wrong_type = dir.path().join("type.toml");
     std::fs::write(&wrong_type, "roots = \"many\"\n").unwrap();

@@ -646,6 +646,46 @@ fn deliveries_between_nodes_are_served_once_each_in_the_order_sent() {
     assert_eq!(answered, 30);
 }
 
+// Deliveries about different sessions are served at once: one whose handler holds does not
+// keep another session's from being answered, while a later one about the held session waits
+// its turn behind it.
+#[test]
+fn deliveries_about_different_sessions_are_served_at_once() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let (sender, target) = two_nodes(&url);
+    let served = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let gate = subagents::testing::Gate::new();
+    target
+        .serve(recording_handler(&served, &gate))
+        .expect("the target serves");
+    let (held, free) = (SessionId::new(), SessionId::new());
+    let send = |session, n: u64| {
+        block_on(sender.send(target.node(), session, &serde_json::json!({ "n": n }))).unwrap()
+    };
+    // n == 0 holds at the gate; n == 1 is about the same session, n == 2 about another.
+    let first = send(held, 0);
+    block_on(within("the held delivery", gate.reached()));
+    let behind = send(held, 1);
+    let other = send(free, 2);
+    assert_eq!(
+        block_on(within("the other session's answer", other.answer())).unwrap(),
+        serde_json::json!({ "seen": 2 })
+    );
+    let order: Vec<u64> = served.lock().unwrap().iter().map(|(_, n)| *n).collect();
+    assert_eq!(order, [0, 2], "the held session's next one waits behind it");
+    gate.release();
+    assert_eq!(
+        block_on(within("the held answer", first.answer())).unwrap(),
+        serde_json::json!({ "seen": 0 })
+    );
+    assert_eq!(
+        block_on(within("the answer behind it", behind.answer())).unwrap(),
+        serde_json::json!({ "seen": 1 })
+    );
+}
+
 // A delivery to a node that went silent before serving it is withdrawn once the node's
 // membership expires, and its sender is told the session's node stopped.
 #[test]

@@ -10,6 +10,10 @@ mod agent_inbox;
 mod agent_registry;
 /// The turn driver: tools, stop reasons, cancellation records.
 mod agent_turn;
+/// A cluster of runtimes: children placed on another node, asked across nodes.
+mod cluster;
+/// Three `subagents node` processes: a forest across them, one node killed mid-turn.
+mod cluster_nodes;
 /// Continuable children: start, follow-up, interrupt, reports, notices, drains.
 mod continuable;
 /// Continuable children: per-child budgets of turns, tokens and wall time.
@@ -23,10 +27,6 @@ mod continuable_model;
 mod continuable_teardown;
 /// Continuable children in narrow windows: races with tokens, drains, the final flush.
 mod continuable_windows;
-/// A cluster of runtimes: children placed on another node, asked across nodes.
-mod cluster;
-/// Three `subagents node` processes: a forest across them, one node killed mid-turn.
-mod cluster_nodes;
 /// Killing a writer process mid-turn and recovering its store.
 mod crash;
 /// The error surface: every code's string is pinned.

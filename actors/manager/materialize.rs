@@ -434,7 +434,10 @@ pub(super) async fn create_and_install(
         lineage,
         provider,
         boundary,
-        budget: BudgetMeter::new(descriptor_budget.unwrap_or_default(), BudgetSpent::default()),
+        budget: BudgetMeter::new(
+            descriptor_budget.unwrap_or_default(),
+            BudgetSpent::default(),
+        ),
     };
     let delivery = Delivery {
         message: Message::user(prompt, MessageSource::User),

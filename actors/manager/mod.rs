@@ -390,7 +390,10 @@ impl ContinuationManager {
                 .residents
                 .get(&child)
                 .filter(|resident| resident.parent.same_as(parent))
-                .map_or_else(|| vec![remote.id], |resident| resident.ancestry[1..].to_vec()),
+                .map_or_else(
+                    || vec![remote.id],
+                    |resident| resident.ancestry[1..].to_vec(),
+                ),
         }
     }
 
@@ -595,12 +598,9 @@ impl ContinuationManager {
         let message = Message::user(content, source);
         match &resident.parent {
             ParentLink::Local(parent) => self.post_settled_notice(child, parent, message, ctx),
-            ParentLink::Remote(remote) => self.notify_remote(
-                remote,
-                child,
-                message,
-                crate::cluster::NoticeKind::Settled,
-            ),
+            ParentLink::Remote(remote) => {
+                self.notify_remote(remote, child, message, crate::cluster::NoticeKind::Settled)
+            }
         }
     }
 

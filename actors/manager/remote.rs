@@ -13,9 +13,7 @@ use serde_json::Value;
 
 use super::materialize::{create_and_install, FreshChild};
 use super::*;
-use crate::cluster::{
-    decode_op, encode_answer, FollowupAnswer, NoticeKind, RemoteOp, RemoteStart,
-};
+use crate::cluster::{decode_op, encode_answer, FollowupAnswer, NoticeKind, RemoteOp, RemoteStart};
 use crate::store::deliveries::{Delivery as NodeDelivery, DeliveryHandler};
 
 /// Asks `node` to create the child a parent here prepared, then records it as the parent's.
@@ -26,11 +24,7 @@ pub(super) async fn place(
     start: RemoteStart,
 ) -> Result<ContinuableStart> {
     let child = start.child;
-    // Once sent, the start is the child's node's: the caller's token no longer stops it (a
-    // child created there and unknown here would have no parent to answer to).
-    let started: ContinuableStart = cluster
-        .ask(node, child, &RemoteOp::Start(Box::new(start)))
-        .await?;
+    // Recorded first: the child may report, or even settle, before its start is answered.
     manager
         .send(RemotePlaced {
             child,
@@ -39,7 +33,15 @@ pub(super) async fn place(
         })
         .await
         .map_err(SubagentError::from)??;
-    Ok(started)
+    // Once sent, the start is the child's node's: the caller's token no longer stops it (a
+    // child created there and unknown here would have no parent to answer to).
+    let started = cluster
+        .ask::<ContinuableStart>(node, child, &RemoteOp::Start(Box::new(start)))
+        .await;
+    if started.is_err() {
+        manager.do_send(ForgetRemote { child, node });
+    }
+    started
 }
 
 /// Asks `node` to accept a follow-up from `parent` for `child`.
@@ -210,8 +212,9 @@ impl ContinuationManager {
     }
 }
 
-/// Records a child a parent here placed on another node; a parent released meanwhile (or
-/// under a drain) releases it again at once and the start answers `DRAINING`.
+/// Records a child a parent here places (or finds) on another node, before it is asked
+/// there; refused with `DRAINING` (or `ACTIVATION_CLOSING`) when the parent's lineage is
+/// closing, and then nothing is recorded.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
 pub(crate) struct RemotePlaced {
@@ -223,20 +226,20 @@ pub(crate) struct RemotePlaced {
 impl Handler<RemotePlaced> for ContinuationManager {
     type Result = Result<()>;
 
-    fn handle(&mut self, msg: RemotePlaced, ctx: &mut Context<Self>) -> Result<()> {
+    fn handle(&mut self, msg: RemotePlaced, _: &mut Context<Self>) -> Result<()> {
         let RemotePlaced {
             child,
             parent,
             node,
         } = msg;
         let lineage = self.lineage_of(&parent);
-        let mut admitted = self.assert_admitting(&lineage);
+        self.assert_admitting(&lineage)?;
         match self.residents.get_mut(&parent.id()) {
             Some(resident) if resident.agent == parent && resident.disposal.is_none() => {
                 resident.own(child);
             }
             Some(resident) if resident.agent == parent => {
-                admitted = Err(SubagentError::new(
+                return Err(SubagentError::new(
                     ErrorCode::ActivationClosing,
                     format!("parent Activation {} is already settling", parent.id()),
                 ));
@@ -251,12 +254,7 @@ impl Handler<RemotePlaced> for ContinuationManager {
                 release: None,
             },
         );
-        if admitted.is_err() {
-            if let Some(release) = self.release_remote(child, ctx) {
-                tokio::spawn(release);
-            }
-        }
-        admitted
+        Ok(())
     }
 }
 
@@ -483,6 +481,9 @@ impl Handler<PlacedRelease> for ContinuationManager {
 #[rtype(result = "Result<BoxFuture<'static, Result<MessageId>>>")]
 struct PlacedNotice {
     parent: SessionId,
+    /// The parent's live agent here, as the registry answered (a host-owned parent is not
+    /// resident, and its child's record may not exist yet).
+    live: Option<AgentRef>,
     sender: NodeId,
     child: SessionId,
     message: Message,
@@ -495,6 +496,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
     fn handle(&mut self, msg: PlacedNotice, ctx: &mut Context<Self>) -> Self::Result {
         let PlacedNotice {
             parent,
+            live,
             sender,
             child,
             message,
@@ -511,6 +513,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
                     .get(&parent)
                     .map(|resident| resident.agent.clone())
             })
+            .or(live)
             .ok_or_else(|| {
                 SubagentError::new(
                     ErrorCode::ParentUnavailable,
@@ -545,16 +548,18 @@ async fn authorize(cluster: &ClusterLink, parent: SessionId, sender: NodeId) -> 
 /// How this node serves what its peers ask of it.
 pub(crate) fn delivery_handler(
     manager: Addr<ContinuationManager>,
+    agents: Agents,
     cluster: ClusterLink,
 ) -> DeliveryHandler {
     Arc::new(move |delivery: NodeDelivery| {
-        let (manager, cluster) = (manager.clone(), cluster.clone());
-        async move { serve(&manager, &cluster, delivery).await }.boxed()
+        let (manager, agents, cluster) = (manager.clone(), agents.clone(), cluster.clone());
+        async move { serve(&manager, &agents, &cluster, delivery).await }.boxed()
     })
 }
 
 async fn serve(
     manager: &Addr<ContinuationManager>,
+    agents: &Agents,
     cluster: &ClusterLink,
     delivery: NodeDelivery,
 ) -> Result<Value> {
@@ -625,9 +630,11 @@ async fn serve(
             message,
             kind,
         } => {
+            let live = agents.get(parent).await;
             let accepted = manager
                 .send(PlacedNotice {
                     parent,
+                    live,
                     sender,
                     child,
                     message,

@@ -53,6 +53,10 @@ pub(crate) struct LoadArgs {
     /// string (`postgres://…`).
     #[arg(long, value_name = "sled|memory|postgres://…", value_parser = parse_store)]
     store: Option<(LoadStore, Option<String>)>,
+    /// Cluster nodes on the PostgreSQL store (default 1): the roots' children are placed
+    /// round-robin on them, and follow-ups chase them across nodes.
+    #[arg(long)]
+    nodes: Option<u64>,
     /// The sled directory (default: a fresh temporary directory).
     #[arg(long, value_name = "DIR")]
     store_dir: Option<PathBuf>,
@@ -134,6 +138,7 @@ impl LoadArgs {
             flush,
             workers,
             in_flight,
+            nodes,
             seed
         );
         if let Some((store, url)) = &self.store {

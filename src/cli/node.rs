@@ -167,7 +167,9 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
         config.node_ttl = ttl;
     }
     let store = Arc::new(PostgresStore::connect_with(config).await?);
-    let holder = plan.node_id.map_or_else(LeaseHolder::new, LeaseHolder::with_id);
+    let holder = plan
+        .node_id
+        .map_or_else(LeaseHolder::new, LeaseHolder::with_id);
     let membership = store.join(&holder, &plan.name).await?;
     let node = membership.node();
     let lost = membership.lost();
@@ -190,9 +192,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
             }
             builder.model("scripted", model)
         }
-        ModelPlan::OpenAi(config) => {
-            builder.model("openai", OpenAiAdapter::new(config.clone())?)
-        }
+        ModelPlan::OpenAi(config) => builder.model("openai", OpenAiAdapter::new(config.clone())?),
     };
     let rt = builder.build()?;
     rt.subagents()

@@ -178,8 +178,10 @@ pub struct FollowupCounts {
 pub struct Throughput {
     /// One-shot runs completed per second.
     pub one_shot_runs_per_s: f64,
-    /// Follow-ups accepted per second (each a cold resume).
+    /// Follow-ups accepted per second (each a cold resume, but those that crossed nodes).
     pub followups_per_s: f64,
+    /// Events persisted per second (the children's logs over the growing phase).
+    pub events_per_s: f64,
     /// Children created per second.
     pub children_per_s: f64,
 }
@@ -209,6 +211,9 @@ pub struct Latencies {
     pub followup_to_turn_start: LatencySummary,
     /// A follow-up to the end of the epoch it opened.
     pub followup_to_settled: LatencySummary,
+    /// A follow-up to its acceptance by a child resident on another node (a cluster run's
+    /// first follow-up of each child placed elsewhere, when it caught the child there).
+    pub cross_node_followup_acceptance: LatencySummary,
 }
 
 /// One point of the run's timeline, taken every 100 ms while the forest grows.
@@ -273,6 +278,7 @@ pub(crate) struct Measured<'a> {
     pub(crate) start: LatencySummary,
     pub(crate) followup: LatencySummary,
     pub(crate) followup_settled: LatencySummary,
+    pub(crate) cross_node: LatencySummary,
     pub(crate) peak_rss: u64,
     pub(crate) rss_before: u64,
     pub(crate) peak_live: u64,
@@ -320,6 +326,7 @@ impl LoadReport {
             throughput: Throughput {
                 one_shot_runs_per_s: rate(one_shot, measured.elapsed),
                 followups_per_s: rate(accepted, measured.elapsed),
+                events_per_s: rate(measured.persisted.events, measured.elapsed),
                 children_per_s: rate(one_shot + continuable, measured.elapsed),
             },
             latency: Latencies {
@@ -328,6 +335,7 @@ impl LoadReport {
                 followup_acceptance: measured.followup,
                 followup_to_turn_start: measured.followup_turn_start,
                 followup_to_settled: measured.followup_settled,
+                cross_node_followup_acceptance: measured.cross_node,
             },
             memory: Memory {
                 peak_rss_bytes: measured.peak_rss,
@@ -368,13 +376,18 @@ impl fmt::Display for LoadReport {
         let scenario = &self.scenario;
         writeln!(
             f,
-            "scenario: {} roots x {} children, depth {}, {:.0}% continuable, {} follow-ups each, {:?} store, seed {}",
+            "scenario: {} roots x {} children, depth {}, {:.0}% continuable, {} follow-ups each, {:?} store{}, seed {}",
             scenario.roots,
             scenario.children,
             scenario.depth,
             scenario.continuable_share * 100.0,
             scenario.followups,
             scenario.store,
+            if scenario.nodes > 1 {
+                format!(" shared by {} nodes", scenario.nodes)
+            } else {
+                String::new()
+            },
             scenario.seed
         )?;
         writeln!(
@@ -388,18 +401,23 @@ impl fmt::Display for LoadReport {
         )?;
         writeln!(
             f,
-            "follow-ups: {} accepted (cold resumes), {} refused by budget, {} interrupts sent; {} reports",
+            "follow-ups: {} accepted ({} cold resumes, {} across nodes), {} refused by budget, {} interrupts sent; {} reports",
             self.followups.accepted,
+            self.followups
+                .accepted
+                .saturating_sub(self.latency.cross_node_followup_acceptance.count),
+            self.latency.cross_node_followup_acceptance.count,
             self.followups.refused_by_budget,
             self.followups.interrupts_sent,
             self.followups.reports_sent
         )?;
         writeln!(
             f,
-            "throughput: {:.0} one-shot runs/s, {:.0} follow-ups/s, {:.0} children/s",
+            "throughput: {:.0} one-shot runs/s, {:.0} follow-ups/s, {:.0} children/s, {:.0} events persisted/s",
             self.throughput.one_shot_runs_per_s,
             self.throughput.followups_per_s,
-            self.throughput.children_per_s
+            self.throughput.children_per_s,
+            self.throughput.events_per_s
         )?;
         writeln!(f, "latency:")?;
         latency_line(
@@ -423,6 +441,11 @@ impl fmt::Display for LoadReport {
             &self.latency.followup_to_turn_start,
         )?;
         latency_line(f, "follow-up to settled", &self.latency.followup_to_settled)?;
+        latency_line(
+            f,
+            "follow-up across nodes to acceptance",
+            &self.latency.cross_node_followup_acceptance,
+        )?;
         writeln!(
             f,
             "memory: peak RSS {} MiB, {} children live at most, {} B per live child",

@@ -67,6 +67,9 @@ struct Lifecycle {
     runs: Mutex<HashMap<RunId, (u32, u32)>>,
     /// The most children in flight at once ([`LoadCounters::in_flight`]).
     peak: AtomicU64,
+    /// Each child's started epochs, when the run follows children across nodes (a follow-up
+    /// that began no epoch joined the one running, wherever it ran).
+    starts: Option<Mutex<HashMap<SessionId, u64>>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -85,6 +88,9 @@ impl Lifecycle {
         match event {
             SubagentEvent::Start(info) => {
                 lock(&self.runs).entry(info.run_id).or_default().0 += 1;
+                if let Some(starts) = &self.starts {
+                    *lock(starts).entry(info.id).or_default() += 1;
+                }
                 counters.started.fetch_add(1, Ordering::Relaxed);
                 self.peak.fetch_max(counters.in_flight(), Ordering::Relaxed);
             }
@@ -98,6 +104,14 @@ impl Lifecycle {
             }
             _ => {}
         }
+    }
+
+    /// How many epochs of `child` have started (0 unless starts are followed).
+    fn starts_of(&self, child: SessionId) -> u64 {
+        self.starts
+            .as_ref()
+            .and_then(|starts| lock(starts).get(&child).copied())
+            .unwrap_or(0)
     }
 
     /// Waits until `child` has ended `epochs` epochs.
@@ -114,7 +128,12 @@ impl Lifecycle {
 /// Everything the run's tasks share.
 struct Shared {
     scenario: Scenario,
+    /// The first node's runtime: the roots live there.
     rt: Runtime,
+    /// The other nodes' runtimes, when the run is a cluster.
+    peers: Vec<Runtime>,
+    /// Every node's id, the first node's first (empty without a cluster).
+    nodes: Vec<crate::cluster::NodeId>,
     lifecycle: Arc<Lifecycle>,
     counters: Arc<LoadCounters>,
     /// Every child created, in creation order.
@@ -131,6 +150,8 @@ struct Shared {
     start_latency: LatencyRecorder,
     followup_latency: LatencyRecorder,
     followup_settle_latency: LatencyRecorder,
+    /// Follow-ups accepted by a child resident on another node.
+    cross_node_latency: LatencyRecorder,
     /// The run's window of root children in flight (`Scenario::in_flight` permits).
     window: tokio::sync::Semaphore,
 }
@@ -159,14 +180,25 @@ impl Shared {
         lock(&self.created).push(created);
     }
 
-    /// Starts one continuable child of `parent` at `level`, recorded.
+    /// The runtime of node `node` (0: the roots' node).
+    fn node(&self, node: usize) -> &Runtime {
+        node.checked_sub(1)
+            .and_then(|peer| self.peers.get(peer))
+            .unwrap_or(&self.rt)
+    }
+
+    /// Starts one continuable child of `parent` (an agent of `rt`) at `level`, placed on
+    /// `placement` when given, recorded.
+    #[allow(clippy::too_many_arguments)]
     async fn start_continuable(
         &self,
+        rt: &Runtime,
         parent: &AgentRef,
         root: SessionId,
         level: u64,
         budget: Option<Budget>,
         report: bool,
+        placement: Option<crate::cluster::NodeId>,
     ) -> Result<SessionId> {
         let mut spec = ContinuableStartSpec::new(
             "spawn",
@@ -177,8 +209,11 @@ impl Shared {
         if let Some(budget) = budget {
             spec = spec.budget(budget);
         }
+        if let Some(node) = placement {
+            spec = spec.on_node(node);
+        }
         let began = Instant::now();
-        let started = self.rt.subagents().start_continuable(spec).await?;
+        let started = rt.subagents().start_continuable(spec).await?;
         self.start_latency.record(began.elapsed());
         self.record(Created {
             id: started.child_id,
@@ -190,9 +225,8 @@ impl Shared {
     }
 
     /// The `report` tool's work: a quiet report from the calling child to its parent.
-    async fn report(&self, child: &AgentRef) -> Result<()> {
-        self.rt
-            .subagents()
+    async fn report(&self, rt: &Runtime, child: &AgentRef) -> Result<()> {
+        rt.subagents()
             .report_from(
                 child,
                 prompt("progress".to_owned()),
@@ -207,14 +241,17 @@ impl Shared {
     /// `level` below `root`.
     async fn delegate(
         &self,
+        rt: &Runtime,
         parent: &AgentRef,
         count: u64,
         level: u64,
         root: SessionId,
     ) -> Result<()> {
-        try_join_all((0..count).map(|_| self.start_continuable(parent, root, level, None, false)))
-            .await
-            .map(drop)
+        try_join_all(
+            (0..count).map(|_| self.start_continuable(rt, parent, root, level, None, false, None)),
+        )
+        .await
+        .map(drop)
     }
 
     async fn one_shot(&self, root: &AgentRef, index: u64) -> Result<()> {
@@ -249,10 +286,21 @@ impl Shared {
         );
         let budget = budgeted.then(|| Budget::unlimited().turns(1));
         let report = in_share(position, self.scenario.report_share);
+        // Round-robin over the cluster's nodes; the first is the roots' own.
+        let placed = (!self.nodes.is_empty())
+            .then(|| usize::try_from(position).unwrap_or(0) % self.nodes.len());
+        let placement = placed.map(|node| self.nodes[node]);
         let child = self
-            .start_continuable(root, root.id(), 1, budget, report)
+            .start_continuable(&self.rt, root, root.id(), 1, budget, report, placement)
             .await?;
-        self.lifecycle.settled(child, 1).await?;
+        // A child placed elsewhere is chased there by its first follow-up while its first
+        // turn runs (a budgeted one would refuse it): no wait for the epoch to end.
+        let chase = placed.is_some_and(|node| node > 0) && !budgeted && self.scenario.followups > 0;
+        // The epochs the child will have ended once idle after what was sent so far.
+        let mut epochs = 1;
+        if !chase {
+            self.lifecycle.settled(child, 1).await?;
+        }
         for followup in 0..self.scenario.followups {
             let began = Instant::now();
             let sent_at = crate::session::header::now_ms();
@@ -274,6 +322,12 @@ impl Shared {
                 }
                 Err(error) => return Err(error),
             };
+            if chase && followup == 0 && self.lifecycle.starts_of(child) == 1 {
+                // No epoch began for it: the running epoch on the other node took it.
+                self.cross_node_latency.record(began.elapsed());
+            } else {
+                epochs += 1;
+            }
             self.followup_latency.record(began.elapsed());
             self.counters.followups.fetch_add(1, Ordering::Relaxed);
             lock(&self.accepted).push((child, id, sent_at));
@@ -291,7 +345,7 @@ impl Shared {
                 self.interrupted.fetch_add(1, Ordering::Relaxed);
                 break;
             }
-            self.lifecycle.settled(child, followup + 2).await?;
+            self.lifecycle.settled(child, epochs).await?;
             self.followup_settle_latency.record(began.elapsed());
         }
         Ok(())
@@ -341,11 +395,11 @@ fn load_tool<F, Fut>(
     name: &str,
     description: &str,
     parameters: serde_json::Value,
-    slot: &SharedSlot,
+    (slot, node): (&SharedSlot, usize),
     work: F,
 ) -> Tool
 where
-    F: Fn(Arc<Shared>, serde_json::Value, AgentRef) -> Fut + Send + Sync + 'static,
+    F: Fn(Arc<Shared>, serde_json::Value, AgentRef, usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<String>> + Send + 'static,
 {
     let slot = Arc::clone(slot);
@@ -353,7 +407,7 @@ where
     Tool::new(name, description, parameters, move |args, ctx| {
         let caller = calling_agent(&ctx, &tool);
         let running = slot.get().and_then(Weak::upgrade).map(|shared| {
-            let work = caller.map(|caller| work(Arc::clone(&shared), args, caller));
+            let work = caller.map(|caller| work(Arc::clone(&shared), args, caller, node));
             (shared, work)
         });
         async move {
@@ -397,6 +451,8 @@ fn peak_rss_bytes() -> u64 {
 /// The store of a run, and the temporary directory it lives in (removed when dropped).
 struct RunStore {
     store: SharedStore,
+    /// The PostgreSQL store the first node joins, when the run is a cluster.
+    cluster: Option<Arc<crate::store::PostgresStore>>,
     reopen: Option<Reopen>,
     _temporary: Option<tempfile::TempDir>,
 }
@@ -413,6 +469,7 @@ async fn open_store(scenario: &Scenario) -> Result<RunStore> {
     match (scenario.store, &scenario.store_url) {
         (LoadStore::Memory, _) => Ok(RunStore {
             store: Arc::new(MemoryStore::new()),
+            cluster: None,
             reopen: None,
             _temporary: None,
         }),
@@ -420,8 +477,10 @@ async fn open_store(scenario: &Scenario) -> Result<RunStore> {
             let url = url.clone().ok_or_else(|| {
                 SubagentError::new(ErrorCode::InvalidArgs, "the postgres store needs store_url")
             })?;
+            let store = Arc::new(crate::store::PostgresStore::connect(&url).await?);
             Ok(RunStore {
-                store: Arc::new(crate::store::PostgresStore::connect(&url).await?),
+                cluster: (scenario.nodes > 1).then(|| Arc::clone(&store)),
+                store,
                 reopen: Some(Reopen::Postgres(url)),
                 _temporary: None,
             })
@@ -438,6 +497,7 @@ async fn open_store(scenario: &Scenario) -> Result<RunStore> {
             };
             Ok(RunStore {
                 store: Arc::new(SledStore::open(&dir)?),
+                cluster: None,
                 reopen: Some(Reopen::SledCopy(dir)),
                 _temporary: temporary,
             })
@@ -462,58 +522,53 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
     };
     // Weak: the tools live in the runtime, and `Shared` holds the runtime.
     let shared_slot: SharedSlot = Arc::default();
-    let delegate = load_tool(
-        DELEGATE_TOOL,
-        "Delegates continuable children.",
-        json!({"type": "object", "properties": {"count": {"type": "integer", "minimum": 0}}, "required": ["count"]}),
-        &shared_slot,
-        |shared, args, caller| async move {
-            let invalid = || {
-                SubagentError::new(
-                    ErrorCode::InvalidArgs,
-                    "delegate needs count, level and root",
-                )
-            };
-            let count = args["count"].as_u64().ok_or_else(invalid)?;
-            let level = args["level"].as_u64().ok_or_else(invalid)?;
-            let root: SessionId = args["root"]
-                .as_str()
-                .and_then(|root| root.parse().ok())
-                .ok_or_else(invalid)?;
-            shared.delegate(&caller, count, level, root).await?;
-            Ok(format!("delegated {count}"))
-        },
-    );
-    let report = load_tool(
-        REPORT_TOOL,
-        "Reports progress to the delegating parent.",
-        json!({"type": "object"}),
-        &shared_slot,
-        |shared, _, caller| async move {
-            shared.report(&caller).await?;
-            Ok("reported".to_owned())
-        },
-    );
-    let rt = Runtime::builder()
-        .shared_store(Arc::clone(&opened.store))
-        .model("load", LoadModel::new(scenario.latency, scenario.seed))
-        .tool(delegate)
-        .tool(report)
-        .workers(workers)
-        .build()?;
+    let mut nodes = Vec::new();
+    let mut builder = build_node(scenario, &opened.store, &shared_slot, 0, workers);
+    if let Some(store) = &opened.cluster {
+        let (holder, membership) = join(store, "load-0").await?;
+        nodes.push(holder.id());
+        builder = builder.lease_holder(holder).cluster(membership);
+    }
+    let rt = builder.build()?;
     rt.subagents().register_in_process_providers().await?;
-    let lifecycle = Arc::new(Lifecycle::default());
-    let observer = Arc::clone(&lifecycle);
-    let observed = Arc::clone(&counters);
-    let _subscription: Subscription =
-        rt.subagents()
-            .events()
-            .subscribe(EventScope::All, move |event: &SubagentEvent| {
-                observer.observe(event, &observed);
-            });
+    let mut peers = Vec::new();
+    if let Some(url) = opened.cluster.as_ref().and(scenario.store_url.as_ref()) {
+        for node in 1..usize::try_from(scenario.nodes).unwrap_or(1) {
+            // A store (and connections) of its own, as another process would have.
+            let store = Arc::new(crate::store::PostgresStore::connect(url).await?);
+            let (holder, membership) = join(&store, &format!("load-{node}")).await?;
+            nodes.push(holder.id());
+            let store: SharedStore = store;
+            let peer = build_node(scenario, &store, &shared_slot, node, workers)
+                .lease_holder(holder)
+                .cluster(membership)
+                .build()?;
+            peer.subagents().register_in_process_providers().await?;
+            peers.push(peer);
+        }
+    }
+    let lifecycle = Arc::new(Lifecycle {
+        starts: (!nodes.is_empty()).then(Mutex::default),
+        ..Lifecycle::default()
+    });
+    // Every node's lifecycle: a child's epochs start and end on the node it is resident on.
+    let _subscriptions: Vec<Subscription> = std::iter::once(&rt)
+        .chain(&peers)
+        .map(|node| {
+            let observer = Arc::clone(&lifecycle);
+            let observed = Arc::clone(&counters);
+            node.subagents()
+                .events()
+                .subscribe(EventScope::All, move |event: &SubagentEvent| {
+                    observer.observe(event, &observed);
+                })
+        })
+        .collect();
     let shared = Arc::new(Shared {
         scenario: scenario.clone(),
         rt: rt.clone(),
+        peers,
+        nodes,
         lifecycle: Arc::clone(&lifecycle),
         counters: Arc::clone(&counters),
         created: Mutex::default(),
@@ -526,6 +581,7 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         start_latency: LatencyRecorder::default(),
         followup_latency: LatencyRecorder::default(),
         followup_settle_latency: LatencyRecorder::default(),
+        cross_node_latency: LatencyRecorder::default(),
         window: tokio::sync::Semaphore::new(
             usize::try_from(scenario.in_flight)
                 .unwrap_or(usize::MAX)
@@ -537,11 +593,84 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
     let outcome = grow(&shared, scenario, &opened, floors, rss_before).await;
     if outcome.is_err() {
         // Nothing of a failed run stays behind in the caller's actor system.
-        if let Err(drain) = rt.shutdown().await {
+        if let Err(drain) = shut_down(&shared).await {
             tracing::warn!(%drain, "the failed load run did not drain cleanly");
         }
     }
     outcome
+}
+
+/// Shuts every node down, the roots' node first: its drain releases the children it placed
+/// on the others, which must still serve them.
+async fn shut_down(shared: &Shared) -> Result<()> {
+    let mut outcome = shared.rt.shutdown().await;
+    for peer in &shared.peers {
+        let peer = peer.shutdown().await;
+        if outcome.is_ok() {
+            outcome = peer;
+        }
+    }
+    outcome
+}
+
+/// The runtime of node `node` (the only one without a cluster), its tools bound to it.
+fn build_node(
+    scenario: &Scenario,
+    store: &SharedStore,
+    slot: &SharedSlot,
+    node: usize,
+    workers: usize,
+) -> crate::RuntimeBuilder {
+    let delegate = load_tool(
+        DELEGATE_TOOL,
+        "Delegates continuable children.",
+        json!({"type": "object", "properties": {"count": {"type": "integer", "minimum": 0}}, "required": ["count"]}),
+        (slot, node),
+        |shared, args, caller, node| async move {
+            let invalid = || {
+                SubagentError::new(
+                    ErrorCode::InvalidArgs,
+                    "delegate needs count, level and root",
+                )
+            };
+            let count = args["count"].as_u64().ok_or_else(invalid)?;
+            let level = args["level"].as_u64().ok_or_else(invalid)?;
+            let root: SessionId = args["root"]
+                .as_str()
+                .and_then(|root| root.parse().ok())
+                .ok_or_else(invalid)?;
+            shared
+                .delegate(shared.node(node), &caller, count, level, root)
+                .await?;
+            Ok(format!("delegated {count}"))
+        },
+    );
+    let report = load_tool(
+        REPORT_TOOL,
+        "Reports progress to the delegating parent.",
+        json!({"type": "object"}),
+        (slot, node),
+        |shared, _, caller, node| async move {
+            shared.report(shared.node(node), &caller).await?;
+            Ok("reported".to_owned())
+        },
+    );
+    Runtime::builder()
+        .shared_store(Arc::clone(store))
+        .model("load", LoadModel::new(scenario.latency, scenario.seed))
+        .tool(delegate)
+        .tool(report)
+        .workers(workers)
+}
+
+/// Joins `store`'s cluster as a new node named `name`.
+async fn join(
+    store: &Arc<crate::store::PostgresStore>,
+    name: &str,
+) -> Result<(crate::store::LeaseHolder, crate::store::NodeMembership)> {
+    let holder = crate::store::LeaseHolder::new();
+    let membership = store.join(&holder, name).await?;
+    Ok((holder, membership))
 }
 
 /// Grows, drains and verifies the forest on the run's runtime.
@@ -595,13 +724,14 @@ async fn grow(
     let drain_began = Instant::now();
     // Only the listing's shape is kept through the drain, not a million listed entries.
     let listed_before = super::verify::shape(&super::verify::list_forest(rt, &root_ids).await?);
-    let shutdown = rt.shutdown().await;
+    let shutdown = shut_down(shared).await;
     let drain = drain_began.elapsed();
     // A root's handle keeps its log's events readable, and a root that heard a million settled
     // notices has millions: the verification reads them back from the store instead.
     drop(roots);
     let verified = verify(
         rt,
+        &shared.peers,
         &lifecycle_runs(lifecycle),
         &created,
         &accepted,
@@ -626,6 +756,7 @@ async fn grow(
         start: shared.start_latency.summary(),
         followup: shared.followup_latency.summary(),
         followup_settled: shared.followup_settle_latency.summary(),
+        cross_node: shared.cross_node_latency.summary(),
         peak_rss,
         rss_before,
         peak_live: lifecycle.peak.load(Ordering::Relaxed),

@@ -96,6 +96,12 @@ pub struct Scenario {
     /// out: the report's JSON leaves it out, as it may hold a password.
     #[serde(skip_serializing)]
     pub store_url: Option<String>,
+    /// Cluster nodes on the PostgreSQL store (1: no cluster). The roots live on the first
+    /// node and place their direct children round-robin on every node; a child placed on
+    /// another node is sent its first follow-up at once, which chases it there while its
+    /// first turn runs (a cross-node follow-up), and its later follow-ups cold-resume it on
+    /// the roots' node.
+    pub nodes: u64,
     /// When the root agents flush (children follow the seam's own rules; see [`LoadFlush`]).
     pub flush: LoadFlush,
     /// Worker threads for agents (0: one per core).
@@ -125,6 +131,7 @@ impl Default for Scenario {
             store: LoadStore::Sled,
             store_dir: None,
             store_url: None,
+            nodes: 1,
             flush: LoadFlush::OnRequest,
             workers: 0,
             in_flight: 10_000,
@@ -132,6 +139,9 @@ impl Default for Scenario {
         }
     }
 }
+
+/// The most cluster nodes a run starts.
+const MAX_NODES: u64 = 16;
 
 /// The longest simulated model call: an hour.
 const MAX_LATENCY_MS: u64 = 3_600_000;
@@ -220,6 +230,15 @@ impl Scenario {
                 return Err(invalid("store_url", "applies only to the postgres store"));
             }
             _ => {}
+        }
+        if !(1..=MAX_NODES).contains(&self.nodes) {
+            return Err(invalid("nodes", "must be between 1 and 16"));
+        }
+        if self.nodes > 1 && self.store != LoadStore::Postgres {
+            return Err(invalid(
+                "nodes",
+                "above 1 needs the postgres store (the nodes share it)",
+            ));
         }
         if self.total_children().is_none() {
             return Err(invalid("children", "makes a forest too large to count"));

@@ -170,6 +170,7 @@ fn reports_in(events: &[Arc<SessionEvent>]) -> u64 {
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn verify(
     rt: &Runtime,
+    peers: &[Runtime],
     runs: &HashMap<RunId, (u32, u32)>,
     created: &[Created],
     accepted: &[(SessionId, MessageId, u64)],
@@ -289,8 +290,11 @@ pub(crate) async fn verify(
         format!("{reports} sent, {delivered} in the roots' logs"),
     ));
 
-    let live = rt.agents().list().await.len();
-    let resident = rt.subagents().resident_count().await;
+    let (mut live, mut resident) = (0, 0);
+    for node in std::iter::once(rt).chain(peers) {
+        live += node.agents().list().await.len();
+        resident += node.subagents().resident_count().await;
+    }
     checks.push(check(
         "nothing is live after the drain",
         shutdown.is_ok() && live == 0 && resident == 0,

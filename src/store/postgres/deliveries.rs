@@ -1,15 +1,19 @@
 //! Provides node-to-node deliveries: one durable row of `subagents_deliveries` per delivery,
 //! announced to its target node with a `NOTIFY` on the node's channel (the row and the
-//! announcement are one statement), served by the target one at a time in the order they were
-//! sent, and answered on the same row, announced back to the sender the same way with the
-//! answer itself when it fits in a notification. A round trip is three statements: send,
-//! claim, answer.
+//! announcement are one statement), served by the target — one at a time per session, in the
+//! order they were sent, and sessions at once — and answered on the same row, announced back to
+//! the sender the same way with the answer itself when it fits in a notification. A round trip
+//! is three statements: send, claim, answer.
 //!
 //! # Guarantees
 //! - A delivery is served at most once: the target claims it (pending → claimed) in the
 //!   transaction that reads it, and answers it (claimed → answered) exactly once.
-//! - A node serves its deliveries one at a time, oldest visible first: deliveries one sender
-//!   committed one after another are served in that order (concurrent senders' interleave).
+//! - A node serves the deliveries about one session one at a time, oldest first: deliveries
+//!   one sender committed one after another about a session are served in that order
+//!   (concurrent senders' interleave). Deliveries about different sessions are served
+//!   concurrently, up to [`SERVED_AT_ONCE`].
+//! - Answered rows are pruned once they are [`KEPT_ANSWERED`] old: their senders read them
+//!   long before.
 //! - A lost notification only delays: both sides also look at the table every
 //!   [`RECHECK`].
 //! - A sender whose target node's membership expired with the delivery still pending is told
@@ -17,7 +21,7 @@
 //!   row is withdrawn so that the dead node, were it to wake, cannot serve it. One that expired
 //!   while serving it gets the same error, saying the delivery may have been accepted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -36,6 +40,15 @@ const MAX_CARRIED: usize = 7_000;
 
 /// How often each side looks at the table without a notification.
 pub const RECHECK: Duration = Duration::from_millis(500);
+
+/// The most deliveries a node serves at once (each about a different session).
+pub const SERVED_AT_ONCE: usize = 64;
+
+/// How long an answered delivery's row is kept for its sender to read.
+pub const KEPT_ANSWERED: Duration = Duration::from_secs(300);
+
+/// How often a serving node prunes its answered rows.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// One delivery, as its target node serves it.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +81,8 @@ pub(super) struct Inbound {
     /// The senders waiting for an answer, by delivery id: told the stored answer when the
     /// announcement carried it.
     pub(super) answers: Mutex<HashMap<uuid::Uuid, oneshot::Sender<Option<Value>>>>,
-    /// Whether a server runs: one at a time, or deliveries would no longer be served in order.
+    /// Whether a server runs: one per node, or a session's deliveries would no longer be
+    /// served in order.
     serving: AtomicBool,
 }
 
@@ -287,17 +301,29 @@ impl PostgresStore {
         }
     }
 
-    /// Claims `node`'s oldest pending delivery.
-    pub(super) async fn claim_delivery(&self, node: uuid::Uuid) -> Result<Option<Delivery>> {
-        let failed = io(format!("claiming a delivery for node {node}"));
+    /// Claims up to `room` of `node`'s pending deliveries, each the oldest pending one of its
+    /// session, none about a session in `busy` (served now), oldest first.
+    pub(super) async fn claim_deliveries(
+        &self,
+        node: uuid::Uuid,
+        busy: &[uuid::Uuid],
+        room: usize,
+    ) -> Result<Vec<Delivery>> {
+        let failed = io(format!("claiming deliveries for node {node}"));
         let client = self.client().await?;
         let claim = client
             .prepare_cached(
                 "UPDATE subagents_deliveries SET state = 'claimed'
-                 WHERE state = 'pending' AND id = (
-                     SELECT id FROM subagents_deliveries
-                     WHERE target = $1 AND state = 'pending'
-                     ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
+                 WHERE state = 'pending' AND id IN (
+                     SELECT pending.id FROM subagents_deliveries pending
+                     WHERE pending.target = $1 AND pending.state = 'pending'
+                       AND pending.session <> ALL($2)
+                       AND NOT EXISTS (
+                           SELECT 1 FROM subagents_deliveries older
+                           WHERE older.target = $1 AND older.session = pending.session
+                             AND older.state = 'pending' AND older.id < pending.id
+                       )
+                     ORDER BY pending.id LIMIT $3 FOR UPDATE SKIP LOCKED
                  )
                  AND EXISTS (
                      SELECT 1 FROM subagents_nodes WHERE node = $1 AND expires_at > now()
@@ -306,23 +332,49 @@ impl PostgresStore {
             )
             .await
             .map_err(&failed)?;
-        let Some(row) = client.query_opt(&claim, &[&node]).await.map_err(&failed)? else {
-            return Ok(None);
-        };
-        let id: i64 = row.get(0);
-        let payload: Vec<u8> = row.get(3);
-        Ok(Some(Delivery {
-            id,
-            sender: row.get(1),
-            session: SessionId::from_uuid(row.get(2)),
-            payload: serde_json::from_slice(&payload).map_err(|_| {
-                SubagentError::new(
-                    ErrorCode::StoreCorrupt,
-                    format!("delivery {id}: its stored payload is malformed"),
-                )
-            })?,
-            ticket: row.get(4),
-        }))
+        let room = i64::try_from(room).unwrap_or(i64::MAX);
+        let rows = client
+            .query(&claim, &[&node, &busy, &room])
+            .await
+            .map_err(&failed)?;
+        let mut claimed = rows
+            .into_iter()
+            .map(|row| {
+                let id: i64 = row.get(0);
+                let payload: Vec<u8> = row.get(3);
+                Ok(Delivery {
+                    id,
+                    sender: row.get(1),
+                    session: SessionId::from_uuid(row.get(2)),
+                    payload: serde_json::from_slice(&payload).map_err(|_| {
+                        SubagentError::new(
+                            ErrorCode::StoreCorrupt,
+                            format!("delivery {id}: its stored payload is malformed"),
+                        )
+                    })?,
+                    ticket: row.get(4),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        claimed.sort_by_key(|delivery| delivery.id);
+        Ok(claimed)
+    }
+
+    /// Removes `node`'s deliveries answered more than [`KEPT_ANSWERED`] ago.
+    async fn prune_answered(&self, node: uuid::Uuid) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM subagents_deliveries
+                 WHERE target = $1 AND state = 'answered'
+                   AND answered_at < now() - make_interval(secs => $2)",
+                &[&node, &KEPT_ANSWERED.as_secs_f64()],
+            )
+            .await
+            .map_err(io(format!(
+                "pruning the answered deliveries of node {node}"
+            )))?;
+        Ok(())
     }
 
     /// Stores the answer to a claimed delivery and announces it to its sender, carrying it in
@@ -467,9 +519,10 @@ impl NodeMembership {
         self.send(target, session, payload).await?.answer().await
     }
 
-    /// Serves this node's deliveries, one at a time in the order they were committed, with
-    /// `handler`, until the membership is left, dropped or lost. A handler that panics answers
-    /// its delivery with an error, and serving goes on.
+    /// Serves this node's deliveries with `handler` until the membership is left, dropped or
+    /// lost: those about one session one at a time in the order they were committed, those
+    /// about different sessions at once (up to [`SERVED_AT_ONCE`]). A handler that panics
+    /// answers its delivery with an error, and serving goes on.
     ///
     /// # Errors
     /// `INVALID_ARGS` when this node already serves.
@@ -480,42 +533,108 @@ impl NodeMembership {
                 format!("node {} already serves its deliveries", self.node),
             ));
         }
-        let store = Arc::clone(&self.store);
-        let node = self.node;
-        let inbound = Arc::clone(&self.inbound);
-        let stop = self.stop.clone();
-        tokio::spawn(async move {
-            loop {
+        let server = Server {
+            store: Arc::clone(&self.store),
+            node: self.node,
+            handler,
+            stop: self.stop.clone(),
+            busy: Arc::default(),
+            finished: Arc::default(),
+        };
+        tokio::spawn(server.run(Arc::clone(&self.inbound)));
+        Ok(())
+    }
+}
+
+/// A node's delivery server: claims what it may serve, serves each delivery as a task of its
+/// own, and keeps one delivery per session in flight.
+struct Server {
+    store: Arc<PostgresStore>,
+    node: uuid::Uuid,
+    handler: DeliveryHandler,
+    stop: CancellationToken,
+    /// The sessions a delivery is being served about.
+    busy: Arc<Mutex<HashSet<SessionId>>>,
+    /// Woken when a delivery's service ended (its session may have more).
+    finished: Arc<Notify>,
+}
+
+impl Server {
+    async fn run(self, inbound: Arc<Inbound>) {
+        let mut pruned = tokio::time::Instant::now();
+        loop {
+            let busy: Vec<uuid::Uuid> = self
+                .busy
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .map(|session| *session.as_uuid())
+                .collect();
+            let room = SERVED_AT_ONCE.saturating_sub(busy.len());
+            if room > 0 {
                 let claimed = tokio::select! {
-                    () = stop.cancelled() => return,
-                    claimed = store.claim_delivery(node) => claimed,
+                    () = self.stop.cancelled() => return,
+                    claimed = self.store.claim_deliveries(self.node, &busy, room) => claimed,
                 };
                 match claimed {
-                    Ok(Some(delivery)) => {
-                        let answer = handle(&handler, &delivery).await;
-                        // Its sender waits for it: a passing fault is retried.
-                        while let Err(error) = store.answer_delivery(&delivery, &answer).await {
-                            tracing::warn!(%node, delivery = delivery.id, %error, "a delivery's answer could not be stored; retrying");
-                            tokio::select! {
-                                () = stop.cancelled() => return,
-                                () = tokio::time::sleep(RECHECK) => {}
-                            }
+                    Ok(claimed) if !claimed.is_empty() => {
+                        for delivery in claimed {
+                            self.spawn_serving(delivery);
                         }
                         continue;
                     }
-                    Ok(None) => {}
+                    Ok(_) => {}
                     Err(error) => {
-                        tracing::warn!(%node, %error, "claiming a delivery failed; retrying");
+                        tracing::warn!(node = %self.node, %error, "claiming deliveries failed; retrying");
                     }
                 }
+            }
+            if pruned.elapsed() >= PRUNE_EVERY {
+                pruned = tokio::time::Instant::now();
+                if let Err(error) = self.store.prune_answered(self.node).await {
+                    tracing::debug!(node = %self.node, %error, "pruning answered deliveries failed");
+                }
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                () = inbound.deliveries.notified() => {}
+                () = self.finished.notified() => {}
+                () = tokio::time::sleep(RECHECK) => {}
+            }
+        }
+    }
+
+    /// Serves `delivery` as a task of its own and answers it; its session is busy meanwhile.
+    fn spawn_serving(&self, delivery: Delivery) {
+        self.busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(delivery.session);
+        let (store, handler, stop) = (
+            Arc::clone(&self.store),
+            Arc::clone(&self.handler),
+            self.stop.clone(),
+        );
+        let (busy, finished, node) = (
+            Arc::clone(&self.busy),
+            Arc::clone(&self.finished),
+            self.node,
+        );
+        tokio::spawn(async move {
+            let answer = handle(&handler, &delivery).await;
+            // Its sender waits for it: a passing fault is retried.
+            while let Err(error) = store.answer_delivery(&delivery, &answer).await {
+                tracing::warn!(%node, delivery = delivery.id, %error, "a delivery's answer could not be stored; retrying");
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    () = inbound.deliveries.notified() => {}
                     () = tokio::time::sleep(RECHECK) => {}
                 }
             }
+            busy.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&delivery.session);
+            finished.notify_one();
         });
-        Ok(())
     }
 }
 

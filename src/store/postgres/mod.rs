@@ -100,6 +100,12 @@ const MIGRATIONS: &[&str] = &[
      );
      CREATE INDEX subagents_deliveries_pending ON subagents_deliveries (target, id)
          WHERE state = 'pending';",
+    // 5: deliveries about different sessions are served at once: a session's oldest pending
+    // delivery is found by session, and old answered rows are pruned by age.
+    "CREATE INDEX subagents_deliveries_pending_by_session
+         ON subagents_deliveries (target, session, id) WHERE state = 'pending';
+     CREATE INDEX subagents_deliveries_answered ON subagents_deliveries (target, answered_at)
+         WHERE state = 'answered';",
 ];
 
 /// How long opening a connection may take.
