@@ -304,3 +304,109 @@ async fn a_placement_outside_a_cluster_or_of_a_fork_is_refused() {
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }
+
+/// Starts a continuable child of the root `parent` here, whose first turn holds at `gate`; the
+/// child's agent once its turn reached the gate.
+async fn held_child(
+    rt: &Runtime,
+    parent: &subagents::AgentHandle,
+    model: &ScriptedModel,
+    gate: &Gate,
+) -> subagents::AgentRef {
+    model.push(ScriptStep::text("middle holds").gated(gate));
+    let started = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "middle",
+            parent.agent(),
+            text("coordinate"),
+        ))
+        .await
+        .unwrap();
+    gate.reached().await;
+    rt.agents().get(started.child_id).await.unwrap()
+}
+
+#[actix_rt::test]
+async fn a_continuable_parent_waits_for_its_child_on_another_node_and_hears_its_notice() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("leaf"));
+    let (middle_gate, leaf_gate) = (Gate::new(), Gate::new());
+    model_b.push(ScriptStep::text("leaf holds").gated(&leaf_gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let root = root(&a).await;
+    let middle = held_child(&a, &root, &model_a, &middle_gate).await;
+    // The middle child (an Activation here) places its own child on B.
+    let leaf = place(&a, &middle, b_id, "leaf work").await.unwrap();
+    leaf_gate.reached().await;
+    middle_gate.release();
+    middle.when_idle().await;
+    // Its turn is over, but it owns a child resident on B: it waits, resident.
+    assert_eq!(resident_count(a.subagents()).await, 1);
+    assert!(notices(root.agent()).is_empty());
+    leaf_gate.release();
+    // The leaf's notice wakes the middle child, which then settles and notifies the root.
+    notices_reach(root.agent(), 1).await;
+    let middle_log = persisted(&a, middle.id()).await;
+    let heard: Vec<String> = delivered(&middle_log);
+    assert_eq!(
+        heard.len(),
+        2,
+        "its prompt and the leaf's notice: {heard:?}"
+    );
+    assert!(heard[1].contains(&leaf.child_id.to_string()), "{heard:?}");
+    assert_eq!(resident_count(a.subagents()).await, 0);
+    assert_eq!(resident_count(b.subagents()).await, 0);
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn releasing_a_parent_releases_its_child_on_the_other_node_first() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("leaf"));
+    let (middle_gate, leaf_gate) = (Gate::new(), Gate::new());
+    model_b.push(ScriptStep::text("leaf holds").gated(&leaf_gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    // Every epoch's end on either node, in the order they happened.
+    let ends = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _subscriptions: Vec<_> = [&a, &b]
+        .into_iter()
+        .map(|rt| {
+            let ends = Arc::clone(&ends);
+            rt.subagents().events().subscribe(
+                subagents::EventScope::All,
+                move |event: &subagents::SubagentEvent| {
+                    if let subagents::SubagentEvent::End(end) = event {
+                        ends.lock().unwrap().push(end.info.id);
+                    }
+                },
+            )
+        })
+        .collect();
+    let root = root(&a).await;
+    let middle = held_child(&a, &root, &model_a, &middle_gate).await;
+    let leaf = place(&a, &middle, b_id, "leaf work").await.unwrap();
+    leaf_gate.reached().await;
+    middle_gate.release();
+    middle.when_idle().await;
+    // Draining the root's descendants releases the middle child, and before it the leaf on B.
+    a.subagents()
+        .drain_continuable_descendants(&[root.agent().clone()])
+        .await
+        .unwrap();
+    assert_eq!(resident_count(a.subagents()).await, 0);
+    assert_eq!(resident_count(b.subagents()).await, 0);
+    assert_eq!(
+        *ends.lock().unwrap(),
+        [leaf.child_id, middle.id()],
+        "child first, across nodes"
+    );
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
