@@ -662,6 +662,7 @@ impl Subagents {
                     Ok(Routed::Remote(cluster, node)) => (cluster, node),
                     // Resident on another node of the cluster: asked there.
                     Err(error) if error.code() == ErrorCode::SessionLeased => {
+                        tracing::debug!(child = %child_id, %error, "the child is leased elsewhere; looking for its node");
                         let Some(cluster) = &cluster else {
                             return Err(error);
                         };
@@ -691,8 +692,14 @@ impl Subagents {
                     Ok(FollowupAnswer::Accepted(id)) => return Ok(id),
                     // Settled there, or its node died: resumed from the store (here, once the
                     // dead node's lease expired).
-                    Ok(FollowupAnswer::Absent) => moved += 1,
-                    Err(error) if error.code() == ErrorCode::SessionLeased => moved += 1,
+                    Ok(FollowupAnswer::Absent) => {
+                        tracing::debug!(child = %child_id, %node, "the child left the node it was asked on; resuming it");
+                        moved += 1;
+                    }
+                    Err(error) if error.code() == ErrorCode::SessionLeased => {
+                        tracing::debug!(child = %child_id, %node, %error, "the child's node stopped; resuming it");
+                        moved += 1;
+                    }
                     Err(error) => return Err(error),
                 }
                 manager

@@ -686,6 +686,39 @@ fn deliveries_about_different_sessions_are_served_at_once() {
     );
 }
 
+// Old deliveries are pruned by any serving node: an answered one once the retention has
+// passed (its sender read it long before), and one left unserved to a node that is gone.
+#[test]
+fn old_deliveries_are_pruned_once_their_retention_passed() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let join = |name| {
+        let mut config = PostgresConfig::new(url.clone());
+        config.delivery_retention = Duration::from_millis(200);
+        let store = Arc::new(block_on(PostgresStore::connect_with(config)).unwrap());
+        block_on(store.join(&LeaseHolder::new(), name)).unwrap()
+    };
+    let (sender, target, gone) = (join("a"), join("b"), join("gone"));
+    let gone_node = gone.node();
+    block_on(gone.leave()).unwrap();
+    target
+        .serve(Arc::new(|_| Box::pin(async { Ok(serde_json::json!("ok")) })))
+        .unwrap();
+    let answer = block_on(sender.deliver(target.node(), SessionId::new(), &serde_json::json!(1)));
+    assert_eq!(answer.unwrap(), serde_json::json!("ok"));
+    // Sent to a node that left, and not waited for.
+    drop(block_on(sender.send(gone_node, SessionId::new(), &serde_json::json!(2))).unwrap());
+    let count = || -> i64 { query_value(&url, "SELECT count(*) FROM subagents_deliveries") };
+    assert_eq!(count(), 2);
+    // The retention is the behavior under test, and nothing announces a pruning: poll, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while count() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the deliveries were never pruned");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 // A delivery to a node that went silent before serving it is withdrawn once the node's
 // membership expires, and its sender is told the session's node stopped.
 #[test]

@@ -12,8 +12,9 @@
 //!   one sender committed one after another about a session are served in that order
 //!   (concurrent senders' interleave). Deliveries about different sessions are served
 //!   concurrently, up to [`SERVED_AT_ONCE`].
-//! - Answered rows are pruned once they are [`KEPT_ANSWERED`] old: their senders read them
-//!   long before.
+//! - Answered and withdrawn rows are pruned once they are `PostgresConfig::delivery_retention`
+//!   old (their senders read them long before), and so are rows that old sent to a node no
+//!   longer live.
 //! - A lost notification only delays: both sides also look at the table every
 //!   [`RECHECK`].
 //! - A sender whose target node's membership expired with the delivery still pending is told
@@ -44,10 +45,7 @@ pub const RECHECK: Duration = Duration::from_millis(500);
 /// The most deliveries a node serves at once (each about a different session).
 pub const SERVED_AT_ONCE: usize = 64;
 
-/// How long an answered delivery's row is kept for its sender to read.
-pub const KEPT_ANSWERED: Duration = Duration::from_secs(300);
-
-/// How often a serving node prunes its answered rows.
+/// The longest a serving node waits between two prunings of old deliveries.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// One delivery, as its target node serves it.
@@ -360,20 +358,24 @@ impl PostgresStore {
         Ok(claimed)
     }
 
-    /// Removes `node`'s deliveries answered more than [`KEPT_ANSWERED`] ago.
-    async fn prune_answered(&self, node: uuid::Uuid) -> Result<()> {
+    /// Removes the deliveries answered or withdrawn more than the retention ago, and those
+    /// sent that long ago to a node that is no longer live (whichever node sent or served
+    /// them: a cluster's nodes come and go, and any of them prunes for all).
+    async fn prune_deliveries(&self) -> Result<()> {
         let client = self.client().await?;
         client
             .execute(
-                "DELETE FROM subagents_deliveries
-                 WHERE target = $1 AND state = 'answered'
-                   AND answered_at < now() - make_interval(secs => $2)",
-                &[&node, &KEPT_ANSWERED.as_secs_f64()],
+                "DELETE FROM subagents_deliveries delivery
+                 WHERE coalesce(delivery.answered_at, delivery.sent_at)
+                       < now() - make_interval(secs => $1)
+                   AND (delivery.state IN ('answered', 'withdrawn') OR NOT EXISTS (
+                       SELECT 1 FROM subagents_nodes node
+                       WHERE node.node = delivery.target AND node.expires_at > now()
+                   ))",
+                &[&self.delivery_retention.as_secs_f64()],
             )
             .await
-            .map_err(io(format!(
-                "pruning the answered deliveries of node {node}"
-            )))?;
+            .map_err(io("pruning old deliveries"))?;
         Ok(())
     }
 
@@ -589,10 +591,10 @@ impl Server {
                     }
                 }
             }
-            if pruned.elapsed() >= PRUNE_EVERY {
+            if pruned.elapsed() >= PRUNE_EVERY.min(self.store.delivery_retention) {
                 pruned = tokio::time::Instant::now();
-                if let Err(error) = self.store.prune_answered(self.node).await {
-                    tracing::debug!(node = %self.node, %error, "pruning answered deliveries failed");
+                if let Err(error) = self.store.prune_deliveries().await {
+                    tracing::debug!(node = %self.node, %error, "pruning old deliveries failed");
                 }
             }
             tokio::select! {

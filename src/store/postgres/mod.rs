@@ -101,11 +101,9 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX subagents_deliveries_pending ON subagents_deliveries (target, id)
          WHERE state = 'pending';",
     // 5: deliveries about different sessions are served at once: a session's oldest pending
-    // delivery is found by session, and old answered rows are pruned by age.
+    // delivery is found by session.
     "CREATE INDEX subagents_deliveries_pending_by_session
-         ON subagents_deliveries (target, session, id) WHERE state = 'pending';
-     CREATE INDEX subagents_deliveries_answered ON subagents_deliveries (target, answered_at)
-         WHERE state = 'answered';",
+         ON subagents_deliveries (target, session, id) WHERE state = 'pending';",
 ];
 
 /// How long opening a connection may take.
@@ -186,6 +184,10 @@ pub struct PostgresConfig {
     /// How long a node that joined the cluster keeps its row, and with it its leases, without
     /// a heartbeat (default 10 s; it heartbeats every third of this).
     pub node_ttl: Duration,
+    /// How long a delivery between nodes is kept once answered or withdrawn, or once sent to
+    /// a node no longer live (default 5 minutes): a serving node prunes older rows every
+    /// minute, or every retention period when that is shorter.
+    pub delivery_retention: Duration,
 }
 
 /// Never shows the connection string: it may hold a password.
@@ -196,6 +198,7 @@ impl std::fmt::Debug for PostgresConfig {
             .field("lease_ttl", &self.lease_ttl)
             .field("pool_size", &self.pool_size)
             .field("node_ttl", &self.node_ttl)
+            .field("delivery_retention", &self.delivery_retention)
             .finish()
     }
 }
@@ -208,6 +211,7 @@ impl PostgresConfig {
             lease_ttl: Duration::from_secs(30),
             pool_size: 16,
             node_ttl: Duration::from_secs(10),
+            delivery_retention: Duration::from_secs(300),
         }
     }
 }
@@ -219,6 +223,7 @@ pub struct PostgresStore {
     pg_config: tokio_postgres::Config,
     lease_ttl: Duration,
     node_ttl: Duration,
+    delivery_retention: Duration,
     /// The holders this process granted leases to: one that is gone holds nothing.
     holders: Mutex<HashMap<uuid::Uuid, HolderLiveness>>,
     /// The holders of this process that are cluster members now (their leases need no renewal).
@@ -353,6 +358,7 @@ impl PostgresStore {
             pg_config: pg,
             lease_ttl: config.lease_ttl,
             node_ttl: config.node_ttl,
+            delivery_retention: config.delivery_retention,
             holders: Mutex::default(),
             members: Mutex::default(),
         };
