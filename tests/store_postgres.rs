@@ -703,7 +703,9 @@ fn old_deliveries_are_pruned_once_their_retention_passed() {
     let gone_node = gone.node();
     block_on(gone.leave()).unwrap();
     target
-        .serve(Arc::new(|_| Box::pin(async { Ok(serde_json::json!("ok")) })))
+        .serve(Arc::new(|_| {
+            Box::pin(async { Ok(serde_json::json!("ok")) })
+        }))
         .unwrap();
     let answer = block_on(sender.deliver(target.node(), SessionId::new(), &serde_json::json!(1)));
     assert_eq!(answer.unwrap(), serde_json::json!("ok"));
@@ -714,7 +716,10 @@ fn old_deliveries_are_pruned_once_their_retention_passed() {
     // The retention is the behavior under test, and nothing announces a pruning: poll, bounded.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while count() > 0 {
-        assert!(std::time::Instant::now() < deadline, "the deliveries were never pruned");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deliveries were never pruned"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -564,30 +564,41 @@ struct Server {
 impl Server {
     async fn run(self, inbound: Arc<Inbound>) {
         let mut pruned = tokio::time::Instant::now();
+        let mut claim = true;
+        // Whether the last claim may have left pending deliveries behind: it left out busy
+        // sessions, or it had no room. Only then does a served delivery's end call for a new
+        // claim; otherwise what comes next is announced.
+        let mut left_behind = false;
         loop {
-            let busy: Vec<uuid::Uuid> = self
-                .busy
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .map(|session| *session.as_uuid())
-                .collect();
-            let room = SERVED_AT_ONCE.saturating_sub(busy.len());
-            if room > 0 {
-                let claimed = tokio::select! {
-                    () = self.stop.cancelled() => return,
-                    claimed = self.store.claim_deliveries(self.node, &busy, room) => claimed,
-                };
-                match claimed {
-                    Ok(claimed) if !claimed.is_empty() => {
-                        for delivery in claimed {
-                            self.spawn_serving(delivery);
+            if claim {
+                let busy: Vec<uuid::Uuid> = self
+                    .busy
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .iter()
+                    .map(|session| *session.as_uuid())
+                    .collect();
+                let room = SERVED_AT_ONCE.saturating_sub(busy.len());
+                left_behind = !busy.is_empty();
+                if room > 0 {
+                    let claimed = tokio::select! {
+                        () = self.stop.cancelled() => return,
+                        claimed = self.store.claim_deliveries(self.node, &busy, room) => claimed,
+                    };
+                    match claimed {
+                        Ok(claimed) => {
+                            let full = claimed.len() == room;
+                            for delivery in claimed {
+                                self.spawn_serving(delivery);
+                            }
+                            // A full batch may have left more behind.
+                            if full {
+                                continue;
+                            }
                         }
-                        continue;
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::warn!(node = %self.node, %error, "claiming deliveries failed; retrying");
+                        Err(error) => {
+                            tracing::warn!(node = %self.node, %error, "claiming deliveries failed; retrying");
+                        }
                     }
                 }
             }
@@ -597,12 +608,12 @@ impl Server {
                     tracing::debug!(node = %self.node, %error, "pruning old deliveries failed");
                 }
             }
-            tokio::select! {
+            claim = tokio::select! {
                 () = self.stop.cancelled() => return,
-                () = inbound.deliveries.notified() => {}
-                () = self.finished.notified() => {}
-                () = tokio::time::sleep(RECHECK) => {}
-            }
+                () = inbound.deliveries.notified() => true,
+                () = self.finished.notified() => left_behind,
+                () = tokio::time::sleep(RECHECK) => true,
+            };
         }
     }
 
