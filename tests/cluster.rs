@@ -65,21 +65,51 @@ fn lifecycle(rt: &Runtime, parent: &subagents::AgentHandle) -> SeamRecorder {
     SeamRecorder::new(rt, subagents::EventScope::Key(parent.agent().id()))
 }
 
-#[actix_rt::test]
-async fn a_child_placed_on_another_node_runs_there_and_takes_its_parents_followups_in_order() {
+/// Two nodes on a fresh database, a root on the first, and its child placed on the second,
+/// holding its first turn at `gate`.
+struct Placed {
+    url: String,
+    a: Runtime,
+    b: Runtime,
+    b_id: NodeId,
+    parent: subagents::AgentHandle,
+    started: subagents::ContinuableStart,
+    gate: Gate,
+}
+
+async fn placed(prompt: &str) -> Placed {
     let url = server().fresh_database();
-    let (model_a, model_b) = (
-        ScriptedModel::repeating(ScriptStep::text("parent")),
-        ScriptedModel::repeating(ScriptStep::text("child")),
-    );
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
     let gate = Gate::new();
-    model_b.push(ScriptStep::text("first answer").gated(&gate));
+    model_b.push(ScriptStep::text("held answer").gated(&gate));
     let (a, _) = node(&url, "a", &model_a).await;
     let (b, b_id) = node(&url, "b", &model_b).await;
     let parent = root(&a).await;
-    let on_b = lifecycle(&b, &parent);
-    let started = place(&a, parent.agent(), b_id, "first").await.unwrap();
+    let started = place(&a, parent.agent(), b_id, prompt).await.unwrap();
     gate.reached().await;
+    Placed {
+        url,
+        a,
+        b,
+        b_id,
+        parent,
+        started,
+        gate,
+    }
+}
+
+#[actix_rt::test]
+async fn a_child_placed_on_another_node_runs_there_and_takes_its_parents_followups_in_order() {
+    let Placed {
+        a,
+        b,
+        parent,
+        started,
+        gate,
+        ..
+    } = placed("first").await;
+    let on_b = lifecycle(&b, &parent);
     // Resident on B alone: its agent and Activation live there, the parent's node has none.
     assert_eq!(resident_count(b.subagents()).await, 1);
     assert_eq!(resident_count(a.subagents()).await, 0);
@@ -114,16 +144,14 @@ async fn a_child_placed_on_another_node_runs_there_and_takes_its_parents_followu
 
 #[actix_rt::test]
 async fn an_interrupt_crosses_to_the_childs_node_and_its_report_comes_back() {
-    let url = server().fresh_database();
-    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
-    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
-    let gate = Gate::new();
-    model_b.push(ScriptStep::text("never").gated(&gate));
-    let (a, _) = node(&url, "a", &model_a).await;
-    let (b, b_id) = node(&url, "b", &model_b).await;
-    let parent = root(&a).await;
-    let started = place(&a, parent.agent(), b_id, "work").await.unwrap();
-    gate.reached().await;
+    let Placed {
+        a,
+        b,
+        parent,
+        started,
+        gate,
+        ..
+    } = placed("work").await;
     // The child reports from its node; the report lands in the parent's log on the other.
     let child = b.agents().get(started.child_id).await.unwrap();
     let report = b
@@ -177,16 +205,13 @@ async fn an_interrupt_crosses_to_the_childs_node_and_its_report_comes_back() {
 
 #[actix_rt::test]
 async fn draining_a_parent_releases_its_child_on_the_other_node_first() {
-    let url = server().fresh_database();
-    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
-    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
-    let gate = Gate::new();
-    model_b.push(ScriptStep::text("held").gated(&gate));
-    let (a, _) = node(&url, "a", &model_a).await;
-    let (b, b_id) = node(&url, "b", &model_b).await;
-    let parent = root(&a).await;
-    let started = place(&a, parent.agent(), b_id, "work").await.unwrap();
-    gate.reached().await;
+    let Placed {
+        a,
+        b,
+        parent,
+        started,
+        ..
+    } = placed("work").await;
     a.subagents()
         .drain_continuable_descendants(&[parent.agent().clone()])
         .await
@@ -200,16 +225,13 @@ async fn draining_a_parent_releases_its_child_on_the_other_node_first() {
 
 #[actix_rt::test]
 async fn a_child_whose_node_left_is_resumed_on_its_parents_node() {
-    let url = server().fresh_database();
-    let model_a = ScriptedModel::repeating(ScriptStep::text("resumed here"));
-    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
-    let gate = Gate::new();
-    model_b.push(ScriptStep::text("held").gated(&gate));
-    let (a, _) = node(&url, "a", &model_a).await;
-    let (b, b_id) = node(&url, "b", &model_b).await;
-    let parent = root(&a).await;
-    let started = place(&a, parent.agent(), b_id, "first").await.unwrap();
-    gate.reached().await;
+    let Placed {
+        a,
+        b,
+        parent,
+        started,
+        ..
+    } = placed("first").await;
     // B leaves: its child is released there, and its notice reaches the parent.
     b.shutdown().await.unwrap();
     notices_reach(parent.agent(), 1).await;
@@ -226,16 +248,15 @@ async fn a_child_whose_node_left_is_resumed_on_its_parents_node() {
 
 #[actix_rt::test]
 async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
-    let url = server().fresh_database();
-    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
-    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
-    let gate = Gate::new();
-    model_b.push(ScriptStep::text("held").gated(&gate));
-    let (a, _) = node(&url, "a", &model_a).await;
-    let (b, b_id) = node(&url, "b", &model_b).await;
-    let parent = root(&a).await;
-    let started = place(&a, parent.agent(), b_id, "work").await.unwrap();
-    gate.reached().await;
+    let Placed {
+        url,
+        a,
+        b,
+        b_id,
+        parent,
+        started,
+        gate,
+    } = placed("work").await;
     // A third node claims to be the parent: the child's node checks who holds the parent.
     let stranger = cluster_store(&url)
         .await

@@ -434,19 +434,28 @@ impl Handler<PlacedInterrupt> for ContinuationManager {
     type Result = Result<()>;
 
     fn handle(&mut self, msg: PlacedInterrupt, _: &mut Context<Self>) -> Result<()> {
-        let Some(resident) = self.residents.get(&msg.child) else {
-            return Ok(());
-        };
-        if !resident.parent.is_remote(msg.parent) {
-            return Err(unauthorized(format!(
-                "continuable child {} belongs to another parent session",
-                msg.child
-            )));
-        }
-        if resident.disposal.is_none() {
-            resident.agent.cancel_now(msg.cause, InboxPolicy::Keep);
+        if let Some(resident) = self.placed_by(msg.parent, msg.child)? {
+            if resident.disposal.is_none() {
+                resident.agent.cancel_now(msg.cause, InboxPolicy::Keep);
+            }
         }
         Ok(())
+    }
+}
+
+impl ContinuationManager {
+    /// `child`'s record when it is resident here, refused unless `parent` on another node is
+    /// its parent; `None` when it is not resident (nothing to act on).
+    fn placed_by(&self, parent: SessionId, child: SessionId) -> Result<Option<&Resident>> {
+        let Some(resident) = self.residents.get(&child) else {
+            return Ok(None);
+        };
+        if !resident.parent.is_remote(parent) {
+            return Err(unauthorized(format!(
+                "continuable child {child} belongs to another parent session"
+            )));
+        }
+        Ok(Some(resident))
     }
 }
 
@@ -463,14 +472,8 @@ impl Handler<PlacedRelease> for ContinuationManager {
     type Result = Result<Option<Disposal>>;
 
     fn handle(&mut self, msg: PlacedRelease, ctx: &mut Context<Self>) -> Self::Result {
-        let Some(resident) = self.residents.get(&msg.child) else {
+        if self.placed_by(msg.parent, msg.child)?.is_none() {
             return Ok(None);
-        };
-        if !resident.parent.is_remote(msg.parent) {
-            return Err(unauthorized(format!(
-                "continuable child {} belongs to another parent session",
-                msg.child
-            )));
         }
         Ok(self.open_disposal(msg.child, ctx))
     }
