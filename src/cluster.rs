@@ -1,6 +1,7 @@
 //! Provides what one runtime of a cluster asks another about continuable children: the
-//! operations ([`RemoteOp`]) that cross nodes as deliveries, and the link ([`ClusterLink`])
-//! that sends them and finds which node holds a session.
+//! operations that cross nodes as deliveries, and the link that sends them and finds which
+//! node holds a session. The public part is [`NodeId`]; a runtime joins a cluster through
+//! [`crate::RuntimeBuilder::cluster`].
 //!
 //! # Placement
 //! A continuable child is resident on at most one node: the one holding its session lease. A
