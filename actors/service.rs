@@ -397,7 +397,11 @@ impl std::fmt::Debug for ProviderRegistration {
 impl Subagents {
     /// Starts the provider service and the continuation manager, which creates and resumes
     /// continuable children through `agents`.
-    pub(crate) fn start_service(agents: Agents, cluster: Option<ClusterLink>) -> Self {
+    /// Starts the service and the manager; a cluster node serves its deliveries from now on.
+    ///
+    /// # Errors
+    /// `INVALID_ARGS` when the node's deliveries are served already (by another runtime).
+    pub(crate) fn start_service(agents: Agents, cluster: Option<ClusterLink>) -> Result<Self> {
         let events = EventBus::new();
         let setup = Arc::new(SetupRegistry::default());
         let service = SubagentService {
@@ -416,18 +420,16 @@ impl Subagents {
         .start();
         if let Some(cluster) = &cluster {
             let handler = delivery_handler(manager.clone(), agents.clone(), cluster.clone());
-            if let Err(error) = cluster.membership().serve(handler) {
-                tracing::warn!(%error, "this node's deliveries are served elsewhere");
-            }
+            cluster.membership().serve(handler)?;
         }
-        Self {
+        Ok(Self {
             agents,
             service,
             manager,
             setup,
             events,
             cluster,
-        }
+        })
     }
 
     /// Lists `parent`'s direct delegated children, live and stored, in (created-at, id)
@@ -684,10 +686,18 @@ impl Subagents {
                         child: child_id,
                         parent: parent.clone(),
                         node,
+                        starting: None,
                     };
                     manager.send(placed).await.map_err(SubagentError::from)??;
                 }
                 let asked = ask_followup(&cluster, node, parent.id(), child_id, &delivery).await;
+                if found && asked.is_err() {
+                    // Not the parent's there after all (or not now): no record is left behind.
+                    manager.do_send(ForgetRemote {
+                        child: child_id,
+                        node,
+                    });
+                }
                 match asked {
                     Ok(FollowupAnswer::Accepted(id)) => return Ok(id),
                     // Settled there, or its node died: resumed from the store (here, once the
@@ -719,9 +729,14 @@ impl Subagents {
     /// is not requeued; descendants and the Activation are untouched. An absent target
     /// (unknown, one-shot, settled) is an accepted no-op.
     ///
+    /// A child its parent here placed on another node of a cluster is interrupted there; one
+    /// resident on another node that this runtime has no record of (its parent placed it from
+    /// another runtime) is, as far as this runtime can tell, absent.
+    ///
     /// # Errors
     /// `UNAUTHORIZED`: a wrong parent address, a caller outside the target's live ancestry,
-    /// a stale ancestor, or an ancestor naming itself.
+    /// a stale ancestor, or an ancestor naming itself; for a child on another node, what that
+    /// node answered, or `STORE_IO` when it could not be asked.
     pub async fn interrupt(&self, target: SessionId, authority: InterruptAuthority) -> Result<()> {
         let routed = self
             .manager

@@ -18,8 +18,10 @@
 //!
 //! A node serves the deliveries about one session one at a time (a child's start, follow-ups,
 //! interrupt and release arrive in the order they were sent), and different sessions' at once.
-//! No handler here waits on a delivery to another node: what a handler awaits is always local
-//! (an inbox acceptance, a flush, a teardown).
+//! A handler awaits only local work (an inbox acceptance, a flush, a teardown), except that a
+//! child's release waits for the release of the children it placed on other nodes in turn:
+//! each level of a forest spread across nodes holds one delivery slot while the level below
+//! releases.
 
 use std::sync::Arc;
 
@@ -104,15 +106,49 @@ pub(crate) enum FollowupAnswer {
     Absent,
 }
 
-/// A runtime's link to its cluster: its membership, shared with the delivery server.
+/// A runtime's link to its cluster: its membership, shared with the delivery server, and the
+/// notices it is still sending to other nodes.
 #[derive(Debug, Clone)]
 pub(crate) struct ClusterLink {
     membership: Arc<NodeMembership>,
+    notices: tokio_util::task::TaskTracker,
 }
+
+/// The longest a leaving node waits for its last notices to reach their parents.
+const LAST_NOTICES: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl ClusterLink {
     pub(crate) fn new(membership: Arc<NodeMembership>) -> Self {
-        Self { membership }
+        Self {
+            membership,
+            notices: tokio_util::task::TaskTracker::new(),
+        }
+    }
+
+    /// Sends a notice as a task of its own, which a leaving node waits for.
+    pub(crate) fn track(&self, notice: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.notices.spawn(notice);
+    }
+
+    /// Waits (bounded) for the notices still on their way, then leaves the cluster.
+    pub(crate) async fn leave(&self) -> Result<()> {
+        self.notices.close();
+        if tokio::time::timeout(LAST_NOTICES, self.notices.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(node = %self.node(), "leaving with notices still on their way");
+        }
+        self.membership.leave().await
+    }
+
+    /// Which of `nodes` are no longer live members.
+    pub(crate) async fn gone(&self, nodes: Vec<NodeId>) -> Result<Vec<NodeId>> {
+        let live = self.membership.live_among(&nodes).await?;
+        Ok(nodes
+            .into_iter()
+            .filter(|node| !live.contains(node))
+            .collect())
     }
 
     /// This node's id.

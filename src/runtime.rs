@@ -186,17 +186,15 @@ impl RuntimeBuilder {
             projections: (!self.without_projections).then(ProjectionRegistry::with_seam_units),
             projection_cache: !self.without_projection_cache,
         });
+        let cluster = self.cluster.map(ClusterLink::new);
         let agents = Agents::start(
             Arc::clone(&env),
             (self.workers > 1).then(|| Arc::new(WorkerPool::new(self.workers))),
             self.holder.unwrap_or_default(),
         );
         Ok(Runtime {
-            subagents: Subagents::start_service(
-                agents.clone(),
-                self.cluster.clone().map(ClusterLink::new),
-            ),
-            cluster: self.cluster,
+            subagents: Subagents::start_service(agents.clone(), cluster.clone())?,
+            cluster,
             agents,
             env,
             jobs: Jobs::default(),
@@ -211,7 +209,7 @@ pub struct Runtime {
     subagents: Subagents,
     env: Arc<AgentEnv>,
     jobs: Jobs,
-    cluster: Option<Arc<NodeMembership>>,
+    cluster: Option<ClusterLink>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -294,9 +292,10 @@ impl Runtime {
             }
         }
         self.agents.stop_workers();
-        // Everything this node held is released: its peers may take its sessions at once.
-        if let Some(membership) = &self.cluster {
-            if let Err(error) = membership.leave().await {
+        // Everything this node held is released: once its last notices are sent, its peers
+        // may take its sessions at once.
+        if let Some(cluster) = &self.cluster {
+            if let Err(error) = cluster.leave().await {
                 first_error.get_or_insert(error);
             }
         }

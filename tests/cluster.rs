@@ -70,6 +70,7 @@ fn lifecycle(rt: &Runtime, parent: &subagents::AgentHandle) -> SeamRecorder {
 struct Placed {
     url: String,
     a: Runtime,
+    a_id: NodeId,
     b: Runtime,
     b_id: NodeId,
     parent: subagents::AgentHandle,
@@ -83,7 +84,7 @@ async fn placed(prompt: &str) -> Placed {
     let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
     let gate = Gate::new();
     model_b.push(ScriptStep::text("held answer").gated(&gate));
-    let (a, _) = node(&url, "a", &model_a).await;
+    let (a, a_id) = node(&url, "a", &model_a).await;
     let (b, b_id) = node(&url, "b", &model_b).await;
     let parent = root(&a).await;
     let started = place(&a, parent.agent(), b_id, prompt).await.unwrap();
@@ -91,6 +92,7 @@ async fn placed(prompt: &str) -> Placed {
     Placed {
         url,
         a,
+        a_id,
         b,
         b_id,
         parent,
@@ -251,6 +253,7 @@ async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
     let Placed {
         url,
         a,
+        a_id,
         b,
         b_id,
         parent,
@@ -279,6 +282,24 @@ async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), ErrorCode::Unauthorized);
+    // Nor can it speak for the child: a settled notice from a node that does not hold it.
+    let notice = Message::user(text("settled, supposedly"), MessageSource::User);
+    let forged = stranger
+        .deliver(
+            a_id,
+            started.child_id,
+            &json!({
+                "op": "notify",
+                "parent": parent.agent().id(),
+                "child": started.child_id,
+                "message": notice,
+                "kind": "settled",
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(forged.code(), ErrorCode::Unauthorized);
+    assert!(notices(parent.agent()).is_empty());
     gate.release();
     notices_reach(parent.agent(), 1).await;
     let events = persisted(&b, started.child_id).await;

@@ -395,3 +395,46 @@ fn a_paused_node_that_wakes_past_its_membership_is_fenced_out_and_faults() {
     a.tell("quit");
     assert!(a.wait().success(), "{}", a.errors());
 }
+
+#[test]
+fn a_parent_hears_that_its_childs_node_stopped() {
+    let url = server().fresh_database();
+    let mut c = NodeProcess::start(&url, "c", &["--hold"]);
+    let place_on = c.id.clone();
+    let mut a = NodeProcess::start(
+        &url,
+        "a",
+        &["--drive", "1", "--children", "2", "--place-on", &place_on],
+    );
+    let first = a.lines_until("round 1");
+    let placed: Vec<(SessionId, SessionId)> = first
+        .iter()
+        .filter_map(|line| line.strip_prefix("child "))
+        .map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            (words[0].parse().unwrap(), words[1].parse().unwrap())
+        })
+        .collect();
+    let root = placed[0].0;
+    let children: Vec<SessionId> = placed.iter().map(|(_, child)| *child).collect();
+    until_stored(&url, &children, "the children mid-turn on C", |logs| {
+        logs.iter().all(|events| {
+            events
+                .iter()
+                .any(|event| matches!(event.kind, EventKind::TurnStart { .. }))
+        })
+    });
+    c.process.kill().expect("SIGKILL delivered");
+    c.process.wait().expect("the killed node is reaped");
+    // No notice can come from C: once its membership expired, the root's node tells the root.
+    until_stored(&url, &[root], "the root to hear of both children", |logs| {
+        let heard: Vec<String> = crate::support::delivered(&logs[0]);
+        children.iter().all(|child| {
+            heard
+                .iter()
+                .any(|text| text.contains(&child.to_string()) && text.contains("(node-stopped)"))
+        })
+    });
+    a.tell("quit");
+    assert!(a.wait().success(), "{}", a.errors());
+}

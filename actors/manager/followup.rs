@@ -38,14 +38,20 @@ impl Handler<Followup> for ContinuationManager {
         if msg.token.is_cancelled() {
             return Box::pin(async { Err(cancelled()) });
         }
-        if let Some(remote) = self.remote_children.get(&msg.child) {
-            if remote.parent != msg.parent {
+        if let Some(remote) = self.remote_children.get_mut(&msg.child) {
+            // Authority is the parent session, as for a resident child; a parent reopened
+            // since the placement is the same parent, live again.
+            if remote.parent.id() != msg.parent.id() || !msg.parent.is_alive() {
                 return Box::pin(async move {
                     Err(unauthorized(format!(
-                        "continuable child {} belongs to another parent session",
+                        "agent {} is not the exact live parent of continuable child {}",
+                        msg.parent.id(),
                         msg.child
                     )))
                 });
+            }
+            if !remote.parent.is_alive() {
+                remote.parent = msg.parent.clone();
             }
             if let Some(cluster) = self.cluster.clone() {
                 let node = remote.node;

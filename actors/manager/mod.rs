@@ -183,6 +183,8 @@ impl ParentLink {
 struct RemoteChild {
     parent: AgentRef,
     node: NodeId,
+    /// Resolves once its start was answered: a release must not overtake the start.
+    starting: Option<Signal>,
     /// Its release, once asked for (memoized: a drain and a disposal may both ask).
     release: Option<Disposal>,
 }
@@ -296,10 +298,20 @@ pub(crate) struct ContinuationManager {
     cluster: Option<ClusterLink>,
     /// Children this runtime's parents placed on other nodes.
     remote_children: HashMap<SessionId, RemoteChild>,
+    /// Whether a look for stopped nodes is in flight.
+    sweeping: bool,
 }
 
 impl Actor for ContinuationManager {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        if self.cluster.is_some() {
+            ctx.run_interval(remote::SWEEP_EVERY, |manager, ctx| {
+                manager.sweep_gone_nodes(ctx);
+            });
+        }
+    }
 }
 
 fn cancelled() -> SubagentError {
@@ -342,6 +354,7 @@ impl ContinuationManager {
         Self {
             cluster,
             remote_children: HashMap::new(),
+            sweeping: false,
             agents,
             service,
             events,

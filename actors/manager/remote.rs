@@ -24,12 +24,15 @@ pub(super) async fn place(
     start: RemoteStart,
 ) -> Result<ContinuableStart> {
     let child = start.child;
-    // Recorded first: the child may report, or even settle, before its start is answered.
+    // Recorded first: the child may report, or even settle, before its start is answered. A
+    // release asked meanwhile waits for the start's answer (it must not overtake it).
+    let (answered, starting) = signal();
     manager
         .send(RemotePlaced {
             child,
             parent,
             node,
+            starting: Some(starting),
         })
         .await
         .map_err(SubagentError::from)??;
@@ -41,7 +44,17 @@ pub(super) async fn place(
     if started.is_err() {
         manager.do_send(ForgetRemote { child, node });
     }
+    let _ = answered.send(());
     started
+}
+
+/// A node that stopped holds nothing any more (its leases expire with it): there is nothing
+/// left to stop or release there.
+fn unless_gone(outcome: Result<()>) -> Result<()> {
+    match outcome {
+        Err(error) if error.code() == ErrorCode::SessionLeased => Ok(()),
+        outcome => outcome,
+    }
 }
 
 /// Asks `node` to accept a follow-up from `parent` for `child`.
@@ -74,11 +87,7 @@ pub(crate) async fn ask_interrupt(
         child,
         cause,
     };
-    match cluster.ask::<()>(node, child, &op).await {
-        // A dead node's child has no turn left to stop.
-        Err(error) if error.code() == ErrorCode::SessionLeased => Ok(()),
-        outcome => outcome,
-    }
+    unless_gone(cluster.ask::<()>(node, child, &op).await)
 }
 
 impl ContinuationManager {
@@ -110,16 +119,18 @@ impl ContinuationManager {
         if let Some(release) = &record.release {
             return Some(release.clone());
         }
-        let (node, parent) = (record.node, record.parent.id());
+        let (node, parent, starting) = (record.node, record.parent.id(), record.starting.clone());
         let release: Disposal = async move {
+            if let Some(starting) = starting {
+                starting.await;
+            }
             let op = RemoteOp::Release { parent, child };
-            let outcome = match cluster.ask::<()>(node, child, &op).await {
-                // A dead node holds nothing any more: its leases expire with it.
-                Err(error) if error.code() == ErrorCode::SessionLeased => Ok(()),
-                outcome => outcome,
-            };
-            // Released (or gone): the parent no longer waits for it, notice or not.
-            manager.do_send(ForgetRemote { child, node });
+            let outcome = unless_gone(cluster.ask::<()>(node, child, &op).await);
+            // Released (or gone): the parent no longer waits for it, notice or not. A release
+            // that failed keeps the record: the child may still run there.
+            if outcome.is_ok() {
+                manager.do_send(ForgetRemote { child, node });
+            }
             outcome
         }
         .boxed()
@@ -154,8 +165,9 @@ impl ContinuationManager {
             .collect()
     }
 
-    /// Sends `child`'s settled notice to its parent's node; a node that cannot be reached
-    /// leaves the child's session as the record.
+    /// Sends `child`'s settled notice to its parent's node (tracked, so a leaving node sends
+    /// its last notices before it goes); a parent that cannot be reached anywhere leaves the
+    /// child's session as the record.
     pub(super) fn notify_remote(
         &self,
         remote: &RemoteParent,
@@ -167,14 +179,8 @@ impl ContinuationManager {
             return;
         };
         let (parent, node) = (remote.id, remote.node);
-        tokio::spawn(async move {
-            let op = RemoteOp::Notify {
-                parent,
-                child,
-                message,
-                kind,
-            };
-            if let Err(error) = cluster.ask::<MessageId>(node, child, &op).await {
+        cluster.clone().track(async move {
+            if let Err(error) = tell_parent(&cluster, parent, node, child, message, kind).await {
                 tracing::warn!(%child, %parent, %node, %error, "a settled notice did not reach its parent's node; the child's session is the record");
             }
         });
@@ -192,23 +198,60 @@ impl ContinuationManager {
         let (parent, node) = (remote.id, remote.node);
         async move {
             let cluster = cluster.ok_or_else(|| SubagentError::bug("a remote parent without a cluster"))?;
-            let op = RemoteOp::Notify {
-                parent,
-                child,
-                message,
-                kind,
-            };
-            cluster
-                .ask::<MessageId>(node, child, &op)
+            tell_parent(&cluster, parent, node, child, message, kind)
                 .await
-                .map_err(|error| {
-                    SubagentError::new(
+                .map_err(|error| match error.code() {
+                    ErrorCode::SessionLeased => SubagentError::new(
                         ErrorCode::ParentUnavailable,
-                        format!("the parent of continuable child {child} on node {node} did not take its report: {error}"),
-                    )
+                        format!("the parent of continuable child {child} is not live on any node: {error}"),
+                    ),
+                    _ => error,
                 })
         }
         .boxed()
+    }
+}
+
+/// How many times a notice or report is tried before it is given up.
+const NOTICE_ATTEMPTS: u32 = 5;
+
+/// Delivers `child`'s notice or report to `parent`, on the node it was last known on, or,
+/// once that node stopped, on the node holding the parent now; a passing fault is retried.
+async fn tell_parent(
+    cluster: &ClusterLink,
+    parent: SessionId,
+    mut node: NodeId,
+    child: SessionId,
+    message: Message,
+    kind: NoticeKind,
+) -> Result<MessageId> {
+    let op = RemoteOp::Notify {
+        parent,
+        child,
+        message,
+        kind,
+    };
+    let mut attempt = 1;
+    loop {
+        let error = match cluster.ask::<MessageId>(node, child, &op).await {
+            Ok(id) => return Ok(id),
+            Err(error) => error,
+        };
+        if attempt >= NOTICE_ATTEMPTS {
+            return Err(error);
+        }
+        attempt += 1;
+        match error.code() {
+            // The parent's node stopped (or no longer has it): ask where it is now.
+            ErrorCode::SessionLeased | ErrorCode::ParentUnavailable => {
+                match cluster.membership().holder_of(parent).await? {
+                    Some(holder) if holder != node => node = holder,
+                    _ => return Err(error),
+                }
+            }
+            ErrorCode::StoreIo => tokio::time::sleep(crate::store::deliveries::RECHECK).await,
+            _ => return Err(error),
+        }
     }
 }
 
@@ -221,6 +264,9 @@ pub(crate) struct RemotePlaced {
     pub(crate) child: SessionId,
     pub(crate) parent: AgentRef,
     pub(crate) node: NodeId,
+    /// Resolves once the child's start was answered (a placement; `None` for a child found on
+    /// its node by a follow-up).
+    pub(crate) starting: Option<Signal>,
 }
 
 impl Handler<RemotePlaced> for ContinuationManager {
@@ -231,6 +277,7 @@ impl Handler<RemotePlaced> for ContinuationManager {
             child,
             parent,
             node,
+            starting,
         } = msg;
         let lineage = self.lineage_of(&parent);
         self.assert_admitting(&lineage)?;
@@ -251,6 +298,7 @@ impl Handler<RemotePlaced> for ContinuationManager {
             RemoteChild {
                 parent,
                 node,
+                starting,
                 release: None,
             },
         );
@@ -295,6 +343,67 @@ impl ContinuationManager {
                 resident.disown(&child);
                 self.evaluate(parent, ctx);
             }
+        }
+    }
+}
+
+/// How often a parent's node looks for stopped nodes among those its children were placed on.
+pub(super) const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl ContinuationManager {
+    /// Starts a look for stopped nodes among those holding this runtime's placed children
+    /// (one at a time, and only while there are such children).
+    pub(super) fn sweep_gone_nodes(&mut self, ctx: &mut Context<Self>) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        if self.sweeping || self.remote_children.is_empty() {
+            return;
+        }
+        let mut nodes: Vec<NodeId> = self
+            .remote_children
+            .values()
+            .map(|record| record.node)
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        self.sweeping = true;
+        let manager = ctx.address();
+        tokio::spawn(async move {
+            let gone = cluster.gone(nodes).await.unwrap_or_else(|error| {
+                tracing::debug!(%error, "looking for stopped nodes failed");
+                Vec::new()
+            });
+            manager.do_send(NodesGone(gone));
+        });
+    }
+}
+
+/// Internal: these nodes stopped; the children placed on them will send no notice.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct NodesGone(Vec<NodeId>);
+
+impl Handler<NodesGone> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: NodesGone, ctx: &mut Context<Self>) {
+        self.sweeping = false;
+        let mut lost: Vec<(SessionId, NodeId, AgentRef)> = self
+            .remote_children
+            .iter()
+            .filter(|(_, record)| msg.0.contains(&record.node))
+            .map(|(child, record)| (*child, record.node, record.parent.clone()))
+            .collect();
+        lost.sort_unstable_by_key(|(child, ..)| *child);
+        for (child, node, parent) in lost {
+            // Its epoch ended with its node: the parent hears so (a follow-up resumes it from
+            // its last durable event), and no longer waits for it.
+            tracing::warn!(%child, %node, "a placed child's node stopped; its parent is told it settled");
+            let reason = crate::stop_reason::StopReason::Other("node-stopped".into());
+            let (content, source) = settled_notice(child, &reason, None, None);
+            self.post_settled_notice(child, &parent, Message::user(content, source), ctx);
+            self.forget_remote(child, Some(node), ctx);
         }
     }
 }
@@ -505,6 +614,18 @@ impl Handler<PlacedNotice> for ContinuationManager {
             message,
             kind,
         } = msg;
+        // A node that no longer holds the child speaks for it no more: the child was resumed
+        // here, or its record names the node it moved to.
+        let stale = self.residents.contains_key(&child)
+            || self
+                .remote_children
+                .get(&child)
+                .is_some_and(|record| record.node != sender);
+        if stale {
+            return Err(unauthorized(format!(
+                "node {sender} no longer holds continuable child {child}"
+            )));
+        }
         let recorded = self
             .remote_children
             .get(&child)
@@ -633,6 +754,15 @@ async fn serve(
             message,
             kind,
         } => {
+            // Only the child's node speaks for it: after its release nobody holds it, and
+            // while it runs its node does.
+            if let Some(holder) = cluster.membership().holder_of(child).await? {
+                if holder != sender {
+                    return Err(unauthorized(format!(
+                        "node {sender} does not hold continuable child {child}"
+                    )));
+                }
+            }
             let live = agents.get(parent).await;
             let accepted = manager
                 .send(PlacedNotice {

@@ -199,15 +199,18 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
         .register_provider(SpawnInProcess::default())
         .await?
         .keep();
+    // Listened for from now on, whatever the node is doing when one comes.
+    let signalled = signals()?;
     say(format_args!("node {node} {}", plan.name))?;
     let driven = async {
         match &plan.drive {
             Some(drive) => drive_forest(&rt, drive, &plan.model_name, node).await,
-            None => until_signalled().await,
+            None => std::future::pending().await,
         }
     };
     let outcome = tokio::select! {
         outcome = driven => outcome,
+        () = signalled => Ok(()),
         () = lost.cancelled() => Err(SubagentError::new(
             ErrorCode::LeaseLost,
             format!("node {node} was declared dead (no heartbeat landed within its time-to-live): its children may be another node's now"),
@@ -220,23 +223,24 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
     say(format_args!("left {node}"))
 }
 
-/// Waits for SIGTERM or SIGINT.
-async fn until_signalled() -> Result<(), SubagentError> {
+/// Resolves at the first SIGTERM or SIGINT; both are handled from this call on.
+fn signals() -> Result<impl std::future::Future<Output = ()>, SubagentError> {
     use tokio::signal::unix::{signal, SignalKind};
     let io = |error: std::io::Error| {
         SubagentError::new(ErrorCode::InvalidArgs, format!("handling signals: {error}"))
     };
     let mut terms = signal(SignalKind::terminate()).map_err(io)?;
     let mut interrupts = signal(SignalKind::interrupt()).map_err(io)?;
-    tokio::select! {
-        _ = terms.recv() => {}
-        _ = interrupts.recv() => {}
-    }
-    Ok(())
+    Ok(async move {
+        tokio::select! {
+            _ = terms.recv() => {}
+            _ = interrupts.recv() => {}
+        }
+    })
 }
 
 /// Grows the forest, sends the first round, then one round per `round` line on stdin until
-/// `quit`, the end of stdin, or a signal.
+/// `quit` or the end of stdin (a signal ends it from outside).
 async fn drive_forest(
     rt: &Runtime,
     drive: &Drive,
@@ -297,12 +301,9 @@ async fn drive_forest(
             }
         }
         say(format_args!("round {round}"))?;
-        let next = tokio::select! {
-            line = lines.next_line() => line.map_err(|error| {
-                SubagentError::new(ErrorCode::InvalidArgs, format!("reading stdin: {error}"))
-            })?,
-            signalled = until_signalled() => { signalled?; None }
-        };
+        let next = lines.next_line().await.map_err(|error| {
+            SubagentError::new(ErrorCode::InvalidArgs, format!("reading stdin: {error}"))
+        })?;
         match next.as_deref().map(str::trim) {
             Some("round") => round += 1,
             Some("quit") | None => return Ok(()),

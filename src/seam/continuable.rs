@@ -78,9 +78,11 @@ impl ContinuableStartSpec {
     /// Places the child on cluster node `node` (this runtime's own node, or `None`, keeps it
     /// here): the child is created and resident there, its follow-ups and interrupts travel
     /// there, and its reports and settled notice come back. A seeded (forked) child cannot be
-    /// placed elsewhere (`UNSUPPORTED_CAPABILITY`), and a runtime in no cluster refuses any
-    /// other node (`INVALID_ARGS`). Once the start reached the node, the caller's token no
-    /// longer stops it.
+    /// placed elsewhere (`UNSUPPORTED_CAPABILITY`), a runtime in no cluster refuses any other
+    /// node (`INVALID_ARGS`), and a node that is not live fails the start with
+    /// `SESSION_LEASED`. Once the start reached the node, the caller's token no longer stops
+    /// it. A parent here whose child's node stops is told, within about a second of the node's
+    /// membership expiring, that the child settled (`node-stopped`); a follow-up resumes it.
     #[must_use]
     pub fn on_node(mut self, node: crate::cluster::NodeId) -> Self {
         self.node = Some(node);

@@ -300,18 +300,23 @@ impl PostgresStore {
     }
 
     /// Claims up to `room` of `node`'s pending deliveries, each the oldest pending one of its
-    /// session, none about a session in `busy` (served now), oldest first.
+    /// session, none about a session in `busy` (served now), oldest first; and whether any
+    /// pending one was left behind (about a busy session, behind a claimed one, or past the
+    /// room). With nothing claimed, nothing is known of what was left.
     pub(super) async fn claim_deliveries(
         &self,
         node: uuid::Uuid,
         busy: &[uuid::Uuid],
         room: usize,
-    ) -> Result<Vec<Delivery>> {
+    ) -> Result<(Vec<Delivery>, bool)> {
         let failed = io(format!("claiming deliveries for node {node}"));
         let client = self.client().await?;
         let claim = client
             .prepare_cached(
-                "UPDATE subagents_deliveries SET state = 'claimed'
+                // The count reads the table as it was before the update (one statement, one
+                // snapshot): pending then, claimed now included.
+                "WITH claimed AS (
+                 UPDATE subagents_deliveries SET state = 'claimed'
                  WHERE state = 'pending' AND id IN (
                      SELECT pending.id FROM subagents_deliveries pending
                      WHERE pending.target = $1 AND pending.state = 'pending'
@@ -326,7 +331,12 @@ impl PostgresStore {
                  AND EXISTS (
                      SELECT 1 FROM subagents_nodes WHERE node = $1 AND expires_at > now()
                  )
-                 RETURNING id, sender, session, payload, ticket",
+                 RETURNING id, sender, session, payload, ticket
+                 )
+                 SELECT claimed.*, (
+                     SELECT count(*) FROM subagents_deliveries
+                     WHERE target = $1 AND state = 'pending'
+                 ) FROM claimed",
             )
             .await
             .map_err(&failed)?;
@@ -335,6 +345,8 @@ impl PostgresStore {
             .query(&claim, &[&node, &busy, &room])
             .await
             .map_err(&failed)?;
+        let pending_before: i64 = rows.first().map_or(0, |row| row.get(5));
+        let left_behind = usize::try_from(pending_before).unwrap_or(usize::MAX) > rows.len();
         let mut claimed = rows
             .into_iter()
             .map(|row| {
@@ -355,7 +367,7 @@ impl PostgresStore {
             })
             .collect::<Result<Vec<_>>>()?;
         claimed.sort_by_key(|delivery| delivery.id);
-        Ok(claimed)
+        Ok((claimed, left_behind))
     }
 
     /// Removes the deliveries answered or withdrawn more than the retention ago, and those
@@ -471,8 +483,8 @@ impl Drop for SentDelivery<'_> {
 }
 
 impl NodeMembership {
-    /// Commits a delivery of `payload` about `session` to node `target`. Deliveries one node
-    /// commits one after another reach their target in that order.
+    /// Commits a delivery of `payload` about `session` to node `target`. Deliveries about one
+    /// session that one node commits one after another are served in that order.
     ///
     /// # Errors
     /// `INVALID_ARGS` for a payload that does not encode; `STORE_IO`.
@@ -565,9 +577,9 @@ impl Server {
     async fn run(self, inbound: Arc<Inbound>) {
         let mut pruned = tokio::time::Instant::now();
         let mut claim = true;
-        // Whether the last claim may have left pending deliveries behind: it left out busy
-        // sessions, or it had no room. Only then does a served delivery's end call for a new
-        // claim; otherwise what comes next is announced.
+        // Whether the last claim may have left pending deliveries behind (about a busy
+        // session, or behind one it claimed). Only then does a served delivery's end call for
+        // a new claim; otherwise what comes next is announced.
         let mut left_behind = false;
         loop {
             if claim {
@@ -579,6 +591,7 @@ impl Server {
                     .map(|session| *session.as_uuid())
                     .collect();
                 let room = SERVED_AT_ONCE.saturating_sub(busy.len());
+                // With no room, or nothing claimed, anything pending is behind a busy session.
                 left_behind = !busy.is_empty();
                 if room > 0 {
                     let claimed = tokio::select! {
@@ -586,8 +599,11 @@ impl Server {
                         claimed = self.store.claim_deliveries(self.node, &busy, room) => claimed,
                     };
                     match claimed {
-                        Ok(claimed) => {
+                        Ok((claimed, more)) => {
                             let full = claimed.len() == room;
+                            if !claimed.is_empty() {
+                                left_behind = more;
+                            }
                             for delivery in claimed {
                                 self.spawn_serving(delivery);
                             }
@@ -604,9 +620,14 @@ impl Server {
             }
             if pruned.elapsed() >= PRUNE_EVERY.min(self.store.delivery_retention) {
                 pruned = tokio::time::Instant::now();
-                if let Err(error) = self.store.prune_deliveries().await {
-                    tracing::debug!(node = %self.node, %error, "pruning old deliveries failed");
-                }
+                // On its own: a slow pruning never holds up a claim or a stop.
+                let store = Arc::clone(&self.store);
+                let node = self.node;
+                tokio::spawn(async move {
+                    if let Err(error) = store.prune_deliveries().await {
+                        tracing::debug!(%node, %error, "pruning old deliveries failed");
+                    }
+                });
             }
             claim = tokio::select! {
                 () = self.stop.cancelled() => return,

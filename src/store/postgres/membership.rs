@@ -108,6 +108,29 @@ impl NodeMembership {
     }
 }
 
+impl NodeMembership {
+    /// Which of `nodes` are live members now (their rows have not expired).
+    ///
+    /// # Errors
+    /// `STORE_IO`.
+    pub async fn live_among(&self, nodes: &[uuid::Uuid]) -> Result<Vec<uuid::Uuid>> {
+        let client = self.store.client().await?;
+        let rows = client
+            .query(
+                &client
+                    .prepare_cached(
+                        "SELECT node FROM subagents_nodes WHERE node = ANY($1) AND expires_at > now()",
+                    )
+                    .await
+                    .map_err(io("preparing a statement"))?,
+                &[&nodes],
+            )
+            .await
+            .map_err(io("reading which nodes are live"))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+}
+
 impl Drop for NodeMembership {
     /// Stops heartbeating without removing the row: the node's leases then expire as a dead
     /// node's would.
