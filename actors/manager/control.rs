@@ -45,29 +45,45 @@ impl Handler<Interrupt> for ContinuationManager {
         let Some(resident) = self.residents.get(&target) else {
             return self.route_remote_interrupt(target, &msg.authority);
         };
-        let cause = match &msg.authority {
-            InterruptAuthority::User { parent_session_id } => {
-                if resident.parent.id() != *parent_session_id {
-                    return Err(unauthorized(format!(
-                        "continuable child {target} belongs to another parent session"
-                    )));
-                }
-                CancelCause::User
-            }
-            InterruptAuthority::Ancestor(caller) => {
-                if !resident.ancestry[1..].contains(&caller.id()) {
-                    return Err(unauthorized(format!(
-                        "continuable child {target} is not a live descendant of agent {}",
-                        caller.id()
-                    )));
-                }
-                CancelCause::Parent
-            }
-        };
+        let cause = interrupt_cause(
+            target,
+            &msg.authority,
+            resident.parent.id(),
+            &resident.ancestry[1..],
+        )?;
         if resident.disposal.is_none() {
             resident.agent.cancel_now(cause, InboxPolicy::Keep);
         }
         Ok(InterruptRouted::Done)
+    }
+}
+
+/// The cause an interrupt of `target` carries under `authority`, once authorized: the user
+/// naming its `parent` session, or a live agent among its `ancestors` (parent first).
+fn interrupt_cause(
+    target: SessionId,
+    authority: &InterruptAuthority,
+    parent: SessionId,
+    ancestors: &[SessionId],
+) -> Result<CancelCause> {
+    match authority {
+        InterruptAuthority::User { parent_session_id } => {
+            if parent != *parent_session_id {
+                return Err(unauthorized(format!(
+                    "continuable child {target} belongs to another parent session"
+                )));
+            }
+            Ok(CancelCause::User)
+        }
+        InterruptAuthority::Ancestor(caller) => {
+            if !ancestors.contains(&caller.id()) {
+                return Err(unauthorized(format!(
+                    "continuable child {target} is not a live descendant of agent {}",
+                    caller.id()
+                )));
+            }
+            Ok(CancelCause::Parent)
+        }
     }
 }
 
@@ -85,25 +101,7 @@ impl ContinuationManager {
             return Ok(InterruptRouted::Done);
         };
         let parent = remote.parent.id();
-        let cause = match authority {
-            InterruptAuthority::User { parent_session_id } => {
-                if parent != *parent_session_id {
-                    return Err(unauthorized(format!(
-                        "continuable child {target} belongs to another parent session"
-                    )));
-                }
-                CancelCause::User
-            }
-            InterruptAuthority::Ancestor(caller) => {
-                if !self.lineage_of(&remote.parent).contains(&caller.id()) {
-                    return Err(unauthorized(format!(
-                        "continuable child {target} is not a live descendant of agent {}",
-                        caller.id()
-                    )));
-                }
-                CancelCause::Parent
-            }
-        };
+        let cause = interrupt_cause(target, authority, parent, &self.lineage_of(&remote.parent))?;
         Ok(InterruptRouted::Remote {
             cluster: cluster.clone(),
             node: remote.node,

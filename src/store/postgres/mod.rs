@@ -186,7 +186,8 @@ pub struct PostgresConfig {
     pub node_ttl: Duration,
     /// How long a delivery between nodes is kept once answered or withdrawn, or once sent to
     /// a node no longer live (default 5 minutes): a serving node prunes older rows every
-    /// minute, or every retention period when that is shorter.
+    /// minute, or every retention period when that is shorter. Keep it well above the time a
+    /// sender takes to read an answer (a pruned answer reads as `STORE_IO`).
     pub delivery_retention: Duration,
 }
 
