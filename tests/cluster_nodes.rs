@@ -177,7 +177,8 @@ fn completed(events: &[subagents::SessionEvent]) -> usize {
         .count()
 }
 
-fn count(url: &str, sql: &str) -> i64 {
+/// The one value `sql` selects from the cluster's database.
+fn scalar<T: for<'a> tokio_postgres::types::FromSql<'a>>(url: &str, sql: &str) -> T {
     actix::System::new().block_on(async {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
@@ -247,6 +248,21 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
                     .any(|event| matches!(event.kind, EventKind::TurnStart { .. }))
         })
     });
+    // Each of C's children is leased by C alone (B's settled and released theirs).
+    for child in &on_c {
+        let holder: String = scalar(
+            &url,
+            &format!("SELECT holder::text FROM subagents_leases WHERE session = '{child}'"),
+        );
+        assert_eq!(holder, c.id, "{child} is resident on C alone");
+    }
+    for child in &on_b {
+        let leases: i64 = scalar(
+            &url,
+            &format!("SELECT count(*) FROM subagents_leases WHERE session = '{child}'"),
+        );
+        assert_eq!(leases, 0, "{child} settled on B and was released");
+    }
     // C dies mid-turn. The next round reaches C's children only once C's membership has
     // expired: they resume on A (the caller's node) with everything C flushed.
     let mut c = c;
@@ -312,16 +328,22 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
         }
     }
     // Every lease released: the survivors left cleanly, and A took over and released C's.
-    assert_eq!(count(&url, "SELECT count(*) FROM subagents_leases"), 0);
+    assert_eq!(
+        scalar::<i64>(&url, "SELECT count(*) FROM subagents_leases"),
+        0
+    );
     // C's row stays, expired: the record that it died.
     assert_eq!(
-        count(
+        scalar::<i64>(
             &url,
             "SELECT count(*) FROM subagents_nodes WHERE expires_at > now()"
         ),
         0
     );
-    assert_eq!(count(&url, "SELECT count(*) FROM subagents_nodes"), 1);
+    assert_eq!(
+        scalar::<i64>(&url, "SELECT count(*) FROM subagents_nodes"),
+        1
+    );
 }
 
 #[test]
