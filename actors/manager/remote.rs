@@ -43,9 +43,28 @@ pub(super) async fn place(
         .await;
     if started.is_err() {
         manager.do_send(ForgetRemote { child, node });
+    } else {
+        manager.do_send(StartAnswered { child });
     }
     let _ = answered.send(());
     started
+}
+
+/// Internal: a placed child's start was answered; it is an ordinary placed child from now on.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct StartAnswered {
+    child: SessionId,
+}
+
+impl Handler<StartAnswered> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: StartAnswered, _: &mut Context<Self>) {
+        if let Some(record) = self.remote_children.get_mut(&msg.child) {
+            record.starting = None;
+        }
+    }
 }
 
 /// A node that stopped holds nothing any more (its leases expire with it): there is nothing
@@ -127,9 +146,12 @@ impl ContinuationManager {
             let op = RemoteOp::Release { parent, child };
             let outcome = unless_gone(cluster.ask::<()>(node, child, &op).await);
             // Released (or gone): the parent no longer waits for it, notice or not. A release
-            // that failed keeps the record: the child may still run there.
+            // that failed keeps the record (the child may still run there) and may be asked
+            // again.
             if outcome.is_ok() {
                 manager.do_send(ForgetRemote { child, node });
+            } else {
+                manager.do_send(ReleaseFailed { child });
             }
             outcome
         }
@@ -306,6 +328,23 @@ impl Handler<RemotePlaced> for ContinuationManager {
     }
 }
 
+/// Internal: a child's release on its node failed; a later one asks again.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ReleaseFailed {
+    child: SessionId,
+}
+
+impl Handler<ReleaseFailed> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: ReleaseFailed, _: &mut Context<Self>) {
+        if let Some(record) = self.remote_children.get_mut(&msg.child) {
+            record.release = None;
+        }
+    }
+}
+
 /// Forgets a child placed on `node` (it settled there, was released, or its node died); its
 /// parent no longer waits for it.
 #[derive(Message)]
@@ -392,7 +431,8 @@ impl Handler<NodesGone> for ContinuationManager {
         let mut lost: Vec<(SessionId, NodeId, AgentRef)> = self
             .remote_children
             .iter()
-            .filter(|(_, record)| msg.0.contains(&record.node))
+            // A start still in flight answers its own caller (it fails, and nothing settled).
+            .filter(|(_, record)| msg.0.contains(&record.node) && record.starting.is_none())
             .map(|(child, record)| (*child, record.node, record.parent.clone()))
             .collect();
         lost.sort_unstable_by_key(|(child, ..)| *child);
