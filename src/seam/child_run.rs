@@ -339,11 +339,16 @@ pub(crate) async fn start_in_process_run(
             // The slot is fresh per run, so it is always empty here.
             let _ = setup_slot.set(StructuredCapture::attach(scope, schema)?);
         }
-        let appended = AtomicBool::new(false);
-        let event = descriptor.event();
+        // Taken by the first step, not cloned: a one-shot run's descriptor is a JSON map, and
+        // a deep copy of it cost seven allocations a run.
+        let event = std::sync::Mutex::new(Some(descriptor.event()));
         scope.on_step_entered(Arc::new(move |step| {
-            if !appended.swap(true, Ordering::SeqCst) {
-                if let Err(error) = step.log.append(event.clone()) {
+            let first = event
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(event) = first {
+                if let Err(error) = step.log.append(event) {
                     tracing::error!(session_id = %step.agent, %error, "could not record the descriptor");
                 }
             }
