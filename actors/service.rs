@@ -29,11 +29,10 @@ use futures::future::BoxFuture;
 use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
 use crate::actors::manager::{
-    ask_followup, ask_interrupt, delivery_handler, ContinuationManager, Delivery, DrainAll,
-    DrainDescendants, Followup, ForgetRemote, Interrupt, InterruptRouted, RemotePlaced, ReportFrom,
-    ResidentCount, Routed, StartContinuable,
+    ask_interrupt, delivery_handler, route_followup, ContinuationManager, Delivery, DrainAll,
+    DrainDescendants, Interrupt, InterruptRouted, ReportFrom, ResidentCount, StartContinuable,
 };
-use crate::cluster::{ClusterLink, FollowupAnswer};
+use crate::cluster::ClusterLink;
 use crate::content::{ContentBlock, Message};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
@@ -644,82 +643,15 @@ impl Subagents {
             if let Some(raise) = &delivery.raise {
                 budget::validate(raise)?;
             }
-            // Each time the child's node answered that it no longer has it.
-            let mut moved = 0;
-            loop {
-                let routed = manager
-                    .send(Followup {
-                        parent: parent.clone(),
-                        child: child_id,
-                        delivery: delivery.clone(),
-                        token: token.clone(),
-                    })
-                    .await
-                    .map_err(SubagentError::from)?;
-                // Whether the child was found on another node by its lease (not placed).
-                let mut found = false;
-                let (cluster, node) = match routed {
-                    Ok(Routed::Accepted(id)) => return Ok(id),
-                    Ok(Routed::Retry) => continue,
-                    Ok(Routed::Remote(cluster, node)) => (cluster, node),
-                    // Resident on another node of the cluster: asked there.
-                    Err(error) if error.code() == ErrorCode::SessionLeased => {
-                        tracing::debug!(child = %child_id, %error, "the child is leased elsewhere; looking for its node");
-                        let Some(cluster) = &cluster else {
-                            return Err(error);
-                        };
-                        match cluster.other_holder(child_id).await? {
-                            Some(node) if moved < MAX_MOVES => {
-                                found = true;
-                                (cluster.clone(), node)
-                            }
-                            _ => return Err(error),
-                        }
-                    }
-                    Err(error) => return Err(error),
-                };
-                if found {
-                    // Recorded as the parent's, as if placed there, before it is asked: it
-                    // waits for the child's notice (which may come before the answer), and
-                    // its release releases it.
-                    let placed = RemotePlaced {
-                        child: child_id,
-                        parent: parent.clone(),
-                        node,
-                        starting: None,
-                    };
-                    manager.send(placed).await.map_err(SubagentError::from)??;
-                }
-                let asked = ask_followup(&cluster, node, parent.id(), child_id, &delivery).await;
-                if found && asked.is_err() {
-                    // Not the parent's there after all (or not now): no record is left behind.
-                    manager.do_send(ForgetRemote {
-                        child: child_id,
-                        node,
-                    });
-                }
-                match asked {
-                    Ok(FollowupAnswer::Accepted(id)) => return Ok(id),
-                    // Settled there, or its node died: resumed from the store (here, once the
-                    // dead node's lease expired).
-                    Ok(FollowupAnswer::Absent) => {
-                        tracing::debug!(child = %child_id, %node, "the child left the node it was asked on; resuming it");
-                        moved += 1;
-                    }
-                    Err(error) if error.code() == ErrorCode::SessionLeased => {
-                        tracing::debug!(child = %child_id, %node, %error, "the child's node stopped; resuming it");
-                        moved += 1;
-                    }
-                    Err(error) => return Err(error),
-                }
-                manager
-                    .send(ForgetRemote {
-                        child: child_id,
-                        node,
-                    })
-                    .await
-                    .map_err(SubagentError::from)?;
-            }
+            route_followup(
+                &manager,
+                cluster.as_ref(),
+                &parent,
+                child_id,
+                &delivery,
+                &token,
+            )
+            .await
         })
     }
 
@@ -817,16 +749,17 @@ impl Subagents {
             .map_err(SubagentError::from)?
     }
 
+    /// This runtime's cluster, when it is a node of one.
+    pub(crate) fn cluster(&self) -> Option<&ClusterLink> {
+        self.cluster.as_ref()
+    }
+
     /// How many continuable children are resident now (for tests and benchmarks, through
     /// [`crate::testing::resident_count`]: the seam itself exposes no residency query).
     pub(crate) async fn resident_count(&self) -> usize {
         self.manager.send(ResidentCount).await.unwrap_or(0)
     }
 }
-
-/// How many times a follow-up follows its child to another node before it gives up with
-/// `SESSION_LEASED` (a child moving that often is being resumed and settled elsewhere).
-const MAX_MOVES: u32 = 8;
 
 /// Runs `work` as a task of its own, so a caller that drops the future cannot leave it half
 /// done.

@@ -193,8 +193,7 @@ impl RuntimeBuilder {
             self.holder.unwrap_or_default(),
         );
         Ok(Runtime {
-            subagents: Subagents::start_service(agents.clone(), cluster.clone())?,
-            cluster,
+            subagents: Subagents::start_service(agents.clone(), cluster)?,
             agents,
             env,
             jobs: Jobs::default(),
@@ -209,7 +208,6 @@ pub struct Runtime {
     subagents: Subagents,
     env: Arc<AgentEnv>,
     jobs: Jobs,
-    cluster: Option<ClusterLink>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -294,7 +292,7 @@ impl Runtime {
         self.agents.stop_workers();
         // Everything this node held is released: once its last notices are sent, its peers
         // may take its sessions at once.
-        if let Some(cluster) = &self.cluster {
+        if let Some(cluster) = self.subagents.cluster() {
             if let Err(error) = cluster.leave().await {
                 first_error.get_or_insert(error);
             }

@@ -52,12 +52,9 @@ mod remote;
 
 pub(crate) use control::{Interrupt, InterruptRouted, ReportFrom};
 pub(crate) use drain::{DrainAll, DrainDescendants, ResidentCount};
-pub(crate) use followup::{Followup, Routed};
 use materialize::Finished;
 pub(crate) use materialize::{Delivery, StartContinuable};
-pub(crate) use remote::{
-    ask_followup, ask_interrupt, delivery_handler, ForgetRemote, RemotePlaced,
-};
+pub(crate) use remote::{ask_interrupt, delivery_handler, route_followup};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

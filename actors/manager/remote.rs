@@ -11,6 +11,7 @@
 
 use serde_json::Value;
 
+use super::followup::{Followup, Routed};
 use super::materialize::{create_and_install, FreshChild};
 use super::*;
 use crate::cluster::{decode_op, encode_answer, FollowupAnswer, NoticeKind, RemoteOp, RemoteStart};
@@ -44,25 +45,40 @@ pub(super) async fn place(
     if started.is_err() {
         manager.do_send(ForgetRemote { child, node });
     } else {
-        manager.do_send(StartAnswered { child });
+        manager.do_send(RecordAnswered {
+            child,
+            answered: Answered::Start,
+        });
     }
     let _ = answered.send(());
     started
 }
 
-/// Internal: a placed child's start was answered; it is an ordinary placed child from now on.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct StartAnswered {
-    child: SessionId,
+/// What of a placed child's record an answer from its node ends.
+enum Answered {
+    /// Its start: it is an ordinary placed child from now on.
+    Start,
+    /// A release that failed: a later one asks again.
+    FailedRelease,
 }
 
-impl Handler<StartAnswered> for ContinuationManager {
+/// Internal: `child`'s node answered a start or a release.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct RecordAnswered {
+    child: SessionId,
+    answered: Answered,
+}
+
+impl Handler<RecordAnswered> for ContinuationManager {
     type Result = ();
 
-    fn handle(&mut self, msg: StartAnswered, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: RecordAnswered, _: &mut Context<Self>) {
         if let Some(record) = self.remote_children.get_mut(&msg.child) {
-            record.starting = None;
+            match msg.answered {
+                Answered::Start => record.starting = None,
+                Answered::FailedRelease => record.release = None,
+            }
         }
     }
 }
@@ -76,8 +92,93 @@ fn unless_gone(outcome: Result<()>) -> Result<()> {
     }
 }
 
+/// How many times a follow-up follows its child to another node before it gives up with
+/// `SESSION_LEASED` (a child moving that often is being resumed and settled elsewhere).
+const MAX_MOVES: u32 = 8;
+
+/// Delivers a follow-up wherever its child is: enqueued, woken or cold-resumed here, or asked
+/// on the node it was placed on (or found on by its lease); a child that left the node it was
+/// asked on (it settled there, or the node stopped) is routed again.
+pub(crate) async fn route_followup(
+    manager: &Addr<ContinuationManager>,
+    cluster: Option<&ClusterLink>,
+    parent: &AgentRef,
+    child: SessionId,
+    delivery: &Delivery,
+    token: &CancellationToken,
+) -> Result<MessageId> {
+    let mut moved = 0;
+    loop {
+        let routed = manager
+            .send(Followup {
+                parent: parent.clone(),
+                child,
+                delivery: delivery.clone(),
+                token: token.clone(),
+            })
+            .await
+            .map_err(SubagentError::from)?;
+        // Whether the child was found on another node by its lease (not placed from here).
+        let mut found = false;
+        let (cluster, node) = match routed {
+            Ok(Routed::Accepted(id)) => return Ok(id),
+            Ok(Routed::Retry) => continue,
+            Ok(Routed::Remote(cluster, node)) => (cluster, node),
+            Err(error) if error.code() == ErrorCode::SessionLeased => {
+                tracing::debug!(%child, %error, "the child is leased elsewhere; looking for its node");
+                let Some(cluster) = cluster else {
+                    return Err(error);
+                };
+                match cluster.other_holder(child).await? {
+                    Some(node) if moved < MAX_MOVES => {
+                        found = true;
+                        (cluster.clone(), node)
+                    }
+                    _ => return Err(error),
+                }
+            }
+            Err(error) => return Err(error),
+        };
+        if found {
+            // Recorded as the parent's, as if placed there, before it is asked: it waits for
+            // the child's notice (which may come before the answer), and its release releases
+            // it.
+            let placed = RemotePlaced {
+                child,
+                parent: parent.clone(),
+                node,
+                starting: None,
+            };
+            manager.send(placed).await.map_err(SubagentError::from)??;
+        }
+        let asked = ask_followup(&cluster, node, parent.id(), child, delivery).await;
+        // Settled there, or its node stopped: resumed from the store (here, once the stopped
+        // node's lease expired).
+        let left = match &asked {
+            Ok(FollowupAnswer::Absent) => true,
+            Err(error) => error.code() == ErrorCode::SessionLeased,
+            Ok(FollowupAnswer::Accepted(_)) => false,
+        };
+        // A child that left, or one found there that refused, leaves no record behind.
+        if left || (found && asked.is_err()) {
+            manager
+                .send(ForgetRemote { child, node })
+                .await
+                .map_err(SubagentError::from)?;
+        }
+        match asked {
+            Ok(FollowupAnswer::Accepted(id)) => return Ok(id),
+            Err(error) if !left => return Err(error),
+            Ok(FollowupAnswer::Absent) | Err(_) => {
+                tracing::debug!(%child, %node, "the child left the node it was asked on; routing again");
+                moved += 1;
+            }
+        }
+    }
+}
+
 /// Asks `node` to accept a follow-up from `parent` for `child`.
-pub(crate) async fn ask_followup(
+async fn ask_followup(
     cluster: &ClusterLink,
     node: NodeId,
     parent: SessionId,
@@ -151,7 +252,10 @@ impl ContinuationManager {
             if outcome.is_ok() {
                 manager.do_send(ForgetRemote { child, node });
             } else {
-                manager.do_send(ReleaseFailed { child });
+                manager.do_send(RecordAnswered {
+                    child,
+                    answered: Answered::FailedRelease,
+                });
             }
             outcome
         }
@@ -325,23 +429,6 @@ impl Handler<RemotePlaced> for ContinuationManager {
             },
         );
         Ok(())
-    }
-}
-
-/// Internal: a child's release on its node failed; a later one asks again.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct ReleaseFailed {
-    child: SessionId,
-}
-
-impl Handler<ReleaseFailed> for ContinuationManager {
-    type Result = ();
-
-    fn handle(&mut self, msg: ReleaseFailed, _: &mut Context<Self>) {
-        if let Some(record) = self.remote_children.get_mut(&msg.child) {
-            record.release = None;
-        }
     }
 }
 
