@@ -35,6 +35,7 @@ use crate::host::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
 };
 use crate::ids::SessionId;
+use crate::session::log::WriterIdle;
 use crate::session::{SessionHeader, SessionLog};
 use crate::store::{Lease, LeaseHolder, SharedStore};
 
@@ -81,6 +82,11 @@ struct Staged {
     resumed: Option<(u64, LeaseGuard)>,
     /// Where the agent runs: `None` is the calling arbiter.
     arbiter: Option<actix::ArbiterHandle>,
+    /// The id was minted by this creation, so no other creation can race for it: the
+    /// registry is asked once, at publication, instead of reserving first.
+    minted: bool,
+    /// What its writer does when idle: a short-lived agent's waits as a task.
+    writer_idle: WriterIdle,
 }
 
 impl Agents {
@@ -117,6 +123,9 @@ impl Agents {
 
     /// Creates and publishes a new agent.
     ///
+    /// The request is checked and the agent staged when this is called; the returned future
+    /// publishes it. It holds no borrow of `self`, so it can be spawned as it is.
+    ///
     /// # Errors
     /// `CANCELLED` (token fired before publication), `INVALID_HEADER`, `INVALID_SEED`,
     /// `DUPLICATE_AGENT`, `AGENT_DISPOSED` (the owner is gone or being disposed),
@@ -125,8 +134,22 @@ impl Agents {
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call publishes nothing that stays unowned (see the module docs).
-    pub async fn create(&self, request: CreateAgent) -> Result<AgentHandle> {
+    pub fn create(
+        &self,
+        request: CreateAgent,
+    ) -> impl std::future::Future<Output = Result<AgentHandle>> + Send + 'static {
+        // Staged here rather than inside the future: an `async fn` would keep the request
+        // beside the publication's own copy of it, and a creation's future is allocated and
+        // moved once per child.
+        match self.stage(request) {
+            Ok(staged) => futures::future::Either::Left(self.clone().publish(staged)),
+            Err(error) => futures::future::Either::Right(std::future::ready(Err(error))),
+        }
+    }
+
+    fn stage(&self, request: CreateAgent) -> Result<Staged> {
         check_token(request.cancel.as_ref())?;
+        let minted = request.id.is_none();
         let mut header = SessionHeader::new(request.id.unwrap_or_default());
         header.cwd = request.cwd;
         header.parent_session = request.parent_session;
@@ -134,7 +157,7 @@ impl Agents {
         header.delegation_depth = request.delegation_depth;
         header.seed_length = request.seed_length;
         let log = SessionLog::new(header, request.seed)?;
-        self.publish(Staged {
+        Ok(Staged {
             log,
             scope: AgentScope::new(Arc::clone(&self.shared.env.tools)),
             options: request.options,
@@ -147,8 +170,13 @@ impl Agents {
             } else {
                 self.worker()
             },
+            minted,
+            writer_idle: if request.short_lived {
+                WriterIdle::Wait
+            } else {
+                WriterIdle::Park
+            },
         })
-        .await
     }
 
     /// Takes the session's lease, loads it (repairing an interrupted turn durably under that
@@ -187,20 +215,23 @@ impl Agents {
         let stored_len =
             u64::try_from(stored.events.len()).map_err(|_| SubagentError::bug("log too long"))?;
         let log = SessionLog::from_stored(stored.header, stored.events)?;
-        self.publish(Staged {
-            log,
-            scope: AgentScope::new(Arc::clone(&self.shared.env.tools)),
-            options: request.options,
-            setup: request.setup,
-            cancel: request.cancel,
-            owner: None,
-            resumed: Some((stored_len, lease)),
-            arbiter: self.worker(),
-        })
-        .await
+        self.clone()
+            .publish(Staged {
+                log,
+                scope: AgentScope::new(Arc::clone(&self.shared.env.tools)),
+                options: request.options,
+                setup: request.setup,
+                cancel: request.cancel,
+                owner: None,
+                resumed: Some((stored_len, lease)),
+                arbiter: self.worker(),
+                minted: false,
+                writer_idle: WriterIdle::Park,
+            })
+            .await
     }
 
-    async fn publish(&self, staged: Staged) -> Result<AgentHandle> {
+    async fn publish(self, staged: Staged) -> Result<AgentHandle> {
         let Staged {
             log,
             mut scope,
@@ -210,6 +241,8 @@ impl Agents {
             owner,
             resumed,
             arbiter,
+            minted,
+            writer_idle,
         } = staged;
         let commit = match setup {
             Some(setup) => setup.run(&mut scope, &log).await?,
@@ -227,15 +260,19 @@ impl Agents {
             registry: self.shared.registry.clone(),
             agent: Some((id, incarnation)),
         };
-        // The token owns the creation until here; from the reservation on, creation completes
-        // or fails on its own.
-        self.shared
-            .registry
-            .send(Reserve {
-                agent: (id, incarnation),
-                owner: owner_exact,
-            })
-            .await??;
+        // A caller's id may be live or wanted by another creation: it is reserved before the
+        // session is stored. A minted one cannot be, so it is registered once, at publication
+        // (one registry round trip a creation instead of two); a refusal then (`DRAINING`, an
+        // owner gone or retiring) unwinds what was built, as a refused publication does.
+        if !minted {
+            self.shared
+                .registry
+                .send(Reserve {
+                    agent: (id, incarnation),
+                    owner: owner_exact,
+                })
+                .await??;
+        }
         let (next_seq, lease) = match (&self.shared.env.store, resumed) {
             (Some(_), Some((stored_len, lease))) => (stored_len, Some(lease)),
             (Some(store), None) => {
@@ -296,6 +333,7 @@ impl Agents {
                         addr.do_send(Faulted(error));
                     }
                 }),
+                writer_idle,
             );
             // On the creating arbiter, which talks to the log on close. A one-shot's creation
             // already runs on its child's worker (see `InProcessProvider`); placing the writer
@@ -308,8 +346,9 @@ impl Agents {
             handle: handle.clone(),
             owner: owner_exact,
             cancel: cancel.clone(),
+            reserved: !minted,
         };
-        if owner_exact.is_none() && cancel.is_none() {
+        if !minted && owner_exact.is_none() && cancel.is_none() {
             // Nothing can refuse this publication (no owner to retire, no token to fire), so
             // it needs no reply: a lookup sent after this is handled after it.
             self.shared.registry.do_send(publish);
@@ -322,8 +361,8 @@ impl Agents {
                 .map_err(SubagentError::from)
                 .and_then(|outcome| outcome);
             if let Err(error) = published {
-                // The owner began retiring, or the token fired, while the agent was being
-                // created: unwind the started actor and its write-behind; the registry freed
+                // The owner began retiring, the token fired, or (for a minted id) the runtime
+                // began shutting down while the agent was being created: unwind the started actor and its write-behind; the registry freed
                 // the reservation.
                 let _ = addr.send(Retire).await;
                 let _ = handle.agent().log().inner().close().await;

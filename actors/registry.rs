@@ -289,21 +289,28 @@ impl Handler<Reserve> for AgentRegistry {
     }
 }
 
-/// Makes a reserved id live. Replies `CANCELLED` when the creation token fired, or
-/// `AGENT_DISPOSED` when the owner stopped taking children meanwhile (freeing the reservation
-/// either way); the creation then unwinds the started agent.
+/// Makes a reserved id live; with `reserved` false, reserves it first in the same step (a
+/// minted id, which no other creation can want). Replies as [`Reserve`] does, `CANCELLED` when
+/// the creation token fired, or `AGENT_DISPOSED` when the owner stopped taking children
+/// meanwhile (freeing the reservation either way); the creation then unwinds the started
+/// agent.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
 pub(crate) struct Publish {
     pub(crate) handle: AgentHandle,
     pub(crate) owner: Option<Exact>,
     pub(crate) cancel: Option<CancellationToken>,
+    pub(crate) reserved: bool,
 }
 
 impl Handler<Publish> for AgentRegistry {
     type Result = Result<()>;
 
     fn handle(&mut self, msg: Publish, _: &mut Context<Self>) -> Self::Result {
+        if !msg.reserved {
+            let agent = msg.handle.agent();
+            self.reserve((agent.id(), agent.incarnation()), msg.owner)?;
+        }
         self.publish(msg.handle, msg.owner, msg.cancel.as_ref())
     }
 }

@@ -6,6 +6,7 @@
 //! runs on the child's worker instead, so the whole run lives on one thread.
 
 use actix::prelude::*;
+use futures::FutureExt;
 
 use tokio::sync::oneshot;
 
@@ -51,39 +52,49 @@ impl Actor for InProcessProvider {
     type Context = Context<Self>;
 }
 
-/// Starts one one-shot child. Sent by the provider handle's `start`; replies at once with where
-/// the run will arrive: once the child is published, or with the creation's error, nothing left
-/// behind. A stopped provider actor fails the send (`AGENT_DISPOSED`).
+/// Starts one one-shot child. Sent by the provider handle's `start`; `reply` hears where the
+/// run arrived: once the child is published, or with the creation's error, nothing left
+/// behind. A caller that stopped waiting drops the run, which disposes its child; a stopped
+/// provider actor or worker drops `reply`.
 #[derive(Message)]
-#[rtype(result = "oneshot::Receiver<Result<SubagentRun>>")]
-pub(crate) struct StartOneShot(pub(crate) ResolvedSubagentStartRequest);
+#[rtype(result = "()")]
+pub(crate) struct StartOneShot {
+    pub(crate) request: ResolvedSubagentStartRequest,
+    pub(crate) reply: oneshot::Sender<Result<SubagentRun>>,
+}
 
 impl Handler<StartOneShot> for InProcessProvider {
-    type Result = MessageResult<StartOneShot>;
+    type Result = ();
 
-    fn handle(&mut self, msg: StartOneShot, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: StartOneShot, _: &mut Context<Self>) {
         self.started += 1;
-        let seed = self.seed_for(&msg.0.request.parent);
-        tracing::debug!(parent = %msg.0.request.parent.id(), started = self.started, "one-shot start");
-        // A caller that stopped waiting drops the run, which disposes its child.
-        let (started, run) = oneshot::channel();
-        match msg.0.request.parent.agents().worker() {
+        let StartOneShot { request, reply } = msg;
+        let seed = self.seed_for(&request.request.parent);
+        tracing::debug!(parent = %request.request.parent.id(), started = self.started, "one-shot start");
+        // The start is prepared when first polled, where the child will live, and the task
+        // holds the creation in place of the request (no `async` block keeping both).
+        let worker = request.request.parent.agents().worker();
+        let placement = if worker.is_some() {
+            Placement::Here
+        } else {
+            Placement::Runtime
+        };
+        let start = futures::future::lazy(move |_| start_in_process_run(request, seed, placement))
+            .flatten()
+            .map(move |run| {
+                let _ = reply.send(run);
+            });
+        match worker {
             // The whole run lives on the child's worker: its creation, its agent, the agent's
             // write-behind and the task that drives it, so they talk within one thread and
-            // this arbiter only hands the run over. A stopped worker drops `started`.
+            // this arbiter only hands the run over. A stopped worker drops `reply`.
             Some(worker) => {
-                worker.spawn(async move {
-                    let _ = started.send(start_in_process_run(msg.0, seed, Placement::Here).await);
-                });
+                worker.spawn(start);
             }
             None => {
-                actix::spawn(async move {
-                    let _ =
-                        started.send(start_in_process_run(msg.0, seed, Placement::Runtime).await);
-                });
+                actix::spawn(start);
             }
         }
-        MessageResult(run)
     }
 }
 

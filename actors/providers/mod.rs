@@ -14,7 +14,7 @@ use std::marker::PhantomData;
 use std::sync::OnceLock;
 
 use actix::prelude::*;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt};
 
 use crate::error::{Result, SubagentError};
 use crate::seam::{
@@ -81,12 +81,17 @@ impl<K: InProcessKind> SubagentProvider for InProcess<K> {
         &self,
         request: ResolvedSubagentStartRequest,
     ) -> BoxFuture<'static, Result<SubagentRun>> {
-        // Enqueued now, so starts reach the provider in the order they were made.
-        let reply = self.addr().send(StartOneShot(request));
-        Box::pin(async move {
-            let run = reply.await.map_err(SubagentError::from)?;
-            run.await.map_err(|_| start_abandoned())?
-        })
+        // Enqueued now, so starts reach the provider in the order they were made. The message
+        // carries its own answer channel instead of going through `send`, whose request holds
+        // the whole message inline: the future the caller keeps stays a pointer and a flag.
+        let (started, run) = tokio::sync::oneshot::channel();
+        self.addr().do_send(StartOneShot {
+            request,
+            reply: started,
+        });
+        // A stopped provider actor, or a worker stopped before the child was published, drops
+        // the answer channel: the runtime is shutting down.
+        Box::pin(run.map(|run| run.map_err(|_| start_abandoned())?))
     }
 
     fn continuable(&self) -> Option<&dyn PrepareContinuable> {

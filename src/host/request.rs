@@ -28,6 +28,9 @@ pub struct CreateAgent {
     /// that already runs on the worker it chose, so the child, its write-behind and whatever
     /// drives it share one thread.
     pub(crate) on_current_arbiter: bool,
+    /// A short-lived agent (a one-shot child): its writer waits for work as a task instead of
+    /// parking in the log between writes, since parking only pays for an agent that idles.
+    pub(crate) short_lived: bool,
 }
 
 impl CreateAgent {
@@ -103,6 +106,13 @@ impl CreateAgent {
     #[must_use]
     pub(crate) fn on_current_arbiter(mut self) -> Self {
         self.on_current_arbiter = true;
+        self
+    }
+
+    /// Marks the agent short-lived (see [`CreateAgent::short_lived`]).
+    #[must_use]
+    pub(crate) fn short_lived(mut self) -> Self {
+        self.short_lived = true;
         self
     }
 }

@@ -288,22 +288,65 @@ pub(crate) enum Placement {
 /// Creates, publishes and drives one child for a resolved one-shot request, seeded with `seed`
 /// (a fork prefix) or fresh, with its agent at `placement`.
 ///
+/// The request is checked and the creation prepared when this is called (with
+/// [`Placement::Here`], on the arbiter the child will live on); the returned future publishes
+/// the child and wires its run. It keeps no second copy of the request beside the creation's,
+/// as an `async fn` would: the future is allocated and moved once per child.
+///
 /// # Errors
 /// Before publication only, with nothing left behind: `ABORTED_BEFORE_PUBLICATION`,
 /// `INVALID_MAX_DEPTH`, `INVALID_SUBAGENT_DEPTH`, `DEPTH_OVERFLOW`, `DEPTH_EXCEEDED`,
 /// `UNKNOWN_TOOL` (tool filter), `UNKNOWN_PROMPT_VARIABLE` (persona), store errors.
-pub(crate) async fn start_in_process_run(
+pub(crate) fn start_in_process_run(
     resolved: ResolvedSubagentStartRequest,
     seed: Vec<SessionEvent>,
     placement: Placement,
-) -> Result<SubagentRun> {
-    let parent = resolved.request.parent.clone();
+) -> impl std::future::Future<Output = Result<SubagentRun>> + Send + 'static {
+    match prepare_in_process_run(resolved, seed, placement) {
+        Ok((creation, wiring)) => futures::future::Either::Left(creation.map(move |created| {
+            let handle = created.map_err(|error| {
+                if error.code() == ErrorCode::Cancelled {
+                    aborted_before_publication()
+                } else {
+                    error
+                }
+            })?;
+            tracing::debug!(parent = %wiring.parent, child_id = %handle.agent().id(), "one-shot child published");
+            Ok(drive_published_run(handle, wiring))
+        })),
+        Err(error) => futures::future::Either::Right(std::future::ready(Err(error))),
+    }
+}
+
+/// What a published one-shot child's run is wired with, beside its handle.
+struct RunWiring {
+    parent: crate::ids::SessionId,
+    prompt: Vec<ContentBlock>,
+    token: CancellationToken,
+    boundary: u64,
+    capture: Arc<std::sync::OnceLock<StructuredCapture>>,
+    /// On a worker, the run's disposal goes back to it: the release talks to the agent, its
+    /// log and its writer, which all live there, and the caller's thread only waits.
+    home: Option<actix::ArbiterHandle>,
+}
+
+/// Checks a one-shot request and prepares its child's creation: the depth, the delegated
+/// policy, the composition and the setup that records the descriptor in the first turn.
+fn prepare_in_process_run(
+    resolved: ResolvedSubagentStartRequest,
+    seed: Vec<SessionEvent>,
+    placement: Placement,
+) -> Result<(
+    impl std::future::Future<Output = Result<AgentHandle>> + Send + 'static,
+    RunWiring,
+)> {
+    let parent = &resolved.request.parent;
     let token = resolved.request.cancel.clone();
     check_max_depth(resolved.request.max_depth)?;
     if token.is_cancelled() {
         return Err(aborted_before_publication());
     }
-    let depth = resolve_child_depth(&parent, resolved.request.max_depth)?;
+    let depth = resolve_child_depth(parent, resolved.request.max_depth)?;
     // A disposed (or replaced) parent's actor has stopped.
     if !parent.is_alive() {
         return Err(SubagentError::new(
@@ -315,17 +358,17 @@ pub(crate) async fn start_in_process_run(
         ));
     }
     let env = Arc::clone(parent.agents().env());
-    let policy = delegated_policy(&parent, resolved.request.policy.clone());
+    let policy = delegated_policy(parent, resolved.request.policy.clone());
     let composition = ChildComposition::new(
         &env,
         Some(policy),
         resolved.request.persona.as_deref(),
         resolved.request.tool_filter.clone(),
     )?;
-    let options = child_options(&parent, resolved.request.agent_options.clone(), depth);
+    let options = child_options(parent, resolved.request.agent_options.clone(), depth);
     let boundary = u64::try_from(seed.len()).map_err(|_| SubagentError::bug("seed too long"))?;
-    let capture_slot: Arc<std::sync::OnceLock<StructuredCapture>> = Arc::default();
-    let setup_slot = Arc::clone(&capture_slot);
+    let capture: Arc<std::sync::OnceLock<StructuredCapture>> = Arc::default();
+    let setup_slot = Arc::clone(&capture);
     let ResolvedSubagentStartRequest {
         request,
         descriptor,
@@ -355,36 +398,31 @@ pub(crate) async fn start_in_process_run(
         }));
         Ok(None)
     };
+    let parent = request.parent;
     let mut create = CreateAgent::new()
         .owned_by(&parent, depth)
         .seed(seed, boundary)
         .options(options)
         .setup(setup)
-        .cancel(token.clone());
+        .cancel(token.clone())
+        .short_lived();
     if let Some(cwd) = parent.header().cwd {
         create = create.cwd(cwd);
     }
     if placement == Placement::Here {
         create = create.on_current_arbiter();
     }
-    let handle = parent.agents().create(create).await.map_err(|error| {
-        if error.code() == ErrorCode::Cancelled {
-            aborted_before_publication()
-        } else {
-            error
-        }
-    })?;
-    tracing::debug!(parent = %parent.id(), child_id = %handle.agent().id(), depth, "one-shot child published");
-    // On a worker, the run's disposal goes back to it: the release talks to the agent, its
-    // log and its writer, which all live there, and the caller's thread only waits.
-    let home = (placement == Placement::Here).then(actix::Arbiter::current);
-    Ok(drive_published_run(
-        handle,
-        request.prompt,
-        token,
-        boundary,
-        capture_slot.get().cloned(),
-        home,
+    let creation = parent.agents().create(create);
+    Ok((
+        creation,
+        RunWiring {
+            parent: parent.id(),
+            prompt: request.prompt,
+            token,
+            boundary,
+            capture,
+            home: (placement == Placement::Here).then(actix::Arbiter::current),
+        },
     ))
 }
 
@@ -398,14 +436,16 @@ fn aborted_before_publication() -> SubagentError {
 /// Wires a published child into a run: one task sends the prompt, watches the request's
 /// token, and reads the result; the disposal releases the child and tells the store, on
 /// `home` (the child's worker) when given.
-fn drive_published_run(
-    handle: AgentHandle,
-    prompt: Vec<ContentBlock>,
-    token: CancellationToken,
-    boundary: u64,
-    capture: Option<StructuredCapture>,
-    home: Option<actix::ArbiterHandle>,
-) -> SubagentRun {
+fn drive_published_run(handle: AgentHandle, wiring: RunWiring) -> SubagentRun {
+    let RunWiring {
+        prompt,
+        token,
+        boundary,
+        capture,
+        home,
+        ..
+    } = wiring;
+    let capture = capture.get().cloned();
     let child = handle.agent().clone();
     let cancelled = Arc::new(AtomicBool::new(false));
     let settle = Arc::new(SettleHook::new());
@@ -443,9 +483,8 @@ fn drive_published_run(
                 None => {
                     cancelled.store(true, Ordering::SeqCst);
                     // A child already gone has nothing left to cancel.
-                    let _ = child
-                        .cancel(CancelCause::Parent, InboxPolicy::Discard)
-                        .await;
+                    // Boxed: the cold path should not size the task every run allocates.
+                    let _ = Box::pin(child.cancel(CancelCause::Parent, InboxPolicy::Discard)).await;
                     turn.await?;
                 }
             }
@@ -457,13 +496,14 @@ fn drive_published_run(
                 read_result(&events[own..], cancelled, capture.as_ref())
             }))
         };
-        async move {
-            // Settles even when `work` panics or the task is dropped at shutdown.
-            let guard = SettleGuard::new(settle);
-            let outcome = work.await;
+        // Settles even when `work` panics or the task is dropped at shutdown. A combinator
+        // rather than an `async` block, which would keep a second copy of `work` beside the
+        // one it awaits.
+        let guard = SettleGuard::new(settle);
+        work.map(move |outcome| {
             guard.settle(&outcome);
             outcome
-        }
+        })
     };
     let task = tokio::spawn(work);
     let result = async move {

@@ -38,6 +38,7 @@ use crate::session::header::{SessionHeader, SessionOrigin};
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
 use crate::session::seed::{check_lossless, free_form_json, validate_seed};
+pub(crate) use crate::session::write_behind::WriterIdle;
 use crate::session::write_behind::{
     Barrier, FaultHook, Resume, Signals, WriteBehind, Writer, WRITE_BEHIND_LIMIT,
 };
@@ -310,6 +311,7 @@ impl SessionLog {
         next_seq: u64,
         lease: Option<Lease>,
         on_fault: FaultHook,
+        idle: WriterIdle,
     ) -> impl Future<Output = ()> + Send + 'static {
         let signals = Arc::new(Signals::default());
         let id = {
@@ -334,6 +336,7 @@ impl SessionLog {
             lease,
             signals,
             finished: AtomicBool::new(false),
+            idle,
         };
         writer.run()
     }
@@ -518,6 +521,13 @@ mod tests {
     }
 
     async fn attached(store: &Arc<FaultInjectingStore>) -> (SessionLog, Arc<AtomicUsize>) {
+        attached_idling(store, WriterIdle::Park).await
+    }
+
+    async fn attached_idling(
+        store: &Arc<FaultInjectingStore>,
+        idle: WriterIdle,
+    ) -> (SessionLog, Arc<AtomicUsize>) {
         let log = SessionLog::new(SessionHeader::new(SessionId::new()), Vec::new()).unwrap();
         store.create(log.header(), Vec::new()).await.unwrap();
         let lease = store
@@ -533,6 +543,7 @@ mod tests {
             Box::new(move |_| {
                 counted.fetch_add(1, Ordering::SeqCst);
             }),
+            idle,
         ));
         (log, faults)
     }
@@ -614,6 +625,7 @@ mod tests {
             Box::new(move |_| {
                 counted.fetch_add(1, Ordering::SeqCst);
             }),
+            WriterIdle::Park,
         );
         note(&log);
         drop(writing);
@@ -744,6 +756,34 @@ mod tests {
                 .is_some_and(|write_behind| write_behind.parked.is_none()),
             "a writer that must renew its lease keeps its task and its timer"
         );
+    }
+
+    #[tokio::test]
+    async fn a_short_lived_sessions_writer_waits_as_a_task_instead_of_parking() {
+        let store = faulting_store();
+        let (log, _) = attached_idling(&store, WriterIdle::Wait).await;
+        note(&log);
+        log.drain().await.unwrap();
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            log.lock()
+                .write_behind
+                .as_ref()
+                .is_some_and(|write_behind| write_behind.parked.is_none()),
+            "an idle writer of a short-lived session keeps its task"
+        );
+        note(&log);
+        log.flush()
+            .await
+            .expect("the waiting writer wrote the next note");
+        assert_eq!(store.read_from(log.id(), 0).await.unwrap().len(), 2);
+        log.close().await.expect("the waiting writer closes");
+        store
+            .acquire_lease(log.id(), LeaseHolder::new())
+            .await
+            .expect("the close released the lease");
     }
 
     #[tokio::test]

@@ -132,6 +132,19 @@ pub(super) struct Writer {
     pub(super) signals: Arc<Signals>,
     /// Set once write-behind has ended (see the `Drop` impl).
     pub(super) finished: AtomicBool,
+    /// Whether it parks in its log when idle (see [`WriterIdle`]).
+    pub(super) idle: WriterIdle,
+}
+
+/// What a writer with nothing to do and no lease to renew does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriterIdle {
+    /// Parks in its log, holding no task, until the log's next append, barrier or close starts
+    /// it again: for sessions that idle (a resident child between turns).
+    Park,
+    /// Waits as a task: for a short-lived session, which would otherwise be parked and started
+    /// again (a task each time) between its few writes.
+    Wait,
 }
 
 impl Writer {
@@ -201,7 +214,8 @@ impl Writer {
                 Work::Exit => break Ok(()),
                 Work::Idle => {
                     match renew_at {
-                        None => return None,
+                        None if self.idle == WriterIdle::Park => return None,
+                        None => self.signals.wake.notified().await,
                         Some(at) => {
                             // Boxed: only a lease with a time-to-live needs the timer, and
                             // the state of every idle writer would pay for it.
