@@ -110,10 +110,12 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Spreads agents over `count` worker threads (actix arbiters), round-robin, to use more
-    /// than one core. The default, 0 or 1, runs every agent on the current arbiter, which keeps
-    /// a test's scheduling on one thread. The registry, the service and the providers always
-    /// run on the current arbiter.
+    /// Spreads agents over `count` threads (actix arbiters), round-robin, to use more than one
+    /// core: the current arbiter (the one that builds the runtime) and `count - 1` worker
+    /// threads started beside it, so one per core is `count` = the number of cores. The
+    /// default, 0 or 1, runs every agent on the current arbiter, which keeps a test's
+    /// scheduling on one thread. The registry, the service and the providers always run on the
+    /// current arbiter.
     #[must_use]
     pub fn workers(mut self, count: usize) -> Self {
         self.workers = count;

@@ -64,7 +64,7 @@ pub(crate) struct LoadArgs {
     /// checkpoint, every continuable epoch ends with a flush).
     #[arg(long, value_enum)]
     flush: Option<LoadFlush>,
-    /// Worker threads for agents (default: one per core).
+    /// Threads agents run on, the harness's own among them (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
     /// The most root children in flight at once (default 10000).

@@ -104,7 +104,7 @@ pub struct Scenario {
     pub nodes: u64,
     /// When the root agents flush (children follow the seam's own rules; see [`LoadFlush`]).
     pub flush: LoadFlush,
-    /// Worker threads for agents (0: one per core).
+    /// Threads agents run on, the harness's own among them (0: one per core).
     pub workers: usize,
     /// The most direct children of the roots in flight at once, across the run (a child's
     /// whole life counts: start, follow-ups, settlement). A window keeps memory bounded, so
