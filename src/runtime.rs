@@ -113,9 +113,9 @@ impl RuntimeBuilder {
     /// Spreads agents over `count` threads (actix arbiters), round-robin, to use more than one
     /// core: the current arbiter (the one that builds the runtime) and `count - 1` worker
     /// threads started beside it, so one per core is `count` = the number of cores. The
-    /// default, 0 or 1, runs every agent on the current arbiter, which keeps a test's
-    /// scheduling on one thread. The registry, the service and the providers always run on the
-    /// current arbiter.
+    /// registry, the service and the providers always run on the current arbiter, so it takes
+    /// one agent for every two a started worker takes. The default, 0 or 1, runs every agent on
+    /// the current arbiter, which keeps a test's scheduling on one thread.
     #[must_use]
     pub fn workers(mut self, count: usize) -> Self {
         self.workers = count;
