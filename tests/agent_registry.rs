@@ -511,8 +511,20 @@ async fn shutdown_releases_every_agent_and_refuses_new_ones() {
         .unwrap();
     assert!(rt.agents().list().await.is_empty());
     assert!(!busy.agent().is_alive() && !idle.agent().is_alive());
+    // A minted id is registered only at publication: the refusal then unwinds the staged
+    // agent, and nothing is live.
     let error = rt.agents().create(CreateAgent::new()).await.unwrap_err();
     assert_eq!(error.code(), ErrorCode::Draining);
+    assert!(rt.agents().list().await.is_empty());
+    // A caller's id is reserved first, and refused before anything is stored.
+    let id = subagents::SessionId::new();
+    let error = rt
+        .agents()
+        .create(CreateAgent::new().id(id))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Draining);
+    assert!(rt.store().unwrap().read_from(id, 0).await.is_err());
 }
 
 #[actix_rt::test]

@@ -744,34 +744,32 @@ mod tests {
             MemoryStore::with_lease_ttl(std::time::Duration::from_secs(60)),
         )));
         let (log, _) = attached(&store).await;
-        note(&log);
+        assert!(
+            stays_unparked_after_a_note(&log).await,
+            "a writer that must renew its lease keeps its task and its timer"
+        );
+    }
+
+    /// Writes a note, drains it and lets the writer run a while: whether it is still not
+    /// parked then.
+    async fn stays_unparked_after_a_note(log: &SessionLog) -> bool {
+        note(log);
         log.drain().await.unwrap();
         for _ in 0..100 {
             tokio::task::yield_now().await;
         }
-        assert!(
-            log.lock()
-                .write_behind
-                .as_ref()
-                .is_some_and(|write_behind| write_behind.parked.is_none()),
-            "a writer that must renew its lease keeps its task and its timer"
-        );
+        log.lock()
+            .write_behind
+            .as_ref()
+            .is_some_and(|write_behind| write_behind.parked.is_none())
     }
 
     #[tokio::test]
     async fn a_short_lived_sessions_writer_waits_as_a_task_instead_of_parking() {
         let store = faulting_store();
         let (log, _) = attached_idling(&store, WriterIdle::Wait).await;
-        note(&log);
-        log.drain().await.unwrap();
-        for _ in 0..100 {
-            tokio::task::yield_now().await;
-        }
         assert!(
-            log.lock()
-                .write_behind
-                .as_ref()
-                .is_some_and(|write_behind| write_behind.parked.is_none()),
+            stays_unparked_after_a_note(&log).await,
             "an idle writer of a short-lived session keeps its task"
         );
         note(&log);
