@@ -362,8 +362,8 @@ impl Agents {
                 .and_then(|outcome| outcome);
             if let Err(error) = published {
                 // The owner began retiring, the token fired, or (for a minted id) the runtime
-                // began shutting down while the agent was being created: unwind the started actor and its write-behind; the registry freed
-                // the reservation.
+                // began shutting down while the agent was being created: unwind the started
+                // actor and its write-behind; the registry freed the reservation.
                 let _ = addr.send(Retire).await;
                 let _ = handle.agent().log().inner().close().await;
                 return Err(error);

@@ -3,8 +3,8 @@
 //! task that appends what the log committed to the store, flushes for durable barriers, renews
 //! the session's lease, and faults the log when a durable write fails. A writer with nothing to
 //! do and no lease to renew parks in its log instead of waiting as a task, and the log's next
-//! append, barrier or close starts it again. The guarantees are stated in
-//! [`crate::session::log`].
+//! append, barrier or close starts it again; a short-lived session's writer waits as a task
+//! instead ([`WriterIdle`]). The guarantees are stated in [`crate::session::log`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
