@@ -8,9 +8,11 @@
 //! 2. Run the setup step on a fresh scope (it may append setup events).
 //! 3. Check the token again; reserve the id in the registry with its owner edge
 //!    (`DUPLICATE_AGENT` if taken, `AGENT_DISPOSED` if the owner is gone or retiring); store the
-//!    session (`SESSION_EXISTS` if stored) and take its lease.
+//!    session (`SESSION_EXISTS` if stored) and take its lease. An id this creation minted
+//!    cannot be taken, so it skips the reservation: step 4 reserves and publishes it at once.
 //! 4. Run the setup's commit, start the actor, attach write-behind under the lease, and publish
-//!    (refused if the owner began retiring meanwhile); emit `agent/created`.
+//!    (refused if the owner began retiring meanwhile, and for a minted id on any refusal of
+//!    step 3); emit `agent/created`.
 //!
 //! A failure or a fired token at any step before publication rolls everything back: no actor
 //! runs, the registry holds nothing, the lease is released, and no event fires (a new session's

@@ -395,8 +395,7 @@ impl std::fmt::Debug for ProviderRegistration {
 
 impl Subagents {
     /// Starts the provider service and the continuation manager, which creates and resumes
-    /// continuable children through `agents`.
-    /// Starts the service and the manager; a cluster node serves its deliveries from now on.
+    /// continuable children through `agents`; a cluster node serves its deliveries from now on.
     ///
     /// # Errors
     /// `INVALID_ARGS` when the node's deliveries are served already (by another runtime).

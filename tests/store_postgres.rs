@@ -686,6 +686,48 @@ fn deliveries_about_different_sessions_are_served_at_once() {
     );
 }
 
+// A delivery whose stored payload is malformed is answered `STORE_CORRUPT` when it is claimed,
+// and the rest of the batch it was claimed in is still served.
+#[test]
+fn a_malformed_delivery_is_answered_store_corrupt_and_its_batch_still_served() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let (sender, target) = two_nodes(&url);
+    let sent: Vec<_> = (1..=3u64)
+        .map(|n| {
+            block_on(sender.send(
+                target.node(),
+                SessionId::new(),
+                &serde_json::json!({ "n": n }),
+            ))
+            .unwrap()
+        })
+        .collect();
+    let corrupted: i64 = query_value(
+        &url,
+        "WITH corrupted AS (
+             UPDATE subagents_deliveries SET payload = '\\x7b'::bytea
+             WHERE id = (SELECT min(id) FROM subagents_deliveries) RETURNING 1
+         ) SELECT count(*) FROM corrupted",
+    );
+    assert_eq!(corrupted, 1);
+    let served = Arc::new(std::sync::Mutex::new(Vec::new()));
+    target
+        .serve(recording_handler(&served, &subagents::testing::Gate::new()))
+        .expect("the target serves");
+    let mut answers = sent
+        .into_iter()
+        .map(|sent| block_on(within("an answer", sent.answer())));
+    let malformed = answers.next().unwrap().unwrap_err();
+    assert_eq!(malformed.code(), ErrorCode::StoreCorrupt);
+    for (n, answer) in (2..=3u64).zip(answers) {
+        assert_eq!(answer.unwrap(), serde_json::json!({ "seen": n }));
+    }
+    let order: Vec<u64> = served.lock().unwrap().iter().map(|(_, n)| *n).collect();
+    assert_eq!(order, [2, 3], "only the well-formed ones reach the handler");
+}
+
 // Old deliveries are pruned by any serving node: an answered one once the retention has
 // passed (its sender read it long before), and one left unserved to a node that is gone.
 #[test]

@@ -297,18 +297,14 @@ pub(crate) struct ContinuationManager {
     remote_children: HashMap<SessionId, RemoteChild>,
     /// Whether a look for stopped nodes is in flight.
     sweeping: bool,
+    /// The timer that looks for stopped nodes, armed only while a child is placed elsewhere: a
+    /// pending timer keeps an actix actor alive, and the manager must stop once its addresses
+    /// are gone.
+    sweep: Option<SpawnHandle>,
 }
 
 impl Actor for ContinuationManager {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        if self.cluster.is_some() {
-            ctx.run_interval(remote::SWEEP_EVERY, |manager, ctx| {
-                manager.sweep_gone_nodes(ctx);
-            });
-        }
-    }
 }
 
 fn cancelled() -> SubagentError {
@@ -352,6 +348,7 @@ impl ContinuationManager {
             cluster,
             remote_children: HashMap::new(),
             sweeping: false,
+            sweep: None,
             agents,
             service,
             events,

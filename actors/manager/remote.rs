@@ -398,7 +398,7 @@ pub(crate) struct RemotePlaced {
 impl Handler<RemotePlaced> for ContinuationManager {
     type Result = Result<()>;
 
-    fn handle(&mut self, msg: RemotePlaced, _: &mut Context<Self>) -> Result<()> {
+    fn handle(&mut self, msg: RemotePlaced, ctx: &mut Context<Self>) -> Result<()> {
         let RemotePlaced {
             child,
             parent,
@@ -428,6 +428,11 @@ impl Handler<RemotePlaced> for ContinuationManager {
                 release: None,
             },
         );
+        if self.sweep.is_none() {
+            self.sweep = Some(ctx.run_interval(SWEEP_EVERY, |manager, ctx| {
+                manager.sweep_gone_nodes(ctx);
+            }));
+        }
         Ok(())
     }
 }
@@ -445,24 +450,25 @@ impl Handler<ForgetRemote> for ContinuationManager {
     type Result = ();
 
     fn handle(&mut self, msg: ForgetRemote, ctx: &mut Context<Self>) {
-        self.forget_remote(msg.child, Some(msg.node), ctx);
+        self.forget_remote(msg.child, msg.node, ctx);
     }
 }
 
 impl ContinuationManager {
     /// Ends the record of a child placed elsewhere (on `node`, when given) and lets its parent
     /// settle if it waited only for it.
-    fn forget_remote(&mut self, child: SessionId, node: Option<NodeId>, ctx: &mut Context<Self>) {
-        let matches = self
-            .remote_children
-            .get(&child)
-            .is_some_and(|record| node.is_none_or(|node| record.node == node));
-        if !matches {
-            return;
-        }
-        let Some(record) = self.remote_children.remove(&child) else {
-            return;
+    fn forget_remote(&mut self, child: SessionId, node: NodeId, ctx: &mut Context<Self>) {
+        let record = match self.remote_children.entry(child) {
+            std::collections::hash_map::Entry::Occupied(entry) if entry.get().node == node => {
+                entry.remove()
+            }
+            _ => return,
         };
+        if self.remote_children.is_empty() {
+            if let Some(sweep) = self.sweep.take() {
+                ctx.cancel_future(sweep);
+            }
+        }
         let parent = record.parent.id();
         if let Some(resident) = self.residents.get_mut(&parent) {
             if resident.agent == record.parent {
@@ -483,7 +489,7 @@ impl ContinuationManager {
         let Some(cluster) = self.cluster.clone() else {
             return;
         };
-        if self.sweeping || self.remote_children.is_empty() {
+        if self.sweeping {
             return;
         }
         let mut nodes: Vec<NodeId> = self
@@ -530,7 +536,7 @@ impl Handler<NodesGone> for ContinuationManager {
             let reason = crate::stop_reason::StopReason::Other("node-stopped".into());
             let (content, source) = settled_notice(child, &reason, None, None);
             self.post_settled_notice(child, &parent, Message::user(content, source), ctx);
-            self.forget_remote(child, Some(node), ctx);
+            self.forget_remote(child, node, ctx);
         }
     }
 }
@@ -775,7 +781,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
             NoticeKind::Settled => {
                 let id = message.id;
                 self.post_settled_notice(child, &captured, message, ctx);
-                self.forget_remote(child, Some(sender), ctx);
+                self.forget_remote(child, sender, ctx);
                 Ok(async move { Ok(id) }.boxed())
             }
             NoticeKind::Report(delivery) => {

@@ -347,25 +347,35 @@ impl PostgresStore {
             .map_err(&failed)?;
         let pending_before: i64 = rows.first().map_or(0, |row| row.get(5));
         let left_behind = usize::try_from(pending_before).unwrap_or(usize::MAX) > rows.len();
-        let mut claimed = rows
-            .into_iter()
-            .map(|row| {
-                let id: i64 = row.get(0);
-                let payload: Vec<u8> = row.get(3);
-                Ok(Delivery {
-                    id,
-                    sender: row.get(1),
-                    session: SessionId::from_uuid(row.get(2)),
-                    payload: serde_json::from_slice(&payload).map_err(|_| {
-                        SubagentError::new(
-                            ErrorCode::StoreCorrupt,
-                            format!("delivery {id}: its stored payload is malformed"),
-                        )
-                    })?,
-                    ticket: row.get(4),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            let payload: Vec<u8> = row.get(3);
+            let mut delivery = Delivery {
+                id: row.get(0),
+                sender: row.get(1),
+                session: SessionId::from_uuid(row.get(2)),
+                payload: Value::Null,
+                ticket: row.get(4),
+            };
+            match serde_json::from_slice(&payload) {
+                Ok(payload) => {
+                    delivery.payload = payload;
+                    claimed.push(delivery);
+                }
+                // Claimed already: answered here, so its sender hears why and the rest of the
+                // batch is served.
+                Err(_) => {
+                    let id = delivery.id;
+                    let malformed = Err(SubagentError::new(
+                        ErrorCode::StoreCorrupt,
+                        format!("delivery {id}: its stored payload is malformed"),
+                    ));
+                    if let Err(error) = self.answer_delivery(&delivery, &malformed).await {
+                        tracing::warn!(delivery = id, %error, "answering a malformed delivery failed");
+                    }
+                }
+            }
+        }
         claimed.sort_by_key(|delivery| delivery.id);
         Ok((claimed, left_behind))
     }
