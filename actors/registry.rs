@@ -12,7 +12,7 @@
 //! 4. `agent/disposed` is emitted as a live slot is freed, in registry order, so it precedes
 //!    the `agent/created` of a later incarnation of the same id.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -22,7 +22,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::host::handle::AgentHandle;
 use crate::host::{AgentEvent, AgentEventKind};
-use crate::ids::SessionId;
+use crate::ids::{FastHashMap, SessionId};
 
 /// An exact agent identity: session id and incarnation.
 pub(crate) type Exact = (SessionId, u64);
@@ -47,7 +47,7 @@ enum SlotState {
 /// The registry of live agents.
 pub struct AgentRegistry {
     /// Boxed, as the manager's residents are: buckets stay pointer-sized at a million agents.
-    slots: HashMap<SessionId, Box<Slot>>,
+    slots: FastHashMap<SessionId, Box<Slot>>,
     /// Set by shutdown: new reservations are refused.
     closing: bool,
     /// Shutdown waits here until no creation is in progress.
@@ -69,7 +69,7 @@ fn owner_gone(owner: SessionId) -> SubagentError {
 impl AgentRegistry {
     pub(crate) fn new(events: Arc<EventBus<AgentEvent>>) -> Self {
         Self {
-            slots: HashMap::new(),
+            slots: FastHashMap::default(),
             closing: false,
             settled: Vec::new(),
             events,

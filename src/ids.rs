@@ -9,6 +9,14 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+/// A hash map for the runtime's hot lookups by id: foldhash, seeded per process, in place of
+/// SipHash. Ids are minted UUIDs (or a caller's), so the keys are short and the map needs no
+/// more than a per-process seed against a crafted collision.
+pub(crate) type FastHashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The set form of [`FastHashMap`].
+pub(crate) type FastHashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident, $mint:ident) => {
         $(#[$doc])*

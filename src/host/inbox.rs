@@ -5,11 +5,11 @@
 //! `agent/inbox/spliced` event **first** and only then changes the live list, so replaying the
 //! splices of a log rebuilds the pending work exactly (even after a crash).
 use std::borrow::Borrow;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 
 use crate::content::Message;
 use crate::error::{ErrorCode, Result, SubagentError};
-use crate::ids::MessageId;
+use crate::ids::{FastHashSet, MessageId};
 use crate::session::{EventKind, InboxTarget, SessionEvent, SessionLog, SpliceOutcome};
 
 /// The pending messages of one agent.
@@ -19,7 +19,7 @@ pub struct Inbox {
     next_step: Vec<Message>,
     /// The ids of every pending message in both lists: a parent collecting many children's
     /// notices must not pay a scan of its whole inbox per insert.
-    pending: HashSet<MessageId>,
+    pending: FastHashSet<MessageId>,
 }
 
 fn len_u64(len: usize) -> u64 {

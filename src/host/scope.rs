@@ -121,10 +121,8 @@ struct SentContexts {
 /// A fingerprint of a rendered runtime-context text: equal texts have equal fingerprints, and
 /// different ones collide with odds of one in 2^64.
 fn fingerprint(text: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut hasher);
-    hasher.finish()
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::default().hash_one(text)
 }
 
 /// The runtime-context message text of `contexts`, if any section has text.

@@ -105,15 +105,15 @@ pub(crate) async fn write_rows(
     }
 }
 
-/// Whether `log` is a one-shot child's (its last descriptor says so). One-shot children are the
+/// Whether `log` is a one-shot child's: its descriptor, the first among its own events (as
+/// [`crate::seam::SubagentDescriptor::fold`] reads it), says so. One-shot children are the
 /// delegation hot path and are never resumed, so they are not checkpointed: a listing names a
 /// cold one from one inspection of its log. (Checkpointing them cost a third of a one-shot
-/// run on the memory store.)
+/// run on the memory store.) The descriptor opens a child's own events, so this reads a few of
+/// them, not the whole log from its end.
 fn is_one_shot(log: &SessionLog) -> bool {
-    log.with_events(|events| {
-        events
-            .iter()
-            .rev()
+    log.with_own_events(|own| {
+        own.iter()
             .find_map(|event| match &event.kind {
                 EventKind::Extension { event_type, data } if event_type == DESCRIPTOR_EVENT => {
                     Some(data.get("mode").and_then(Value::as_str) == Some("one-shot"))
@@ -183,4 +183,43 @@ pub(crate) fn checkpoint_after_turn(env: &AgentEnv, log: &SessionLog) {
             write_rows(&registry, &store, &log, rows).await;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SessionId;
+    use crate::seam::SubagentDescriptor;
+    use crate::session::{SessionEvent, SessionHeader};
+
+    /// A child's log seeded with `seed` descriptors (a fork's inherited prefix), then its own.
+    fn child_log(seed: &[SubagentDescriptor], own: &SubagentDescriptor) -> SessionLog {
+        let seed: Vec<SessionEvent> = seed
+            .iter()
+            .zip(0..)
+            .map(|(descriptor, seq)| SessionEvent::new(seq, descriptor.event()))
+            .collect();
+        let mut header = SessionHeader::new(SessionId::new());
+        header.seed_length = Some(u64::try_from(seed.len()).expect("small"));
+        let log = SessionLog::new(header, seed).expect("a valid seed");
+        log.append(own.event()).expect("appended");
+        log
+    }
+
+    #[test]
+    fn a_child_is_one_shot_by_its_own_descriptor_not_its_inherited_one() {
+        let one_shot = SubagentDescriptor::one_shot("fork", None);
+        let continuable = SubagentDescriptor::continuable("fork", "worker");
+        assert!(is_one_shot(&child_log(&[], &one_shot)));
+        assert!(!is_one_shot(&child_log(&[], &continuable)));
+        // A fork of a one-shot child inherits its descriptor in the seed.
+        assert!(!is_one_shot(&child_log(
+            std::slice::from_ref(&one_shot),
+            &continuable
+        )));
+        assert!(is_one_shot(&child_log(
+            std::slice::from_ref(&continuable),
+            &one_shot
+        )));
+    }
 }

@@ -39,7 +39,7 @@ use crate::host::{
 use crate::host::{AgentHandle, CreateAgent};
 use crate::seam::depth::{check_max_depth, resolve_child_depth};
 use crate::seam::run::LocalWiring;
-use crate::seam::settle_hook::{SettleGuard, SettleHook};
+use crate::seam::run_outcome::{RunOutcome, SettleGuard};
 use crate::seam::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::session::{
     fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind,
@@ -448,11 +448,10 @@ fn drive_published_run(handle: AgentHandle, wiring: RunWiring) -> SubagentRun {
     let capture = capture.get().cloned();
     let child = handle.agent().clone();
     let cancelled = Arc::new(AtomicBool::new(false));
-    let settle = Arc::new(SettleHook::new());
+    let outcome = Arc::new(RunOutcome::new());
     let work = {
         let child = child.clone();
         let cancelled = Arc::clone(&cancelled);
-        let settle = Arc::clone(&settle);
         let work = async move {
             // The owner has cancelled once the token fired or the run is being disposed.
             let owner_cancelled = || cancelled.load(Ordering::SeqCst) || token.is_cancelled();
@@ -499,33 +498,25 @@ fn drive_published_run(handle: AgentHandle, wiring: RunWiring) -> SubagentRun {
         // Settles even when `work` panics or the task is dropped at shutdown. A combinator
         // rather than an `async` block, which would keep a second copy of `work` beside the
         // one it awaits.
-        let guard = SettleGuard::new(settle);
-        work.map(move |outcome| {
-            guard.settle(&outcome);
-            outcome
-        })
+        let guard = SettleGuard::new(Arc::clone(&outcome));
+        work.map(move |result| guard.settle(result))
     };
-    let task = tokio::spawn(work);
-    let result = async move {
-        task.await
-            .map_err(|error| SubagentError::bug(format!("the run's task failed: {error}")))?
-    }
-    .boxed()
-    .shared();
-    let settled = result.clone();
+    // Detached: the run's outcome is read from its cell, not from the task's join handle.
+    drop(tokio::spawn(work));
+    let settled = Arc::clone(&outcome);
     let id = child.id();
     let store = child.agents().env().store.clone();
     let wiring = LocalWiring {
-        settle,
+        outcome,
         home: home.clone(),
     };
-    SubagentRun::local(child, wiring, result, move || {
+    SubagentRun::local(child, wiring, move || {
         let release = async move {
             cancelled.store(true, Ordering::SeqCst);
             let released = handle.dispose().await;
             // Disposal returns once the result is settled too; only a release failure is
             // reported here (a failed result stays on the result channel).
-            let _ = settled.await;
+            settled.wait().await;
             if released.is_ok() {
                 if let Some(store) = store {
                     store.one_shot_disposed(id);

@@ -14,8 +14,8 @@ pub mod provider;
 pub mod request;
 pub mod result;
 pub mod run;
+pub(crate) mod run_outcome;
 pub(crate) mod scripted;
-pub(crate) mod settle_hook;
 pub mod settlement;
 pub mod setup;
 

@@ -9,10 +9,10 @@ use crate::actors::agent::AgentRef;
 use crate::error::Result;
 use crate::host::handle::OnceTask;
 use crate::ids::SessionId;
-use crate::seam::settle_hook::{SettleHook, SettleObserver};
+use crate::seam::run_outcome::{RunOutcome, SettleObserver};
 use crate::seam::SubagentResult;
 
-pub(crate) type SharedResult = Shared<BoxFuture<'static, Result<SubagentResult>>>;
+type SharedResult = Shared<BoxFuture<'static, Result<SubagentResult>>>;
 type Dispose = Box<dyn FnOnce() -> BoxFuture<'static, Result<()>> + Send>;
 
 /// One published one-shot child: one disposable foreground delegation with one result. It has
@@ -31,10 +31,17 @@ pub struct SubagentRun {
 struct RunInner {
     id: SessionId,
     local_agent: Option<AgentRef>,
-    local: Option<LocalWiring>,
-    result: SharedResult,
+    outcome: Outcome,
     dispose: Mutex<Option<Dispose>>,
     disposal: OnceTask,
+}
+
+/// Where a run's result comes from.
+enum Outcome {
+    /// An in-process run: its own task settles the outcome.
+    Local(LocalWiring),
+    /// Any other run: a future driven independently of the handle.
+    Shared(SharedResult),
 }
 
 impl RunInner {
@@ -51,10 +58,10 @@ impl RunInner {
     }
 }
 
-/// What an in-process run has beyond its result and disposal.
+/// What an in-process run has beyond its disposal.
 pub(crate) struct LocalWiring {
-    /// Told of the outcome by the run's own task.
-    pub(crate) settle: Arc<SettleHook>,
+    /// Settled by the run's own task.
+    pub(crate) outcome: Arc<RunOutcome>,
     /// The worker the child lives on, when it has one.
     pub(crate) home: Option<actix::ArbiterHandle>,
 }
@@ -64,10 +71,11 @@ impl Drop for RunInner {
         if self.disposal.started() {
             // The child's memory (its log above all) goes back to its worker to be freed there,
             // beside the rest of it, rather than on the caller's thread.
-            if let (Some(agent), Some(home)) = (
-                self.local_agent.take(),
-                self.local.as_ref().and_then(|local| local.home.as_ref()),
-            ) {
+            let home = match &self.outcome {
+                Outcome::Local(local) => local.home.as_ref(),
+                Outcome::Shared(_) => None,
+            };
+            if let (Some(agent), Some(home)) = (self.local_agent.take(), home) {
                 home.spawn(async move { drop(agent) });
             }
             return;
@@ -108,27 +116,26 @@ impl SubagentRun {
         R: Future<Output = Result<SubagentResult>> + Send + 'static,
         D: FnOnce() -> BoxFuture<'static, Result<()>> + Send + 'static,
     {
-        Self::from_parts(id, local_agent, None, result.boxed().shared(), dispose)
+        Self::from_parts(
+            id,
+            local_agent,
+            Outcome::Shared(result.boxed().shared()),
+            dispose,
+        )
     }
 
-    /// An in-process run of `agent`, whose task settles `result` and tells `local.settle`.
-    pub(crate) fn local<D>(
-        agent: AgentRef,
-        local: LocalWiring,
-        result: SharedResult,
-        dispose: D,
-    ) -> Self
+    /// An in-process run of `agent`, whose own task settles `local.outcome`.
+    pub(crate) fn local<D>(agent: AgentRef, local: LocalWiring, dispose: D) -> Self
     where
         D: FnOnce() -> BoxFuture<'static, Result<()>> + Send + 'static,
     {
-        Self::from_parts(agent.id(), Some(agent), Some(local), result, dispose)
+        Self::from_parts(agent.id(), Some(agent), Outcome::Local(local), dispose)
     }
 
     fn from_parts<D>(
         id: SessionId,
         local_agent: Option<AgentRef>,
-        local: Option<LocalWiring>,
-        result: SharedResult,
+        outcome: Outcome,
         dispose: D,
     ) -> Self
     where
@@ -138,8 +145,7 @@ impl SubagentRun {
             inner: Arc::new(RunInner {
                 id,
                 local_agent,
-                local,
-                result,
+                outcome,
                 dispose: Mutex::new(Some(Box::new(dispose))),
                 disposal: OnceTask::default(),
             }),
@@ -158,17 +164,21 @@ impl SubagentRun {
 
     /// Tells `observer` the run's outcome once it settles, without holding the run (an
     /// observer never keeps a dropped run, or its child, alive). An in-process run's own task
-    /// tells it; any other run is watched by a task of its own.
+    /// tells it (or this call, when the run has settled already); any other run is watched by
+    /// a task of its own.
     pub(crate) fn on_settled(&self, observer: SettleObserver) {
-        let observer = match &self.inner.local {
-            Some(local) => match local.settle.observe(observer) {
-                None => return,
-                Some(late) => late,
-            },
-            None => observer,
-        };
-        let result = self.inner.result.clone();
-        tokio::spawn(async move { observer(&result.await) });
+        match &self.inner.outcome {
+            Outcome::Local(local) => {
+                if let Some(late) = local.outcome.observe(observer) {
+                    let outcome = Arc::clone(&local.outcome);
+                    tokio::spawn(async move { late(&outcome.outcome().await) });
+                }
+            }
+            Outcome::Shared(result) => {
+                let result = result.clone();
+                tokio::spawn(async move { observer(&result.await) });
+            }
+        }
     }
 
     /// The child's terminal result.
@@ -180,7 +190,10 @@ impl SubagentRun {
     /// # Cancel safety
     /// Cancel safe: the run goes on, and a later call gets the same result.
     pub async fn result(&self) -> Result<SubagentResult> {
-        self.inner.result.clone().await
+        match &self.inner.outcome {
+            Outcome::Local(local) => local.outcome.outcome().await,
+            Outcome::Shared(result) => result.clone().await,
+        }
     }
 
     /// Cancels remaining work, waits for the child to be quiescent and released. Idempotent:

@@ -37,7 +37,7 @@ use crate::session::event::{EventKind, SessionEvent};
 use crate::session::header::{SessionHeader, SessionOrigin};
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
-use crate::session::seed::{check_lossless, free_form_json, validate_seed};
+use crate::session::seed::{check_free_form_json, check_lossless, validate_seed};
 pub(crate) use crate::session::write_behind::WriterIdle;
 use crate::session::write_behind::{
     Barrier, FaultHook, Resume, Signals, WriteBehind, Writer, WRITE_BEHIND_LIMIT,
@@ -231,6 +231,16 @@ impl SessionLog {
         read(&self.lock().events)
     }
 
+    /// Runs `read` over the log's own events: those after its seed (a fork child's inherited
+    /// prefix).
+    pub(crate) fn with_own_events<R>(&self, read: impl FnOnce(&[Arc<SessionEvent>]) -> R) -> R {
+        let state = self.lock();
+        let seed = usize::try_from(state.header.seed_len())
+            .unwrap_or(usize::MAX)
+            .min(state.events.len());
+        read(&state.events[seed..])
+    }
+
     /// Runs `read` over the events and this log's memo of type `T` (created on first use, and
     /// replaced if another type was left there), under one lock: the memo always matches the
     /// events `read` sees. `read` must not touch this log.
@@ -264,9 +274,7 @@ impl SessionLog {
     /// # Errors
     /// As [`SessionLog::append`].
     pub fn append_with_sources(&self, kind: EventKind, sources: Vec<u64>) -> Result<u64> {
-        for value in free_form_json(&kind) {
-            check_lossless(value)?;
-        }
+        check_free_form_json(&kind, check_lossless)?;
         let mut state = self.lock();
         let seq = u64::try_from(state.events.len())
             .map_err(|_| SubagentError::bug("session log length exceeds u64"))?;

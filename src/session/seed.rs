@@ -18,42 +18,65 @@ use crate::session::invariants::LogShape;
 /// # Errors
 /// `INVALID_EVENT` naming the path of the first lossy number.
 pub fn check_lossless(value: &Value) -> Result<()> {
-    fn walk(value: &Value, path: &mut String) -> std::result::Result<(), String> {
-        match value {
-            Value::Number(n) => {
-                if n.as_f64().is_some_and(|f| f == 0.0 && f.is_sign_negative()) && n.is_f64() {
-                    return Err(format!("{path} is -0"));
-                }
-            }
-            Value::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    let len = path.len();
-                    path.push_str(&format!("[{i}]"));
-                    walk(item, path)?;
-                    path.truncate(len);
-                }
-            }
-            Value::Object(map) => {
-                for (key, item) in map {
-                    let len = path.len();
-                    path.push('.');
-                    path.push_str(key);
-                    walk(item, path)?;
-                    path.truncate(len);
-                }
-            }
-            Value::Null | Value::Bool(_) | Value::String(_) => {}
-        }
-        Ok(())
+    fn negative_zero(number: &serde_json::Number) -> bool {
+        number.is_f64()
+            && number
+                .as_f64()
+                .is_some_and(|f| f == 0.0 && f.is_sign_negative())
     }
-    walk(value, &mut String::from("$")).map_err(|why| {
-        SubagentError::new(ErrorCode::InvalidEvent, format!("not lossless JSON: {why}"))
-    })
+    fn lossless(value: &Value) -> bool {
+        match value {
+            Value::Number(number) => !negative_zero(number),
+            Value::Array(items) => items.iter().all(lossless),
+            Value::Object(map) => map.values().all(lossless),
+            Value::Null | Value::Bool(_) | Value::String(_) => true,
+        }
+    }
+    // Names the path of the first lossy number; walked only once one is known to be there.
+    fn lossy_path(value: &Value, path: &mut String) -> bool {
+        match value {
+            Value::Number(number) => negative_zero(number),
+            Value::Array(items) => items.iter().enumerate().any(|(index, item)| {
+                let len = path.len();
+                path.push_str(&format!("[{index}]"));
+                let found = lossy_path(item, path);
+                if !found {
+                    path.truncate(len);
+                }
+                found
+            }),
+            Value::Object(map) => map.iter().any(|(key, item)| {
+                let len = path.len();
+                path.push('.');
+                path.push_str(key);
+                let found = lossy_path(item, path);
+                if !found {
+                    path.truncate(len);
+                }
+                found
+            }),
+            Value::Null | Value::Bool(_) | Value::String(_) => false,
+        }
+    }
+    // Every appended event with free-form JSON is checked: the common case allocates nothing.
+    if lossless(value) {
+        return Ok(());
+    }
+    let mut path = String::from("$");
+    lossy_path(value, &mut path);
+    Err(SubagentError::new(
+        ErrorCode::InvalidEvent,
+        format!("not lossless JSON: {path} is -0"),
+    ))
 }
 
-/// The free-form JSON an event carries: extension payloads, tool metadata, and the open
-/// `other` arm of message sources. Everything else is typed and lossless by construction.
-pub(crate) fn free_form_json(kind: &EventKind) -> Vec<&Value> {
+/// Runs `check` over the free-form JSON an event carries (extension payloads, tool metadata,
+/// and the open `other` arm of message sources), stopping at the first error. Everything else
+/// is typed and lossless by construction.
+pub(crate) fn check_free_form_json(
+    kind: &EventKind,
+    mut check: impl FnMut(&Value) -> Result<()>,
+) -> Result<()> {
     fn source(message: &Message) -> Option<&Value> {
         match &message.source {
             MessageSource::Other(value) => Some(value),
@@ -61,15 +84,19 @@ pub(crate) fn free_form_json(kind: &EventKind) -> Vec<&Value> {
         }
     }
     match kind {
-        EventKind::Extension { data, .. } => vec![data],
-        EventKind::ToolResult { meta, message, .. } => {
-            meta.as_deref().into_iter().chain(source(message)).collect()
-        }
+        EventKind::Extension { data, .. } => check(data),
+        EventKind::ToolResult { meta, message, .. } => meta
+            .as_deref()
+            .into_iter()
+            .chain(source(message))
+            .try_for_each(check),
         EventKind::UserMessage(message) | EventKind::AssistantMessage { message, .. } => {
-            source(message).into_iter().collect()
+            source(message).map_or(Ok(()), check)
         }
-        EventKind::InboxSpliced { inserted, .. } => inserted.iter().filter_map(source).collect(),
-        _ => Vec::new(),
+        EventKind::InboxSpliced { inserted, .. } => {
+            inserted.iter().filter_map(source).try_for_each(check)
+        }
+        _ => Ok(()),
     }
 }
 
@@ -89,10 +116,8 @@ pub fn validate_seed(seed: &[SessionEvent]) -> Result<LogShape> {
                 event.seq
             )));
         }
-        for value in free_form_json(&event.kind) {
-            check_lossless(value)
-                .map_err(|e| invalid(format!("seed event {index}: {}", e.message())))?;
-        }
+        check_free_form_json(&event.kind, check_lossless)
+            .map_err(|e| invalid(format!("seed event {index}: {}", e.message())))?;
         shape
             .admit(event)
             .map_err(|e| invalid(format!("seed breaks a log invariant: {}", e.message())))?;
@@ -103,4 +128,26 @@ pub fn validate_seed(seed: &[SessionEvent]) -> Result<LogShape> {
         ));
     }
     Ok(shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_lossless_value_passes_and_a_negative_zero_is_named_by_its_path() {
+        assert!(check_lossless(&json!({"a": [1, 0.0, {"b": "x"}], "c": null})).is_ok());
+        let error =
+            check_lossless(&json!({"a": [1, {"b": -0.0}], "c": -0.0})).expect_err("-0 is lossy");
+        assert_eq!(error.code(), ErrorCode::InvalidEvent);
+        assert!(
+            error.message().contains("$.a[1].b is -0"),
+            "the first lossy path: {}",
+            error.message()
+        );
+        let error = check_lossless(&json!(-0.0)).expect_err("-0 is lossy");
+        assert!(error.message().contains("$ is -0"), "{}", error.message());
+    }
 }

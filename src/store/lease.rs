@@ -14,14 +14,13 @@
 //! runtime's [`LeaseHolder`]) is dropped, or once its time-to-live passes unrenewed. The epoch
 //! itself is durable, so fencing survives a reopen.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::error::{ErrorCode, Result, SubagentError};
-use crate::ids::SessionId;
+use crate::ids::{FastHashMap, SessionId};
 
 /// A session lease's fencing epoch: larger is newer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -108,9 +107,9 @@ impl HeldLease {
 /// leasing; the epoch itself lives with the session).
 #[derive(Debug, Default)]
 pub(crate) struct LeaseTable {
-    held: HashMap<SessionId, HeldLease>,
+    held: FastHashMap<SessionId, HeldLease>,
     /// When each lease lapses unrenewed; kept only by a table with a time-to-live.
-    expiries: HashMap<SessionId, Instant>,
+    expiries: FastHashMap<SessionId, Instant>,
     ttl: Option<Duration>,
 }
 
@@ -118,8 +117,8 @@ impl LeaseTable {
     /// A table whose leases last `ttl` unrenewed (`None`: until released or the holder is gone).
     pub(crate) fn new(ttl: Option<Duration>) -> Self {
         Self {
-            held: HashMap::new(),
-            expiries: HashMap::new(),
+            held: FastHashMap::default(),
+            expiries: FastHashMap::default(),
             ttl,
         }
     }
