@@ -677,11 +677,15 @@ impl Subagents {
         match routed {
             InterruptRouted::Done => Ok(()),
             InterruptRouted::Remote {
-                cluster,
                 node,
                 parent,
                 cause,
-            } => ask_interrupt(&cluster, node, parent, target, cause).await,
+            } => {
+                let cluster = self.cluster.as_ref().ok_or_else(|| {
+                    SubagentError::bug("a child was placed on another node of no cluster")
+                })?;
+                ask_interrupt(cluster, node, parent, target, cause).await
+            }
         }
     }
 

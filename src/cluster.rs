@@ -114,6 +114,24 @@ pub(crate) struct ClusterLink {
     notices: tokio_util::task::TaskTracker,
 }
 
+/// Held by every handle of a cluster node's runtime. The delivery server and the manager keep
+/// the membership itself alive, so when the last handle is dropped without
+/// [`crate::Runtime::shutdown`] this guard makes the node go silent: it stops heartbeating and
+/// serving, and its peers see it expire as a dead node and may take its sessions.
+pub(crate) struct NodeGuard(Arc<NodeMembership>);
+
+impl NodeGuard {
+    pub(crate) fn new(link: &ClusterLink) -> Self {
+        Self(Arc::clone(&link.membership))
+    }
+}
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        self.0.go_silent();
+    }
+}
+
 /// The longest a leaving node waits for its last notices to reach their parents.
 const LAST_NOTICES: std::time::Duration = std::time::Duration::from_secs(10);
 

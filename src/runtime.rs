@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::actors::agents::Agents;
 use crate::actors::service::Subagents;
 use crate::actors::workers::WorkerPool;
-use crate::cluster::ClusterLink;
+use crate::cluster::{ClusterLink, NodeGuard};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::host::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
@@ -140,7 +140,9 @@ impl RuntimeBuilder {
     /// children placed here by parents on other nodes ([`crate::ContinuableStartSpec::on_node`]),
     /// and follow-ups, interrupts and releases for them; its own parents' children placed
     /// elsewhere are asked there, and a follow-up to a child resident on another node is
-    /// routed to it. [`Runtime::shutdown`] leaves the cluster once everything is released.
+    /// routed to it. [`Runtime::shutdown`] leaves the cluster once everything is released;
+    /// dropping the runtime's last handle without it makes the node go silent instead (no more
+    /// heartbeats or deliveries served), so its peers see it expire as a dead node.
     #[must_use]
     pub fn cluster(mut self, membership: NodeMembership) -> Self {
         self.cluster = Some(Arc::new(membership));
@@ -194,11 +196,13 @@ impl RuntimeBuilder {
             (self.workers > 1).then(|| Arc::new(WorkerPool::new(self.workers))),
             self.holder.unwrap_or_default(),
         );
+        let node = cluster.as_ref().map(|link| Arc::new(NodeGuard::new(link)));
         Ok(Runtime {
             subagents: Subagents::start_service(agents.clone(), cluster)?,
             agents,
             env,
             jobs: Jobs::default(),
+            _node: node,
         })
     }
 }
@@ -210,6 +214,8 @@ pub struct Runtime {
     subagents: Subagents,
     env: Arc<AgentEnv>,
     jobs: Jobs,
+    /// On a cluster node: makes the node go silent once the last handle is dropped.
+    _node: Option<Arc<NodeGuard>>,
 }
 
 impl std::fmt::Debug for Runtime {

@@ -452,3 +452,30 @@ async fn releasing_a_parent_releases_its_child_on_the_other_node_first() {
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }
+
+/// A cluster node's runtime dropped without `shutdown` stops heartbeating: its peers see it
+/// expire as a dead node (before, the delivery server kept the membership, and so the
+/// heartbeat, alive for as long as the process ran).
+#[actix_rt::test]
+async fn a_node_runtime_dropped_without_shutdown_goes_silent_and_expires() {
+    let url = server().fresh_database();
+    let model = ScriptedModel::repeating(ScriptStep::text("idle"));
+    let (a, a_id) = node(&url, "a", &model).await;
+    let observer = cluster_store(&url)
+        .await
+        .join(&LeaseHolder::new(), "observer")
+        .await
+        .unwrap();
+    assert_eq!(observer.live_among(&[a_id]).await.unwrap(), vec![a_id]);
+    drop(a);
+    // A bounded poll of the row's expiry, which nothing announces: a heartbeating node renews
+    // its row every third of its 2 s time-to-live, so it would still be live at the deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    while !observer.live_among(&[a_id]).await.unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dropped node's row is still renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

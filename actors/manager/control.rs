@@ -15,9 +15,9 @@ pub(crate) struct Interrupt {
 pub(crate) enum InterruptRouted {
     /// Issued here (or nothing was resident to stop).
     Done,
-    /// The target was placed on another node by `parent`: ask it there.
+    /// The target was placed on another node by `parent`: ask it there (through the caller's
+    /// cluster link).
     Remote {
-        cluster: ClusterLink,
         node: NodeId,
         parent: SessionId,
         cause: CancelCause,
@@ -96,14 +96,12 @@ impl ContinuationManager {
         target: SessionId,
         authority: &InterruptAuthority,
     ) -> Result<InterruptRouted> {
-        let (Some(remote), Some(cluster)) = (self.remote_children.get(&target), &self.cluster)
-        else {
+        let (Some(remote), Some(_)) = (self.remote_children.get(&target), &self.cluster) else {
             return Ok(InterruptRouted::Done);
         };
         let parent = remote.parent.id();
         let cause = interrupt_cause(target, authority, parent, &self.lineage_of(&remote.parent))?;
         Ok(InterruptRouted::Remote {
-            cluster: cluster.clone(),
             node: remote.node,
             parent,
             cause,

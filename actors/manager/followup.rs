@@ -13,8 +13,8 @@ pub(crate) enum Routed {
     Accepted(MessageId),
     /// The child was settling or being resumed; route again.
     Retry,
-    /// The child was placed on another node: ask it there.
-    Remote(ClusterLink, NodeId),
+    /// The child was placed on another node: ask it there (through the caller's cluster link).
+    Remote(NodeId),
 }
 
 /// Delivers a follow-up: enqueue (running), wake (waiting) or cold-resume (absent).
@@ -53,9 +53,9 @@ impl Handler<Followup> for ContinuationManager {
             if !remote.parent.is_alive() {
                 remote.parent = msg.parent.clone();
             }
-            if let Some(cluster) = self.cluster.clone() {
+            if self.cluster.is_some() {
                 let node = remote.node;
-                return Box::pin(async move { Ok(Routed::Remote(cluster, node)) });
+                return Box::pin(async move { Ok(Routed::Remote(node)) });
             }
         }
         if let Some(resident) = self.residents.get(&msg.child) {

@@ -123,7 +123,12 @@ pub(crate) async fn route_followup(
         let (cluster, node) = match routed {
             Ok(Routed::Accepted(id)) => return Ok(id),
             Ok(Routed::Retry) => continue,
-            Ok(Routed::Remote(cluster, node)) => (cluster, node),
+            Ok(Routed::Remote(node)) => {
+                let cluster = cluster.ok_or_else(|| {
+                    SubagentError::bug("a child was placed on another node of no cluster")
+                })?;
+                (cluster, node)
+            }
             Err(error) if error.code() == ErrorCode::SessionLeased => {
                 tracing::debug!(%child, %error, "the child is leased elsewhere; looking for its node");
                 let Some(cluster) = cluster else {
@@ -132,7 +137,7 @@ pub(crate) async fn route_followup(
                 match cluster.other_holder(child).await? {
                     Some(node) if moved < MAX_MOVES => {
                         found = true;
-                        (cluster.clone(), node)
+                        (cluster, node)
                     }
                     _ => return Err(error),
                 }
@@ -151,7 +156,7 @@ pub(crate) async fn route_followup(
             };
             manager.send(placed).await.map_err(SubagentError::from)??;
         }
-        let asked = ask_followup(&cluster, node, parent.id(), child, delivery).await;
+        let asked = ask_followup(cluster, node, parent.id(), child, delivery).await;
         // Settled there, or its node stopped: resumed from the store (here, once the stopped
         // node's lease expired).
         let left = match &asked {

@@ -131,12 +131,19 @@ impl NodeMembership {
     }
 }
 
-impl Drop for NodeMembership {
-    /// Stops heartbeating without removing the row: the node's leases then expire as a dead
-    /// node's would.
-    fn drop(&mut self) {
+impl NodeMembership {
+    /// Stops heartbeating and serving without removing the row: the node's leases then expire
+    /// as a dead node's would. Idempotent; a membership left already stays left.
+    pub(crate) fn go_silent(&self) {
         self.stop.cancel();
         self.store.forget_member(self.node);
+    }
+}
+
+impl Drop for NodeMembership {
+    /// Goes silent (see [`NodeMembership::go_silent`]).
+    fn drop(&mut self) {
+        self.go_silent();
     }
 }
 
