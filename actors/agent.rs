@@ -295,7 +295,7 @@ impl AgentActor {
             scope: Arc::clone(&self.scope),
             options: Arc::clone(&self.options),
             cancel,
-            inbox: Arc::new(address.downgrade()),
+            inbox: Arc::new(address),
             budget: self.budget.clone(),
         };
         let driver = run_turn(turn_ctx, turn, claimed);
@@ -428,13 +428,24 @@ pub(crate) struct Deliver {
     pub(crate) message: Message,
     pub(crate) target: InboxTarget,
     pub(crate) wake: Wake,
+    /// Told once the agent is idle again after a delivery that succeeded, as [`WhenIdle`]
+    /// would be: a one-shot run's prompt waits for its turn this way, in one message.
+    pub(crate) idle: Option<oneshot::Sender<()>>,
 }
 
 impl Handler<Deliver> for AgentActor {
     type Result = Result<MessageId>;
 
     fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) -> Self::Result {
-        self.deliver(msg.message, msg.target, msg.wake, ctx)
+        let id = self.deliver(msg.message, msg.target, msg.wake, ctx)?;
+        if let Some(idle) = msg.idle {
+            if self.state.turn().is_none() {
+                let _ = idle.send(());
+            } else {
+                self.waiters.push((Awaited::Idle, idle));
+            }
+        }
+        Ok(id)
     }
 }
 
@@ -628,23 +639,19 @@ impl Handler<Faulted> for AgentActor {
     }
 }
 
-impl InboxPort for WeakAddr<AgentActor> {
+/// A turn reaches its own agent through the actor's address: the turn runs inside the actor's
+/// context, so the address goes with the turn (a weak one would allocate a sender at every
+/// step to upgrade).
+impl InboxPort for Addr<AgentActor> {
     fn claim_next_step(&self, turn: u64) -> BoxFuture<'static, Vec<Message>> {
-        let addr = self.upgrade();
-        Box::pin(async move {
-            match addr {
-                Some(addr) => addr.send(ClaimStep { turn }).await.unwrap_or_default(),
-                None => Vec::new(),
-            }
-        })
+        // A stopped actor answers nothing: its turn has no next step.
+        let claim = self.send(ClaimStep { turn });
+        Box::pin(async move { claim.await.unwrap_or_default() })
     }
 
     fn queue_context(&self, messages: Vec<Message>) {
-        if let Some(addr) = self.upgrade() {
-            // The turn that queues context is owned by this actor; a stopped actor has no
-            // next step to deliver it to.
-            addr.do_send(QueueContext { messages });
-        }
+        // A stopped actor has no next step to deliver the context to.
+        self.do_send(QueueContext { messages });
     }
 }
 
@@ -750,6 +757,19 @@ impl AgentRef {
         target: InboxTarget,
         wake: Wake,
     ) -> Result<MessageId> {
+        self.deliver_via(None, message, target, wake, None).await
+    }
+
+    /// [`AgentRef::deliver`] through `actor`, the agent's own address when the caller holds
+    /// it (an owning handle does), else the reference's upgraded (which allocates a sender).
+    async fn deliver_via(
+        &self,
+        actor: Option<&Addr<AgentActor>>,
+        message: Message,
+        target: InboxTarget,
+        wake: Wake,
+        idle: Option<oneshot::Sender<()>>,
+    ) -> Result<MessageId> {
         // Backpressure: a sender waits while the session's write-behind queue is full.
         self.log.inner().reserve().await.map_err(|error| {
             SubagentError::new(
@@ -760,14 +780,48 @@ impl AgentRef {
                 ),
             )
         })?;
-        self.live_addr()?
+        let upgraded;
+        let actor = match actor {
+            Some(actor) => actor,
+            None => {
+                upgraded = self.live_addr()?;
+                &upgraded
+            }
+        };
+        actor
             .send(Deliver {
                 message,
                 target,
                 wake,
+                idle,
             })
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))?
+    }
+
+    /// [`AgentRef::followup`] through the agent's own address (held by an owning handle), and
+    /// a wait for the agent to be idle again registered by the same message: the receiver is
+    /// told (or closed, when the actor stops) once the agent is idle, as
+    /// [`AgentRef::when_idle`] would be after the follow-up.
+    ///
+    /// # Errors
+    /// As [`AgentRef::followup`].
+    pub(crate) async fn followup_until_idle(
+        &self,
+        actor: &Addr<AgentActor>,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+    ) -> Result<oneshot::Receiver<()>> {
+        let (idle, idled) = oneshot::channel();
+        self.deliver_via(
+            Some(actor),
+            Message::user(content, source),
+            InboxTarget::NextTurn,
+            Wake::Wake,
+            Some(idle),
+        )
+        .await?;
+        Ok(idled)
     }
 
     /// Queues `content` as a later turn of its own (FIFO; never joins the running turn) and

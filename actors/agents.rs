@@ -259,7 +259,7 @@ impl Agents {
         // The guard exists before the reservation is sent: `send` queues the message at once,
         // so a drop at any later await is followed, in mailbox order, by its `Abandon`.
         let reservation = Reservation {
-            registry: self.shared.registry.clone(),
+            registry: &self.shared.registry,
             agent: Some((id, incarnation)),
         };
         // A caller's id may be live or wanted by another creation: it is reserved before the
@@ -343,7 +343,8 @@ impl Agents {
             tokio::spawn(writing);
         }
         let agent = AgentRef::new(id, incarnation, &addr, log, options, self.clone());
-        let handle = AgentHandle::new(agent, addr.clone());
+        // The handle takes the actor's one strong address (a clone would allocate a sender).
+        let handle = AgentHandle::new(agent, addr);
         let publish = Publish {
             handle: handle.clone(),
             owner: owner_exact,
@@ -366,7 +367,7 @@ impl Agents {
                 // The owner began retiring, the token fired, or (for a minted id) the runtime
                 // began shutting down while the agent was being created: unwind the started
                 // actor and its write-behind; the registry freed the reservation.
-                let _ = addr.send(Retire).await;
+                let _ = handle.actor().send(Retire).await;
                 let _ = handle.agent().log().inner().close().await;
                 return Err(error);
             }
@@ -434,18 +435,19 @@ impl Agents {
 }
 
 /// Frees a registry reservation (or disposes what it published) unless the creation completed.
-struct Reservation {
-    registry: Addr<AgentRegistry>,
+/// Borrows the registry's address: a clone of an actix address allocates a sender of its own.
+struct Reservation<'a> {
+    registry: &'a Addr<AgentRegistry>,
     agent: Option<Exact>,
 }
 
-impl Reservation {
+impl Reservation<'_> {
     fn keep(mut self) {
         self.agent = None;
     }
 }
 
-impl Drop for Reservation {
+impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if let Some(agent) = self.agent.take() {
             // The registry outlives every creation; a stopped registry has nothing to free.

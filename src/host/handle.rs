@@ -164,6 +164,11 @@ impl AgentHandle {
         &self.agent
     }
 
+    /// The actor's one strong address.
+    pub(crate) fn actor(&self) -> &Addr<AgentActor> {
+        &self.shared.actor
+    }
+
     /// Whether disposal has begun.
     pub fn is_disposing(&self) -> bool {
         self.shared.disposal.started()

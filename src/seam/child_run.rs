@@ -450,22 +450,31 @@ fn drive_published_run(handle: AgentHandle, wiring: RunWiring) -> SubagentRun {
     let cancelled = Arc::new(AtomicBool::new(false));
     let outcome = Arc::new(RunOutcome::new());
     let work = {
-        let child = child.clone();
+        // The owning handle, not the reference: its strong address reaches the actor without
+        // upgrading (which allocates a sender) at each message.
+        let owned = handle.clone();
         let cancelled = Arc::clone(&cancelled);
         let work = async move {
+            let child = owned.agent();
             // The owner has cancelled once the token fired or the run is being disposed.
             let owner_cancelled = || cancelled.load(Ordering::SeqCst) || token.is_cancelled();
             let turn = async {
                 // Re-checked here, on the task's first poll, so a cancel that landed between
                 // publication and now ends the run `aborted` without sending the prompt.
                 if !owner_cancelled() {
-                    if let Err(error) = child.followup(prompt, MessageSource::User).await {
-                        // A child disposed under us was cancelled, not broken.
-                        if !owner_cancelled() {
-                            return Err(error);
+                    // The prompt and the wait for the child to be idle again, in one message.
+                    let sent = child
+                        .followup_until_idle(owned.actor(), prompt, MessageSource::User)
+                        .await;
+                    match sent {
+                        // A closed wait means the actor stopped: it is idle for good.
+                        Ok(idle) => {
+                            let _ = idle.await;
                         }
+                        // A child disposed under us was cancelled, not broken.
+                        Err(error) if !owner_cancelled() => return Err(error),
+                        Err(_) => child.when_idle().await,
                     }
-                    child.when_idle().await;
                 }
                 Ok(())
             };
