@@ -57,6 +57,10 @@ pub struct AgentRegistry {
 
 impl Actor for AgentRegistry {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        crate::actors::unbounded_mailbox(ctx);
+    }
 }
 
 fn owner_gone(owner: SessionId) -> SubagentError {

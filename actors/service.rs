@@ -68,6 +68,10 @@ pub struct SubagentService {
 
 impl Actor for SubagentService {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        crate::actors::unbounded_mailbox(ctx);
+    }
 }
 
 impl SubagentService {
@@ -534,7 +538,8 @@ impl Subagents {
     ///
     /// The parent's delegated policy (sandbox override, approval pin) is captured when this is
     /// called, before the returned future first runs: a policy switched right after the call
-    /// does not reach the child.
+    /// does not reach the child. The start itself is enqueued at the call too, so starts reach
+    /// their provider in the order they were made.
     ///
     /// # Errors
     /// Before anything exists: `NO_PROVIDER`, `UNSUPPORTED_CAPABILITY`, `INVALID_MAX_DEPTH`,
@@ -556,18 +561,18 @@ impl Subagents {
         // of its own, cancelled if this future is dropped, keeps it from outliving the caller.
         let start_cancel = request.cancel.child_token();
         request.cancel = start_cancel.clone();
-        let service = self.service.clone();
+        // Armed before the start is sent: a future dropped unpolled cancels it too.
+        let abandon = start_cancel.drop_guard();
+        // Sent now, in call order (`send` enqueues at once), and without a clone of the
+        // service's address in the future (a clone allocates a sender).
+        let resolving = self.service.send(Start {
+            name: name.to_owned(),
+            request,
+        });
         let events = Arc::clone(&self.events);
         let name = name.to_owned();
         async move {
-            let abandon = start_cancel.drop_guard();
-            let resolved = service
-                .send(Start {
-                    name: name.clone(),
-                    request,
-                })
-                .await
-                .map_err(SubagentError::from)?;
+            let resolved = resolving.await.map_err(SubagentError::from)?;
             let ResolvedStart { started, parent } = resolved?;
             let run = started.await?;
             abandon.disarm();

@@ -305,6 +305,10 @@ pub(crate) struct ContinuationManager {
 
 impl Actor for ContinuationManager {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        crate::actors::unbounded_mailbox(ctx);
+    }
 }
 
 fn cancelled() -> SubagentError {

@@ -50,6 +50,10 @@ impl InProcessProvider {
 
 impl Actor for InProcessProvider {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        crate::actors::unbounded_mailbox(ctx);
+    }
 }
 
 /// Starts one one-shot child. Sent by the provider handle's `start`; `reply` hears where the

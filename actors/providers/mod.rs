@@ -57,10 +57,11 @@ impl<K: InProcessKind> InProcess<K> {
     /// The provider's registry name.
     pub const NAME: &'static str = K::NAME;
 
-    fn addr(&self) -> Addr<InProcessProvider> {
+    /// The provider actor, started on first use. Borrowed: a clone of an actix address
+    /// allocates a sender of its own.
+    fn addr(&self) -> &Addr<InProcessProvider> {
         self.addr
             .get_or_init(|| InProcessProvider::new(K::SEED).start())
-            .clone()
     }
 }
 
@@ -104,7 +105,7 @@ impl<K: InProcessKind> PrepareContinuable for InProcess<K> {
         &self,
         request: ContinuableCreateRequest,
     ) -> BoxFuture<'static, Result<ContinuableCreateSpec>> {
-        let addr = self.addr();
+        let addr = self.addr().clone();
         Box::pin(async move {
             addr.send(Prepare(request))
                 .await
