@@ -125,14 +125,15 @@ fn is_one_shot(log: &SessionLog) -> bool {
 }
 
 /// The registry and store that keep `log`'s checkpoint, when it has one: only delegated
-/// children are listed, so only they are checkpointed.
+/// children are listed, so only they are checkpointed, and one-shot children never (see
+/// [`is_one_shot`]), so theirs keep no throttle state either.
 pub(crate) fn checkpointing(
     env: &AgentEnv,
     log: &SessionLog,
 ) -> Option<(Arc<ProjectionRegistry>, SharedStore)> {
     let registry = env.projections.as_ref()?;
     let store = env.store.as_ref()?;
-    (env.projection_cache && log.origin() == Some(SessionOrigin::Subagent))
+    (env.projection_cache && log.origin() == Some(SessionOrigin::Subagent) && !is_one_shot(log))
         .then(|| (Arc::clone(registry), Arc::clone(store)))
 }
 
@@ -156,7 +157,7 @@ pub(crate) fn checkpoint_if_due(env: &AgentEnv, log: &SessionLog) {
 /// written, even when the turn end before it handed out the same rows: that write runs on its
 /// own task and may not have landed, and a released child should be served from the cache.
 pub(crate) async fn checkpoint_at_disposal(env: &AgentEnv, log: &SessionLog) {
-    if let Some((registry, store)) = checkpointing(env, log).filter(|_| !is_one_shot(log)) {
+    if let Some((registry, store)) = checkpointing(env, log) {
         let rows = registry.final_checkpoint(log);
         write_rows(&registry, &store, log, rows).await;
     }
@@ -169,9 +170,6 @@ pub(crate) fn checkpoint_after_turn(env: &AgentEnv, log: &SessionLog) {
     let Some((registry, store)) = checkpointing(env, log) else {
         return;
     };
-    if is_one_shot(log) {
-        return;
-    }
     let rows = registry.fresh_checkpoint(log);
     if rows.is_empty() {
         return;
