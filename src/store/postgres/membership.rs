@@ -141,7 +141,8 @@ impl NodeMembership {
 }
 
 impl Drop for NodeMembership {
-    /// Goes silent (see [`NodeMembership::go_silent`]).
+    /// Stops heartbeating and serving without removing the row: the node's leases then expire
+    /// as a dead node's would.
     fn drop(&mut self) {
         self.go_silent();
     }
