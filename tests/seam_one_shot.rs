@@ -973,6 +973,39 @@ async fn a_dropped_start_handed_to_a_worker_leaves_no_child() {
     .await;
 }
 
+// A start is enqueued when `start` is called; a future dropped before its first poll cancels
+// it all the same, so no child is ever created for it.
+#[actix_rt::test]
+async fn a_start_dropped_before_its_first_poll_creates_no_child() {
+    let model = ScriptedModel::repeating(ScriptStep::text("done"));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let created = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&created);
+    let _sub = rt
+        .events()
+        .subscribe(EventScope::All, move |event: &AgentEvent| {
+            if event.kind == AgentEventKind::Created {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+    drop(rt.subagents().start(
+        "spawn",
+        SubagentStartRequest::new(parent.agent(), text("dropped")),
+    ));
+    // Starts reach the provider in call order, and on one arbiter their creations run in that
+    // order: once the kept child has answered, the dropped start's creation has been refused.
+    let kept = start_run(&rt, "spawn", parent.agent(), "kept").await;
+    assert_eq!(kept.result().await.unwrap().output, text("done"));
+    assert_eq!(
+        created.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the kept start created a child"
+    );
+    assert_eq!(model.request_count(), 1);
+    kept.dispose().await.unwrap();
+}
+
 // A store built to forget one-shot children drops each one's session at disposal (and only
 // then); the default store keeps it. (Not a catalog behavior: the load hot path's option.)
 #[actix_rt::test]
