@@ -3,8 +3,10 @@
 //!
 //! # The creation transaction
 //! 1. Check the creation-abort token; build and validate the header and seed; stage the log.
-//!    (A resume first takes the session's lease, then loads the log, repairing an interrupted
-//!    turn durably under that lease.)
+//!    (A resume first reserves the id in the registry, then takes the session's lease, then
+//!    loads the log, repairing an interrupted turn durably under that lease. The reservation
+//!    comes first so that a resume losing a race for the id never takes the lease: taking it
+//!    would fence the winner's writer with a newer epoch.)
 //! 2. Run the setup step on a fresh scope (it may append setup events).
 //! 3. Check the token again; reserve the id in the registry with its owner edge
 //!    (`DUPLICATE_AGENT` if taken, `AGENT_DISPOSED` if the owner is gone or retiring); store the
@@ -27,7 +29,7 @@ use actix::prelude::*;
 
 use crate::actors::agent::{AgentActor, AgentRef, Faulted, Retire};
 use crate::actors::registry::{
-    Abandon, AgentRegistry, Close, Exact, IsTaken, ListLive, Lookup, Publish, Reserve, Roots,
+    Abandon, AgentRegistry, Close, Exact, ListLive, Lookup, Publish, Reserve, Roots,
 };
 use crate::actors::workers::WorkerPool;
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -72,6 +74,18 @@ fn check_token(token: Option<&tokio_util::sync::CancellationToken>) -> Result<()
     Ok(())
 }
 
+/// How a staged agent's id enters the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Registration {
+    /// A caller's id: reserved before the session is stored (another creation may want it).
+    ReserveFirst,
+    /// Minted by this creation, so no other creation can race for it: the registry is asked
+    /// once, at publication, instead of reserving first.
+    Minted,
+    /// Already reserved under this incarnation (a resume reserves before it takes the lease).
+    Reserved(u64),
+}
+
 /// A staged agent: everything built, nothing published.
 struct Staged {
     log: SessionLog,
@@ -84,9 +98,8 @@ struct Staged {
     resumed: Option<(u64, LeaseGuard)>,
     /// Where the agent runs: `None` is the calling arbiter.
     arbiter: Option<actix::ArbiterHandle>,
-    /// The id was minted by this creation, so no other creation can race for it: the
-    /// registry is asked once, at publication, instead of reserving first.
-    minted: bool,
+    /// How the id enters the registry.
+    registration: Registration,
     /// What its writer does when idle: a short-lived agent's waits as a task.
     writer_idle: WriterIdle,
 }
@@ -151,7 +164,11 @@ impl Agents {
 
     fn stage(&self, request: CreateAgent) -> Result<Staged> {
         check_token(request.cancel.as_ref())?;
-        let minted = request.id.is_none();
+        let registration = if request.id.is_none() {
+            Registration::Minted
+        } else {
+            Registration::ReserveFirst
+        };
         let mut header = SessionHeader::new(request.id.unwrap_or_default());
         header.cwd = request.cwd;
         header.parent_session = request.parent_session;
@@ -172,7 +189,7 @@ impl Agents {
             } else {
                 self.worker()
             },
-            minted,
+            registration,
             writer_idle: if request.short_lived {
                 WriterIdle::Wait
             } else {
@@ -200,24 +217,27 @@ impl Agents {
                 "resume requires session persistence",
             )
         })?;
-        if self
-            .shared
+        // The id is reserved before the lease is taken: a resume that loses the race for the
+        // id must never take the lease, which would fence the winner's writer with a new epoch.
+        let incarnation = self.next_incarnation();
+        let reservation = Reservation {
+            registry: &self.shared.registry,
+            agent: Some((request.id, incarnation)),
+        };
+        self.shared
             .registry
-            .send(IsTaken(request.id))
-            .await
-            .unwrap_or(false)
-        {
-            return Err(SubagentError::new(
-                ErrorCode::DuplicateAgent,
-                format!("agent {} is already live", request.id),
-            ));
-        }
+            .send(Reserve {
+                agent: (request.id, incarnation),
+                owner: None,
+            })
+            .await??;
         let lease = LeaseGuard::acquire(&store, request.id, &self.shared.holder).await?;
         let stored = store.prepare(request.id, Some(lease.lease.epoch)).await?;
         let stored_len =
             u64::try_from(stored.events.len()).map_err(|_| SubagentError::bug("log too long"))?;
         let log = SessionLog::from_stored(stored.header, stored.events)?;
-        self.clone()
+        let handle = self
+            .clone()
             .publish(Staged {
                 log,
                 scope: AgentScope::new(Arc::clone(&self.shared.env.tools)),
@@ -227,10 +247,16 @@ impl Agents {
                 owner: None,
                 resumed: Some((stored_len, lease)),
                 arbiter: self.worker(),
-                minted: false,
+                registration: Registration::Reserved(incarnation),
                 writer_idle: WriterIdle::Park,
             })
-            .await
+            .await?;
+        reservation.keep();
+        Ok(handle)
+    }
+
+    fn next_incarnation(&self) -> u64 {
+        self.shared.incarnations.fetch_add(1, Ordering::Relaxed)
     }
 
     async fn publish(self, staged: Staged) -> Result<AgentHandle> {
@@ -243,7 +269,7 @@ impl Agents {
             owner,
             resumed,
             arbiter,
-            minted,
+            registration,
             writer_idle,
         } = staged;
         let commit = match setup {
@@ -252,7 +278,10 @@ impl Agents {
         };
         check_token(cancel.as_ref())?;
         let id = log.id();
-        let incarnation = self.shared.incarnations.fetch_add(1, Ordering::Relaxed);
+        let incarnation = match registration {
+            Registration::Reserved(incarnation) => incarnation,
+            Registration::ReserveFirst | Registration::Minted => self.next_incarnation(),
+        };
         let owner_exact = owner
             .as_ref()
             .map(|owner| (owner.id(), owner.incarnation()));
@@ -266,7 +295,7 @@ impl Agents {
         // session is stored. A minted one cannot be, so it is registered once, at publication
         // (one registry round trip a creation instead of two); a refusal then (`DRAINING`, an
         // owner gone or retiring) unwinds what was built, as a refused publication does.
-        if !minted {
+        if registration == Registration::ReserveFirst {
             self.shared
                 .registry
                 .send(Reserve {
@@ -349,9 +378,9 @@ impl Agents {
             handle: handle.clone(),
             owner: owner_exact,
             cancel: cancel.clone(),
-            reserved: !minted,
+            reserved: registration != Registration::Minted,
         };
-        if !minted && owner_exact.is_none() && cancel.is_none() {
+        if registration != Registration::Minted && owner_exact.is_none() && cancel.is_none() {
             // Nothing can refuse this publication (no owner to retire, no token to fire), so
             // it needs no reply: a lookup sent after this is handled after it.
             self.shared.registry.do_send(publish);

@@ -358,19 +358,6 @@ impl Handler<Release> for AgentRegistry {
     }
 }
 
-/// Whether an id is live or reserved by a creation in progress.
-#[derive(Message)]
-#[rtype(result = "bool")]
-pub(crate) struct IsTaken(pub(crate) SessionId);
-
-impl Handler<IsTaken> for AgentRegistry {
-    type Result = bool;
-
-    fn handle(&mut self, msg: IsTaken, _: &mut Context<Self>) -> bool {
-        self.slots.contains_key(&msg.0)
-    }
-}
-
 /// Shutdown: refuses new reservations, and resolves once no creation is in progress.
 #[derive(Message)]
 #[rtype(result = "()")]

@@ -231,6 +231,51 @@ async fn resume_reproduces_the_log_and_continues_turn_numbering() {
     resumed.dispose().await.unwrap();
 }
 
+/// Two resumes of one session race: one wins, the other is refused `DUPLICATE_AGENT`, and the
+/// loser never takes the session's lease (which would fence the winner's writer).
+#[actix_rt::test]
+async fn a_losing_concurrent_resume_never_fences_the_winner() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    for store in [
+        Arc::new(MemoryStore::new()) as Arc<dyn SessionPersistence>,
+        Arc::new(subagents::SledStore::temporary().unwrap()),
+    ] {
+        let rt = runtime_on(Arc::clone(&store), &model);
+        let handle = rt.agents().create(CreateAgent::new()).await.unwrap();
+        let id = handle.agent().id();
+        run_prompt(handle.agent(), "one").await;
+        handle.dispose().await.unwrap();
+
+        let (first, second) = futures::join!(
+            rt.agents().resume(ResumeAgent::new(id)),
+            rt.agents().resume(ResumeAgent::new(id))
+        );
+        let (winner, loser) = match (first, second) {
+            (Ok(winner), Err(loser)) | (Err(loser), Ok(winner)) => (winner, loser),
+            (first, second) => panic!(
+                "exactly one resume wins: {:?} / {:?}",
+                first.map(|h| h.agent().id()),
+                second.map(|h| h.agent().id())
+            ),
+        };
+        assert_eq!(loser.code(), ErrorCode::DuplicateAgent);
+        run_prompt(winner.agent(), "two").await;
+        winner
+            .agent()
+            .log()
+            .flush()
+            .await
+            .expect("the winner still holds the current lease: its writes land");
+        winner.dispose().await.unwrap();
+        let stored = store.read_from(id, 0).await.unwrap();
+        assert_eq!(
+            user_texts(&stored),
+            ["one", "two"],
+            "the winner's turn is stored"
+        );
+    }
+}
+
 #[actix_rt::test]
 async fn a_stale_ref_of_a_replaced_agent_is_told_apart_from_the_live_one() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
