@@ -883,6 +883,34 @@ async fn runs_spread_over_worker_threads_all_complete() {
     );
 }
 
+// Dispose is idempotent and harmless in every configuration: after the runtime's shutdown
+// released every child and stopped its workers, disposing a run answers `Ok`, as on one thread.
+#[actix_rt::test]
+async fn a_run_disposed_after_shutdown_on_workers_is_a_harmless_no_op() {
+    let (rt, _) = on_two_workers().await;
+    let parent = root(&rt).await;
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        let run = rt
+            .subagents()
+            .start(
+                "spawn",
+                SubagentStartRequest::new(parent.agent(), text("x")),
+            )
+            .await
+            .unwrap();
+        within("a run on a worker", run.result()).await.unwrap();
+        runs.push(run);
+    }
+    within("the shutdown", rt.shutdown()).await.unwrap();
+    for run in &runs {
+        within("a dispose after shutdown", run.dispose())
+            .await
+            .expect("a dispose after shutdown is a harmless no-op");
+        run.dispose().await.expect("and stays one");
+    }
+}
+
 // On worker threads a run's `subagent/end` comes from the run's own task and its disposal runs
 // on the child's worker: every start is paired with one end carrying the run's outcome, and a
 // disposed run still reads its child's log from the caller's thread.

@@ -541,29 +541,43 @@ fn drive_published_run(handle: AgentHandle, wiring: RunWiring) -> SubagentRun {
 }
 
 /// Runs `work` to completion on `worker` and answers its outcome; the work finishes even when
-/// the caller stops waiting.
+/// the caller stops waiting. A stopped worker (the runtime was shut down) runs it here instead:
+/// disposal stays harmless in every configuration, and a child shutdown already released
+/// answers its memoized outcome.
 ///
 /// # Errors
-/// `work`'s own; `AGENT_DISPOSED` when the worker has stopped (the runtime is shutting down,
-/// and its shutdown releases the agent).
-async fn on_worker(
-    worker: actix::ArbiterHandle,
-    work: impl std::future::Future<Output = Result<()>> + Send + 'static,
-) -> Result<()> {
-    let (done, outcome) = tokio::sync::oneshot::channel();
-    let spawned = worker.spawn(async move {
-        let _ = done.send(work.await);
-    });
-    let stopped = || {
-        SubagentError::new(
-            ErrorCode::AgentDisposed,
-            "the run could not be disposed on its worker: the worker has stopped",
-        )
+/// `work`'s own.
+async fn on_worker<W>(worker: actix::ArbiterHandle, work: W) -> Result<()>
+where
+    W: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    // The work waits in a slot the worker takes it from, so that a worker that stopped before
+    // taking it leaves it to run here.
+    let slot = Arc::new(std::sync::Mutex::new(Some(work)));
+    let take = |slot: &std::sync::Mutex<Option<W>>| {
+        slot.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     };
-    if !spawned {
-        return Err(stopped());
+    let (done, outcome) = tokio::sync::oneshot::channel();
+    let on_the_worker = Arc::clone(&slot);
+    worker.spawn(async move {
+        if let Some(work) = take(&on_the_worker) {
+            let _ = done.send(work.await);
+        }
+    });
+    match outcome.await {
+        Ok(outcome) => outcome,
+        Err(_) => match take(&slot) {
+            Some(work) => work.await,
+            // Taken and dropped mid-way: the worker stopped under it, which happens only once
+            // the runtime's shutdown released every agent on it.
+            None => {
+                tracing::debug!("a run's disposal was cut short by its worker stopping");
+                Ok(())
+            }
+        },
     }
-    outcome.await.map_err(|_| stopped())?
 }
 
 /// Reads a one-shot result from the child's own events.
