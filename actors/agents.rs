@@ -21,6 +21,13 @@
 //! initial records may stay in the store, unpublished). The transaction is drop-safe at every
 //! await: a dropped future frees its reservation and lease, and an agent it already published is
 //! disposed in the background.
+//!
+//! A delegated child's creation defers step 3's store write: the
+//! child is published with nothing stored, and its writer stores the whole session (taking the
+//! lease) once the creation commits — a continuable child with its first accepted message, a
+//! one-shot child at its first entered step, with its descriptor. A creation refused or rolled
+//! back before then, or cut short by a crash, leaves nothing in the store to be listed,
+//! resumed or mistaken for a damaged child.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,7 +46,7 @@ use crate::host::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
 };
 use crate::ids::SessionId;
-use crate::session::log::WriterIdle;
+use crate::session::log::{Attachment, CreationCommit, WriterIdle};
 use crate::session::{SessionHeader, SessionLog};
 use crate::store::{Lease, LeaseHolder, SharedStore};
 
@@ -102,6 +109,8 @@ struct Staged {
     registration: Registration,
     /// What its writer does when idle: a short-lived agent's waits as a task.
     writer_idle: WriterIdle,
+    /// When a session stored only once its creation commits does (see [`CreationCommit`]).
+    deferred: Option<CreationCommit>,
 }
 
 impl Agents {
@@ -195,6 +204,10 @@ impl Agents {
             } else {
                 WriterIdle::Park
             },
+            // A deferred creation meets a taken id (`SESSION_EXISTS`) only when it commits,
+            // which faults the agent: it is for ids just minted (by this creation or its
+            // caller), which nothing else can want.
+            deferred: request.deferred,
         })
     }
 
@@ -249,6 +262,7 @@ impl Agents {
                 arbiter: self.worker(),
                 registration: Registration::Reserved(incarnation),
                 writer_idle: WriterIdle::Park,
+                deferred: None,
             })
             .await?;
         reservation.keep();
@@ -271,6 +285,7 @@ impl Agents {
             arbiter,
             registration,
             writer_idle,
+            deferred,
         } = staged;
         let commit = match setup {
             Some(setup) => setup.run(&mut scope, &log).await?,
@@ -304,18 +319,20 @@ impl Agents {
                 })
                 .await??;
         }
-        let (next_seq, lease) = match (&self.shared.env.store, resumed) {
-            (Some(_), Some((stored_len, lease))) => (stored_len, Some(lease)),
-            (Some(store), None) => {
+        let attachment = match (&self.shared.env.store, resumed, deferred) {
+            (Some(_), Some((stored_len, lease)), _) => Some((stored_len, Some(lease))),
+            // Stored by its writer once the creation commits.
+            (Some(_), None, Some(_)) => Some((0, None)),
+            (Some(store), None, None) => {
                 let initial = log.with_events(<[_]>::to_vec);
                 let count = u64::try_from(initial.len())
                     .map_err(|_| SubagentError::bug("initial log too long"))?;
                 let lease = store
                     .create_leased(log.header(), initial, self.shared.holder.clone())
                     .await?;
-                (count, Some(LeaseGuard::held(store, id, lease)))
+                Some((count, Some(LeaseGuard::held(store, id, lease))))
             }
-            (None, _) => (0, None),
+            (None, _, _) => None,
         };
         // The token owns the creation until publication (a fired token publishes nothing).
         check_token(cancel.as_ref())?;
@@ -352,13 +369,26 @@ impl Agents {
                 format!("agent {id} could not start: its worker has stopped"),
             ));
         }
-        if let (Some(store), Some(lease)) = (&self.shared.env.store, lease) {
+        if let (Some(store), Some((next_seq, lease))) = (&self.shared.env.store, attachment) {
             let faulted = addr.downgrade();
-            // From here the writer owns the lease: it renews it and releases it on close.
+            let attachment = match (lease, deferred) {
+                // From here the writer owns the lease: it renews it and releases it on close.
+                (Some(lease), _) => Attachment::Stored {
+                    next_seq,
+                    lease: Some(lease.hand_over()),
+                },
+                (None, Some(commit)) => Attachment::Deferred {
+                    commit,
+                    holder: self.shared.holder.clone(),
+                },
+                (None, None) => Attachment::Stored {
+                    next_seq,
+                    lease: None,
+                },
+            };
             let writing = log.attach(
                 Arc::clone(store),
-                next_seq,
-                Some(lease.hand_over()),
+                attachment,
                 Box::new(move |error| {
                     if let Some(addr) = faulted.upgrade() {
                         addr.do_send(Faulted(error));

@@ -589,15 +589,20 @@ impl Subagents {
     /// Starts a continuable child: the manager mints its id, snapshots its descriptor, asks
     /// the provider only for its creation spec (a fork seed or nothing), creates the child,
     /// takes ownership under a continuable parent, and submits the prompt. Resolves with
-    /// `{child_id, message_id}` at inbox acceptance, before any turn runs or anything is
-    /// logged. The parent's delegated policy is captured when this is called.
+    /// `{child_id, message_id}` at inbox acceptance, without waiting for the turn: the child's
+    /// session is stored with its accepted prompt in one write (the creation's commit point),
+    /// and the start answers once the store has taken that write (forced to disk by the
+    /// store's next flush; see the README's durability section). The parent's delegated policy
+    /// is captured when this is called.
     ///
     /// # Errors
-    /// With no id, no Activation and no ownership left behind: `DRAINING`,
+    /// With no id, no Activation, no ownership and nothing stored left behind (nothing lists
+    /// or resumes a refused child): `DRAINING`,
     /// `PERSISTENCE_UNAVAILABLE`, `INVALID_MAX_DEPTH`, `DEPTH_EXCEEDED`, `NO_PROVIDER`,
     /// `UNSUPPORTED_CAPABILITY` (no `prepare_continuable`), `CANCELLED` (the token fired
     /// before acceptance), `ACTIVATION_CLOSING` (the parent Activation is settling),
-    /// `ACTIVATION_SETUP_REVOKED`, `INVALID_BUDGET` (a zero limit), and creation errors.
+    /// `ACTIVATION_SETUP_REVOKED`, `INVALID_BUDGET` (a zero limit), creation errors, and the
+    /// store's error when the child's creation could not be written.
     ///
     /// # Cancel safety
     /// Cancel safe: the start runs as its own task, so dropping the future leaves either an

@@ -636,25 +636,26 @@ async fn a_child_published_under_a_parent_that_settled_meanwhile_is_rolled_back(
     let middle_gate = Gate::new();
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     model.push(ScriptStep::text("middle").gated(&middle_gate));
-    let (rt, faults, parent) = faulty(&model).await;
+    let (rt, _, parent) = faulty(&model).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
     let outer = start_continuable(&rt, parent.agent(), "child task").await;
     middle_gate.reached().await;
     let middle = rt.agents().get(outer.child_id).await.unwrap();
     let below_middle = SeamRecorder::new(&rt, EventScope::Key(middle.id()));
-    // Admitted while the middle runs; its creation then waits at the store.
-    faults.hold(StoreOperation::Create);
+    // Admitted while the middle runs; its creation then waits before the child exists.
+    let creation = Gate::new();
+    crate::support::held_provider(&rt, &creation).await;
     let starting = rt.subagents().start_continuable(ContinuableStartSpec::new(
-        "spawn",
+        "held",
         "grandchild task",
         &middle,
         text("grandchild task"),
     ));
-    within("the grandchild's creation to be held", faults.held_calls(1)).await;
+    within("the grandchild's creation to be held", creation.reached()).await;
     // The middle owns nothing yet, so it settles and is released meanwhile.
     middle_gate.release();
     settled(&recorder, outer.child_id, 1).await;
-    faults.release(StoreOperation::Create);
+    creation.release();
     let error = within("the start", starting).await.unwrap_err();
     // Upstream reaches ACTIVATION_CLOSING (ownership refused by a disposing parent); here the
     // parent's release completed first, so the exact-live-parent check refuses it.

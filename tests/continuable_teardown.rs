@@ -237,6 +237,7 @@ async fn a_token_fired_at_start_publication_rolls_the_child_back() {
             }
         },
     );
+    let recorder = SeamRecorder::new(&rt, EventScope::All);
     let error = rt
         .subagents()
         .start_continuable(
@@ -252,6 +253,14 @@ async fn a_token_fired_at_start_publication_rolls_the_child_back() {
     })
     .await;
     assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
+    // No ghost: the child the start created and rolled back was never stored, so nothing
+    // lists it and nothing resumes it.
+    recorder.wait_for_count(2).await;
+    let ghost = match &recorder.events()[0] {
+        SubagentEvent::Start(info) => info.id,
+        other => panic!("a start first: {other:?}"),
+    };
+    crate::support::assert_no_ghost(&rt, parent.agent(), ghost, ErrorCode::NotResumable).await;
 }
 
 // CONT-58 CONT-46 CONT-79
@@ -299,9 +308,8 @@ async fn notices_to_a_busy_parent_join_its_running_turn() {
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    let first = start_continuable(&rt, parent.agent(), "one").await;
-    let second = start_continuable(&rt, parent.agent(), "two").await;
-    // Hold the parent inside a turn while both children settle.
+    // Hold the parent inside a turn (the gated step is the next request: its own), then let
+    // both children run and settle meanwhile.
     model.push(ScriptStep::text("parent busy").gated(&parent_gate));
     parent
         .agent()
@@ -309,6 +317,8 @@ async fn notices_to_a_busy_parent_join_its_running_turn() {
         .await
         .unwrap();
     parent_gate.reached().await;
+    let first = start_continuable(&rt, parent.agent(), "one").await;
+    let second = start_continuable(&rt, parent.agent(), "two").await;
     settled_once(&recorder, first.child_id).await;
     settled_once(&recorder, second.child_id).await;
     within("both notices pending", async {

@@ -506,7 +506,7 @@ async fn a_drain_cancels_the_running_turn_before_the_final_flush() {
 #[actix_rt::test]
 async fn a_scoped_drain_waits_for_an_admitted_creation_and_rolls_it_back() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    let (rt, faults, parent) = faulty(&model).await;
+    let (rt, _, parent) = faulty(&model).await;
     let parent_id = parent.agent().id();
     let created = Arc::new(Mutex::new(None::<SessionId>));
     let slot = Arc::clone(&created);
@@ -517,15 +517,16 @@ async fn a_scoped_drain_waits_for_an_admitted_creation_and_rolls_it_back() {
                 *slot.lock().unwrap() = Some(event.agent);
             }
         });
-    // The child's creation is admitted, then held taking its session lease.
-    faults.hold(StoreOperation::AcquireLease);
+    // The child's creation is admitted, then held before the child exists.
+    let gate = Gate::new();
+    crate::support::held_provider(&rt, &gate).await;
     let starting = tokio::spawn(rt.subagents().start_continuable(ContinuableStartSpec::new(
-        "spawn",
+        "held",
         "t",
         parent.agent(),
         text("go"),
     )));
-    within("the child's creation to hold", faults.held_calls(1)).await;
+    within("the child's creation to hold", gate.reached()).await;
     let mut drain = Box::pin(
         rt.subagents()
             .drain_continuable_descendants(&[parent.agent().clone()]),
@@ -540,7 +541,7 @@ async fn a_scoped_drain_waits_for_an_admitted_creation_and_rolls_it_back() {
         futures::poll!(drain.as_mut()).is_pending(),
         "the drain waits for the admitted materialization"
     );
-    faults.release(StoreOperation::AcquireLease);
+    gate.release();
     let error = within("the start", starting).await.unwrap().unwrap_err();
     assert_eq!(error.code(), ErrorCode::Draining);
     within("the drain", drain).await.unwrap();
@@ -548,6 +549,18 @@ async fn a_scoped_drain_waits_for_an_admitted_creation_and_rolls_it_back() {
     assert!(rt.agents().get(child).await.is_none());
     assert_eq!(rt.agents().list().await.len(), 1, "only the parent remains");
     assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
+    crate::support::assert_no_ghost(&rt, parent.agent(), child, ErrorCode::Draining).await;
+    // Once the drained parent is gone and back, the refused child is not resumable either.
+    let resumed_parent = {
+        let id = parent.agent().id();
+        parent.dispose().await.unwrap();
+        rt.agents()
+            .resume(subagents::ResumeAgent::new(id))
+            .await
+            .unwrap()
+    };
+    crate::support::assert_no_ghost(&rt, resumed_parent.agent(), child, ErrorCode::NotResumable)
+        .await;
 }
 
 // CONT-44
@@ -885,10 +898,12 @@ async fn failures_before_and_at_release_are_reported_together() {
     );
 }
 
-// CONT-08 (adapted: the publication that can fail is the child's session creation in the store)
-// Lifecycle listeners are contained, so publishing `subagent/start` itself cannot fail.
+// CONT-08 (adapted: the publication that can fail is the child's creation in the store)
+// Lifecycle listeners are contained, so publishing `subagent/start` cannot fail; the durable
+// publication that can is the child's creation in the store, written once its prompt was
+// accepted and before the start answers.
 #[actix_rt::test]
-async fn a_child_whose_durable_publication_fails_is_rolled_back_without_a_lifecycle_edge() {
+async fn a_child_whose_durable_creation_fails_is_rolled_back_and_never_answered() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let (rt, faults, parent) = faulty(&model).await;
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
@@ -899,12 +914,26 @@ async fn a_child_whose_durable_publication_fails_is_rolled_back_without_a_lifecy
         ErrorCode::StoreIo,
         "the failed write surfaces: {error}"
     );
-    let live: Vec<SessionId> = rt.agents().list().await.iter().map(AgentRef::id).collect();
-    assert_eq!(live, [parent.agent().id()], "only the parent is live");
+    within("the rollback", async {
+        while rt.agents().list().await.len() > 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
     assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
+    // Installed before its prompt was accepted, it closes its lifecycle pair; its parent, who
+    // never heard of it, gets no settled notice.
+    recorder.wait_for_count(2).await;
+    assert_eq!(recorder.names(), ["subagent/start", "subagent/end"]);
+    assert!(crate::support::notices(parent.agent()).is_empty());
     assert!(
-        recorder.events().is_empty(),
-        "neither a subagent/start nor a subagent/end"
+        rt.store()
+            .unwrap()
+            .list_children(parent.agent().id())
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing of it was stored"
     );
     faults.disarm(StoreOperation::Create);
     within(
@@ -938,5 +967,66 @@ async fn a_failing_start_listener_cannot_roll_a_start_back() {
     assert_eq!(
         ends_of(&recorder, started.child_id)[0].stop_reason,
         StopReason::Completed
+    );
+}
+
+// A released child's last checkpoint is fenced by the lease it was written under: a disposal
+// whose checkpoint write is overtaken by another runtime resuming the child (and checkpointing
+// it) can never overwrite that newer row with its own older one.
+#[actix_rt::test]
+async fn a_late_disposal_checkpoint_never_overwrites_a_newer_holders_row() {
+    use subagents::SessionPersistence;
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let inner = Arc::new(subagents::MemoryStore::new());
+    let faults = Arc::new(subagents::testing::FaultInjectingStore::new(inner.clone()));
+    let rt = crate::support::seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        faults.clone(),
+    )
+    .await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    faults.hold(StoreOperation::CachePut);
+    let started = start_continuable(&rt, parent.agent(), "task").await;
+    // The child settles; its release writes its log and frees the lease, then its checkpoint
+    // waits at the store.
+    within("a checkpoint write to be held", faults.held_calls(1)).await;
+    let other = Runtime::builder()
+        .shared_store(inner.clone())
+        .model("scripted", model.clone())
+        .build()
+        .unwrap();
+    let resumed = within("the other runtime's resume", async {
+        loop {
+            match other
+                .agents()
+                .resume(ResumeAgent::new(started.child_id))
+                .await
+            {
+                Ok(resumed) => break resumed,
+                Err(error) if error.code() == ErrorCode::SessionLeased => {
+                    tokio::task::yield_now().await;
+                }
+                Err(error) => panic!("the released child resumes elsewhere: {error}"),
+            }
+        }
+    })
+    .await;
+    run_prompt(resumed.agent(), "more").await;
+    resumed.dispose().await.unwrap();
+    let newer = inner
+        .cache_get(subagents::projection::CHECKPOINT_RECORD, started.child_id)
+        .await
+        .unwrap()
+        .expect("the newer holder checkpointed the child");
+    faults.release(StoreOperation::CachePut);
+    settled_once(&recorder, started.child_id).await;
+    assert_eq!(
+        inner
+            .cache_get(subagents::projection::CHECKPOINT_RECORD, started.child_id)
+            .await
+            .unwrap(),
+        Some(newer),
+        "the late checkpoint was fenced out"
     );
 }

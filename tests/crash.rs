@@ -444,3 +444,133 @@ fn the_tree_command_prints_a_killed_forest_from_its_store() {
         ]
     );
 }
+
+/// The size of everything under `dir`, in bytes.
+fn size_of_dir(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|entry| match entry.metadata() {
+                    Ok(meta) if meta.is_dir() => size_of_dir(&entry.path()),
+                    Ok(meta) => meta.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+// An interrupted creation is not a damaged child: a load run killed while fork children are
+// being created leaves a tree with no diagnostic row (every delegated child is stored whole,
+// with the descriptor that names it, or not at all).
+#[test]
+fn a_load_run_killed_mid_creation_leaves_no_damaged_child() {
+    for (round, grown) in [(0, 2 << 20)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut load = Command::new(env!("CARGO_BIN_EXE_subagents"))
+            .args(["load", "--roots", "2", "--children", "4000", "--depth", "2"])
+            .args(["--fork-share", "1", "--continuable-share", "0.3"])
+            .args(["--latency", "0..3", "--seed", &round.to_string()])
+            .arg("--store-dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the load binary starts");
+        // Killed once the store holds part of the run: nothing announces a moment inside a
+        // creation, so the store's growth is polled (any moment must leave a clean tree).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while size_of_dir(dir.path()) < grown
+            && load.try_wait().unwrap().is_none()
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            load.try_wait().unwrap().is_none(),
+            "the run is still creating children when it is killed"
+        );
+        load.kill().unwrap();
+        load.wait().unwrap();
+        let trees: serde_json::Value =
+            serde_json::from_str(&tree(dir.path(), &["--json"])).unwrap();
+        let rows: Vec<&serde_json::Value> = trees
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|tree| tree["descendants"].as_array().unwrap())
+            .collect();
+        assert!(!rows.is_empty(), "the killed run stored children");
+        let damaged: Vec<_> = rows.iter().filter(|row| row["kind"] != "child").collect();
+        assert!(
+            damaged.is_empty(),
+            "{} of {} rows are diagnostics: {damaged:?}",
+            damaged.len(),
+            rows.len()
+        );
+    }
+}
+
+// The same, deterministically: a crash is what a second runtime over the same store sees while
+// the first one's writes are held. A one-shot fork child that entered its first step is in
+// that store whole, named by its own descriptor, even when nothing after its creation got
+// through; before its first step it is not there at all. Never a damaged (`corrupt`) child.
+#[actix_rt::test]
+async fn a_creation_cut_short_by_a_crash_is_never_a_damaged_child() {
+    use std::sync::Arc;
+    use subagents::testing::{FaultInjectingStore, Gate, StoreOperation};
+    use subagents::{CancellationToken, MemoryStore, SubagentListEntry, SubagentStartRequest};
+
+    let inner = Arc::new(MemoryStore::new());
+    let faults = Arc::new(FaultInjectingStore::new(inner.clone()));
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = crate::support::seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        faults.clone(),
+    )
+    .await;
+    let parent = crate::support::root(&rt).await;
+    run_prompt(parent.agent(), "some history to fork").await;
+    parent.agent().log().flush().await.unwrap();
+    // From here no append reaches the store: the process "dies" with them unwritten.
+    faults.hold(StoreOperation::Append);
+    model.push(ScriptStep::text("held").gated(&gate));
+    let run = rt
+        .subagents()
+        .start(
+            "fork",
+            SubagentStartRequest::new(parent.agent(), crate::support::text("go")),
+        )
+        .await
+        .unwrap();
+    crate::support::within("the child's first request", gate.reached()).await;
+    let survivor = Runtime::builder()
+        .shared_store(inner.clone())
+        .build()
+        .unwrap();
+    let listed = survivor
+        .subagents()
+        .list_children(parent.agent().id(), CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(
+        listed
+            .iter()
+            .all(|entry| !matches!(entry, SubagentListEntry::Diagnostic { .. })),
+        "an interrupted creation is never a damaged child: {listed:?}"
+    );
+    assert!(
+        listed.iter().all(|entry| matches!(
+            entry,
+            SubagentListEntry::Child { id, mode: subagents::seam::DelegationMode::OneShot, .. }
+                if *id == run.id()
+        )),
+        "the child is there whole, named by its own descriptor: {listed:?}"
+    );
+    faults.release(StoreOperation::Append);
+    gate.release();
+    run.result().await.unwrap();
+    run.dispose().await.unwrap();
+}

@@ -208,8 +208,9 @@ impl SessionPersistence for ProbeStore {
         unit: &str,
         id: SessionId,
         row: Value,
+        lease: Option<subagents::LeaseEpoch>,
     ) -> BoxFuture<'_, subagents::Result<()>> {
-        self.inner.cache_put(unit, id, row)
+        self.inner.cache_put(unit, id, row, lease)
     }
 
     fn inspect(&self, id: SessionId) -> BoxFuture<'_, subagents::Result<StoredSession>> {
@@ -384,6 +385,7 @@ async fn cache_identity(
                 header,
                 json!({IDENTITY_UNIT: {"ver": 2, "seq": seq, "val": val}}),
             ),
+            None,
         )
         .await
         .expect("the cache record is written");

@@ -111,84 +111,122 @@ async fn a_disposing_parent_refuses_new_children_with_no_orphan() {
     assert!(recorder.events().is_empty(), "no subagent/start");
 }
 
+/// How many scheduler turns apart a start and the event racing it are issued: each count is
+/// one deterministic interleaving of the two on the test's single thread.
+const INTERLEAVINGS: usize = 16;
+
+// A one-shot child's creation stores nothing before it is published (its session is stored
+// from its first step), so the window of its setup transaction is its publication: a parent
+// disposal issued any number of turns after the start lands either before it (refused, with
+// no publication notification) or after it (the published child is released first).
 // SPAWN-27
 #[actix_rt::test]
 async fn parent_disposal_during_the_child_setup_transaction_publishes_nothing() {
-    let model = ScriptedModel::repeating(ScriptStep::text("never"));
-    let (rt, faults) = held_runtime(&model).await;
-    let parent = root(&rt).await;
-    let agent = parent.agent().clone();
-    let (seen, _sub) = lifecycle(&rt);
-    let recorder = SeamRecorder::new(&rt, EventScope::All);
-    // The child's id is reserved (its edge recorded), then its store write is held.
-    faults.hold(StoreOperation::Create);
-    let start = tokio::spawn({
-        let rt = rt.clone();
-        let agent = agent.clone();
-        async move {
+    let mut refused = 0;
+    for turns in 0..INTERLEAVINGS {
+        let model = ScriptedModel::repeating(ScriptStep::text("never"));
+        let (rt, faults) = held_runtime(&model).await;
+        let parent = root(&rt).await;
+        let agent = parent.agent().clone();
+        let (seen, _sub) = lifecycle(&rt);
+        let recorder = SeamRecorder::new(&rt, EventScope::All);
+        let start = tokio::spawn(
             rt.subagents()
-                .start("spawn", SubagentStartRequest::new(&agent, text("x")))
-                .await
+                .start("spawn", SubagentStartRequest::new(&agent, text("x"))),
+        );
+        for _ in 0..turns {
+            tokio::task::yield_now().await;
         }
-    });
-    within(
-        "the child creation to reach the store",
-        faults.held_calls(1),
-    )
-    .await;
-    within("the parent disposal", parent.dispose())
-        .await
-        .unwrap();
-    faults.release(StoreOperation::Create);
-    let error = within("the start", start).await.unwrap().unwrap_err();
-    assert_eq!(error.code(), ErrorCode::AgentDisposed, "{error}");
-    assert!(rt.agents().list().await.is_empty(), "no orphaned child");
-    let created: Vec<_> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(name, _)| *name == "created")
-        .copied()
-        .collect();
+        within("the parent disposal", parent.dispose())
+            .await
+            .unwrap();
+        match within("the start", start).await.unwrap() {
+            Err(error) => {
+                refused += 1;
+                assert_eq!(error.code(), ErrorCode::AgentDisposed, "{error}");
+                assert!(
+                    seen.lock()
+                        .unwrap()
+                        .iter()
+                        .all(|(name, _)| *name != "created"),
+                    "no publication notification ({turns} turns)"
+                );
+                assert!(recorder.events().is_empty(), "no subagent/start");
+                assert!(
+                    faults.list_children(agent.id()).await.unwrap().is_empty(),
+                    "no child session was stored ({turns} turns)"
+                );
+            }
+            Ok(run) => {
+                assert_eq!(
+                    disposed_order(&seen),
+                    [run.id(), agent.id()],
+                    "a child published first is released before its parent ({turns} turns)"
+                );
+                run.dispose().await.unwrap();
+            }
+        }
+        assert!(rt.agents().list().await.is_empty(), "no orphaned child");
+    }
     assert!(
-        created.is_empty(),
-        "no publication notification: {created:?}"
+        refused > 0,
+        "some interleaving disposes the parent inside the child's creation"
     );
-    assert!(recorder.events().is_empty(), "no subagent/start");
 }
 
+// A cancel racing the creation: whatever turn it lands on, the start is refused with nothing
+// published (no agent, no notification, no stored session), or the run is published and
+// settles.
 #[actix_rt::test]
 async fn a_cancel_during_the_child_creation_rejects_the_start_with_nothing_published() {
-    let model = ScriptedModel::repeating(ScriptStep::text("never"));
-    let (rt, faults) = held_runtime(&model).await;
-    let parent = root(&rt).await;
-    let agent = parent.agent().clone();
-    let token = CancellationToken::new();
-    faults.hold(StoreOperation::Create);
-    let start = tokio::spawn({
-        let rt = rt.clone();
-        let token = token.clone();
-        async move {
-            rt.subagents()
-                .start(
-                    "spawn",
-                    SubagentStartRequest::new(&agent, text("x")).cancel(token),
-                )
-                .await
+    let mut refused = 0;
+    for turns in 0..INTERLEAVINGS {
+        let model = ScriptedModel::repeating(ScriptStep::text("never"));
+        let (rt, faults) = held_runtime(&model).await;
+        let parent = root(&rt).await;
+        let agent = parent.agent().clone();
+        let (seen, _sub) = lifecycle(&rt);
+        let token = CancellationToken::new();
+        let start = tokio::spawn(rt.subagents().start(
+            "spawn",
+            SubagentStartRequest::new(&agent, text("x")).cancel(token.clone()),
+        ));
+        for _ in 0..turns {
+            tokio::task::yield_now().await;
         }
-    });
-    within(
-        "the child creation to reach the store",
-        faults.held_calls(1),
-    )
-    .await;
-    token.cancel();
-    faults.release(StoreOperation::Create);
-    let error = within("the start", start).await.unwrap().unwrap_err();
-    assert_eq!(error.code(), ErrorCode::AbortedBeforePublication);
-    assert_eq!(rt.agents().list().await.len(), 1, "only the parent is live");
-    assert_eq!(model.request_count(), 0);
-    parent.dispose().await.unwrap();
+        token.cancel();
+        match within("the start", start).await.unwrap() {
+            Err(error) => {
+                refused += 1;
+                assert_eq!(error.code(), ErrorCode::AbortedBeforePublication);
+                assert_eq!(rt.agents().list().await.len(), 1, "only the parent is live");
+                assert!(
+                    seen.lock()
+                        .unwrap()
+                        .iter()
+                        .all(|(name, _)| *name != "created"),
+                    "nothing published ({turns} turns)"
+                );
+                assert!(
+                    faults.list_children(agent.id()).await.unwrap().is_empty(),
+                    "no child session ({turns} turns)"
+                );
+            }
+            Ok(run) => {
+                let result = within("the run", run.result()).await.unwrap();
+                assert!(
+                    matches!(
+                        result.stop_reason,
+                        StopReason::Aborted | StopReason::Completed
+                    ),
+                    "{result:?}"
+                );
+                run.dispose().await.unwrap();
+            }
+        }
+        parent.dispose().await.unwrap();
+    }
+    assert!(refused > 0, "a cancel that lands first refuses the start");
 }
 
 #[actix_rt::test]

@@ -382,6 +382,62 @@ fn a_lease_fences_out_older_epochs_and_refuses_a_second_holder() {
     }
 }
 
+// A projection-cache row is fenced like an append: a runtime that released the session (its
+// disposal checkpoint comes after the release) or lost it cannot overwrite the row of a newer
+// holder; the current epoch writes, and an unfenced write (a host's own) still does.
+#[test]
+fn a_checkpoint_write_is_fenced_by_the_lease_epoch() {
+    let runtime = store_runtime();
+    let _entered = runtime.enter();
+    for Backend { name, store, .. } in backends() {
+        let id = SessionId::new();
+        let old = block_on(store.create_leased(SessionHeader::new(id), vec![], LeaseHolder::new()))
+            .unwrap();
+        block_on(store.cache_put(
+            "checkpoint",
+            id,
+            serde_json::json!({"by": "old"}),
+            Some(old.epoch),
+        ))
+        .unwrap_or_else(|error| panic!("{name}: the holder writes: {error}"));
+        block_on(store.release_lease(id, old.epoch)).unwrap();
+        let new = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
+        block_on(store.cache_put(
+            "checkpoint",
+            id,
+            serde_json::json!({"by": "new"}),
+            Some(new.epoch),
+        ))
+        .unwrap();
+        let stale = block_on(store.cache_put(
+            "checkpoint",
+            id,
+            serde_json::json!({"by": "old, late"}),
+            Some(old.epoch),
+        ))
+        .unwrap_err();
+        assert_eq!(stale.code(), ErrorCode::LeaseLost, "{name}");
+        assert_eq!(
+            block_on(store.cache_get("checkpoint", id)).unwrap(),
+            Some(serde_json::json!({"by": "new"})),
+            "{name}: the newer holder's row stands"
+        );
+        let missing = SessionId::new();
+        assert!(
+            block_on(store.cache_put(
+                "checkpoint",
+                missing,
+                serde_json::json!({}),
+                Some(new.epoch)
+            ))
+            .is_err(),
+            "{name}: a fenced write names a stored session"
+        );
+        block_on(store.cache_put("checkpoint", missing, serde_json::json!({}), None))
+            .unwrap_or_else(|error| panic!("{name}: an unfenced write lands: {error}"));
+    }
+}
+
 // A leased writer's next append is checked against the head as stored: after a leased
 // creation, after a write without a lease moved it, and under a newer lease. (A store that
 // keeps heads in memory to spare a read must see every head it writes.)

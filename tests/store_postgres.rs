@@ -234,8 +234,8 @@ fn the_projection_cache_keeps_one_row_per_unit_and_session() {
     block_on(store.create(SessionHeader::new(id), notes(0, 1))).unwrap();
     assert_eq!(block_on(store.cache_get("identity", id)).unwrap(), None);
     let row = serde_json::json!({"label": "child", "seq": 1});
-    block_on(store.cache_put("identity", id, serde_json::json!({"old": true}))).unwrap();
-    block_on(store.cache_put("identity", id, row.clone())).unwrap();
+    block_on(store.cache_put("identity", id, serde_json::json!({"old": true}), None)).unwrap();
+    block_on(store.cache_put("identity", id, row.clone(), None)).unwrap();
     assert_eq!(
         block_on(store.cache_get("identity", id)).unwrap(),
         Some(row)

@@ -695,3 +695,49 @@ pub async fn gone(pid: u32) {
     })
     .await;
 }
+
+/// Registers a continuable provider named `held` whose creations wait at `gate` inside their
+/// admitted window (after admission, before the child exists).
+pub async fn held_provider(rt: &Runtime, gate: &subagents::testing::Gate) {
+    rt.subagents()
+        .register_provider(
+            subagents::testing::ScriptedProvider::new("held")
+                .prepares_continuable()
+                .gated_start(gate),
+        )
+        .await
+        .expect("the held provider registers")
+        .keep();
+}
+
+/// Asserts that `child`, whose start was refused, left nothing behind: it is not stored, not
+/// listed (as a child or a descendant), and a follow-up to it resumes nothing (refused with
+/// `followup_refusal`: `NOT_RESUMABLE`, or `DRAINING` while a drain's cutoff still stands).
+pub async fn assert_no_ghost(
+    rt: &Runtime,
+    parent: &subagents::AgentRef,
+    child: subagents::SessionId,
+    followup_refusal: subagents::ErrorCode,
+) {
+    let store = rt.store().expect("a stored runtime");
+    assert!(
+        store.list_children(parent.id()).await.unwrap().is_empty(),
+        "the refused child was never stored"
+    );
+    let listed = rt
+        .subagents()
+        .list_children(parent.id(), subagents::CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(listed.is_empty(), "nothing listed: {listed:?}");
+    let tree = rt
+        .subagents()
+        .list_descendants(parent.id(), subagents::CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(tree.is_empty(), "no descendant: {tree:?}");
+    let error = followup_child(rt, parent, child, "anyone there?")
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), followup_refusal, "{error}");
+}

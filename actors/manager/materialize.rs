@@ -4,6 +4,7 @@
 use super::*;
 use crate::cluster::RemoteStart;
 use crate::host::DelegatedPolicy;
+use crate::session::log::CreationCommit;
 
 /// The setup every Activation gets (fresh or resumed): its composition and the deployment's
 /// setup contributions, whose batch is committed once the agent is published.
@@ -109,7 +110,12 @@ pub(super) async fn install_and_submit(
         .map_err(SubagentError::from)
         .and_then(|outcome| outcome)
     {
-        Ok(accepted) => accepted.await,
+        // A fresh child's creation committed with this acceptance: it is answered only once
+        // the store holds it, so a creation the store refused is rolled back, never answered.
+        Ok(accepted) => match accepted.await {
+            Ok(id) => handle.agent().log().inner().stored().await.map(|()| id),
+            Err(error) => Err(error),
+        },
         Err(error) => Err(error),
     };
     match accepted {
@@ -421,7 +427,10 @@ pub(super) async fn create_and_install(
             registry,
             Arc::clone(&slot),
         ))
-        .cancel(token.clone());
+        .cancel(token.clone())
+        // Stored only once its prompt is accepted: a start refused or rolled back before
+        // then (or cut short by a crash) leaves no child in the store to be listed or resumed.
+        .stored_on(CreationCommit::FirstAcceptance);
     if let Some(cwd) = cwd {
         create = create.cwd(cwd);
     }

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use crate::actors::agent::AgentRef;
 use crate::host::{AgentOptions, AgentSetup};
 use crate::ids::SessionId;
+use crate::session::log::CreationCommit;
 use crate::session::{SessionEvent, SessionOrigin};
 
 /// What to create: the session's identity and lineage, its seed, options and setup.
@@ -31,6 +32,11 @@ pub struct CreateAgent {
     /// A short-lived agent (a one-shot child): its writer waits for work as a task instead of
     /// parking in the log between writes, since parking only pays for an agent that idles.
     pub(crate) short_lived: bool,
+    /// Defers storing the session until its creation commits (see [`CreationCommit`]): a
+    /// delegated child whose creation is refused or rolled back, or cut short by a crash,
+    /// leaves nothing in the store. For a freshly minted id only: a stored id is found taken
+    /// (`SESSION_EXISTS`) when the creation commits, not when it is published.
+    pub(crate) deferred: Option<CreationCommit>,
 }
 
 impl CreateAgent {
@@ -113,6 +119,13 @@ impl CreateAgent {
     #[must_use]
     pub(crate) fn short_lived(mut self) -> Self {
         self.short_lived = true;
+        self
+    }
+
+    /// Stores the session only once its creation commits (see [`CreateAgent::deferred`]).
+    #[must_use]
+    pub(crate) fn stored_on(mut self, commit: CreationCommit) -> Self {
+        self.deferred = Some(commit);
         self
     }
 }

@@ -96,9 +96,20 @@ pub(crate) async fn write_rows(
     if !registry.is_latest_checkpoint(log, seq) {
         return;
     }
+    // Fenced by the lease the log was written under: a runtime that lost the session never
+    // overwrites the row of the one that holds it now. A log with no lease was never stored
+    // (a creation rolled back before it committed): it has no checkpoint to keep.
+    let Some(lease) = log.lease_epoch() else {
+        return;
+    };
     let header = log.header();
     if let Err(error) = store
-        .cache_put(CHECKPOINT_RECORD, header.id, encode(&header, &rows))
+        .cache_put(
+            CHECKPOINT_RECORD,
+            header.id,
+            encode(&header, &rows),
+            Some(lease),
+        )
         .await
     {
         tracing::warn!(session_id = %header.id, %error, "projection checkpoint write failed");

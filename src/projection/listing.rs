@@ -7,16 +7,21 @@
 //! subagent`; the marker only classifies — identity comes from the projection fold.
 //!
 //! # The identity ladder (per candidate)
-//! 1. **Live**: the registry's watermark snapshot (no store read). A failing unit makes the
-//!    child `corrupt`; no identity yet means it is inside its creation window, and it is left
+//! Every rung serves an identity only when it passes the seq gate (`seq >= seed_length`: it
+//! came from the child's own descriptor, not one replayed from a fork-seeded ancestor), as a
+//! cold resume reads it.
+//!
+//! 1. **Live**: the registry's watermark snapshot (no store read). A child whose creation has
+//!    not committed yet (it may still be refused) is left out. A failing unit makes the child
+//!    `corrupt`; no own identity yet means it is inside its creation window, and it is left
 //!    out; otherwise it is `running`.
-//! 2. **Checkpoint cache** (cold): the cached identity row, served only when it passes the seq
-//!    gate (`seq >= seed_length`: it came from the child's own descriptor, not one replayed
-//!    from a fork-seeded ancestor). Anything else falls through silently.
+//! 2. **Checkpoint cache** (cold): the cached identity row, when it passes the seq gate.
+//!    Anything else falls through silently.
 //! 3. **Inspection**: one `inspect` of the stored log (at most [`COLD_READS`] at once), checked
 //!    against the enumerated header and folded through every unit. A failed read is
 //!    `unavailable` (retried by the next listing); a mismatched header, a failing unit or no
-//!    identity is `corrupt`. One damaged sibling never hides a healthy one.
+//!    own identity is `corrupt`. One damaged sibling never hides a healthy one. A child whose
+//!    creation never committed was never stored, so an interrupted creation is never listed.
 //!
 //! Cancellation is checked before any read, between reads and after the last one: a listing
 //! that observed its token fire is `CANCELLED`, never a partial or diagnosed result.
@@ -359,6 +364,10 @@ impl Listing {
     async fn identify(&self, record: &Record) -> Result<Served> {
         let header = &record.header;
         if let Some(agent) = &record.live {
+            if !agent.log().inner().is_committed() {
+                // Its creation may still be refused: a child is listed once it exists.
+                return Ok(Served::Omitted);
+            }
             return Ok(match self.registry.snapshot(agent.log()) {
                 Err(error) => {
                     tracing::debug!(session_id = %header.id, %error, "a live child's projection failed");
@@ -368,6 +377,7 @@ impl Listing {
                     .values
                     .get(IDENTITY_UNIT)
                     .and_then(SubagentIdentity::from_view)
+                    .filter(|identity| names_the_child(identity, header))
                 {
                     Some(identity) => self.child(header, identity, SubagentActivity::Running),
                     None => Served::Omitted,
@@ -408,6 +418,7 @@ impl Listing {
                 .values
                 .get(IDENTITY_UNIT)
                 .and_then(SubagentIdentity::from_view)
+                .filter(|identity| names_the_child(identity, header))
             {
                 Some(identity) => self.child(header, identity, SubagentActivity::Inactive),
                 None => Self::diagnostic(header, SubagentDiagnosticReason::Corrupt),
@@ -442,7 +453,14 @@ impl Listing {
                 identity = SubagentIdentity::from_view(&view);
             }
         }
-        let identity = identity?;
-        (identity.seq >= header.seed_length.unwrap_or(0)).then_some(identity)
+        identity.filter(|identity| names_the_child(identity, header))
     }
+}
+
+/// Whether `identity` came from the child's own descriptor: one replayed from a fork-seeded
+/// ancestor (`seq < seed_length`) names the ancestor, not the child. The same rule on every
+/// rung (live, cached, inspected), and the one a cold resume applies: a child is listed under
+/// the identity a follow-up to it would resume.
+fn names_the_child(identity: &SubagentIdentity, header: &SessionHeader) -> bool {
+    identity.seq >= header.seed_len()
 }

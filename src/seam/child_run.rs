@@ -41,6 +41,7 @@ use crate::seam::depth::{check_max_depth, resolve_child_depth};
 use crate::seam::run::LocalWiring;
 use crate::seam::run_outcome::{RunOutcome, SettleGuard};
 use crate::seam::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
+use crate::session::log::CreationCommit;
 use crate::session::{
     fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind,
     SessionEvent, SessionLog, SessionLogView,
@@ -394,6 +395,10 @@ fn prepare_in_process_run(
                 if let Err(error) = step.log.append(event) {
                     tracing::error!(session_id = %step.agent, %error, "could not record the descriptor");
                 }
+                // The child is stored from here, with the descriptor that names it: a child
+                // cut short before its first step (refused, cancelled, or by a crash) leaves
+                // nothing in the store to be listed as damaged.
+                step.log.commit_creation();
             }
         }));
         Ok(None)
@@ -405,7 +410,8 @@ fn prepare_in_process_run(
         .options(options)
         .setup(setup)
         .cancel(token.clone())
-        .short_lived();
+        .short_lived()
+        .stored_on(CreationCommit::Explicit);
     if let Some(cwd) = parent.header().cwd {
         create = create.cwd(cwd);
     }

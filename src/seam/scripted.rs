@@ -4,7 +4,9 @@
 //! Each start counts, fails when asked to or when the request is already cancelled, and
 //! otherwise returns a remote-style run (`local_agent` is `None`) whose result is the scripted
 //! reply, held behind an optional [`Gate`]. A cancel or a dispose before the gate opens settles
-//! the run `aborted` with no output.
+//! the run `aborted` with no output. Made [`ScriptedProvider::prepares_continuable`], it also prepares
+//! fresh continuable children, behind the same start gate: a test holds a continuable start
+//! inside its admitted creation window there.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::seam::{
+    ContinuableCreateRequest, ContinuableCreateSpec, PrepareContinuable,
     ResolvedSubagentStartRequest, SubagentCapabilities, SubagentProvider, SubagentResult,
     SubagentRun,
 };
@@ -35,6 +38,7 @@ pub struct ScriptedProvider {
     diagnostic: Option<String>,
     gate: Option<Gate>,
     start_gate: Option<Gate>,
+    continuable: bool,
     fixed_id: Option<SessionId>,
     start_failure: Option<SubagentError>,
     result_failure: Option<SubagentError>,
@@ -65,6 +69,7 @@ impl ScriptedProvider {
             diagnostic: None,
             gate: None,
             start_gate: None,
+            continuable: false,
             fixed_id: None,
             start_failure: None,
             result_failure: None,
@@ -109,6 +114,15 @@ impl ScriptedProvider {
     #[must_use]
     pub fn gated(mut self, gate: &Gate) -> Self {
         self.gate = Some(gate.clone());
+        self
+    }
+
+    /// Offers continuable children: `prepare_continuable` counts as a start, fails as one
+    /// when asked to (or when the request is already cancelled), waits at the start gate, and
+    /// answers a fresh child (no seed).
+    #[must_use]
+    pub fn prepares_continuable(mut self) -> Self {
+        self.continuable = true;
         self
     }
 
@@ -198,6 +212,10 @@ impl SubagentProvider for ScriptedProvider {
         self.inherits_parent_context
     }
 
+    fn continuable(&self) -> Option<&dyn PrepareContinuable> {
+        self.continuable.then_some(self as &dyn PrepareContinuable)
+    }
+
     fn start(
         &self,
         request: ResolvedSubagentStartRequest,
@@ -252,6 +270,33 @@ impl SubagentProvider for ScriptedProvider {
                     dispose_failure.map_or(Ok(()), Err)
                 })
             }))
+        })
+    }
+}
+
+impl PrepareContinuable for ScriptedProvider {
+    fn prepare_continuable(
+        &self,
+        request: ContinuableCreateRequest,
+    ) -> BoxFuture<'static, Result<ContinuableCreateSpec>> {
+        self.starts.fetch_add(1, Ordering::SeqCst);
+        let refused = match (&self.start_failure, request.cancel.is_cancelled()) {
+            (Some(error), _) => Some(error.clone()),
+            (None, true) => Some(SubagentError::new(
+                ErrorCode::Cancelled,
+                "the continuable start was cancelled before its creation",
+            )),
+            (None, false) => None,
+        };
+        let gate = self.start_gate.clone();
+        Box::pin(async move {
+            if let Some(error) = refused {
+                return Err(error);
+            }
+            if let Some(gate) = gate {
+                gate.pass().await;
+            }
+            Ok(ContinuableCreateSpec::default())
         })
     }
 }

@@ -15,6 +15,12 @@
 //!
 //! - [`SessionLog::flush`] is the durability barrier: when it returns `Ok`, every event committed
 //!   before the call is durable in the store.
+//! - **A deferred creation writes nothing until it commits.** A delegated child's log may be
+//!   attached before its session is stored: until its creation commits (with its first
+//!   accepted message, or at its first entered step), nothing of it reaches the store, its
+//!   barriers are met at once (there is nothing to make durable yet) and a close discards it.
+//!   Once it commits, the writer's first write stores the header and every event so far at
+//!   once, taking the session's lease.
 //! - **The queue is bounded.** At most [`WRITE_BEHIND_LIMIT`] committed events may wait for the
 //!   store. Appends themselves never block (they run on an actor's thread); the async producers —
 //!   the turn driver before each step and each streamed chunk, and every send into the inbox —
@@ -38,11 +44,11 @@ use crate::session::header::{SessionHeader, SessionOrigin};
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
 use crate::session::seed::{check_free_form_json, check_lossless, validate_seed};
-pub(crate) use crate::session::write_behind::WriterIdle;
+pub(crate) use crate::session::write_behind::{Attachment, CreationCommit, WriterIdle};
 use crate::session::write_behind::{
-    Barrier, FaultHook, Resume, Signals, WriteBehind, Writer, WRITE_BEHIND_LIMIT,
+    Barrier, Creation, FaultHook, Resume, Signals, WriteBehind, Writer, WRITE_BEHIND_LIMIT,
 };
-use crate::store::{Lease, SharedStore};
+use crate::store::{LeaseEpoch, SharedStore};
 
 /// One session's log. Cloning gives another handle to the same log.
 #[derive(Clone)]
@@ -65,6 +71,11 @@ pub(super) struct LogState {
     /// The model history, folded in as events are appended.
     pub(super) history: Projection,
     pub(super) write_behind: Option<WriteBehind>,
+    /// The fencing epoch of the lease the session is written under, once it has one; kept
+    /// after the close, so that a write beside the log (its projection checkpoint) is fenced
+    /// by the same lease. (Granted epochs start at 1: the niche keeps the state within its
+    /// allocation class.)
+    pub(super) lease: Option<std::num::NonZeroU64>,
     /// The first failed durable write; set once, never cleared.
     /// Boxed: every live log carries the field, and almost none ever fault.
     pub(super) fault: Option<Box<SubagentError>>,
@@ -76,9 +87,11 @@ pub(super) struct LogState {
 }
 
 /// Whether the write-behind queue is full: as many events wait for the store as it may hold.
+/// A session whose creation has not committed has no queue: nothing of it can be written yet.
 fn backlog_full(state: &LogState) -> bool {
     state.write_behind.as_ref().is_some_and(|write_behind| {
-        len_of(&state.events).saturating_sub(write_behind.written) >= WRITE_BEHIND_LIMIT
+        !write_behind.uncommitted()
+            && len_of(&state.events).saturating_sub(write_behind.written) >= WRITE_BEHIND_LIMIT
     })
 }
 
@@ -147,6 +160,7 @@ impl SessionLog {
                     shape,
                     history,
                     write_behind: None,
+                    lease: None,
                     fault: None,
                     memo: None,
                 }),
@@ -283,12 +297,14 @@ impl SessionLog {
         state.shape.admit(&event)?;
         let event = Arc::new(event);
         state.history.push(&event);
+        let resume = match state.write_behind.as_mut() {
+            Some(write_behind) => {
+                write_behind.appending(&event.kind);
+                write_behind.wake()
+            }
+            None => Resume::default(),
+        };
         state.events.push(event);
-        let resume = state
-            .write_behind
-            .as_mut()
-            .map(WriteBehind::wake)
-            .unwrap_or_default();
         drop(state);
         resume.run();
         Ok(seq)
@@ -307,8 +323,10 @@ impl SessionLog {
         self.inner.faulted.load(Ordering::Acquire)
     }
 
-    /// Starts write-behind to `store` under `lease`: events from `next_seq` on are appended to
-    /// the store; `on_fault` is told once if a durable write fails.
+    /// Starts write-behind to `store`: for a stored session, events from `next_seq` on are
+    /// appended under its lease; for a deferred creation, nothing is written until it commits,
+    /// and then the whole session is stored at once. `on_fault` is told once if a durable write
+    /// fails.
     ///
     /// Returns the writer task, for the caller to spawn. Dropped unfinished (or never spawned),
     /// it faults the log rather than leave a barrier waiting.
@@ -316,14 +334,20 @@ impl SessionLog {
     pub(crate) fn attach(
         &self,
         store: SharedStore,
-        next_seq: u64,
-        lease: Option<Lease>,
+        attachment: Attachment,
         on_fault: FaultHook,
         idle: WriterIdle,
     ) -> impl Future<Output = ()> + Send + 'static {
+        let (next_seq, lease, creation, holder) = match attachment {
+            Attachment::Stored { next_seq, lease } => (next_seq, lease, Creation::Stored, None),
+            Attachment::Deferred { commit, holder } => {
+                (0, None, Creation::Waiting(commit), Some(holder))
+            }
+        };
         let signals = Arc::new(Signals::default());
         let id = {
             let mut state = self.lock();
+            state.lease = lease.and_then(|lease| std::num::NonZeroU64::new(lease.epoch.0));
             state.write_behind = Some(WriteBehind {
                 written: next_seq,
                 durable: next_seq,
@@ -333,6 +357,7 @@ impl SessionLog {
                 closing_requested: false,
                 on_fault: Some(on_fault),
                 parked: None,
+                creation,
             });
             state.header.id
         };
@@ -342,11 +367,64 @@ impl SessionLog {
             store,
             id,
             lease,
+            holder,
             signals,
             finished: AtomicBool::new(false),
             idle,
         };
         writer.run()
+    }
+
+    /// Commits a deferred creation (see [`CreationCommit::Explicit`]): the writer stores the
+    /// session with every event so far. A no-op for a stored session or a committed one.
+    pub(crate) fn commit_creation(&self) {
+        let resume = {
+            let mut state = self.lock();
+            match state.write_behind.as_mut() {
+                Some(write_behind) if write_behind.uncommitted() => {
+                    write_behind.creation = Creation::Committed;
+                    write_behind.wake()
+                }
+                _ => Resume::default(),
+            }
+        };
+        resume.run();
+    }
+
+    /// Whether the session's creation committed: false only while a deferred creation waits for
+    /// its commit (it may be refused and rolled back; nothing of it is stored).
+    pub(crate) fn is_committed(&self) -> bool {
+        !self
+            .lock()
+            .write_behind
+            .as_ref()
+            .is_some_and(WriteBehind::uncommitted)
+    }
+
+    /// Waits until a deferred creation is in the store (written, not forced to disk): at once
+    /// for a session stored from the start.
+    ///
+    /// # Errors
+    /// The fault, when the creation's write failed.
+    ///
+    /// # Cancel safety
+    /// As [`SessionLog::drain`].
+    pub(crate) async fn stored(&self) -> Result<()> {
+        let deferred = self
+            .lock()
+            .write_behind
+            .as_ref()
+            .is_some_and(|write_behind| write_behind.creation != Creation::Stored);
+        if deferred {
+            self.drain().await
+        } else {
+            self.fault().map_or(Ok(()), Err)
+        }
+    }
+
+    /// The fencing epoch of the lease the session was last written under, if any.
+    pub(crate) fn lease_epoch(&self) -> Option<LeaseEpoch> {
+        self.lock().lease.map(|epoch| LeaseEpoch(epoch.get()))
     }
 
     /// Writes what is left, releases the lease and stops write-behind; appends after it stay in
@@ -546,8 +624,10 @@ mod tests {
         let counted = Arc::clone(&faults);
         tokio::spawn(log.attach(
             Arc::clone(store) as SharedStore,
-            0,
-            Some(lease),
+            Attachment::Stored {
+                next_seq: 0,
+                lease: Some(lease),
+            },
             Box::new(move |_| {
                 counted.fetch_add(1, Ordering::SeqCst);
             }),
@@ -628,8 +708,10 @@ mod tests {
         let counted = Arc::clone(&faults);
         let writing = log.attach(
             Arc::clone(&store) as SharedStore,
-            0,
-            None,
+            Attachment::Stored {
+                next_seq: 0,
+                lease: None,
+            },
             Box::new(move |_| {
                 counted.fetch_add(1, Ordering::SeqCst);
             }),

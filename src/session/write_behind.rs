@@ -4,7 +4,9 @@
 //! the session's lease, and faults the log when a durable write fails. A writer with nothing to
 //! do and no lease to renew parks in its log instead of waiting as a task, and the log's next
 //! append, barrier or close starts it again; a short-lived session's writer waits as a task
-//! instead ([`WriterIdle`]). The guarantees are stated in [`crate::session::log`].
+//! instead ([`WriterIdle`]). A delegated child's session may be attached before it is stored:
+//! its creation is deferred until it commits ([`CreationCommit`]), and the writer's first write
+//! then stores the whole session at once. The guarantees are stated in [`crate::session::log`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -15,9 +17,10 @@ use tokio::time::Instant;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
-use crate::session::event::SessionEvent;
+use crate::session::event::{EventKind, SessionEvent};
+use crate::session::header::SessionHeader;
 use crate::session::log::{len_of, lock_state, LogInner, LogState};
-use crate::store::{Lease, SharedStore};
+use crate::store::{Lease, LeaseHolder, SharedStore};
 
 /// How many committed events may wait for the store before producers wait for room.
 pub const WRITE_BEHIND_LIMIT: u64 = 4096;
@@ -27,6 +30,54 @@ const MAX_BATCH: u64 = 1024;
 
 /// Told once, with the error, when the log faults.
 pub(crate) type FaultHook = Box<dyn FnOnce(SubagentError) + Send>;
+
+/// When a deferred creation commits: until then nothing of the session is in the store, and a
+/// close discards it, so a creation that is refused or rolled back leaves nothing behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CreationCommit {
+    /// With the first message its inbox accepts: a continuable child exists once its prompt is
+    /// accepted, and the session is stored with that acceptance in it.
+    FirstAcceptance,
+    /// When [`crate::session::SessionLog::commit_creation`] is called: a one-shot child commits
+    /// at its first entered step, with the descriptor that names it.
+    Explicit,
+}
+
+impl CreationCommit {
+    /// Whether appending `kind` commits the creation.
+    fn fires_on(self, kind: &EventKind) -> bool {
+        match self {
+            Self::FirstAcceptance => matches!(
+                kind,
+                EventKind::InboxSpliced { inserted, .. } if !inserted.is_empty()
+            ),
+            Self::Explicit => false,
+        }
+    }
+}
+
+/// Where an attached session's creation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Creation {
+    /// In the store: later events are appended.
+    Stored,
+    /// Attached before it is stored, waiting for its commit: nothing is written.
+    Waiting(CreationCommit),
+    /// Committed: the writer's next write stores the session whole.
+    Committed,
+}
+
+/// Where an attached log's session stands in the store.
+pub(crate) enum Attachment {
+    /// Stored: events from `next_seq` on are appended, under `lease`.
+    Stored { next_seq: u64, lease: Option<Lease> },
+    /// Not stored yet: the first write, once the creation commits, stores the header and every
+    /// event so far and takes the session's lease for `holder`.
+    Deferred {
+        commit: CreationCommit,
+        holder: LeaseHolder,
+    },
+}
 
 /// The attached log's half of write-behind; the writer task holds the other.
 pub(super) struct WriteBehind {
@@ -45,9 +96,25 @@ pub(super) struct WriteBehind {
     /// as a task, so an idle session holds no task (a million resident children would hold a
     /// million). The next thing for it to do starts it again.
     pub(super) parked: Option<Box<Parked>>,
+    /// Whether the session is in the store yet.
+    pub(super) creation: Creation,
 }
 
 impl WriteBehind {
+    /// Notes an event the log just committed: it may commit a deferred creation.
+    pub(super) fn appending(&mut self, kind: &EventKind) {
+        if let Creation::Waiting(commit) = self.creation {
+            if commit.fires_on(kind) {
+                self.creation = Creation::Committed;
+            }
+        }
+    }
+
+    /// Whether the session is not stored yet and nothing commits it for now: nothing is written.
+    pub(super) fn uncommitted(&self) -> bool {
+        matches!(self.creation, Creation::Waiting(_))
+    }
+
     /// Tells the writer there is something to do: wakes it, or hands back the parked writer,
     /// which the caller resumes once it no longer holds the log's lock (a writer whose runtime
     /// has stopped is dropped at once, and its drop takes that lock).
@@ -111,6 +178,11 @@ pub(super) struct Barrier {
 
 /// What the writer does next.
 enum Work {
+    /// Store the deferred session whole: its header and every event so far.
+    Create {
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+    },
     Append {
         from: u64,
         batch: Vec<Arc<SessionEvent>>,
@@ -129,6 +201,8 @@ pub(super) struct Writer {
     pub(super) store: SharedStore,
     pub(super) id: SessionId,
     pub(super) lease: Option<Lease>,
+    /// Who takes the lease when a deferred creation is stored.
+    pub(super) holder: Option<LeaseHolder>,
     pub(super) signals: Arc<Signals>,
     /// Set once write-behind has ended (see the `Drop` impl).
     pub(super) finished: AtomicBool,
@@ -194,7 +268,7 @@ impl Writer {
 
     /// Writes until the log closes (then releases the lease) or a durable write fails; `None`
     /// when it is idle with no lease to renew, to be parked.
-    async fn write_until_closed(&self) -> Option<Result<()>> {
+    async fn write_until_closed(&mut self) -> Option<Result<()>> {
         let mut renew_at = self.renewal_after(Instant::now());
         let outcome = loop {
             if let Some(at) = renew_at.filter(|at| *at <= Instant::now()) {
@@ -209,6 +283,11 @@ impl Writer {
             let work = next_work(&mut lock_state(&inner));
             drop(inner);
             let step = match work {
+                Work::Create { header, events } => {
+                    let created = self.create(header, events).await;
+                    renew_at = self.renewal_after(Instant::now());
+                    created
+                }
                 Work::Append { from, batch } => self.append(from, batch).await,
                 Work::Flush { upto } => self.flush(upto).await,
                 Work::Exit => break Ok(()),
@@ -270,6 +349,31 @@ impl Writer {
             .inspect_err(|error| {
                 tracing::warn!(session_id = %self.id, %error, "lease release failed");
             })
+    }
+
+    /// Stores a deferred session whole and takes its lease; later events are appended under it.
+    async fn create(
+        &mut self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+    ) -> Result<()> {
+        let holder = self
+            .holder
+            .take()
+            .ok_or_else(|| SubagentError::bug("a deferred creation was stored twice"))?;
+        let count = len_of(&events);
+        let lease = self.store.create_leased(header, events, holder).await?;
+        self.lease = Some(lease);
+        if let Some(inner) = self.log.upgrade() {
+            let mut state = lock_state(&inner);
+            state.lease = std::num::NonZeroU64::new(lease.epoch.0);
+            if let Some(write_behind) = state.write_behind.as_mut() {
+                write_behind.creation = Creation::Stored;
+                write_behind.written = count;
+                write_behind.signals.room.notify_waiters();
+            }
+        }
+        Ok(())
     }
 
     async fn append(&self, from: u64, batch: Vec<Arc<SessionEvent>>) -> Result<()> {
@@ -352,10 +456,35 @@ impl Drop for Writer {
 /// batches), answer the drains it satisfied, flush for a waiting durable barrier, or stop once
 /// closing and done.
 fn next_work(state: &mut LogState) -> Work {
-    let len = len_of(&state.events);
-    let Some(write_behind) = state.write_behind.as_mut() else {
+    let LogState {
+        header,
+        events,
+        write_behind,
+        ..
+    } = state;
+    let len = len_of(events);
+    let Some(write_behind) = write_behind.as_mut() else {
         return Work::Exit;
     };
+    match write_behind.creation {
+        Creation::Stored => {}
+        Creation::Committed => {
+            return Work::Create {
+                header: header.clone(),
+                events: events.clone(),
+            }
+        }
+        Creation::Waiting(_) => {
+            // Not a stored session yet: nothing of it is written, so its barriers are met at
+            // once, and a close discards it.
+            answer_barriers(&mut write_behind.barriers, |_| Some(Ok(())));
+            return if write_behind.closing_requested {
+                Work::Exit
+            } else {
+                Work::Idle
+            };
+        }
+    }
     if write_behind.written < len {
         let from = write_behind.written;
         let end = len.min(from.saturating_add(MAX_BATCH));
@@ -363,7 +492,7 @@ fn next_work(state: &mut LogState) -> Work {
         let stop = usize::try_from(end).unwrap_or(usize::MAX);
         return Work::Append {
             from,
-            batch: state.events[start..stop].to_vec(),
+            batch: events[start..stop].to_vec(),
         };
     }
     let written = write_behind.written;

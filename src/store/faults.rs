@@ -36,6 +36,8 @@ pub enum StoreOperation {
     RenewLease,
     /// [`SessionPersistence::release_lease`].
     ReleaseLease,
+    /// [`SessionPersistence::cache_put`] (a projection checkpoint).
+    CachePut,
 }
 
 /// Wraps a store; each armed operation fails with `STORE_IO` until disarmed, and each held
@@ -285,11 +287,23 @@ impl SessionPersistence for FaultInjectingStore {
         self.inner.cache_get(unit, id)
     }
 
-    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
+    fn cache_put(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Value,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
         self.cache_puts
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push((unit.to_owned(), id));
-        self.inner.cache_put(unit, id, row)
+        let unit = unit.to_owned();
+        self.injected(StoreOperation::CachePut, Some(id))
+            .unwrap_or_else(|| {
+                self.gated(StoreOperation::CachePut, move || {
+                    Box::pin(async move { self.inner.cache_put(&unit, id, row, lease).await })
+                })
+            })
     }
 }

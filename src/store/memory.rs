@@ -8,7 +8,7 @@ use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
 use super::codec::{decode_cache_row, encode_cache_row};
-use super::lease::LeaseTable;
+use super::lease::{lease_lost, LeaseTable};
 use super::{
     check_append, check_contiguous, not_found, Lease, LeaseEpoch, LeaseHolder, ListedSession,
     SessionPersistence,
@@ -221,11 +221,25 @@ impl SessionPersistence for MemoryStore {
         Box::pin(future::ready(row))
     }
 
-    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
-        let stored = encode_cache_row(unit, id, &row).map(|bytes| {
-            self.lock()
+    fn cache_put(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Value,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        let stored = encode_cache_row(unit, id, &row).and_then(|bytes| {
+            let mut state = self.lock();
+            if let Some(LeaseEpoch(epoch)) = lease {
+                let session = state.sessions.get(&id).ok_or_else(|| not_found(id))?;
+                if session.lease != epoch {
+                    return Err(lease_lost(id));
+                }
+            }
+            state
                 .cache
                 .insert((unit.to_owned(), id), bytes.into_boxed_slice());
+            Ok(())
         });
         Box::pin(future::ready(stored))
     }

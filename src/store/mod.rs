@@ -197,11 +197,22 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// `STORE_CORRUPT`; `STORE_IO`.
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>>;
 
-    /// Writes a projection-cache row for (`unit`, `id`).
+    /// Writes a projection-cache row for (`unit`, `id`). With `lease`, the write is fenced like
+    /// an append: it lands only while `lease` is the session's current epoch, so a runtime that
+    /// lost the session (or released it and saw a newer holder take it) can never overwrite the
+    /// row of the one writing it now.
     ///
     /// # Errors
-    /// `INVALID_PROJECTION` for a row that does not encode; `STORE_IO`.
-    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>>;
+    /// `INVALID_PROJECTION` for a row that does not encode; `LEASE_LOST` when `lease` is not the
+    /// session's current epoch; `SESSION_NOT_FOUND` when a fenced write names no stored session;
+    /// `STORE_IO`.
+    fn cache_put(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Value,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>>;
 
     /// Told that the one-shot child `id` was disposed: the runtime never reads or writes its
     /// session again. A store keeps it by default, so it can still be listed and inspected; a

@@ -621,8 +621,22 @@ impl SessionPersistence for SledStore {
         Box::pin(future::ready(outcome))
     }
 
-    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
+    fn cache_put(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Value,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
         let outcome = encode_cache_row(unit, id, &row).and_then(|bytes| {
+            // Under the writer lock, as an append: a fenced row lands only under the current
+            // epoch.
+            let _writing = lease.map(|_| self.write_lock());
+            if let Some(LeaseEpoch(epoch)) = lease {
+                if self.read_head(id)?.lease != epoch {
+                    return Err(super::lease::lease_lost(id));
+                }
+            }
             self.cache
                 .insert(cache_key(unit, id), bytes)
                 .map(drop)

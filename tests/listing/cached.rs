@@ -143,6 +143,7 @@ async fn without_a_usable_cached_identity_the_child_is_inspected() {
                 &header,
                 json!({TIMING_UNIT: {"ver": 2, "seq": 0, "val": {"descriptorSeen": false, "settledMs": 0}}}),
             ),
+            None,
         )
         .await
         .unwrap();
@@ -166,7 +167,7 @@ async fn without_a_usable_cached_identity_the_child_is_inspected() {
     ] {
         let before = probe.inspections_of(child);
         probe
-            .cache_put(CHECKPOINT_RECORD, child, row.clone())
+            .cache_put(CHECKPOINT_RECORD, child, row.clone(), None)
             .await
             .unwrap();
         assert_eq!(children(&rt, parent).await, expected, "row {row}");

@@ -457,12 +457,14 @@ async fn a_descriptor_of_an_unknown_version_is_corrupt() {
     );
 }
 
-// LIST-21
+// A fork's seed replays its ancestor's descriptor, but that identity names the ancestor: a
+// settled child with no descriptor of its own is damaged (this runtime stores every delegated
+// child with its own descriptor), and is never listed as the resumable continuable child a
+// follow-up would then refuse with NOT_RESUMABLE.
+// LIST-21 (adapted: an inherited descriptor never names the child, on any rung, as a resume reads it)
 #[actix_rt::test]
-async fn a_fork_whose_seed_replays_an_ancestor_descriptor_is_listed_under_that_identity() {
+async fn a_fork_whose_only_descriptor_is_in_its_seed_is_corrupt() {
     let (store, rt, parent) = stored_parent().await;
-    // The last-wins fold serves the replayed ancestor's identity until the child writes its own
-    // (a documented deviation from a resume, which reads only the child's own suffix).
     let fork_child = author(
         &*store,
         SessionHeader {
@@ -474,7 +476,61 @@ async fn a_fork_whose_seed_replays_an_ancestor_descriptor_is_listed_under_that_i
     .await;
     assert_eq!(
         children(&rt, parent).await,
-        [inactive(fork_child, "ancestor label")]
+        [diagnostic(fork_child, SubagentDiagnosticReason::Corrupt)]
+    );
+    let error = rt
+        .subagents()
+        .followup(
+            &rt.agents().get(parent).await.unwrap(),
+            fork_child,
+            text("go on"),
+            subagents::FollowupOptions::new(subagents::MessageSource::User),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::NotResumable, "{error}");
+}
+
+// The same rule on the live rung: a live fork of a continuable child that has not written its
+// own descriptor yet is inside its creation window (omitted), never its parent's identity.
+#[actix_rt::test]
+async fn a_live_fork_is_never_listed_under_its_seeded_ancestor_identity() {
+    let rt = runtime_over(Arc::new(MemoryStore::new())).await;
+    let parent = root(&rt).await.agent().id();
+    let seed: Vec<SessionEvent> = ancestor_seed()
+        .into_iter()
+        .zip(0..)
+        .map(|(kind, seq)| SessionEvent::new(seq, kind))
+        .collect();
+    let fork = |own: Option<SubagentDescriptor>| {
+        rt.agents().create(
+            CreateAgent::new()
+                .delegated_by(parent, 1)
+                .seed(seed.clone(), 3)
+                .setup(move |_: &mut AgentScope, log: &SessionLog| {
+                    if let Some(own) = own {
+                        log.append(own.event())?;
+                    }
+                    Ok(None)
+                }),
+        )
+    };
+    let _pending = fork(None).await.expect("the live fork is created");
+    let entries = children(&rt, parent).await;
+    assert!(entries.is_empty(), "{entries:?}");
+    // Once a fork wrote its own one-shot descriptor, that is who it is.
+    let named = fork(Some(SubagentDescriptor::one_shot("fork", None)))
+        .await
+        .expect("the named fork is created");
+    assert_eq!(
+        children(&rt, parent).await,
+        [SubagentListEntry::Child {
+            id: named.agent().id(),
+            mode: DelegationMode::OneShot,
+            label: None,
+            activity: SubagentActivity::Running,
+            has_children: false,
+        }]
     );
 }
 
@@ -533,6 +589,7 @@ async fn a_foreign_unit_failing_on_a_cold_child_makes_only_that_child_corrupt() 
                     "subagentListHostileProbe": {"ver": 1, "seq": 0, "val": {"poisoned": true}},
                 }),
             ),
+            None,
         )
         .await
         .unwrap();

@@ -939,25 +939,58 @@ impl SessionPersistence for PostgresStore {
         })
     }
 
-    fn cache_put(&self, unit: &str, id: SessionId, row: Value) -> BoxFuture<'_, Result<()>> {
+    fn cache_put(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Value,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
         let unit = unit.to_owned();
         Box::pin(async move {
             let bytes = encode_cache_row(&unit, id, &row)?;
             let client = self.client().await?;
-            client
+            let failed = || io(format!("writing the {unit} cache of session {id}"));
+            let Some(LeaseEpoch(epoch)) = lease else {
+                client
+                    .execute(
+                        &client
+                            .prepare_cached(
+                                "INSERT INTO subagents_projection_cache (unit, session, row)
+                         VALUES ($1, $2, $3)
+                         ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
+                            )
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&unit, &uuid_of(id), &bytes],
+                    )
+                    .await
+                    .map_err(failed())?;
+                return Ok(());
+            };
+            // The session row is locked in share mode: a lease taken meanwhile (which moves the
+            // epoch under `FOR UPDATE`) either waits for this write or fences it out.
+            let written = client
                 .execute(
                     &client
                         .prepare_cached(
-                            "INSERT INTO subagents_projection_cache (unit, session, row)
-                     VALUES ($1, $2, $3)
-                     ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
+                            "WITH fence AS (
+                                 SELECT id FROM subagents_sessions
+                                 WHERE id = $2 AND epoch = $4 FOR SHARE
+                             )
+                             INSERT INTO subagents_projection_cache (unit, session, row)
+                             SELECT $1, id, $3 FROM fence
+                             ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
                         )
                         .await
                         .map_err(io("preparing a statement"))?,
-                    &[&unit, &uuid_of(id), &bytes],
+                    &[&unit, &uuid_of(id), &bytes, &seq_column(epoch)?],
                 )
                 .await
-                .map_err(io(format!("writing the {unit} cache of session {id}")))?;
+                .map_err(failed())?;
+            if written == 0 {
+                return Err(lease_lost(id));
+            }
             Ok(())
         })
     }
