@@ -69,6 +69,16 @@ pub enum InboxPolicy {
     Keep,
 }
 
+/// Who sends a delivery or a cancel: a continuable child's inbox is reachable only through the
+/// continuation manager, so the host's own calls through an [`AgentRef`] are refused there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SentBy {
+    /// A host, through the public [`AgentRef`] methods.
+    Host,
+    /// The runtime itself (a one-shot run's prompt, a job's completion notice).
+    Runtime,
+}
+
 /// A snapshot of an agent's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentSnapshot {
@@ -194,6 +204,22 @@ impl AgentActor {
             agent: self.id,
             kind,
         });
+    }
+
+    /// Refuses a host's delivery or cancel to a resident continuable child: only its parent
+    /// reaches it, through the manager's authority check and accepted-set bookkeeping.
+    fn admit_host(&self, by: SentBy) -> Result<()> {
+        if by == SentBy::Host && self.activity.is_some() {
+            return Err(SubagentError::new(
+                crate::error::ErrorCode::Unauthorized,
+                format!(
+                    "agent {} is a resident continuable child: its inbox is reached only \
+                     through its parent (`Subagents::followup`, `Subagents::interrupt`)",
+                    self.id
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn deliver(
@@ -431,12 +457,14 @@ pub(crate) struct Deliver {
     /// Told once the agent is idle again after a delivery that succeeded, as [`WhenIdle`]
     /// would be: a one-shot run's prompt waits for its turn this way, in one message.
     pub(crate) idle: Option<oneshot::Sender<()>>,
+    pub(crate) by: SentBy,
 }
 
 impl Handler<Deliver> for AgentActor {
     type Result = Result<MessageId>;
 
     fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) -> Self::Result {
+        self.admit_host(msg.by)?;
         let id = self.deliver(msg.message, msg.target, msg.wake, ctx)?;
         if let Some(idle) = msg.idle {
             if self.state.turn().is_none() {
@@ -526,12 +554,14 @@ pub(crate) struct Cancel {
     pub(crate) inbox: InboxPolicy,
     /// Whether the agent's release follows (see `AgentActor::releasing`).
     pub(crate) releasing: bool,
+    pub(crate) by: SentBy,
 }
 
 impl Handler<Cancel> for AgentActor {
     type Result = Result<()>;
 
     fn handle(&mut self, msg: Cancel, _: &mut Context<Self>) -> Self::Result {
+        self.admit_host(msg.by)?;
         self.releasing |= msg.releasing;
         self.cancel(msg.cause, msg.inbox)
     }
@@ -757,7 +787,23 @@ impl AgentRef {
         target: InboxTarget,
         wake: Wake,
     ) -> Result<MessageId> {
-        self.deliver_via(None, message, target, wake, None).await
+        self.deliver_via(None, message, target, wake, None, SentBy::Host)
+            .await
+    }
+
+    /// Delivers `message` on the runtime's own behalf (a job's completion notice): unlike the
+    /// host's calls, it reaches a resident continuable child too.
+    ///
+    /// # Errors
+    /// As [`AgentRef::followup`].
+    pub(crate) async fn deliver_for_runtime(
+        &self,
+        message: Message,
+        target: InboxTarget,
+        wake: Wake,
+    ) -> Result<MessageId> {
+        self.deliver_via(None, message, target, wake, None, SentBy::Runtime)
+            .await
     }
 
     /// [`AgentRef::deliver`] through `actor`, the agent's own address when the caller holds
@@ -769,6 +815,7 @@ impl AgentRef {
         target: InboxTarget,
         wake: Wake,
         idle: Option<oneshot::Sender<()>>,
+        by: SentBy,
     ) -> Result<MessageId> {
         // Backpressure: a sender waits while the session's write-behind queue is full.
         self.log.inner().reserve().await.map_err(|error| {
@@ -794,6 +841,7 @@ impl AgentRef {
                 target,
                 wake,
                 idle,
+                by,
             })
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))?
@@ -819,6 +867,7 @@ impl AgentRef {
             InboxTarget::NextTurn,
             Wake::Wake,
             Some(idle),
+            SentBy::Runtime,
         )
         .await?;
         Ok(idled)
@@ -906,6 +955,7 @@ impl AgentRef {
                 cause,
                 inbox,
                 releasing: false,
+                by: SentBy::Host,
             })
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))?
@@ -942,6 +992,7 @@ impl AgentRef {
             cause,
             inbox,
             releasing: false,
+            by: SentBy::Runtime,
         });
     }
 
@@ -952,6 +1003,7 @@ impl AgentRef {
             cause: CancelCause::Parent,
             inbox: InboxPolicy::Discard,
             releasing: true,
+            by: SentBy::Runtime,
         });
     }
 

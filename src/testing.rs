@@ -14,3 +14,16 @@ pub use crate::store::faults::{FaultInjectingStore, StoreOperation};
 pub async fn resident_count(subagents: &crate::Subagents) -> usize {
     subagents.resident_count().await
 }
+
+/// Cancels `agent`'s turn and applies `inbox` to its pending work as the runtime itself does
+/// (a drain, a child's own hook), reaching a resident continuable child, whose inbox refuses a
+/// host's [`crate::AgentRef::cancel`]. For white-box tests of the continuation manager's
+/// windows (a child cancelled from inside its own admission window); a host interrupts a
+/// continuable child through [`crate::Subagents::interrupt`].
+pub fn cancel_as_runtime(
+    agent: &crate::AgentRef,
+    cause: crate::CancelCause,
+    inbox: crate::InboxPolicy,
+) {
+    agent.cancel_now(cause, inbox);
+}

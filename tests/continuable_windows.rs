@@ -283,10 +283,11 @@ async fn deliveries_discarded_inside_an_admission_window_release_the_activation(
             if matches!(event.kind, AgentEventKind::InboxInserted { .. })
                 && trigger.swap(false, Ordering::SeqCst)
             {
-                let child = target.clone();
-                tokio::spawn(async move {
-                    let _ = child.cancel(CancelCause::User, InboxPolicy::Discard).await;
-                });
+                subagents::testing::cancel_as_runtime(
+                    &target,
+                    CancelCause::User,
+                    InboxPolicy::Discard,
+                );
             }
         },
     );
@@ -753,8 +754,7 @@ async fn a_refused_submission_leaves_no_accepted_id_behind() {
     // Waiting on its grandchild, the child stays resident. Its next durable write fails, which
     // faults it: from then on its inbox refuses every submission.
     store.arm_for(StoreOperation::Append, started.child_id);
-    child
-        .inject(text("poke"), MessageSource::User)
+    followup_child(&rt, parent.agent(), started.child_id, "poke")
         .await
         .unwrap();
     within("the child to fault", async {

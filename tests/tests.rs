@@ -16,6 +16,9 @@ mod cluster;
 mod cluster_nodes;
 /// Continuable children: start, follow-up, interrupt, reports, notices, drains.
 mod continuable;
+/// Continuable children: who reaches a child (only its parent, through the manager), who hears
+/// from it (the parent session), and interrupt authority whatever the residency.
+mod continuable_authority;
 /// Continuable children: per-child budgets of turns, tokens and wall time.
 mod continuable_budget;
 /// Continuable children at the edges: notices, collisions, cancellation, policy, the lifecycle

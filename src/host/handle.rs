@@ -21,7 +21,7 @@ use std::sync::{Arc, OnceLock};
 use actix::Addr;
 use futures::future::{BoxFuture, FutureExt, Shared};
 
-use crate::actors::agent::{AgentActor, AgentRef, Cancel, InboxPolicy, Retire};
+use crate::actors::agent::{AgentActor, AgentRef, Cancel, InboxPolicy, Retire, SentBy};
 use crate::actors::registry::{BeginRetire, Release};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::projection::cache::checkpoint_at_disposal;
@@ -227,6 +227,7 @@ impl AgentHandle {
                     cause: CancelCause::Disposed,
                     inbox: InboxPolicy::Discard,
                     releasing: true,
+                    by: SentBy::Runtime,
                 })
                 .await;
         }

@@ -10,11 +10,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{ControllerGuard, JobSnapshot, Jobs, KillOutcome, ListenerGuard};
-use crate::content::{ContentBlock, MessageSource};
+use crate::actors::agent::Wake;
+use crate::content::{ContentBlock, Message, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::{AgentStatus, PromptSection};
 use crate::ids::SessionId;
 use crate::runtime::Runtime;
+use crate::session::InboxTarget;
 use crate::tools::plugin::{calling_agent, string_arg, GlobalTools};
 use crate::tools::{Concurrency, Tool, ToolCtx, ToolError, ToolOutput};
 
@@ -129,7 +131,7 @@ pub fn install_job_tools(rt: &Runtime, config: JobToolsConfig) -> Result<JobTool
         let owner = owner.clone();
         // Sending is a message to the owner's actor; the listener runs inside the registry.
         tokio::spawn(async move {
-            let delivered = match delivery {
+            let (target, wake) = match delivery {
                 // An idle owner gets a turn of its own; a busy one reads the notice at its next
                 // step, and a steer also wakes it if that turn ends first, so it is never
                 // stranded.
@@ -137,13 +139,17 @@ pub fn install_job_tools(rt: &Runtime, config: JobToolsConfig) -> Result<JobTool
                     let idle = matches!(owner.status().await,
                         Ok(snapshot) if snapshot.status == AgentStatus::Idle);
                     if idle {
-                        owner.followup(notice, source).await
+                        (InboxTarget::NextTurn, Wake::Wake)
                     } else {
-                        owner.steer(notice, source).await
+                        (InboxTarget::NextStep, Wake::Wake)
                     }
                 }
-                CompletionDelivery::Quiet => owner.inject(notice, source).await,
+                CompletionDelivery::Quiet => (InboxTarget::NextStep, Wake::Quiet),
             };
+            // The runtime's own notice: it reaches a continuable child's inbox too.
+            let delivered = owner
+                .deliver_for_runtime(Message::user(notice, source), target, wake)
+                .await;
             if let Err(error) = delivered {
                 // The owner is gone: its jobs ended with it.
                 tracing::debug!(owner = %owner.id(), %error, "a job completion notice was not delivered");
