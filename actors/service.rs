@@ -33,7 +33,7 @@ use crate::actors::manager::{
     DrainDescendants, Interrupt, InterruptRouted, ReportFrom, ResidentCount, StartContinuable,
 };
 use crate::cluster::ClusterLink;
-use crate::content::{ContentBlock, Message};
+use crate::content::{require_content, ContentBlock, Message};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::ids::{MessageId, RunId, SessionId};
@@ -544,7 +544,8 @@ impl Subagents {
     /// # Errors
     /// Before anything exists: `NO_PROVIDER`, `UNSUPPORTED_CAPABILITY`, `INVALID_MAX_DEPTH`,
     /// `UNSUPPORTED_SCHEMA`, and the provider's own creation errors (for in-process providers:
-    /// `ABORTED_BEFORE_PUBLICATION`, `DEPTH_EXCEEDED`, `UNKNOWN_TOOL`, ...). A failed start
+    /// `ABORTED_BEFORE_PUBLICATION`, `INVALID_ARGS` for an empty prompt, `DEPTH_EXCEEDED`,
+    /// `UNKNOWN_TOOL`, ...). A failed start
     /// emits no lifecycle event and leaves no run to dispose.
     ///
     /// # Cancel safety
@@ -597,12 +598,13 @@ impl Subagents {
     ///
     /// # Errors
     /// With no id, no Activation, no ownership and nothing stored left behind (nothing lists
-    /// or resumes a refused child): `DRAINING`,
+    /// or resumes a refused child): `INVALID_ARGS` (an empty prompt), `DRAINING`,
     /// `PERSISTENCE_UNAVAILABLE`, `INVALID_MAX_DEPTH`, `DEPTH_EXCEEDED`, `NO_PROVIDER`,
     /// `UNSUPPORTED_CAPABILITY` (no `prepare_continuable`), `CANCELLED` (the token fired
     /// before acceptance), `ACTIVATION_CLOSING` (the parent Activation is settling),
-    /// `ACTIVATION_SETUP_REVOKED`, `INVALID_BUDGET` (a zero limit), creation errors, and the
-    /// store's error when the child's creation could not be written.
+    /// `ACTIVATION_SETUP_REVOKED`, `INVALID_BUDGET` (a zero limit, or a wall time under
+    /// 1 ms), creation errors, and the store's error when the child's creation could not be
+    /// written.
     ///
     /// # Cancel safety
     /// Cancel safe: the start runs as its own task, so dropping the future leaves either an
@@ -612,8 +614,9 @@ impl Subagents {
         mut spec: ContinuableStartSpec,
     ) -> impl std::future::Future<Output = Result<ContinuableStart>> + Send + 'static {
         spec.capture_policy();
-        let request = self.manager.send(StartContinuable(spec));
-        own_task(async move { request.await.map_err(SubagentError::from)? })
+        let request = require_content("a start prompt", &spec.prompt)
+            .map(|()| self.manager.send(StartContinuable(spec)));
+        own_task(async move { request?.await.map_err(SubagentError::from)? })
     }
 
     /// Delivers `content` to a continuable child as its next FIFO turn: a running child
@@ -624,12 +627,13 @@ impl Subagents {
     /// cold-resumes.
     ///
     /// # Errors
-    /// `DRAINING`, `CANCELLED` (before acceptance only; afterwards the token no longer
-    /// matters), `UNAUTHORIZED` (not the exact live direct parent), `NOT_RESUMABLE`,
+    /// `INVALID_ARGS` (empty content), `DRAINING`, `CANCELLED` (before acceptance only;
+    /// afterwards the token no longer matters), `UNAUTHORIZED` (not the exact live direct
+    /// parent), `NOT_RESUMABLE`,
     /// `SESSION_LEASED` (resident in another runtime), `PERSISTENCE_UNAVAILABLE`,
     /// `INVALID_DESCRIPTOR`, `BUDGET_EXHAUSTED` (the child spent a limit of its budget and
     /// this follow-up does not raise it; nothing is loaded), `INVALID_BUDGET` (a raise with a
-    /// zero limit), and resume errors as they are.
+    /// zero limit, or a wall time under 1 ms), and resume errors as they are.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`Subagents::start_continuable`].
@@ -643,15 +647,15 @@ impl Subagents {
         let manager = self.manager.clone();
         let cluster = self.cluster.clone();
         let parent = parent.clone();
-        let delivery = Delivery {
-            message: Message::user(content, options.source),
-            raise: options.budget,
-        };
+        let checked = require_content("a follow-up", &content)
+            .and_then(|()| options.budget.map(budget::normalize).transpose());
         let token = options.cancel;
+        let source = options.source;
         own_task(async move {
-            if let Some(raise) = &delivery.raise {
-                budget::validate(raise)?;
-            }
+            let delivery = Delivery {
+                message: Message::user(content, source),
+                raise: checked?,
+            };
             route_followup(
                 &manager,
                 cluster.as_ref(),
@@ -705,7 +709,8 @@ impl Subagents {
     /// Activation; the child still gets its settled notice.
     ///
     /// # Errors
-    /// `CANCELLED`, `DRAINING`, `UNAUTHORIZED` (not the exact resident child),
+    /// `INVALID_ARGS` (empty content), `CANCELLED`, `DRAINING`, `UNAUTHORIZED` (not the
+    /// exact resident child),
     /// `ACTIVATION_CLOSING`, `PARENT_UNAVAILABLE` (the parent is not live or refused).
     ///
     /// # Cancel safety
@@ -716,15 +721,17 @@ impl Subagents {
         content: Vec<ContentBlock>,
         options: ReportOptions,
     ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
-        let request = self.manager.send(ReportFrom {
-            child: child.clone(),
-            content,
-            delivery: options.delivery,
-            token: options.cancel,
+        let request = require_content("a report", &content).map(|()| {
+            self.manager.send(ReportFrom {
+                child: child.clone(),
+                content,
+                delivery: options.delivery,
+                token: options.cancel,
+            })
         });
         // Its own task: once the manager admitted the report, the delivery and its
         // compensation run to the end even if the caller stops waiting.
-        own_task(async move { request.await.map_err(SubagentError::from)??.await })
+        own_task(async move { request?.await.map_err(SubagentError::from)??.await })
     }
 
     /// Registers a setup contribution installed into every later continuable child's

@@ -63,6 +63,25 @@ impl ContentBlock {
     }
 }
 
+/// Refuses `content` that says nothing: no block, or only text blocks of whitespace. `what`
+/// names it in the error ("a follow-up", "a report", ...).
+///
+/// # Errors
+/// `INVALID_ARGS`: an empty prompt, follow-up or report would run (or wake) a turn with no
+/// input.
+pub(crate) fn require_content(what: &str, content: &[ContentBlock]) -> crate::error::Result<()> {
+    let blank = content
+        .iter()
+        .all(|block| block.as_text().is_some_and(|text| text.trim().is_empty()));
+    if blank {
+        return Err(crate::error::SubagentError::new(
+            crate::error::ErrorCode::InvalidArgs,
+            format!("{what} must carry content: it is empty"),
+        ));
+    }
+    Ok(())
+}
+
 /// Who authored a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -24,6 +24,8 @@ mod continuable_budget;
 /// Continuable children at the edges: notices, collisions, cancellation, policy, the lifecycle
 /// invariant.
 mod continuable_edges;
+/// Bad input at the seam: empty content, budgets that cannot be recorded, unknown ids.
+mod continuable_inputs;
 /// Continuable children: the model-based property test over random forests.
 mod continuable_model;
 /// Continuable children: teardown failures, drains, notices to a closing lineage, setup, policy.

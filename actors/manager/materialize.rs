@@ -511,10 +511,7 @@ impl ContinuationManager {
         descriptor.agent_model = (!options.model.is_empty()).then(|| options.model.clone());
         descriptor.persona.clone_from(&spec.persona);
         descriptor.tool_filter.clone_from(&spec.tool_filter);
-        if let Some(limits) = &spec.budget {
-            budget::validate(limits)?;
-        }
-        descriptor.budget = spec.budget;
+        descriptor.budget = spec.budget.map(budget::normalize).transpose()?;
         let policy = spec.policy.clone().unwrap_or_default();
         let composition = ChildComposition::new(
             &env,

@@ -845,9 +845,7 @@ async fn serve(
             raise,
         } => {
             authorize(cluster, parent, sender).await?;
-            if let Some(raise) = &raise {
-                budget::validate(raise)?;
-            }
+            let raise = raise.map(budget::normalize).transpose()?;
             let answer = manager
                 .send(PlacedFollowup {
                     parent,

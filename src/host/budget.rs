@@ -51,7 +51,8 @@ impl Budget {
         self
     }
 
-    /// Limits the wall time spent inside turns.
+    /// Limits the wall time spent inside turns. A continuable child's budget records it in
+    /// whole milliseconds, rounded up; under one millisecond it is refused (`INVALID_BUDGET`).
     #[must_use]
     pub fn wall_time(mut self, wall_time: Duration) -> Self {
         self.wall_time = Some(wall_time);

@@ -22,23 +22,41 @@ pub const BUDGET_EVENT: &str = "subagent/budget";
 /// The version of the `subagent/budget` payload.
 const BUDGET_EVENT_VERSION: u64 = 1;
 
-/// Refuses a budget with a zero limit: a child under it could never run.
+/// The budget as it is recorded: a limit of zero is refused (a child under it could never
+/// run), and so is a wall-time limit under one millisecond; a wall-time limit is kept in whole
+/// milliseconds (the unit of its durable record), rounded up, so the limit in force before a
+/// cold resume is the one in force after it.
 ///
 /// # Errors
 /// `INVALID_BUDGET` naming the limit.
-pub(crate) fn validate(budget: &Budget) -> Result<()> {
+pub(crate) fn normalize(mut budget: Budget) -> Result<Budget> {
     let zero = [
         ("turns", budget.turns == Some(0)),
         ("tokens", budget.tokens == Some(0)),
         ("wall time", budget.wall_time == Some(Duration::ZERO)),
     ];
-    match zero.iter().find(|(_, is_zero)| *is_zero) {
-        Some((name, _)) => Err(SubagentError::new(
+    if let Some((name, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {
+        return Err(SubagentError::new(
             ErrorCode::InvalidBudget,
             format!("a budget's {name} limit must be greater than zero"),
-        )),
-        None => Ok(()),
+        ));
     }
+    if let Some(wall_time) = budget.wall_time {
+        if wall_time < Duration::from_millis(1) {
+            return Err(SubagentError::new(
+                ErrorCode::InvalidBudget,
+                format!(
+                    "a budget's wall time limit must be at least 1 ms (it is recorded in whole \
+                     milliseconds), not {wall_time:?}"
+                ),
+            ));
+        }
+        let millis = wall_time.as_nanos().div_ceil(1_000_000);
+        budget.wall_time = Some(Duration::from_millis(
+            u64::try_from(millis).unwrap_or(u64::MAX),
+        ));
+    }
+    Ok(budget)
 }
 
 /// The budget's limits as a JSON object (`turns`, `tokens`, `wallTimeMs`; unset ones omitted).
@@ -170,16 +188,33 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_limit_is_refused() {
-        assert!(validate(&Budget::unlimited().turns(3)).is_ok());
+    fn a_zero_limit_or_a_sub_millisecond_wall_time_is_refused() {
+        assert!(normalize(Budget::unlimited().turns(3)).is_ok());
         for budget in [
             Budget::unlimited().turns(0),
             Budget::unlimited().tokens(0),
             Budget::unlimited().wall_time(Duration::ZERO),
+            Budget::unlimited().wall_time(Duration::from_nanos(999_999)),
         ] {
-            let error = validate(&budget).unwrap_err();
+            let error = normalize(budget).unwrap_err();
             assert_eq!(error.code(), ErrorCode::InvalidBudget);
         }
+    }
+
+    #[test]
+    fn a_wall_time_is_kept_in_whole_milliseconds_rounded_up() {
+        let kept = |wall_time| normalize(Budget::unlimited().wall_time(wall_time)).unwrap();
+        assert_eq!(
+            kept(Duration::from_millis(1)).wall_time,
+            Some(Duration::from_millis(1))
+        );
+        assert_eq!(
+            kept(Duration::from_nanos(1_000_001)).wall_time,
+            Some(Duration::from_millis(2))
+        );
+        let budget = kept(Duration::from_micros(2_500));
+        let recorded = from_json(&to_json(&budget), &[]).unwrap();
+        assert_eq!(recorded, budget, "the record round-trips exactly");
     }
 
     #[test]

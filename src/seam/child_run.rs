@@ -296,7 +296,7 @@ pub(crate) enum Placement {
 ///
 /// # Errors
 /// Before publication only, with nothing left behind: `ABORTED_BEFORE_PUBLICATION`,
-/// `INVALID_MAX_DEPTH`, `INVALID_SUBAGENT_DEPTH`, `DEPTH_OVERFLOW`, `DEPTH_EXCEEDED`,
+/// `INVALID_ARGS` (an empty prompt), `INVALID_MAX_DEPTH`, `INVALID_SUBAGENT_DEPTH`, `DEPTH_OVERFLOW`, `DEPTH_EXCEEDED`,
 /// `UNKNOWN_TOOL` (tool filter), `UNKNOWN_PROMPT_VARIABLE` (persona), store errors.
 pub(crate) fn start_in_process_run(
     resolved: ResolvedSubagentStartRequest,
@@ -347,6 +347,7 @@ fn prepare_in_process_run(
     if token.is_cancelled() {
         return Err(aborted_before_publication());
     }
+    crate::content::require_content("a start prompt", &resolved.request.prompt)?;
     let depth = resolve_child_depth(parent, resolved.request.max_depth)?;
     // A disposed (or replaced) parent's actor has stopped.
     if !parent.is_alive() {

@@ -119,7 +119,7 @@ impl ContinuableStartSpec {
 
     /// Limits what the child may spend over its whole life: the turn that crosses a limit ends
     /// `budget-exhausted`, and follow-ups are refused with `BUDGET_EXHAUSTED` until one raises
-    /// the limit (see [`FollowupOptions::budget`]). A zero limit is `INVALID_BUDGET`.
+    /// the limit (see [`FollowupOptions::budget`]). A zero limit, or a wall time under 1 ms, is `INVALID_BUDGET`.
     #[must_use]
     pub fn budget(mut self, budget: Budget) -> Self {
         self.budget = Some(budget);
