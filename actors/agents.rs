@@ -39,12 +39,14 @@ use crate::actors::registry::{
     Abandon, AgentRegistry, Close, Exact, ListLive, Lookup, Publish, Reserve, Roots,
 };
 use crate::actors::workers::WorkerPool;
+use crate::content::Message;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::handle::AgentHandle;
 use crate::host::request::{CreateAgent, ResumeAgent};
 use crate::host::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
 };
+use crate::ids::MessageId;
 use crate::ids::SessionId;
 use crate::session::log::{Attachment, CreationCommit, WriterIdle};
 use crate::session::{SessionHeader, SessionLog};
@@ -267,6 +269,65 @@ impl Agents {
             .await?;
         reservation.keep();
         Ok(handle)
+    }
+
+    /// Puts `message` into the inbox of stored session `id` while no agent of it is live: a
+    /// pending next-turn message that its next resume replays (it then waits for a waking
+    /// send). A parent that is away still hears its child settle, once, when it comes back.
+    /// The id is reserved in the registry and the session leased for the write, as a resume
+    /// does, so the write never races a live agent of the session.
+    ///
+    /// # Errors
+    /// `DUPLICATE_AGENT` when an agent of the session is live or being created (deliver to it
+    /// instead); `PERSISTENCE_UNAVAILABLE`; `SESSION_NOT_FOUND`; `SESSION_LEASED` (live in
+    /// another runtime); `INVALID_EVENT` for a message id already pending there; store errors.
+    ///
+    /// # Cancel safety
+    /// A dropped call frees its reservation and its lease; the message may or may not have
+    /// been written.
+    pub(crate) async fn enqueue_stored(
+        &self,
+        id: SessionId,
+        message: Message,
+    ) -> Result<MessageId> {
+        let store = self.shared.env.store.clone().ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::PersistenceUnavailable,
+                "a stored inbox requires session persistence",
+            )
+        })?;
+        let incarnation = self.next_incarnation();
+        // Dropped at the end (or on any exit): frees the reservation.
+        let _reservation = Reservation {
+            registry: &self.shared.registry,
+            agent: Some((id, incarnation)),
+        };
+        self.shared
+            .registry
+            .send(Reserve {
+                agent: (id, incarnation),
+                owner: None,
+            })
+            .await??;
+        let lease = LeaseGuard::acquire(&store, id, &self.shared.holder).await?;
+        let epoch = lease.lease.epoch;
+        let stored = store.prepare(id, Some(epoch)).await?;
+        let stored_len =
+            u64::try_from(stored.events.len()).map_err(|_| SubagentError::bug("log too long"))?;
+        let log = SessionLog::from_stored(stored.header, stored.events)?;
+        let message_id = message.id;
+        let mut inbox = log.with_own_events(Inbox::replay);
+        inbox.insert(&log, crate::session::InboxTarget::NextTurn, message)?;
+        let added = log.with_events(|events| {
+            events[usize::try_from(stored_len)
+                .unwrap_or(usize::MAX)
+                .min(events.len())..]
+                .to_vec()
+        });
+        store.append(id, stored_len, added, Some(epoch)).await?;
+        // Released here rather than by the guard's task: a resume right after must find it free.
+        store.release_lease(id, lease.hand_over().epoch).await?;
+        Ok(message_id)
     }
 
     fn next_incarnation(&self) -> u64 {

@@ -29,8 +29,9 @@ use futures::future::BoxFuture;
 use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
 use crate::actors::manager::{
-    ask_interrupt, delivery_handler, route_followup, ContinuationManager, Delivery, DrainAll,
-    DrainDescendants, Interrupt, InterruptRouted, ReportFrom, ResidentCount, StartContinuable,
+    ask_interrupt, authorize_absent, delivery_handler, route_followup, ContinuationManager,
+    Delivery, DrainAll, DrainDescendants, Interrupt, InterruptAbsent, InterruptRouted, ReportFrom,
+    ResidentCount, StartContinuable,
 };
 use crate::cluster::ClusterLink;
 use crate::content::{require_content, ContentBlock, Message};
@@ -671,25 +672,43 @@ impl Subagents {
     /// Interrupts a resident continuable child's current turn under `authority`: the cancel
     /// (cause `user` or `parent`, inbox kept) is issued before this returns, without waiting
     /// for quiescence. Pending messages stay parked until the next waking send; claimed work
-    /// is not requeued; descendants and the Activation are untouched. An absent target
-    /// (unknown, one-shot, settled) is an accepted no-op.
+    /// is not requeued; descendants and the Activation are untouched.
+    ///
+    /// Authority is checked whatever the target's residency: a target that is not resident
+    /// (one-shot, settled, or being cold-resumed) is checked against the parent and ancestors
+    /// its headers record. A settled or one-shot target then has nothing to stop (an accepted
+    /// no-op); one whose cold resume is in flight is interrupted as its resumed turn opens, so
+    /// the interrupt is never lost to the resume. An unknown id is an accepted no-op.
     ///
     /// A child its parent here placed on another node of a cluster is interrupted there; one
     /// resident on another node that this runtime has no record of (its parent placed it from
     /// another runtime) is, as far as this runtime can tell, absent.
     ///
     /// # Errors
-    /// `UNAUTHORIZED`: a wrong parent address, a caller outside the target's live ancestry,
-    /// a stale ancestor, or an ancestor naming itself; for a child on another node, what that
-    /// node answered, or `STORE_IO` when it could not be asked.
+    /// `UNAUTHORIZED`: a wrong parent address, a caller outside the target's ancestry, a stale
+    /// ancestor, or an ancestor naming itself; a store error reading a non-resident target's
+    /// headers; for a child on another node, what that node answered, or `STORE_IO` when it
+    /// could not be asked.
     pub async fn interrupt(&self, target: SessionId, authority: InterruptAuthority) -> Result<()> {
         let routed = self
             .manager
-            .send(Interrupt { target, authority })
+            .send(Interrupt {
+                target,
+                authority: authority.clone(),
+            })
             .await
             .map_err(SubagentError::from)??;
         match routed {
             InterruptRouted::Done => Ok(()),
+            InterruptRouted::Absent => {
+                let Some(cause) = authorize_absent(&self.agents, target, &authority).await? else {
+                    return Ok(());
+                };
+                self.manager
+                    .send(InterruptAbsent { target, cause })
+                    .await
+                    .map_err(SubagentError::from)
+            }
             InterruptRouted::Remote {
                 node,
                 parent,

@@ -516,7 +516,7 @@ async fn a_refused_notice_is_logged_and_the_child_still_settles_cleanly() {
     eventually("the warning", || {
         warnings
             .text()
-            .contains("settlement notice was not delivered")
+            .contains("settled notice could not be delivered")
     })
     .await;
     assert!(

@@ -1,5 +1,11 @@
-//! Interrupts and reports: a parent's authority over a resident child's turn, and a child's
-//! report to its parent.
+//! Interrupts and reports: a parent's authority over a child's turn, and a child's report to
+//! its parent.
+//!
+//! An interrupt is authorized whatever the target's residency: against the resident
+//! Activation's recorded lineage, or, for a target that is not resident here, against the
+//! lineage its headers record (a live agent's, else the stored one). An authorized interrupt
+//! of a child whose cold resume is in flight waits for that resume and reaches the turn it
+//! opens; of a settled child, it has nothing to stop.
 
 use super::*;
 
@@ -22,6 +28,9 @@ pub(crate) enum InterruptRouted {
         parent: SessionId,
         cause: CancelCause,
     },
+    /// The target is not resident here: authorize it against its recorded lineage
+    /// ([`authorize_absent`]), then bring it back as [`InterruptAbsent`].
+    Absent,
 }
 
 impl Handler<Interrupt> for ContinuationManager {
@@ -90,14 +99,14 @@ fn interrupt_cause(
 impl ContinuationManager {
     /// An interrupt of a child that is not resident here: routed to the node its parent here
     /// placed it on, once authorized as for a resident child; otherwise (unknown, one-shot,
-    /// already settled) nothing to stop.
+    /// settled, being resumed) authorized against its recorded lineage by the caller.
     fn route_remote_interrupt(
         &self,
         target: SessionId,
         authority: &InterruptAuthority,
     ) -> Result<InterruptRouted> {
         let (Some(remote), Some(_)) = (self.remote_children.get(&target), &self.cluster) else {
-            return Ok(InterruptRouted::Done);
+            return Ok(InterruptRouted::Absent);
         };
         let parent = remote.parent.id();
         let cause = interrupt_cause(target, authority, parent, &self.lineage_of(&remote.parent))?;
@@ -106,6 +115,96 @@ impl ContinuationManager {
             parent,
             cause,
         })
+    }
+}
+
+/// The cause an interrupt of `target`, which is not resident here, carries under `authority`:
+/// checked as for a resident child, against the parent and ancestors its headers record (a
+/// live agent's header, else the stored one). `None` for an id no header names: an unknown
+/// target is an accepted no-op.
+///
+/// # Errors
+/// `UNAUTHORIZED` as for a resident child; a store error reading a header.
+pub(crate) async fn authorize_absent(
+    agents: &Agents,
+    target: SessionId,
+    authority: &InterruptAuthority,
+) -> Result<Option<CancelCause>> {
+    let Some(header) = header_of(agents, target).await? else {
+        return Ok(None);
+    };
+    let Some(parent) = header.parent_session else {
+        // A root session is nobody's child: no authority reaches it through this seam.
+        return Err(unauthorized(format!(
+            "{target} is not a delegated child and cannot be interrupted as one"
+        )));
+    };
+    // The ancestors above the parent matter only to an ancestor's authority.
+    let mut ancestors = vec![parent];
+    if let InterruptAuthority::Ancestor(caller) = authority {
+        let mut next = Some(parent);
+        while let Some(id) = next.filter(|id| *id != caller.id()) {
+            let above = header_of(agents, id)
+                .await?
+                .and_then(|header| header.parent_session);
+            match above {
+                // A corrupt lineage that loops (or one deeper than any delegation) ends here.
+                Some(above) if !ancestors.contains(&above) && ancestors.len() < MAX_LINEAGE => {
+                    ancestors.push(above);
+                    next = Some(above);
+                }
+                _ => next = None,
+            }
+        }
+    }
+    interrupt_cause(target, authority, parent, &ancestors).map(Some)
+}
+
+/// The deepest stored lineage an ancestor's authority is looked for in.
+const MAX_LINEAGE: usize = 4096;
+
+/// The header of session `id`: its live agent's, else the stored one; `None` when neither
+/// exists.
+async fn header_of(
+    agents: &Agents,
+    id: SessionId,
+) -> Result<Option<crate::session::SessionHeader>> {
+    if let Some(live) = agents.get(id).await {
+        return Ok(Some(live.header()));
+    }
+    let Some(store) = agents.env().store.clone() else {
+        return Ok(None);
+    };
+    match store.header(id).await {
+        Ok(header) => Ok(Some(header)),
+        Err(error) if error.code() == ErrorCode::SessionNotFound => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Issues an interrupt of a target that was not resident when it was asked for, once the
+/// caller authorized it against the target's recorded lineage: a resident target (it was
+/// resumed meanwhile) is cancelled now; one whose cold resume is in flight is cancelled as
+/// soon as that resume submits its message (the interrupt reaches the turn it opens); a
+/// settled one has nothing to stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct InterruptAbsent {
+    pub(crate) target: SessionId,
+    pub(crate) cause: CancelCause,
+}
+
+impl Handler<InterruptAbsent> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: InterruptAbsent, _: &mut Context<Self>) {
+        if let Some(resident) = self.residents.get(&msg.target) {
+            if resident.disposal.is_none() {
+                resident.agent.cancel_now(msg.cause, InboxPolicy::Keep);
+            }
+        } else if self.resuming.contains_key(&msg.target) {
+            self.interrupts.insert(msg.target, msg.cause);
+        }
     }
 }
 
@@ -158,57 +257,5 @@ impl Handler<ReportFrom> for ContinuationManager {
             }
         };
         self.post_report(child, &captured, message, msg.delivery, ctx)
-    }
-}
-
-impl ContinuationManager {
-    /// Posts `child`'s report to its local parent: the parent's resident Activation when it
-    /// has one (a waking report counts as accepted work there), else the exact agent it was
-    /// materialized under while that lives.
-    pub(super) fn post_report(
-        &mut self,
-        child: SessionId,
-        captured: &AgentRef,
-        message: Message,
-        delivery: ReportDelivery,
-        ctx: &mut Context<Self>,
-    ) -> Result<BoxFuture<'static, Result<MessageId>>> {
-        let id = message.id;
-        let (parent, counted) = match (self.residents.get_mut(&captured.id()), delivery) {
-            (Some(parent), ReportDelivery::Wakeup) if parent.disposal.is_none() => {
-                parent.accepted.insert(id);
-                (parent.agent.clone(), true)
-            }
-            (Some(parent), _) => (parent.agent.clone(), false),
-            (None, _) if captured.is_alive() => (captured.clone(), false),
-            (None, _) => {
-                return Err(SubagentError::new(
-                    ErrorCode::ParentUnavailable,
-                    format!("the parent of continuable child {child} is not live"),
-                ))
-            }
-        };
-        let target = match delivery {
-            ReportDelivery::Quiet => PostTarget::Inbox(InboxTarget::NextStep, Wake::Quiet),
-            ReportDelivery::Wakeup => PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
-        };
-        let accepted = parent.post(message, target, None);
-        let manager = ctx.address();
-        let parent_id = parent.id();
-        Ok(async move {
-            accepted.await.map_err(|error| {
-                if counted {
-                    manager.do_send(Refused {
-                        child: parent_id,
-                        message: id,
-                    });
-                }
-                SubagentError::new(
-                    ErrorCode::ParentUnavailable,
-                    format!("the parent of continuable child {child} rejected the followup/inject: {error}"),
-                )
-            })
-        }
-        .boxed())
     }
 }

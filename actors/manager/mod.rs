@@ -48,9 +48,12 @@ mod control;
 mod drain;
 mod followup;
 mod materialize;
+mod parent;
 mod remote;
 
-pub(crate) use control::{Interrupt, InterruptRouted, ReportFrom};
+pub(crate) use control::{
+    authorize_absent, Interrupt, InterruptAbsent, InterruptRouted, ReportFrom,
+};
 pub(crate) use drain::{DrainAll, DrainDescendants, ResidentCount};
 use materialize::Finished;
 pub(crate) use materialize::{Delivery, StartContinuable};
@@ -282,6 +285,9 @@ pub(crate) struct ContinuationManager {
     materializations: HashMap<u64, Materialization>,
     /// Children whose cold resume is in flight: another delivery waits for it.
     resuming: HashMap<SessionId, Signal>,
+    /// Authorized interrupts of children whose cold resume is in flight: each reaches the
+    /// turn its resume opens, as the resume submits its message.
+    interrupts: HashMap<SessionId, CancelCause>,
     closing: HashMap<SessionId, ClosingScope>,
     draining: bool,
     next_materialization: u64,
@@ -361,6 +367,7 @@ impl ContinuationManager {
             activity: None,
             materializations: HashMap::new(),
             resuming: HashMap::new(),
+            interrupts: HashMap::new(),
             closing: HashMap::new(),
             draining: false,
             next_materialization: 0,
@@ -494,6 +501,14 @@ impl ContinuationManager {
                 "continuable child {child} belongs to another parent session"
             )));
         }
+        // The parent is the session: once the agent the child was materialized under is gone,
+        // the incarnation speaking for the session now is the one notices and reports go to.
+        if let (ParentLink::Local(recorded), ParentLink::Local(sender)) = (&resident.parent, parent)
+        {
+            if !recorded.is_alive() {
+                resident.parent = ParentLink::Local(sender.clone());
+            }
+        }
         let (current, spent) = resident.budget.snapshot();
         budget::admit(child, &raise.unwrap_or(current), &spent)?;
         let raise = raise.map(|budget| BudgetRaise {
@@ -509,6 +524,11 @@ impl ContinuationManager {
             PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
             raise,
         );
+        // An interrupt that came while this child was being resumed reaches the turn the
+        // message just opened (or parks it, when the turn has not claimed it yet).
+        if let Some(cause) = self.interrupts.remove(&child) {
+            resident.agent.cancel_now(cause, InboxPolicy::Keep);
+        }
         let manager = ctx.address();
         Ok(async move {
             let outcome = accepted.await;
@@ -590,78 +610,6 @@ impl ContinuationManager {
             }
         });
         Some(disposal)
-    }
-
-    /// Delivers the settled notice for a finished epoch to the child's durable parent.
-    fn notify_settlement(
-        &mut self,
-        resident: &Resident,
-        terminal: &Terminal,
-        ctx: &mut Context<Self>,
-    ) {
-        let child = resident.agent.id();
-        let (content, source) = settled_notice(
-            child,
-            &terminal.stop_reason,
-            terminal.exhausted,
-            terminal.output.clone(),
-        );
-        let message = Message::user(content, source);
-        match &resident.parent {
-            ParentLink::Local(parent) => self.post_settled_notice(child, parent, message, ctx),
-            ParentLink::Remote(remote) => {
-                self.notify_remote(remote, child, message, crate::cluster::NoticeKind::Settled)
-            }
-        }
-    }
-
-    /// Posts `child`'s settled notice to its local `parent` (the exact agent it was
-    /// materialized under, or the parent's resident Activation).
-    fn post_settled_notice(
-        &mut self,
-        child: SessionId,
-        captured: &AgentRef,
-        message: Message,
-        ctx: &mut Context<Self>,
-    ) {
-        let parent_lineage = self.lineage_of(captured);
-        let closing = self.is_closing(&parent_lineage);
-        // A parent whose lineage is tearing down, or whose own disposal has begun, records the
-        // notice without a wake: waking it would start a turn its teardown must then cancel.
-        let recipient = match self.residents.get_mut(&captured.id()) {
-            Some(parent) if !closing && parent.disposal.is_none() => {
-                // Counted before the send, so the parent cannot look settled meanwhile.
-                parent.accepted.insert(message.id);
-                Some((parent.agent.clone(), true, false))
-            }
-            Some(parent) => Some((parent.agent.clone(), false, true)),
-            None if captured.is_alive() => Some((captured.clone(), false, closing)),
-            None => None,
-        };
-        let Some((parent, counted, quiet)) = recipient else {
-            tracing::debug!(%child, "the settled child's parent is gone; its session is the record");
-            return;
-        };
-        let target = if quiet {
-            PostTarget::Inbox(InboxTarget::NextStep, Wake::Quiet)
-        } else {
-            PostTarget::TurnOrStep
-        };
-        let id = message.id;
-        let parent_id = parent.id();
-        let accepted = parent.post(message, target, None);
-        let manager = ctx.address();
-        tokio::spawn(async move {
-            if let Err(error) = accepted.await {
-                tracing::warn!(%child, parent = %parent_id, %error, "settlement notice was not delivered to its parent");
-                if counted {
-                    manager.do_send(Refused {
-                        child: parent_id,
-                        message: id,
-                    });
-                }
-            }
-        });
     }
 }
 
@@ -752,6 +700,8 @@ impl Handler<MaterializationOver> for ContinuationManager {
         self.materializations.remove(&msg.id);
         if let Some(child) = msg.resuming {
             self.resuming.remove(&child);
+            // A resume that ended without submitting leaves nothing running to interrupt.
+            self.interrupts.remove(&child);
         }
     }
 }
