@@ -4,6 +4,7 @@ pub(crate) mod activation;
 pub mod agent;
 pub mod agents;
 pub(crate) mod manager;
+pub(crate) mod owner;
 pub mod providers;
 pub(crate) mod registry;
 pub mod service;

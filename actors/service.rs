@@ -30,8 +30,8 @@ use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
 use crate::actors::manager::{
     ask_interrupt, authorize_absent, delivery_handler, route_followup, ContinuationManager,
-    Delivery, DrainAll, DrainDescendants, Interrupt, InterruptAbsent, InterruptRouted, ReportFrom,
-    ResidentCount, StartContinuable,
+    Delivery, DrainAll, DrainDescendants, Interrupt, InterruptAbsent, InterruptRouted,
+    OwnerNodeCount, ReportFrom, ResidentCount, StartContinuable,
 };
 use crate::cluster::ClusterLink;
 use crate::content::{require_content, ContentBlock, Message};
@@ -797,6 +797,12 @@ impl Subagents {
     /// [`crate::testing::resident_count`]: the seam itself exposes no residency query).
     pub(crate) async fn resident_count(&self) -> usize {
         self.manager.send(ResidentCount).await.unwrap_or(0)
+    }
+
+    /// How many host-owned parents have an ownership node now (for tests, through
+    /// [`crate::testing::owner_node_count`]).
+    pub(crate) async fn owner_node_count(&self) -> usize {
+        self.manager.send(OwnerNodeCount).await.unwrap_or(0)
     }
 }
 

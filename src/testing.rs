@@ -15,6 +15,13 @@ pub async fn resident_count(subagents: &crate::Subagents) -> usize {
     subagents.resident_count().await
 }
 
+/// How many host-owned parents (parents that are not themselves continuable children) have an
+/// ownership node in `subagents` now: one for each such parent with a resident continuable
+/// child or a release in flight. A test probe, as [`resident_count`] is.
+pub async fn owner_node_count(subagents: &crate::Subagents) -> usize {
+    subagents.owner_node_count().await
+}
+
 /// Cancels `agent`'s turn and applies `inbox` to its pending work as the runtime itself does
 /// (a drain, a child's own hook), reaching a resident continuable child, whose inbox refuses a
 /// host's [`crate::AgentRef::cancel`]. For white-box tests of the continuation manager's

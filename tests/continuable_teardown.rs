@@ -640,3 +640,43 @@ async fn a_later_child_side_switch_wins_over_the_delegation_snapshot() {
         "the approval pin still holds"
     );
 }
+
+// A host-owned parent with continuable children has an ownership node, started with its first
+// resident child and stopped with its last; the node carries out the parent's scoped drain
+// (child first), and a continuable parent needs none (its Activation owns its children).
+#[actix_rt::test]
+async fn a_host_owned_parent_has_an_ownership_node_while_it_has_children() {
+    let (first, second) = (Gate::new(), Gate::new());
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("one").gated(&first));
+    let rt = seam_runtime(&model).await;
+    let nodes = || subagents::testing::owner_node_count(rt.subagents());
+    let (left, right) = (root(&rt).await, root(&rt).await);
+    let recorder = SeamRecorder::new(&rt, EventScope::All);
+    assert_eq!(nodes().await, 0);
+    let held = start_continuable(&rt, left.agent(), "one").await;
+    first.reached().await;
+    let grand =
+        crate::support::grandchild(&rt, &rt.agents().get(held.child_id).await.unwrap()).await;
+    // The grandchild answers and settles; the next request is the right parent's child's.
+    settled(&recorder, grand.child_id, 1).await;
+    model.push(ScriptStep::text("two").gated(&second));
+    let other = start_continuable(&rt, right.agent(), "two").await;
+    second.reached().await;
+    assert_eq!(
+        nodes().await,
+        2,
+        "one node per host-owned parent, none for the continuable parent"
+    );
+    let drain = rt
+        .subagents()
+        .drain_continuable_descendants(&[left.agent().clone()]);
+    first.release();
+    within("the left parent's drain", drain).await.unwrap();
+    settled(&recorder, grand.child_id, 1).await;
+    settled(&recorder, held.child_id, 1).await;
+    assert_eq!(nodes().await, 1, "the drained parent's node stopped");
+    second.release();
+    settled(&recorder, other.child_id, 1).await;
+    assert_eq!(nodes().await, 0, "no parent has a resident child");
+}

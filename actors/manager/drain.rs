@@ -1,30 +1,48 @@
 //! Drains: scoped (below exact parents) and manager-wide, each releasing child first and
-//! aggregating failures.
+//! aggregating failures. The manager decides and opens every disposal top-down in one
+//! handler; a host-owned parent's share of the waiting is carried out by its ownership node
+//! ([`OwnerNode`]), a continuable parent's here.
 
 use super::*;
 use crate::actors::activation::outcomes;
+use crate::actors::owner::aggregate;
 
-/// Combines teardown outcomes: `Ok`, the one failure, or one aggregate naming them all.
-fn aggregate(outcomes: Vec<Result<()>>) -> Result<()> {
-    let mut failures: Vec<SubagentError> = outcomes.into_iter().filter_map(Result::err).collect();
-    match failures.len() {
-        0 => Ok(()),
-        1 => Err(failures.remove(0)),
-        n => Err(SubagentError::new(
-            ErrorCode::ActivationTeardownFailed,
-            format!(
-                "{n} continuable branches failed to tear down: {}",
-                failures
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ),
-        )),
+/// What one drained parent releases: the creations admitted below it, then its branches.
+struct Share {
+    parent: SessionId,
+    admitted: Vec<Signal>,
+    branches: Vec<Disposal>,
+}
+
+impl ContinuationManager {
+    /// Hands each share to its parent's ownership node (a host-owned parent) or waits for it
+    /// here (a continuable parent, whose Activation stays resident); the future combines
+    /// every share's outcome.
+    fn release_shares(
+        &mut self,
+        shares: Vec<Share>,
+        ctx: &Context<Self>,
+    ) -> BoxFuture<'static, Result<()>> {
+        let releases: Vec<BoxFuture<'static, Result<()>>> = shares
+            .into_iter()
+            .filter(|share| !share.admitted.is_empty() || !share.branches.is_empty())
+            .map(|share| {
+                if self.residents.contains_key(&share.parent) {
+                    async move {
+                        join_all(share.admitted).await;
+                        aggregate(outcomes(share.branches).await)
+                    }
+                    .boxed()
+                } else {
+                    self.release_through_owner(share.parent, share.admitted, share.branches, ctx)
+                }
+            })
+            .collect();
+        async move { aggregate(join_all(releases).await) }.boxed()
     }
 }
 
-/// Closes admission below exact live parents and disposes their continuable descendants.
+/// Closes admission below the exact live parents and disposes their continuable descendants.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
 pub(crate) struct DrainDescendants(pub(crate) Vec<AgentRef>);
@@ -67,29 +85,38 @@ impl Handler<DrainDescendants> for ContinuationManager {
                 }
             }
         }
-        let materializations: Vec<Signal> = self
-            .materializations
-            .values()
-            .filter(|m| m.lineage.iter().any(|id| root_ids.contains(id)))
-            .map(|m| m.over.clone())
+        // One share per root: the creations admitted below it, and the children placed on
+        // other nodes by a parent at or below it.
+        let mut shares: Vec<Share> = root_ids
+            .iter()
+            .map(|root| Share {
+                parent: *root,
+                admitted: self
+                    .materializations
+                    .values()
+                    .filter(|m| m.lineage.contains(root))
+                    .map(|m| m.over.clone())
+                    .collect(),
+                branches: self.release_remote_below(Some(&[*root]), ctx),
+            })
             .collect();
-        // Every target's disposal opens now, top-down, before any await; children placed on
-        // other nodes by a parent at or below a root are released there.
-        let mut branches = self.release_remote_below(Some(&root_ids), ctx);
+        // Every target's disposal opens now, top-down, before any await; a branch not owned
+        // by another target joins the share of the root nearest above it.
         for (_, target) in &targets {
-            let owned_by_target = self.residents[target]
+            let resident = &self.residents[target];
+            let owned_by_target = resident
                 .owner()
                 .is_some_and(|owner| target_ids.contains(&owner));
+            let nearest = resident.ancestry[1..]
+                .iter()
+                .find_map(|id| root_ids.iter().position(|root| root == id));
             if let Some(disposal) = self.open_disposal(*target, ctx) {
-                if !owned_by_target {
-                    branches.push(disposal);
+                if let (false, Some(share)) = (owned_by_target, nearest) {
+                    shares[share].branches.push(disposal);
                 }
             }
         }
-        Box::pin(async move {
-            join_all(materializations).await;
-            aggregate(outcomes(branches).await)
-        })
+        self.release_shares(shares, ctx)
     }
 }
 
@@ -112,36 +139,102 @@ impl Handler<DrainAll> for ContinuationManager {
         let manager = ctx.address();
         Box::pin(async move {
             join_all(materializations).await;
-            let branches = manager.send(DrainRoots).await.unwrap_or_default();
-            aggregate(outcomes(branches).await)
+            match manager.send(DrainRoots).await {
+                Ok(released) => released.await,
+                // The manager stopped: nothing is left resident to release.
+                Err(_) => Ok(()),
+            }
         })
     }
 }
 
-/// Internal: opens every forest root's disposal (their owned children follow top-down).
+/// Internal: opens every forest root's disposal (their owned children follow top-down) and
+/// hands each host-owned parent's share to its node.
 #[derive(Message)]
-#[rtype(result = "Vec<Disposal>")]
+#[rtype(result = "BoxFuture<'static, Result<()>>")]
 struct DrainRoots;
 
 impl Handler<DrainRoots> for ContinuationManager {
     type Result = MessageResult<DrainRoots>;
 
     fn handle(&mut self, _: DrainRoots, ctx: &mut Context<Self>) -> Self::Result {
-        let mut roots: Vec<SessionId> = self
+        let mut roots: Vec<(SessionId, ParentLink)> = self
             .residents
             .iter()
             .filter(|(_, resident)| !resident.owned_by_parent)
-            .map(|(id, _)| *id)
+            .map(|(id, resident)| (*id, resident.parent.clone()))
             .collect();
-        roots.sort_unstable();
-        let mut branches: Vec<Disposal> = roots
-            .into_iter()
-            .filter_map(|root| self.open_disposal(root, ctx))
-            .collect();
+        roots.sort_unstable_by_key(|(id, _)| *id);
+        // One share per host-owned parent; a child of a parent on another node has none.
+        let mut shares: Vec<Share> = Vec::new();
+        let share_of = |parent: SessionId, shares: &mut Vec<Share>| {
+            shares
+                .iter()
+                .position(|share| share.parent == parent)
+                .unwrap_or_else(|| {
+                    shares.push(Share {
+                        parent,
+                        admitted: Vec::new(),
+                        branches: Vec::new(),
+                    });
+                    shares.len() - 1
+                })
+        };
+        let mut unowned = Vec::new();
+        for (root, parent) in roots {
+            let Some(disposal) = self.open_disposal(root, ctx) else {
+                continue;
+            };
+            match parent {
+                ParentLink::Local(parent) => {
+                    let share = share_of(parent.id(), &mut shares);
+                    shares[share].branches.push(disposal);
+                }
+                ParentLink::Remote(_) => unowned.push(disposal),
+            }
+        }
         // Children placed on other nodes: those of resident parents are in the branches
-        // already (memoized), those of host-owned parents are released here.
-        branches.extend(self.release_remote_below(None, ctx));
-        MessageResult(branches)
+        // already (memoized), those of host-owned parents join their parent's share.
+        let mut placed: Vec<(SessionId, SessionId)> = self
+            .remote_children
+            .iter()
+            .map(|(child, record)| (*child, record.parent.id()))
+            .collect();
+        placed.sort_unstable();
+        for (child, parent) in placed {
+            if let Some(release) = self.release_remote(child, ctx) {
+                let share = share_of(parent, &mut shares);
+                shares[share].branches.push(release);
+            }
+        }
+        let released = self.release_shares(shares, ctx);
+        MessageResult(
+            async move {
+                let mut outcomes = outcomes(unowned).await;
+                outcomes.push(released.await);
+                aggregate(outcomes)
+            }
+            .boxed(),
+        )
+    }
+}
+
+/// A host-owned parent's ownership node reports a release carried out: its node may stop once
+/// the parent has neither a resident child nor another release in flight.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct OwnerReleased {
+    pub(crate) parent: SessionId,
+}
+
+impl Handler<OwnerReleased> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: OwnerReleased, _: &mut Context<Self>) {
+        if let Some(record) = self.owners.get_mut(&msg.parent) {
+            record.releasing = record.releasing.saturating_sub(1);
+        }
+        self.forget_owner_if_idle(msg.parent);
     }
 }
 
@@ -155,5 +248,18 @@ impl Handler<ResidentCount> for ContinuationManager {
 
     fn handle(&mut self, _: ResidentCount, _: &mut Context<Self>) -> usize {
         self.residents.len()
+    }
+}
+
+/// How many host-owned parents have an ownership node now (for tests).
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub(crate) struct OwnerNodeCount;
+
+impl Handler<OwnerNodeCount> for ContinuationManager {
+    type Result = usize;
+
+    fn handle(&mut self, _: OwnerNodeCount, _: &mut Context<Self>) -> usize {
+        self.owners.len()
     }
 }

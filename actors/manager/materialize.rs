@@ -189,6 +189,9 @@ impl Handler<Install> for ContinuationManager {
             }
             _ => false,
         };
+        if let (false, ParentLink::Local(agent)) = (owned_by_parent, &parent) {
+            self.owner_node(agent.id(), ctx).residents += 1;
+        }
         child.observe(self.activity_observer(ctx), budget.clone());
         let activation = Activation::new(handle, boundary).start();
         let mut ancestry = Vec::with_capacity(lineage.len() + 1);
@@ -280,6 +283,11 @@ impl Handler<Finished> for ContinuationManager {
                 parent.disown(&msg.child);
                 self.evaluate(owner, ctx);
             }
+        } else if let ParentLink::Local(parent) = &resident.parent {
+            if let Some(record) = self.owners.get_mut(&parent.id()) {
+                record.residents = record.residents.saturating_sub(1);
+            }
+            self.forget_owner_if_idle(parent.id());
         }
         let last_assistant_message = terminal.output.filter(|output| !output.is_empty());
         self.events.emit(&SubagentEvent::End(SubagentRunEndInfo {

@@ -29,20 +29,28 @@
 //! the manager removes the Activation, sends the parent its settled notice **before** releasing
 //! the ownership that lets the parent settle, and emits `subagent/end`.
 //!
+//! # Parents
+//! A child's parent is its durable direct parent **session** (`header.parentSession`): the
+//! authority checks compare sessions, so a parent disposed and resumed while its child runs is
+//! the same parent, and the child's reports and settled notice reach whichever agent of the
+//! session is live (or, for a notice while none is, its stored inbox; see `parent.rs`).
+//!
 //! # Host-owned parents
-//! The design card draws a host-owned parent (one that is not itself a continuable child) as
-//! an `OwnerNode` actor holding its continuable children and its drain cutoff. Here that node
-//! is the manager's own record: its children are the residents whose `owner` is `None` and
-//! whose `parent` is that exact agent, and its cutoff is a [`ClosingScope`] keyed by its id.
-//! Admission, authority and the cutoff must be decided in the one handler above, with no await;
-//! a separate actor would have to be mirrored here anyway, and its own state could only lag
-//! this one.
+//! A host-owned parent (one that is not itself a continuable child) has an [`OwnerNode`]
+//! actor while it has resident continuable children or a release in flight, as the design card
+//! draws it. The decisions stay here, in the one handler above, with no await: admission,
+//! authority, the drain's cutoff (a [`ClosingScope`] keyed by the parent's id) and opening each
+//! disposal top-down. The node carries out what takes time, as an [`Activation`] carries out an
+//! epoch's teardown: it waits for the creations admitted below its parent, then for each
+//! branch to be released child first, and reports back. The manager starts it with the
+//! parent's first resident child and lets it stop with the last.
 //!
 //! # Files
 //! This file holds the manager's state and the decisions every operation shares (admission,
-//! submission, settlement, disposal, the settled notice); `materialize.rs` the fresh start and
+//! submission, settlement, disposal, the ownership nodes); `materialize.rs` the fresh start and
 //! the install-then-submit sequence, `followup.rs` routing by residency and the cold resume,
-//! `control.rs` interrupts and reports, `drain.rs` the drains.
+//! `control.rs` interrupts and reports, `parent.rs` the notices and reports that reach a
+//! parent session, `drain.rs` the drains, `remote.rs` the cluster's side.
 
 mod control;
 mod drain;
@@ -54,7 +62,7 @@ mod remote;
 pub(crate) use control::{
     authorize_absent, Interrupt, InterruptAbsent, InterruptRouted, ReportFrom,
 };
-pub(crate) use drain::{DrainAll, DrainDescendants, ResidentCount};
+pub(crate) use drain::{DrainAll, DrainDescendants, OwnerNodeCount, OwnerReleased, ResidentCount};
 use materialize::Finished;
 pub(crate) use materialize::{Delivery, StartContinuable};
 pub(crate) use remote::{ask_interrupt, delivery_handler, route_followup};
@@ -69,6 +77,7 @@ use tokio_util::sync::CancellationToken;
 use crate::actors::activation::{Activation, Disposal, Teardown, Terminal, RELEASES_AT_ONCE};
 use crate::actors::agent::{Activity, ActivityObserver, AgentRef, InboxPolicy, PostTarget, Wake};
 use crate::actors::agents::Agents;
+use crate::actors::owner::{OwnerNode, ReleaseChildren};
 use crate::actors::service::{LookupContinuable, SubagentService};
 use crate::cluster::{ClusterLink, NodeId};
 use crate::content::{ContentBlock, Message, MessageSource};
@@ -94,7 +103,7 @@ use crate::seam::{
 use crate::session::{CancelCause, InboxTarget, SessionLog};
 
 /// Something in flight that others wait for; resolves when it is over, whatever its outcome.
-type Signal = Shared<BoxFuture<'static, ()>>;
+pub(crate) type Signal = Shared<BoxFuture<'static, ()>>;
 
 fn signal() -> (tokio::sync::oneshot::Sender<()>, Signal) {
     let (done, over) = tokio::sync::oneshot::channel::<()>();
@@ -113,6 +122,16 @@ struct Materialization {
     /// The lineage below which it runs (its parent, then the parent's ancestors).
     lineage: Vec<SessionId>,
     over: Signal,
+}
+
+/// A host-owned parent's ownership node, while the parent has resident children or a release
+/// in flight.
+struct OwnerRecord {
+    node: Addr<OwnerNode>,
+    /// Its resident continuable children.
+    residents: usize,
+    /// Releases handed to the node and not yet reported back.
+    releasing: usize,
 }
 
 /// A scoped drain's cutoff: admission is closed below `root` until it leaves the registry.
@@ -297,6 +316,8 @@ pub(crate) struct ContinuationManager {
     /// where one each would hold a manager address apiece (a few allocations per child).
     /// Dropped when no child is resident, so the manager never keeps its own address alive.
     activity: Option<ActivityObserver>,
+    /// The ownership nodes of host-owned parents (see [`OwnerNode`]).
+    owners: HashMap<SessionId, OwnerRecord>,
     /// This runtime's cluster, when it joined one.
     cluster: Option<ClusterLink>,
     /// Children this runtime's parents placed on other nodes.
@@ -368,11 +389,48 @@ impl ContinuationManager {
             materializations: HashMap::new(),
             resuming: HashMap::new(),
             interrupts: HashMap::new(),
+            owners: HashMap::new(),
             closing: HashMap::new(),
             draining: false,
             next_materialization: 0,
             releases: Arc::new(tokio::sync::Semaphore::new(RELEASES_AT_ONCE)),
         }
+    }
+
+    /// The ownership node of host-owned parent `parent`, started if it has none.
+    fn owner_node(&mut self, parent: SessionId, ctx: &Context<Self>) -> &mut OwnerRecord {
+        self.owners.entry(parent).or_insert_with(|| OwnerRecord {
+            node: OwnerNode::new(parent, ctx.address().downgrade()).start(),
+            residents: 0,
+            releasing: 0,
+        })
+    }
+
+    /// Lets `parent`'s node stop once it has neither a resident child nor a release in
+    /// flight (its only strong address is the manager's).
+    fn forget_owner_if_idle(&mut self, parent: SessionId) {
+        if self
+            .owners
+            .get(&parent)
+            .is_some_and(|record| record.residents == 0 && record.releasing == 0)
+        {
+            self.owners.remove(&parent);
+        }
+    }
+
+    /// Hands the release of `branches` (opened already), after `admitted`, to host-owned
+    /// parent `parent`'s node; the future answers the node's combined outcome.
+    fn release_through_owner(
+        &mut self,
+        parent: SessionId,
+        admitted: Vec<Signal>,
+        branches: Vec<Disposal>,
+        ctx: &Context<Self>,
+    ) -> BoxFuture<'static, Result<()>> {
+        let record = self.owner_node(parent, ctx);
+        record.releasing += 1;
+        let released = record.node.send(ReleaseChildren { admitted, branches });
+        async move { released.await.unwrap_or_else(|error| Err(error.into())) }.boxed()
     }
 
     /// `agent`, then its ancestors as far as they can be read without waiting: the header's
