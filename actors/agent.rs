@@ -360,16 +360,22 @@ impl AgentActor {
         Ok(())
     }
 
-    /// A durable write failed: refuse new work, end the running turn (its end reason is the
-    /// fault, see the driver), and report it.
+    /// The log could not journal what the agent did: refuse new work, end the running turn
+    /// (its end reason is the fault, see the driver), and report it.
     fn fault(&mut self, error: SubagentError) {
-        if let Some(cancel) = self.state.faulted(error.clone()) {
+        self.stop_for_fault(error.clone());
+        self.emit(AgentEventKind::Faulted { error });
+    }
+
+    /// A write failed: refuse new work and end the running turn. A durable write's failure is
+    /// reported by the log's fault hook itself (see [`Faulted`]), whatever the actor's state.
+    fn stop_for_fault(&mut self, error: SubagentError) {
+        if let Some(cancel) = self.state.faulted(error) {
             // The log records why the turn stopped; its end reason is the fault itself.
             cancel.cancel(CancelCause::Hook {
                 reason: "a durable write of this session failed".into(),
             });
         }
-        self.emit(AgentEventKind::Faulted { error });
         self.notify(Activity::Faulted);
     }
 
@@ -655,8 +661,9 @@ impl Handler<Retire> for AgentActor {
     }
 }
 
-/// Internal, sent by the log's write-behind: a durable write failed (`do_send`; a stopped
-/// agent has nothing left to fault).
+/// Internal, sent by the log's write-behind: a durable write failed, and the agent stops taking
+/// work (`do_send`; a stopped agent has nothing left to fault). The fault hook that sends it
+/// has emitted `agent/faulted` already.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Faulted(pub(crate) SubagentError);
@@ -665,7 +672,7 @@ impl Handler<Faulted> for AgentActor {
     type Result = ();
 
     fn handle(&mut self, msg: Faulted, _: &mut Context<Self>) {
-        self.fault(msg.0);
+        self.stop_for_fault(msg.0);
     }
 }
 

@@ -36,7 +36,8 @@ use actix::prelude::*;
 
 use crate::actors::agent::{AgentActor, AgentRef, Faulted, Retire};
 use crate::actors::registry::{
-    Abandon, AgentRegistry, Close, Exact, ListLive, Lookup, Publish, Reserve, Roots,
+    Abandon, AgentRegistry, Close, Exact, ListLive, Lookup, Publish, Purpose, Reserve, Reserved,
+    Roots,
 };
 use crate::actors::workers::WorkerPool;
 use crate::content::Message;
@@ -94,6 +95,9 @@ enum Registration {
     /// Already reserved under this incarnation (a resume reserves before it takes the lease).
     Reserved(u64),
 }
+
+/// How many times a reservation waits out a transient holder of its id before giving up.
+const RESERVE_ATTEMPTS: usize = 64;
 
 /// A staged agent: everything built, nothing published.
 struct Staged {
@@ -239,13 +243,8 @@ impl Agents {
             registry: &self.shared.registry,
             agent: Some((request.id, incarnation)),
         };
-        self.shared
-            .registry
-            .send(Reserve {
-                agent: (request.id, incarnation),
-                owner: None,
-            })
-            .await??;
+        self.reserve((request.id, incarnation), Purpose::Resume)
+            .await?;
         let lease = LeaseGuard::acquire(&store, request.id, &self.shared.holder).await?;
         let stored = store.prepare(request.id, Some(lease.lease.epoch)).await?;
         let stored_len =
@@ -302,13 +301,7 @@ impl Agents {
             registry: &self.shared.registry,
             agent: Some((id, incarnation)),
         };
-        self.shared
-            .registry
-            .send(Reserve {
-                agent: (id, incarnation),
-                owner: None,
-            })
-            .await??;
+        self.reserve((id, incarnation), Purpose::Write).await?;
         let lease = LeaseGuard::acquire(&store, id, &self.shared.holder).await?;
         let epoch = lease.lease.epoch;
         let stored = store.prepare(id, Some(epoch)).await?;
@@ -328,6 +321,38 @@ impl Agents {
         // Released here rather than by the guard's task: a resume right after must find it free.
         store.release_lease(id, lease.hand_over().epoch).await?;
         Ok(message_id)
+    }
+
+    /// Reserves `agent`'s id without an owner for `purpose`, waiting out a creation, resume or
+    /// write that holds it for a moment.
+    ///
+    /// # Errors
+    /// As [`Reserve`]: `DUPLICATE_AGENT` once an agent of the session is live.
+    async fn reserve(&self, agent: Exact, purpose: Purpose) -> Result<()> {
+        // Each wait follows another caller finishing with the id: a bound only guards against a
+        // livelock of endless contenders.
+        for _ in 0..RESERVE_ATTEMPTS {
+            let reserved = self
+                .shared
+                .registry
+                .send(Reserve {
+                    agent,
+                    owner: None,
+                    purpose,
+                })
+                .await??;
+            match reserved {
+                Reserved::Done => return Ok(()),
+                // A dropped sender means the registry stopped: asking again says so.
+                Reserved::Busy(freed) => {
+                    let _ = freed.await;
+                }
+            }
+        }
+        Err(SubagentError::new(
+            ErrorCode::DuplicateAgent,
+            format!("agent {} stayed busy with other creations", agent.0),
+        ))
     }
 
     fn next_incarnation(&self) -> u64 {
@@ -372,13 +397,22 @@ impl Agents {
         // (one registry round trip a creation instead of two); a refusal then (`DRAINING`, an
         // owner gone or retiring) unwinds what was built, as a refused publication does.
         if registration == Registration::ReserveFirst {
-            self.shared
+            let reserved = self
+                .shared
                 .registry
                 .send(Reserve {
                     agent: (id, incarnation),
                     owner: owner_exact,
+                    purpose: Purpose::Create,
                 })
                 .await??;
+            if let Reserved::Busy(_) = reserved {
+                // A stored session being written: its id is taken all the same.
+                return Err(SubagentError::new(
+                    ErrorCode::DuplicateAgent,
+                    format!("agent {id} is being written"),
+                ));
+            }
         }
         let attachment = match (&self.shared.env.store, resumed, deferred) {
             (Some(_), Some((stored_len, lease)), _) => Some((stored_len, Some(lease))),
@@ -432,6 +466,7 @@ impl Agents {
         }
         if let (Some(store), Some((next_seq, lease))) = (&self.shared.env.store, attachment) {
             let faulted = addr.downgrade();
+            let events = Arc::clone(&self.shared.env.events);
             let attachment = match (lease, deferred) {
                 // From here the writer owns the lease: it renews it and releases it on close.
                 (Some(lease), _) => Attachment::Stored {
@@ -451,6 +486,14 @@ impl Agents {
                 Arc::clone(store),
                 attachment,
                 Box::new(move |error| {
+                    // Reported here, once, whatever the actor's state: a fault during the
+                    // agent's release (its actor stopping or gone) is still heard.
+                    events.emit(&AgentEvent {
+                        agent: id,
+                        kind: AgentEventKind::Faulted {
+                            error: error.clone(),
+                        },
+                    });
                     if let Some(addr) = faulted.upgrade() {
                         addr.do_send(Faulted(error));
                     }

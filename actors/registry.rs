@@ -40,6 +40,9 @@ struct Slot {
 enum SlotState {
     /// A creation in progress.
     Reserved,
+    /// A write into the stored session while no agent of it is live (a settled notice for a
+    /// parent that is away): held briefly, and waited out by a resume rather than refused.
+    Writing,
     /// Published; the handle shares its disposal with every other handle of the agent.
     Live { handle: AgentHandle, retiring: bool },
 }
@@ -50,6 +53,9 @@ pub struct AgentRegistry {
     slots: FastHashMap<SessionId, Box<Slot>>,
     /// Set by shutdown: new reservations are refused.
     closing: bool,
+    /// Callers waiting for a transient slot (a creation or a write in progress) to become
+    /// live or free: kept apart, since almost no slot ever has one.
+    waiting: FastHashMap<SessionId, Vec<tokio::sync::oneshot::Sender<()>>>,
     /// Shutdown waits here until no creation is in progress.
     settled: Vec<tokio::sync::oneshot::Sender<()>>,
     events: Arc<EventBus<AgentEvent>>,
@@ -75,6 +81,7 @@ impl AgentRegistry {
         Self {
             slots: FastHashMap::default(),
             closing: false,
+            waiting: FastHashMap::default(),
             settled: Vec::new(),
             events,
         }
@@ -83,8 +90,16 @@ impl AgentRegistry {
     fn reserved(&self) -> usize {
         self.slots
             .values()
-            .filter(|slot| matches!(slot.state, SlotState::Reserved))
+            .filter(|slot| matches!(slot.state, SlotState::Reserved | SlotState::Writing))
             .count()
+    }
+
+    /// Tells whoever waits on `id` that its slot changed (it became live, or it is free).
+    fn wake_waiting(&mut self, id: SessionId) {
+        for waiter in self.waiting.remove(&id).unwrap_or_default() {
+            // A waiter that stopped listening needs no answer.
+            let _ = waiter.send(());
+        }
     }
 
     fn notify_if_settled(&mut self) {
@@ -117,18 +132,33 @@ impl AgentRegistry {
         }
     }
 
-    fn reserve(&mut self, (id, incarnation): Exact, owner: Option<Exact>) -> Result<()> {
+    fn reserve(
+        &mut self,
+        (id, incarnation): Exact,
+        owner: Option<Exact>,
+        purpose: Purpose,
+    ) -> Result<Reserved> {
         if self.closing {
             return Err(SubagentError::new(
                 ErrorCode::Draining,
                 "the runtime is shutting down: no agent can be created",
             ));
         }
-        if self.slots.contains_key(&id) {
-            return Err(SubagentError::new(
-                ErrorCode::DuplicateAgent,
-                format!("agent {id} is already live"),
-            ));
+        if let Some(slot) = self.slots.get(&id) {
+            let passing = match slot.state {
+                SlotState::Writing => true,
+                SlotState::Reserved => purpose != Purpose::Create,
+                SlotState::Live { .. } => false,
+            };
+            if !passing {
+                return Err(SubagentError::new(
+                    ErrorCode::DuplicateAgent,
+                    format!("agent {id} is already live"),
+                ));
+            }
+            let (freed, wait) = tokio::sync::oneshot::channel();
+            self.waiting.entry(id).or_default().push(freed);
+            return Ok(Reserved::Busy(wait));
         }
         if let Some(owner) = owner {
             self.admit_child(owner)?;
@@ -142,10 +172,13 @@ impl AgentRegistry {
                 incarnation,
                 owner: owner.map(|(owner, _)| owner),
                 children: BTreeSet::new(),
-                state: SlotState::Reserved,
+                state: match purpose {
+                    Purpose::Write => SlotState::Writing,
+                    Purpose::Create | Purpose::Resume => SlotState::Reserved,
+                },
             }),
         );
-        Ok(())
+        Ok(Reserved::Done)
     }
 
     /// Makes a reserved id live, if its owner (when it has one) still takes children;
@@ -186,6 +219,7 @@ impl AgentRegistry {
                         retiring: false,
                     };
                 }
+                self.wake_waiting(exact.0);
             }
             Err(ref error) => {
                 // With a `do_send` publication nobody hears this reply: say it here.
@@ -213,6 +247,7 @@ impl AgentRegistry {
                 kind: AgentEventKind::Disposed,
             });
         }
+        self.wake_waiting(id);
         self.notify_if_settled();
         Some(slot)
     }
@@ -239,7 +274,7 @@ impl AgentRegistry {
     fn abandon(&mut self, exact: Exact) {
         match self.slots.get(&exact.0) {
             Some(slot) if slot.incarnation == exact.1 => match &slot.state {
-                SlotState::Reserved => {
+                SlotState::Reserved | SlotState::Writing => {
                     self.remove(exact);
                 }
                 SlotState::Live { handle, .. } => {
@@ -258,7 +293,7 @@ impl AgentRegistry {
     fn live_handle(&self, id: SessionId) -> Option<AgentHandle> {
         match &self.slots.get(&id)?.state {
             SlotState::Live { handle, .. } => Some(handle.clone()),
-            SlotState::Reserved => None,
+            SlotState::Reserved | SlotState::Writing => None,
         }
     }
 
@@ -275,21 +310,46 @@ impl AgentRegistry {
     }
 }
 
-/// Reserves an id for a creation in progress, recording its edge to `owner`. Replies
-/// `DRAINING` during shutdown, `DUPLICATE_AGENT` when the id is taken, `AGENT_DISPOSED` when
-/// the owner is not exactly live or is retiring.
+/// What an id is reserved for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// A creation under a caller's id: an id taken in any way is `DUPLICATE_AGENT`.
+    Create,
+    /// A resume: an id held only for a moment (another creation or resume, a write) is waited
+    /// out, so a losing resume hears `DUPLICATE_AGENT` only once the winner is live.
+    Resume,
+    /// A write into the stored session while no agent of it is live: waits as a resume does,
+    /// and is itself waited out by every reservation.
+    Write,
+}
+
+/// Whether a reservation was made.
+#[derive(Debug)]
+pub(crate) enum Reserved {
+    /// The id is reserved.
+    Done,
+    /// The id is held for a moment: resolves when its slot becomes live or free, for the
+    /// caller to ask again.
+    Busy(tokio::sync::oneshot::Receiver<()>),
+}
+
+/// Reserves an id for `purpose`, recording its edge to `owner`. Replies `DRAINING` during
+/// shutdown, `DUPLICATE_AGENT` when the id is taken (for a creation, or live), `AGENT_DISPOSED`
+/// when the owner is not exactly live or is retiring, and [`Reserved::Busy`] when the caller is
+/// to wait and ask again.
 #[derive(Message)]
-#[rtype(result = "Result<()>")]
+#[rtype(result = "Result<Reserved>")]
 pub(crate) struct Reserve {
     pub(crate) agent: Exact,
     pub(crate) owner: Option<Exact>,
+    pub(crate) purpose: Purpose,
 }
 
 impl Handler<Reserve> for AgentRegistry {
-    type Result = Result<()>;
+    type Result = Result<Reserved>;
 
     fn handle(&mut self, msg: Reserve, _: &mut Context<Self>) -> Self::Result {
-        self.reserve(msg.agent, msg.owner)
+        self.reserve(msg.agent, msg.owner, msg.purpose)
     }
 }
 
@@ -313,7 +373,14 @@ impl Handler<Publish> for AgentRegistry {
     fn handle(&mut self, msg: Publish, _: &mut Context<Self>) -> Self::Result {
         if !msg.reserved {
             let agent = msg.handle.agent();
-            self.reserve((agent.id(), agent.incarnation()), msg.owner)?;
+            // A minted id: nothing else can hold it, so it is never busy.
+            if let Reserved::Busy(_) = self.reserve(
+                (agent.id(), agent.incarnation()),
+                msg.owner,
+                Purpose::Create,
+            )? {
+                return Err(SubagentError::bug("a minted id was found busy"));
+            }
         }
         self.publish(msg.handle, msg.owner, msg.cancel.as_ref())
     }

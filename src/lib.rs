@@ -55,6 +55,7 @@
 
 #[path = "../actors/mod.rs"]
 pub mod actors;
+pub mod check;
 pub mod cluster;
 pub mod content;
 pub mod error;

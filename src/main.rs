@@ -38,6 +38,12 @@ enum Command {
     Load(Box<cli::load::LoadArgs>),
     /// Run an agent that calls a tool, in a sled store, and print its session log and answer.
     Demo(DemoArgs),
+    /// Run the history checker: seeded random schedules over a forest of continuable children
+    /// (starts, follow-ups, interrupts, reports, drains, parents disposed and resumed, store
+    /// faults, reopens), each history checked for exactly-once delivery, FIFO, one Activation
+    /// per child, one notice per epoch, no ghost, durable answers and nothing left live. A
+    /// failing schedule is shrunk and printed with the command that replays it; exit code 1.
+    Check(cli::check::CheckArgs),
     /// Print the durable forest of delegated children in a store (id, mode, activity, label,
     /// indented by depth), or JSON with `--json`.
     Tree(cli::tree::TreeArgs),
@@ -142,6 +148,8 @@ enum Failure {
     Error(SubagentError),
     /// A load run that did not verify: its report says which check failed; exit code 1.
     Unverified,
+    /// The history checker found anomalies: its output names them; exit code 1.
+    Anomalies,
 }
 
 impl From<SubagentError> for Failure {
@@ -164,19 +172,28 @@ impl From<std::io::Error> for Failure {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The history checker injects store faults on purpose: what the runtime logs about them
+    // is noise there, unless asked for with RUST_LOG.
+    let filter = match (&cli.command, std::env::var_os("RUST_LOG")) {
+        (Command::Check(_), None) => tracing_subscriber::EnvFilter::new("off"),
+        _ => tracing_subscriber::EnvFilter::from_default_env(),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // A closed stderr (`2>&1 | head`) must not turn every later log line into a panic.
         .log_internal_errors(false)
         .init();
-    let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Demo(args) => DemoPlan::from_args(args)
             .map_err(Failure::from)
             .and_then(|plan| actix::System::new().block_on(run_demo(plan))),
         Command::Load(args) => buffered(|out| {
             actix::System::new().block_on(async move { cli::load::run(*args, out).await })
+        }),
+        Command::Check(args) => buffered(|out| {
+            actix::System::new().block_on(async move { cli::check::run(args, out).await })
         }),
         Command::Tree(args) => buffered(|out| {
             actix::System::new().block_on(async move { cli::tree::run(args, out).await })
@@ -197,6 +214,13 @@ fn main() -> ExitCode {
             let _ = writeln!(
                 std::io::stderr(),
                 "error: the load run did not verify (see the report)"
+            );
+            ExitCode::from(1)
+        }
+        Err(Failure::Anomalies) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: the history checker found anomalies (see the output)"
             );
             ExitCode::from(1)
         }

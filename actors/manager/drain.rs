@@ -208,10 +208,13 @@ impl Handler<DrainRoots> for ContinuationManager {
             }
         }
         let released = self.release_shares(shares, ctx);
+        // Notices of children released before this drain that are still on their way.
+        let notices: Vec<Signal> = self.notices.values().cloned().collect();
         MessageResult(
             async move {
                 let mut outcomes = outcomes(unowned).await;
                 outcomes.push(released.await);
+                join_all(notices).await;
                 aggregate(outcomes)
             }
             .boxed(),

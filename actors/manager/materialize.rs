@@ -256,28 +256,32 @@ impl Handler<Rollback> for ContinuationManager {
 }
 
 /// Internal: an epoch's teardown is over. Removes the Activation, sends the settled notice,
-/// releases ownership, emits `subagent/end`; answers the teardown failure.
+/// releases ownership, emits `subagent/end`; answers the teardown failure, and the notice's
+/// delivery for the disposal to await.
 #[derive(Message)]
-#[rtype(result = "Result<()>")]
+#[rtype(result = "(Result<()>, Option<BoxFuture<'static, ()>>)")]
 pub(super) struct Finished {
     pub(super) child: SessionId,
     pub(super) terminal: Terminal,
 }
 
 impl Handler<Finished> for ContinuationManager {
-    type Result = Result<()>;
+    type Result = MessageResult<Finished>;
 
-    fn handle(&mut self, msg: Finished, ctx: &mut Context<Self>) -> Result<()> {
+    fn handle(&mut self, msg: Finished, ctx: &mut Context<Self>) -> Self::Result {
         let Some(resident) = self.residents.remove(&msg.child) else {
-            return Ok(());
+            return MessageResult((Ok(()), None));
         };
         if self.residents.is_empty() {
             self.activity = None;
         }
         let terminal = msg.terminal;
-        if resident.announced {
-            self.notify_settlement(&resident, &terminal, ctx);
-        }
+        let notice = if resident.announced {
+            self.notify_settlement(&resident, &terminal, ctx)
+                .map(|delivery| self.track_notice(delivery, ctx))
+        } else {
+            None
+        };
         if let Some(owner) = resident.owner() {
             if let Some(parent) = self.residents.get_mut(&owner) {
                 parent.disown(&msg.child);
@@ -295,7 +299,7 @@ impl Handler<Finished> for ContinuationManager {
             stop_reason: terminal.stop_reason,
             last_assistant_message,
         }));
-        terminal.failure.map_or(Ok(()), Err)
+        MessageResult((terminal.failure.map_or(Ok(()), Err), notice))
     }
 }
 

@@ -307,6 +307,10 @@ pub(crate) struct ContinuationManager {
     /// Authorized interrupts of children whose cold resume is in flight: each reaches the
     /// turn its resume opens, as the resume submits its message.
     interrupts: HashMap<SessionId, CancelCause>,
+    /// Settled notices on their way to a parent session whose child's record is gone already:
+    /// shutdown waits for them, so none is cut off by the registry closing.
+    notices: HashMap<u64, Signal>,
+    next_notice: u64,
     closing: HashMap<SessionId, ClosingScope>,
     draining: bool,
     next_materialization: u64,
@@ -389,6 +393,8 @@ impl ContinuationManager {
             materializations: HashMap::new(),
             resuming: HashMap::new(),
             interrupts: HashMap::new(),
+            notices: HashMap::new(),
+            next_notice: 0,
             owners: HashMap::new(),
             closing: HashMap::new(),
             draining: false,
@@ -648,10 +654,16 @@ impl ContinuationManager {
                 .unwrap_or_else(|_| {
                     Terminal::failed(SubagentError::bug("an Activation stopped before teardown"))
                 });
-            let outcome = manager
-                .send(Finished { child, terminal })
-                .await
-                .unwrap_or_else(|error| Err(SubagentError::from(error)));
+            let outcome = match manager.send(Finished { child, terminal }).await {
+                Ok((outcome, notice)) => {
+                    // The epoch is over once its parent heard so (or its notice was stored).
+                    if let Some(notice) = notice {
+                        notice.await;
+                    }
+                    outcome
+                }
+                Err(error) => Err(SubagentError::from(error)),
+            };
             let _ = done.send(());
             outcome
         }
@@ -668,6 +680,41 @@ impl ContinuationManager {
             }
         });
         Some(disposal)
+    }
+}
+
+impl ContinuationManager {
+    /// Tracks a settled notice's delivery until it is over (see the `notices` field); answers
+    /// the delivery for its epoch's disposal to await.
+    fn track_notice(
+        &mut self,
+        delivery: BoxFuture<'static, ()>,
+        ctx: &Context<Self>,
+    ) -> BoxFuture<'static, ()> {
+        self.next_notice += 1;
+        let id = self.next_notice;
+        let manager = ctx.address();
+        let tracked = async move {
+            delivery.await;
+            manager.do_send(NoticeDelivered(id));
+        }
+        .boxed()
+        .shared();
+        self.notices.insert(id, tracked.clone());
+        tracked.boxed()
+    }
+}
+
+/// Internal: a tracked settled notice was delivered (or given up on, logged).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct NoticeDelivered(u64);
+
+impl Handler<NoticeDelivered> for ContinuationManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: NoticeDelivered, _: &mut Context<Self>) {
+        self.notices.remove(&msg.0);
     }
 }
 

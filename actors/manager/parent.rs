@@ -18,13 +18,16 @@ use super::*;
 const NOTICE_ATTEMPTS: usize = 16;
 
 impl ContinuationManager {
-    /// Delivers the settled notice for a finished epoch to the child's durable parent.
+    /// Delivers the settled notice for a finished epoch to the child's durable parent: the
+    /// delivery to a local parent session is answered as a future, which the epoch's disposal
+    /// awaits (a drain or shutdown is over only once every notice it caused was delivered or
+    /// stored); a parent on another node is told through the cluster.
     pub(super) fn notify_settlement(
         &mut self,
         resident: &Resident,
         terminal: &Terminal,
         ctx: &mut Context<Self>,
-    ) {
+    ) -> Option<BoxFuture<'static, ()>> {
         let child = resident.agent.id();
         let (content, source) = settled_notice(
             child,
@@ -34,23 +37,27 @@ impl ContinuationManager {
         );
         let message = Message::user(content, source);
         match &resident.parent {
-            ParentLink::Local(parent) => self.post_settled_notice(child, parent, message, ctx),
+            ParentLink::Local(parent) => {
+                Some(self.post_settled_notice(child, parent, message, ctx))
+            }
             ParentLink::Remote(remote) => {
-                self.notify_remote(remote, child, message, crate::cluster::NoticeKind::Settled)
+                self.notify_remote(remote, child, message, crate::cluster::NoticeKind::Settled);
+                None
             }
         }
     }
 
     /// Posts `child`'s settled notice to its local parent session: the parent's resident
     /// Activation, the exact agent it was materialized under while that lives, else the
-    /// session's live agent or its stored inbox (see the module docs).
+    /// session's live agent or its stored inbox (see the module docs). The first post is sent
+    /// now, in mailbox order; the returned future carries the delivery to its end.
     pub(super) fn post_settled_notice(
         &mut self,
         child: SessionId,
         captured: &AgentRef,
         message: Message,
         ctx: &mut Context<Self>,
-    ) {
+    ) -> BoxFuture<'static, ()> {
         let parent_lineage = self.lineage_of(captured);
         let closing = self.is_closing(&parent_lineage);
         // A parent whose lineage is tearing down, or whose own disposal has begun, records the
@@ -79,7 +86,7 @@ impl ContinuationManager {
         let parent = captured.id();
         let agents = self.agents.clone();
         let manager = ctx.address();
-        tokio::spawn(async move {
+        async move {
             let mut gone = None;
             if let Some((recipient, accepted)) = first {
                 match accepted.await {
@@ -99,7 +106,8 @@ impl ContinuationManager {
             if let Err(error) = deliver_to_parent_session(&agents, parent, message, gone).await {
                 tracing::warn!(%child, %parent, %error, "the settled notice could not be delivered to its parent session");
             }
-        });
+        }
+        .boxed()
     }
 
     /// Posts `child`'s report to its local parent: the parent's resident Activation when it

@@ -540,7 +540,9 @@ impl Handler<NodesGone> for ContinuationManager {
             tracing::warn!(%child, %node, "a placed child's node stopped; its parent is told it settled");
             let reason = crate::stop_reason::StopReason::Other("node-stopped".into());
             let (content, source) = settled_notice(child, &reason, None, None);
-            self.post_settled_notice(child, &parent, Message::user(content, source), ctx);
+            let delivery =
+                self.post_settled_notice(child, &parent, Message::user(content, source), ctx);
+            tokio::spawn(delivery);
             self.forget_remote(child, node, ctx);
         }
     }
@@ -785,9 +787,14 @@ impl Handler<PlacedNotice> for ContinuationManager {
         match kind {
             NoticeKind::Settled => {
                 let id = message.id;
-                self.post_settled_notice(child, &captured, message, ctx);
+                let delivery = self.post_settled_notice(child, &captured, message, ctx);
                 self.forget_remote(child, sender, ctx);
-                Ok(async move { Ok(id) }.boxed())
+                // Answered once delivered (or stored for a parent that is away).
+                Ok(async move {
+                    delivery.await;
+                    Ok(id)
+                }
+                .boxed())
             }
             NoticeKind::Report(delivery) => {
                 self.post_report(child, &captured, message, delivery, ctx)

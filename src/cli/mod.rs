@@ -1,6 +1,7 @@
 //! The command-line tool's commands other than the demo.
 
 pub(crate) mod acp_agent;
+pub(crate) mod check;
 pub(crate) mod load;
 pub(crate) mod model;
 pub(crate) mod node;

@@ -10,6 +10,7 @@ mod run;
 mod scenario;
 mod verify;
 
+pub(crate) use model::mix;
 pub use model::{delegate_directive, LoadModel, DELEGATE_TOOL, REPORT_DIRECTIVE, REPORT_TOOL};
 pub use report::{
     actor_round_trip, ChildCounts, Floors, FollowupCounts, Latencies, LatencySummary, LoadReport,

@@ -416,7 +416,9 @@ impl SessionLog {
             .as_ref()
             .is_some_and(|write_behind| write_behind.creation != Creation::Stored);
         if deferred {
-            self.drain().await
+            // The creation stores every event so far at once: its first event being written
+            // is the creation being written, whatever fails after it.
+            self.barrier_at(1, false).await
         } else {
             self.fault().map_or(Ok(()), Err)
         }
@@ -540,13 +542,19 @@ impl SessionLog {
     }
 
     async fn barrier(&self, durable: bool) -> Result<()> {
+        self.barrier_at(u64::MAX, durable).await
+    }
+
+    /// Waits until the events below `target` (at most every event committed before this call)
+    /// are written (or, `durable`, flushed).
+    async fn barrier_at(&self, target: u64, durable: bool) -> Result<()> {
         let (reply, done) = oneshot::channel();
         let resume = {
             let mut state = self.lock();
             if let Some(fault) = &state.fault {
                 return Err(SubagentError::clone(fault));
             }
-            let target = len_of(&state.events);
+            let target = len_of(&state.events).min(target);
             let Some(write_behind) = state.write_behind.as_mut() else {
                 return Ok(());
             };

@@ -110,6 +110,16 @@ impl WriteBehind {
         }
     }
 
+    /// Events below `written` are in the store: producers waiting for room go on, and every
+    /// drain they satisfy is answered now, before a later write can fail under it.
+    fn wrote(&mut self, written: u64) {
+        self.written = written;
+        self.signals.room.notify_waiters();
+        answer_barriers(&mut self.barriers, |barrier| {
+            (!barrier.durable && barrier.target <= written).then_some(Ok(()))
+        });
+    }
+
     /// Whether the session is not stored yet and nothing commits it for now: nothing is written.
     pub(super) fn uncommitted(&self) -> bool {
         matches!(self.creation, Creation::Waiting(_))
@@ -369,8 +379,7 @@ impl Writer {
             state.lease = std::num::NonZeroU64::new(lease.epoch.0);
             if let Some(write_behind) = state.write_behind.as_mut() {
                 write_behind.creation = Creation::Stored;
-                write_behind.written = count;
-                write_behind.signals.room.notify_waiters();
+                write_behind.wrote(count);
             }
         }
         Ok(())
@@ -383,8 +392,7 @@ impl Writer {
         if let Some(inner) = self.log.upgrade() {
             let mut state = lock_state(&inner);
             if let Some(write_behind) = state.write_behind.as_mut() {
-                write_behind.written = from + count;
-                write_behind.signals.room.notify_waiters();
+                write_behind.wrote(from + count);
             }
         }
         Ok(())

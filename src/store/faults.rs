@@ -18,7 +18,8 @@ use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
 
 /// A store operation that can be made to fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum StoreOperation {
     /// [`SessionPersistence::create`].
     Create,
@@ -200,6 +201,24 @@ impl SessionPersistence for FaultInjectingStore {
             .unwrap_or_else(|| {
                 self.gated(StoreOperation::Create, move || {
                     self.inner.create(header, events)
+                })
+            })
+    }
+
+    /// Atomic as the inner store's: an armed create or lease fails it before anything is
+    /// written, and a held create holds it whole.
+    fn create_leased(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+        holder: LeaseHolder,
+    ) -> BoxFuture<'_, Result<Lease>> {
+        let id = header.id;
+        self.injected(StoreOperation::Create, None)
+            .or_else(|| self.injected(StoreOperation::AcquireLease, Some(id)))
+            .unwrap_or_else(|| {
+                self.gated(StoreOperation::Create, move || {
+                    self.inner.create_leased(header, events, holder)
                 })
             })
     }

@@ -76,6 +76,40 @@ impl MemoryStore {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Stores a new session and, for `holder`, its first lease, under one lock: a creation
+    /// whose lease is refused leaves nothing stored.
+    fn write_creation(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+        holder: Option<&LeaseHolder>,
+    ) -> Result<Option<Lease>> {
+        header.validate()?;
+        check_contiguous(header.id, 0, &events)?;
+        let mut state = self.lock();
+        let MemoryState {
+            sessions, leases, ..
+        } = &mut *state;
+        if sessions.contains_key(&header.id) {
+            return Err(SubagentError::new(
+                ErrorCode::SessionExists,
+                format!("session {} is already stored", header.id),
+            ));
+        }
+        let lease = holder
+            .map(|holder| leases.acquire(header.id, holder, 0))
+            .transpose()?;
+        sessions.insert(
+            header.id,
+            Box::new(MemorySession {
+                lease: lease.map_or(0, |lease| lease.epoch.0),
+                header,
+                events,
+            }),
+        );
+        Ok(lease)
+    }
+
     fn with_session<T>(
         &self,
         id: SessionId,
@@ -93,25 +127,22 @@ impl SessionPersistence for MemoryStore {
         header: SessionHeader,
         events: Vec<Arc<SessionEvent>>,
     ) -> BoxFuture<'_, Result<()>> {
-        let outcome = header.validate().and_then(|()| {
-            check_contiguous(header.id, 0, &events)?;
-            let mut state = self.lock();
-            if state.sessions.contains_key(&header.id) {
-                return Err(SubagentError::new(
-                    ErrorCode::SessionExists,
-                    format!("session {} is already stored", header.id),
-                ));
-            }
-            state.sessions.insert(
-                header.id,
-                Box::new(MemorySession {
-                    header,
-                    events,
-                    lease: 0,
-                }),
-            );
-            Ok(())
-        });
+        Box::pin(future::ready(
+            self.write_creation(header, events, None).map(drop),
+        ))
+    }
+
+    fn create_leased(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+        holder: LeaseHolder,
+    ) -> BoxFuture<'_, Result<Lease>> {
+        let outcome = self
+            .write_creation(header, events, Some(&holder))
+            .and_then(|lease| {
+                lease.ok_or_else(|| SubagentError::bug("a leased creation granted no lease"))
+            });
         Box::pin(future::ready(outcome))
     }
 

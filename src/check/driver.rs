@@ -1,0 +1,852 @@
+//! Provides [`World`], the driver of one schedule: a runtime over a fault-injecting store, two
+//! root agents, and each operation carried out through the public API with its answer written
+//! into the [`SharedBook`]. Foreground operations are awaited (each within a deadline);
+//! background ones run on and race what follows.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio_util::sync::CancellationToken;
+
+use super::book::{Child, SharedBook};
+use super::model::{hold_marker, CheckModel};
+use super::schedule::{Authority, LetGo, Op, Pick, Sender};
+use crate::actors::agent::AgentRef;
+use crate::content::{ContentBlock, MessageSource};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::events::Subscription;
+use crate::host::{AgentHandle, Budget, CreateAgent, ResumeAgent};
+use crate::ids::SessionId;
+use crate::runtime::Runtime;
+use crate::seam::{
+    ContinuableStartSpec, FollowupOptions, InterruptAuthority, ReportDelivery, ReportOptions,
+};
+use crate::store::{MemoryStore, SharedStore, SledStore};
+use crate::testing::{FaultInjectingStore, StoreOperation};
+
+/// How long one awaited operation, a drain or a shutdown may take before it counts as hung.
+pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
+
+/// The deepest a child is started (roots are at 0).
+const MAX_DEPTH: u8 = 3;
+
+/// The store a schedule runs on.
+pub enum Backing {
+    /// In memory: the same store across a reopen.
+    Memory(Arc<MemoryStore>),
+    /// A sled directory, closed and opened again across a reopen; the last store opened on it,
+    /// watched so that it is opened again only once nothing holds it.
+    Sled(tempfile::TempDir, std::sync::Weak<SledStore>),
+}
+
+impl Backing {
+    /// Opens the store (again). A sled directory is opened once the last store on it is let
+    /// go of: an answer of `false` means it was still held (by something a shutdown left
+    /// behind) after the deadline.
+    async fn open(&mut self) -> Result<(SharedStore, bool)> {
+        match self {
+            Self::Memory(store) => Ok((Arc::clone(store) as SharedStore, true)),
+            Self::Sled(dir, last) => {
+                let began = std::time::Instant::now();
+                while last.strong_count() > 0 && began.elapsed() < DEADLINE {
+                    tokio::task::yield_now().await;
+                    if last.strong_count() > 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+                let released = last.strong_count() == 0;
+                let store = Arc::new(SledStore::open(dir.path())?);
+                *last = Arc::downgrade(&store);
+                Ok((store, released))
+            }
+        }
+    }
+}
+
+/// A root agent of the schedule: its current handle while live, and the references of its
+/// disposed incarnations (stale senders).
+struct Root {
+    id: SessionId,
+    handle: Option<AgentHandle>,
+    stale: Vec<AgentRef>,
+}
+
+/// A store fault in force for a number of operations.
+struct ActiveFault {
+    operation: StoreOperation,
+    hold: bool,
+    ops_left: u8,
+}
+
+/// What a background operation needs.
+#[derive(Clone)]
+struct Ctx {
+    rt: Runtime,
+    book: SharedBook,
+    model: CheckModel,
+}
+
+/// An operation's answer, or that the caller let go of it.
+enum Answer<T> {
+    Ok(T),
+    Err(SubagentError),
+    Unknown,
+}
+
+impl<T> From<Result<T>> for Answer<T> {
+    fn from(outcome: Result<T>) -> Self {
+        match outcome {
+            Ok(value) => Self::Ok(value),
+            Err(error) => Self::Err(error),
+        }
+    }
+}
+
+async fn yields(count: u8) {
+    for _ in 0..count {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Runs `future` as the caller would: awaiting it, firing `token` after some turns, or
+/// dropping it after some turns.
+async fn let_go<T>(
+    let_go: LetGo,
+    token: CancellationToken,
+    future: impl Future<Output = Result<T>>,
+) -> Answer<T> {
+    match let_go {
+        LetGo::Never => future.await.into(),
+        LetGo::Cancel(turns) => {
+            tokio::spawn(async move {
+                yields(turns).await;
+                token.cancel();
+            });
+            future.await.into()
+        }
+        LetGo::Drop(turns) => {
+            tokio::select! {
+                biased;
+                outcome = future => outcome.into(),
+                () = yields(turns) => Answer::Unknown,
+            }
+        }
+    }
+}
+
+/// The refusals any operation may meet in a healthy schedule; with store faults, also those a
+/// failed or lost write explains.
+fn refusal_expected(code: ErrorCode, faults: bool) -> bool {
+    matches!(
+        code,
+        ErrorCode::Draining
+            | ErrorCode::Unauthorized
+            | ErrorCode::ActivationClosing
+            | ErrorCode::AgentDisposed
+            | ErrorCode::Cancelled
+            | ErrorCode::BudgetExhausted
+            | ErrorCode::ParentUnavailable
+            | ErrorCode::DuplicateAgent
+    ) || (faults
+        && matches!(
+            code,
+            ErrorCode::StoreIo
+                | ErrorCode::AgentFaulted
+                | ErrorCode::PersistenceUnavailable
+                | ErrorCode::ActivationTeardownFailed
+                | ErrorCode::NotResumable
+                | ErrorCode::SessionNotFound
+        ))
+}
+
+fn text(value: String) -> Vec<ContentBlock> {
+    vec![ContentBlock::text(value)]
+}
+
+impl Ctx {
+    /// Notes `error` from `what`, an anomaly unless it is a refusal the schedule explains.
+    fn refused(&self, what: &str, error: &SubagentError) {
+        tracing::debug!(target: "subagents::check", %error, "{what} was refused");
+        let mut book = self.book.lock();
+        if !refusal_expected(error.code(), book.faults_seen) {
+            book.anomaly("unexpected-error", format!("{what}: {error}"));
+        }
+    }
+
+    async fn start(
+        self,
+        parent: AgentRef,
+        depth: u8,
+        fork: bool,
+        hold: bool,
+        budget: Option<u8>,
+        how: LetGo,
+    ) {
+        let prompt = match hold {
+            true => format!("work {}", hold_marker(self.model.new_gate())),
+            false => "work".to_owned(),
+        };
+        let token = CancellationToken::new();
+        let provider = if fork { "fork" } else { "spawn" };
+        let mut spec = ContinuableStartSpec::new(provider, "checked child", &parent, text(prompt))
+            .cancel(token.clone());
+        if let Some(turns) = budget {
+            spec = spec.budget(Budget::unlimited().turns(u64::from(turns)));
+        }
+        let started = self.rt.subagents().start_continuable(spec);
+        match let_go(how, token, started).await {
+            Answer::Ok(started) => {
+                tracing::debug!(target: "subagents::check", child = %started.child_id, parent = %parent.id(), message = %started.message_id, "started");
+                let mut book = self.book.lock();
+                book.children.push(Child {
+                    id: started.child_id,
+                    parent: parent.id(),
+                    depth,
+                });
+                book.accept(started.message_id, started.child_id, true);
+            }
+            Answer::Err(error) => self.refused("a start", &error),
+            Answer::Unknown => {
+                *self
+                    .book
+                    .lock()
+                    .unknown_starts
+                    .entry(parent.id())
+                    .or_default() += 1;
+            }
+        }
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one operation's whole description"
+    )]
+    async fn followups(
+        self,
+        sender: AgentRef,
+        child: SessionId,
+        burst: u8,
+        hold: bool,
+        raise: bool,
+        how: LetGo,
+        entitled: bool,
+        sequential: bool,
+    ) {
+        let sends = (0..burst).map(|index| {
+            let prompt = match hold && index == 0 {
+                true => format!("more {}", hold_marker(self.model.new_gate())),
+                false => "more".to_owned(),
+            };
+            let token = CancellationToken::new();
+            let mut options = FollowupOptions::new(MessageSource::User).cancel(token.clone());
+            if raise {
+                options = options.budget(Budget::unlimited().turns(64));
+            }
+            let sent = self
+                .rt
+                .subagents()
+                .followup(&sender, child, text(prompt), options);
+            let_go(how, token, sent)
+        });
+        let answers = join_all(sends).await;
+        for answer in answers {
+            match answer {
+                Answer::Ok(message) if !entitled => self.book.lock().anomaly(
+                    "authority",
+                    format!(
+                        "a follow-up to {child} from {} (not its live parent) was accepted as {message}",
+                        sender.id()
+                    ),
+                ),
+                Answer::Ok(message) => {
+                    tracing::debug!(target: "subagents::check", %child, %message, "follow-up accepted");
+                    self.book
+                        .lock()
+                        .accept(message, child, sequential && burst == 1)
+                }
+                Answer::Err(error) => self.refused("a follow-up", &error),
+                Answer::Unknown => {}
+            }
+        }
+    }
+}
+
+/// The driver of one schedule.
+pub(crate) struct World {
+    ctx: Ctx,
+    backing: Backing,
+    faults: Arc<FaultInjectingStore>,
+    _listening: [Subscription; 2],
+    roots: Vec<Root>,
+    background: Vec<tokio::task::JoinHandle<()>>,
+    active: Vec<ActiveFault>,
+}
+
+/// A runtime over `store` behind a fault injector, with the in-process providers.
+async fn open_runtime(
+    store: SharedStore,
+    model: &CheckModel,
+) -> Result<(Runtime, Arc<FaultInjectingStore>)> {
+    let faults = Arc::new(FaultInjectingStore::new(store));
+    let rt = Runtime::builder()
+        .shared_store(Arc::clone(&faults) as SharedStore)
+        .model("check", model.clone())
+        .build()?;
+    rt.subagents().register_in_process_providers().await?;
+    Ok((rt, faults))
+}
+
+impl World {
+    /// A world on `backing` with `roots` root agents.
+    pub(crate) async fn open(
+        backing: Backing,
+        model: CheckModel,
+        book: SharedBook,
+        roots: usize,
+    ) -> Result<Self> {
+        let mut backing = backing;
+        let (store, _) = backing.open().await?;
+        let (rt, faults) = open_runtime(store, &model).await?;
+        let listening = book.listen(&rt);
+        let mut made = Vec::with_capacity(roots);
+        for _ in 0..roots {
+            let handle = rt.agents().create(CreateAgent::new()).await?;
+            made.push(Root {
+                id: handle.agent().id(),
+                handle: Some(handle),
+                stale: Vec::new(),
+            });
+        }
+        Ok(Self {
+            ctx: Ctx { rt, book, model },
+            backing,
+            faults,
+            _listening: listening,
+            roots: made,
+            background: Vec::new(),
+            active: Vec::new(),
+        })
+    }
+
+    pub(crate) fn root_ids(&self) -> Vec<SessionId> {
+        self.roots.iter().map(|root| root.id).collect()
+    }
+
+    /// The node `pick` names (roots first, then children): its id, and for a child its
+    /// parent and depth.
+    fn node(&self, pick: Pick) -> Option<(SessionId, Option<SessionId>, u8)> {
+        let children = self.ctx.book.lock().children.clone();
+        let index = pick.among(self.roots.len() + children.len())?;
+        Some(match index.checked_sub(self.roots.len()) {
+            None => (self.roots[index].id, None, 0),
+            Some(child) => {
+                let child = children[child];
+                (child.id, Some(child.parent), child.depth)
+            }
+        })
+    }
+
+    /// The child `pick` names.
+    fn child(&self, pick: Pick) -> Option<crate::check::book::Child> {
+        let children = self.ctx.book.lock().children.clone();
+        pick.among(children.len()).map(|index| children[index])
+    }
+
+    /// The live agent of session `id`: a root's current incarnation, or a resident child.
+    async fn live(&self, id: SessionId) -> Option<AgentRef> {
+        match self.roots.iter().find(|root| root.id == id) {
+            Some(root) => root.handle.as_ref().map(|handle| handle.agent().clone()),
+            None => self.ctx.rt.agents().get(id).await,
+        }
+    }
+
+    /// The root above session `id`.
+    fn root_of(&self, mut id: SessionId) -> Option<SessionId> {
+        let children = self.ctx.book.lock().children.clone();
+        for _ in 0..=MAX_DEPTH {
+            if self.roots.iter().any(|root| root.id == id) {
+                return Some(id);
+            }
+            id = children.iter().find(|child| child.id == id)?.parent;
+        }
+        None
+    }
+
+    /// Whether `id` lies strictly below `ancestor`.
+    fn descends(&self, mut id: SessionId, ancestor: SessionId) -> bool {
+        let children = self.ctx.book.lock().children.clone();
+        while let Some(child) = children.iter().find(|child| child.id == id) {
+            if child.parent == ancestor {
+                return true;
+            }
+            id = child.parent;
+        }
+        false
+    }
+
+    /// Whether a store operation is held now.
+    fn holding(&self) -> bool {
+        self.active.iter().any(|fault| fault.hold)
+    }
+
+    /// Runs `future` now (within the deadline) or, in the background, on its own.
+    async fn run(
+        &mut self,
+        background: bool,
+        what: &str,
+        future: impl Future<Output = ()> + Send + 'static,
+    ) {
+        // While a store operation is held, anything may wait for it: nothing blocks the driver.
+        if background || self.holding() {
+            self.background.push(tokio::spawn(future));
+        } else if tokio::time::timeout(DEADLINE, future).await.is_err() {
+            self.ctx
+                .book
+                .lock()
+                .anomaly("hang", format!("{what} did not answer within {DEADLINE:?}"));
+        }
+    }
+
+    /// Carries out one operation.
+    pub(crate) async fn apply(&mut self, op: &Op) -> Result<()> {
+        tracing::debug!(target: "subagents::check", %op, "operation");
+        if matches!(
+            op,
+            Op::Drain { .. } | Op::DisposeRoot { .. } | Op::ResumeRoot { .. } | Op::Reopen
+        ) {
+            // The driver awaits these: a held store operation would wait for the driver itself.
+            self.lift_holds();
+        }
+        match *op {
+            Op::Start {
+                parent,
+                fork,
+                hold,
+                budget,
+                let_go,
+                background,
+            } => {
+                let Some((id, _, depth)) = self.node(parent) else {
+                    return Ok(());
+                };
+                let Some(agent) = self.live(id).await.filter(|_| depth < MAX_DEPTH) else {
+                    return Ok(());
+                };
+                let started = self
+                    .ctx
+                    .clone()
+                    .start(agent, depth + 1, fork, hold, budget, let_go);
+                self.run(background, "a start", started).await;
+            }
+            Op::Followup {
+                child,
+                burst,
+                hold,
+                raise,
+                sender,
+                let_go,
+                background,
+            } => {
+                let Some(child) = self.child(child) else {
+                    return Ok(());
+                };
+                let (agent, entitled) = match sender {
+                    Sender::Parent => (self.live(child.parent).await, true),
+                    Sender::StaleParent => (
+                        self.roots
+                            .iter()
+                            .find(|root| root.id == child.parent)
+                            .and_then(|root| root.stale.last().cloned()),
+                        false,
+                    ),
+                    Sender::Stranger => (self.stranger_to(child.id), false),
+                };
+                let Some(agent) = agent else {
+                    return Ok(());
+                };
+                // While a store operation is held, the driver waits for nothing (see `run`).
+                let background = background || self.holding();
+                let sent = self.ctx.clone().followups(
+                    agent,
+                    child.id,
+                    burst,
+                    hold,
+                    raise,
+                    let_go,
+                    entitled,
+                    !background,
+                );
+                self.run(background, "a follow-up", sent).await;
+            }
+            Op::Interrupt { child, authority } => self.interrupt(child, authority).await,
+            Op::Report { child, quiet } => {
+                let Some(child) = self.child(child) else {
+                    return Ok(());
+                };
+                let Some(agent) = self.ctx.rt.agents().get(child.id).await else {
+                    return Ok(());
+                };
+                let delivery = if quiet {
+                    ReportDelivery::Quiet
+                } else {
+                    ReportDelivery::Wakeup
+                };
+                let ctx = self.ctx.clone();
+                let reported = async move {
+                    let report = ctx.rt.subagents().report_from(
+                        &agent,
+                        text("progress".to_owned()),
+                        ReportOptions::new(delivery),
+                    );
+                    if let Err(error) = report.await {
+                        ctx.refused("a report", &error);
+                    }
+                };
+                self.run(false, "a report", reported).await;
+            }
+            Op::Release { gate } => {
+                if let Some(gate) = gate.among(self.ctx.model.gate_count()) {
+                    self.ctx.model.release(gate);
+                }
+            }
+            Op::Drain { node } => self.drain(node).await,
+            Op::DisposeRoot { root } => {
+                let Some(index) = root.among(self.roots.len()) else {
+                    return Ok(());
+                };
+                if let Some(handle) = self.roots[index].handle.take() {
+                    let agent = handle.agent().clone();
+                    match tokio::time::timeout(DEADLINE, handle.dispose()).await {
+                        Err(_) => self
+                            .ctx
+                            .book
+                            .lock()
+                            .anomaly("hang", "a root's disposal did not finish"),
+                        Ok(Err(error)) => self.ctx.refused("a root's disposal", &error),
+                        Ok(Ok(())) => {}
+                    }
+                    self.roots[index].stale.push(agent);
+                }
+            }
+            Op::ResumeRoot { root, racers } => self.resume_root(root, racers).await,
+            Op::Fault {
+                operation,
+                hold,
+                ops,
+            } => {
+                self.ctx.book.lock().faults_seen = true;
+                if hold {
+                    self.faults.hold(operation);
+                } else {
+                    self.faults.arm(operation);
+                }
+                self.active.push(ActiveFault {
+                    operation,
+                    hold,
+                    ops_left: ops,
+                });
+                return Ok(());
+            }
+            Op::Pause { yields: count } => {
+                yields(count).await;
+                if count > 30 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            Op::Reopen => self.reopen().await?,
+        }
+        self.tick_faults();
+        Ok(())
+    }
+
+    /// A live root other than `child`'s own.
+    fn stranger_to(&self, child: SessionId) -> Option<AgentRef> {
+        let own = self.root_of(child);
+        self.roots
+            .iter()
+            .filter(|root| Some(root.id) != own)
+            .find_map(|root| root.handle.as_ref().map(|handle| handle.agent().clone()))
+    }
+
+    async fn interrupt(&mut self, child: Pick, authority: Authority) {
+        let Some(child) = self.child(child) else {
+            return;
+        };
+        let (asked, entitled) = match authority {
+            Authority::Parent => (
+                InterruptAuthority::User {
+                    parent_session_id: child.parent,
+                },
+                true,
+            ),
+            Authority::WrongParent => (
+                InterruptAuthority::User {
+                    parent_session_id: SessionId::new(),
+                },
+                false,
+            ),
+            Authority::Ancestor => {
+                let root = self.root_of(child.id);
+                let Some(agent) = self
+                    .roots
+                    .iter()
+                    .find(|candidate| Some(candidate.id) == root)
+                    .and_then(|root| root.handle.as_ref())
+                    .map(|handle| handle.agent().clone())
+                else {
+                    return;
+                };
+                (InterruptAuthority::Ancestor(agent), true)
+            }
+            Authority::Stranger => {
+                let Some(agent) = self.stranger_to(child.id) else {
+                    return;
+                };
+                (InterruptAuthority::Ancestor(agent), false)
+            }
+        };
+        let ctx = self.ctx.clone();
+        let id = child.id;
+        let interrupted = async move {
+            match ctx.rt.subagents().interrupt(id, asked).await {
+                Ok(()) if !entitled => ctx.book.lock().anomaly(
+                    "authority",
+                    format!("an interrupt of {id} without its authority was accepted"),
+                ),
+                Ok(()) => {}
+                Err(error) if entitled => ctx.refused("an authorized interrupt", &error),
+                Err(error) if error.code() == ErrorCode::Unauthorized => {}
+                Err(error) => ctx.refused("an unauthorized interrupt", &error),
+            }
+        };
+        self.run(false, "an interrupt", interrupted).await;
+    }
+
+    async fn drain(&mut self, node: Pick) {
+        let Some((id, _, _)) = self.node(node) else {
+            return;
+        };
+        let Some(agent) = self.live(id).await else {
+            return;
+        };
+        let drain = self
+            .ctx
+            .rt
+            .subagents()
+            .drain_continuable_descendants(&[agent]);
+        match tokio::time::timeout(DEADLINE, drain).await {
+            Err(_) => {
+                self.ctx
+                    .book
+                    .lock()
+                    .anomaly("hang", format!("a drain below {id} did not finish"));
+                return;
+            }
+            Ok(Err(error)) => self.ctx.refused("a drain", &error),
+            Ok(Ok(())) => {}
+        }
+        // Nothing below the drained node is live: its cutoff stands while the node lives.
+        let children = self.ctx.book.lock().children.clone();
+        for child in children {
+            if self.descends(child.id, id) && self.ctx.rt.agents().get(child.id).await.is_some() {
+                self.ctx.book.lock().anomaly(
+                    "live-after-drain",
+                    format!("{} is live after the drain below {id}", child.id),
+                );
+            }
+        }
+    }
+
+    async fn resume_root(&mut self, root: Pick, racers: u8) {
+        let Some(index) = root.among(self.roots.len()) else {
+            return;
+        };
+        if self.roots[index].handle.is_some() {
+            return;
+        }
+        let id = self.roots[index].id;
+        let resumes = (0..racers.max(1)).map(|_| self.ctx.rt.agents().resume(ResumeAgent::new(id)));
+        let outcomes = match tokio::time::timeout(DEADLINE, join_all(resumes)).await {
+            Ok(outcomes) => outcomes,
+            Err(_) => {
+                self.ctx
+                    .book
+                    .lock()
+                    .anomaly("hang", format!("resuming root {id} did not finish"));
+                return;
+            }
+        };
+        let mut winners = Vec::new();
+        for outcome in outcomes {
+            match outcome {
+                Ok(handle) => winners.push(handle),
+                Err(error) => self.ctx.refused("a racing resume", &error),
+            }
+        }
+        if winners.len() > 1 {
+            self.ctx.book.lock().anomaly(
+                "resume-race",
+                format!("{} concurrent resumes of {id} all won", winners.len()),
+            );
+        }
+        let faults = self.ctx.book.lock().faults_seen;
+        if winners.is_empty() && !faults {
+            self.ctx
+                .book
+                .lock()
+                .anomaly("resume-race", format!("no resume of {id} won"));
+        }
+        self.roots[index].handle = winners.into_iter().next();
+    }
+
+    /// Counts one operation against every fault in force, lifting those that are over.
+    fn tick_faults(&mut self) {
+        for fault in &mut self.active {
+            fault.ops_left = fault.ops_left.saturating_sub(1);
+        }
+        let faults = Arc::clone(&self.faults);
+        self.active.retain(|fault| {
+            let over = fault.ops_left == 0;
+            if over {
+                lift(&faults, fault);
+            }
+            !over
+        });
+    }
+
+    /// Ends every hold in force (faults that fail stay).
+    fn lift_holds(&mut self) {
+        let faults = Arc::clone(&self.faults);
+        self.active.retain(|fault| {
+            if fault.hold {
+                lift(&faults, fault);
+            }
+            !fault.hold
+        });
+    }
+
+    /// Lifts every fault, releases every held turn, and waits for the background operations.
+    pub(crate) async fn settle(&mut self) {
+        for fault in std::mem::take(&mut self.active) {
+            lift(&self.faults, &fault);
+        }
+        self.ctx.model.release_all();
+        for task in std::mem::take(&mut self.background) {
+            if tokio::time::timeout(DEADLINE, task).await.is_err() {
+                self.ctx
+                    .book
+                    .lock()
+                    .anomaly("hang", "a background operation never answered");
+            }
+        }
+    }
+
+    /// Shuts the runtime down (within the deadline) and checks that nothing is left live.
+    pub(crate) async fn shut_down(&mut self) {
+        self.settle().await;
+        match tokio::time::timeout(DEADLINE, self.ctx.rt.shutdown()).await {
+            Err(_) => self
+                .ctx
+                .book
+                .lock()
+                .anomaly("hang", "shutdown did not finish"),
+            Ok(Err(error)) => self.ctx.refused("shutdown", &error),
+            Ok(Ok(())) => {}
+        }
+        let live = self.ctx.rt.agents().list().await.len();
+        let resident = crate::testing::resident_count(self.ctx.rt.subagents()).await;
+        let nodes = crate::testing::owner_node_count(self.ctx.rt.subagents()).await;
+        if live + resident + nodes > 0 {
+            self.ctx.book.lock().anomaly(
+                "live-after-shutdown",
+                format!("{live} agents, {resident} Activations and {nodes} ownership nodes after shutdown"),
+            );
+        }
+        for root in &mut self.roots {
+            if let Some(handle) = root.handle.take() {
+                root.stale.push(handle.agent().clone());
+            }
+        }
+    }
+
+    /// Shuts down, opens a new runtime on the same store, and resumes the roots that were
+    /// live.
+    async fn reopen(&mut self) -> Result<()> {
+        let live: Vec<bool> = self
+            .roots
+            .iter()
+            .map(|root| root.handle.is_some())
+            .collect();
+        self.shut_down().await;
+        // Nothing of the old runtime may keep its store open: its references, its fault
+        // injector and the runtime itself go before the store is opened again.
+        for root in &mut self.roots {
+            root.stale.clear();
+        }
+        self.faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
+        drop(std::mem::replace(
+            &mut self.ctx.rt,
+            Runtime::builder().build()?,
+        ));
+        let (store, released) = self.backing.open().await?;
+        if !released {
+            self.ctx.book.lock().anomaly(
+                "left-behind",
+                "the store was still held a deadline after the runtime was shut down and dropped",
+            );
+        }
+        let (rt, faults) = open_runtime(store, &self.ctx.model).await?;
+        self._listening = self.ctx.book.listen(&rt);
+        self.ctx.rt = rt;
+        self.faults = faults;
+        for (root, was_live) in self.roots.iter_mut().zip(live) {
+            if was_live {
+                root.handle = Some(
+                    self.ctx
+                        .rt
+                        .agents()
+                        .resume(ResumeAgent::new(root.id))
+                        .await?,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the world: its runtime is shut down and dropped, so the store can be opened
+    /// again to read.
+    pub(crate) async fn close(mut self) -> Backing {
+        self.shut_down().await;
+        self.roots.clear();
+        self.backing
+    }
+}
+
+fn lift(faults: &FaultInjectingStore, fault: &ActiveFault) {
+    if fault.hold {
+        faults.release(fault.operation);
+    } else {
+        faults.disarm(fault.operation);
+    }
+}
+
+/// Reads back `backing` with a fresh runtime (no faults), for the checks; `false` when the
+/// closed runtime still held the store a deadline after it was dropped.
+pub(crate) async fn reader(backing: &mut Backing) -> Result<(Runtime, SharedStore, bool)> {
+    let (store, released) = backing.open().await?;
+    let rt = Runtime::builder()
+        .shared_store(Arc::clone(&store))
+        .build()?;
+    Ok((rt, store, released))
+}
+
+/// Whether `store` holds session `id`.
+pub(crate) async fn stored(store: &SharedStore, id: SessionId) -> Result<bool> {
+    match store.header(id).await {
+        Ok(_) => Ok(true),
+        Err(error) if error.code() == ErrorCode::SessionNotFound => Ok(false),
+        Err(error) => Err(error),
+    }
+}
