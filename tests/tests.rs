@@ -38,6 +38,8 @@ mod crash;
 mod errors;
 /// The event bus: listener containment and scopes.
 mod events;
+/// The history checker: seeded random schedules, every promise checked.
+mod histories;
 /// Background jobs: the registry, the job tools, and background one-shot delegations.
 mod jobs;
 /// Durable listing: list_children and list_descendants, the identity ladder, the cache.

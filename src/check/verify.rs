@@ -437,6 +437,226 @@ async fn listing(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::book::Child;
+
+    fn properties(book: &Book) -> Vec<&'static str> {
+        book.anomalies
+            .iter()
+            .map(|anomaly| anomaly.property)
+            .collect()
+    }
+
+    #[test]
+    fn two_activations_of_one_child_break_the_lifecycle() {
+        let (parent, child) = (SessionId::new(), SessionId::new());
+        let mut book = Book {
+            entries: vec![
+                Entry::Start { child, parent },
+                Entry::Start { child, parent },
+                Entry::End { child },
+                Entry::End { child },
+                Entry::Start { child, parent },
+            ],
+            ..Book::default()
+        };
+        lifecycle(&mut book);
+        assert_eq!(
+            properties(&book),
+            ["one-activation", "one-activation", "one-activation"],
+            "a second start, an end with none open, an epoch never ended"
+        );
+    }
+
+    #[test]
+    fn a_message_claimed_twice_or_never_breaks_exactly_once() {
+        let child = SessionId::new();
+        let [twice, never] = [MessageId::new(), MessageId::new()];
+        let mut book = Book::default();
+        book.accept(twice, child, false);
+        book.accept(never, child, false);
+        for message in [twice, never] {
+            book.entries.push(Entry::Inserted {
+                agent: child,
+                message,
+                target: InboxTarget::NextTurn,
+            });
+        }
+        book.entries.push(Entry::Claimed {
+            agent: child,
+            message: twice,
+        });
+        book.entries.push(Entry::Discarded {
+            agent: child,
+            message: twice,
+        });
+        let seen = inbox_events(&book);
+        exactly_once(&mut book, &seen);
+        assert_eq!(
+            properties(&book),
+            ["exactly-once", "exactly-once", "exactly-once"],
+            "settled twice (as any message, and as an accepted one), and one never settled"
+        );
+        // A session whose durable write failed may settle again after a resume.
+        let mut excused = Book {
+            entries: book.entries.clone(),
+            accepted: book.accepted.clone(),
+            ..Book::default()
+        };
+        excused.faulted.insert(child);
+        let seen = inbox_events(&excused);
+        exactly_once(&mut excused, &seen);
+        assert!(excused.anomalies.is_empty());
+    }
+
+    #[test]
+    fn a_claim_out_of_acceptance_order_breaks_fifo() {
+        let child = SessionId::new();
+        let [first, second] = [MessageId::new(), MessageId::new()];
+        let mut book = Book::default();
+        book.accept(first, child, true);
+        book.accept(second, child, true);
+        for message in [second, first] {
+            book.entries.push(Entry::Inserted {
+                agent: child,
+                message,
+                target: InboxTarget::NextTurn,
+            });
+        }
+        for message in [first, second] {
+            book.entries.push(Entry::Claimed {
+                agent: child,
+                message,
+            });
+        }
+        fifo(&mut book);
+        assert_eq!(properties(&book), ["fifo", "fifo"], "claims and acceptance");
+    }
+
+    #[test]
+    fn a_live_session_fenced_out_is_an_anomaly() {
+        let mut book = Book::default();
+        book.entries.push(Entry::Faulted {
+            agent: SessionId::new(),
+            code: ErrorCode::LeaseLost,
+        });
+        book.entries.push(Entry::Faulted {
+            agent: SessionId::new(),
+            code: ErrorCode::StoreIo,
+        });
+        fenced(&mut book);
+        assert_eq!(properties(&book), ["fenced"]);
+    }
+
+    fn journal(notices_of: SessionId, count: usize, also: &[MessageId]) -> Journal {
+        let mut journal = Journal::default();
+        for _ in 0..count {
+            journal.inserted.push((
+                MessageId::new(),
+                MessageSource::SubagentSettledNotice {
+                    summary: String::new(),
+                    sender_session_id: notices_of,
+                },
+            ));
+        }
+        journal
+            .inserted
+            .extend(also.iter().map(|id| (*id, MessageSource::User)));
+        journal
+    }
+
+    #[test]
+    fn an_announced_epoch_with_no_notice_or_two_breaks_the_notices() {
+        let (parent, child) = (SessionId::new(), SessionId::new());
+        let prompt = MessageId::new();
+        let mut book = Book::default();
+        book.accept(prompt, child, true);
+        book.entries = vec![
+            Entry::Start { child, parent },
+            Entry::Inserted {
+                agent: child,
+                message: prompt,
+                target: InboxTarget::NextTurn,
+            },
+            Entry::End { child },
+            // A rolled-back epoch: nothing accepted, no notice owed.
+            Entry::Start { child, parent },
+            Entry::End { child },
+        ];
+        for (heard, broken) in [(1, false), (0, true), (2, true)] {
+            let mut checked = Book {
+                entries: book.entries.clone(),
+                accepted: book.accepted.clone(),
+                ..Book::default()
+            };
+            let journals = BTreeMap::from([(parent, journal(child, heard, &[]))]);
+            notices(&mut checked, &journals);
+            assert_eq!(
+                !checked.anomalies.is_empty(),
+                broken,
+                "{heard} notices heard"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_start_that_left_a_stored_child_is_a_ghost() {
+        let (parent, ghost, answered) = (SessionId::new(), SessionId::new(), SessionId::new());
+        let mut book = Book::default();
+        book.children.push(Child {
+            id: answered,
+            parent,
+            depth: 1,
+        });
+        book.entries = vec![
+            Entry::Start {
+                child: answered,
+                parent,
+            },
+            Entry::Start {
+                child: ghost,
+                parent,
+            },
+        ];
+        let started = BTreeSet::from([answered, ghost]);
+        let journals =
+            BTreeMap::from([(answered, Journal::default()), (ghost, Journal::default())]);
+        ghosts(&mut book, &journals, &started);
+        assert_eq!(properties(&book), ["ghost"]);
+        // A start whose caller let go of it may explain one such child.
+        let mut explained = Book {
+            entries: book.entries.clone(),
+            children: book.children.clone(),
+            ..Book::default()
+        };
+        explained.unknown_starts.insert(parent, 1);
+        ghosts(&mut explained, &journals, &started);
+        assert!(explained.anomalies.is_empty());
+    }
+
+    #[test]
+    fn an_answered_child_missing_from_the_store_is_an_unfaithful_answer() {
+        let (parent, child) = (SessionId::new(), SessionId::new());
+        let prompt = MessageId::new();
+        let mut book = Book::default();
+        book.children.push(Child {
+            id: child,
+            parent,
+            depth: 1,
+        });
+        book.accept(prompt, child, true);
+        durable_answers(&mut book, &BTreeMap::new());
+        assert_eq!(properties(&book), ["durable-answer", "durable-answer"]);
+        let mut stored = Book {
+            children: book.children.clone(),
+            accepted: book.accepted.clone(),
+            ..Book::default()
+        };
+        durable_answers(
+            &mut stored,
+            &BTreeMap::from([(child, journal(child, 0, &[prompt]))]),
+        );
+        assert!(stored.anomalies.is_empty());
+    }
 
     #[test]
     fn a_subsequence_keeps_its_order() {
