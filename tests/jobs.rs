@@ -391,6 +391,39 @@ async fn a_wait_dropped_after_the_settlement_leaves_the_notice_owed() {
     eventually("the owed notice", || notices(&agent).len() == 1).await;
 }
 
+// A completion notice is sent once: a wait on a job whose notice already went out, cut short
+// by its cancellation, owes nothing more.
+#[actix_rt::test]
+async fn a_notified_job_is_never_notified_again() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let _controller = rt.jobs().attach_controller();
+    let (told, mut notified) = tokio::sync::mpsc::unbounded_channel();
+    let _listener = rt.jobs().on_job_done(std::sync::Arc::new(move |job, _| {
+        let _ = told.send(job.id.clone());
+    }));
+    let owner = root(&rt).await;
+    let id = finished_job(&rt, &owner);
+    assert_eq!(notified.recv().await, Some(id.clone()));
+    let cancelled = CancellationToken::new();
+    cancelled.cancel();
+    // Each wait finds both the settlement and the cancellation ready: either way it returns,
+    // nothing more is owed.
+    for _ in 0..32 {
+        let _ = rt
+            .jobs()
+            .wait(
+                &id,
+                owner.agent().id(),
+                std::time::Duration::from_secs(60),
+                &cancelled,
+            )
+            .await;
+    }
+    // The listener runs synchronously inside the registry: anything owed was told already.
+    assert!(notified.try_recv().is_err(), "a second notice");
+}
+
 #[actix_rt::test]
 async fn removed_job_tools_stop_notices_and_refuse_new_jobs() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
@@ -475,4 +508,101 @@ async fn bad_job_arguments_are_typed_errors_and_a_huge_timeout_is_just_the_cap()
     }
     let (is_error, _) = call(&rt, &owner, "job_kill", json!({"job_id": id, "reason": 3})).await;
     assert!(is_error);
+}
+
+/// A job of `owner` that completes at once.
+fn finished_job(rt: &Runtime, owner: &AgentHandle) -> String {
+    rt.jobs()
+        .start("bash", "quick", owner.agent(), || JobHooks {
+            cancel: Box::new(|_| {}),
+            done: Box::pin(async {
+                JobOutcome {
+                    status: JobStatus::Completed,
+                    detail: None,
+                    output: Some("done".into()),
+                }
+            }),
+        })
+        .unwrap()
+}
+
+// A long-running host starts job after job: the registry keeps only the most recently ended
+// jobs of each owner and overall, and never forgets a running one.
+#[actix_rt::test]
+async fn a_long_run_of_jobs_keeps_the_registry_flat() {
+    use subagents::jobs::{ENDED_JOBS, ENDED_JOBS_PER_OWNER};
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let _controller = rt.jobs().attach_controller();
+    let owners_needed = ENDED_JOBS / ENDED_JOBS_PER_OWNER + 8;
+    let mut owners = Vec::new();
+    for _ in 0..owners_needed {
+        owners.push(root(&rt).await);
+    }
+    let gate = Gate::new();
+    let running = held_job(&rt, &owners[0], &gate, "late");
+    let never = CancellationToken::new();
+    let mut first = None;
+    let mut last_ids = Vec::new();
+    for owner in &owners {
+        let mut ids = Vec::new();
+        for _ in 0..2 * ENDED_JOBS_PER_OWNER {
+            let id = finished_job(&rt, owner);
+            let ended = rt
+                .jobs()
+                .wait(
+                    &id,
+                    owner.agent().id(),
+                    std::time::Duration::from_secs(30),
+                    &never,
+                )
+                .await
+                .unwrap();
+            assert_eq!(ended.status, JobStatus::Completed);
+            ids.push(id);
+        }
+        first.get_or_insert_with(|| ids[0].clone());
+        last_ids = ids;
+    }
+    let kept: usize = owners
+        .iter()
+        .map(|owner| rt.jobs().list(owner.agent().id()).len())
+        .sum();
+    // Every owner's ended jobs were cut to its share, the total to the overall bound (the
+    // running job aside).
+    assert!(kept <= ENDED_JOBS + 1, "{kept} jobs kept");
+    let mut newest: Vec<String> = rt
+        .jobs()
+        .list(owners[owners_needed - 1].agent().id())
+        .into_iter()
+        .map(|job| job.id)
+        .collect();
+    let mut expected = last_ids[ENDED_JOBS_PER_OWNER..].to_vec();
+    newest.sort();
+    expected.sort();
+    assert_eq!(newest, expected, "the last owner keeps its newest jobs");
+    let forgotten = rt
+        .jobs()
+        .get(first.as_deref().unwrap(), owners[0].agent().id())
+        .unwrap_err();
+    assert!(forgotten.message().contains("unknown job"), "{forgotten}");
+    // The running job outlived every cut, and settles as usual.
+    let snapshot = rt.jobs().get(&running, owners[0].agent().id()).unwrap();
+    assert_eq!(snapshot.status, JobStatus::Running);
+    gate.release();
+    let ended = rt
+        .jobs()
+        .wait(
+            &running,
+            owners[0].agent().id(),
+            std::time::Duration::from_secs(30),
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(ended.status, JobStatus::Completed);
+    assert_eq!(
+        rt.jobs().read(&running, owners[0].agent().id()).unwrap().0,
+        "late"
+    );
 }

@@ -696,3 +696,126 @@ async fn the_sdk_provider_delegates_to_a_subagents_process() {
         "subagent request was aborted before the SDK child started"
     );
 }
+
+/// A bare JSON-RPC client of `subagents acp-agent`, speaking ndjson over its stdio.
+struct RawAcpClient {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    next_id: u64,
+}
+
+impl RawAcpClient {
+    fn spawn(args: &[&str]) -> Self {
+        let mut child = tokio::process::Command::new(BINARY)
+            .arg("acp-agent")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+            child.stdout.take().unwrap(),
+        ));
+        Self {
+            child,
+            stdin,
+            stdout,
+            next_id: 0,
+        }
+    }
+
+    /// Sends `method` with `params` and answers its response (`result` or `error`), skipping
+    /// the notifications before it.
+    async fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        use tokio::io::AsyncWriteExt;
+        self.next_id += 1;
+        let id = self.next_id;
+        let frame = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.stdin
+            .write_all(format!("{frame}\n").as_bytes())
+            .await
+            .unwrap();
+        within(method, async {
+            loop {
+                let line = self.stdout.next_line().await.unwrap().expect("an answer");
+                let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+                if message["id"] == json!(id) {
+                    return message;
+                }
+            }
+        })
+        .await
+    }
+
+    async fn new_session(&mut self, cwd: &std::path::Path) -> String {
+        let answer = self
+            .call("session/new", json!({"cwd": cwd, "mcpServers": []}))
+            .await;
+        answer["result"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a session id: {answer}"))
+            .to_owned()
+    }
+
+    async fn close(mut self) {
+        drop(self.stdin);
+        within("the agent's exit", self.child.wait()).await.unwrap();
+    }
+}
+
+// A long-lived ACP client opens session after session: the agent advertises session/close,
+// a closed session is gone (its agent disposed), and past --max-sessions the least recently
+// used idle session is closed to make room.
+#[actix_rt::test]
+async fn the_acp_agent_closes_sessions_and_keeps_its_open_ones_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut client = RawAcpClient::spawn(&["--max-sessions", "3"]);
+    let init = client
+        .call("initialize", json!({"protocolVersion": 1}))
+        .await;
+    assert_eq!(
+        init["result"]["agentCapabilities"]["sessionCapabilities"]["close"],
+        json!({}),
+        "{init}"
+    );
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(client.new_session(dir.path()).await);
+    }
+    // Prompting the first makes the second the least recently used.
+    let prompt = |id: &str| json!({"sessionId": id, "prompt": [{"type": "text", "text": "hi"}]});
+    let answer = client.call("session/prompt", prompt(&ids[0])).await;
+    assert!(answer["result"]["stopReason"].is_string(), "{answer}");
+    let fourth = client.new_session(dir.path()).await;
+    let evicted = client.call("session/prompt", prompt(&ids[1])).await;
+    assert!(
+        evicted["error"]["data"]
+            .as_str()
+            .is_some_and(|data| data.contains("unknown session")),
+        "{evicted}"
+    );
+    for kept in [&ids[0], &ids[2], &fourth] {
+        let answer = client.call("session/prompt", prompt(kept)).await;
+        assert!(answer["result"]["stopReason"].is_string(), "{answer}");
+    }
+    let closed = client
+        .call("session/close", json!({"sessionId": ids[2]}))
+        .await;
+    assert_eq!(closed["result"], json!({}), "{closed}");
+    for (method, params) in [
+        ("session/prompt", prompt(&ids[2])),
+        ("session/close", json!({"sessionId": ids[2]})),
+    ] {
+        let gone = client.call(method, params).await;
+        assert!(
+            gone["error"]["data"]
+                .as_str()
+                .is_some_and(|data| data.contains("unknown session")),
+            "{method}: {gone}"
+        );
+    }
+    client.close().await;
+}

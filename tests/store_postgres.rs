@@ -811,3 +811,103 @@ fn an_answer_too_long_for_its_announcement_is_read_from_its_row() {
         assert_eq!(answer, payload);
     }
 }
+
+// A long run flushes session after session: the flush table keeps one row per connection
+// slot, not a row per session forever.
+#[test]
+fn a_long_run_of_flushes_keeps_their_table_small() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let (store, url) = fresh();
+    for _ in 0..300 {
+        block_on(store.flush(SessionId::new())).unwrap();
+    }
+    let rows: i64 = query_value(&url, "SELECT count(*) FROM subagents_flushes");
+    assert!(
+        (1..=16).contains(&rows),
+        "{rows} rows: at most one per pooled connection"
+    );
+}
+
+// A long-lived process leases under holder after holder (a runtime each): a gone holder no
+// lease row names is forgotten, so the remembered ones stay few, while a gone holder whose
+// lease is still stored is remembered, and its session passes on at once.
+#[test]
+fn a_long_run_of_holders_keeps_the_remembered_ones_few() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let (store, _url) = fresh();
+    let abandoned = SessionId::new();
+    block_on(store.create(SessionHeader::new(abandoned), vec![])).unwrap();
+    let dropped = LeaseHolder::new();
+    block_on(store.acquire_lease(abandoned, dropped.clone())).unwrap();
+    drop(dropped);
+    for _ in 0..500 {
+        let holder = LeaseHolder::new();
+        let id = SessionId::new();
+        block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+        let lease = block_on(store.acquire_lease(id, holder)).unwrap();
+        block_on(store.release_lease(id, lease.epoch)).unwrap();
+    }
+    let remembered = store.remembered_holders();
+    assert!(remembered <= 64, "{remembered} holders remembered");
+    let taken = block_on(store.acquire_lease(abandoned, LeaseHolder::new()));
+    assert!(
+        taken.is_ok(),
+        "the dropped holder's lease is still known to hold nothing: {taken:?}"
+    );
+}
+
+// A dead node's row is the record that keeps its holder from joining again; a serving node
+// prunes it once it is older than the retention (one hour by default), and keeps a recent one.
+#[test]
+fn a_dead_nodes_row_is_pruned_once_its_retention_passed() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let join = |name| {
+        let mut config = PostgresConfig::new(url.clone());
+        config.delivery_retention = Duration::from_millis(200);
+        let store = Arc::new(block_on(PostgresStore::connect_with(config)).unwrap());
+        block_on(store.join(&LeaseHolder::new(), name)).unwrap()
+    };
+    let (serving, long_dead, recently_dead) = (join("serving"), join("long"), join("recent"));
+    let (long_dead, recently_dead) = {
+        let nodes = (long_dead.node(), recently_dead.node());
+        // Silent, as a process that died: the rows stay, then expire.
+        drop(long_dead);
+        drop(recently_dead);
+        nodes
+    };
+    execute(
+        &url,
+        &format!(
+            "UPDATE subagents_nodes SET expires_at = now() - interval '2 hours'
+             WHERE node = '{long_dead}';
+             UPDATE subagents_nodes SET expires_at = now() - interval '1 second'
+             WHERE node = '{recently_dead}'"
+        ),
+    );
+    serving
+        .serve(Arc::new(|_| {
+            Box::pin(async { Ok(serde_json::json!("ok")) })
+        }))
+        .unwrap();
+    let rows = |node: uuid::Uuid| -> i64 {
+        query_value(
+            &url,
+            &format!("SELECT count(*) FROM subagents_nodes WHERE node = '{node}'"),
+        )
+    };
+    // The retention is the behavior under test, and nothing announces a pruning: poll, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while rows(long_dead) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead node's row was never pruned"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(rows(recently_dead), 1, "a recent record is kept");
+    assert_eq!(rows(serving.node()), 1, "a live node is kept");
+}

@@ -13,7 +13,13 @@
 //!   settles the job `failed`.
 //! - A job whose terminal state somebody already observed (a read, a wait, a kill) is
 //!   *reported*: its completion notice is not sent.
+//! - The registry stays bounded in a long-running host: an ended job lets go of its owner's
+//!   [`AgentRef`] once nothing is owed to it (its notice sent, or its result observed), and
+//!   only the [`ENDED_JOBS_PER_OWNER`] most recently ended jobs of each owner, and the
+//!   [`ENDED_JOBS`] most recently ended overall, are kept; an older one answers `unknown job`
+//!   (running jobs, and ended ones a wait is still returning, are never forgotten).
 
+mod retained;
 pub mod tools;
 
 use std::collections::BTreeMap;
@@ -28,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 use crate::actors::agent::AgentRef;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
+use retained::Retained;
+pub use retained::{ENDED_JOBS, ENDED_JOBS_PER_OWNER};
 
 /// A job's lifecycle status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -127,7 +135,11 @@ pub type JobDoneListener = Arc<dyn Fn(&JobSnapshot, &AgentRef) + Send + Sync>;
 
 struct Job {
     snapshot: JobSnapshot,
-    owner: AgentRef,
+    /// The owning session: access is fenced by it.
+    owner_id: SessionId,
+    /// The owner, while a completion notice may still be owed to it: held until then (it
+    /// keeps the owner's log alive) and let go after.
+    owner: Option<AgentRef>,
     cancel: Arc<dyn Fn(Option<String>) + Send + Sync>,
     output: Option<String>,
     reported: bool,
@@ -141,6 +153,8 @@ struct Job {
 #[derive(Default)]
 struct State {
     jobs: BTreeMap<String, Job>,
+    /// The ended jobs still kept, in the order they are forgotten.
+    ended: Retained,
     counters: BTreeMap<String, u64>,
     controllers: usize,
     next_listener: u64,
@@ -260,7 +274,8 @@ impl Jobs {
                         started_at: now_ms(),
                         finished_at: None,
                     },
-                    owner: owner.clone(),
+                    owner_id: owner.id(),
+                    owner: Some(owner.clone()),
                     cancel: Arc::from(hooks.cancel),
                     output: None,
                     reported: false,
@@ -306,8 +321,10 @@ impl Jobs {
             job.settled.send_replace(true);
             // A waiter will return the settlement itself; if it goes away without doing so,
             // its guard sends the notice instead.
-            let notice = (!job.reported && job.waiters == 0)
-                .then(|| (job.snapshot.clone(), job.owner.clone()));
+            let notice = job.owed_notice();
+            let owner = job.owner_id;
+            let State { jobs, ended, .. } = &mut *state;
+            ended.ended(owner, id, jobs);
             (notice, listeners_of(&state))
         };
         notify(notice, &listeners);
@@ -324,10 +341,13 @@ impl Jobs {
             job.waiters = job.waiters.saturating_sub(1);
             let ended = job.snapshot.status.is_terminal();
             if ended && returned {
-                job.reported = true;
+                job.observed();
             }
-            let notice = (ended && !job.reported && job.waiters == 0)
-                .then(|| (job.snapshot.clone(), job.owner.clone()));
+            let notice = if ended { job.owed_notice() } else { None };
+            let owner = job.owner_id;
+            // A wait may have held back the forgetting of this job.
+            let State { jobs, ended, .. } = &mut *state;
+            ended.forget_overflow(owner, jobs);
             (notice, listeners_of(&state))
         };
         notify(notice, &listeners);
@@ -344,7 +364,7 @@ impl Jobs {
             .jobs
             .get_mut(id)
             .ok_or_else(|| job_error(format!("unknown job {id}")))?;
-        if job.owner.id() != caller {
+        if job.owner_id != caller {
             return Err(SubagentError::new(
                 ErrorCode::Unauthorized,
                 format!("job {id} belongs to another session"),
@@ -358,7 +378,7 @@ impl Jobs {
         self.lock()
             .jobs
             .values()
-            .filter(|job| job.owner.id() == caller)
+            .filter(|job| job.owner_id == caller)
             .map(|job| job.snapshot.clone())
             .collect()
     }
@@ -380,7 +400,7 @@ impl Jobs {
         self.with_job(id, caller, |job| {
             let ended = job.snapshot.status.is_terminal();
             if ended {
-                job.reported = true;
+                job.observed();
             }
             let text = if ended {
                 job.output.clone().unwrap_or_default()
@@ -433,6 +453,7 @@ impl Jobs {
         let cancel = self.with_job(id, caller, |job| {
             job.reported = true;
             if job.snapshot.status.is_terminal() {
+                job.observed();
                 return None;
             }
             job.snapshot.status = JobStatus::Stopping;
@@ -446,6 +467,36 @@ impl Jobs {
             }
             None => KillOutcome::AlreadyFinished,
         })
+    }
+}
+
+impl Job {
+    /// The completion notice this ended job owes now, if any: none once its result was
+    /// observed, and none while a wait may still return it. Either way, once nothing can be
+    /// owed the owner is let go.
+    fn owed_notice(&mut self) -> Option<(JobSnapshot, AgentRef)> {
+        if self.reported {
+            self.owner = None;
+            return None;
+        }
+        if self.waiters > 0 {
+            return None;
+        }
+        self.reported = true;
+        self.owner
+            .take()
+            .map(|owner| (self.snapshot.clone(), owner))
+    }
+
+    /// Its terminal state was handed to the owner: no notice is owed.
+    fn observed(&mut self) {
+        self.reported = true;
+        self.owner = None;
+    }
+
+    /// Whether forgetting it loses nothing anyone waits on.
+    fn forgettable(&self) -> bool {
+        self.snapshot.status.is_terminal() && self.waiters == 0
     }
 }
 

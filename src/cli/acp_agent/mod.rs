@@ -3,24 +3,27 @@
 //! Each `session/new` creates a root agent (its session in the store, its cwd the one the
 //! client announced) on the scripted model (or `--model openai`); each `session/prompt` becomes one turn of that
 //! agent, whose answer streams back as `agent_message_chunk` and whose end maps to the ACP stop
-//! reason. `session/cancel` cancels the turn. The `ACP_AGENT_*` variables
+//! reason. `session/cancel` cancels the turn; `session/close` (advertised) cancels it and
+//! disposes the session's agent, and the open sessions stay bounded ([`sessions`]). The
+//! `ACP_AGENT_*` variables
 //! ([`script::AcpAgentScript`]) script the protocol paths a client must handle: crashes,
 //! ignored cancels, missing session ids, permission requests, slow exits. It is the reference
 //! peer of the ACP and SDK providers' tests, and any ACP client (an editor) can delegate to it.
 
 pub(crate) mod script;
+mod sessions;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, ContentBlock as AcpBlock, ContentChunk,
-    InitializeRequest, InitializeResponse, NewSessionRequest, NewSessionResponse, PermissionOption,
-    PermissionOptionKind, PromptCapabilities, PromptRequest, PromptResponse,
-    RequestPermissionOutcome, RequestPermissionRequest, SessionNotification, SessionUpdate,
-    StopReason as AcpStopReason, ToolCallUpdate, ToolCallUpdateFields,
+    AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse,
+    ContentBlock as AcpBlock, ContentChunk, InitializeRequest, InitializeResponse,
+    NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind,
+    PromptCapabilities, PromptRequest, PromptResponse, RequestPermissionOutcome,
+    RequestPermissionRequest, SessionCapabilities, SessionCloseCapabilities, SessionNotification,
+    SessionUpdate, StopReason as AcpStopReason, ToolCallUpdate, ToolCallUpdateFields,
 };
 use agent_client_protocol::{v1, Agent, ByteStreams, Client, Handled, UntypedMessage};
 use tokio::sync::mpsc;
@@ -31,13 +34,14 @@ use subagents::content::text_of;
 use subagents::session::fold::final_assistant_output;
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    AgentEvent, AgentEventKind, AgentHandle, CancelCause, ContentBlock, CreateAgent, ErrorCode,
-    EventKind, EventScope, InboxPolicy, MemoryStore, MessageSource, Runtime, SledStore,
-    SubagentError, TurnEndReason,
+    AgentEvent, AgentEventKind, CancelCause, ContentBlock, CreateAgent, ErrorCode, EventKind,
+    EventScope, InboxPolicy, MemoryStore, MessageSource, Runtime, SledStore, SubagentError,
+    TurnEndReason,
 };
 
 use crate::cli::model::ModelPlan;
 use script::{AcpAgentScript, ScriptedStop};
+use sessions::{Session, Sessions};
 
 /// `subagents acp-agent` arguments.
 #[derive(Debug, clap::Args)]
@@ -45,6 +49,10 @@ pub(crate) struct AcpAgentArgs {
     /// Keep the sessions in a sled store at this directory (default: in memory).
     #[arg(long)]
     store: Option<PathBuf>,
+    /// How many sessions stay open at most: past it, `session/new` closes the least recently
+    /// used idle one.
+    #[arg(long, default_value_t = sessions::MAX_SESSIONS, value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions: u32,
     /// The model the sessions' agents run on (the `ACP_AGENT_*` answers need the scripted one).
     #[command(flatten)]
     model: crate::cli::model::ModelArgs,
@@ -52,38 +60,24 @@ pub(crate) struct AcpAgentArgs {
 
 type AcpError = agent_client_protocol::Error;
 
-/// One ACP session: its root agent and the prompt running in it.
-struct Session {
-    handle: AgentHandle,
-    cwd: PathBuf,
-    running: Mutex<Option<CancellationToken>>,
-}
-
 /// What the handlers share.
 struct Server {
     rt: Runtime,
     /// The scripted model, when the agents run on it (the script's answers go there).
     model: Option<ScriptedModel>,
     script: AcpAgentScript,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    sessions: Sessions,
     /// One prompt at a time: the scripted model's steps are one queue.
     one_turn: tokio::sync::Semaphore,
 }
 
 impl Server {
-    fn session(&self, id: &str) -> Option<Arc<Session>> {
-        self.sessions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(id)
-            .cloned()
-    }
-
     /// Claims `id` for one prompt: its session and the prompt's cancellation. A session runs
     /// one prompt at a time, as ACP has it.
     fn claim_prompt(&self, id: &str) -> Result<(Arc<Session>, CancellationToken), AcpError> {
         let session = self
-            .session(id)
+            .sessions
+            .get(id)
             .ok_or_else(|| AcpError::invalid_params().data(format!("unknown session {id}")))?;
         let cancel = CancellationToken::new();
         {
@@ -98,12 +92,6 @@ impl Server {
             *running = Some(cancel.clone());
         }
         Ok((session, cancel))
-    }
-}
-
-impl Session {
-    fn release_prompt(&self) {
-        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
@@ -133,7 +121,7 @@ pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
         rt: builder.build()?,
         model,
         script,
-        sessions: Mutex::default(),
+        sessions: Sessions::new(usize::try_from(args.max_sessions).unwrap_or(usize::MAX)),
         one_turn: tokio::sync::Semaphore::new(1),
     });
     let served = serve(Arc::clone(&server)).await;
@@ -204,7 +192,8 @@ async fn serve(server: Arc<Server>) -> Result<(), AcpError> {
         tokio::io::stdout().compat_write(),
         tokio::io::stdin().compat(),
     );
-    let (for_missing, for_new, for_prompt, for_cancel) = (
+    let (for_missing, for_new, for_prompt, for_cancel, for_close) = (
+        Arc::clone(&server),
         Arc::clone(&server),
         Arc::clone(&server),
         Arc::clone(&server),
@@ -222,7 +211,11 @@ async fn serve(server: Arc<Server>) -> Result<(), AcpError> {
                         .agent_capabilities(
                             AgentCapabilities::new()
                                 .load_session(false)
-                                .prompt_capabilities(PromptCapabilities::new()),
+                                .prompt_capabilities(PromptCapabilities::new())
+                                .session_capabilities(
+                                    SessionCapabilities::new()
+                                        .close(SessionCloseCapabilities::new()),
+                                ),
                         )
                         .auth_methods(vec![]),
                 )
@@ -282,6 +275,28 @@ async fn serve(server: Arc<Server>) -> Result<(), AcpError> {
             },
             agent_client_protocol::on_receive_request!(),
         )
+        .on_receive_request(
+            async move |request: CloseSessionRequest,
+                        responder: v1::Responder<CloseSessionResponse>,
+                        cx: v1::ConnectionTo<Client>| {
+                let server = Arc::clone(&for_close);
+                // Runs beside the dispatch loop: disposing the agent awaits the runtime.
+                cx.spawn(async move {
+                    let id = request.session_id.0;
+                    let closed = match server.sessions.remove(&id) {
+                        Some(session) => {
+                            session.close().await;
+                            Ok(CloseSessionResponse::new())
+                        }
+                        None => {
+                            Err(AcpError::invalid_params().data(format!("unknown session {id}")))
+                        }
+                    };
+                    responder.respond_with_result(closed)
+                })
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
         .on_receive_notification(
             async move |cancel: CancelNotification, _cx: v1::ConnectionTo<Client>| {
                 let script = &for_cancel.script;
@@ -290,15 +305,8 @@ async fn serve(server: Arc<Server>) -> Result<(), AcpError> {
                     std::process::exit(1);
                 }
                 if !script.ignore_cancel {
-                    if let Some(session) = for_cancel.session(&cancel.session_id.0) {
-                        let running = session
-                            .running
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .clone();
-                        if let Some(running) = running {
-                            running.cancel();
-                        }
+                    if let Some(session) = for_cancel.sessions.get(&cancel.session_id.0) {
+                        session.cancel_prompt();
                     }
                 }
                 Ok(())
@@ -332,16 +340,12 @@ async fn new_session(server: &Server, cwd: PathBuf) -> Result<String, AcpError> 
         .session_id
         .clone()
         .unwrap_or_else(|| handle.agent().id().to_string());
-    let session = Arc::new(Session {
-        handle,
-        cwd,
-        running: Mutex::default(),
-    });
-    server
+    let displaced = server
         .sessions
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(id.clone(), session);
+        .insert(id.clone(), Arc::new(Session::new(handle, cwd)));
+    for session in displaced {
+        session.close().await;
+    }
     Ok(id)
 }
 

@@ -637,6 +637,9 @@ impl Server {
                     if let Err(error) = store.prune_deliveries().await {
                         tracing::debug!(%node, %error, "pruning old deliveries failed");
                     }
+                    if let Err(error) = store.prune_dead_nodes().await {
+                        tracing::debug!(%node, %error, "pruning dead nodes' rows failed");
+                    }
                 });
             }
             claim = tokio::select! {

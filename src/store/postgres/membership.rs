@@ -53,7 +53,7 @@ impl NodeMembership {
     /// Leaves the cluster: the heartbeat stops and the node's row is removed. Leases the node
     /// still holds then last only their own time-to-live: release the runtime's agents first.
     /// A lost membership's row stays: it is the record that the node was declared dead, which
-    /// keeps its holder from joining again.
+    /// keeps its holder from joining again (for `PostgresConfig::dead_node_retention`).
     ///
     /// # Errors
     /// `STORE_IO` when the row cannot be removed (it then expires on its own).
@@ -206,6 +206,21 @@ impl PostgresStore {
         tokio::spawn(heartbeat.run(written + self.node_ttl));
         tracing::info!(%node, name, "joined the cluster");
         Ok(membership)
+    }
+
+    /// Removes the rows of nodes declared dead more than `dead_node_retention` ago (whichever
+    /// node prunes: any serving node prunes for all).
+    pub(super) async fn prune_dead_nodes(&self) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM subagents_nodes
+                 WHERE expires_at < now() - make_interval(secs => $1)",
+                &[&self.dead_node_retention.as_secs_f64()],
+            )
+            .await
+            .map_err(io("pruning dead nodes' rows"))?;
+        Ok(())
     }
 
     /// Writes `node`'s row, or renews it while it is live; `false` for a node already

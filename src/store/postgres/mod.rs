@@ -14,9 +14,11 @@
 //! # Guarantees
 //! Compare-and-append is one statement: it locks the session row, checks the expected seq and
 //! the writer's epoch, inserts the batch and moves the head together, so two writers never
-//! interleave and a fenced-out writer changes nothing (`LEASE_LOST`, as on sled). A commit is
-//! durable when it returns (the server's `synchronous_commit`), so `flush` has nothing to wait
-//! for. Leases expire after their time-to-live unless renewed; a holder of this process that
+//! interleave and a fenced-out writer changes nothing (`LEASE_LOST`, as on sled). The
+//! connections run with `synchronous_commit=off`: a commit is visible to every reader when it
+//! returns, and reaches the disk within the server's WAL writer delay (three times
+//! `wal_writer_delay` at worst, 600 ms by default); a server crash in that window loses it.
+//! `flush` commits synchronously, which makes every earlier commit durable. Leases expire after their time-to-live unless renewed; a holder of this process that
 //! is gone (its runtime dropped) holds nothing, as on the embedded stores. A holder that joined
 //! the cluster as a node ([`PostgresStore::join`]) renews nothing: its leases live while its
 //! node heartbeats.
@@ -29,6 +31,7 @@ pub mod deliveries;
 mod membership;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -104,7 +107,17 @@ const MIGRATIONS: &[&str] = &[
     // delivery is found by session.
     "CREATE INDEX subagents_deliveries_pending_by_session
          ON subagents_deliveries (target, session, id) WHERE state = 'pending';",
+    // 6: a flush touches one of a fixed number of rows, not a row per session forever.
+    "DROP TABLE subagents_flushes;
+     CREATE TABLE subagents_flushes (slot integer PRIMARY KEY, at timestamptz NOT NULL);",
 ];
+
+/// The fewest remembered lease holders at which gone ones are swept.
+const HOLDERS_SWEPT_FROM: usize = 64;
+
+/// How many rows `flush` writes in turn: each connection touches the one its server process
+/// id picks, so the table stays this small and concurrent flushes rarely share a row.
+const FLUSH_SLOTS: i32 = 256;
 
 /// How long opening a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -189,6 +202,11 @@ pub struct PostgresConfig {
     /// minute, or every retention period when that is shorter. Keep it well above the time a
     /// sender takes to read an answer (a pruned answer reads as `STORE_IO`).
     pub delivery_retention: Duration,
+    /// How long the row of a node declared dead is kept (default 1 hour): while it is, that
+    /// node's holder cannot join again. A serving node prunes older ones with the deliveries.
+    /// A holder whose record was pruned may join again; the fencing epochs still refuse any
+    /// write to a session another node took meanwhile.
+    pub dead_node_retention: Duration,
 }
 
 /// Never shows the connection string: it may hold a password.
@@ -200,6 +218,7 @@ impl std::fmt::Debug for PostgresConfig {
             .field("pool_size", &self.pool_size)
             .field("node_ttl", &self.node_ttl)
             .field("delivery_retention", &self.delivery_retention)
+            .field("dead_node_retention", &self.dead_node_retention)
             .finish()
     }
 }
@@ -213,6 +232,7 @@ impl PostgresConfig {
             pool_size: 16,
             node_ttl: Duration::from_secs(10),
             delivery_retention: Duration::from_secs(300),
+            dead_node_retention: Duration::from_secs(3600),
         }
     }
 }
@@ -225,8 +245,13 @@ pub struct PostgresStore {
     lease_ttl: Duration,
     node_ttl: Duration,
     delivery_retention: Duration,
-    /// The holders this process granted leases to: one that is gone holds nothing.
+    dead_node_retention: Duration,
+    /// The holders this process granted leases to: one that is gone holds nothing. A gone
+    /// one is forgotten once no lease row names it (see
+    /// [`PostgresStore::forget_released_holders`]).
     holders: Mutex<HashMap<uuid::Uuid, HolderLiveness>>,
+    /// How many holders may be remembered before the next sweep of gone ones.
+    holders_sweep_at: AtomicUsize,
     /// The holders of this process that are cluster members now (their leases need no renewal).
     members: Mutex<HashSet<uuid::Uuid>>,
 }
@@ -360,7 +385,9 @@ impl PostgresStore {
             lease_ttl: config.lease_ttl,
             node_ttl: config.node_ttl,
             delivery_retention: config.delivery_retention,
+            dead_node_retention: config.dead_node_retention,
             holders: Mutex::default(),
+            holders_sweep_at: AtomicUsize::new(HOLDERS_SWEPT_FROM),
             members: Mutex::default(),
         };
         Ok(store)
@@ -459,6 +486,60 @@ impl PostgresStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(holder.id(), holder.liveness());
+    }
+
+    /// How many lease holders of this process the store remembers: the live ones, and the
+    /// gone ones some lease row still names (until then, their sessions pass on at once).
+    /// Bounded by those: a long-lived process that starts runtime after runtime does not
+    /// grow it.
+    pub fn remembered_holders(&self) -> usize {
+        self.holders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Forgets the gone holders no lease row names any more, once the remembered ones doubled
+    /// since the last sweep: such a holder can never hold anything again, so forgetting it
+    /// changes no answer. A failed sweep is retried at the next lease.
+    async fn forget_released_holders(&self, client: &tokio_postgres::Client) {
+        let gone: Vec<uuid::Uuid> = {
+            let holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
+            if holders.len() < self.holders_sweep_at.load(Ordering::Relaxed) {
+                return;
+            }
+            holders
+                .iter()
+                .filter(|(_, alive)| alive.strong_count() == 0)
+                .map(|(holder, _)| *holder)
+                .collect()
+        };
+        let still_named = match client
+            .query(
+                "SELECT DISTINCT holder FROM subagents_leases WHERE holder = ANY($1)",
+                &[&gone],
+            )
+            .await
+        {
+            Ok(rows) => rows
+                .iter()
+                .map(|row| row.get(0))
+                .collect::<HashSet<uuid::Uuid>>(),
+            Err(error) => {
+                tracing::debug!(%error, "sweeping gone lease holders failed");
+                return;
+            }
+        };
+        let mut holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
+        for holder in gone {
+            if !still_named.contains(&holder) {
+                holders.remove(&holder);
+            }
+        }
+        self.holders_sweep_at.store(
+            (2 * holders.len()).max(HOLDERS_SWEPT_FROM),
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether `holder` is a holder of this process that is gone.
@@ -573,6 +654,7 @@ impl PostgresStore {
         }
         if let Some(holder) = &holder {
             self.remember(holder);
+            self.forget_released_holders(&client).await;
         }
         Ok(terms.map(|(lease, _)| lease))
     }
@@ -714,20 +796,21 @@ impl SessionPersistence for PostgresStore {
             // synchronous_commit off). A transaction that writes and commits synchronously
             // flushes the write-ahead log up to its own commit, so every earlier append of
             // every session is durable once it returns.
-            // One statement, its own transaction: the local setting holds at its commit. A
-            // row per session, so concurrent flushes never wait on each other.
+            // One statement, its own transaction: the local setting holds at its commit. The
+            // row is the connection's slot: a flush never waits on another connection's
+            // unless their server processes share one.
             let client = self.client().await?;
             let touch = client
                 .prepare_cached(
                     "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
-                     INSERT INTO subagents_flushes (session, at)
-                     SELECT $1, now() FROM durable
-                     ON CONFLICT (session) DO UPDATE SET at = excluded.at",
+                     INSERT INTO subagents_flushes (slot, at)
+                     SELECT pg_backend_pid() % $1, now() FROM durable
+                     ON CONFLICT (slot) DO UPDATE SET at = excluded.at",
                 )
                 .await
                 .map_err(io(format!("flushing session {id}")))?;
             client
-                .execute(&touch, &[&uuid_of(id)])
+                .execute(&touch, &[&FLUSH_SLOTS])
                 .await
                 .map_err(io(format!("flushing session {id}")))?;
             Ok(())
@@ -877,6 +960,7 @@ impl SessionPersistence for PostgresStore {
                 .await
                 .map_err(io(format!("leasing session {id}")))?;
             self.remember(&holder);
+            self.forget_released_holders(&client).await;
             Ok(lease)
         })
     }
