@@ -627,6 +627,14 @@ impl Subagents {
     /// that loses the race with the child's settlement waits for the teardown and
     /// cold-resumes.
     ///
+    /// Resolves at inbox acceptance: the message is then in the child's live log and is
+    /// claimed exactly once by a turn, in acceptance order (or discarded with a recorded
+    /// reason). It reaches the store behind the answer, with the child's other events: a
+    /// crash of this process before that write, or before the store's next flush forces it to
+    /// disk, loses it as it loses any unflushed event (see the README's durability section).
+    /// A child whose store write fails faults; once resumed, a turn whose record never
+    /// reached the store may run again.
+    ///
     /// # Errors
     /// `INVALID_ARGS` (empty content), `DRAINING`, `CANCELLED` (before acceptance only;
     /// afterwards the token no longer matters), `UNAUTHORIZED` (not the exact live direct

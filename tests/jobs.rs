@@ -410,15 +410,7 @@ async fn a_notified_job_is_never_notified_again() {
     // Each wait finds both the settlement and the cancellation ready: either way it returns,
     // nothing more is owed.
     for _ in 0..32 {
-        let _ = rt
-            .jobs()
-            .wait(
-                &id,
-                owner.agent().id(),
-                std::time::Duration::from_secs(60),
-                &cancelled,
-            )
-            .await;
+        let _ = wait_job(&rt, &id, &owner, &cancelled).await;
     }
     // The listener runs synchronously inside the registry: anything owed was told already.
     assert!(notified.try_recv().is_err(), "a second notice");
@@ -510,6 +502,23 @@ async fn bad_job_arguments_are_typed_errors_and_a_huge_timeout_is_just_the_cap()
     assert!(is_error);
 }
 
+/// Waits (up to a minute) for `owner`'s job `id` to end, as the job tools do.
+async fn wait_job(
+    rt: &Runtime,
+    id: &str,
+    owner: &AgentHandle,
+    cancel: &CancellationToken,
+) -> subagents::Result<subagents::jobs::JobSnapshot> {
+    rt.jobs()
+        .wait(
+            id,
+            owner.agent().id(),
+            std::time::Duration::from_secs(60),
+            cancel,
+        )
+        .await
+}
+
 /// A job of `owner` that completes at once.
 fn finished_job(rt: &Runtime, owner: &AgentHandle) -> String {
     rt.jobs()
@@ -548,16 +557,7 @@ async fn a_long_run_of_jobs_keeps_the_registry_flat() {
         let mut ids = Vec::new();
         for _ in 0..2 * ENDED_JOBS_PER_OWNER {
             let id = finished_job(&rt, owner);
-            let ended = rt
-                .jobs()
-                .wait(
-                    &id,
-                    owner.agent().id(),
-                    std::time::Duration::from_secs(30),
-                    &never,
-                )
-                .await
-                .unwrap();
+            let ended = wait_job(&rt, &id, owner, &never).await.unwrap();
             assert_eq!(ended.status, JobStatus::Completed);
             ids.push(id);
         }
@@ -590,16 +590,7 @@ async fn a_long_run_of_jobs_keeps_the_registry_flat() {
     let snapshot = rt.jobs().get(&running, owners[0].agent().id()).unwrap();
     assert_eq!(snapshot.status, JobStatus::Running);
     gate.release();
-    let ended = rt
-        .jobs()
-        .wait(
-            &running,
-            owners[0].agent().id(),
-            std::time::Duration::from_secs(30),
-            &never,
-        )
-        .await
-        .unwrap();
+    let ended = wait_job(&rt, &running, &owners[0], &never).await.unwrap();
     assert_eq!(ended.status, JobStatus::Completed);
     assert_eq!(
         rt.jobs().read(&running, owners[0].agent().id()).unwrap().0,

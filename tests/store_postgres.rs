@@ -728,6 +728,15 @@ fn a_malformed_delivery_is_answered_store_corrupt_and_its_batch_still_served() {
     assert_eq!(order, [2, 3], "only the well-formed ones reach the handler");
 }
 
+/// A node named `name` on its own store, whose server prunes every 200 ms (the delivery
+/// retention sets the pruning period).
+fn pruning_node(url: &str, name: &str) -> subagents::store::NodeMembership {
+    let mut config = PostgresConfig::new(url);
+    config.delivery_retention = Duration::from_millis(200);
+    let store = Arc::new(block_on(PostgresStore::connect_with(config)).unwrap());
+    block_on(store.join(&LeaseHolder::new(), name)).unwrap()
+}
+
 // Old deliveries are pruned by any serving node: an answered one once the retention has
 // passed (its sender read it long before), and one left unserved to a node that is gone.
 #[test]
@@ -735,12 +744,7 @@ fn old_deliveries_are_pruned_once_their_retention_passed() {
     let runtime = runtime();
     let _entered = runtime.enter();
     let url = server().fresh_database();
-    let join = |name| {
-        let mut config = PostgresConfig::new(url.clone());
-        config.delivery_retention = Duration::from_millis(200);
-        let store = Arc::new(block_on(PostgresStore::connect_with(config)).unwrap());
-        block_on(store.join(&LeaseHolder::new(), name)).unwrap()
-    };
+    let join = |name| pruning_node(&url, name);
     let (sender, target, gone) = (join("a"), join("b"), join("gone"));
     let gone_node = gone.node();
     block_on(gone.leave()).unwrap();
@@ -865,12 +869,7 @@ fn a_dead_nodes_row_is_pruned_once_its_retention_passed() {
     let runtime = runtime();
     let _entered = runtime.enter();
     let url = server().fresh_database();
-    let join = |name| {
-        let mut config = PostgresConfig::new(url.clone());
-        config.delivery_retention = Duration::from_millis(200);
-        let store = Arc::new(block_on(PostgresStore::connect_with(config)).unwrap());
-        block_on(store.join(&LeaseHolder::new(), name)).unwrap()
-    };
+    let join = |name| pruning_node(&url, name);
     let (serving, long_dead, recently_dead) = (join("serving"), join("long"), join("recent"));
     let (long_dead, recently_dead) = {
         let nodes = (long_dead.node(), recently_dead.node());
