@@ -94,9 +94,10 @@ impl Retained {
 
     fn forget(&mut self, id: &str, jobs: &mut BTreeMap<String, Job>) {
         let Some(job) = jobs.remove(id) else { return };
-        self.all.kept -= 1;
+        self.all.kept = self.all.kept.saturating_sub(1);
         if let Entry::Occupied(mut queue) = self.by_owner.entry(job.owner_id) {
-            queue.get_mut().kept -= 1;
+            let kept = &mut queue.get_mut().kept;
+            *kept = kept.saturating_sub(1);
             if queue.get().kept == 0 {
                 queue.remove();
             }
