@@ -910,3 +910,50 @@ fn a_dead_nodes_row_is_pruned_once_its_retention_passed() {
     assert_eq!(rows(recently_dead), 1, "a recent record is kept");
     assert_eq!(rows(serving.node()), 1, "a live node is kept");
 }
+
+// The listener's connection is a passing fault: terminated by the server (a restart, an
+// operator's pg_terminate_backend), it is opened again and listens on the node's channel, and
+// deliveries are served.
+#[test]
+fn a_lost_listener_connection_is_opened_again() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let (sender, target) = two_nodes(&url);
+    target
+        .serve(Arc::new(
+            |delivery: subagents::store::deliveries::Delivery| {
+                Box::pin(async move { Ok(delivery.payload) })
+            },
+        ))
+        .unwrap();
+    let listening = format!(
+        "SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE query = 'LISTEN subagents_node_{}'",
+        target.node().simple()
+    );
+    let first: i32 = query_value(&url, &listening);
+    assert_ne!(first, 0, "the node listens");
+    execute(&url, &format!("SELECT pg_terminate_backend({first})"));
+    // Reconnecting is the behavior under test, and nothing announces it: poll, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now: i32 = query_value(&url, &listening);
+        if now != 0 && now != first {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener never listened again"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let answer = block_on(within(
+        "the answer",
+        sender.deliver(
+            target.node(),
+            SessionId::new(),
+            &serde_json::json!({ "n": 1 }),
+        ),
+    ));
+    assert_eq!(answer.unwrap(), serde_json::json!({ "n": 1 }));
+}

@@ -16,7 +16,7 @@
 //!   old (their senders read them long before), and so are rows that old sent to a node no
 //!   longer live.
 //! - A lost notification only delays: both sides also look at the table every
-//!   [`RECHECK`].
+//!   [`RECHECK`]. A listener connection that fails is opened again with a bounded backoff.
 //! - A sender whose target node's membership expired with the delivery still pending is told
 //!   so (`SESSION_LEASED`: the session passes on once the dead node's leases expire), and the
 //!   row is withdrawn so that the dead node, were it to wake, cannot serve it. One that expired
@@ -119,52 +119,113 @@ impl Inbound {
     }
 }
 
+/// The first wait before a lost listener connection is opened again; it doubles up to
+/// [`LISTENER_BACKOFF_MAX`] while the server stays out of reach.
+const LISTENER_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The longest wait between two attempts to open the listener connection again.
+const LISTENER_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
 /// Opens the connection that listens on `node`'s channel, driven until `stop`; notifications
-/// go to `inbound`.
+/// go to `inbound`. A listener connection that fails (the server restarted, the backend was
+/// terminated) is opened again with a bounded backoff; meanwhile, and for what was announced
+/// while it was down, the rechecks find the deliveries.
+///
+/// # Errors
+/// `STORE_IO` when the first connection cannot be opened or cannot listen.
 pub(super) async fn listen(
     store: &PostgresStore,
     node: uuid::Uuid,
     inbound: Arc<Inbound>,
     stop: CancellationToken,
 ) -> Result<()> {
-    let (client, mut connection) = store
-        .pg_config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(io("opening the cluster listener"))?;
-    let stop_client = stop.clone();
+    let config = store.pg_config.clone();
+    let mut listening = Listening::open(&config, node, &inbound, &stop).await?;
     tokio::spawn(async move {
-        let messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-        futures::pin_mut!(messages);
         loop {
-            let message = tokio::select! {
+            tokio::select! {
+                // First: a connection ended by the stop is no loss.
+                biased;
                 () = stop.cancelled() => return,
-                message = futures::StreamExt::next(&mut messages) => message,
-            };
-            match message {
-                Some(Ok(tokio_postgres::AsyncMessage::Notification(notice))) => {
-                    inbound.route(notice.payload());
-                }
-                Some(Ok(_)) => {}
-                Some(Err(error)) => {
-                    tracing::warn!(%node, %error, "the cluster listener failed; deliveries fall back to rechecks");
-                    return;
-                }
-                None => return,
+                _ = &mut listening.ended => {}
             }
+            tracing::warn!(%node, "the cluster listener's connection was lost; opening it again");
+            let mut backoff = LISTENER_BACKOFF;
+            listening = loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                match Listening::open(&config, node, &inbound, &stop).await {
+                    Ok(listening) => break listening,
+                    Err(error) => {
+                        tracing::warn!(%node, %error, ?backoff, "the cluster listener could not listen again; retrying");
+                        backoff = (backoff * 2).min(LISTENER_BACKOFF_MAX);
+                    }
+                }
+            };
+            tracing::info!(%node, "the cluster listener listens again");
+            // A delivery announced while it was down was not heard: look now.
+            inbound.deliveries.notify_one();
         }
     });
-    client
-        .batch_execute(&format!("LISTEN {}", channel_of(node)))
-        .await
-        .map_err(io("listening for deliveries"))?;
-    // The client must outlive the listening (the connection ends when it is dropped), and no
-    // longer: it goes with the membership.
-    tokio::spawn(async move {
-        let _client = client;
-        stop_client.cancelled().await;
-    });
     Ok(())
+}
+
+/// One listener connection: its client (the connection lives while it does) and the signal
+/// that its connection ended.
+struct Listening {
+    _client: tokio_postgres::Client,
+    ended: oneshot::Receiver<()>,
+}
+
+impl Listening {
+    /// Connects, routes the connection's notifications to `inbound` until it ends or `stop`
+    /// fires, and listens on `node`'s channel.
+    async fn open(
+        config: &tokio_postgres::Config,
+        node: uuid::Uuid,
+        inbound: &Arc<Inbound>,
+        stop: &CancellationToken,
+    ) -> Result<Self> {
+        let (client, mut connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(io("opening the cluster listener"))?;
+        let (ended_tx, ended) = oneshot::channel();
+        let inbound = Arc::clone(inbound);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            futures::pin_mut!(messages);
+            loop {
+                let message = tokio::select! {
+                    () = stop.cancelled() => return,
+                    message = futures::StreamExt::next(&mut messages) => message,
+                };
+                match message {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(notice))) => {
+                        inbound.route(notice.payload());
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => {
+                        tracing::debug!(%node, %error, "the cluster listener's connection failed");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            let _ = ended_tx.send(());
+        });
+        client
+            .batch_execute(&format!("LISTEN {}", channel_of(node)))
+            .await
+            .map_err(io("listening for deliveries"))?;
+        Ok(Self {
+            _client: client,
+            ended,
+        })
+    }
 }
 
 /// An answer as stored: `{"ok": value}` or `{"error": {"code", "message"}}`.
