@@ -689,8 +689,9 @@ impl Subagents {
     /// the interrupt is never lost to the resume. An unknown id is an accepted no-op.
     ///
     /// A child its parent here placed on another node of a cluster is interrupted there; one
-    /// resident on another node that this runtime has no record of (its parent placed it from
-    /// another runtime) is, as far as this runtime can tell, absent.
+    /// resident on another node that this runtime has no record of (a grandchild a child
+    /// placed, or a child placed before this runtime restarted) is found by its lease and
+    /// interrupted there, for the parent or ancestor session this node holds.
     ///
     /// # Errors
     /// `UNAUTHORIZED`: a wrong parent address, a caller outside the target's ancestry, a stale
@@ -712,6 +713,19 @@ impl Subagents {
                 let Some(cause) = authorize_absent(&self.agents, target, &authority).await? else {
                     return Ok(());
                 };
+                // Resident on another node that this runtime has no record of (a grandchild
+                // its child placed, or a child placed before this runtime restarted): found by
+                // its lease, as a follow-up finds it, and interrupted there for the session
+                // this node acts for.
+                if let Some(cluster) = &self.cluster {
+                    if let Some(node) = cluster.other_holder(target).await? {
+                        let acting = match &authority {
+                            InterruptAuthority::User { parent_session_id } => *parent_session_id,
+                            InterruptAuthority::Ancestor(caller) => caller.id(),
+                        };
+                        return ask_interrupt(cluster, node, acting, target, cause).await;
+                    }
+                }
                 self.manager
                     .send(InterruptAbsent { target, cause })
                     .await

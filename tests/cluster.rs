@@ -205,6 +205,72 @@ async fn an_interrupt_crosses_to_the_childs_node_and_its_report_comes_back() {
     a.shutdown().await.unwrap();
 }
 
+// An ancestor interrupts a grandchild it has no record of: its child, on another node, started
+// it there. The grandchild is found by its lease and interrupted on its node, for the ancestor
+// session the asking node holds.
+#[actix_rt::test]
+async fn an_ancestor_interrupts_a_grandchild_its_child_started_on_another_node() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("root"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("below"));
+    let (child_gate, grandchild_gate) = (Gate::new(), Gate::new());
+    model_b.push(ScriptStep::text("child holds").gated(&child_gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let root_agent = root(&a).await;
+    let child = place(&a, root_agent.agent(), b_id, "delegate")
+        .await
+        .unwrap();
+    child_gate.reached().await;
+    let child = b.agents().get(child.child_id).await.unwrap();
+    model_b.push(ScriptStep::text("grandchild holds").gated(&grandchild_gate));
+    let grandchild = b
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "grandchild",
+            &child,
+            text("deep work"),
+        ))
+        .await
+        .unwrap()
+        .child_id;
+    grandchild_gate.reached().await;
+    // A stranger is still refused; the root, two levels up, interrupts across.
+    let stranger = root(&a).await;
+    let refused = a
+        .subagents()
+        .interrupt(
+            grandchild,
+            InterruptAuthority::Ancestor(stranger.agent().clone()),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Unauthorized);
+    a.subagents()
+        .interrupt(
+            grandchild,
+            InterruptAuthority::Ancestor(root_agent.agent().clone()),
+        )
+        .await
+        .unwrap();
+    grandchild_gate.release();
+    let resident = b.agents().get(grandchild).await.unwrap();
+    eventually("the grandchild's turn ends", || {
+        !turn_ends(&resident.log().events()).is_empty()
+    })
+    .await;
+    assert_eq!(
+        turn_ends(&resident.log().events()),
+        [subagents::TurnEndReason::Aborted {
+            reason: CancelCause::Parent
+        }]
+    );
+    child_gate.release();
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
 #[actix_rt::test]
 async fn draining_a_parent_releases_its_child_on_the_other_node_first() {
     let Placed {

@@ -670,7 +670,7 @@ impl Handler<PlacedFollowup> for ContinuationManager {
     }
 }
 
-/// Internal: a parent on another node interrupts its resident child here.
+/// Internal: a parent (or an ancestor) on another node interrupts its resident child here.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
 struct PlacedInterrupt {
@@ -683,10 +683,22 @@ impl Handler<PlacedInterrupt> for ContinuationManager {
     type Result = Result<()>;
 
     fn handle(&mut self, msg: PlacedInterrupt, _: &mut Context<Self>) -> Result<()> {
-        if let Some(resident) = self.placed_by(msg.parent, msg.child)? {
-            if resident.disposal.is_none() {
-                resident.agent.cancel_now(msg.cause, InboxPolicy::Keep);
-            }
+        let Some(resident) = self.residents.get(&msg.child) else {
+            return Ok(());
+        };
+        // The asking node holds `parent`'s lease (checked before this): the child's parent on
+        // that node, or one of its ancestors (a grandchild its child placed, interrupted from
+        // above).
+        let in_lineage =
+            resident.parent.is_remote(msg.parent) || resident.ancestry[1..].contains(&msg.parent);
+        if !in_lineage {
+            return Err(unauthorized(format!(
+                "continuable child {} is not a descendant of agent {}",
+                msg.child, msg.parent
+            )));
+        }
+        if resident.disposal.is_none() {
+            resident.agent.cancel_now(msg.cause, InboxPolicy::Keep);
         }
         Ok(())
     }
