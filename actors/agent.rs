@@ -140,11 +140,23 @@ pub(crate) enum Activity {
     Claimed(MessageId),
     /// A cancel discarded this pending message.
     Discarded(MessageId),
+    /// A message posted again was found claimed or discarded long before: accepted once, it
+    /// is not on its way to a turn.
+    Repeated(MessageId),
     /// The agent became idle (its driver exited with nothing left to run).
     Idle,
     /// A durable write failed: the agent will never run its pending work (it refuses sends and
     /// opens no turn), so nothing it holds is still on its way to a turn.
     Faulted,
+}
+
+/// Where a message posted again stands (see [`AgentActor::accepted_before`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Earlier {
+    /// Still in the inbox.
+    Pending,
+    /// Claimed or discarded.
+    Settled,
 }
 
 /// Receives an agent's [`Activity`]; called on the agent's thread, so it must not block.
@@ -379,6 +391,21 @@ impl AgentActor {
         self.notify(Activity::Faulted);
     }
 
+    /// Whether this agent accepted message `id` before: still pending, or settled (claimed
+    /// or discarded). Reads the log for a settled one: only a message that may repeat asks.
+    fn accepted_before(&self, id: MessageId) -> Option<Earlier> {
+        if self.inbox.is_pending(&id) {
+            return Some(Earlier::Pending);
+        }
+        let inserted = self.log.with_events(|events| {
+            events.iter().any(|event| {
+                matches!(&event.kind, EventKind::InboxSpliced { inserted, .. }
+                    if inserted.iter().any(|message| message.id == id))
+            })
+        });
+        inserted.then_some(Earlier::Settled)
+    }
+
     fn discard_pending(&mut self) -> Result<()> {
         for message in self.inbox.clear(&self.log)? {
             self.emit(AgentEventKind::InboxDiscarded {
@@ -504,6 +531,9 @@ pub(crate) struct Post {
     /// A budget raised with this message: recorded and applied once the message is accepted,
     /// before it can open a turn.
     pub(crate) raise: Option<BudgetRaise>,
+    /// Whether this message may have been accepted before: then an id this agent already
+    /// accepted is answered with that acceptance, and nothing is inserted again.
+    pub(crate) may_repeat: bool,
     pub(crate) reply: oneshot::Sender<Result<MessageId>>,
 }
 
@@ -518,6 +548,15 @@ impl Handler<Post> for AgentActor {
             }
             PostTarget::TurnOrStep => (InboxTarget::NextTurn, Wake::Wake),
         };
+        if msg.may_repeat {
+            if let Some(earlier) = self.accepted_before(msg.message.id) {
+                if earlier == Earlier::Settled {
+                    self.notify(Activity::Repeated(msg.message.id));
+                }
+                let _ = msg.reply.send(Ok(msg.message.id));
+                return;
+            }
+        }
         let outcome = self.insert(msg.message, target, wake).map(|(id, next)| {
             if let Some(raise) = msg.raise {
                 self.raise_budget(raise);
@@ -968,12 +1007,14 @@ impl AgentRef {
             .map_err(|_| SubagentError::agent_gone(self.id))?
     }
 
-    /// Posts `message` in mailbox order now; the returned future resolves at acceptance.
+    /// Posts `message` in mailbox order now; the returned future resolves at acceptance. With
+    /// `may_repeat`, a message this agent already accepted is answered with that acceptance.
     pub(crate) fn post(
         &self,
         message: Message,
         target: PostTarget,
         raise: Option<BudgetRaise>,
+        may_repeat: bool,
     ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
         let (reply, accepted) = oneshot::channel();
         let id = self.id;
@@ -982,6 +1023,7 @@ impl AgentRef {
                 message,
                 target,
                 raise,
+                may_repeat,
                 reply,
             }),
             None => drop(reply),

@@ -635,6 +635,12 @@ impl Subagents {
     /// A child whose store write fails faults; once resumed, a turn whose record never
     /// reached the store may run again.
     ///
+    /// Idempotent by message id: a follow-up sent under an id the child already accepted
+    /// ([`FollowupOptions::message_id`], a caller's retry after a lost answer), and a delivery
+    /// this runtime sends again after a node that may have accepted it stopped, is answered
+    /// with the first acceptance and runs no second turn (an absent child is cold-resumed to
+    /// look, and settles again).
+    ///
     /// # Errors
     /// `INVALID_ARGS` (empty content), `DRAINING`, `CANCELLED` (before acceptance only;
     /// afterwards the token no longer matters), `UNAUTHORIZED` (not the exact live direct
@@ -660,10 +666,16 @@ impl Subagents {
             .and_then(|()| options.budget.map(budget::normalize).transpose());
         let token = options.cancel;
         let source = options.source;
+        let chosen_id = options.message_id;
         own_task(async move {
+            let mut message = Message::user(content, source);
+            if let Some(id) = chosen_id {
+                message.id = id;
+            }
             let delivery = Delivery {
-                message: Message::user(content, source),
+                message,
                 raise: checked?,
+                may_repeat: chosen_id.is_some(),
             };
             route_followup(
                 &manager,

@@ -51,6 +51,9 @@ pub(crate) enum RemoteOp {
         child: SessionId,
         message: Message,
         raise: Option<Budget>,
+        /// Whether the child may have accepted the message already (a retry).
+        #[serde(default)]
+        may_repeat: bool,
     },
     /// Interrupt a child's turn under its parent's authority (inbox kept).
     Interrupt {

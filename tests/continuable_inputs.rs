@@ -172,3 +172,40 @@ async fn a_follow_up_to_an_unknown_id_names_that_id() {
         "{error}"
     );
 }
+
+// A follow-up retried under its id (its first answer was lost) is accepted once: sent again
+// while pending, or long after its turn ran and the child was released, it answers the first
+// acceptance and runs no second turn.
+#[actix_rt::test]
+async fn a_followup_retried_under_its_id_is_accepted_once() {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    model.push(ScriptStep::text("held").gated(&gate));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let child = start_continuable(&rt, parent.agent(), "first")
+        .await
+        .child_id;
+    gate.reached().await;
+    let id = subagents::MessageId::new();
+    let send = || {
+        rt.subagents().followup(
+            parent.agent(),
+            child,
+            text("once"),
+            FollowupOptions::new(MessageSource::User).message_id(id),
+        )
+    };
+    // Pending behind the held turn, then sent again.
+    assert_eq!(send().await.unwrap(), id);
+    assert_eq!(send().await.unwrap(), id);
+    gate.release();
+    settled(&recorder, child, 1).await;
+    // Released; sent again (it is cold-resumed to look): still the first acceptance.
+    assert_eq!(send().await.unwrap(), id);
+    settled(&recorder, child, 2).await;
+    let events = persisted(&rt, child).await;
+    assert_eq!(delivered(&events), ["first", "once"], "each ran once");
+    rt.shutdown().await.unwrap();
+}

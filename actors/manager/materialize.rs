@@ -72,6 +72,9 @@ pub(super) struct Installing {
 pub(crate) struct Delivery {
     pub(crate) message: Message,
     pub(crate) raise: Option<Budget>,
+    /// Whether the child may have accepted this message already (a retried delivery, or a
+    /// caller-chosen id): accepting it again answers the first acceptance, once.
+    pub(crate) may_repeat: bool,
 }
 
 /// Installs an Activation and submits its first message; rolls back on any failure.
@@ -463,6 +466,7 @@ pub(super) async fn create_and_install(
     let delivery = Delivery {
         message: Message::user(prompt, MessageSource::User),
         raise: None,
+        may_repeat: false,
     };
     let message_id = install_and_submit(manager, installing, delivery, token).await?;
     Ok(ContinuableStart {

@@ -536,7 +536,11 @@ impl ContinuationManager {
         token: &CancellationToken,
         ctx: &mut Context<Self>,
     ) -> Result<BoxFuture<'static, Result<MessageId>>> {
-        let Delivery { message, raise } = delivery;
+        let Delivery {
+            message,
+            raise,
+            may_repeat,
+        } = delivery;
         if token.is_cancelled() {
             return Err(cancelled());
         }
@@ -587,6 +591,7 @@ impl ContinuationManager {
             message,
             PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
             raise,
+            may_repeat,
         );
         // An interrupt that came while this child was being resumed reaches the turn the
         // message just opened (or parks it, when the turn has not claimed it yet).
@@ -757,7 +762,9 @@ impl Handler<AgentActivity> for ContinuationManager {
                 resident.forget_accepted(&id);
                 resident.busy = true;
             }
-            Activity::Discarded(id) => {
+            // Accepted long before: this acceptance answered the first one, and nothing of
+            // it is on its way to a turn.
+            Activity::Discarded(id) | Activity::Repeated(id) => {
                 resident.forget_accepted(&id);
             }
             Activity::Idle => resident.busy = false,

@@ -80,7 +80,7 @@ impl ContinuationManager {
                 PostTarget::TurnOrStep
             };
             // Posted now, in mailbox order behind whatever the manager sent it before.
-            let accepted = parent.post(message.clone(), target, None);
+            let accepted = parent.post(message.clone(), target, None, false);
             (parent, accepted)
         });
         let parent = captured.id();
@@ -145,14 +145,14 @@ impl ContinuationManager {
                             format!("the parent of continuable child {child} is not live"),
                         )
                     })?;
-                    live.post(message, target, None)
+                    live.post(message, target, None, false)
                         .await
                         .map_err(|error| parent_refused(child, &error))
                 }
                 .boxed());
             }
         };
-        let accepted = parent.post(message, target, None);
+        let accepted = parent.post(message, target, None, false);
         let manager = ctx.address();
         let parent_id = parent.id();
         Ok(async move {
@@ -207,7 +207,7 @@ async fn deliver_to_parent_session(
             Some(handle) => {
                 let live = handle.agent().clone();
                 match live
-                    .post(message.clone(), PostTarget::TurnOrStep, None)
+                    .post(message.clone(), PostTarget::TurnOrStep, None, false)
                     .await
                 {
                     Ok(id) => return Ok(id),

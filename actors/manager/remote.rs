@@ -108,6 +108,7 @@ pub(crate) async fn route_followup(
     token: &CancellationToken,
 ) -> Result<MessageId> {
     let mut moved = 0;
+    let mut delivery = delivery.clone();
     loop {
         let routed = manager
             .send(Followup {
@@ -156,7 +157,10 @@ pub(crate) async fn route_followup(
             };
             manager.send(placed).await.map_err(SubagentError::from)??;
         }
-        let asked = ask_followup(cluster, node, parent.id(), child, delivery).await;
+        let asked = ask_followup(cluster, node, parent.id(), child, &delivery).await;
+        // An ask that was not answered `Accepted` may still have been accepted there (the node
+        // stopped after accepting it): wherever it goes next, it is accepted at most once.
+        delivery.may_repeat |= !matches!(asked, Ok(FollowupAnswer::Accepted(_)));
         // Settled there, or its node stopped: resumed from the store (here, once the stopped
         // node's lease expired).
         let left = match &asked {
@@ -195,6 +199,7 @@ async fn ask_followup(
         child,
         message: delivery.message.clone(),
         raise: delivery.raise,
+        may_repeat: delivery.may_repeat,
     };
     cluster.ask(node, child, &op).await
 }
@@ -862,6 +867,7 @@ async fn serve(
             child,
             message,
             raise,
+            may_repeat,
         } => {
             authorize(cluster, parent, sender).await?;
             let raise = raise.map(budget::normalize).transpose()?;
@@ -870,7 +876,11 @@ async fn serve(
                     parent,
                     sender,
                     child,
-                    delivery: Delivery { message, raise },
+                    delivery: Delivery {
+                        message,
+                        raise,
+                        may_repeat,
+                    },
                 })
                 .await
                 .map_err(SubagentError::from)??;

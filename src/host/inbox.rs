@@ -70,6 +70,11 @@ impl Inbox {
         inbox
     }
 
+    /// Whether message `id` is pending in either list.
+    pub fn is_pending(&self, id: &MessageId) -> bool {
+        self.pending.contains(id)
+    }
+
     /// Whether a later turn is pending.
     pub fn has_next_turn(&self) -> bool {
         !self.next_turn.is_empty()

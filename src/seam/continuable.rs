@@ -160,16 +160,30 @@ pub struct FollowupOptions {
     pub budget: Option<Budget>,
     /// Owns the follow-up only until inbox acceptance.
     pub cancel: CancellationToken,
+    /// The follow-up's message id, chosen by the caller to make a retry idempotent: a
+    /// follow-up whose id the child already accepted (pending, claimed or discarded) is
+    /// answered with that first acceptance and runs no second time. `None`: a fresh id.
+    pub message_id: Option<MessageId>,
 }
 
 impl FollowupOptions {
-    /// A follow-up attributed to `source`, with a fresh token.
+    /// A follow-up attributed to `source`, with a fresh token and a fresh message id.
     pub fn new(source: MessageSource) -> Self {
         Self {
             source,
             budget: None,
             cancel: CancellationToken::new(),
+            message_id: None,
         }
+    }
+
+    /// Sends the follow-up under `id`: sent again under the same id (a retry after a lost
+    /// answer), it is accepted once. Looking the id up reads the child's log, so a fresh
+    /// follow-up is cheaper without one.
+    #[must_use]
+    pub fn message_id(mut self, id: MessageId) -> Self {
+        self.message_id = Some(id);
+        self
     }
 
     /// Sets the child's budget with this follow-up: the way to raise a spent limit. The new
