@@ -135,6 +135,10 @@ pub enum ErrorCode {
     /// An out-of-process child could not be started: the spawn, the handshake or the session
     /// creation failed. The child was reaped before the start failed.
     ChildStartFailed,
+    /// Another node of the cluster did not answer a delivery within its deadline
+    /// (`PostgresConfig::delivery_deadline`): one it never took is withdrawn and will not be
+    /// served; one it took may have been served.
+    NodeUnresponsive,
 }
 
 impl ErrorCode {
@@ -197,6 +201,7 @@ impl ErrorCode {
             Self::JobsUnavailable => "JOBS_UNAVAILABLE",
             Self::InvalidConfig => "INVALID_CONFIG",
             Self::ChildStartFailed => "CHILD_START_FAILED",
+            Self::NodeUnresponsive => "NODE_UNRESPONSIVE",
         }
     }
 }

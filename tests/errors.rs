@@ -78,6 +78,7 @@ fn every_code_prints_its_stable_string() {
         (ErrorCode::JobsUnavailable, "JOBS_UNAVAILABLE"),
         (ErrorCode::InvalidConfig, "INVALID_CONFIG"),
         (ErrorCode::ChildStartFailed, "CHILD_START_FAILED"),
+        (ErrorCode::NodeUnresponsive, "NODE_UNRESPONSIVE"),
     ];
     for (code, text) in pinned {
         assert_eq!(code.as_str(), text);

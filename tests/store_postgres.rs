@@ -957,3 +957,54 @@ fn a_lost_listener_connection_is_opened_again() {
     ));
     assert_eq!(answer.unwrap(), serde_json::json!({ "n": 1 }));
 }
+
+// No cross-node ask waits without bound: a delivery its live target never takes is withdrawn
+// at the deadline (it will not be served), and one it took and never answered is reported as
+// possibly served; either way the sender hears NODE_UNRESPONSIVE.
+#[test]
+fn an_unanswered_delivery_ends_at_its_deadline() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let join = |name| {
+        let mut config = PostgresConfig::new(url.clone());
+        config.delivery_deadline = Duration::from_millis(300);
+        let store = Arc::new(block_on(PostgresStore::connect_with(config)).unwrap());
+        block_on(store.join(&LeaseHolder::new(), name)).unwrap()
+    };
+    let (sender, idle, stuck) = (join("sender"), join("idle"), join("stuck"));
+    let state = |node: uuid::Uuid| -> String {
+        query_value(
+            &url,
+            &format!("SELECT state FROM subagents_deliveries WHERE target = '{node}'"),
+        )
+    };
+    // A live node that serves nothing never takes it.
+    let untaken = block_on(within(
+        "the deadline",
+        sender.deliver(idle.node(), SessionId::new(), &serde_json::json!(1)),
+    ))
+    .unwrap_err();
+    assert_eq!(untaken.code(), ErrorCode::NodeUnresponsive, "{untaken}");
+    assert!(untaken.message().contains("withdrawn"), "{untaken}");
+    assert_eq!(state(idle.node()), "withdrawn");
+    // A node whose handler never answers took it.
+    stuck
+        .serve(Arc::new(|_| Box::pin(futures::future::pending())))
+        .unwrap();
+    let unanswered = block_on(within(
+        "the deadline",
+        sender.deliver(stuck.node(), SessionId::new(), &serde_json::json!(2)),
+    ))
+    .unwrap_err();
+    assert_eq!(
+        unanswered.code(),
+        ErrorCode::NodeUnresponsive,
+        "{unanswered}"
+    );
+    assert!(
+        unanswered.message().contains("may have been served"),
+        "{unanswered}"
+    );
+    assert_eq!(state(stuck.node()), "claimed");
+}

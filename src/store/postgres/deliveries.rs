@@ -328,15 +328,8 @@ impl PostgresStore {
                 decode_answer(id, answer).map(Some)
             }
             ("pending", _) if !target_live => {
-                let withdraw = client
-                    .prepare_cached(
-                        "UPDATE subagents_deliveries SET state = 'withdrawn'
-                         WHERE id = $1 AND state = 'pending'",
-                    )
-                    .await
-                    .map_err(&failed)?;
-                let withdrawn = client.execute(&withdraw, &[&id]).await.map_err(&failed)?;
-                if withdrawn == 1 {
+                drop(client);
+                if self.withdraw_pending(id).await? {
                     Err(SubagentError::new(
                         ErrorCode::SessionLeased,
                         format!(
@@ -358,6 +351,21 @@ impl PostgresStore {
             )),
             _ => Ok(None),
         }
+    }
+
+    /// Withdraws delivery `id` if it is still pending: `true` when this withdrew it (it will
+    /// never be served).
+    pub(super) async fn withdraw_pending(&self, id: i64) -> Result<bool> {
+        let failed = io(format!("withdrawing delivery {id}"));
+        let client = self.client().await?;
+        let withdraw = client
+            .prepare_cached(
+                "UPDATE subagents_deliveries SET state = 'withdrawn'
+                 WHERE id = $1 AND state = 'pending'",
+            )
+            .await
+            .map_err(&failed)?;
+        Ok(client.execute(&withdraw, &[&id]).await.map_err(&failed)? == 1)
     }
 
     /// Claims up to `room` of `node`'s pending deliveries, each the oldest pending one of its
@@ -508,6 +516,7 @@ impl PostgresStore {
 #[derive(Debug)]
 pub struct SentDelivery<'a> {
     membership: &'a NodeMembership,
+    target: uuid::Uuid,
     id: i64,
     ticket: uuid::Uuid,
     announced: futures::future::Fuse<oneshot::Receiver<Option<Value>>>,
@@ -519,12 +528,59 @@ impl SentDelivery<'_> {
         self.id
     }
 
-    /// The target's answer.
+    /// The target's answer, waited for no longer than the store's
+    /// `PostgresConfig::delivery_deadline`.
     ///
     /// # Errors
     /// The target's own typed error; `SESSION_LEASED` when the target's membership expired
-    /// with the delivery unserved (the delivery is withdrawn) or mid-serving; `STORE_IO`.
-    pub async fn answer(mut self) -> Result<Value> {
+    /// with the delivery unserved (the delivery is withdrawn) or mid-serving;
+    /// `NODE_UNRESPONSIVE` when the deadline passed (see [`SentDelivery::answer_within`]);
+    /// `STORE_IO`.
+    pub async fn answer(self) -> Result<Value> {
+        let deadline = self.membership.store.delivery_deadline;
+        self.answer_within(deadline).await
+    }
+
+    /// The target's answer, waited for no longer than `deadline`. On expiry a delivery the
+    /// target never took is withdrawn (it will not be served); one it took and did not answer
+    /// may have been served.
+    ///
+    /// # Errors
+    /// As [`SentDelivery::answer`]; `NODE_UNRESPONSIVE` when `deadline` passed first.
+    pub async fn answer_within(mut self, deadline: Duration) -> Result<Value> {
+        match tokio::time::timeout(deadline, self.wait_for_answer()).await {
+            Ok(answer) => answer,
+            Err(_) => self.expire(deadline).await,
+        }
+    }
+
+    /// The deadline passed: withdraws the delivery if the target never took it; otherwise
+    /// answers what the row holds now, or that the target may have served it.
+    async fn expire(&self, deadline: Duration) -> Result<Value> {
+        let (id, target) = (self.id, self.target);
+        let store = &self.membership.store;
+        if store.withdraw_pending(id).await? {
+            return Err(SubagentError::new(
+                ErrorCode::NodeUnresponsive,
+                format!(
+                    "node {target} did not take delivery {id} within {deadline:?}: it was \
+                     withdrawn and will not be served"
+                ),
+            ));
+        }
+        match store.poll_answer(id).await? {
+            Some(answer) => Ok(answer),
+            None => Err(SubagentError::new(
+                ErrorCode::NodeUnresponsive,
+                format!(
+                    "node {target} took delivery {id} but did not answer within {deadline:?}: \
+                     it may have been served"
+                ),
+            )),
+        }
+    }
+
+    async fn wait_for_answer(&mut self) -> Result<Value> {
         loop {
             // The announcement (which usually carries the answer), or a recheck in case it was
             // lost.
@@ -577,6 +633,7 @@ impl NodeMembership {
         // Built before the send, so the ticket is withdrawn however this future ends.
         let mut sent_delivery = SentDelivery {
             membership: self,
+            target,
             id: 0,
             ticket,
             announced: futures::FutureExt::fuse(announced),

@@ -207,6 +207,10 @@ pub struct PostgresConfig {
     /// A holder whose record was pruned may join again; the fencing epochs still refuse any
     /// write to a session another node took meanwhile.
     pub dead_node_retention: Duration,
+    /// How long a node waits for another node's answer to a delivery (default 30 s): no
+    /// cross-node ask waits longer. On expiry a delivery not yet taken is withdrawn, and the
+    /// sender gets `NODE_UNRESPONSIVE`.
+    pub delivery_deadline: Duration,
 }
 
 /// Never shows the connection string: it may hold a password.
@@ -219,6 +223,7 @@ impl std::fmt::Debug for PostgresConfig {
             .field("node_ttl", &self.node_ttl)
             .field("delivery_retention", &self.delivery_retention)
             .field("dead_node_retention", &self.dead_node_retention)
+            .field("delivery_deadline", &self.delivery_deadline)
             .finish()
     }
 }
@@ -233,6 +238,7 @@ impl PostgresConfig {
             node_ttl: Duration::from_secs(10),
             delivery_retention: Duration::from_secs(300),
             dead_node_retention: Duration::from_secs(3600),
+            delivery_deadline: Duration::from_secs(30),
         }
     }
 }
@@ -246,6 +252,7 @@ pub struct PostgresStore {
     node_ttl: Duration,
     delivery_retention: Duration,
     dead_node_retention: Duration,
+    delivery_deadline: Duration,
     /// The holders this process granted leases to: one that is gone holds nothing. A gone
     /// one is forgotten once no lease row names it (see
     /// [`PostgresStore::forget_released_holders`]).
@@ -386,6 +393,7 @@ impl PostgresStore {
             node_ttl: config.node_ttl,
             delivery_retention: config.delivery_retention,
             dead_node_retention: config.dead_node_retention,
+            delivery_deadline: config.delivery_deadline,
             holders: Mutex::default(),
             holders_sweep_at: AtomicUsize::new(HOLDERS_SWEPT_FROM),
             members: Mutex::default(),
