@@ -314,6 +314,8 @@ async fn a_child_whose_node_left_is_resumed_on_its_parents_node() {
     a.shutdown().await.unwrap();
 }
 
+// A node that holds neither the parent nor the child cannot act for them: not a follow-up, not
+// a notice for the child, not a notice for a child that never existed.
 #[actix_rt::test]
 async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
     let Placed {
@@ -365,6 +367,23 @@ async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
         .await
         .unwrap_err();
     assert_eq!(forged.code(), ErrorCode::Unauthorized);
+    // Nor for a child nobody holds because it never existed: a made-up id is no one's child.
+    let made_up = SessionId::new();
+    let invented = stranger
+        .deliver(
+            a_id,
+            made_up,
+            &json!({
+                "op": "notify",
+                "parent": parent.agent().id(),
+                "child": made_up,
+                "message": Message::user(text("settled, invented"), MessageSource::User),
+                "kind": "settled",
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(invented.code(), ErrorCode::Unauthorized, "{invented}");
     assert!(notices(parent.agent()).is_empty());
     gate.release();
     notices_reach(parent.agent(), 1).await;

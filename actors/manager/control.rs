@@ -165,7 +165,7 @@ const MAX_LINEAGE: usize = 4096;
 
 /// The header of session `id`: its live agent's, else the stored one; `None` when neither
 /// exists.
-async fn header_of(
+pub(super) async fn header_of(
     agents: &Agents,
     id: SessionId,
 ) -> Result<Option<crate::session::SessionHeader>> {

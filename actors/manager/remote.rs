@@ -11,6 +11,7 @@
 
 use serde_json::Value;
 
+use super::control::header_of;
 use super::followup::{Followup, Routed};
 use super::materialize::{create_and_install, FreshChild};
 use super::*;
@@ -927,6 +928,16 @@ async fn serve(
                         "node {sender} does not hold continuable child {child}"
                     )));
                 }
+            }
+            // And only for a child of that parent: a made-up id, or a child of another
+            // session, is no one's to announce.
+            let named = header_of(agents, child)
+                .await?
+                .and_then(|header| header.parent_session);
+            if named != Some(parent) {
+                return Err(unauthorized(format!(
+                    "no continuable child {child} of agent {parent} is stored"
+                )));
             }
             let live = agents.get(parent).await;
             let accepted = manager
