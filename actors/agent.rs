@@ -397,12 +397,9 @@ impl AgentActor {
         if self.inbox.is_pending(&id) {
             return Some(Earlier::Pending);
         }
-        let inserted = self.log.with_events(|events| {
-            events.iter().any(|event| {
-                matches!(&event.kind, EventKind::InboxSpliced { inserted, .. }
-                    if inserted.iter().any(|message| message.id == id))
-            })
-        });
+        let inserted = self
+            .log
+            .with_events(|events| crate::host::inbox::inserts(events, id));
         inserted.then_some(Earlier::Settled)
     }
 

@@ -638,8 +638,8 @@ impl Subagents {
     /// Idempotent by message id: a follow-up sent under an id the child already accepted
     /// ([`FollowupOptions::message_id`], a caller's retry after a lost answer), and a delivery
     /// this runtime sends again after a node that may have accepted it stopped, is answered
-    /// with the first acceptance and runs no second turn (an absent child is cold-resumed to
-    /// look, and settles again).
+    /// with the first acceptance and runs no second turn (an absent child's stored log answers
+    /// it, and nothing is resumed for a message it settled long ago).
     ///
     /// # Errors
     /// `INVALID_ARGS` (empty content), `DRAINING`, `CANCELLED` (before acceptance only;

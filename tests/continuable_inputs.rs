@@ -175,7 +175,7 @@ async fn a_follow_up_to_an_unknown_id_names_that_id() {
 
 // A follow-up retried under its id (its first answer was lost) is accepted once: sent again
 // while pending, or long after its turn ran and the child was released, it answers the first
-// acceptance and runs no second turn.
+// acceptance, runs no second turn and opens no second epoch.
 #[actix_rt::test]
 async fn a_followup_retried_under_its_id_is_accepted_once() {
     let gate = Gate::new();
@@ -202,10 +202,19 @@ async fn a_followup_retried_under_its_id_is_accepted_once() {
     assert_eq!(send().await.unwrap(), id);
     gate.release();
     settled(&recorder, child, 1).await;
-    // Released; sent again (it is cold-resumed to look): still the first acceptance.
+    // Released; sent again: still the first acceptance, read from its stored log, and the
+    // child is not resumed for it.
     assert_eq!(send().await.unwrap(), id);
-    settled(&recorder, child, 2).await;
+    assert!(rt.agents().get(child).await.is_none(), "nothing resumed");
     let events = persisted(&rt, child).await;
     assert_eq!(delivered(&events), ["first", "once"], "each ran once");
+    let starts = recorder
+        .events()
+        .iter()
+        .filter(
+            |event| matches!(event, subagents::SubagentEvent::Start(start) if start.id == child),
+        )
+        .count();
+    assert_eq!(starts, 1, "one epoch: the repeat opened none");
     rt.shutdown().await.unwrap();
 }

@@ -149,6 +149,15 @@ impl ColdResume {
             .unwrap_or(usize::MAX)
             .min(stored.events.len());
         let own = &stored.events[own..];
+        // A repeated follow-up the child accepted and settled long ago is answered with that
+        // acceptance, and nothing is resumed for it (one still pending is resumed and claimed).
+        let id = delivery.message.id;
+        if delivery.may_repeat
+            && crate::host::inbox::inserts(own, id)
+            && !crate::host::Inbox::replay(own).is_pending(&id)
+        {
+            return Ok(id);
+        }
         let descriptor = SubagentDescriptor::fold(own)?
             .filter(|descriptor| descriptor.mode == DelegationMode::Continuable)
             .ok_or_else(|| {

@@ -12,6 +12,14 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::{FastHashSet, MessageId};
 use crate::session::{EventKind, InboxTarget, SessionEvent, SessionLog, SpliceOutcome};
 
+/// Whether `events` insert a message with this `id` into an inbox (pending now or not).
+pub fn inserts<E: Borrow<SessionEvent>>(events: &[E], id: MessageId) -> bool {
+    events.iter().any(|event| {
+        matches!(&event.borrow().kind, EventKind::InboxSpliced { inserted, .. }
+            if inserted.iter().any(|message| message.id == id))
+    })
+}
+
 /// The pending messages of one agent.
 #[derive(Debug, Default, Clone)]
 pub struct Inbox {
