@@ -547,8 +547,16 @@ impl Handler<Post> for AgentActor {
         };
         if msg.may_repeat {
             if let Some(earlier) = self.accepted_before(msg.message.id) {
-                if earlier == Earlier::Settled {
-                    self.notify(Activity::Repeated(msg.message.id));
+                match earlier {
+                    Earlier::Settled => self.notify(Activity::Repeated(msg.message.id)),
+                    // Still pending (replayed by a resume, say): it wakes the agent as its
+                    // first delivery would have.
+                    Earlier::Pending if self.state.refusal(self.id).is_none() => {
+                        let target = self.state.route(target, wake);
+                        let next = self.state.delivered(target, wake);
+                        self.apply(next, ctx);
+                    }
+                    Earlier::Pending => {}
                 }
                 let _ = msg.reply.send(Ok(msg.message.id));
                 return;

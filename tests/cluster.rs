@@ -10,14 +10,14 @@ use subagents::cluster::NodeId;
 use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
 use subagents::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    CancelCause, ContinuableStartSpec, ErrorCode, InterruptAuthority, Message, MessageSource,
-    ReportDelivery, ReportOptions, Runtime, SessionId,
+    CancelCause, ContinuableStartSpec, ErrorCode, FollowupOptions, InterruptAuthority, Message,
+    MessageSource, ReportDelivery, ReportOptions, Runtime, SessionId,
 };
 
 use crate::support::postgres::server;
 use crate::support::{
     delivered, eventually, followup_child, notices, persisted, root, seam_runtime_on, settled,
-    text, turn_ends, SeamRecorder,
+    text, turn_ends, within, SeamRecorder,
 };
 
 /// A store whose nodes go silent after 2 s (short enough for a test to outlive a node).
@@ -563,4 +563,136 @@ async fn a_node_runtime_dropped_without_shutdown_goes_silent_and_expires() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The texts of the messages `events` insert into an inbox.
+fn inserted<E: std::borrow::Borrow<subagents::SessionEvent>>(events: &[E]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.borrow().kind {
+            subagents::EventKind::InboxSpliced { inserted, .. } => Some(inserted.clone()),
+            _ => None,
+        })
+        .flatten()
+        .map(|message| message.text())
+        .collect()
+}
+
+/// Runs `sql` on the cluster's database.
+async fn sql(url: &str, statements: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client.batch_execute(statements).await.unwrap();
+}
+
+/// Whether `query` (one boolean) holds on the cluster's database.
+async fn holds(url: &str, query: &str) -> bool {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client.query_one(query, &[]).await.unwrap().get(0)
+}
+
+// The child's node accepts a follow-up, then dies before its answer lands: the parent's node
+// hears "it may have been accepted", resumes the child itself once the dead node's lease is
+// gone, and sends the follow-up again under its id. The child accepted it once: it is
+// answered with that acceptance and runs once, neither lost nor doubled.
+#[actix_rt::test]
+async fn a_followup_accepted_by_a_node_that_died_before_answering_runs_once() {
+    let Placed {
+        url,
+        a,
+        b,
+        b_id,
+        parent,
+        started,
+        gate,
+        ..
+    } = placed("first").await;
+    let child = started.child_id;
+    // The child's node can no longer answer follow-ups: its answer fails in the database.
+    sql(
+        &url,
+        "CREATE FUNCTION refuse_followup_answers() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.state = 'answered' AND convert_from(OLD.payload, 'UTF8') LIKE '%\"op\":\"followup\"%' THEN
+                 RAISE EXCEPTION 'the answer never lands';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_followup_answers BEFORE UPDATE ON subagents_deliveries
+             FOR EACH ROW EXECUTE FUNCTION refuse_followup_answers();",
+    )
+    .await;
+    // The child's lease now lives only as long as its node's row does.
+    let lease_by_row = format!(
+        "SELECT coalesce(bool_and(expires_at < now()), false) FROM subagents_leases
+         WHERE session = '{child}'"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !holds(&url, &lease_by_row).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease row never aged"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sending = tokio::spawn(a.subagents().followup(
+        parent.agent(),
+        child,
+        text("second"),
+        FollowupOptions::new(MessageSource::User),
+    ));
+    // Accepted on the child's node (pending behind the held turn) and stored there.
+    let on_b = b.agents().get(child).await.unwrap();
+    eventually("the acceptance on the child's node", || {
+        inserted(&on_b.log().events()).contains(&"second".to_owned())
+    })
+    .await;
+    within("the acceptance stored", async {
+        while !inserted(&persisted(&b, child).await).contains(&"second".to_owned()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // The node dies before answering: its row expires.
+    sql(
+        &url,
+        &format!("UPDATE subagents_nodes SET expires_at = now() - interval '1 second' WHERE node = '{b_id}'"),
+    )
+    .await;
+    let accepted = within("the follow-up's answer", sending)
+        .await
+        .unwrap()
+        .expect("the follow-up is accepted");
+    // Resumed on the parent's node, which runs the follow-up once.
+    let resumed = a
+        .agents()
+        .get(child)
+        .await
+        .expect("resumed on the parent's node");
+    eventually("the follow-up's turn", || {
+        delivered(&resumed.log().events())
+            .iter()
+            .filter(|text| *text == "second")
+            .count()
+            == 1
+            && turn_ends(&resumed.log().events()).len() >= 2
+    })
+    .await;
+    let events = persisted(&a, child).await;
+    let inserted = events
+        .iter()
+        .filter(|event| {
+            matches!(&event.kind, subagents::EventKind::InboxSpliced { inserted, .. }
+                if inserted.iter().any(|message| message.id == accepted))
+        })
+        .count();
+    assert_eq!(inserted, 1, "accepted once");
+    gate.release();
+    b.shutdown().await.ok();
+    a.shutdown().await.unwrap();
 }
