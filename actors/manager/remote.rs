@@ -109,6 +109,8 @@ pub(crate) async fn route_followup(
     token: &CancellationToken,
 ) -> Result<MessageId> {
     let mut moved = 0;
+    // Rechecks spent waiting for a stopped node's lease to free.
+    let mut waited = 0;
     let mut delivery = delivery.clone();
     loop {
         let routed = manager
@@ -179,9 +181,22 @@ pub(crate) async fn route_followup(
         match asked {
             Ok(FollowupAnswer::Accepted(id)) => return Ok(id),
             Err(error) if !left => return Err(error),
-            Ok(FollowupAnswer::Absent) | Err(_) => {
+            Ok(FollowupAnswer::Absent) => {
                 tracing::debug!(%child, %node, "the child left the node it was asked on; routing again");
                 moved += 1;
+            }
+            Err(error) => {
+                // Its node stopped: the child passes on once that node's lease is gone, within
+                // a node time-to-live (its lease row may outlive the node's row by as much).
+                let bound = 2 * cluster.membership().node_ttl().as_millis()
+                    / crate::store::deliveries::RECHECK.as_millis().max(1)
+                    + 1;
+                waited += 1;
+                if waited > bound {
+                    return Err(error);
+                }
+                tracing::debug!(%child, %node, "the child's node stopped; waiting for its lease");
+                tokio::time::sleep(crate::store::deliveries::RECHECK).await;
             }
         }
     }

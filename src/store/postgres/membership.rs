@@ -50,6 +50,12 @@ impl NodeMembership {
         self.lost.clone()
     }
 
+    /// How long a node keeps its row, and with it its leases, without a heartbeat: a node
+    /// that stopped holds nothing longer than this.
+    pub fn node_ttl(&self) -> Duration {
+        self.store.node_ttl
+    }
+
     /// Leaves the cluster: the heartbeat stops and the node's row is removed. Leases the node
     /// still holds then last only their own time-to-live: release the runtime's agents first.
     /// A lost membership's row stays: it is the record that the node was declared dead, which
