@@ -1008,3 +1008,37 @@ fn an_unanswered_delivery_ends_at_its_deadline() {
     );
     assert_eq!(state(stuck.node()), "claimed");
 }
+
+// A node's id is one process's at a time: a second process joining under the id of a node
+// that heartbeats is refused, and the first keeps its row; once that process died (its row no
+// longer renewed), a process restarted under the id takes the row over.
+#[test]
+fn a_second_process_under_a_live_nodes_id_is_refused() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let id = uuid::Uuid::new_v4();
+    let first = block_on(cluster_store(&url).join(&LeaseHolder::with_id(id), "first")).unwrap();
+    let second = block_on(within(
+        "the refusal",
+        cluster_store(&url).join(&LeaseHolder::with_id(id), "second"),
+    ))
+    .unwrap_err();
+    assert_eq!(second.code(), ErrorCode::SessionLeased, "{second}");
+    assert!(
+        second.message().contains("live in another process"),
+        "{second}"
+    );
+    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
+    assert_eq!(name, "first");
+    // The first process dies: its row stays until it expires, renewed by nobody.
+    drop(first);
+    let restarted = block_on(within(
+        "the takeover",
+        cluster_store(&url).join(&LeaseHolder::with_id(id), "restarted"),
+    ))
+    .unwrap();
+    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
+    assert_eq!(name, "restarted");
+    drop(restarted);
+}

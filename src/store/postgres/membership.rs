@@ -161,8 +161,10 @@ impl PostgresStore {
     /// deliveries from its peers from now on (see [`NodeMembership::serve`]).
     ///
     /// # Errors
-    /// `LEASE_LOST` when `holder` was a node already declared dead; `STORE_IO` when the row
-    /// cannot be written; `NO_ACTOR_SYSTEM` outside a tokio runtime.
+    /// `LEASE_LOST` when `holder` was a node already declared dead; `SESSION_LEASED` when
+    /// another process runs `holder`'s node (its row heartbeats while the join watches for half
+    /// a node time-to-live; a row nothing renews, of a process that died, is taken over);
+    /// `STORE_IO` when the row cannot be written; `NO_ACTOR_SYSTEM` outside a tokio runtime.
     pub async fn join(
         self: &Arc<Self>,
         holder: &LeaseHolder,
@@ -175,24 +177,17 @@ impl PostgresStore {
         let inbound = Arc::new(Inbound::default());
         let stop = CancellationToken::new();
         listen(self, node, Arc::clone(&inbound), stop.clone()).await?;
-        // Taken before the write, so this node never thinks its row lives longer than the
-        // server does.
-        let written = Instant::now();
-        let joined = self.insert_member(node, name, ttl).await;
-        let joined = match joined {
-            Ok(joined) => joined,
+        let written = match self.insert_member(node, name, ttl).await {
+            Ok(Joining::Joined(written)) => written,
+            Ok(refused) => {
+                stop.cancel();
+                return Err(refused.refusal(node));
+            }
             Err(error) => {
                 stop.cancel();
                 return Err(error);
             }
         };
-        if !joined {
-            stop.cancel();
-            return Err(SubagentError::new(
-                ErrorCode::LeaseLost,
-                format!("node {node} was declared dead: a new runtime (a new holder) must join"),
-            ));
-        }
         self.remember(holder);
         self.remember_member(node);
         let membership = NodeMembership {
@@ -229,22 +224,92 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// Writes `node`'s row, or renews it while it is live; `false` for a node already
-    /// declared dead.
-    async fn insert_member(&self, node: uuid::Uuid, name: &str, ttl: f64) -> Result<bool> {
+    /// Writes `node`'s row. A row already there is a node declared dead (refused), a live
+    /// process of this id (refused: it heartbeats while this watches for half a time-to-live),
+    /// or one that died within its time-to-live (taken over: nothing renewed it).
+    async fn insert_member(&self, node: uuid::Uuid, name: &str, ttl: f64) -> Result<Joining> {
+        let failed = io(format!("joining the cluster as node {node}"));
         let client = self.client().await?;
-        let joined = client
+        // Taken before each write, so this node never thinks its row lives longer than the
+        // server does.
+        let written = Instant::now();
+        let inserted = client
             .execute(
                 "INSERT INTO subagents_nodes (node, name, expires_at)
                  VALUES ($1, $2, now() + make_interval(secs => $3))
-                 ON CONFLICT (node) DO UPDATE
-                 SET name = excluded.name, heartbeat_at = now(), expires_at = excluded.expires_at
-                 WHERE subagents_nodes.expires_at > now()",
+                 ON CONFLICT (node) DO NOTHING",
                 &[&node, &name, &ttl],
             )
             .await
-            .map_err(io(format!("joining the cluster as node {node}")))?;
-        Ok(joined == 1)
+            .map_err(&failed)?;
+        if inserted == 1 {
+            return Ok(Joining::Joined(written));
+        }
+        let heartbeat = || async {
+            let row = client
+                .query_opt(
+                    "SELECT heartbeat_at::text FROM subagents_nodes
+                     WHERE node = $1 AND expires_at > now()",
+                    &[&node],
+                )
+                .await
+                .map_err(&failed)?;
+            Ok::<_, SubagentError>(row.map(|row| row.get::<_, String>(0)))
+        };
+        let Some(seen) = heartbeat().await? else {
+            return Ok(Joining::Dead);
+        };
+        // A live node beats every third of its time-to-live: half of it shows one.
+        tokio::time::sleep(self.node_ttl / 2).await;
+        match heartbeat().await? {
+            None => return Ok(Joining::Dead),
+            Some(now) if now != seen => return Ok(Joining::Live),
+            Some(_) => {}
+        }
+        let written = Instant::now();
+        let taken = client
+            .execute(
+                "UPDATE subagents_nodes
+                 SET name = $2, heartbeat_at = now(), expires_at = now() + make_interval(secs => $3)
+                 WHERE node = $1 AND expires_at > now() AND heartbeat_at::text = $4",
+                &[&node, &name, &ttl, &seen],
+            )
+            .await
+            .map_err(&failed)?;
+        Ok(if taken == 1 {
+            Joining::Joined(written)
+        } else {
+            Joining::Live
+        })
+    }
+}
+
+/// How a join found its node's row.
+enum Joining {
+    /// Written (or taken over from a process that died within its time-to-live), at this
+    /// instant or later.
+    Joined(Instant),
+    /// Expired: the node was declared dead.
+    Dead,
+    /// Heartbeating: another process runs this node.
+    Live,
+}
+
+impl Joining {
+    fn refusal(&self, node: uuid::Uuid) -> SubagentError {
+        match self {
+            Self::Live => SubagentError::new(
+                ErrorCode::SessionLeased,
+                format!(
+                    "node {node} is live in another process (it heartbeats): a second process \
+                     cannot join under its id"
+                ),
+            ),
+            Self::Joined(_) | Self::Dead => SubagentError::new(
+                ErrorCode::LeaseLost,
+                format!("node {node} was declared dead: a new runtime (a new holder) must join"),
+            ),
+        }
     }
 }
 
