@@ -140,9 +140,7 @@ impl SessionPersistence for MemoryStore {
     ) -> BoxFuture<'_, Result<Lease>> {
         let outcome = self
             .write_creation(header, events, Some(&holder))
-            .and_then(|lease| {
-                lease.ok_or_else(|| SubagentError::bug("a leased creation granted no lease"))
-            });
+            .and_then(super::granted);
         Box::pin(future::ready(outcome))
     }
 

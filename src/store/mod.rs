@@ -328,6 +328,11 @@ pub(crate) fn check_append(
     Ok(())
 }
 
+/// The lease a leased creation granted: a creation written with a holder always grants one.
+pub(crate) fn granted(lease: Option<Lease>) -> Result<Lease> {
+    lease.ok_or_else(|| SubagentError::bug("a leased creation granted no lease"))
+}
+
 pub(crate) fn not_found(id: SessionId) -> SubagentError {
     SubagentError::new(
         ErrorCode::SessionNotFound,

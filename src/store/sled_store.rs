@@ -427,9 +427,7 @@ impl SessionPersistence for SledStore {
     ) -> BoxFuture<'_, Result<Lease>> {
         let outcome = self
             .write_leased_creation(&header, &events, Some(&holder), None)
-            .and_then(|lease| {
-                lease.ok_or_else(|| SubagentError::bug("a leased creation granted no lease"))
-            });
+            .and_then(super::granted);
         Box::pin(future::ready(outcome))
     }
 

@@ -724,11 +724,9 @@ impl SessionPersistence for PostgresStore {
         events: Vec<Arc<SessionEvent>>,
         holder: LeaseHolder,
     ) -> BoxFuture<'_, Result<Lease>> {
-        Box::pin(async move {
-            self.write_creation(header, events, Some(holder))
-                .await?
-                .ok_or_else(|| SubagentError::bug("a leased creation granted no lease"))
-        })
+        Box::pin(
+            async move { super::granted(self.write_creation(header, events, Some(holder)).await?) },
+        )
     }
 
     fn append(
