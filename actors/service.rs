@@ -733,12 +733,12 @@ impl Subagents {
                 // its lease, as a follow-up finds it, and interrupted there for the session
                 // this node acts for.
                 if let Some(cluster) = &self.cluster {
-                    if let Some(node) = cluster.other_holder(target).await? {
+                    if let Some(holder) = cluster.other_holder(target).await? {
                         let acting = match &authority {
                             InterruptAuthority::User { parent_session_id } => *parent_session_id,
                             InterruptAuthority::Ancestor(caller) => caller.id(),
                         };
-                        return ask_interrupt(cluster, node, acting, target, cause).await;
+                        return ask_interrupt(cluster, holder.node, acting, target, cause).await;
                     }
                 }
                 self.manager

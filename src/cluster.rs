@@ -23,6 +23,7 @@
 //! each level of a forest spread across nodes holds one delivery slot while the level below
 //! releases.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -34,7 +35,7 @@ use crate::host::{AgentOptions, Budget, DelegatedPolicy};
 use crate::ids::{MessageId, SessionId};
 use crate::seam::ReportDelivery;
 use crate::session::CancelCause;
-use crate::store::NodeMembership;
+use crate::store::{NodeIncarnation, NodeMembership};
 
 /// A node's id: the id of the lease holder that joined the cluster.
 pub type NodeId = uuid::Uuid;
@@ -163,12 +164,16 @@ impl ClusterLink {
         self.membership.leave().await
     }
 
-    /// Which of `nodes` are no longer live members.
-    pub(crate) async fn gone(&self, nodes: Vec<NodeId>) -> Result<Vec<NodeId>> {
-        let live = self.membership.live_among(&nodes).await?;
-        Ok(nodes
+    /// The live incarnation of each of `nodes` that is a live member now (a node missing from
+    /// the answer stopped).
+    pub(crate) async fn live_incarnations(
+        &self,
+        nodes: &[NodeId],
+    ) -> Result<HashMap<NodeId, Option<uuid::Uuid>>> {
+        let live = self.membership.live_among(nodes).await?;
+        Ok(live
             .into_iter()
-            .filter(|node| !live.contains(node))
+            .map(|live| (live.node, live.incarnation))
             .collect())
     }
 
@@ -181,10 +186,11 @@ impl ClusterLink {
         &self.membership
     }
 
-    /// The live node holding `session`'s lease, when it is another node than this one.
-    pub(crate) async fn other_holder(&self, session: SessionId) -> Result<Option<NodeId>> {
+    /// The live node (and its incarnation) holding `session`'s lease, when it is another node
+    /// than this one.
+    pub(crate) async fn other_holder(&self, session: SessionId) -> Result<Option<NodeIncarnation>> {
         let holder = self.membership.holder_of(session).await?;
-        Ok(holder.filter(|holder| *holder != self.node()))
+        Ok(holder.filter(|holder| holder.node != self.node()))
     }
 
     /// Sends `op` about `session` to `node` and decodes its answer.
@@ -194,16 +200,30 @@ impl ClusterLink {
         session: SessionId,
         op: &RemoteOp,
     ) -> Result<T> {
+        Ok(self.ask_served(node, session, op).await?.0)
+    }
+
+    /// [`ClusterLink::ask`], answering also which incarnation of `node` served it.
+    pub(crate) async fn ask_served<T: serde::de::DeserializeOwned>(
+        &self,
+        node: NodeId,
+        session: SessionId,
+        op: &RemoteOp,
+    ) -> Result<(T, Option<uuid::Uuid>)> {
         let payload = serde_json::to_value(op).map_err(|error| {
             SubagentError::bug(format!("a cluster operation did not encode: {error}"))
         })?;
-        let answer = self.membership.deliver(node, session, &payload).await?;
-        serde_json::from_value(answer).map_err(|error| {
+        let served = self
+            .membership
+            .deliver_served(node, session, &payload)
+            .await?;
+        let answer = serde_json::from_value(served.value).map_err(|error| {
             SubagentError::new(
                 ErrorCode::StoreCorrupt,
                 format!("node {node} answered a cluster operation unreadably: {error}"),
             )
-        })
+        })?;
+        Ok((answer, served.by))
     }
 }
 

@@ -551,7 +551,11 @@ async fn a_node_runtime_dropped_without_shutdown_goes_silent_and_expires() {
         .join(&LeaseHolder::new(), "observer")
         .await
         .unwrap();
-    assert_eq!(observer.live_among(&[a_id]).await.unwrap(), vec![a_id]);
+    let live = observer.live_among(&[a_id]).await.unwrap();
+    assert_eq!(
+        live.iter().map(|live| live.node).collect::<Vec<_>>(),
+        vec![a_id]
+    );
     drop(a);
     // A bounded poll of the row's expiry, which nothing announces: a heartbeating node renews
     // its row every third of its 2 s time-to-live, so it would still be live at the deadline.
@@ -672,5 +676,70 @@ async fn a_followup_accepted_by_a_node_that_died_before_answering_runs_once() {
     assert_eq!(inserted, 1, "accepted once");
     gate.release();
     b.shutdown().await.ok();
+    a.shutdown().await.unwrap();
+}
+
+// A node's process dies and a new one joins under the same node id within the time-to-live
+// (a restart): the new incarnation fences its predecessor's leases at once. The child that ran
+// on the dead process passes on: its parent hears that its epoch ended with its node, and a
+// follow-up resumes it and runs. Before incarnations the restarted node renewed the dead
+// process's leases: the follow-up bounced between "absent" and "leased" until it gave up, and
+// the parent never heard of the epoch.
+#[actix_rt::test]
+async fn a_node_restarted_under_its_id_passes_its_predecessors_children_on_at_once() {
+    let Placed {
+        url,
+        a,
+        b,
+        b_id,
+        parent,
+        started,
+        gate,
+        ..
+    } = placed("first").await;
+    let child = started.child_id;
+    // The child's node's process dies mid-turn (it stops heartbeating and serving)...
+    drop(b);
+    // ...and a new process joins under its id before its row expires.
+    let store = cluster_store(&url).await;
+    let holder = LeaseHolder::with_id(b_id);
+    let membership = within("the restart", store.join(&holder, "b again"))
+        .await
+        .unwrap();
+    let model = ScriptedModel::repeating(ScriptStep::text("child again"));
+    let builder = Runtime::builder()
+        .model("scripted", model)
+        .lease_holder(holder)
+        .cluster(membership);
+    let restarted = seam_runtime_on(builder, store).await;
+    let heard = notices_reach(parent.agent(), 1).await;
+    assert!(
+        heard[0].contains("node-stopped") && heard[0].contains(&child.to_string()),
+        "{heard:?}"
+    );
+    let accepted = within(
+        "the follow-up",
+        a.subagents().followup(
+            parent.agent(),
+            child,
+            text("second"),
+            FollowupOptions::new(MessageSource::User),
+        ),
+    )
+    .await
+    .expect("a follow-up resumes the child");
+    eventually("the follow-up's turn", || {
+        notices(parent.agent()).len() >= 2
+    })
+    .await;
+    let events = persisted(&a, child).await;
+    assert!(
+        delivered(&events).contains(&"second".to_owned()),
+        "the follow-up {accepted} ran: {:?}",
+        delivered(&events)
+    );
+    assert_eq!(notices(parent.agent()).len(), 2, "one notice per epoch");
+    gate.release();
+    restarted.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }

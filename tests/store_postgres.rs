@@ -1042,3 +1042,25 @@ fn a_second_process_under_a_live_nodes_id_is_refused() {
     assert_eq!(name, "restarted");
     drop(restarted);
 }
+
+// A process whose node row another process took over under the same id (it was paused past
+// the takeover's watch, then woke) no longer belongs: its next heartbeat finds the row another
+// incarnation's and reports the membership lost (its server stops). Before incarnations the
+// woken process renewed the row it shared with its successor and served beside it.
+#[test]
+fn a_process_whose_node_was_taken_over_loses_its_membership() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let id = uuid::Uuid::new_v4();
+    let paused = block_on(cluster_store(&url).join(&LeaseHolder::with_id(id), "paused")).unwrap();
+    assert_ne!(paused.incarnation(), uuid::Uuid::nil());
+    // The takeover, as a process joining under the id writes it.
+    execute(
+        &url,
+        "UPDATE subagents_nodes SET incarnation = gen_random_uuid(), name = 'restarted'",
+    );
+    block_on(within("the lost membership", paused.lost().cancelled()));
+    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
+    assert_eq!(name, "restarted", "the successor's row is left alone");
+}

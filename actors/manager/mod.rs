@@ -202,6 +202,9 @@ impl ParentLink {
 struct RemoteChild {
     parent: AgentRef,
     node: NodeId,
+    /// The incarnation of `node` that holds it, once known: a node restarted under its id
+    /// holds it no more.
+    incarnation: Option<uuid::Uuid>,
     /// Resolves once its start was answered: a release must not overtake the start.
     starting: Option<Signal>,
     /// Its release, once asked for (memoized: a drain and a disposal may both ask).

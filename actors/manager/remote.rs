@@ -34,6 +34,7 @@ pub(super) async fn place(
             child,
             parent,
             node,
+            incarnation: None,
             starting: Some(starting),
         })
         .await
@@ -41,24 +42,28 @@ pub(super) async fn place(
     // Once sent, the start is the child's node's: the caller's token no longer stops it (a
     // child created there and unknown here would have no parent to answer to).
     let started = cluster
-        .ask::<ContinuableStart>(node, child, &RemoteOp::Start(Box::new(start)))
+        .ask_served::<ContinuableStart>(node, child, &RemoteOp::Start(Box::new(start)))
         .await;
-    if started.is_err() {
-        manager.do_send(ForgetRemote { child, node });
-    } else {
-        manager.do_send(RecordAnswered {
+    match &started {
+        Ok((_, incarnation)) => manager.do_send(RecordAnswered {
             child,
-            answered: Answered::Start,
-        });
+            answered: Answered::Start(*incarnation),
+        }),
+        Err(_) => manager.do_send(ForgetRemote {
+            child,
+            node,
+            why: Forgotten::Done,
+        }),
     }
     let _ = answered.send(());
-    started
+    started.map(|(started, _)| started)
 }
 
 /// What of a placed child's record an answer from its node ends.
 enum Answered {
-    /// Its start: it is an ordinary placed child from now on.
-    Start,
+    /// Its start, served by this incarnation of its node: it is an ordinary placed child from
+    /// now on.
+    Start(Option<uuid::Uuid>),
     /// A release that failed: a later one asks again.
     FailedRelease,
 }
@@ -77,7 +82,10 @@ impl Handler<RecordAnswered> for ContinuationManager {
     fn handle(&mut self, msg: RecordAnswered, _: &mut Context<Self>) {
         if let Some(record) = self.remote_children.get_mut(&msg.child) {
             match msg.answered {
-                Answered::Start => record.starting = None,
+                Answered::Start(incarnation) => {
+                    record.starting = None;
+                    record.incarnation = incarnation;
+                }
                 Answered::FailedRelease => record.release = None,
             }
         }
@@ -124,14 +132,14 @@ pub(crate) async fn route_followup(
             .map_err(SubagentError::from)?;
         // Whether the child was found on another node by its lease (not placed from here).
         let mut found = false;
-        let (cluster, node) = match routed {
+        let (cluster, node, incarnation) = match routed {
             Ok(Routed::Accepted(id)) => return Ok(id),
             Ok(Routed::Retry) => continue,
             Ok(Routed::Remote(node)) => {
                 let cluster = cluster.ok_or_else(|| {
                     SubagentError::bug("a child was placed on another node of no cluster")
                 })?;
-                (cluster, node)
+                (cluster, node, None)
             }
             Err(error) if error.code() == ErrorCode::SessionLeased => {
                 tracing::debug!(%child, %error, "the child is leased elsewhere; looking for its node");
@@ -139,9 +147,9 @@ pub(crate) async fn route_followup(
                     return Err(error);
                 };
                 match cluster.other_holder(child).await? {
-                    Some(node) if moved < MAX_MOVES => {
+                    Some(holder) if moved < MAX_MOVES => {
                         found = true;
-                        (cluster, node)
+                        (cluster, holder.node, holder.incarnation)
                     }
                     _ => return Err(error),
                 }
@@ -156,6 +164,7 @@ pub(crate) async fn route_followup(
                 child,
                 parent: parent.clone(),
                 node,
+                incarnation,
                 starting: None,
             };
             manager.send(placed).await.map_err(SubagentError::from)??;
@@ -163,22 +172,25 @@ pub(crate) async fn route_followup(
         let asked = ask_followup(cluster, node, parent.id(), child, &delivery).await;
         // An ask that was not answered `Accepted` may still have been accepted there (the node
         // stopped after accepting it): wherever it goes next, it is accepted at most once.
-        delivery.may_repeat |= !matches!(asked, Ok(FollowupAnswer::Accepted(_)));
+        delivery.may_repeat |= !matches!(asked, Ok((FollowupAnswer::Accepted(_), _)));
         // Settled there, or its node stopped: resumed from the store (here, once the stopped
         // node's lease expired).
         let left = match &asked {
-            Ok(FollowupAnswer::Absent) => true,
-            Err(error) => error.code() == ErrorCode::SessionLeased,
-            Ok(FollowupAnswer::Accepted(_)) => false,
+            Ok((FollowupAnswer::Absent, by)) => Some(Forgotten::Absent(*by)),
+            Err(error) if error.code() == ErrorCode::SessionLeased => Some(Forgotten::NodeStopped),
+            Err(_) if found => Some(Forgotten::Done),
+            Err(_) | Ok((FollowupAnswer::Accepted(_), _)) => None,
         };
+        let left_node = left.as_ref().is_some_and(|why| *why != Forgotten::Done);
         // A child that left, or one found there that refused, leaves no record behind.
-        if left || (found && asked.is_err()) {
+        if let Some(why) = left {
             manager
-                .send(ForgetRemote { child, node })
+                .send(ForgetRemote { child, node, why })
                 .await
                 .map_err(SubagentError::from)?;
         }
-        match asked {
+        let left = left_node;
+        match asked.map(|(answer, _)| answer) {
             Ok(FollowupAnswer::Accepted(id)) => return Ok(id),
             Err(error) if !left => return Err(error),
             Ok(FollowupAnswer::Absent) => {
@@ -202,14 +214,15 @@ pub(crate) async fn route_followup(
     }
 }
 
-/// Asks `node` to accept a follow-up from `parent` for `child`.
+/// Asks `node` to accept a follow-up from `parent` for `child`; answers also which incarnation
+/// of `node` served it.
 async fn ask_followup(
     cluster: &ClusterLink,
     node: NodeId,
     parent: SessionId,
     child: SessionId,
     delivery: &Delivery,
-) -> Result<FollowupAnswer> {
+) -> Result<(FollowupAnswer, Option<uuid::Uuid>)> {
     let op = RemoteOp::Followup {
         parent,
         child,
@@ -217,7 +230,7 @@ async fn ask_followup(
         raise: delivery.raise,
         may_repeat: delivery.may_repeat,
     };
-    cluster.ask(node, child, &op).await
+    cluster.ask_served(node, child, &op).await
 }
 
 /// Asks `node` to interrupt `child` for `parent`.
@@ -276,7 +289,11 @@ impl ContinuationManager {
             // that failed keeps the record (the child may still run there) and may be asked
             // again.
             if outcome.is_ok() {
-                manager.do_send(ForgetRemote { child, node });
+                manager.do_send(ForgetRemote {
+                    child,
+                    node,
+                    why: Forgotten::Done,
+                });
             } else {
                 manager.do_send(RecordAnswered {
                     child,
@@ -397,7 +414,7 @@ async fn tell_parent(
             // The parent's node stopped (or no longer has it): ask where it is now.
             ErrorCode::SessionLeased | ErrorCode::ParentUnavailable => {
                 match cluster.membership().holder_of(parent).await? {
-                    Some(holder) if holder != node => node = holder,
+                    Some(holder) if holder.node != node => node = holder.node,
                     _ => return Err(error),
                 }
             }
@@ -416,6 +433,9 @@ pub(crate) struct RemotePlaced {
     pub(crate) child: SessionId,
     pub(crate) parent: AgentRef,
     pub(crate) node: NodeId,
+    /// The incarnation of `node` known to hold it, if known yet (a start learns it from the
+    /// answer).
+    pub(crate) incarnation: Option<uuid::Uuid>,
     /// Resolves once the child's start was answered (a placement; `None` for a child found on
     /// its node by a follow-up).
     pub(crate) starting: Option<Signal>,
@@ -429,6 +449,7 @@ impl Handler<RemotePlaced> for ContinuationManager {
             child,
             parent,
             node,
+            incarnation,
             starting,
         } = msg;
         let lineage = self.lineage_of(&parent);
@@ -450,6 +471,7 @@ impl Handler<RemotePlaced> for ContinuationManager {
             RemoteChild {
                 parent,
                 node,
+                incarnation,
                 starting,
                 release: None,
             },
@@ -470,12 +492,41 @@ impl Handler<RemotePlaced> for ContinuationManager {
 pub(crate) struct ForgetRemote {
     pub(crate) child: SessionId,
     pub(crate) node: NodeId,
+    pub(crate) why: Forgotten,
+}
+
+/// Why a placed child's record ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Forgotten {
+    /// Its start failed, it was released, or a node it was found on refused: no epoch of it
+    /// is owed a notice from here.
+    Done,
+    /// Its node stopped: the epoch it ran there ended with the node.
+    NodeStopped,
+    /// Its node answered that it is not resident there, served by this incarnation: one that
+    /// is not the incarnation holding it was restarted under the node's id, and the epoch
+    /// ended with its predecessor (the same incarnation settled it, and sends its notice).
+    Absent(Option<uuid::Uuid>),
 }
 
 impl Handler<ForgetRemote> for ContinuationManager {
     type Result = ();
 
     fn handle(&mut self, msg: ForgetRemote, ctx: &mut Context<Self>) {
+        let ended_with_node = match (msg.why, self.remote_children.get(&msg.child)) {
+            (_, None) | (Forgotten::Done, _) => false,
+            (_, Some(record)) if record.node != msg.node || record.starting.is_some() => false,
+            (Forgotten::NodeStopped, Some(_)) => true,
+            (Forgotten::Absent(by), Some(record)) => {
+                by.is_some() && record.incarnation.is_some() && by != record.incarnation
+            }
+        };
+        if ended_with_node {
+            if let Some(record) = self.remote_children.get(&msg.child) {
+                let parent = record.parent.clone();
+                self.announce_node_stopped(msg.child, msg.node, &parent, ctx);
+            }
+        }
         self.forget_remote(msg.child, msg.node, ctx);
     }
 }
@@ -528,44 +579,68 @@ impl ContinuationManager {
         self.sweeping = true;
         let manager = ctx.address();
         tokio::spawn(async move {
-            let gone = cluster.gone(nodes).await.unwrap_or_else(|error| {
-                tracing::debug!(%error, "looking for stopped nodes failed");
-                Vec::new()
-            });
-            manager.do_send(NodesGone(gone));
+            match cluster.live_incarnations(&nodes).await {
+                Ok(live) => manager.do_send(NodesLive(live)),
+                Err(error) => {
+                    tracing::debug!(%error, "looking for stopped nodes failed");
+                    manager.do_send(NodesLive(
+                        nodes.into_iter().map(|node| (node, None)).collect(),
+                    ));
+                }
+            }
         });
     }
 }
 
-/// Internal: these nodes stopped; the children placed on them will send no notice.
+/// Internal: the live incarnation of each node still live among those holding placed
+/// children; the children placed on any other node, or on another incarnation of a live one
+/// (it was restarted under its id), will send no notice.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct NodesGone(Vec<NodeId>);
+struct NodesLive(HashMap<NodeId, Option<uuid::Uuid>>);
 
-impl Handler<NodesGone> for ContinuationManager {
+impl Handler<NodesLive> for ContinuationManager {
     type Result = ();
 
-    fn handle(&mut self, msg: NodesGone, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: NodesLive, ctx: &mut Context<Self>) {
         self.sweeping = false;
+        let stopped = |record: &RemoteChild| match msg.0.get(&record.node) {
+            None => true,
+            Some(live) => {
+                record.incarnation.is_some() && live.is_some() && *live != record.incarnation
+            }
+        };
         let mut lost: Vec<(SessionId, NodeId, AgentRef)> = self
             .remote_children
             .iter()
             // A start still in flight answers its own caller (it fails, and nothing settled).
-            .filter(|(_, record)| msg.0.contains(&record.node) && record.starting.is_none())
+            .filter(|(_, record)| record.starting.is_none() && stopped(record))
             .map(|(child, record)| (*child, record.node, record.parent.clone()))
             .collect();
         lost.sort_unstable_by_key(|(child, ..)| *child);
         for (child, node, parent) in lost {
-            // Its epoch ended with its node: the parent hears so (a follow-up resumes it from
-            // its last durable event), and no longer waits for it.
-            tracing::warn!(%child, %node, "a placed child's node stopped; its parent is told it settled");
-            let reason = crate::stop_reason::StopReason::Other("node-stopped".into());
-            let (content, source) = settled_notice(child, &reason, None, None);
-            let delivery =
-                self.post_settled_notice(child, &parent, Message::user(content, source), ctx);
-            tokio::spawn(delivery);
+            self.announce_node_stopped(child, node, &parent, ctx);
             self.forget_remote(child, node, ctx);
         }
+    }
+}
+
+impl ContinuationManager {
+    /// A placed child's epoch ended with its node (it stopped, or was restarted under its
+    /// id): its parent hears that it settled, `node-stopped` (a follow-up resumes it from its
+    /// last durable event).
+    fn announce_node_stopped(
+        &mut self,
+        child: SessionId,
+        node: NodeId,
+        parent: &AgentRef,
+        ctx: &mut Context<Self>,
+    ) {
+        tracing::warn!(%child, %node, "a placed child's node stopped; its parent is told it settled");
+        let reason = crate::stop_reason::StopReason::Other("node-stopped".into());
+        let (content, source) = settled_notice(child, &reason, None, None);
+        let delivery = self.post_settled_notice(child, parent, Message::user(content, source), ctx);
+        tokio::spawn(delivery);
     }
 }
 
@@ -840,7 +915,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
 /// act for it (a node that lost its leases, or never had this parent, is refused).
 async fn authorize(cluster: &ClusterLink, parent: SessionId, sender: NodeId) -> Result<()> {
     match cluster.membership().holder_of(parent).await? {
-        Some(holder) if holder == sender => Ok(()),
+        Some(holder) if holder.node == sender => Ok(()),
         _ => Err(unauthorized(format!(
             "node {sender} does not hold agent {parent}'s session and cannot act for it"
         ))),
@@ -938,7 +1013,7 @@ async fn serve(
             // Only the child's node speaks for it: after its release nobody holds it, and
             // while it runs its node does.
             if let Some(holder) = cluster.membership().holder_of(child).await? {
-                if holder != sender {
+                if holder.node != sender {
                     return Err(unauthorized(format!(
                         "node {sender} does not hold continuable child {child}"
                     )));

@@ -63,6 +63,16 @@ pub struct Delivery {
     pub(super) ticket: uuid::Uuid,
 }
 
+/// A delivery's answer and the node incarnation that served it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Served {
+    /// What the target answered.
+    pub value: Value,
+    /// The incarnation of the target node that served it (`None` from a node of an older
+    /// schema).
+    pub by: Option<uuid::Uuid>,
+}
+
 /// How a node serves a delivery: its answer, or the typed error the sender gets back.
 pub type DeliveryHandler = Arc<dyn Fn(Delivery) -> BoxFuture<'static, Result<Value>> + Send + Sync>;
 
@@ -228,21 +238,29 @@ impl Listening {
     }
 }
 
-/// An answer as stored: `{"ok": value}` or `{"error": {"code", "message"}}`.
-fn encode_answer(answer: &Result<Value>) -> Value {
+/// An answer as stored: `{"ok": value, "by": incarnation}` or
+/// `{"error": {"code", "message"}, "by": incarnation}`, `by` naming the node incarnation that
+/// served it.
+fn encode_answer(answer: &Result<Value>, by: uuid::Uuid) -> Value {
     match answer {
-        Ok(value) => json!({ "ok": value }),
-        Err(error) => json!({ "error": { "code": error.code(), "message": error.message() } }),
+        Ok(value) => json!({ "ok": value, "by": by }),
+        Err(error) => json!({
+            "error": { "code": error.code(), "message": error.message() },
+            "by": by,
+        }),
     }
 }
 
-fn decode_answer(id: i64, stored: Value) -> Result<Value> {
+fn decode_answer(id: i64, stored: Value) -> Result<Served> {
     let mut stored = match stored {
         Value::Object(fields) => fields,
         _ => return Err(corrupt_answer(id)),
     };
+    let by = stored
+        .remove("by")
+        .and_then(|by| serde_json::from_value(by).ok());
     if let Some(value) = stored.remove("ok") {
-        return Ok(value);
+        return Ok(Served { value, by });
     }
     let error = stored.remove("error").ok_or_else(|| corrupt_answer(id))?;
     let code: ErrorCode =
@@ -306,13 +324,17 @@ impl PostgresStore {
 
     /// The answer of delivery `id`, once it has one; withdraws it when its target's
     /// membership expired with it still pending.
-    pub(super) async fn poll_answer(&self, id: i64) -> Result<Option<Value>> {
+    pub(super) async fn poll_answer(&self, id: i64) -> Result<Option<Served>> {
         let failed = io(format!("reading the answer to delivery {id}"));
         let client = self.client().await?;
         let read = client
             .prepare_cached(
+                // A claimed delivery is being served while the incarnation that claimed it
+                // lives; a pending one, while any incarnation of its target does.
                 "SELECT delivery.state, delivery.answer,
-                        coalesce(node.expires_at > now(), false)
+                        coalesce(node.expires_at > now(), false),
+                        coalesce(node.expires_at > now()
+                            AND node.incarnation IS NOT DISTINCT FROM delivery.claimed_by, false)
                  FROM subagents_deliveries delivery
                  LEFT JOIN subagents_nodes node ON node.node = delivery.target
                  WHERE delivery.id = $1",
@@ -320,8 +342,8 @@ impl PostgresStore {
             .await
             .map_err(&failed)?;
         let row = client.query_one(&read, &[&id]).await.map_err(&failed)?;
-        let (state, answer, target_live): (String, Option<Vec<u8>>, bool) =
-            (row.get(0), row.get(1), row.get(2));
+        let (state, answer, target_live, claimer_live): (String, Option<Vec<u8>>, bool, bool) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
         match (state.as_str(), answer) {
             ("answered", Some(answer)) => {
                 let answer = serde_json::from_slice(&answer).map_err(|_| corrupt_answer(id))?;
@@ -342,11 +364,12 @@ impl PostgresStore {
                     Ok(None)
                 }
             }
-            ("claimed", _) if !target_live => Err(SubagentError::new(
+            ("claimed", _) if !claimer_live => Err(SubagentError::new(
                 ErrorCode::SessionLeased,
                 format!(
-                    "delivery {id}: the node holding its session stopped while serving it (it may \
-                     have been accepted); the session passes on once that node's leases expire"
+                    "delivery {id}: the node holding its session stopped (or was restarted) \
+                     while serving it (it may have been accepted); the session passes on once \
+                     that node's leases expire"
                 ),
             )),
             _ => Ok(None),
@@ -375,6 +398,7 @@ impl PostgresStore {
     pub(super) async fn claim_deliveries(
         &self,
         node: uuid::Uuid,
+        incarnation: uuid::Uuid,
         busy: &[uuid::Uuid],
         room: usize,
     ) -> Result<(Vec<Delivery>, bool)> {
@@ -385,7 +409,7 @@ impl PostgresStore {
                 // The count reads the table as it was before the update (one statement, one
                 // snapshot): pending then, claimed now included.
                 "WITH claimed AS (
-                 UPDATE subagents_deliveries SET state = 'claimed'
+                 UPDATE subagents_deliveries SET state = 'claimed', claimed_by = $4
                  WHERE state = 'pending' AND id IN (
                      SELECT pending.id FROM subagents_deliveries pending
                      WHERE pending.target = $1 AND pending.state = 'pending'
@@ -398,7 +422,8 @@ impl PostgresStore {
                      ORDER BY pending.id LIMIT $3 FOR UPDATE SKIP LOCKED
                  )
                  AND EXISTS (
-                     SELECT 1 FROM subagents_nodes WHERE node = $1 AND expires_at > now()
+                     SELECT 1 FROM subagents_nodes
+                     WHERE node = $1 AND incarnation = $4 AND expires_at > now()
                  )
                  RETURNING id, sender, session, payload, ticket
                  )
@@ -411,7 +436,7 @@ impl PostgresStore {
             .map_err(&failed)?;
         let room = i64::try_from(room).unwrap_or(i64::MAX);
         let rows = client
-            .query(&claim, &[&node, &busy, &room])
+            .query(&claim, &[&node, &busy, &room, &incarnation])
             .await
             .map_err(&failed)?;
         let pending_before: i64 = rows.first().map_or(0, |row| row.get(5));
@@ -439,7 +464,10 @@ impl PostgresStore {
                         ErrorCode::StoreCorrupt,
                         format!("delivery {id}: its stored payload is malformed"),
                     ));
-                    if let Err(error) = self.answer_delivery(&delivery, &malformed).await {
+                    if let Err(error) = self
+                        .answer_delivery(&delivery, &malformed, incarnation)
+                        .await
+                    {
                         tracing::warn!(delivery = id, %error, "answering a malformed delivery failed");
                     }
                 }
@@ -477,10 +505,11 @@ impl PostgresStore {
         &self,
         delivery: &Delivery,
         answer: &Result<Value>,
+        by: uuid::Uuid,
     ) -> Result<()> {
         let id = delivery.id;
         let failed = io(format!("answering delivery {id}"));
-        let stored = encode_answer(answer);
+        let stored = encode_answer(answer, by);
         let encoded = serde_json::to_vec(&stored)
             .map_err(|error| SubagentError::bug(format!("an answer does not encode: {error}")))?;
         let ticket = delivery.ticket;
@@ -538,16 +567,17 @@ impl SentDelivery<'_> {
     /// `STORE_IO`.
     pub async fn answer(self) -> Result<Value> {
         let deadline = self.membership.store.delivery_deadline;
-        self.answer_within(deadline).await
+        Ok(self.answer_within(deadline).await?.value)
     }
 
-    /// The target's answer, waited for no longer than `deadline`. On expiry a delivery the
+    /// The target's answer and the incarnation that served it, waited for no longer than
+    /// `deadline`. On expiry a delivery the
     /// target never took is withdrawn (it will not be served); one it took and did not answer
     /// may have been served.
     ///
     /// # Errors
     /// As [`SentDelivery::answer`]; `NODE_UNRESPONSIVE` when `deadline` passed first.
-    pub async fn answer_within(mut self, deadline: Duration) -> Result<Value> {
+    pub async fn answer_within(mut self, deadline: Duration) -> Result<Served> {
         match tokio::time::timeout(deadline, self.wait_for_answer()).await {
             Ok(answer) => answer,
             Err(_) => self.expire(deadline).await,
@@ -556,7 +586,7 @@ impl SentDelivery<'_> {
 
     /// The deadline passed: withdraws the delivery if the target never took it; otherwise
     /// answers what the row holds now, or that the target may have served it.
-    async fn expire(&self, deadline: Duration) -> Result<Value> {
+    async fn expire(&self, deadline: Duration) -> Result<Served> {
         let (id, target) = (self.id, self.target);
         let store = &self.membership.store;
         if store.withdraw_pending(id).await? {
@@ -580,7 +610,7 @@ impl SentDelivery<'_> {
         }
     }
 
-    async fn wait_for_answer(&mut self) -> Result<Value> {
+    async fn wait_for_answer(&mut self) -> Result<Served> {
         loop {
             // The announcement (which usually carries the answer), or a recheck in case it was
             // lost.
@@ -661,6 +691,23 @@ impl NodeMembership {
         self.send(target, session, payload).await?.answer().await
     }
 
+    /// [`NodeMembership::deliver`], answering also which incarnation of `target` served it.
+    ///
+    /// # Errors
+    /// As [`NodeMembership::deliver`].
+    pub async fn deliver_served(
+        &self,
+        target: uuid::Uuid,
+        session: SessionId,
+        payload: &Value,
+    ) -> Result<Served> {
+        let deadline = self.store.delivery_deadline;
+        self.send(target, session, payload)
+            .await?
+            .answer_within(deadline)
+            .await
+    }
+
     /// Serves this node's deliveries with `handler` until the membership is left, dropped or
     /// lost: those about one session one at a time in the order they were committed, those
     /// about different sessions at once (up to [`SERVED_AT_ONCE`]). A handler that panics
@@ -678,6 +725,7 @@ impl NodeMembership {
         let server = Server {
             store: Arc::clone(&self.store),
             node: self.node,
+            incarnation: self.incarnation,
             handler,
             stop: self.stop.clone(),
             busy: Arc::default(),
@@ -693,6 +741,8 @@ impl NodeMembership {
 struct Server {
     store: Arc<PostgresStore>,
     node: uuid::Uuid,
+    /// The incarnation that serves: it claims only while its row is its own.
+    incarnation: uuid::Uuid,
     handler: DeliveryHandler,
     stop: CancellationToken,
     /// The sessions a delivery is being served about.
@@ -724,7 +774,7 @@ impl Server {
                 if room > 0 {
                     let claimed = tokio::select! {
                         () = self.stop.cancelled() => return,
-                        claimed = self.store.claim_deliveries(self.node, &busy, room) => claimed,
+                        claimed = self.store.claim_deliveries(self.node, self.incarnation, &busy, room) => claimed,
                     };
                     match claimed {
                         Ok((claimed, more)) => {
@@ -780,15 +830,16 @@ impl Server {
             Arc::clone(&self.handler),
             self.stop.clone(),
         );
-        let (busy, finished, node) = (
+        let (busy, finished, node, incarnation) = (
             Arc::clone(&self.busy),
             Arc::clone(&self.finished),
             self.node,
+            self.incarnation,
         );
         tokio::spawn(async move {
             let answer = handle(&handler, &delivery).await;
             // Its sender waits for it: a passing fault is retried.
-            while let Err(error) = store.answer_delivery(&delivery, &answer).await {
+            while let Err(error) = store.answer_delivery(&delivery, &answer, incarnation).await {
                 tracing::warn!(%node, delivery = delivery.id, %error, "a delivery's answer could not be stored; retrying");
                 tokio::select! {
                     () = stop.cancelled() => return,

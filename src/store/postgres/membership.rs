@@ -30,6 +30,8 @@ use crate::store::LeaseHolder;
 #[derive(Debug)]
 pub struct NodeMembership {
     pub(super) node: uuid::Uuid,
+    /// This process's incarnation of the node: a new one at each join.
+    pub(super) incarnation: uuid::Uuid,
     lost: CancellationToken,
     /// Stops the heartbeat, the listener and the server when the membership is dropped or
     /// left.
@@ -42,6 +44,13 @@ impl NodeMembership {
     /// The node's id: the id of the [`LeaseHolder`] that joined.
     pub fn node(&self) -> uuid::Uuid {
         self.node
+    }
+
+    /// This process's incarnation of the node, new at each join: the node's leases and the
+    /// deliveries it claims carry it, so a process that joins again under the node's id
+    /// (a restart) fences everything its predecessor held at once.
+    pub fn incarnation(&self) -> uuid::Uuid {
+        self.incarnation
     }
 
     /// Cancelled once the membership is lost: the node's row expired before a heartbeat
@@ -74,8 +83,9 @@ impl NodeMembership {
             .map_err(pool_io("leaving the cluster"))?;
         client
             .execute(
-                "DELETE FROM subagents_nodes WHERE node = $1 AND expires_at > now()",
-                &[&self.node],
+                "DELETE FROM subagents_nodes
+                 WHERE node = $1 AND incarnation = $2 AND expires_at > now()",
+                &[&self.node, &self.incarnation],
             )
             .await
             .map_err(io("leaving the cluster"))?;
@@ -84,23 +94,27 @@ impl NodeMembership {
 }
 
 impl NodeMembership {
-    /// The node whose live lease holds `session` now, if any: a lease is live while its own
-    /// expiry is ahead or while its holder is a node whose row is. A cluster routes what a
-    /// child is asked to the node that holds it, and checks a sender's authority over a parent
-    /// by who holds the parent.
+    /// The node (and its incarnation) whose live lease holds `session` now, if any: a lease is
+    /// live while its own expiry is ahead or while the node incarnation that took it has a
+    /// live row. A cluster routes what a child is asked to the node that holds it, and checks
+    /// a sender's authority over a parent by who holds the parent.
     ///
     /// # Errors
     /// `STORE_IO`.
-    pub async fn holder_of(&self, session: crate::ids::SessionId) -> Result<Option<uuid::Uuid>> {
+    pub async fn holder_of(
+        &self,
+        session: crate::ids::SessionId,
+    ) -> Result<Option<NodeIncarnation>> {
         let client = self.store.client().await?;
         let row = client
             .query_opt(
                 &client
                     .prepare_cached(
-                        "SELECT lease.holder FROM subagents_leases lease
+                        "SELECT lease.holder, lease.incarnation FROM subagents_leases lease
                          LEFT JOIN subagents_nodes node ON node.node = lease.holder
                          WHERE lease.session = $1
-                           AND (lease.expires_at > now() OR coalesce(node.expires_at > now(), false))",
+                           AND (lease.expires_at > now() OR coalesce(node.expires_at > now()
+                                AND node.incarnation IS NOT DISTINCT FROM lease.incarnation, false))",
                     )
                     .await
                     .map_err(io("preparing a statement"))?,
@@ -109,23 +123,27 @@ impl NodeMembership {
             .await
             .map_err(io(format!("reading who holds session {session}")))?;
         Ok(row
-            .map(|row| row.get::<_, uuid::Uuid>(0))
-            .filter(|holder| !self.store.is_gone(*holder)))
+            .map(|row| NodeIncarnation {
+                node: row.get(0),
+                incarnation: row.get(1),
+            })
+            .filter(|holder| !self.store.is_gone(holder.node)))
     }
 }
 
 impl NodeMembership {
-    /// Which of `nodes` are live members now (their rows have not expired).
+    /// The live incarnations of `nodes` now (those whose rows have not expired).
     ///
     /// # Errors
     /// `STORE_IO`.
-    pub async fn live_among(&self, nodes: &[uuid::Uuid]) -> Result<Vec<uuid::Uuid>> {
+    pub async fn live_among(&self, nodes: &[uuid::Uuid]) -> Result<Vec<NodeIncarnation>> {
         let client = self.store.client().await?;
         let rows = client
             .query(
                 &client
                     .prepare_cached(
-                        "SELECT node FROM subagents_nodes WHERE node = ANY($1) AND expires_at > now()",
+                        "SELECT node, incarnation FROM subagents_nodes
+                         WHERE node = ANY($1) AND expires_at > now()",
                     )
                     .await
                     .map_err(io("preparing a statement"))?,
@@ -133,8 +151,24 @@ impl NodeMembership {
             )
             .await
             .map_err(io("reading which nodes are live"))?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        Ok(rows
+            .iter()
+            .map(|row| NodeIncarnation {
+                node: row.get(0),
+                incarnation: row.get(1),
+            })
+            .collect())
     }
+}
+
+/// One process's run of a node: the node's id and the incarnation that joined under it
+/// (`None` for what a store of schema 6 or older wrote).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeIncarnation {
+    /// The node's id.
+    pub node: uuid::Uuid,
+    /// The incarnation: a new one each time a process joins under the node's id.
+    pub incarnation: Option<uuid::Uuid>,
 }
 
 impl NodeMembership {
@@ -177,7 +211,8 @@ impl PostgresStore {
         let inbound = Arc::new(Inbound::default());
         let stop = CancellationToken::new();
         listen(self, node, Arc::clone(&inbound), stop.clone()).await?;
-        let written = match self.insert_member(node, name, ttl).await {
+        let incarnation = uuid::Uuid::now_v7();
+        let written = match self.insert_member(node, name, ttl, incarnation).await {
             Ok(Joining::Joined(written)) => written,
             Ok(refused) => {
                 stop.cancel();
@@ -189,9 +224,10 @@ impl PostgresStore {
             }
         };
         self.remember(holder);
-        self.remember_member(node);
+        self.remember_member(node, incarnation);
         let membership = NodeMembership {
             node,
+            incarnation,
             lost: CancellationToken::new(),
             stop,
             store: Arc::clone(self),
@@ -200,12 +236,13 @@ impl PostgresStore {
         let heartbeat = Heartbeat {
             store: Arc::clone(self),
             node,
+            incarnation,
             lost: membership.lost.clone(),
             stop: membership.stop.clone(),
             client: None,
         };
         tokio::spawn(heartbeat.run(written + self.node_ttl));
-        tracing::info!(%node, name, "joined the cluster");
+        tracing::info!(%node, %incarnation, name, "joined the cluster");
         Ok(membership)
     }
 
@@ -226,8 +263,15 @@ impl PostgresStore {
 
     /// Writes `node`'s row. A row already there is a node declared dead (refused), a live
     /// process of this id (refused: it heartbeats while this watches for half a time-to-live),
-    /// or one that died within its time-to-live (taken over: nothing renewed it).
-    async fn insert_member(&self, node: uuid::Uuid, name: &str, ttl: f64) -> Result<Joining> {
+    /// or one that died within its time-to-live (taken over by `incarnation`: nothing renewed
+    /// it, and what the dead incarnation held passes on at once).
+    async fn insert_member(
+        &self,
+        node: uuid::Uuid,
+        name: &str,
+        ttl: f64,
+        incarnation: uuid::Uuid,
+    ) -> Result<Joining> {
         let failed = io(format!("joining the cluster as node {node}"));
         let client = self.client().await?;
         // Taken before each write, so this node never thinks its row lives longer than the
@@ -235,10 +279,10 @@ impl PostgresStore {
         let written = Instant::now();
         let inserted = client
             .execute(
-                "INSERT INTO subagents_nodes (node, name, expires_at)
-                 VALUES ($1, $2, now() + make_interval(secs => $3))
+                "INSERT INTO subagents_nodes (node, name, expires_at, incarnation)
+                 VALUES ($1, $2, now() + make_interval(secs => $3), $4)
                  ON CONFLICT (node) DO NOTHING",
-                &[&node, &name, &ttl],
+                &[&node, &name, &ttl, &incarnation],
             )
             .await
             .map_err(&failed)?;
@@ -270,9 +314,10 @@ impl PostgresStore {
         let taken = client
             .execute(
                 "UPDATE subagents_nodes
-                 SET name = $2, heartbeat_at = now(), expires_at = now() + make_interval(secs => $3)
+                 SET name = $2, heartbeat_at = now(), started_at = now(),
+                     expires_at = now() + make_interval(secs => $3), incarnation = $5
                  WHERE node = $1 AND expires_at > now() AND heartbeat_at::text = $4",
-                &[&node, &name, &ttl, &seen],
+                &[&node, &name, &ttl, &seen, &incarnation],
             )
             .await
             .map_err(&failed)?;
@@ -318,6 +363,7 @@ impl Joining {
 struct Heartbeat {
     store: Arc<PostgresStore>,
     node: uuid::Uuid,
+    incarnation: uuid::Uuid,
     lost: CancellationToken,
     stop: CancellationToken,
     /// Opened at the first beat, and again after a beat failed.
@@ -351,7 +397,7 @@ impl Heartbeat {
             match beat {
                 Ok(true) => good_until = sent + ttl,
                 Ok(false) => {
-                    tracing::error!(node = %self.node, "this node's membership expired: another node may hold its sessions");
+                    tracing::error!(node = %self.node, "this node's membership expired, or another process joined under its id: another node may hold its sessions");
                     break;
                 }
                 Err(error) => {
@@ -371,7 +417,8 @@ impl Heartbeat {
         self.stop.cancel();
     }
 
-    /// Renews the row if it has not expired; `false` when it has (or is gone).
+    /// Renews the row if it has not expired and is still this incarnation's; `false` when it
+    /// has expired, is gone, or another process joined under the node's id.
     async fn beat(&mut self) -> Result<bool> {
         let client = match &mut self.client {
             Some(client) => client,
@@ -395,8 +442,12 @@ impl Heartbeat {
             .execute(
                 "UPDATE subagents_nodes
                  SET heartbeat_at = now(), expires_at = now() + make_interval(secs => $2)
-                 WHERE node = $1 AND expires_at > now()",
-                &[&self.node, &self.store.node_ttl.as_secs_f64()],
+                 WHERE node = $1 AND incarnation = $3 AND expires_at > now()",
+                &[
+                    &self.node,
+                    &self.store.node_ttl.as_secs_f64(),
+                    &self.incarnation,
+                ],
             )
             .await
             .map_err(io(format!("heartbeating node {}", self.node)))?;

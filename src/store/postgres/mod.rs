@@ -47,7 +47,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
 
-pub use membership::NodeMembership;
+pub use membership::{NodeIncarnation, NodeMembership};
 
 /// The schema versions, applied in order; each runs once, in one transaction.
 const MIGRATIONS: &[&str] = &[
@@ -110,6 +110,12 @@ const MIGRATIONS: &[&str] = &[
     // 6: a flush touches one of a fixed number of rows, not a row per session forever.
     "DROP TABLE subagents_flushes;
      CREATE TABLE subagents_flushes (slot integer PRIMARY KEY, at timestamptz NOT NULL);",
+    // 7: node incarnations: each process that joins under a node id is a new incarnation, a
+    // member's lease lives only while its own incarnation's row does, and a delivery records
+    // the incarnation that claimed it.
+    "ALTER TABLE subagents_nodes ADD COLUMN incarnation uuid;
+     ALTER TABLE subagents_leases ADD COLUMN incarnation uuid;
+     ALTER TABLE subagents_deliveries ADD COLUMN claimed_by uuid;",
 ];
 
 /// The fewest remembered lease holders at which gone ones are swept.
@@ -243,6 +249,16 @@ impl PostgresConfig {
     }
 }
 
+/// A lease as granted, and what its row says.
+#[derive(Debug, Clone, Copy)]
+struct LeaseTerms {
+    lease: Lease,
+    /// The row's time-to-live, in seconds.
+    row_ttl: f64,
+    /// The node incarnation whose row keeps the lease live (a member's lease).
+    incarnation: Option<uuid::Uuid>,
+}
+
 /// [`SessionPersistence`] over PostgreSQL.
 pub struct PostgresStore {
     pool: Pool,
@@ -259,8 +275,9 @@ pub struct PostgresStore {
     holders: Mutex<HashMap<uuid::Uuid, HolderLiveness>>,
     /// How many holders may be remembered before the next sweep of gone ones.
     holders_sweep_at: AtomicUsize,
-    /// The holders of this process that are cluster members now (their leases need no renewal).
-    members: Mutex<HashSet<uuid::Uuid>>,
+    /// The holders of this process that are cluster members now (their leases need no
+    /// renewal), each with the incarnation it joined as.
+    members: Mutex<HashMap<uuid::Uuid, uuid::Uuid>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -559,11 +576,20 @@ impl PostgresStore {
             .is_some_and(|alive| alive.strong_count() == 0)
     }
 
-    fn remember_member(&self, node: uuid::Uuid) {
+    fn remember_member(&self, node: uuid::Uuid, incarnation: uuid::Uuid) {
         self.members
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(node);
+            .insert(node, incarnation);
+    }
+
+    /// The incarnation `holder` joined the cluster as, while it is a member.
+    fn member_incarnation(&self, holder: uuid::Uuid) -> Option<uuid::Uuid> {
+        self.members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&holder)
+            .copied()
     }
 
     fn forget_member(&self, node: uuid::Uuid) {
@@ -573,25 +599,24 @@ impl PostgresStore {
             .remove(&node);
     }
 
-    /// The lease `holder` is granted: a member's lives while its node heartbeats (its row's
-    /// expiry is a floor of one node time-to-live); anyone else's lasts the lease time-to-live
-    /// unless renewed. Answers the lease and its row's time-to-live in seconds.
-    fn lease_terms(&self, holder: uuid::Uuid, epoch: LeaseEpoch) -> (Lease, f64) {
-        let member = self
-            .members
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&holder);
-        if member {
-            (Lease { epoch, ttl: None }, self.node_ttl.as_secs_f64())
-        } else {
-            (
-                Lease {
+    /// The lease `holder` is granted: a member's lives while its node's incarnation heartbeats
+    /// (its row's expiry is a floor of one node time-to-live); anyone else's lasts the lease
+    /// time-to-live unless renewed.
+    fn lease_terms(&self, holder: uuid::Uuid, epoch: LeaseEpoch) -> LeaseTerms {
+        match self.member_incarnation(holder) {
+            Some(incarnation) => LeaseTerms {
+                lease: Lease { epoch, ttl: None },
+                row_ttl: self.node_ttl.as_secs_f64(),
+                incarnation: Some(incarnation),
+            },
+            None => LeaseTerms {
+                lease: Lease {
                     epoch,
                     ttl: Some(self.lease_ttl),
                 },
-                self.lease_ttl.as_secs_f64(),
-            )
+                row_ttl: self.lease_ttl.as_secs_f64(),
+                incarnation: None,
+            },
         }
     }
 
@@ -614,7 +639,8 @@ impl PostgresStore {
         let parent = header.parent_session.map(uuid_of);
         let holder_id = holder.as_ref().map(LeaseHolder::id);
         let terms = holder_id.map(|holder| self.lease_terms(holder, LeaseEpoch(1)));
-        let row_ttl = terms.map_or(0.0, |(_, secs)| secs);
+        let row_ttl = terms.map_or(0.0, |terms| terms.row_ttl);
+        let incarnation = terms.and_then(|terms| terms.incarnation);
         let client = self.client().await?;
         // One statement: the session, its seed and its first lease stand or fall together (the
         // batch's and the lease's references are checked at the statement's end).
@@ -629,8 +655,8 @@ impl PostgresStore {
                      INSERT INTO subagents_event_batches (session, first_seq, events)
                      SELECT id, 0, $6 FROM created WHERE $6::bytea IS NOT NULL
                  ), leased AS (
-                     INSERT INTO subagents_leases (session, holder, epoch, expires_at)
-                     SELECT id, $7, 1, now() + make_interval(secs => $8)
+                     INSERT INTO subagents_leases (session, holder, epoch, expires_at, incarnation)
+                     SELECT id, $7, 1, now() + make_interval(secs => $8), $9
                      FROM created WHERE $7::uuid IS NOT NULL
                  )
                  SELECT count(*) FROM created",
@@ -649,6 +675,7 @@ impl PostgresStore {
                     &encoded,
                     &holder_id,
                     &row_ttl,
+                    &incarnation,
                 ],
             )
             .await
@@ -664,7 +691,7 @@ impl PostgresStore {
             self.remember(holder);
             self.forget_released_holders(&client).await;
         }
-        Ok(terms.map(|(lease, _)| lease))
+        Ok(terms.map(|terms| terms.lease))
     }
 
     async fn listing(&self, parent: Option<SessionId>) -> Result<Vec<ListedSession>> {
@@ -914,9 +941,10 @@ impl SessionPersistence for PostgresStore {
             let current = tx
                 .prepare_cached(
                     // Held while its own expiry is ahead, or while its holder is a node
-                    // whose row is.
-                    "SELECT lease.holder,
-                            lease.expires_at > now() OR coalesce(node.expires_at > now(), false)
+                    // whose row is, under the incarnation that took it.
+                    "SELECT lease.holder, lease.incarnation,
+                            lease.expires_at > now() OR coalesce(node.expires_at > now()
+                                AND node.incarnation IS NOT DISTINCT FROM lease.incarnation, false)
                      FROM subagents_leases lease
                      LEFT JOIN subagents_nodes node ON node.node = lease.holder
                      WHERE lease.session = $1 FOR UPDATE OF lease",
@@ -933,41 +961,54 @@ impl SessionPersistence for PostgresStore {
             )
             .map_err(&failed)?;
             let epoch: i64 = head.ok_or_else(|| not_found(id))?.get(0);
+            let granted = epoch
+                .checked_add(1)
+                .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
+            let terms = self.lease_terms(holder.id(), LeaseEpoch(seq_value(granted)?));
             if let Some(held) = held {
-                let (other, live): (uuid::Uuid, bool) = (held.get(0), held.get(1));
-                if other != holder.id() && live && !self.is_gone(other) {
+                let (other, incarnation, live): (uuid::Uuid, Option<uuid::Uuid>, bool) =
+                    (held.get(0), held.get(1), held.get(2));
+                // A node's own lease, unless another incarnation of the node took it (this
+                // process was paused, and a new one joined under its id).
+                let ours = other == holder.id() && incarnation == terms.incarnation;
+                if !ours && live && !self.is_gone(other) {
                     return Err(SubagentError::new(
                         ErrorCode::SessionLeased,
                         format!("session {id} is live in another runtime (its lease is held)"),
                     ));
                 }
             }
-            let granted = epoch
-                .checked_add(1)
-                .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
-            let (lease, row_ttl) = self.lease_terms(holder.id(), LeaseEpoch(seq_value(granted)?));
             let grant = tx
                 .prepare_cached(
                     "WITH fenced AS (
                          UPDATE subagents_sessions SET epoch = $3 WHERE id = $1 RETURNING id
                      )
-                     INSERT INTO subagents_leases (session, holder, epoch, expires_at)
-                     SELECT id, $2, $3, now() + make_interval(secs => $4) FROM fenced
+                     INSERT INTO subagents_leases (session, holder, epoch, expires_at, incarnation)
+                     SELECT id, $2, $3, now() + make_interval(secs => $4), $5 FROM fenced
                      ON CONFLICT (session) DO UPDATE
                      SET holder = excluded.holder, epoch = excluded.epoch,
-                         expires_at = excluded.expires_at",
+                         expires_at = excluded.expires_at, incarnation = excluded.incarnation",
                 )
                 .await
                 .map_err(&failed)?;
-            tx.execute(&grant, &[&uuid_of(id), &holder.id(), &granted, &row_ttl])
-                .await
-                .map_err(&failed)?;
+            tx.execute(
+                &grant,
+                &[
+                    &uuid_of(id),
+                    &holder.id(),
+                    &granted,
+                    &terms.row_ttl,
+                    &terms.incarnation,
+                ],
+            )
+            .await
+            .map_err(&failed)?;
             tx.commit()
                 .await
                 .map_err(io(format!("leasing session {id}")))?;
             self.remember(&holder);
             self.forget_released_holders(&client).await;
-            Ok(lease)
+            Ok(terms.lease)
         })
     }
 
