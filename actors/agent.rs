@@ -122,6 +122,9 @@ pub struct AgentActor {
     /// turn cancelled ahead of it does not write the same rows beside it (a drain of a million
     /// children would otherwise hold a million checkpoints in flight at once).
     releasing: bool,
+    /// Set when the release hands the session over (its node leaves the cluster): what is
+    /// pending stays in the log, unclaimed, for whoever resumes the session next.
+    handing_over: bool,
 }
 
 /// What a caller waits for the agent to do.
@@ -179,6 +182,7 @@ impl AgentActor {
         Self {
             identity,
             releasing: false,
+            handing_over: false,
             id: log.id(),
             log,
             inbox,
@@ -457,8 +461,11 @@ impl AgentActor {
             cancel.cancel(CancelCause::Disposed);
             return;
         }
-        if let Err(error) = self.discard_pending() {
-            tracing::warn!(session_id = %self.id, %error, "could not journal the final discard");
+        // Handed over, what is pending stays accepted in the log: the next resume replays it.
+        if !self.handing_over {
+            if let Err(error) = self.discard_pending() {
+                tracing::warn!(session_id = %self.id, %error, "could not journal the final discard");
+            }
         }
         for disposer in std::mem::take(&mut self.disposers)
             .into_vec()
@@ -604,6 +611,8 @@ pub(crate) struct Cancel {
     pub(crate) inbox: InboxPolicy,
     /// Whether the agent's release follows (see `AgentActor::releasing`).
     pub(crate) releasing: bool,
+    /// Whether that release hands the session over (see `AgentActor::handing_over`).
+    pub(crate) hand_over: bool,
     pub(crate) by: SentBy,
 }
 
@@ -613,7 +622,14 @@ impl Handler<Cancel> for AgentActor {
     fn handle(&mut self, msg: Cancel, _: &mut Context<Self>) -> Self::Result {
         self.admit_host(msg.by)?;
         self.releasing |= msg.releasing;
-        self.cancel(msg.cause, msg.inbox)
+        self.handing_over |= msg.hand_over;
+        // A session handed over keeps what is pending, whatever a later cancel asks.
+        let inbox = if self.handing_over {
+            InboxPolicy::Keep
+        } else {
+            msg.inbox
+        };
+        self.cancel(msg.cause, inbox)
     }
 }
 
@@ -1006,6 +1022,7 @@ impl AgentRef {
                 cause,
                 inbox,
                 releasing: false,
+                hand_over: false,
                 by: SentBy::Host,
             })
             .await
@@ -1046,6 +1063,7 @@ impl AgentRef {
             cause,
             inbox,
             releasing: false,
+            hand_over: false,
             by: SentBy::Runtime,
         });
     }
@@ -1057,6 +1075,20 @@ impl AgentRef {
             cause: CancelCause::Parent,
             inbox: InboxPolicy::Discard,
             releasing: true,
+            hand_over: false,
+            by: SentBy::Runtime,
+        });
+    }
+
+    /// Cancels in mailbox order now for a release that hands the session over (its node
+    /// leaves the cluster): the running turn ends (cause `parent`), and pending work stays
+    /// accepted in the log, discarded neither now nor at retirement, for the next resume.
+    pub(crate) fn cancel_for_hand_over(&self) {
+        self.send_cancel(Cancel {
+            cause: CancelCause::Parent,
+            inbox: InboxPolicy::Keep,
+            releasing: true,
+            hand_over: true,
             by: SentBy::Runtime,
         });
     }

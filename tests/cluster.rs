@@ -743,3 +743,46 @@ async fn a_node_restarted_under_its_id_passes_its_predecessors_children_on_at_on
     restarted.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }
+
+// A node that leaves gracefully (a rolling restart) hands its children over: a child of a
+// parent on another node, mid-turn with follow-ups accepted behind the turn, is released with
+// those follow-ups still pending in its log; the parent's next follow-up resumes it, and it
+// runs them first, in acceptance order, then the new one. Before, the leave discarded them:
+// accepted, then lost, by an ordinary deploy.
+#[actix_rt::test]
+async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups() {
+    let Placed {
+        a,
+        b,
+        parent,
+        started,
+        gate,
+        ..
+    } = placed("first").await;
+    let child = started.child_id;
+    for text in ["second", "third"] {
+        followup_child(&a, parent.agent(), child, text)
+            .await
+            .unwrap();
+    }
+    // B leaves while the first turn still holds: the turn ends there, the two wait.
+    let leaving = tokio::spawn(async move { b.shutdown().await });
+    notices_reach(parent.agent(), 1).await;
+    within("the leave", leaving).await.unwrap().unwrap();
+    gate.release();
+    followup_child(&a, parent.agent(), child, "fourth")
+        .await
+        .unwrap();
+    let resumed = a.agents().get(child).await.expect("resumed here");
+    eventually("the handed-over follow-ups' turns", || {
+        delivered(&resumed.log().events()).len() >= 4
+    })
+    .await;
+    let events = persisted(&a, child).await;
+    assert_eq!(
+        delivered(&events),
+        ["first", "second", "third", "fourth"],
+        "nothing accepted was lost, and all of it ran in order"
+    );
+    a.shutdown().await.unwrap();
+}

@@ -14,18 +14,18 @@ use crate::support::postgres::server;
 use crate::support::{delivered, turn_ends};
 
 /// A running `subagents node`.
-struct NodeProcess {
+pub(crate) struct NodeProcess {
     process: Child,
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
-    id: String,
+    pub(crate) id: String,
     /// What the node printed for a person.
     stderr: tempfile::NamedTempFile,
 }
 
 impl NodeProcess {
     /// Starts a node named `name` on `url` with `extra` flags and waits until it serves.
-    fn start(url: &str, name: &str, extra: &[&str]) -> Self {
+    pub(crate) fn start(url: &str, name: &str, extra: &[&str]) -> Self {
         let stderr = tempfile::NamedTempFile::new().unwrap();
         let mut process = Command::new(env!("CARGO_BIN_EXE_subagents"))
             .args([
@@ -68,14 +68,14 @@ impl NodeProcess {
     }
 
     /// The node's next line (safety net: 60 s).
-    fn next_line(&self) -> String {
+    pub(crate) fn next_line(&self) -> String {
         self.lines
             .recv_timeout(Duration::from_secs(60))
             .expect("the node printed its next line (safety net: 60 s)")
     }
 
     /// Every line up to and including `last`.
-    fn lines_until(&self, last: &str) -> Vec<String> {
+    pub(crate) fn lines_until(&self, last: &str) -> Vec<String> {
         let mut seen = Vec::new();
         loop {
             let line = self.next_line();
@@ -88,23 +88,54 @@ impl NodeProcess {
     }
 
     /// Writes a command line to the driving node's stdin.
-    fn tell(&mut self, command: &str) {
+    pub(crate) fn tell(&mut self, command: &str) {
         let stdin = self.stdin.as_mut().expect("the node's stdin is open");
         writeln!(stdin, "{command}").expect("the node reads its stdin");
     }
 
     /// What the node printed to stderr so far.
-    fn errors(&self) -> String {
+    pub(crate) fn errors(&self) -> String {
         std::fs::read_to_string(self.stderr.path()).unwrap()
     }
 
     /// Waits for the process to end; its exit status.
-    fn wait(&mut self) -> std::process::ExitStatus {
+    pub(crate) fn wait(&mut self) -> std::process::ExitStatus {
         drop(self.stdin.take());
         self.process.wait().expect("the node is reaped")
     }
 
-    fn signal(&self, signal: &str) {
+    /// The node's next line, if one comes before `deadline`.
+    pub(crate) fn line_within(&self, deadline: Instant) -> Option<String> {
+        self.lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .ok()
+    }
+
+    /// Waits (bounded) for the process to end: its exit status, or `None` if it still runs.
+    pub(crate) fn wait_within(&mut self, bound: Duration) -> Option<std::process::ExitStatus> {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(status) = self.process.try_wait().expect("the node is polled") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal`, whether or not the process still runs.
+    pub(crate) fn signal_quietly(&self, signal: &str) {
+        let pid = self.process.id().to_string();
+        let _ = Command::new("kill")
+            .args([signal, &pid])
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    pub(crate) fn signal(&self, signal: &str) {
         let pid = self.process.id().to_string();
         let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
         assert!(sent.success(), "kill {signal} {pid}");
@@ -112,7 +143,7 @@ impl NodeProcess {
 }
 
 /// The store as the nodes see it, read from this process.
-fn read(url: &str, child: SessionId) -> Vec<subagents::SessionEvent> {
+pub(crate) fn read(url: &str, child: SessionId) -> Vec<subagents::SessionEvent> {
     actix::System::new().block_on(async {
         let store = PostgresStore::connect_existing(url).await.unwrap();
         store
@@ -146,7 +177,7 @@ fn until_stored(
 
 /// Whether `events` ran one turn at a time, numbered in order: a log two residents wrote at
 /// once would interleave turns.
-fn one_turn_at_a_time(events: &[subagents::SessionEvent]) -> bool {
+pub(crate) fn one_turn_at_a_time(events: &[subagents::SessionEvent]) -> bool {
     let mut open = None;
     let mut last = 0;
     for event in events {

@@ -1011,9 +1011,10 @@ fn an_unanswered_delivery_ends_at_its_deadline() {
 
 // A node's id is one process's at a time: a second process joining under the id of a node
 // that heartbeats is refused, and the first keeps its row; once that process died (its row no
-// longer renewed), a process restarted under the id takes the row over.
+// longer renewed), a process restarted under the id takes the row over, and so does one started
+// after the row expired (before incarnations the node, declared dead, could not join again).
 #[test]
-fn a_second_process_under_a_live_nodes_id_is_refused() {
+fn a_second_process_under_a_live_nodes_id_is_refused_and_a_dead_ones_is_taken_over() {
     let runtime = runtime();
     let _entered = runtime.enter();
     let url = server().fresh_database();
@@ -1040,7 +1041,22 @@ fn a_second_process_under_a_live_nodes_id_is_refused() {
     .unwrap();
     let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
     assert_eq!(name, "restarted");
+    // It dies too, and its row expires (it was declared dead): a process started under the
+    // id later still joins, as a new incarnation.
+    let dead = restarted.incarnation();
     drop(restarted);
+    execute(
+        &url,
+        "UPDATE subagents_nodes SET expires_at = now() - interval '1 second'",
+    );
+    let late = block_on(within(
+        "the late restart",
+        cluster_store(&url).join(&LeaseHolder::with_id(id), "late"),
+    ))
+    .unwrap();
+    assert_ne!(late.incarnation(), dead);
+    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
+    assert_eq!(name, "late");
 }
 
 // A process whose node row another process took over under the same id (it was paused past

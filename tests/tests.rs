@@ -10,6 +10,8 @@ mod agent_inbox;
 mod agent_registry;
 /// The turn driver: tools, stop reasons, cancellation records.
 mod agent_turn;
+/// The cluster's seeded fault campaign: node processes under a nemesis, then a checker.
+mod campaign;
 /// A cluster of runtimes: children placed on another node, asked across nodes.
 mod cluster;
 /// Three `subagents node` processes: a forest across them, one node killed mid-turn.

@@ -131,6 +131,7 @@ impl Handler<DrainAll> for ContinuationManager {
 
     fn handle(&mut self, _: DrainAll, ctx: &mut Context<Self>) -> Self::Result {
         self.draining = true;
+        self.leaving = self.cluster.is_some();
         let materializations: Vec<Signal> = self
             .materializations
             .values()

@@ -316,6 +316,9 @@ pub(crate) struct ContinuationManager {
     next_notice: u64,
     closing: HashMap<SessionId, ClosingScope>,
     draining: bool,
+    /// Set when the runtime shuts down as a node of a cluster (it leaves): its children of
+    /// parents on other nodes are handed over, not discarded.
+    leaving: bool,
     next_materialization: u64,
     /// Bounds the Activations releasing their child at once (see [`RELEASES_AT_ONCE`]).
     releases: Arc<tokio::sync::Semaphore>,
@@ -401,6 +404,7 @@ impl ContinuationManager {
             owners: HashMap::new(),
             closing: HashMap::new(),
             draining: false,
+            leaving: false,
             next_materialization: 0,
             releases: Arc::new(tokio::sync::Semaphore::new(RELEASES_AT_ONCE)),
         }
@@ -634,7 +638,13 @@ impl ContinuationManager {
         if let Some(disposal) = &resident.disposal {
             return Some(disposal.clone());
         }
-        resident.agent.cancel_for_release();
+        // A node leaving the cluster hands a child of a parent on another node over: its
+        // accepted, unclaimed follow-ups stay in its log for the resume that comes next.
+        if self.leaving && matches!(resident.parent, ParentLink::Remote(_)) {
+            resident.agent.cancel_for_hand_over();
+        } else {
+            resident.agent.cancel_for_release();
+        }
         let activation = resident.activation.clone();
         let mut owned: Vec<SessionId> = resident
             .owned

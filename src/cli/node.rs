@@ -9,8 +9,9 @@
 //!
 //! It prints one line per fact, flushed, for a person or a test to follow:
 //! `node <id> <name>` once serving; with `--drive`, `child <root> <child> <node>` per placed
-//! child, `accepted <child> <message-id>` per accepted follow-up and `round <k>` once a round
-//! was accepted whole; `left <id>` after a graceful leave.
+//! child, `accepted <child> <message-id>` per accepted follow-up, `refused <child>
+//! <round>.<k> <CODE> <message>` per refused one, and `round <k>` once every follow-up of a round was answered;
+//! `left <id>` after a graceful leave.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -34,8 +35,9 @@ pub(crate) struct NodeArgs {
     /// The cluster's store: a PostgreSQL connection string (`postgres://…`).
     #[arg(long)]
     store: StoreLocation,
-    /// This node's id (a UUID); a fresh one by default. A node declared dead cannot join
-    /// again under its id.
+    /// This node's id (a UUID); a fresh one by default. A process restarted under the id of
+    /// one that died joins as a new incarnation of the node (the dead one's children pass on
+    /// at once); while another process runs the node, joining under its id is refused.
     #[arg(long, value_name = "UUID")]
     node_id: Option<uuid::Uuid>,
     /// The node's name in the membership table.
@@ -288,7 +290,7 @@ async fn drive_forest(
     loop {
         for (root, child) in &children {
             for i in 1..=drive.followups {
-                let id = rt
+                let sent = rt
                     .subagents()
                     .followup(
                         roots[*root].agent(),
@@ -296,8 +298,17 @@ async fn drive_forest(
                         vec![ContentBlock::text(format!("round {round} message {i}"))],
                         FollowupOptions::new(MessageSource::User),
                     )
-                    .await?;
-                say(format_args!("accepted {child} {id}"))?;
+                    .await;
+                // A refusal is the answer a fault may earn (the follow-up was not accepted):
+                // said, and the round goes on.
+                match sent {
+                    Ok(id) => say(format_args!("accepted {child} {id}"))?,
+                    Err(error) => say(format_args!(
+                        "refused {child} {round}.{i} {} {}",
+                        error.code(),
+                        error.message().replace('\n', " ")
+                    ))?,
+                }
             }
         }
         say(format_args!("round {round}"))?;

@@ -227,6 +227,7 @@ impl AgentHandle {
                     cause: CancelCause::Disposed,
                     inbox: InboxPolicy::Discard,
                     releasing: true,
+                    hand_over: false,
                     by: SentBy::Runtime,
                 })
                 .await;

@@ -59,9 +59,10 @@ impl LeaseHolder {
         }
     }
 
-    /// A holder with a chosen id: a cluster node that runs under a configured id (a node
-    /// declared dead cannot join again under it). One holder per id in a process: a second
-    /// one would count as a different holder of the same id's leases.
+    /// A holder with a chosen id: a cluster node that runs under a configured id (a process
+    /// restarted under it joins as a new incarnation of the node; one whose node was declared
+    /// dead cannot join under it again). One holder per id in a process: a second one would
+    /// count as a different holder of the same id's leases.
     pub fn with_id(id: uuid::Uuid) -> Self {
         Self {
             identity: Arc::new(HolderIdentity { id }),

@@ -13,6 +13,14 @@
 //! another node may hold its sessions. Its membership reports the loss
 //! ([`NodeMembership::lost`]), and its holder's later leases are plain ones again (with a
 //! time-to-live to renew). A host should stop such a runtime.
+//!
+//! # Incarnations
+//! Each process that joins under a node id is a new incarnation of the node
+//! ([`NodeMembership::incarnation`]), written in the node's row and in every lease it takes. A
+//! member's lease is live only while its own incarnation's row is, so a process restarted
+//! under the id of one that died (its row expired or not) fences its predecessor's leases the
+//! moment it joins, and a predecessor that was only paused finds the row another
+//! incarnation's at its next heartbeat, and is lost.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,8 +75,9 @@ impl NodeMembership {
 
     /// Leaves the cluster: the heartbeat stops and the node's row is removed. Leases the node
     /// still holds then last only their own time-to-live: release the runtime's agents first.
-    /// A lost membership's row stays: it is the record that the node was declared dead, which
-    /// keeps its holder from joining again (for `PostgresConfig::dead_node_retention`).
+    /// A lost membership's row stays: it is the record that the node was declared dead (for
+    /// `PostgresConfig::dead_node_retention`), and this process cannot join under its holder
+    /// again.
     ///
     /// # Errors
     /// `STORE_IO` when the row cannot be removed (it then expires on its own).
@@ -195,9 +204,10 @@ impl PostgresStore {
     /// deliveries from its peers from now on (see [`NodeMembership::serve`]).
     ///
     /// # Errors
-    /// `LEASE_LOST` when `holder` was a node already declared dead; `SESSION_LEASED` when
-    /// another process runs `holder`'s node (its row heartbeats while the join watches for half
-    /// a node time-to-live; a row nothing renews, of a process that died, is taken over);
+    /// `LEASE_LOST` when `holder`'s node was declared dead while this process ran it;
+    /// `SESSION_LEASED` when another process runs `holder`'s node (its row heartbeats while the
+    /// join watches for half a node time-to-live; a row nothing renews, of a process that died,
+    /// is taken over as a new incarnation, as is an expired one);
     /// `STORE_IO` when the row cannot be written; `NO_ACTOR_SYSTEM` outside a tokio runtime.
     pub async fn join(
         self: &Arc<Self>,
@@ -205,6 +215,9 @@ impl PostgresStore {
         name: &str,
     ) -> Result<NodeMembership> {
         let node = holder.id();
+        if self.was_lost(node) {
+            return Err(Joining::Dead.refusal(node));
+        }
         let ttl = self.node_ttl.as_secs_f64();
         // Listening first: a failure here leaves no row behind (a row left to expire would be
         // the record of a dead node, and the holder could never join).
@@ -261,10 +274,11 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// Writes `node`'s row. A row already there is a node declared dead (refused), a live
-    /// process of this id (refused: it heartbeats while this watches for half a time-to-live),
-    /// or one that died within its time-to-live (taken over by `incarnation`: nothing renewed
-    /// it, and what the dead incarnation held passes on at once).
+    /// Writes `node`'s row. A row already there is a live process of this id (refused: it
+    /// heartbeats while this watches for half a time-to-live), or one that died, declared dead
+    /// already or not yet (taken over by `incarnation`: what the dead incarnation held passes
+    /// on at once, and were it only paused, it finds the row another incarnation's at its next
+    /// heartbeat).
     async fn insert_member(
         &self,
         node: uuid::Uuid,
@@ -301,26 +315,52 @@ impl PostgresStore {
             Ok::<_, SubagentError>(row.map(|row| row.get::<_, String>(0)))
         };
         let Some(seen) = heartbeat().await? else {
-            return Ok(Joining::Dead);
+            // Expired: the node was declared dead. A new process takes its id as a new
+            // incarnation: whatever the dead one held is fenced by it.
+            return self
+                .take_over(&client, node, name, ttl, incarnation, None)
+                .await;
         };
         // A live node beats every third of its time-to-live: half of it shows one.
         tokio::time::sleep(self.node_ttl / 2).await;
         match heartbeat().await? {
-            None => return Ok(Joining::Dead),
-            Some(now) if now != seen => return Ok(Joining::Live),
-            Some(_) => {}
+            Some(now) if now != seen => Ok(Joining::Live),
+            // Expired meanwhile, or nothing renewed it: a process that died.
+            None => {
+                self.take_over(&client, node, name, ttl, incarnation, None)
+                    .await
+            }
+            Some(_) => {
+                self.take_over(&client, node, name, ttl, incarnation, Some(&seen))
+                    .await
+            }
         }
+    }
+
+    /// Writes `node`'s row as `incarnation`'s: over an expired row, or over a live one whose
+    /// heartbeat is still `seen` (nothing renewed it while the join watched). `Live` when the
+    /// row changed meanwhile (another process runs the node).
+    async fn take_over(
+        &self,
+        client: &tokio_postgres::Client,
+        node: uuid::Uuid,
+        name: &str,
+        ttl: f64,
+        incarnation: uuid::Uuid,
+        seen: Option<&str>,
+    ) -> Result<Joining> {
         let written = Instant::now();
         let taken = client
             .execute(
                 "UPDATE subagents_nodes
                  SET name = $2, heartbeat_at = now(), started_at = now(),
                      expires_at = now() + make_interval(secs => $3), incarnation = $5
-                 WHERE node = $1 AND expires_at > now() AND heartbeat_at::text = $4",
+                 WHERE node = $1 AND CASE WHEN $4::text IS NULL THEN expires_at <= now()
+                     ELSE expires_at > now() AND heartbeat_at::text = $4 END",
                 &[&node, &name, &ttl, &seen, &incarnation],
             )
             .await
-            .map_err(&failed)?;
+            .map_err(io(format!("joining the cluster as node {node}")))?;
         Ok(if taken == 1 {
             Joining::Joined(written)
         } else {
@@ -331,10 +371,9 @@ impl PostgresStore {
 
 /// How a join found its node's row.
 enum Joining {
-    /// Written (or taken over from a process that died within its time-to-live), at this
-    /// instant or later.
+    /// Written (or taken over from a process that died), at this instant or later.
     Joined(Instant),
-    /// Expired: the node was declared dead.
+    /// Declared dead while this process ran it: the process must join under a new holder.
     Dead,
     /// Heartbeating: another process runs this node.
     Live,
@@ -352,7 +391,10 @@ impl Joining {
             ),
             Self::Joined(_) | Self::Dead => SubagentError::new(
                 ErrorCode::LeaseLost,
-                format!("node {node} was declared dead: a new runtime (a new holder) must join"),
+                format!(
+                    "node {node} was declared dead while this process ran it: a new runtime \
+                     (a new holder) must join"
+                ),
             ),
         }
     }
@@ -412,6 +454,7 @@ impl Heartbeat {
             }
         }
         self.store.forget_member(self.node);
+        self.store.remember_lost(self.node);
         self.lost.cancel();
         // A node declared dead serves nothing more: its sessions may be another node's now.
         self.stop.cancel();

@@ -208,10 +208,10 @@ pub struct PostgresConfig {
     /// minute, or every retention period when that is shorter. Keep it well above the time a
     /// sender takes to read an answer (a pruned answer reads as `STORE_IO`).
     pub delivery_retention: Duration,
-    /// How long the row of a node declared dead is kept (default 1 hour): while it is, that
-    /// node's holder cannot join again. A serving node prunes older ones with the deliveries.
-    /// A holder whose record was pruned may join again; the fencing epochs still refuse any
-    /// write to a session another node took meanwhile.
+    /// How long the row of a node declared dead is kept (default 1 hour), the record of its
+    /// death; a serving node prunes older ones with the deliveries. A new process may join
+    /// under the node's id meanwhile, as a new incarnation (which fences whatever the dead one
+    /// held); the process that was declared dead may not.
     pub dead_node_retention: Duration,
     /// How long a node waits for another node's answer to a delivery (default 30 s): no
     /// cross-node ask waits longer. On expiry a delivery not yet taken is withdrawn, and the
@@ -278,6 +278,9 @@ pub struct PostgresStore {
     /// The holders of this process that are cluster members now (their leases need no
     /// renewal), each with the incarnation it joined as.
     members: Mutex<HashMap<uuid::Uuid, uuid::Uuid>>,
+    /// The nodes whose membership this process lost (declared dead): it cannot join under
+    /// them again (its agents may still act on what the node held).
+    lost_members: Mutex<HashSet<uuid::Uuid>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -414,6 +417,7 @@ impl PostgresStore {
             holders: Mutex::default(),
             holders_sweep_at: AtomicUsize::new(HOLDERS_SWEPT_FROM),
             members: Mutex::default(),
+            lost_members: Mutex::default(),
         };
         Ok(store)
     }
@@ -581,6 +585,20 @@ impl PostgresStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(node, incarnation);
+    }
+
+    fn remember_lost(&self, node: uuid::Uuid) {
+        self.lost_members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(node);
+    }
+
+    fn was_lost(&self, node: uuid::Uuid) -> bool {
+        self.lost_members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&node)
     }
 
     /// The incarnation `holder` joined the cluster as, while it is a member.

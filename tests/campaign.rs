@@ -1,0 +1,587 @@
+//! The cluster's fault campaign, in the spirit of Jepsen: `subagents node` processes on a
+//! throwaway PostgreSQL — one driver growing a forest whose children are placed on three
+//! workers, rounds of follow-ups crossing nodes — while a seeded nemesis kills a worker and
+//! restarts it under its id, pauses one past its time-to-live, or makes one leave gracefully
+//! and join again. After a last round that reaches every child, a checker reads the store and
+//! the driver's record:
+//!
+//! - **exactly once**: every acknowledged follow-up is inserted once and run (claimed) once;
+//! - **FIFO**: each child runs its acknowledged follow-ups in acceptance order;
+//! - **refused means not run**: a follow-up refused with a definite error never runs;
+//! - **one Activation**: each child's log runs one turn at a time (no two residents wrote it);
+//! - **notices**: no settled notice is heard twice, and each child's last epoch is heard of;
+//! - **bounded**: every round, the driver's drain and every node's leave end within a bound,
+//!   and every process is reaped.
+//!
+//! A schedule is named by its seed; a failing one prints the seed and what the nemesis did.
+//! CI runs `CAMPAIGN_SCHEDULES` (default 2) schedules from `CAMPAIGN_SEED` (default 1), drawing
+//! faults from `CAMPAIGN_FAULTS` (default `kill,pause,leave,calm`; `terminate` adds terminated
+//! backends); a long run is
+//! `CAMPAIGN_SCHEDULES=200 cargo test --release --test tests campaign -- --nocapture`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use subagents::{EventKind, MessageSource, SessionEvent, SessionId};
+
+use crate::cluster_nodes::{one_turn_at_a_time, read, NodeProcess};
+use crate::support::postgres::server;
+
+/// Workers the children are placed on.
+const WORKERS: usize = 3;
+
+/// Rounds of follow-ups, the nemesis acting during each but the first and the last.
+const ROUNDS: u32 = 5;
+
+/// The longest a round, a drain or a leave may take.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// A worker's membership time-to-live (as `NodeProcess::start` sets it): a pause lasts longer.
+const NODE_TTL: Duration = Duration::from_millis(1500);
+
+/// How long each model call takes, in milliseconds: long enough that a fault finds turns
+/// running and follow-ups waiting behind them.
+const LATENCY_MS: &str = "150";
+
+/// A small seeded generator (splitmix64): a schedule is its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn millis(&mut self, max: u64) -> Duration {
+        Duration::from_millis(self.below(max + 1))
+    }
+}
+
+/// What the nemesis does to one worker during a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL, then a new process under the same node id.
+    KillRestart,
+    /// SIGSTOP past the time-to-live, then SIGCONT: the node finds itself fenced out and
+    /// exits; a new process joins under its id.
+    Pause,
+    /// SIGTERM (a graceful leave), then a new process under the same id.
+    LeaveRejoin,
+    /// Every node's PostgreSQL connections terminated (`pg_terminate_backend`): pools,
+    /// listeners and heartbeats connect again.
+    TerminateBackends,
+    /// Nothing.
+    Calm,
+}
+
+impl Fault {
+    /// Every fault, by its name in `CAMPAIGN_FAULTS`.
+    const ALL: [(&'static str, Fault); 5] = [
+        ("kill", Fault::KillRestart),
+        ("pause", Fault::Pause),
+        ("leave", Fault::LeaveRejoin),
+        ("terminate", Fault::TerminateBackends),
+        ("calm", Fault::Calm),
+    ];
+
+    /// The faults a run draws from: `CAMPAIGN_FAULTS` (comma-separated names), by default
+    /// all but `terminate` (terminated backends still fault sessions: issue #15, item 8).
+    fn chosen() -> Vec<Fault> {
+        let names =
+            std::env::var("CAMPAIGN_FAULTS").unwrap_or_else(|_| "kill,pause,leave,calm".into());
+        names
+            .split(',')
+            .map(|name| {
+                Self::ALL
+                    .iter()
+                    .find(|(known, _)| *known == name.trim())
+                    .unwrap_or_else(|| panic!("unknown fault {name:?} in CAMPAIGN_FAULTS"))
+                    .1
+            })
+            .collect()
+    }
+}
+
+/// One worker slot: the node running in it now.
+struct Worker {
+    name: String,
+    node: NodeProcess,
+}
+
+impl Worker {
+    fn start(url: &str, name: String, id: Option<&str>) -> Self {
+        let mut extra = vec!["--latency-ms", LATENCY_MS];
+        if let Some(id) = id {
+            extra.extend(["--node-id", id]);
+        }
+        let node = NodeProcess::start(url, &name, &extra);
+        Self { name, node }
+    }
+}
+
+/// What the driver said.
+#[derive(Debug, Default)]
+struct Record {
+    /// Each child's root.
+    roots: BTreeMap<SessionId, SessionId>,
+    /// Per child, its acknowledged follow-ups in acceptance order.
+    accepted: BTreeMap<SessionId, Vec<String>>,
+    /// Per child, the texts of follow-ups refused with a definite error.
+    refused: BTreeMap<SessionId, Vec<String>>,
+    /// Every refusal as the driver said it.
+    refusals: Vec<String>,
+}
+
+impl Record {
+    fn read(&mut self, lines: &[String]) {
+        for line in lines {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["child", root, child, _node] => {
+                    self.roots
+                        .insert(child.parse().unwrap(), root.parse().unwrap());
+                }
+                ["accepted", child, id] => self
+                    .accepted
+                    .entry(child.parse().unwrap())
+                    .or_default()
+                    .push((*id).to_owned()),
+                ["refused", child, at, code, ..] => {
+                    self.refusals.push(line.clone());
+                    // A deadline that passed after the child's node took the follow-up may
+                    // have let it through: indeterminate, either outcome is allowed.
+                    if *code != "NODE_UNRESPONSIVE" {
+                        let (round, message) = at.split_once('.').unwrap();
+                        self.refused
+                            .entry(child.parse().unwrap())
+                            .or_default()
+                            .push(format!("round {round} message {message}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// One schedule's run: the nodes, the driver's record and what the nemesis did.
+struct Schedule {
+    url: String,
+    rng: Rng,
+    workers: Vec<Worker>,
+    driver: NodeProcess,
+    record: Record,
+    history: Vec<String>,
+    faults: Vec<Fault>,
+}
+
+impl Schedule {
+    fn start(seed: u64) -> Self {
+        let url = server().fresh_database();
+        let workers: Vec<Worker> = (0..WORKERS)
+            .map(|k| Worker::start(&url, format!("w{k}"), None))
+            .collect();
+        let place_on = workers
+            .iter()
+            .map(|worker| worker.node.id.clone())
+            .collect::<Vec<_>>()
+            .join(",");
+        let driver = NodeProcess::start(
+            &url,
+            "driver",
+            &[
+                "--drive",
+                "2",
+                "--children",
+                "3",
+                "--followups",
+                "3",
+                "--place-on",
+                &place_on,
+                "--latency-ms",
+                LATENCY_MS,
+            ],
+        );
+        Self {
+            url,
+            rng: Rng(seed),
+            workers,
+            driver,
+            record: Record::default(),
+            history: Vec::new(),
+            faults: Fault::chosen(),
+        }
+    }
+
+    /// Waits for the driver's `round k` line (bounded), recording what it said.
+    fn round_ends(&mut self, round: u32) -> Result<(), String> {
+        let last = format!("round {round}");
+        let deadline = Instant::now() + BOUND;
+        let mut lines = Vec::new();
+        loop {
+            let Some(line) = self.driver.line_within(deadline) else {
+                return Err(format!("round {round} did not end within {BOUND:?}"));
+            };
+            let done = line == last;
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        self.record.read(&lines);
+        Ok(())
+    }
+
+    /// Runs the nemesis's fault on one worker.
+    fn inject(&mut self, fault: Fault, slot: usize) -> Result<(), String> {
+        let url = self.url.clone();
+        let worker = &mut self.workers[slot];
+        let id = worker.node.id.clone();
+        match fault {
+            Fault::Calm => {}
+            Fault::TerminateBackends => terminate_backends(&url),
+            Fault::KillRestart => {
+                worker.node.signal("-KILL");
+                worker.node.wait();
+                std::thread::sleep(self.rng.millis(800));
+                worker.node = NodeProcess::start(
+                    &url,
+                    &worker.name,
+                    &["--latency-ms", LATENCY_MS, "--node-id", &id],
+                );
+            }
+            Fault::Pause => {
+                worker.node.signal("-STOP");
+                std::thread::sleep(NODE_TTL + Duration::from_millis(500) + self.rng.millis(500));
+                worker.node.signal("-CONT");
+                // Fenced out: it exits on its own.
+                if worker.node.wait_within(BOUND).is_none() {
+                    return Err(format!("paused node {} never exited", worker.name));
+                }
+                worker.node = NodeProcess::start(
+                    &url,
+                    &worker.name,
+                    &["--latency-ms", LATENCY_MS, "--node-id", &id],
+                );
+            }
+            Fault::LeaveRejoin => {
+                worker.node.signal("-TERM");
+                match worker.node.wait_within(BOUND) {
+                    Some(status) if status.success() => {}
+                    Some(status) => {
+                        return Err(format!(
+                            "node {} left with {status}: {}",
+                            worker.name,
+                            worker.node.errors()
+                        ))
+                    }
+                    None => {
+                        return Err(format!(
+                            "node {} did not leave within {BOUND:?}",
+                            worker.name
+                        ))
+                    }
+                }
+                worker.node = NodeProcess::start(
+                    &url,
+                    &worker.name,
+                    &["--latency-ms", LATENCY_MS, "--node-id", &id],
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The schedule: rounds with faults, a last calm round reaching every child, the driver's
+    /// drain and the workers' leaves.
+    fn run(&mut self) -> Result<(), String> {
+        self.round_ends(1)?;
+        for round in 2..ROUNDS {
+            self.driver.tell("round");
+            let fault =
+                self.faults[usize::try_from(self.rng.below(self.faults.len() as u64)).unwrap()];
+            let slot = usize::try_from(self.rng.below(WORKERS as u64)).unwrap();
+            let delay = self.rng.millis(400);
+            self.history
+                .push(format!("round {round}: {fault:?} w{slot} after {delay:?}"));
+            std::thread::sleep(delay);
+            self.inject(fault, slot)?;
+            self.round_ends(round)?;
+        }
+        // Every worker runs now: the last round reaches every child, which then runs what it
+        // had accepted and not yet run.
+        self.driver.tell("round");
+        self.round_ends(ROUNDS)?;
+        self.settled()?;
+        self.driver.tell("quit");
+        match self.driver.wait_within(BOUND) {
+            Some(status) if status.success() => {}
+            Some(status) => {
+                return Err(format!(
+                    "the driver ended with {status}: {}",
+                    self.driver.errors()
+                ))
+            }
+            None => return Err(format!("the driver did not drain within {BOUND:?}")),
+        }
+        for worker in &mut self.workers {
+            worker.node.signal("-TERM");
+            match worker.node.wait_within(BOUND) {
+                Some(status) if status.success() => {}
+                Some(status) => {
+                    return Err(format!(
+                        "node {} left with {status}: {}",
+                        worker.name,
+                        worker.node.errors()
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "node {} did not leave within {BOUND:?}",
+                        worker.name
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (bounded) until every acknowledged follow-up ran: a bounded poll of the store,
+    /// which other processes write.
+    fn settled(&self) -> Result<(), String> {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let pending: usize = self
+                .record
+                .accepted
+                .iter()
+                .map(|(child, ids)| {
+                    let claimed = claimed_ids(&read(&self.url, *child));
+                    ids.iter().filter(|id| !claimed.contains_key(*id)).count()
+                })
+                .sum();
+            if pending == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{pending} acknowledged follow-ups never ran within {BOUND:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The checker: every anomaly the store and the record show.
+    fn check(&self) -> Vec<String> {
+        let mut anomalies = Vec::new();
+        let mut roots: HashMap<SessionId, Vec<SessionEvent>> = HashMap::new();
+        for (child, root) in &self.record.roots {
+            let events = read(&self.url, *child);
+            let inserted = inserted_ids(&events);
+            let claimed = claimed_ids(&events);
+            let accepted = self.record.accepted.get(child).cloned().unwrap_or_default();
+            for id in &accepted {
+                let (ins, cl) = (
+                    inserted.get(id).copied().unwrap_or(0),
+                    claimed.get(id).copied().unwrap_or(0),
+                );
+                if ins != 1 || cl != 1 {
+                    anomalies.push(format!(
+                        "exactly-once: {child} acknowledged {id}: inserted {ins}, ran {cl}"
+                    ));
+                    if std::env::var_os("CAMPAIGN_DUMP").is_some() {
+                        for event in &events {
+                            eprintln!("  {child} {} {} {:?}", event.seq, event.time, event.kind);
+                        }
+                    }
+                }
+            }
+            for (id, count) in &claimed {
+                if *count > 1 {
+                    anomalies.push(format!("exactly-once: {child} ran {id} {count} times"));
+                }
+            }
+            let order: Vec<String> = claimed_order(&events)
+                .into_iter()
+                .filter(|id| accepted.contains(id))
+                .collect();
+            if order != accepted {
+                anomalies.push(format!(
+                    "fifo: {child} ran {order:?}, acknowledged {accepted:?}"
+                ));
+            }
+            let ran = crate::support::delivered(&events);
+            for text in self.record.refused.get(child).into_iter().flatten() {
+                if ran.contains(text) {
+                    anomalies.push(format!(
+                        "refused-ran: {child} ran {text:?}, which was refused"
+                    ));
+                }
+            }
+            if !one_turn_at_a_time(&events) {
+                anomalies.push(format!("one-activation: {child}'s log interleaves turns"));
+            }
+            let root_events = roots.entry(*root).or_insert_with(|| read(&self.url, *root));
+            let notices = notices_of(root_events, *child);
+            let mut ids: Vec<&String> = notices.iter().map(|(id, _)| id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            if ids.len() != notices.len() {
+                anomalies.push(format!("notices: {root} heard a notice of {child} twice"));
+            }
+            let last_turn = events
+                .iter()
+                .filter(|event| matches!(event.kind, EventKind::TurnEnd { .. }))
+                .map(|event| event.time)
+                .max()
+                .unwrap_or(0);
+            if !notices.iter().any(|(_, time)| *time >= last_turn) {
+                anomalies.push(format!(
+                    "notices: {root} never heard of {child}'s last epoch (its turn ended at {last_turn}, notices at {:?})",
+                    notices.iter().map(|(_, time)| time).collect::<Vec<_>>()
+                ));
+            }
+        }
+        anomalies
+    }
+
+    /// Ends every process still running (a failed schedule's leftovers).
+    fn reap(&mut self) {
+        for node in self
+            .workers
+            .iter_mut()
+            .map(|worker| &mut worker.node)
+            .chain(std::iter::once(&mut self.driver))
+        {
+            node.signal_quietly("-CONT");
+            node.signal_quietly("-KILL");
+            node.wait();
+        }
+    }
+}
+
+/// Terminates every other connection to the schedule's database.
+fn terminate_backends(url: &str) {
+    actix::System::new().block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .await
+            .unwrap();
+    });
+}
+
+/// How often each message id was inserted into the log's inbox.
+fn inserted_ids(events: &[SessionEvent]) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for event in events {
+        if let EventKind::InboxSpliced { inserted, .. } = &event.kind {
+            for message in inserted {
+                *seen.entry(message.id.to_string()).or_default() += 1;
+            }
+        }
+    }
+    seen
+}
+
+/// The message ids turns ran, in order.
+fn claimed_order(events: &[SessionEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::UserMessage(message) => Some(message.id.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// How often turns ran each message id.
+fn claimed_ids(events: &[SessionEvent]) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for id in claimed_order(events) {
+        *seen.entry(id).or_default() += 1;
+    }
+    seen
+}
+
+/// The settled notices of `child` inserted into `root`'s inbox: id and time.
+fn notices_of(root: &[SessionEvent], child: SessionId) -> Vec<(String, u64)> {
+    root.iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::InboxSpliced { inserted, .. } => Some((event.time, inserted)),
+            _ => None,
+        })
+        .flat_map(|(time, inserted)| {
+            inserted
+                .iter()
+                .filter_map(move |message| match &message.source {
+                    MessageSource::SubagentSettledNotice {
+                        sender_session_id, ..
+                    } if *sender_session_id == child => Some((message.id.to_string(), time)),
+                    _ => None,
+                })
+        })
+        .collect()
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn seeded_fault_schedules_keep_every_promise() {
+    let first = env_number("CAMPAIGN_SEED", 1);
+    let count = env_number("CAMPAIGN_SCHEDULES", 2);
+    let mut failed = Vec::new();
+    for seed in first..first + count {
+        let began = Instant::now();
+        let mut schedule = Schedule::start(seed);
+        let outcome = schedule.run();
+        let mut anomalies = schedule.check();
+        if let Err(error) = outcome {
+            anomalies.insert(0, format!("bounded: {error}"));
+            schedule.reap();
+        }
+        let acknowledged: usize = schedule.record.accepted.values().map(Vec::len).sum();
+        let refused: usize = schedule.record.refused.values().map(Vec::len).sum();
+        eprintln!(
+            "campaign seed {seed}: {} anomalies in {:.1?}, {acknowledged} follow-ups acknowledged, {refused} refused [{}]",
+            anomalies.len(),
+            began.elapsed(),
+            schedule.history.join("; ")
+        );
+        for refusal in &schedule.record.refusals {
+            eprintln!("  {refusal}");
+        }
+        if !anomalies.is_empty() {
+            failed.push(format!(
+                "seed {seed} ({}):\n  {}",
+                schedule.history.join("; "),
+                anomalies.join("\n  ")
+            ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {count} schedules broke a promise (rerun one with CAMPAIGN_SEED=<seed> CAMPAIGN_SCHEDULES=1):\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
