@@ -241,6 +241,14 @@ impl SubagentError {
         self
     }
 
+    /// The underlying cause itself (`Error::source` sees through the shared pointer to the
+    /// cause's own source, one link too far for a downcast).
+    pub(crate) fn cause(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|source| source as &(dyn StdError + 'static))
+    }
+
     /// The stable code; branch on this, never on the message.
     pub fn code(&self) -> ErrorCode {
         self.code

@@ -1,8 +1,9 @@
 //! The cluster's fault campaign, in the spirit of Jepsen: `subagents node` processes on a
 //! throwaway PostgreSQL — one driver growing a forest whose children are placed on three
 //! workers, rounds of follow-ups crossing nodes — while a seeded nemesis kills a worker and
-//! restarts it under its id, pauses one past its time-to-live, or makes one leave gracefully
-//! and join again. After a last round that reaches every child, a checker reads the store and
+//! restarts it under its id, pauses one past its time-to-live (it finds itself fenced out,
+//! exits, and is restarted under its id), makes one leave gracefully and join again, or
+//! terminates every node's PostgreSQL connections. After a last round that reaches every child, a checker reads the store and
 //! the driver's record:
 //!
 //! - **exactly once**: every acknowledged follow-up is inserted once and run (claimed) once;
@@ -15,8 +16,7 @@
 //!
 //! A schedule is named by its seed; a failing one prints the seed and what the nemesis did.
 //! CI runs `CAMPAIGN_SCHEDULES` (default 2) schedules from `CAMPAIGN_SEED` (default 1), drawing
-//! faults from `CAMPAIGN_FAULTS` (default `kill,pause,leave,calm`; `terminate` adds terminated
-//! backends); a long run is
+//! faults from `CAMPAIGN_FAULTS` (default `kill,pause,leave,terminate,calm`); a long run is
 //! `CAMPAIGN_SCHEDULES=200 cargo test --release --test tests campaign -- --nocapture`.
 
 use std::collections::{BTreeMap, HashMap};

@@ -1080,3 +1080,55 @@ fn a_process_whose_node_was_taken_over_loses_its_membership() {
     let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
     assert_eq!(name, "restarted", "the successor's row is left alone");
 }
+
+/// Terminates every other connection to `url`'s database.
+fn terminate_backends(url: &str) {
+    execute(
+        url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    );
+}
+
+// A terminated backend is a passing fault: every pooled connection dies, and the calls that
+// come next (a lease, appends, a flush, reads, a node's deliveries) connect again and land,
+// once each. Before, each failed with STORE_IO, and a session's failed write faulted its agent.
+#[test]
+fn terminated_backends_are_a_passing_fault() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let store = cluster_store(&url);
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+    terminate_backends(&url);
+    let lease = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
+    terminate_backends(&url);
+    block_on(store.append(id, 0, notes(0, 2), Some(lease.epoch))).unwrap();
+    terminate_backends(&url);
+    block_on(store.flush(id)).unwrap();
+    terminate_backends(&url);
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
+    let (a, b) = (
+        block_on(store.join(&LeaseHolder::new(), "a")).unwrap(),
+        block_on(store.join(&LeaseHolder::new(), "b")).unwrap(),
+    );
+    b.serve(Arc::new(|delivery| {
+        Box::pin(async move { Ok(delivery.payload) })
+    }))
+    .unwrap();
+    for _ in 0..3 {
+        terminate_backends(&url);
+        block_on(a.holder_of(id)).unwrap();
+        block_on(a.live_among(&[b.node()])).unwrap();
+    }
+    terminate_backends(&url);
+    let answer = block_on(within(
+        "the answer",
+        a.deliver(b.node(), id, &serde_json::json!({ "n": 1 })),
+    ))
+    .unwrap();
+    assert_eq!(answer, serde_json::json!({ "n": 1 }));
+    let sent: i64 = query_value(&url, "SELECT count(*) FROM subagents_deliveries");
+    assert_eq!(sent, 1, "sent once");
+}

@@ -39,7 +39,9 @@ use crate::session::{interrupted_turn_closers, SessionEvent, SessionHeader};
 
 pub use lease::{Lease, LeaseEpoch, LeaseHolder};
 pub use memory::MemoryStore;
-pub use postgres::{deliveries, NodeIncarnation, NodeMembership, PostgresConfig, PostgresStore};
+pub use postgres::{
+    deliveries, NodeIncarnation, NodeMembership, PostgresConfig, PostgresStore, RECONNECT_WITHIN,
+};
 pub use sled_store::SledStore;
 
 /// A store shared by the runtime's actors.

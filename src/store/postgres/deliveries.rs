@@ -294,37 +294,51 @@ impl PostgresStore {
                 format!("a delivery's payload does not encode: {error}"),
             )
         })?;
-        let client = self.client().await?;
-        let sent = client
-            .prepare_cached(
-                "WITH sent AS (
-                     INSERT INTO subagents_deliveries (target, sender, session, payload, ticket)
-                     VALUES ($1, $2, $3, $4, $5) RETURNING id
-                 )
-                 SELECT id, pg_notify($6, 'd')::text FROM sent",
-            )
-            .await
-            .map_err(&failed)?;
-        let row = client
-            .query_one(
-                &sent,
-                &[
-                    &target,
-                    &sender,
-                    &uuid_of(session),
-                    &payload,
-                    &ticket,
-                    &channel_of(target),
-                ],
-            )
-            .await
-            .map_err(&failed)?;
-        Ok(row.get(0))
+        let payload = &payload;
+        self.reconnecting("sending a delivery", |_| async {
+            let client = self.client().await?;
+            // Once per ticket: a retried send finds the row an earlier attempt committed.
+            let sent = client
+                .prepare_cached(
+                    "WITH sent AS (
+                         INSERT INTO subagents_deliveries (target, sender, session, payload, ticket)
+                         VALUES ($1, $2, $3, $4, $5)
+                         ON CONFLICT (ticket) DO NOTHING RETURNING id
+                     )
+                     SELECT id, pg_notify($6, 'd')::text FROM sent
+                     UNION ALL
+                     SELECT id, NULL FROM subagents_deliveries
+                     WHERE ticket = $5 AND NOT EXISTS (SELECT 1 FROM sent)",
+                )
+                .await
+                .map_err(&failed)?;
+            let row = client
+                .query_one(
+                    &sent,
+                    &[
+                        &target,
+                        &sender,
+                        &uuid_of(session),
+                        payload,
+                        &ticket,
+                        &channel_of(target),
+                    ],
+                )
+                .await
+                .map_err(&failed)?;
+            Ok(row.get(0))
+        })
+        .await
     }
 
     /// The answer of delivery `id`, once it has one; withdraws it when its target's
     /// membership expired with it still pending.
     pub(super) async fn poll_answer(&self, id: i64) -> Result<Option<Served>> {
+        self.reconnecting("reading a delivery's answer", |_| self.poll_answer_once(id))
+            .await
+    }
+
+    async fn poll_answer_once(&self, id: i64) -> Result<Option<Served>> {
         let failed = io(format!("reading the answer to delivery {id}"));
         let client = self.client().await?;
         let read = client
@@ -379,6 +393,11 @@ impl PostgresStore {
     /// Withdraws delivery `id` if it is still pending: `true` when this withdrew it (it will
     /// never be served).
     pub(super) async fn withdraw_pending(&self, id: i64) -> Result<bool> {
+        self.reconnecting("withdrawing a delivery", |_| self.withdraw_pending_once(id))
+            .await
+    }
+
+    async fn withdraw_pending_once(&self, id: i64) -> Result<bool> {
         let failed = io(format!("withdrawing delivery {id}"));
         let client = self.client().await?;
         let withdraw = client
@@ -477,6 +496,27 @@ impl PostgresStore {
         Ok((claimed, left_behind))
     }
 
+    /// Puts back the deliveries `incarnation` of `node` claimed and is not serving (about no
+    /// session in `busy`): a claim whose answer was lost with its connection. They are claimed
+    /// again, in order, like any pending delivery.
+    pub(super) async fn unclaim_lost(
+        &self,
+        node: uuid::Uuid,
+        incarnation: uuid::Uuid,
+        busy: &[uuid::Uuid],
+    ) -> Result<u64> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE subagents_deliveries SET state = 'pending', claimed_by = NULL
+                 WHERE target = $1 AND state = 'claimed' AND claimed_by = $2
+                   AND session <> ALL($3)",
+                &[&node, &incarnation, &busy],
+            )
+            .await
+            .map_err(io(format!("putting back node {node}'s lost claims")))
+    }
+
     /// Removes the deliveries answered or withdrawn more than the retention ago, and those
     /// sent that long ago to a node that is no longer live (whichever node sent or served
     /// them: a cluster's nodes come and go, and any of them prunes for all).
@@ -502,6 +542,18 @@ impl PostgresStore {
     /// the announcement when it fits (one statement: the row and the announcement commit
     /// together).
     pub(super) async fn answer_delivery(
+        &self,
+        delivery: &Delivery,
+        answer: &Result<Value>,
+        by: uuid::Uuid,
+    ) -> Result<()> {
+        self.reconnecting("answering a delivery", |_| {
+            self.answer_delivery_once(delivery, answer, by)
+        })
+        .await
+    }
+
+    async fn answer_delivery_once(
         &self,
         delivery: &Delivery,
         answer: &Result<Value>,
@@ -759,6 +811,8 @@ impl Server {
         // session, or behind one it claimed). Only then does a served delivery's end call for
         // a new claim; otherwise what comes next is announced.
         let mut left_behind = false;
+        // Set after a claim failed: it may have claimed rows whose answer it never read.
+        let mut unclaim = false;
         loop {
             if claim {
                 let busy: Vec<uuid::Uuid> = self
@@ -771,7 +825,24 @@ impl Server {
                 let room = SERVED_AT_ONCE.saturating_sub(busy.len());
                 // With no room, or nothing claimed, anything pending is behind a busy session.
                 left_behind = !busy.is_empty();
-                if room > 0 {
+                if unclaim {
+                    match self
+                        .store
+                        .unclaim_lost(self.node, self.incarnation, &busy)
+                        .await
+                    {
+                        Ok(put_back) => {
+                            unclaim = false;
+                            if put_back > 0 {
+                                tracing::info!(node = %self.node, put_back, "put back deliveries whose claim was lost with its connection");
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(node = %self.node, %error, "putting back lost claims failed; retrying");
+                        }
+                    }
+                }
+                if room > 0 && !unclaim {
                     let claimed = tokio::select! {
                         () = self.stop.cancelled() => return,
                         claimed = self.store.claim_deliveries(self.node, self.incarnation, &busy, room) => claimed,
@@ -791,6 +862,7 @@ impl Server {
                             }
                         }
                         Err(error) => {
+                            unclaim = true;
                             tracing::warn!(node = %self.node, %error, "claiming deliveries failed; retrying");
                         }
                     }

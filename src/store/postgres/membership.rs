@@ -114,6 +114,17 @@ impl NodeMembership {
         &self,
         session: crate::ids::SessionId,
     ) -> Result<Option<NodeIncarnation>> {
+        self.store
+            .reconnecting("reading who holds a session", |_| {
+                self.holder_of_once(session)
+            })
+            .await
+    }
+
+    async fn holder_of_once(
+        &self,
+        session: crate::ids::SessionId,
+    ) -> Result<Option<NodeIncarnation>> {
         let client = self.store.client().await?;
         let row = client
             .query_opt(
@@ -146,6 +157,14 @@ impl NodeMembership {
     /// # Errors
     /// `STORE_IO`.
     pub async fn live_among(&self, nodes: &[uuid::Uuid]) -> Result<Vec<NodeIncarnation>> {
+        self.store
+            .reconnecting("reading which nodes are live", |_| {
+                self.live_among_once(nodes)
+            })
+            .await
+    }
+
+    async fn live_among_once(&self, nodes: &[uuid::Uuid]) -> Result<Vec<NodeIncarnation>> {
         let client = self.store.client().await?;
         let rows = client
             .query(

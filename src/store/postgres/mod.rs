@@ -29,6 +29,7 @@
 
 pub mod deliveries;
 mod membership;
+mod reconnect;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -48,6 +49,7 @@ use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
 
 pub use membership::{NodeIncarnation, NodeMembership};
+pub use reconnect::RECONNECT_WITHIN;
 
 /// The schema versions, applied in order; each runs once, in one transaction.
 const MIGRATIONS: &[&str] = &[
@@ -116,6 +118,9 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE subagents_nodes ADD COLUMN incarnation uuid;
      ALTER TABLE subagents_leases ADD COLUMN incarnation uuid;
      ALTER TABLE subagents_deliveries ADD COLUMN claimed_by uuid;",
+    // 8: a delivery is sent once per ticket: a send retried after its connection was lost
+    // finds the row it may have committed.
+    "CREATE UNIQUE INDEX subagents_deliveries_by_ticket ON subagents_deliveries (ticket);",
 ];
 
 /// The fewest remembered lease holders at which gone ones are swept.
@@ -659,12 +664,15 @@ impl PostgresStore {
         let terms = holder_id.map(|holder| self.lease_terms(holder, LeaseEpoch(1)));
         let row_ttl = terms.map_or(0.0, |terms| terms.row_ttl);
         let incarnation = terms.and_then(|terms| terms.incarnation);
-        let client = self.client().await?;
-        // One statement: the session, its seed and its first lease stand or fall together (the
-        // batch's and the lease's references are checked at the statement's end).
-        let statement = client
-            .prepare_cached(
-                "WITH created AS (
+        let (header_bytes, encoded, holder_id) = (&header_bytes, &encoded, &holder_id);
+        let (created, client) = self
+            .reconnecting("creating a session", |attempt| async move {
+                let client = self.client().await?;
+                // One statement: the session, its seed and its first lease stand or fall together (the
+                // batch's and the lease's references are checked at the statement's end).
+                let statement = client
+                    .prepare_cached(
+                        "WITH created AS (
                      INSERT INTO subagents_sessions (id, parent, header, next_seq, epoch)
                      VALUES ($1, $2, $3, $4, $5)
                      ON CONFLICT (id) DO NOTHING
@@ -678,27 +686,37 @@ impl PostgresStore {
                      FROM created WHERE $7::uuid IS NOT NULL
                  )
                  SELECT count(*) FROM created",
-            )
-            .await
-            .map_err(io(format!("creating session {id}")))?;
-        let created: i64 = client
-            .query_one(
-                &statement,
-                &[
-                    &uuid_of(id),
-                    &parent,
-                    &header_bytes,
-                    &next_seq,
-                    &epoch,
-                    &encoded,
-                    &holder_id,
-                    &row_ttl,
-                    &incarnation,
-                ],
-            )
-            .await
-            .map_err(io(format!("creating session {id}")))?
-            .get(0);
+                    )
+                    .await
+                    .map_err(io(format!("creating session {id}")))?;
+                let created: i64 = client
+                    .query_one(
+                        &statement,
+                        &[
+                            &uuid_of(id),
+                            &parent,
+                            &header_bytes,
+                            &next_seq,
+                            &epoch,
+                            &encoded,
+                            &holder_id,
+                            &row_ttl,
+                            &incarnation,
+                        ],
+                    )
+                    .await
+                    .map_err(io(format!("creating session {id}")))?
+                    .get(0);
+                // An earlier attempt whose answer was lost may have created this very session.
+                if created == 0
+                    && attempt.after_loss
+                    && self.created_as(&client, id, header_bytes).await?
+                {
+                    return Ok((1, client));
+                }
+                Ok((created, client))
+            })
+            .await?;
         if created == 0 {
             return Err(SubagentError::new(
                 ErrorCode::SessionExists,
@@ -712,7 +730,46 @@ impl PostgresStore {
         Ok(terms.map(|terms| terms.lease))
     }
 
+    /// Whether session `id` is stored with exactly `header` (its creation landed).
+    async fn created_as(
+        &self,
+        client: &tokio_postgres::Client,
+        id: SessionId,
+        header: &[u8],
+    ) -> Result<bool> {
+        let row = client
+            .query_opt(
+                "SELECT header FROM subagents_sessions WHERE id = $1",
+                &[&uuid_of(id)],
+            )
+            .await
+            .map_err(io(format!("reading session {id}")))?;
+        Ok(row.is_some_and(|row| row.get::<_, Vec<u8>>(0) == header))
+    }
+
+    /// The bytes of `id`'s batch starting at `first_seq`, if one does.
+    async fn stored_batch(
+        &self,
+        client: &tokio_postgres::Client,
+        id: SessionId,
+        first_seq: i64,
+    ) -> Result<Option<Vec<u8>>> {
+        let row = client
+            .query_opt(
+                "SELECT events FROM subagents_event_batches WHERE session = $1 AND first_seq = $2",
+                &[&uuid_of(id), &first_seq],
+            )
+            .await
+            .map_err(io(format!("reading session {id}")))?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
     async fn listing(&self, parent: Option<SessionId>) -> Result<Vec<ListedSession>> {
+        self.reconnecting("listing sessions", |_| self.listing_once(parent))
+            .await
+    }
+
+    async fn listing_once(&self, parent: Option<SessionId>) -> Result<Vec<ListedSession>> {
         let client = self.client().await?;
         // A session with no events yet has nothing to list, as on the other stores.
         let rows = match parent {
@@ -792,13 +849,15 @@ impl SessionPersistence for PostgresStore {
             let epoch = lease
                 .map(|LeaseEpoch(epoch)| seq_column(epoch))
                 .transpose()?;
-            let client = self.client().await?;
-            // One statement: the row lock, the compare, the batch and the head move together.
-            let rows = client
-                .query(
-                    &client
-                        .prepare_cached(
-                            "WITH head AS (
+            let encoded = &encoded;
+            self.reconnecting("appending", |attempt| async move {
+                let client = self.client().await?;
+                // One statement: the row lock, the compare, the batch and the head move together.
+                let rows = client
+                    .query(
+                        &client
+                            .prepare_cached(
+                                "WITH head AS (
                          SELECT next_seq, epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE
                      ), fits AS (
                          SELECT 1 FROM head
@@ -813,58 +872,71 @@ impl SessionPersistence for PostgresStore {
                          RETURNING 1
                      )
                      SELECT next_seq, epoch, EXISTS (SELECT 1 FROM moved) FROM head",
-                        )
-                        .await
-                        .map_err(io("preparing a statement"))?,
-                    &[&uuid_of(id), &expected, &epoch, &encoded, &next],
-                )
-                .await
-                .map_err(io(format!("appending to session {id}")))?;
-            let Some(row) = rows.first() else {
-                return Err(not_found(id));
-            };
-            let (stored_next, stored_epoch, moved): (i64, i64, bool) =
-                (row.get(0), row.get(1), row.get(2));
-            if !moved {
-                check_append(
-                    id,
-                    expected_next_seq,
-                    seq_value(stored_next)?,
-                    lease,
-                    seq_value(stored_epoch)?,
-                )?;
-                return Err(SubagentError::bug(format!(
-                    "session {id}: an append that fits was not applied"
-                )));
-            }
-            Ok(())
+                            )
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&uuid_of(id), &expected, &epoch, &encoded, &next],
+                    )
+                    .await
+                    .map_err(io(format!("appending to session {id}")))?;
+                let Some(row) = rows.first() else {
+                    return Err(not_found(id));
+                };
+                let (stored_next, stored_epoch, moved): (i64, i64, bool) =
+                    (row.get(0), row.get(1), row.get(2));
+                if !moved {
+                    // An earlier attempt whose answer was lost may have stored this very batch.
+                    if attempt.after_loss
+                        && stored_next == next
+                        && (epoch.is_none() || epoch == Some(stored_epoch))
+                        && self.stored_batch(&client, id, expected).await?.as_ref() == Some(encoded)
+                    {
+                        return Ok(());
+                    }
+                    check_append(
+                        id,
+                        expected_next_seq,
+                        seq_value(stored_next)?,
+                        lease,
+                        seq_value(stored_epoch)?,
+                    )?;
+                    return Err(SubagentError::bug(format!(
+                        "session {id}: an append that fits was not applied"
+                    )));
+                }
+                Ok(())
+            })
+            .await
         })
     }
 
     fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            // Appends commit without waiting for the disk (the connections run with
-            // synchronous_commit off). A transaction that writes and commits synchronously
-            // flushes the write-ahead log up to its own commit, so every earlier append of
-            // every session is durable once it returns.
-            // One statement, its own transaction: the local setting holds at its commit. The
-            // row is the connection's slot: a flush never waits on another connection's
-            // unless their server processes share one.
-            let client = self.client().await?;
-            let touch = client
-                .prepare_cached(
-                    "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
+            self.reconnecting("flushing", |_| async move {
+                // Appends commit without waiting for the disk (the connections run with
+                // synchronous_commit off). A transaction that writes and commits synchronously
+                // flushes the write-ahead log up to its own commit, so every earlier append of
+                // every session is durable once it returns.
+                // One statement, its own transaction: the local setting holds at its commit. The
+                // row is the connection's slot: a flush never waits on another connection's
+                // unless their server processes share one.
+                let client = self.client().await?;
+                let touch = client
+                    .prepare_cached(
+                        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
                      INSERT INTO subagents_flushes (slot, at)
                      SELECT pg_backend_pid() % $1, now() FROM durable
                      ON CONFLICT (slot) DO UPDATE SET at = excluded.at",
-                )
-                .await
-                .map_err(io(format!("flushing session {id}")))?;
-            client
-                .execute(&touch, &[&FLUSH_SLOTS])
-                .await
-                .map_err(io(format!("flushing session {id}")))?;
-            Ok(())
+                    )
+                    .await
+                    .map_err(io(format!("flushing session {id}")))?;
+                client
+                    .execute(&touch, &[&FLUSH_SLOTS])
+                    .await
+                    .map_err(io(format!("flushing session {id}")))?;
+                Ok(())
+            })
+            .await
         })
     }
 
@@ -878,20 +950,23 @@ impl SessionPersistence for PostgresStore {
 
     fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
         Box::pin(async move {
-            let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    &client
-                        .prepare_cached("SELECT header FROM subagents_sessions WHERE id = $1")
-                        .await
-                        .map_err(io("preparing a statement"))?,
-                    &[&uuid_of(id)],
-                )
-                .await
-                .map_err(io(format!("reading session {id}")))?
-                .ok_or_else(|| not_found(id))?;
-            let bytes: Vec<u8> = row.get(0);
-            decode_header(id, &bytes)
+            self.reconnecting("reading a header", |_| async move {
+                let client = self.client().await?;
+                let row = client
+                    .query_opt(
+                        &client
+                            .prepare_cached("SELECT header FROM subagents_sessions WHERE id = $1")
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&uuid_of(id)],
+                    )
+                    .await
+                    .map_err(io(format!("reading session {id}")))?
+                    .ok_or_else(|| not_found(id))?;
+                let bytes: Vec<u8> = row.get(0);
+                decode_header(id, &bytes)
+            })
+            .await
         })
     }
 
@@ -901,13 +976,14 @@ impl SessionPersistence for PostgresStore {
         from_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         Box::pin(async move {
-            let from = seq_column(from_seq)?;
-            let client = self.client().await?;
-            let rows = client
-                .query(
-                    &client
-                        .prepare_cached(
-                            "SELECT s.next_seq, b.first_seq, b.events
+            self.reconnecting("reading a session", |_| async move {
+                let from = seq_column(from_seq)?;
+                let client = self.client().await?;
+                let rows = client
+                    .query(
+                        &client
+                            .prepare_cached(
+                                "SELECT s.next_seq, b.first_seq, b.events
                      FROM subagents_sessions s
                      LEFT JOIN subagents_event_batches b
                        ON b.session = s.id
@@ -918,87 +994,91 @@ impl SessionPersistence for PostgresStore {
                           WHERE session = $1 AND first_seq <= $2), 0)
                      WHERE s.id = $1
                      ORDER BY b.first_seq",
-                        )
-                        .await
-                        .map_err(io("preparing a statement"))?,
-                    &[&uuid_of(id), &from],
-                )
-                .await
-                .map_err(io(format!("reading session {id}")))?;
-            let Some(first) = rows.first() else {
-                return Err(not_found(id));
-            };
-            let next_seq = seq_value(first.get(0))?;
-            if from_seq >= next_seq {
-                return Ok(Vec::new());
-            }
-            let batches = rows.iter().filter_map(|row| {
-                let start: Option<i64> = row.get(1);
-                let bytes: Option<Vec<u8>> = row.get(2);
-                Some(Ok((
-                    start.and_then(|start| u64::try_from(start).ok()),
-                    bytes?,
-                )))
-            });
-            assemble(id, from_seq, next_seq, batches)
+                            )
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&uuid_of(id), &from],
+                    )
+                    .await
+                    .map_err(io(format!("reading session {id}")))?;
+                let Some(first) = rows.first() else {
+                    return Err(not_found(id));
+                };
+                let next_seq = seq_value(first.get(0))?;
+                if from_seq >= next_seq {
+                    return Ok(Vec::new());
+                }
+                let batches = rows.iter().filter_map(|row| {
+                    let start: Option<i64> = row.get(1);
+                    let bytes: Option<Vec<u8>> = row.get(2);
+                    Some(Ok((
+                        start.and_then(|start| u64::try_from(start).ok()),
+                        bytes?,
+                    )))
+                });
+                assemble(id, from_seq, next_seq, batches)
+            })
+            .await
         })
     }
 
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
         Box::pin(async move {
-            let mut client = self.client().await?;
-            let tx = client
-                .transaction()
-                .await
-                .map_err(io(format!("leasing session {id}")))?;
-            let failed = io(format!("leasing session {id}"));
-            let head = tx
-                .prepare_cached("SELECT epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE")
-                .await
-                .map_err(&failed)?;
-            let current = tx
-                .prepare_cached(
-                    // Held while its own expiry is ahead, or while its holder is a node
-                    // whose row is, under the incarnation that took it.
-                    "SELECT lease.holder, lease.incarnation,
+            let holder = &holder;
+            self.reconnecting("leasing a session", |_| async move {
+                let mut client = self.client().await?;
+                let tx = client
+                    .transaction()
+                    .await
+                    .map_err(io(format!("leasing session {id}")))?;
+                let failed = io(format!("leasing session {id}"));
+                let head = tx
+                    .prepare_cached("SELECT epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE")
+                    .await
+                    .map_err(&failed)?;
+                let current = tx
+                    .prepare_cached(
+                        // Held while its own expiry is ahead, or while its holder is a node
+                        // whose row is, under the incarnation that took it.
+                        "SELECT lease.holder, lease.incarnation,
                             lease.expires_at > now() OR coalesce(node.expires_at > now()
                                 AND node.incarnation IS NOT DISTINCT FROM lease.incarnation, false)
                      FROM subagents_leases lease
                      LEFT JOIN subagents_nodes node ON node.node = lease.holder
                      WHERE lease.session = $1 FOR UPDATE OF lease",
+                    )
+                    .await
+                    .map_err(&failed)?;
+                // Sent together (one round trip); the server runs them in order, so the session row
+                // is locked before the lease row is read.
+                let session = uuid_of(id);
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&session];
+                let (head, held) = futures::try_join!(
+                    tx.query_opt(&head, &params),
+                    tx.query_opt(&current, &params)
                 )
-                .await
                 .map_err(&failed)?;
-            // Sent together (one round trip); the server runs them in order, so the session row
-            // is locked before the lease row is read.
-            let session = uuid_of(id);
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&session];
-            let (head, held) = futures::try_join!(
-                tx.query_opt(&head, &params),
-                tx.query_opt(&current, &params)
-            )
-            .map_err(&failed)?;
-            let epoch: i64 = head.ok_or_else(|| not_found(id))?.get(0);
-            let granted = epoch
-                .checked_add(1)
-                .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
-            let terms = self.lease_terms(holder.id(), LeaseEpoch(seq_value(granted)?));
-            if let Some(held) = held {
-                let (other, incarnation, live): (uuid::Uuid, Option<uuid::Uuid>, bool) =
-                    (held.get(0), held.get(1), held.get(2));
-                // A node's own lease, unless another incarnation of the node took it (this
-                // process was paused, and a new one joined under its id).
-                let ours = other == holder.id() && incarnation == terms.incarnation;
-                if !ours && live && !self.is_gone(other) {
-                    return Err(SubagentError::new(
-                        ErrorCode::SessionLeased,
-                        format!("session {id} is live in another runtime (its lease is held)"),
-                    ));
+                let epoch: i64 = head.ok_or_else(|| not_found(id))?.get(0);
+                let granted = epoch
+                    .checked_add(1)
+                    .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
+                let terms = self.lease_terms(holder.id(), LeaseEpoch(seq_value(granted)?));
+                if let Some(held) = held {
+                    let (other, incarnation, live): (uuid::Uuid, Option<uuid::Uuid>, bool) =
+                        (held.get(0), held.get(1), held.get(2));
+                    // A node's own lease, unless another incarnation of the node took it (this
+                    // process was paused, and a new one joined under its id).
+                    let ours = other == holder.id() && incarnation == terms.incarnation;
+                    if !ours && live && !self.is_gone(other) {
+                        return Err(SubagentError::new(
+                            ErrorCode::SessionLeased,
+                            format!("session {id} is live in another runtime (its lease is held)"),
+                        ));
+                    }
                 }
-            }
-            let grant = tx
-                .prepare_cached(
-                    "WITH fenced AS (
+                let grant = tx
+                    .prepare_cached(
+                        "WITH fenced AS (
                          UPDATE subagents_sessions SET epoch = $3 WHERE id = $1 RETURNING id
                      )
                      INSERT INTO subagents_leases (session, holder, epoch, expires_at, incarnation)
@@ -1006,32 +1086,35 @@ impl SessionPersistence for PostgresStore {
                      ON CONFLICT (session) DO UPDATE
                      SET holder = excluded.holder, epoch = excluded.epoch,
                          expires_at = excluded.expires_at, incarnation = excluded.incarnation",
+                    )
+                    .await
+                    .map_err(&failed)?;
+                tx.execute(
+                    &grant,
+                    &[
+                        &uuid_of(id),
+                        &holder.id(),
+                        &granted,
+                        &terms.row_ttl,
+                        &terms.incarnation,
+                    ],
                 )
                 .await
                 .map_err(&failed)?;
-            tx.execute(
-                &grant,
-                &[
-                    &uuid_of(id),
-                    &holder.id(),
-                    &granted,
-                    &terms.row_ttl,
-                    &terms.incarnation,
-                ],
-            )
+                tx.commit()
+                    .await
+                    .map_err(io(format!("leasing session {id}")))?;
+                self.remember(holder);
+                self.forget_released_holders(&client).await;
+                Ok(terms.lease)
+            })
             .await
-            .map_err(&failed)?;
-            tx.commit()
-                .await
-                .map_err(io(format!("leasing session {id}")))?;
-            self.remember(&holder);
-            self.forget_released_holders(&client).await;
-            Ok(terms.lease)
         })
     }
 
     fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
+            self.reconnecting("renewing a lease", |_| async move {
             let epoch = seq_column(epoch.0)?;
             let client = self.client().await?;
             let renewed = client
@@ -1046,32 +1129,39 @@ impl SessionPersistence for PostgresStore {
                 return Err(lease_lost(id));
             }
             Ok(())
+            })
+            .await
         })
     }
 
     fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            let epoch = seq_column(epoch.0)?;
-            let client = self.client().await?;
-            client
-                .execute(
-                    &client
-                        .prepare_cached(
-                            "DELETE FROM subagents_leases WHERE session = $1 AND epoch = $2",
-                        )
-                        .await
-                        .map_err(io("preparing a statement"))?,
-                    &[&uuid_of(id), &epoch],
-                )
-                .await
-                .map_err(io(format!("releasing the lease of session {id}")))?;
-            Ok(())
+            self.reconnecting("releasing a lease", |_| async move {
+                let epoch = seq_column(epoch.0)?;
+                let client = self.client().await?;
+                client
+                    .execute(
+                        &client
+                            .prepare_cached(
+                                "DELETE FROM subagents_leases WHERE session = $1 AND epoch = $2",
+                            )
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&uuid_of(id), &epoch],
+                    )
+                    .await
+                    .map_err(io(format!("releasing the lease of session {id}")))?;
+                Ok(())
+            })
+            .await
         })
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
         let unit = unit.to_owned();
         Box::pin(async move {
+            let unit = &unit;
+            self.reconnecting("reading the projection cache", |_| async move {
             let client = self.client().await?;
             let row = client
                 .query_opt(
@@ -1082,9 +1172,11 @@ impl SessionPersistence for PostgresStore {
                 .map_err(io(format!("reading the {unit} cache of session {id}")))?;
             row.map(|row| {
                 let bytes: Vec<u8> = row.get(0);
-                decode_cache_row(&unit, id, &bytes)
+                decode_cache_row(unit, id, &bytes)
             })
             .transpose()
+            })
+            .await
         })
     }
 
@@ -1098,49 +1190,53 @@ impl SessionPersistence for PostgresStore {
         let unit = unit.to_owned();
         Box::pin(async move {
             let bytes = encode_cache_row(&unit, id, &row)?;
-            let client = self.client().await?;
-            let failed = || io(format!("writing the {unit} cache of session {id}"));
-            let Some(LeaseEpoch(epoch)) = lease else {
-                client
+            let (unit, bytes) = (&unit, &bytes);
+            self.reconnecting("writing the projection cache", |_| async move {
+                let client = self.client().await?;
+                let failed = || io(format!("writing the {unit} cache of session {id}"));
+                let Some(LeaseEpoch(epoch)) = lease else {
+                    client
+                        .execute(
+                            &client
+                                .prepare_cached(
+                                    "INSERT INTO subagents_projection_cache (unit, session, row)
+                         VALUES ($1, $2, $3)
+                         ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
+                                )
+                                .await
+                                .map_err(io("preparing a statement"))?,
+                            &[&unit, &uuid_of(id), &bytes],
+                        )
+                        .await
+                        .map_err(failed())?;
+                    return Ok(());
+                };
+                // The session row is locked in share mode: a lease taken meanwhile (which moves the
+                // epoch under `FOR UPDATE`) either waits for this write or fences it out.
+                let written = client
                     .execute(
                         &client
                             .prepare_cached(
-                                "INSERT INTO subagents_projection_cache (unit, session, row)
-                         VALUES ($1, $2, $3)
-                         ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
-                            )
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[&unit, &uuid_of(id), &bytes],
-                    )
-                    .await
-                    .map_err(failed())?;
-                return Ok(());
-            };
-            // The session row is locked in share mode: a lease taken meanwhile (which moves the
-            // epoch under `FOR UPDATE`) either waits for this write or fences it out.
-            let written = client
-                .execute(
-                    &client
-                        .prepare_cached(
-                            "WITH fence AS (
+                                "WITH fence AS (
                                  SELECT id FROM subagents_sessions
                                  WHERE id = $2 AND epoch = $4 FOR SHARE
                              )
                              INSERT INTO subagents_projection_cache (unit, session, row)
                              SELECT $1, id, $3 FROM fence
                              ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
-                        )
-                        .await
-                        .map_err(io("preparing a statement"))?,
-                    &[&unit, &uuid_of(id), &bytes, &seq_column(epoch)?],
-                )
-                .await
-                .map_err(failed())?;
-            if written == 0 {
-                return Err(lease_lost(id));
-            }
-            Ok(())
+                            )
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&unit, &uuid_of(id), &bytes, &seq_column(epoch)?],
+                    )
+                    .await
+                    .map_err(failed())?;
+                if written == 0 {
+                    return Err(lease_lost(id));
+                }
+                Ok(())
+            })
+            .await
         })
     }
 }
