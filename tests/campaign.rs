@@ -2,8 +2,9 @@
 //! throwaway PostgreSQL — one driver growing a forest whose children are placed on three
 //! workers, rounds of follow-ups crossing nodes — while a seeded nemesis kills a worker and
 //! restarts it under its id, pauses one past its time-to-live (it finds itself fenced out,
-//! exits, and is restarted under its id), makes one leave gracefully and join again, or
-//! terminates every node's PostgreSQL connections. After a last round that reaches every child, a checker reads the store and
+//! exits, and is restarted under its id), makes one leave gracefully and join again,
+//! terminates every node's PostgreSQL connections, or restarts PostgreSQL itself (the
+//! campaign's server is its own). After a last round that reaches every child, a checker reads the store and
 //! the driver's record:
 //!
 //! - **exactly once**: every acknowledged follow-up is inserted once and run (claimed) once;
@@ -16,7 +17,8 @@
 //!
 //! A schedule is named by its seed; a failing one prints the seed and what the nemesis did.
 //! CI runs `CAMPAIGN_SCHEDULES` (default 2) schedules from `CAMPAIGN_SEED` (default 1), drawing
-//! faults from `CAMPAIGN_FAULTS` (default `kill,pause,leave,terminate,calm`); a long run is
+//! faults from `CAMPAIGN_FAULTS` (default `kill,pause,leave,terminate,restart,calm`); a long
+//! run is
 //! `CAMPAIGN_SCHEDULES=200 cargo test --release --test tests campaign -- --nocapture`.
 
 use std::collections::{BTreeMap, HashMap};
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 use subagents::{EventKind, MessageSource, SessionEvent, SessionId};
 
 use crate::cluster_nodes::{one_turn_at_a_time, read, NodeProcess};
-use crate::support::postgres::server;
+use crate::support::postgres::TestPostgres;
 
 /// Workers the children are placed on.
 const WORKERS: usize = 3;
@@ -36,12 +38,22 @@ const ROUNDS: u32 = 5;
 /// The longest a round, a drain or a leave may take.
 const BOUND: Duration = Duration::from_secs(60);
 
-/// A worker's membership time-to-live (as `NodeProcess::start` sets it): a pause lasts longer.
-const NODE_TTL: Duration = Duration::from_millis(1500);
+/// A node's membership time-to-live: a pause lasts longer, a PostgreSQL restart much less.
+const NODE_TTL: Duration = Duration::from_millis(3000);
+
+/// [`NODE_TTL`] as the flag's value.
+const NODE_TTL_MS: &str = "3000";
 
 /// How long each model call takes, in milliseconds: long enough that a fault finds turns
 /// running and follow-ups waiting behind them.
 const LATENCY_MS: &str = "150";
+
+/// The campaign's own server: the nemesis restarts it, which the other tests' shared server
+/// must not see.
+fn campaign_server() -> &'static TestPostgres {
+    static SERVER: std::sync::OnceLock<TestPostgres> = std::sync::OnceLock::new();
+    SERVER.get_or_init(TestPostgres::private)
+}
 
 /// A small seeded generator (splitmix64): a schedule is its seed.
 struct Rng(u64);
@@ -77,17 +89,21 @@ enum Fault {
     /// Every node's PostgreSQL connections terminated (`pg_terminate_backend`): pools,
     /// listeners and heartbeats connect again.
     TerminateBackends,
+    /// PostgreSQL restarted (`pg_ctl restart -m fast`, well within the node time-to-live):
+    /// every connection ends, and none opens until the server is back.
+    RestartPostgres,
     /// Nothing.
     Calm,
 }
 
 impl Fault {
     /// Every fault, by its name in `CAMPAIGN_FAULTS`.
-    const ALL: [(&'static str, Fault); 5] = [
+    const ALL: [(&'static str, Fault); 6] = [
         ("kill", Fault::KillRestart),
         ("pause", Fault::Pause),
         ("leave", Fault::LeaveRejoin),
         ("terminate", Fault::TerminateBackends),
+        ("restart", Fault::RestartPostgres),
         ("calm", Fault::Calm),
     ];
 
@@ -117,7 +133,7 @@ struct Worker {
 
 impl Worker {
     fn start(url: &str, name: String, id: Option<&str>) -> Self {
-        let mut extra = vec!["--latency-ms", LATENCY_MS];
+        let mut extra = vec!["--latency-ms", LATENCY_MS, "--node-ttl-ms", NODE_TTL_MS];
         if let Some(id) = id {
             extra.extend(["--node-id", id]);
         }
@@ -184,7 +200,7 @@ struct Schedule {
 
 impl Schedule {
     fn start(seed: u64) -> Self {
-        let url = server().fresh_database();
+        let url = campaign_server().fresh_database();
         let workers: Vec<Worker> = (0..WORKERS)
             .map(|k| Worker::start(&url, format!("w{k}"), None))
             .collect();
@@ -207,6 +223,8 @@ impl Schedule {
                 &place_on,
                 "--latency-ms",
                 LATENCY_MS,
+                "--node-ttl-ms",
+                NODE_TTL_MS,
             ],
         );
         Self {
@@ -247,6 +265,7 @@ impl Schedule {
         match fault {
             Fault::Calm => {}
             Fault::TerminateBackends => terminate_backends(&url),
+            Fault::RestartPostgres => campaign_server().restart(),
             Fault::KillRestart => {
                 worker.node.signal("-KILL");
                 worker.node.wait();
@@ -254,7 +273,14 @@ impl Schedule {
                 worker.node = NodeProcess::start(
                     &url,
                     &worker.name,
-                    &["--latency-ms", LATENCY_MS, "--node-id", &id],
+                    &[
+                        "--latency-ms",
+                        LATENCY_MS,
+                        "--node-ttl-ms",
+                        NODE_TTL_MS,
+                        "--node-id",
+                        &id,
+                    ],
                 );
             }
             Fault::Pause => {
@@ -268,7 +294,14 @@ impl Schedule {
                 worker.node = NodeProcess::start(
                     &url,
                     &worker.name,
-                    &["--latency-ms", LATENCY_MS, "--node-id", &id],
+                    &[
+                        "--latency-ms",
+                        LATENCY_MS,
+                        "--node-ttl-ms",
+                        NODE_TTL_MS,
+                        "--node-id",
+                        &id,
+                    ],
                 );
             }
             Fault::LeaveRejoin => {
@@ -292,7 +325,14 @@ impl Schedule {
                 worker.node = NodeProcess::start(
                     &url,
                     &worker.name,
-                    &["--latency-ms", LATENCY_MS, "--node-id", &id],
+                    &[
+                        "--latency-ms",
+                        LATENCY_MS,
+                        "--node-ttl-ms",
+                        NODE_TTL_MS,
+                        "--node-id",
+                        &id,
+                    ],
                 );
             }
         }
@@ -397,6 +437,7 @@ impl Schedule {
                     anomalies.push(format!(
                         "exactly-once: {child} acknowledged {id}: inserted {ins}, ran {cl}"
                     ));
+                    // With CAMPAIGN_DUMP set, the child's whole log.
                     if std::env::var_os("CAMPAIGN_DUMP").is_some() {
                         for event in &events {
                             eprintln!("  {child} {} {} {:?}", event.seq, event.time, event.kind);
@@ -554,6 +595,10 @@ fn seeded_fault_schedules_keep_every_promise() {
         let began = Instant::now();
         let mut schedule = Schedule::start(seed);
         let outcome = schedule.run();
+        // With CAMPAIGN_DUMP set, the driver's log too (RUST_LOG reaches the nodes).
+        if std::env::var_os("CAMPAIGN_DUMP").is_some() {
+            eprintln!("driver stderr:\n{}", schedule.driver.errors());
+        }
         let mut anomalies = schedule.check();
         if let Err(error) = outcome {
             anomalies.insert(0, format!("bounded: {error}"));

@@ -786,3 +786,47 @@ async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups
     );
     a.shutdown().await.unwrap();
 }
+
+// A release waits for its child's release, which may wait on a release on the other node. A
+// forest alternating A → B → A → B, drained with more children released at once than a node
+// serves deliveries at once, is released whole, child first, and nothing stays resident: a
+// served release gives its serving slot up while it waits (`deliveries::yield_slot`), so no
+// node's slots can all wait on a peer whose slots all wait on it.
+#[actix_rt::test]
+async fn a_forest_alternating_between_nodes_releases_more_children_than_slots() {
+    const WIDE: usize = subagents::store::deliveries::SERVED_AT_ONCE + 2;
+    let url = server().fresh_database();
+    // Every turn holds until the release cancels it.
+    let (hold_a, hold_b) = (Gate::new(), Gate::new());
+    let model_a = ScriptedModel::repeating(ScriptStep::text("a").gated(&hold_a));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("b").gated(&hold_b));
+    let (a, a_id) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    let mut middles = Vec::new();
+    for _ in 0..WIDE {
+        let middle = place(&a, parent.agent(), b_id, "middle").await.unwrap();
+        middles.push(b.agents().get(middle.child_id).await.unwrap());
+    }
+    let mut lows = Vec::new();
+    for middle in &middles {
+        let low = place(&b, middle, a_id, "low").await.unwrap();
+        lows.push(a.agents().get(low.child_id).await.unwrap());
+    }
+    for low in &lows {
+        place(&a, low, b_id, "leaf").await.unwrap();
+    }
+    assert_eq!(resident_count(b.subagents()).await, 2 * WIDE);
+    within(
+        "the forest's release",
+        a.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    // Released child first before the drain answered: nothing resident anywhere.
+    assert_eq!(resident_count(a.subagents()).await, 0);
+    assert_eq!(resident_count(b.subagents()).await, 0);
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}

@@ -24,19 +24,17 @@ pub(crate) struct NodeProcess {
 }
 
 impl NodeProcess {
-    /// Starts a node named `name` on `url` with `extra` flags and waits until it serves.
+    /// Starts a node named `name` on `url` with `extra` flags (a node time-to-live of 1.5 s
+    /// unless they set one) and waits until it serves.
     pub(crate) fn start(url: &str, name: &str, extra: &[&str]) -> Self {
         let stderr = tempfile::NamedTempFile::new().unwrap();
         let mut process = Command::new(env!("CARGO_BIN_EXE_subagents"))
-            .args([
-                "node",
-                "--store",
-                url,
-                "--name",
-                name,
-                "--node-ttl-ms",
-                "1500",
-            ])
+            .args(["node", "--store", url, "--name", name])
+            .args(if extra.contains(&"--node-ttl-ms") {
+                &[][..]
+            } else {
+                &["--node-ttl-ms", "1500"][..]
+            })
             .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -117,8 +117,8 @@ pub(crate) async fn route_followup(
     token: &CancellationToken,
 ) -> Result<MessageId> {
     let mut moved = 0;
-    // Rechecks spent waiting for a stopped node's lease to free.
-    let mut waited = 0;
+    // Time spent waiting for a lease to pass on.
+    let mut waited = std::time::Duration::ZERO;
     let mut delivery = delivery.clone();
     loop {
         let routed = manager
@@ -151,7 +151,14 @@ pub(crate) async fn route_followup(
                         found = true;
                         (cluster, holder.node, holder.incarnation)
                     }
-                    _ => return Err(error),
+                    Some(_) => return Err(error),
+                    None => {
+                        // Leased when this node asked, by no other node when it looked: the
+                        // lease is changing hands (released, or its holder restarted). Asked
+                        // again shortly, for as long as a stopped node's lease may take.
+                        wait_out_lease(cluster, &mut waited, LEASE_IN_FLUX, error).await?;
+                        continue;
+                    }
                 }
             }
             Err(error) => return Err(error),
@@ -199,19 +206,38 @@ pub(crate) async fn route_followup(
             }
             Err(error) => {
                 // Its node stopped: the child passes on once that node's lease is gone, within
-                // a node time-to-live (its lease row may outlive the node's row by as much).
-                let bound = 2 * cluster.membership().node_ttl().as_millis()
-                    / crate::store::deliveries::RECHECK.as_millis().max(1)
-                    + 1;
-                waited += 1;
-                if waited > bound {
-                    return Err(error);
-                }
+                // a node time-to-live.
                 tracing::debug!(%child, %node, "the child's node stopped; waiting for its lease");
-                tokio::time::sleep(crate::store::deliveries::RECHECK).await;
+                wait_out_lease(
+                    cluster,
+                    &mut waited,
+                    crate::store::deliveries::RECHECK,
+                    error,
+                )
+                .await?;
             }
         }
     }
+}
+
+/// How long a follow-up waits before asking again for a child whose lease is changing hands.
+const LEASE_IN_FLUX: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Waits `every` before a follow-up asks again for a child whose lease is not free yet;
+/// `error` once the waits (counted in `waited`, in time) passed two node time-to-lives, the
+/// longest a stopped node's lease may take to pass on.
+async fn wait_out_lease(
+    cluster: &ClusterLink,
+    waited: &mut std::time::Duration,
+    every: std::time::Duration,
+    error: SubagentError,
+) -> Result<()> {
+    if *waited >= 2 * cluster.membership().node_ttl() {
+        return Err(error);
+    }
+    *waited += every;
+    tokio::time::sleep(every).await;
+    Ok(())
 }
 
 /// Asks `node` to accept a follow-up from `parent` for `child`; answers also which incarnation
@@ -1000,6 +1026,9 @@ async fn serve(
                 .await
                 .map_err(SubagentError::from)??;
             if let Some(release) = release {
+                // The child's release may wait on releases on other nodes: this delivery
+                // holds no serving slot meanwhile.
+                crate::store::deliveries::yield_slot();
                 release.await?;
             }
             Ok(Value::Null)

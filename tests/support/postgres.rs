@@ -11,6 +11,9 @@ use std::sync::OnceLock;
 pub struct TestPostgres {
     socket_dir: PathBuf,
     port: u16,
+    /// The data directory and the server's options, for a restart.
+    data: PathBuf,
+    options: String,
 }
 
 /// The PostgreSQL binaries: the directory `pg_config --bindir` names, else the newest
@@ -119,6 +122,8 @@ fn start() -> TestPostgres {
     TestPostgres {
         socket_dir: dir,
         port,
+        data,
+        options,
     }
 }
 
@@ -142,6 +147,27 @@ pub fn server() -> &'static TestPostgres {
 }
 
 impl TestPostgres {
+    /// A server of the caller's own (one it may restart without disturbing other tests),
+    /// stopped and removed like the shared one once the test binary exits.
+    pub fn private() -> Self {
+        start()
+    }
+
+    /// Restarts the server (`pg_ctl restart -m fast`): every connection ends, and new ones are
+    /// refused until it is back.
+    pub fn restart(&self) {
+        let restarted = pg_tool(&bin_dir(), "pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-o", &self.options, "-l"])
+            .arg(self.socket_dir.join("log"))
+            .args(["-m", "fast", "-w", "restart"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("pg_ctl runs");
+        assert!(restarted.success(), "pg_ctl could not restart the server");
+    }
+
     /// The connection string of `database`.
     pub fn url(&self, database: &str) -> String {
         format!(

@@ -23,7 +23,7 @@
 //!   while serving it gets the same error, saying the delivery may have been accepted.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -47,6 +47,35 @@ pub const SERVED_AT_ONCE: usize = 64;
 
 /// The longest a serving node waits between two prunings of old deliveries.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+tokio::task_local! {
+    /// The slot of the delivery the current task serves.
+    static SERVING: Arc<Slot>;
+}
+
+/// One served delivery's place among the [`SERVED_AT_ONCE`].
+struct Slot {
+    /// Whether the delivery gave its place up (see [`yield_slot`]).
+    yielded: AtomicBool,
+    /// How many deliveries of the server gave theirs up.
+    server_yielded: Arc<AtomicUsize>,
+    /// Woken when a place frees up: the server claims again.
+    inbound: Arc<Inbound>,
+}
+
+/// Gives up the serving slot of the delivery the current task serves, for a handler about to
+/// wait on another node (a release waiting for its child's release there): a node whose every
+/// slot waited on a peer whose every slot waited on it would never serve again. The delivery's
+/// session stays busy (its later deliveries still wait for its answer); the server claims
+/// another in its place. Outside a served delivery, or a second time, it does nothing.
+pub fn yield_slot() {
+    let _ = SERVING.try_with(|slot| {
+        if !slot.yielded.swap(true, Ordering::SeqCst) {
+            slot.server_yielded.fetch_add(1, Ordering::SeqCst);
+            slot.inbound.deliveries.notify_one();
+        }
+    });
+}
 
 /// One delivery, as its target node serves it.
 #[derive(Debug, Clone, PartialEq)]
@@ -781,9 +810,11 @@ impl NodeMembership {
             handler,
             stop: self.stop.clone(),
             busy: Arc::default(),
+            yielded: Arc::default(),
             finished: Arc::default(),
+            inbound: Arc::clone(&self.inbound),
         };
-        tokio::spawn(server.run(Arc::clone(&self.inbound)));
+        tokio::spawn(server.run());
         Ok(())
     }
 }
@@ -799,12 +830,16 @@ struct Server {
     stop: CancellationToken,
     /// The sessions a delivery is being served about.
     busy: Arc<Mutex<HashSet<SessionId>>>,
+    /// How many of those gave their slot up (see [`yield_slot`]).
+    yielded: Arc<AtomicUsize>,
+    inbound: Arc<Inbound>,
     /// Woken when a delivery's service ended (its session may have more).
     finished: Arc<Notify>,
 }
 
 impl Server {
-    async fn run(self, inbound: Arc<Inbound>) {
+    async fn run(self) {
+        let inbound = Arc::clone(&self.inbound);
         let mut pruned = tokio::time::Instant::now();
         let mut claim = true;
         // Whether the last claim may have left pending deliveries behind (about a busy
@@ -822,7 +857,10 @@ impl Server {
                     .iter()
                     .map(|session| *session.as_uuid())
                     .collect();
-                let room = SERVED_AT_ONCE.saturating_sub(busy.len());
+                let holding = busy
+                    .len()
+                    .saturating_sub(self.yielded.load(Ordering::SeqCst));
+                let room = SERVED_AT_ONCE.saturating_sub(holding);
                 // With no room, or nothing claimed, anything pending is behind a busy session.
                 left_behind = !busy.is_empty();
                 if unclaim {
@@ -908,8 +946,15 @@ impl Server {
             self.node,
             self.incarnation,
         );
+        let slot = Arc::new(Slot {
+            yielded: AtomicBool::new(false),
+            server_yielded: Arc::clone(&self.yielded),
+            inbound: Arc::clone(&self.inbound),
+        });
         tokio::spawn(async move {
-            let answer = handle(&handler, &delivery).await;
+            let answer = SERVING
+                .scope(Arc::clone(&slot), handle(&handler, &delivery))
+                .await;
             // Its sender waits for it: a passing fault is retried.
             while let Err(error) = store.answer_delivery(&delivery, &answer, incarnation).await {
                 tracing::warn!(%node, delivery = delivery.id, %error, "a delivery's answer could not be stored; retrying");
@@ -921,6 +966,9 @@ impl Server {
             busy.lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&delivery.session);
+            if slot.yielded.load(Ordering::SeqCst) {
+                slot.server_yielded.fetch_sub(1, Ordering::SeqCst);
+            }
             finished.notify_one();
         });
     }

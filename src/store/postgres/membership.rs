@@ -103,9 +103,9 @@ impl NodeMembership {
 }
 
 impl NodeMembership {
-    /// The node (and its incarnation) whose live lease holds `session` now, if any: a lease is
-    /// live while its own expiry is ahead or while the node incarnation that took it has a
-    /// live row. A cluster routes what a child is asked to the node that holds it, and checks
+    /// The node (and its incarnation) whose live lease holds `session` now, if any: a node's
+    /// lease is live while the incarnation that took it has a live row, any other while its
+    /// own expiry is ahead. A cluster routes what a child is asked to the node that holds it, and checks
     /// a sender's authority over a parent by who holds the parent.
     ///
     /// # Errors
@@ -133,8 +133,9 @@ impl NodeMembership {
                         "SELECT lease.holder, lease.incarnation FROM subagents_leases lease
                          LEFT JOIN subagents_nodes node ON node.node = lease.holder
                          WHERE lease.session = $1
-                           AND (lease.expires_at > now() OR coalesce(node.expires_at > now()
-                                AND node.incarnation IS NOT DISTINCT FROM lease.incarnation, false))",
+                           AND CASE WHEN lease.incarnation IS NULL THEN lease.expires_at > now()
+                               ELSE coalesce(node.expires_at > now()
+                                   AND node.incarnation = lease.incarnation, false) END",
                     )
                     .await
                     .map_err(io("preparing a statement"))?,

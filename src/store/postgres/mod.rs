@@ -623,8 +623,8 @@ impl PostgresStore {
     }
 
     /// The lease `holder` is granted: a member's lives while its node's incarnation heartbeats
-    /// (its row's expiry is a floor of one node time-to-live); anyone else's lasts the lease
-    /// time-to-live unless renewed.
+    /// (its row's own expiry is not read); anyone else's lasts the lease time-to-live unless
+    /// renewed.
     fn lease_terms(&self, holder: uuid::Uuid, epoch: LeaseEpoch) -> LeaseTerms {
         match self.member_incarnation(holder) {
             Some(incarnation) => LeaseTerms {
