@@ -132,13 +132,44 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(url: &str, name: String, id: Option<&str>) -> Self {
-        let mut extra = vec!["--latency-ms", LATENCY_MS, "--node-ttl-ms", NODE_TTL_MS];
-        if let Some(id) = id {
-            extra.extend(["--node-id", id]);
-        }
-        let node = NodeProcess::start(url, &name, &extra);
+    fn start(url: &str, name: String) -> Self {
+        let node = NodeProcess::start(
+            url,
+            &name,
+            &["--latency-ms", LATENCY_MS, "--node-ttl-ms", NODE_TTL_MS],
+        );
         Self { name, node }
+    }
+
+    /// A new process in the slot, under the node id of the one before it.
+    fn restart(&mut self, url: &str) {
+        let id = self.node.id.clone();
+        self.node = NodeProcess::start(
+            url,
+            &self.name,
+            &[
+                "--latency-ms",
+                LATENCY_MS,
+                "--node-ttl-ms",
+                NODE_TTL_MS,
+                "--node-id",
+                &id,
+            ],
+        );
+    }
+
+    /// SIGTERM, then the graceful leave's end, within the bound.
+    fn leave(&mut self) -> Result<(), String> {
+        self.node.signal("-TERM");
+        match self.node.wait_within(BOUND) {
+            Some(status) if status.success() => Ok(()),
+            Some(status) => Err(format!(
+                "node {} left with {status}: {}",
+                self.name,
+                self.node.errors()
+            )),
+            None => Err(format!("node {} did not leave within {BOUND:?}", self.name)),
+        }
     }
 }
 
@@ -202,7 +233,7 @@ impl Schedule {
     fn start(seed: u64) -> Self {
         let url = campaign_server().fresh_database();
         let workers: Vec<Worker> = (0..WORKERS)
-            .map(|k| Worker::start(&url, format!("w{k}"), None))
+            .map(|k| Worker::start(&url, format!("w{k}")))
             .collect();
         let place_on = workers
             .iter()
@@ -261,7 +292,6 @@ impl Schedule {
     fn inject(&mut self, fault: Fault, slot: usize) -> Result<(), String> {
         let url = self.url.clone();
         let worker = &mut self.workers[slot];
-        let id = worker.node.id.clone();
         match fault {
             Fault::Calm => {}
             Fault::TerminateBackends => terminate_backends(&url),
@@ -270,18 +300,7 @@ impl Schedule {
                 worker.node.signal("-KILL");
                 worker.node.wait();
                 std::thread::sleep(self.rng.millis(800));
-                worker.node = NodeProcess::start(
-                    &url,
-                    &worker.name,
-                    &[
-                        "--latency-ms",
-                        LATENCY_MS,
-                        "--node-ttl-ms",
-                        NODE_TTL_MS,
-                        "--node-id",
-                        &id,
-                    ],
-                );
+                worker.restart(&url);
             }
             Fault::Pause => {
                 worker.node.signal("-STOP");
@@ -291,49 +310,11 @@ impl Schedule {
                 if worker.node.wait_within(BOUND).is_none() {
                     return Err(format!("paused node {} never exited", worker.name));
                 }
-                worker.node = NodeProcess::start(
-                    &url,
-                    &worker.name,
-                    &[
-                        "--latency-ms",
-                        LATENCY_MS,
-                        "--node-ttl-ms",
-                        NODE_TTL_MS,
-                        "--node-id",
-                        &id,
-                    ],
-                );
+                worker.restart(&url);
             }
             Fault::LeaveRejoin => {
-                worker.node.signal("-TERM");
-                match worker.node.wait_within(BOUND) {
-                    Some(status) if status.success() => {}
-                    Some(status) => {
-                        return Err(format!(
-                            "node {} left with {status}: {}",
-                            worker.name,
-                            worker.node.errors()
-                        ))
-                    }
-                    None => {
-                        return Err(format!(
-                            "node {} did not leave within {BOUND:?}",
-                            worker.name
-                        ))
-                    }
-                }
-                worker.node = NodeProcess::start(
-                    &url,
-                    &worker.name,
-                    &[
-                        "--latency-ms",
-                        LATENCY_MS,
-                        "--node-ttl-ms",
-                        NODE_TTL_MS,
-                        "--node-id",
-                        &id,
-                    ],
-                );
+                worker.leave()?;
+                worker.restart(&url);
             }
         }
         Ok(())
@@ -372,23 +353,7 @@ impl Schedule {
             None => return Err(format!("the driver did not drain within {BOUND:?}")),
         }
         for worker in &mut self.workers {
-            worker.node.signal("-TERM");
-            match worker.node.wait_within(BOUND) {
-                Some(status) if status.success() => {}
-                Some(status) => {
-                    return Err(format!(
-                        "node {} left with {status}: {}",
-                        worker.name,
-                        worker.node.errors()
-                    ))
-                }
-                None => {
-                    return Err(format!(
-                        "node {} did not leave within {BOUND:?}",
-                        worker.name
-                    ))
-                }
-            }
+            worker.leave()?;
         }
         Ok(())
     }
