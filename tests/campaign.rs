@@ -1,6 +1,7 @@
 //! The cluster's fault campaign, in the spirit of Jepsen: `subagents node` processes on a
 //! throwaway PostgreSQL — one driver growing a forest whose children are placed on three
-//! workers, rounds of follow-ups crossing nodes — while a seeded nemesis kills a worker and
+//! workers, rounds of follow-ups crossing nodes, every child interrupted after some rounds
+//! (its queue kept) — while a seeded nemesis kills a worker and
 //! restarts it under its id, pauses one past its time-to-live (it finds itself fenced out,
 //! exits, and is restarted under its id), makes one leave gracefully and join again,
 //! terminates every node's PostgreSQL connections, or restarts PostgreSQL itself (the
@@ -24,7 +25,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use subagents::{EventKind, MessageSource, SessionEvent, SessionId};
+use subagents::{CancelCause, EventKind, MessageSource, SessionEvent, SessionId, TurnEndReason};
 
 use crate::cluster_nodes::{one_turn_at_a_time, read, NodeProcess};
 use crate::support::postgres::TestPostgres;
@@ -200,6 +201,7 @@ impl Record {
                     .entry(child.parse().unwrap())
                     .or_default()
                     .push((*id).to_owned()),
+                ["interrupt-refused", ..] => self.refusals.push(line.clone()),
                 ["refused", child, at, code, ..] => {
                     self.refusals.push(line.clone());
                     // A deadline that passed after the child's node took the follow-up may
@@ -271,12 +273,16 @@ impl Schedule {
 
     /// Waits for the driver's `round k` line (bounded), recording what it said.
     fn round_ends(&mut self, round: u32) -> Result<(), String> {
-        let last = format!("round {round}");
+        self.driver_says(&format!("round {round}"))
+    }
+
+    /// Waits for the driver to say `last` (bounded), recording what it said until then.
+    fn driver_says(&mut self, last: &str) -> Result<(), String> {
         let deadline = Instant::now() + BOUND;
         let mut lines = Vec::new();
         loop {
             let Some(line) = self.driver.line_within(deadline) else {
-                return Err(format!("round {round} did not end within {BOUND:?}"));
+                return Err(format!("the driver did not say {last:?} within {BOUND:?}"));
             };
             let done = line == last;
             lines.push(line);
@@ -335,6 +341,12 @@ impl Schedule {
             std::thread::sleep(delay);
             self.inject(fault, slot)?;
             self.round_ends(round)?;
+            // Half the time, every child is interrupted while it runs what the round queued.
+            if self.rng.below(2) == 0 {
+                self.history.push(format!("interrupt after round {round}"));
+                self.driver.tell("interrupt");
+                self.driver_says(&format!("interrupted {round}"))?;
+            }
         }
         // Every worker runs now: the last round reaches every child, which then runs what it
         // had accepted and not yet run.
@@ -459,6 +471,30 @@ impl Schedule {
         anomalies
     }
 
+    /// How many of the children's turns the driver's interrupts ended (cause `user`).
+    fn interrupted_turns(&self) -> usize {
+        self.record
+            .roots
+            .keys()
+            .map(|child| {
+                read(&self.url, *child)
+                    .iter()
+                    .filter(|event| {
+                        matches!(
+                            event.kind,
+                            EventKind::TurnEnd {
+                                reason: TurnEndReason::Aborted {
+                                    reason: CancelCause::User
+                                },
+                                ..
+                            }
+                        )
+                    })
+                    .count()
+            })
+            .sum()
+    }
+
     /// Ends every process still running (a failed schedule's leftovers).
     fn reap(&mut self) {
         for node in self
@@ -571,8 +607,9 @@ fn seeded_fault_schedules_keep_every_promise() {
         }
         let acknowledged: usize = schedule.record.accepted.values().map(Vec::len).sum();
         let refused: usize = schedule.record.refused.values().map(Vec::len).sum();
+        let interrupted = schedule.interrupted_turns();
         eprintln!(
-            "campaign seed {seed}: {} anomalies in {:.1?}, {acknowledged} follow-ups acknowledged, {refused} refused [{}]",
+            "campaign seed {seed}: {} anomalies in {:.1?}, {acknowledged} follow-ups acknowledged, {refused} refused, {interrupted} turns interrupted [{}]",
             anomalies.len(),
             began.elapsed(),
             schedule.history.join("; ")
@@ -581,6 +618,21 @@ fn seeded_fault_schedules_keep_every_promise() {
             eprintln!("  {refusal}");
         }
         if !anomalies.is_empty() {
+            // What the nodes warned of: the first place to look.
+            for node in schedule
+                .workers
+                .iter()
+                .map(|worker| &worker.node)
+                .chain(std::iter::once(&schedule.driver))
+            {
+                for line in node
+                    .errors()
+                    .lines()
+                    .filter(|line| !line.contains(" INFO "))
+                {
+                    eprintln!("  [{}] {line}", node.id);
+                }
+            }
             failed.push(format!(
                 "seed {seed} ({}):\n  {}",
                 schedule.history.join("; "),

@@ -5,13 +5,15 @@
 //! With `--drive ROOTS` the node also grows a forest: `ROOTS` root agents, each placing
 //! `--children` continuable children round-robin on the `--place-on` nodes (on itself when
 //! none are named) and sending each `--followups` follow-ups per round, one round at start and
-//! one more for each `round` line read from stdin (`quit` or the end of stdin leaves).
+//! one more for each `round` line read from stdin (an `interrupt` line interrupts every child
+//! for its root; `quit` or the end of stdin leaves).
 //!
 //! It prints one line per fact, flushed, for a person or a test to follow:
 //! `node <id> <name>` once serving; with `--drive`, `child <root> <child> <node>` per placed
 //! child, `accepted <child> <message-id>` per accepted follow-up, `refused <child>
 //! <round>.<k> <CODE> <message>` per refused one, and `round <k>` once every follow-up of a round was answered;
-//! `left <id>` after a graceful leave.
+//! `interrupted <k>` once every child was asked to stop (after round `k`), and
+//! `interrupt-refused <child> <CODE> <message>` per refusal; `left <id>` after a graceful leave.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
     AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, FollowupOptions,
-    MessageSource, Runtime, SessionId, SpawnInProcess, SubagentError,
+    InterruptAuthority, MessageSource, Runtime, SessionId, SpawnInProcess, SubagentError,
 };
 use tokio::io::AsyncBufReadExt;
 
@@ -241,8 +243,32 @@ fn signals() -> Result<impl std::future::Future<Output = ()>, SubagentError> {
     })
 }
 
-/// Grows the forest, sends the first round, then one round per `round` line on stdin until
-/// `quit` or the end of stdin (a signal ends it from outside).
+/// Interrupts every child for its root (the user's authority): a running turn ends, what the
+/// child accepted stays queued. Says `interrupt-refused <child> <CODE> <message>` for each
+/// refusal.
+async fn interrupt_all(
+    rt: &Runtime,
+    roots: &[AgentHandle],
+    children: &[(usize, SessionId)],
+) -> Result<(), SubagentError> {
+    for (root, child) in children {
+        let authority = InterruptAuthority::User {
+            parent_session_id: roots[*root].agent().id(),
+        };
+        if let Err(error) = rt.subagents().interrupt(*child, authority).await {
+            say(format_args!(
+                "interrupt-refused {child} {} {}",
+                error.code(),
+                error.message().replace('\n', " ")
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// Grows the forest, sends the first round, then one round per `round` line on stdin (an
+/// `interrupt` line interrupts every child) until `quit` or the end of stdin (a signal ends it
+/// from outside).
 async fn drive_forest(
     rt: &Runtime,
     drive: &Drive,
@@ -312,16 +338,27 @@ async fn drive_forest(
             }
         }
         say(format_args!("round {round}"))?;
-        let next = lines.next_line().await.map_err(|error| {
-            SubagentError::new(ErrorCode::InvalidArgs, format!("reading stdin: {error}"))
-        })?;
-        match next.as_deref().map(str::trim) {
-            Some("round") => round += 1,
-            Some("quit") | None => return Ok(()),
-            Some(other) => {
-                return Err(usage(format!(
-                    "unknown command {other:?}: a driving node reads `round` or `quit`"
-                )))
+        // Commands until the next round: `interrupt` interrupts every child once.
+        loop {
+            let next = lines.next_line().await.map_err(|error| {
+                SubagentError::new(ErrorCode::InvalidArgs, format!("reading stdin: {error}"))
+            })?;
+            match next.as_deref().map(str::trim) {
+                Some("round") => {
+                    round += 1;
+                    break;
+                }
+                Some("interrupt") => {
+                    interrupt_all(rt, &roots, &children).await?;
+                    say(format_args!("interrupted {round}"))?;
+                }
+                Some("quit") | None => return Ok(()),
+                Some(other) => {
+                    return Err(usage(format!(
+                        "unknown command {other:?}: a driving node reads `round`, `interrupt` \
+                         or `quit`"
+                    )))
+                }
             }
         }
     }
