@@ -778,6 +778,8 @@ async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups
         delivered(&resumed.log().events()).len() >= 4
     })
     .await;
+    // Stored behind the live log: written out before the store is read.
+    resumed.log().flush().await.unwrap();
     let events = persisted(&a, child).await;
     assert_eq!(
         delivered(&events),

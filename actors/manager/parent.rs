@@ -21,7 +21,7 @@ impl ContinuationManager {
     /// Delivers the settled notice for a finished epoch to the child's durable parent: the
     /// delivery to a local parent session is answered as a future, which the epoch's disposal
     /// awaits (a drain or shutdown is over only once every notice it caused was delivered or
-    /// stored); a parent on another node is told through the cluster.
+    /// stored); a parent on another node is told through the cluster, awaited the same way.
     pub(super) fn notify_settlement(
         &mut self,
         resident: &Resident,
@@ -40,10 +40,12 @@ impl ContinuationManager {
             ParentLink::Local(parent) => {
                 Some(self.post_settled_notice(child, parent, message, ctx))
             }
-            ParentLink::Remote(remote) => {
-                self.notify_remote(remote, child, message, crate::cluster::NoticeKind::Settled);
-                None
-            }
+            ParentLink::Remote(remote) => Some(self.notify_remote(
+                remote,
+                child,
+                message,
+                crate::cluster::NoticeKind::Settled,
+            )),
         }
     }
 

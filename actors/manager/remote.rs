@@ -363,22 +363,32 @@ impl ContinuationManager {
     /// Sends `child`'s settled notice to its parent's node (tracked, so a leaving node sends
     /// its last notices before it goes); a parent that cannot be reached anywhere leaves the
     /// child's session as the record.
+    ///
+    /// The returned future resolves once the parent's node took the notice (or it was given
+    /// up): the epoch's disposal awaits it, so a release the parent's node asked for is
+    /// answered only after its notice reached that node, not after the parent is gone.
     pub(super) fn notify_remote(
         &self,
         remote: &RemoteParent,
         child: SessionId,
         message: Message,
         kind: NoticeKind,
-    ) {
+    ) -> BoxFuture<'static, ()> {
         let Some(cluster) = self.cluster.clone() else {
-            return;
+            return futures::future::ready(()).boxed();
         };
         let (parent, node) = (remote.id, remote.node);
+        let (told, delivered) = tokio::sync::oneshot::channel::<()>();
         cluster.clone().track(async move {
             if let Err(error) = tell_parent(&cluster, parent, node, child, message, kind).await {
                 tracing::warn!(%child, %parent, %node, %error, "a settled notice did not reach its parent's node; the child's session is the record");
             }
+            let _ = told.send(());
         });
+        async move {
+            let _ = delivered.await;
+        }
+        .boxed()
     }
 
     /// Sends `child`'s report to its parent's node; resolves with the parent's acceptance.
