@@ -211,6 +211,14 @@ struct RemoteChild {
     release: Option<Disposal>,
 }
 
+impl RemoteChild {
+    /// Whether `incarnation` of its node is another than the one known to hold it: the node
+    /// was restarted under its id, and the epoch ended with its predecessor.
+    fn held_by_predecessor_of(&self, incarnation: Option<uuid::Uuid>) -> bool {
+        self.incarnation.is_some() && incarnation.is_some() && incarnation != self.incarnation
+    }
+}
+
 /// The manager's record of one resident Activation.
 struct Resident {
     agent: AgentRef,

@@ -188,7 +188,6 @@ pub(crate) async fn route_followup(
             Err(_) if found => Some(Forgotten::Done),
             Err(_) | Ok((FollowupAnswer::Accepted(_), _)) => None,
         };
-        let left_node = left.as_ref().is_some_and(|why| *why != Forgotten::Done);
         // A child that left, or one found there that refused, leaves no record behind.
         if let Some(why) = left {
             manager
@@ -196,7 +195,7 @@ pub(crate) async fn route_followup(
                 .await
                 .map_err(SubagentError::from)?;
         }
-        let left = left_node;
+        let left = matches!(left, Some(Forgotten::Absent(_) | Forgotten::NodeStopped));
         match asked.map(|(answer, _)| answer) {
             Ok(FollowupAnswer::Accepted(id)) => return Ok(id),
             Err(error) if !left => return Err(error),
@@ -553,9 +552,7 @@ impl Handler<ForgetRemote> for ContinuationManager {
             (_, None) | (Forgotten::Done, _) => false,
             (_, Some(record)) if record.node != msg.node || record.starting.is_some() => false,
             (Forgotten::NodeStopped, Some(_)) => true,
-            (Forgotten::Absent(by), Some(record)) => {
-                by.is_some() && record.incarnation.is_some() && by != record.incarnation
-            }
+            (Forgotten::Absent(by), Some(record)) => record.held_by_predecessor_of(by),
         };
         if ended_with_node {
             if let Some(record) = self.remote_children.get(&msg.child) {
@@ -642,9 +639,7 @@ impl Handler<NodesLive> for ContinuationManager {
         self.sweeping = false;
         let stopped = |record: &RemoteChild| match msg.0.get(&record.node) {
             None => true,
-            Some(live) => {
-                record.incarnation.is_some() && live.is_some() && *live != record.incarnation
-            }
+            Some(live) => record.held_by_predecessor_of(*live),
         };
         let mut lost: Vec<(SessionId, NodeId, AgentRef)> = self
             .remote_children

@@ -129,14 +129,12 @@ impl NodeMembership {
         let row = client
             .query_opt(
                 &client
-                    .prepare_cached(
+                    .prepare_cached(concat!(
                         "SELECT lease.holder, lease.incarnation FROM subagents_leases lease
-                         LEFT JOIN subagents_nodes node ON node.node = lease.holder
-                         WHERE lease.session = $1
-                           AND CASE WHEN lease.incarnation IS NULL THEN lease.expires_at > now()
-                               ELSE coalesce(node.expires_at > now()
-                                   AND node.incarnation = lease.incarnation, false) END",
-                    )
+                             LEFT JOIN subagents_nodes node ON node.node = lease.holder
+                             WHERE lease.session = $1 AND ",
+                        super::lease_live!()
+                    ))
                     .await
                     .map_err(io("preparing a statement"))?,
                 &[&super::uuid_of(session)],

@@ -51,6 +51,18 @@ use crate::session::{SessionEvent, SessionHeader};
 pub use membership::{NodeIncarnation, NodeMembership};
 pub use reconnect::RECONNECT_WITHIN;
 
+/// Whether the lease row `lease`, joined with its holder's row `node`, is held now: a node's
+/// lease while the incarnation that took it has a live row (a restart under the node's id frees
+/// it at once), any other while its own expiry is ahead. One rule for every statement that asks.
+macro_rules! lease_live {
+    () => {
+        "CASE WHEN lease.incarnation IS NULL THEN lease.expires_at > now()
+         ELSE coalesce(node.expires_at > now() AND node.incarnation = lease.incarnation, false)
+         END"
+    };
+}
+pub(super) use lease_live;
+
 /// The schema versions, applied in order; each runs once, in one transaction.
 const MIGRATIONS: &[&str] = &[
     // 1: sessions, batches, leases, the projection cache.
@@ -1037,16 +1049,13 @@ impl SessionPersistence for PostgresStore {
                     .await
                     .map_err(&failed)?;
                 let current = tx
-                    .prepare_cached(
-                        // Held while its own expiry is ahead, or while its holder is a node
-                        // whose row is, under the incarnation that took it.
-                        "SELECT lease.holder, lease.incarnation,
-                            lease.expires_at > now() OR coalesce(node.expires_at > now()
-                                AND node.incarnation IS NOT DISTINCT FROM lease.incarnation, false)
-                     FROM subagents_leases lease
-                     LEFT JOIN subagents_nodes node ON node.node = lease.holder
-                     WHERE lease.session = $1 FOR UPDATE OF lease",
-                    )
+                    .prepare_cached(concat!(
+                        "SELECT lease.holder, lease.incarnation, ",
+                        lease_live!(),
+                        " FROM subagents_leases lease
+                             LEFT JOIN subagents_nodes node ON node.node = lease.holder
+                             WHERE lease.session = $1 FOR UPDATE OF lease"
+                    ))
                     .await
                     .map_err(&failed)?;
                 // Sent together (one round trip); the server runs them in order, so the session row
