@@ -12,7 +12,8 @@
 //! - **FIFO**: each child runs its acknowledged follow-ups in acceptance order;
 //! - **refused means not run**: a follow-up refused with a definite error never runs;
 //! - **one Activation**: each child's log runs one turn at a time (no two residents wrote it);
-//! - **notices**: no settled notice is heard twice, and each child's last epoch is heard of;
+//! - **notices**: no settled notice is heard twice, no epoch is heard of twice (two notices
+//!   with no turn of the child between them), and each child's last epoch is heard of;
 //! - **bounded**: every round, the driver's drain and every node's leave end within a bound,
 //!   and every process is reaped.
 //!
@@ -459,6 +460,28 @@ impl Schedule {
             ids.dedup();
             if ids.len() != notices.len() {
                 anomalies.push(format!("notices: {root} heard a notice of {child} twice"));
+            }
+            // One notice per epoch: every epoch runs a turn, so two notices with no turn of
+            // the child between them (its start or its end) account for one epoch twice.
+            let turns: Vec<u64> = events
+                .iter()
+                .filter(|event| {
+                    matches!(
+                        event.kind,
+                        EventKind::TurnStart { .. } | EventKind::TurnEnd { .. }
+                    )
+                })
+                .map(|event| event.time)
+                .collect();
+            let mut times: Vec<u64> = notices.iter().map(|(_, time)| *time).collect();
+            times.sort_unstable();
+            for pair in times.windows(2) {
+                if !turns.iter().any(|turn| (pair[0]..=pair[1]).contains(turn)) {
+                    anomalies.push(format!(
+                        "notices: {root} heard two notices of {child} for one epoch (at {} and {}, no turn between)",
+                        pair[0], pair[1]
+                    ));
+                }
             }
             let last_turn = events
                 .iter()

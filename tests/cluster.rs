@@ -76,6 +76,8 @@ struct Placed {
     parent: subagents::AgentHandle,
     started: subagents::ContinuableStart,
     gate: Gate,
+    /// The first node's model (the parent's, and a child's resumed there).
+    model_a: ScriptedModel,
 }
 
 async fn placed(prompt: &str) -> Placed {
@@ -98,6 +100,7 @@ async fn placed(prompt: &str) -> Placed {
         parent,
         started,
         gate,
+        model_a,
     }
 }
 
@@ -327,6 +330,7 @@ async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
         parent,
         started,
         gate,
+        ..
     } = placed("work").await;
     // A third node claims to be the parent: the child's node checks who holds the parent.
     let stranger = cluster_store(&url)
@@ -591,6 +595,133 @@ async fn sql(url: &str, statements: &str) {
     client.batch_execute(statements).await.unwrap();
 }
 
+/// The count `query` answers on the cluster's database.
+async fn count(url: &str, query: &str) -> i64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client.query_one(query, &[]).await.unwrap().get(0)
+}
+
+// A node declared dead while its process runs on (paused past its time-to-live, say) is a
+// zombie: the parent's node accounted its child's epoch as ended with it (`node-stopped`), so
+// the notice the zombie sends when that epoch settles there after all is the epoch's second,
+// and it is refused: the parent hears one notice of the epoch. Before, a settled notice from
+// any node was taken once no node held the child, and the parent heard the epoch end twice.
+#[actix_rt::test]
+async fn a_late_notice_from_a_node_declared_dead_is_not_heard_twice() {
+    let Placed {
+        url,
+        a,
+        b,
+        b_id,
+        parent,
+        started,
+        gate,
+        ..
+    } = placed("first").await;
+    let child = started.child_id;
+    // B's row expires while its process runs on: A's sweep accounts the epoch.
+    sql(
+        &url,
+        &format!("UPDATE subagents_nodes SET expires_at = now() - interval '1 second' WHERE node = '{b_id}'"),
+    )
+    .await;
+    let heard = notices_reach(parent.agent(), 1).await;
+    assert!(heard[0].contains("node-stopped"), "{heard:?}");
+    // The zombie's turn ends there, its child settles, and its settled notice is sent and
+    // answered.
+    gate.release();
+    let answered = format!(
+        "SELECT count(*) FROM subagents_deliveries WHERE sender = '{b_id}'
+         AND state = 'answered' AND convert_from(payload, 'UTF8') LIKE '%\"op\":\"notify\"%'"
+    );
+    within("the zombie's notice answered", async {
+        while count(&url, &answered).await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        notices(parent.agent()).len(),
+        1,
+        "one notice of {child}'s epoch"
+    );
+    b.shutdown().await.ok();
+    a.shutdown().await.unwrap();
+}
+
+// Conversely, a child's former node that settled it is still heard after the parent's node
+// resumed the child: the child settles on B, its settled notice is held up on its way, and a
+// follow-up resumes the child on A meanwhile (B answers that it is not resident there). The
+// notice then arrives from a node that no longer holds the child, and it is the epoch before's:
+// the parent hears it, and the resumed epoch's own. Before, it was refused (the child was
+// resident here, leased by another node than its sender), and B's epoch went unheard.
+#[actix_rt::test]
+async fn a_former_nodes_late_notice_is_heard_after_the_child_was_resumed_elsewhere() {
+    let Placed {
+        url,
+        a,
+        b,
+        parent,
+        started,
+        gate,
+        model_a,
+        ..
+    } = placed("first").await;
+    let child = started.child_id;
+    // The resumed epoch holds its turn until the late notice was heard.
+    let resumed_turn = Gate::new();
+    model_a.push(ScriptStep::text("resumed answer").gated(&resumed_turn));
+    // Settled notices are held up in the database until released.
+    sql(
+        &url,
+        "CREATE FUNCTION hold_notices() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF convert_from(NEW.payload, 'UTF8') LIKE '%\"op\":\"notify\"%' THEN
+                 NEW.state := 'held';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER hold_notices BEFORE INSERT ON subagents_deliveries
+             FOR EACH ROW EXECUTE FUNCTION hold_notices();",
+    )
+    .await;
+    gate.release();
+    let held = "SELECT count(*) FROM subagents_deliveries WHERE state = 'held'";
+    within("the held notice", async {
+        while count(&url, held).await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    followup_child(&a, parent.agent(), child, "second")
+        .await
+        .unwrap();
+    assert!(
+        a.agents().get(child).await.is_some(),
+        "resumed on the parent's node"
+    );
+    sql(
+        &url,
+        "DROP TRIGGER hold_notices ON subagents_deliveries;
+         UPDATE subagents_deliveries SET state = 'pending' WHERE state = 'held';",
+    )
+    .await;
+    resumed_turn.reached().await;
+    let heard = notices_reach(parent.agent(), 1).await;
+    assert!(
+        heard[0].contains("held answer"),
+        "B's epoch was heard of: {heard:?}"
+    );
+    resumed_turn.release();
+    let heard = notices_reach(parent.agent(), 2).await;
+    assert!(heard[1].contains("resumed answer"), "{heard:?}");
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
 // The child's node accepts a follow-up, then dies before its answer lands: the parent's node
 // hears "it may have been accepted", waits out the dead node's lease, resumes the child itself
 // and sends the follow-up again under its id. The child accepted it once: it is
@@ -790,13 +921,16 @@ async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups
 }
 
 // A release waits for its child's release, which may wait on a release on the other node. A
-// forest alternating A → B → A → B, drained with more children released at once than a node
-// serves deliveries at once, is released whole, child first, and nothing stays resident: a
-// served release gives its serving slot up while it waits (`deliveries::yield_slot`), so no
-// node's slots can all wait on a peer whose slots all wait on it.
+// forest alternating A → B → A → B → A: the middles on B drain their descendants, so B asks A
+// to release each low child, whose release asks B to release its child, whose release waits
+// for B's own release of the leaf on A, with more releases at once than a node serves
+// deliveries at once. It is released whole, child first, and only the middles stay resident: a
+// served release gives its serving slot up while it waits (`deliveries::yield_slot`). Before,
+// A's slots all held releases of low children waiting (through B) for leaf releases queued
+// behind them on A, and the drain hung until the delivery deadline.
 #[actix_rt::test]
 async fn a_forest_alternating_between_nodes_releases_more_children_than_slots() {
-    const WIDE: usize = subagents::store::deliveries::SERVED_AT_ONCE + 2;
+    const WIDE: usize = subagents::store::deliveries::SERVED_AT_ONCE + 16;
     let url = server().fresh_database();
     // Every turn holds until the release cancels it.
     let (hold_a, hold_b) = (Gate::new(), Gate::new());
@@ -805,30 +939,33 @@ async fn a_forest_alternating_between_nodes_releases_more_children_than_slots() 
     let (a, a_id) = node(&url, "a", &model_a).await;
     let (b, b_id) = node(&url, "b", &model_b).await;
     let parent = root(&a).await;
-    let mut middles = Vec::new();
+    // Each level placed on the other node by the level above: (the runtime it runs on, its
+    // agents there).
+    let mut level = Vec::new();
     for _ in 0..WIDE {
         let middle = place(&a, parent.agent(), b_id, "middle").await.unwrap();
-        middles.push(b.agents().get(middle.child_id).await.unwrap());
+        level.push(b.agents().get(middle.child_id).await.unwrap());
     }
-    let mut lows = Vec::new();
-    for middle in &middles {
-        let low = place(&b, middle, a_id, "low").await.unwrap();
-        lows.push(a.agents().get(low.child_id).await.unwrap());
+    let middles = level.clone();
+    for (on, to, to_id) in [(&b, &a, a_id), (&a, &b, b_id), (&b, &a, a_id)] {
+        let mut next = Vec::new();
+        for parent in &level {
+            let child = place(on, parent, to_id, "below").await.unwrap();
+            next.push(to.agents().get(child.child_id).await.unwrap());
+        }
+        level = next;
     }
-    for low in &lows {
-        place(&a, low, b_id, "leaf").await.unwrap();
-    }
+    assert_eq!(resident_count(a.subagents()).await, 2 * WIDE);
     assert_eq!(resident_count(b.subagents()).await, 2 * WIDE);
     within(
         "the forest's release",
-        a.subagents()
-            .drain_continuable_descendants(&[parent.agent().clone()]),
+        b.subagents().drain_continuable_descendants(&middles),
     )
     .await
     .unwrap();
-    // Released child first before the drain answered: nothing resident anywhere.
+    // Released child first before the drain answered: only the middles stay.
     assert_eq!(resident_count(a.subagents()).await, 0);
-    assert_eq!(resident_count(b.subagents()).await, 0);
+    assert_eq!(resident_count(b.subagents()).await, WIDE);
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }

@@ -1090,6 +1090,46 @@ fn terminate_backends(url: &str) {
     );
 }
 
+// PostgreSQL down for less than a node time-to-live loses no membership: a heartbeat that
+// failed is tried again within the period, and lands once the server is back. Before, the
+// next beat came a whole period later (a third of the time-to-live), so a server down across
+// two beats, for less than the time-to-live, cost the node its membership (the campaign's
+// seed 4013, a `pg_ctl restart` under a 3 s time-to-live).
+#[test]
+fn a_server_down_for_less_than_a_node_time_to_live_loses_no_membership() {
+    const TTL: Duration = Duration::from_millis(7500);
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let server = crate::support::postgres::TestPostgres::private();
+    let url = server.fresh_database();
+    let mut config = PostgresConfig::new(url.clone());
+    config.node_ttl = TTL;
+    let store = Arc::new(block_on(PostgresStore::connect_with(config)).unwrap());
+    let membership = block_on(store.join(&LeaseHolder::new(), "node")).unwrap();
+    let lost = membership.lost();
+    // Down right after a beat, past the next two (2.5 s and 5 s later) and back before the
+    // row expires (stopping and starting take well under a second here).
+    let beat = "SELECT extract(epoch FROM heartbeat_at)::float8 FROM subagents_nodes";
+    let joined: f64 = query_value(&url, beat);
+    while query_value::<f64>(&url, beat) <= joined {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let beaten = std::time::Instant::now();
+    server.down_for(Duration::from_millis(5400));
+    assert!(
+        beaten.elapsed() < TTL,
+        "the server was back within the time-to-live"
+    );
+    // Past the time-to-live since the last beat before the server went down.
+    std::thread::sleep((TTL + Duration::from_millis(500)).saturating_sub(beaten.elapsed()));
+    assert!(
+        !lost.is_cancelled(),
+        "the membership outlived the server's absence"
+    );
+    let live = block_on(membership.live_among(&[membership.node()])).unwrap();
+    assert_eq!(live.len(), 1, "its row is live");
+}
+
 // A terminated backend is a passing fault: every pooled connection dies, and the calls that
 // come next (a lease, appends, a flush, reads, a node's deliveries) connect again and land,
 // once each. Before, each failed with STORE_IO, and a session's failed write faulted its agent.

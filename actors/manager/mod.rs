@@ -101,6 +101,7 @@ use crate::seam::{
     SubagentRunEndInfo, SubagentRunInfo,
 };
 use crate::session::{CancelCause, InboxTarget, SessionLog};
+use crate::store::NodeIncarnation;
 
 /// Something in flight that others wait for; resolves when it is over, whatever its outcome.
 pub(crate) type Signal = Shared<BoxFuture<'static, ()>>;
@@ -215,8 +216,14 @@ impl RemoteChild {
     /// Whether `incarnation` of its node is another than the one known to hold it: the node
     /// was restarted under its id, and the epoch ended with its predecessor.
     fn held_by_predecessor_of(&self, incarnation: Option<uuid::Uuid>) -> bool {
-        self.incarnation.is_some() && incarnation.is_some() && incarnation != self.incarnation
+        !same_incarnation(self.incarnation, incarnation)
     }
+}
+
+/// Whether two accounts of a node's incarnation may name the same process: unknown (from a
+/// node of an older schema, or not learnt yet) matches any.
+fn same_incarnation(known: Option<uuid::Uuid>, other: Option<uuid::Uuid>) -> bool {
+    known.is_none() || other.is_none() || known == other
 }
 
 /// The manager's record of one resident Activation.
@@ -340,6 +347,10 @@ pub(crate) struct ContinuationManager {
     cluster: Option<ClusterLink>,
     /// Children this runtime's parents placed on other nodes.
     remote_children: HashMap<SessionId, RemoteChild>,
+    /// Placed children whose epoch on a node was accounted as ended with that node
+    /// (`node-stopped`), by the node incarnation it ended with: a late notice from there is
+    /// that epoch's second. Cleared when the child is placed (or found) on a node again.
+    ended_with_node: HashMap<SessionId, NodeIncarnation>,
     /// Whether a look for stopped nodes is in flight.
     sweeping: bool,
     /// The timer that looks for stopped nodes, armed only while a child is placed elsewhere: a
@@ -396,6 +407,7 @@ impl ContinuationManager {
         Self {
             cluster,
             remote_children: HashMap::new(),
+            ended_with_node: HashMap::new(),
             sweeping: false,
             sweep: None,
             agents,

@@ -501,6 +501,8 @@ impl Handler<RemotePlaced> for ContinuationManager {
             }
             _ => {}
         }
+        // Placed (or found) again: what it runs there now is a new epoch.
+        self.ended_with_node.remove(&child);
         self.remote_children.insert(
             child,
             RemoteChild {
@@ -668,6 +670,12 @@ impl ContinuationManager {
         ctx: &mut Context<Self>,
     ) {
         tracing::warn!(%child, %node, "a placed child's node stopped; its parent is told it settled");
+        let incarnation = self
+            .remote_children
+            .get(&child)
+            .and_then(|record| record.incarnation);
+        self.ended_with_node
+            .insert(child, NodeIncarnation { node, incarnation });
         let reason = crate::stop_reason::StopReason::Other("node-stopped".into());
         let (content, source) = settled_notice(child, &reason, None, None);
         let delivery = self.post_settled_notice(child, parent, Message::user(content, source), ctx);
@@ -875,7 +883,7 @@ struct PlacedNotice {
     /// The parent's live agent here, as the registry answered (a host-owned parent is not
     /// resident, and its child's record may not exist yet).
     live: Option<AgentRef>,
-    sender: NodeId,
+    sender: NodeIncarnation,
     child: SessionId,
     message: Message,
     kind: NoticeKind,
@@ -893,16 +901,22 @@ impl Handler<PlacedNotice> for ContinuationManager {
             message,
             kind,
         } = msg;
-        // A node that no longer holds the child speaks for it no more: the child was resumed
-        // here, or its record names the node it moved to.
-        let stale = self.residents.contains_key(&child)
-            || self
-                .remote_children
-                .get(&child)
-                .is_some_and(|record| record.node != sender);
-        if stale {
+        // Each epoch's notice is heard once: an epoch accounted as ended with its node
+        // (`node-stopped`) was heard of already, and a late notice from that incarnation of
+        // the node is its second.
+        let accounted = self.ended_with_node.get(&child).is_some_and(|ended| {
+            ended.node == sender.node && same_incarnation(ended.incarnation, sender.incarnation)
+        });
+        // A child's record names the node incarnation holding it: another speaks for it no
+        // more. (A child resumed here since has no record: its former node's notice is that
+        // of the epoch before, which its parent has not heard yet.)
+        let moved = self.remote_children.get(&child).is_some_and(|record| {
+            record.node != sender.node || !same_incarnation(record.incarnation, sender.incarnation)
+        });
+        if accounted || moved {
             return Err(unauthorized(format!(
-                "node {sender} no longer holds continuable child {child}"
+                "node {} no longer holds continuable child {child}",
+                sender.node
             )));
         }
         let recorded = self
@@ -927,7 +941,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
             NoticeKind::Settled => {
                 let id = message.id;
                 let delivery = self.post_settled_notice(child, &captured, message, ctx);
-                self.forget_remote(child, sender, ctx);
+                self.forget_remote(child, sender.node, ctx);
                 // Answered once delivered (or stored for a parent that is away).
                 Ok(async move {
                     delivery.await;
@@ -942,13 +956,24 @@ impl Handler<PlacedNotice> for ContinuationManager {
     }
 }
 
-/// Checks that `sender` holds `parent`'s lease: only the node a parent is resident on may
-/// act for it (a node that lost its leases, or never had this parent, is refused).
-async fn authorize(cluster: &ClusterLink, parent: SessionId, sender: NodeId) -> Result<()> {
+/// Checks that `sender` holds `parent`'s lease: only the node incarnation a parent is resident
+/// on may act for it (a node that lost its leases, a process restarted since, or a node that
+/// never had this parent, is refused).
+async fn authorize(
+    cluster: &ClusterLink,
+    parent: SessionId,
+    sender: NodeIncarnation,
+) -> Result<()> {
     match cluster.membership().holder_of(parent).await? {
-        Some(holder) if holder.node == sender => Ok(()),
+        Some(holder)
+            if holder.node == sender.node
+                && same_incarnation(holder.incarnation, sender.incarnation) =>
+        {
+            Ok(())
+        }
         _ => Err(unauthorized(format!(
-            "node {sender} does not hold agent {parent}'s session and cannot act for it"
+            "node {} does not hold agent {parent}'s session and cannot act for it",
+            sender.node
         ))),
     }
 }
@@ -971,14 +996,17 @@ async fn serve(
     cluster: &ClusterLink,
     delivery: NodeDelivery,
 ) -> Result<Value> {
-    let sender = delivery.sender;
+    let sender = NodeIncarnation {
+        node: delivery.sender,
+        incarnation: delivery.sent_by,
+    };
     match decode_op(delivery.payload)? {
         RemoteOp::Start(start) => {
             authorize(cluster, start.parent, sender).await?;
             let started = manager
                 .send(StartPlaced {
                     start: *start,
-                    sender,
+                    sender: sender.node,
                 })
                 .await
                 .map_err(SubagentError::from)??;
@@ -996,7 +1024,7 @@ async fn serve(
             let answer = manager
                 .send(PlacedFollowup {
                     parent,
-                    sender,
+                    sender: sender.node,
                     child,
                     delivery: Delivery {
                         message,
@@ -1045,11 +1073,17 @@ async fn serve(
             kind,
         } => {
             // Only the child's node speaks for it: after its release nobody holds it, and
-            // while it runs its node does.
+            // while it runs its node does; once this node resumed it, its former node's
+            // settled notice is the epoch before's.
             if let Some(holder) = cluster.membership().holder_of(child).await? {
-                if holder.node != sender {
+                let holds = holder.node == sender.node
+                    && same_incarnation(holder.incarnation, sender.incarnation);
+                let resumed_here =
+                    holder.node == cluster.node() && matches!(kind, NoticeKind::Settled);
+                if !holds && !resumed_here {
                     return Err(unauthorized(format!(
-                        "node {sender} does not hold continuable child {child}"
+                        "node {} does not hold continuable child {child}",
+                        sender.node
                     )));
                 }
             }

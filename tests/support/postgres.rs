@@ -168,6 +168,30 @@ impl TestPostgres {
         assert!(restarted.success(), "pg_ctl could not restart the server");
     }
 
+    /// Stops the server (`pg_ctl stop -m fast`), keeps it down for `down`, and starts it
+    /// again: every connection ends, and none opens while it is down.
+    pub fn down_for(&self, down: std::time::Duration) {
+        let stopped = pg_tool(&bin_dir(), "pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "fast", "-w", "stop"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("pg_ctl runs");
+        assert!(stopped.success(), "pg_ctl could not stop the server");
+        std::thread::sleep(down);
+        let started = pg_tool(&bin_dir(), "pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-o", &self.options, "-l"])
+            .arg(self.socket_dir.join("log"))
+            .args(["-w", "start"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("pg_ctl runs");
+        assert!(started.success(), "pg_ctl could not start the server again");
+    }
+
     /// The connection string of `database`.
     pub fn url(&self, database: &str) -> String {
         format!(

@@ -84,6 +84,8 @@ pub struct Delivery {
     pub id: i64,
     /// The node that sent it.
     pub sender: uuid::Uuid,
+    /// The incarnation of `sender` that sent it (`None` from a node of an older schema).
+    pub sent_by: Option<uuid::Uuid>,
     /// The session it is about.
     pub session: SessionId,
     /// What the sender sent.
@@ -306,11 +308,11 @@ fn corrupt_answer(id: i64) -> SubagentError {
 }
 
 impl PostgresStore {
-    /// Commits a delivery from `sender` to `target` and announces it, in one statement;
-    /// answers its row id. `ticket` keys the announcement of its answer.
+    /// Commits a delivery from `sender` (its incarnation `sent_by`) to `target` and announces
+    /// it, in one statement; answers its row id. `ticket` keys the announcement of its answer.
     pub(super) async fn send_delivery(
         &self,
-        sender: uuid::Uuid,
+        (sender, sent_by): (uuid::Uuid, uuid::Uuid),
         target: uuid::Uuid,
         session: SessionId,
         payload: &Value,
@@ -330,8 +332,9 @@ impl PostgresStore {
             let sent = client
                 .prepare_cached(
                     "WITH sent AS (
-                         INSERT INTO subagents_deliveries (target, sender, session, payload, ticket)
-                         VALUES ($1, $2, $3, $4, $5)
+                         INSERT INTO subagents_deliveries
+                             (target, sender, session, payload, ticket, sent_by)
+                         VALUES ($1, $2, $3, $4, $5, $7)
                          ON CONFLICT (ticket) DO NOTHING RETURNING id
                      )
                      SELECT id, pg_notify($6, 'd')::text FROM sent
@@ -351,6 +354,7 @@ impl PostgresStore {
                         payload,
                         &ticket,
                         &channel_of(target),
+                        &sent_by,
                     ],
                 )
                 .await
@@ -473,7 +477,7 @@ impl PostgresStore {
                      SELECT 1 FROM subagents_nodes
                      WHERE node = $1 AND incarnation = $4 AND expires_at > now()
                  )
-                 RETURNING id, sender, session, payload, ticket
+                 RETURNING id, sender, session, payload, ticket, sent_by
                  )
                  SELECT claimed.*, (
                      SELECT count(*) FROM subagents_deliveries
@@ -487,7 +491,7 @@ impl PostgresStore {
             .query(&claim, &[&node, &busy, &room, &incarnation])
             .await
             .map_err(&failed)?;
-        let pending_before: i64 = rows.first().map_or(0, |row| row.get(5));
+        let pending_before: i64 = rows.first().map_or(0, |row| row.get(6));
         let left_behind = usize::try_from(pending_before).unwrap_or(usize::MAX) > rows.len();
         let mut claimed = Vec::with_capacity(rows.len());
         for row in rows {
@@ -495,6 +499,7 @@ impl PostgresStore {
             let mut delivery = Delivery {
                 id: row.get(0),
                 sender: row.get(1),
+                sent_by: row.get(5),
                 session: SessionId::from_uuid(row.get(2)),
                 payload: Value::Null,
                 ticket: row.get(4),
@@ -751,7 +756,13 @@ impl NodeMembership {
         };
         sent_delivery.id = self
             .store
-            .send_delivery(self.node, target, session, payload, ticket)
+            .send_delivery(
+                (self.node, self.incarnation),
+                target,
+                session,
+                payload,
+                ticket,
+            )
             .await?;
         Ok(sent_delivery)
     }

@@ -418,6 +418,14 @@ impl Joining {
     }
 }
 
+/// The first wait before a failed heartbeat is tried again; it doubles up to
+/// [`HEARTBEAT_RETRY_MAX`] (or the heartbeat period, when shorter).
+const HEARTBEAT_RETRY: Duration = Duration::from_millis(50);
+
+/// The longest wait between two attempts of a failing heartbeat: short, so that a beat lands
+/// soon after the server is back, however long it was away (the row may be close to expiring).
+const HEARTBEAT_RETRY_MAX: Duration = Duration::from_millis(250);
+
 /// The task that renews a node's row, on a connection of its own: a pool busy with the
 /// runtime's writes must not starve the heartbeat into the node's death.
 struct Heartbeat {
@@ -436,10 +444,14 @@ impl Heartbeat {
     async fn run(mut self, mut good_until: Instant) {
         let ttl = self.store.node_ttl;
         let every = (ttl / 3).max(Duration::from_millis(1));
+        // After a failed beat the next comes sooner (a server restarting is back within a
+        // second or two): a beat a whole period later could land after the row expired.
+        let mut wait = every;
+        let mut retry = HEARTBEAT_RETRY;
         loop {
             tokio::select! {
                 () = self.stop.cancelled() => return,
-                () = tokio::time::sleep(every) => {}
+                () = tokio::time::sleep(wait) => {}
             }
             let sent = Instant::now();
             // A beat that has not landed by the time the row expires is a lost membership,
@@ -455,7 +467,10 @@ impl Heartbeat {
                 )),
             };
             match beat {
-                Ok(true) => good_until = sent + ttl,
+                Ok(true) => {
+                    good_until = sent + ttl;
+                    (wait, retry) = (every, HEARTBEAT_RETRY);
+                }
                 Ok(false) => {
                     tracing::error!(node = %self.node, "this node's membership expired, or another process joined under its id: another node may hold its sessions");
                     break;
@@ -468,6 +483,8 @@ impl Heartbeat {
                         tracing::error!(node = %self.node, "no heartbeat landed for a node time-to-live: this node's membership is lost");
                         break;
                     }
+                    wait = retry.min(every);
+                    retry = (retry * 2).min(HEARTBEAT_RETRY_MAX);
                 }
             }
         }

@@ -133,6 +133,9 @@ const MIGRATIONS: &[&str] = &[
     // 8: a delivery is sent once per ticket: a send retried after its connection was lost
     // finds the row it may have committed.
     "CREATE UNIQUE INDEX subagents_deliveries_by_ticket ON subagents_deliveries (ticket);",
+    // 9: a delivery names the incarnation of its sender that sent it: a node that hears from
+    // another checks it against the incarnation it knows holds what the delivery is about.
+    "ALTER TABLE subagents_deliveries ADD COLUMN sent_by uuid;",
 ];
 
 /// The fewest remembered lease holders at which gone ones are swept.
