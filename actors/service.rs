@@ -649,9 +649,11 @@ impl Subagents {
     /// `INVALID_DESCRIPTOR`, `BUDGET_EXHAUSTED` (the child spent a limit of its budget and
     /// this follow-up does not raise it; nothing is loaded), `INVALID_BUDGET` (a raise with a
     /// zero limit, or a wall time under 1 ms), `NODE_UNRESPONSIVE` (the child's node in a
-    /// cluster did not answer within `PostgresConfig::delivery_deadline`: unless the message
-    /// says it was withdrawn, it may have been accepted there, so send under
-    /// [`FollowupOptions::message_id`] to retry it safely), and resume errors as they are.
+    /// cluster did not answer within `PostgresConfig::delivery_deadline`, three times: each
+    /// ask after the first goes under the same message id, so one the node took late is
+    /// answered with its first acceptance; unless the message says it was withdrawn, it may
+    /// have been accepted there, so send under [`FollowupOptions::message_id`] to retry it
+    /// safely), and resume errors as they are.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`Subagents::start_continuable`].

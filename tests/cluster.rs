@@ -29,7 +29,15 @@ async fn cluster_store(url: &str) -> Arc<PostgresStore> {
 
 /// A runtime joined to the cluster on `url` as node `name`, running `model`.
 async fn node(url: &str, name: &str, model: &ScriptedModel) -> (Runtime, NodeId) {
-    let store = cluster_store(url).await;
+    node_on(cluster_store(url).await, name, model).await
+}
+
+/// A runtime joined to the cluster `store` is on as node `name`, running `model`.
+async fn node_on(
+    store: Arc<PostgresStore>,
+    name: &str,
+    model: &ScriptedModel,
+) -> (Runtime, NodeId) {
     let holder = LeaseHolder::new();
     let membership = store.join(&holder, name).await.unwrap();
     let id = membership.node();
@@ -718,6 +726,86 @@ async fn a_former_nodes_late_notice_is_heard_after_the_child_was_resumed_elsewhe
     resumed_turn.release();
     let heard = notices_reach(parent.agent(), 2).await;
     assert!(heard[1].contains("resumed answer"), "{heard:?}");
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+// A follow-up its child's node took and answered only after the delivery deadline may have
+// been accepted there: the parent's node asks again under the message's id, the child's node
+// serves that ask after the first (one session's deliveries in order) and answers it with the
+// first acceptance, and the child runs the follow-up once. Before, the caller heard
+// NODE_UNRESPONSIVE ("it may have been served") and could only guess.
+#[actix_rt::test]
+async fn a_followup_answered_after_the_deadline_is_asked_again_and_accepted_once() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
+    let gate = Gate::new();
+    model_b.push(ScriptStep::text("held answer").gated(&gate));
+    // The parent's node waits a second for each answer.
+    let mut config = PostgresConfig::new(&url);
+    config.node_ttl = Duration::from_secs(2);
+    config.delivery_deadline = Duration::from_secs(1);
+    let store_a = Arc::new(PostgresStore::connect_with(config).await.unwrap());
+    let (a, _) = node_on(store_a, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    let child = place(&a, parent.agent(), b_id, "first")
+        .await
+        .unwrap()
+        .child_id;
+    gate.reached().await;
+    // The next flush (the child's node making the follow-up durable before it answers) takes
+    // a second and a half.
+    sql(
+        &url,
+        "CREATE TABLE delayed (n integer);
+         CREATE FUNCTION delay_a_flush() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NOT EXISTS (SELECT 1 FROM delayed) THEN
+                 INSERT INTO delayed VALUES (1);
+                 PERFORM pg_sleep(1.5);
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER delay_a_flush BEFORE INSERT ON subagents_flushes
+             FOR EACH ROW EXECUTE FUNCTION delay_a_flush();",
+    )
+    .await;
+    let accepted = within(
+        "the follow-up",
+        a.subagents().followup(
+            parent.agent(),
+            child,
+            text("second"),
+            FollowupOptions::new(MessageSource::User),
+        ),
+    )
+    .await
+    .expect("accepted, though answered late");
+    let asked = count(
+        &url,
+        "SELECT count(*) FROM subagents_deliveries
+         WHERE convert_from(payload, 'UTF8') LIKE '%\"op\":\"followup\"%'",
+    )
+    .await;
+    assert!(asked >= 2, "asked again: {asked}");
+    gate.release();
+    let on_b = b.agents().get(child).await.unwrap();
+    eventually("the follow-up's turn", || {
+        delivered(&on_b.log().events()).contains(&"second".to_owned())
+    })
+    .await;
+    let inserted = on_b
+        .log()
+        .events()
+        .iter()
+        .filter(|event| {
+            matches!(&event.kind, subagents::EventKind::InboxSpliced { inserted, .. }
+                if inserted.iter().any(|message| message.id == accepted))
+        })
+        .count();
+    assert_eq!(inserted, 1, "accepted once");
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }

@@ -213,17 +213,23 @@ struct RemoteChild {
 }
 
 impl RemoteChild {
+    /// The node incarnation known to hold it.
+    fn holder(&self) -> NodeIncarnation {
+        NodeIncarnation {
+            node: self.node,
+            incarnation: self.incarnation,
+        }
+    }
+
     /// Whether `incarnation` of its node is another than the one known to hold it: the node
     /// was restarted under its id, and the epoch ended with its predecessor.
     fn held_by_predecessor_of(&self, incarnation: Option<uuid::Uuid>) -> bool {
-        !same_incarnation(self.incarnation, incarnation)
+        let other = NodeIncarnation {
+            node: self.node,
+            incarnation,
+        };
+        !self.holder().may_be(&other)
     }
-}
-
-/// Whether two accounts of a node's incarnation may name the same process: unknown (from a
-/// node of an older schema, or not learnt yet) matches any.
-fn same_incarnation(known: Option<uuid::Uuid>, other: Option<uuid::Uuid>) -> bool {
-    known.is_none() || other.is_none() || known == other
 }
 
 /// The manager's record of one resident Activation.

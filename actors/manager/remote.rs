@@ -101,6 +101,10 @@ fn unless_gone(outcome: Result<()>) -> Result<()> {
     }
 }
 
+/// How many times a follow-up is asked again, under its id, of a node that did not answer it
+/// within the delivery deadline.
+const UNANSWERED_ASKS: u32 = 2;
+
 /// How many times a follow-up follows its child to another node before it gives up with
 /// `SESSION_LEASED` (a child moving that often is being resumed and settled elsewhere).
 const MAX_MOVES: u32 = 8;
@@ -117,6 +121,8 @@ pub(crate) async fn route_followup(
     token: &CancellationToken,
 ) -> Result<MessageId> {
     let mut moved = 0;
+    // Asks a node took and did not answer within the delivery deadline.
+    let mut unanswered = 0;
     // Time spent waiting for a lease to pass on.
     let mut waited = std::time::Duration::ZERO;
     let mut delivery = delivery.clone();
@@ -180,6 +186,17 @@ pub(crate) async fn route_followup(
         // An ask that was not answered `Accepted` may still have been accepted there (the node
         // stopped after accepting it): wherever it goes next, it is accepted at most once.
         delivery.may_repeat |= !matches!(asked, Ok((FollowupAnswer::Accepted(_), _)));
+        // Not answered within the deadline, it may have been accepted there all the same: it
+        // is asked again under its id, served there after the first ask (a node serves one
+        // session's deliveries in order) and answered with that acceptance, if any. A caller
+        // hears "it may have been accepted" only once the node stayed silent every time.
+        if let Err(error) = &asked {
+            if error.code() == ErrorCode::NodeUnresponsive && unanswered < UNANSWERED_ASKS {
+                unanswered += 1;
+                tracing::debug!(%child, %node, %error, "a follow-up was not answered in time; asking again under its id");
+                continue;
+            }
+        }
         // Settled there, or its node stopped: resumed from the store (here, once the stopped
         // node's lease expired).
         let left = match &asked {
@@ -670,12 +687,14 @@ impl ContinuationManager {
         ctx: &mut Context<Self>,
     ) {
         tracing::warn!(%child, %node, "a placed child's node stopped; its parent is told it settled");
-        let incarnation = self
-            .remote_children
-            .get(&child)
-            .and_then(|record| record.incarnation);
-        self.ended_with_node
-            .insert(child, NodeIncarnation { node, incarnation });
+        let ended = self.remote_children.get(&child).map_or(
+            NodeIncarnation {
+                node,
+                incarnation: None,
+            },
+            RemoteChild::holder,
+        );
+        self.ended_with_node.insert(child, ended);
         let reason = crate::stop_reason::StopReason::Other("node-stopped".into());
         let (content, source) = settled_notice(child, &reason, None, None);
         let delivery = self.post_settled_notice(child, parent, Message::user(content, source), ctx);
@@ -904,15 +923,17 @@ impl Handler<PlacedNotice> for ContinuationManager {
         // Each epoch's notice is heard once: an epoch accounted as ended with its node
         // (`node-stopped`) was heard of already, and a late notice from that incarnation of
         // the node is its second.
-        let accounted = self.ended_with_node.get(&child).is_some_and(|ended| {
-            ended.node == sender.node && same_incarnation(ended.incarnation, sender.incarnation)
-        });
+        let accounted = self
+            .ended_with_node
+            .get(&child)
+            .is_some_and(|ended| ended.may_be(&sender));
         // A child's record names the node incarnation holding it: another speaks for it no
         // more. (A child resumed here since has no record: its former node's notice is that
         // of the epoch before, which its parent has not heard yet.)
-        let moved = self.remote_children.get(&child).is_some_and(|record| {
-            record.node != sender.node || !same_incarnation(record.incarnation, sender.incarnation)
-        });
+        let moved = self
+            .remote_children
+            .get(&child)
+            .is_some_and(|record| !record.holder().may_be(&sender));
         if accounted || moved {
             return Err(unauthorized(format!(
                 "node {} no longer holds continuable child {child}",
@@ -965,12 +986,7 @@ async fn authorize(
     sender: NodeIncarnation,
 ) -> Result<()> {
     match cluster.membership().holder_of(parent).await? {
-        Some(holder)
-            if holder.node == sender.node
-                && same_incarnation(holder.incarnation, sender.incarnation) =>
-        {
-            Ok(())
-        }
+        Some(holder) if holder.may_be(&sender) => Ok(()),
         _ => Err(unauthorized(format!(
             "node {} does not hold agent {parent}'s session and cannot act for it",
             sender.node
@@ -1076,8 +1092,7 @@ async fn serve(
             // while it runs its node does; once this node resumed it, its former node's
             // settled notice is the epoch before's.
             if let Some(holder) = cluster.membership().holder_of(child).await? {
-                let holds = holder.node == sender.node
-                    && same_incarnation(holder.incarnation, sender.incarnation);
+                let holds = holder.may_be(&sender);
                 let resumed_here =
                     holder.node == cluster.node() && matches!(kind, NoticeKind::Settled);
                 if !holds && !resumed_here {

@@ -6,14 +6,17 @@
 //! `--children` continuable children round-robin on the `--place-on` nodes (on itself when
 //! none are named) and sending each `--followups` follow-ups per round, one round at start and
 //! one more for each `round` line read from stdin (an `interrupt` line interrupts every child
-//! for its root; `quit` or the end of stdin leaves).
+//! for its root; a `drain` line drains the descendants of the next root not drained yet, whose
+//! later follow-ups are refused `DRAINING`; `quit` or the end of stdin leaves).
 //!
 //! It prints one line per fact, flushed, for a person or a test to follow:
 //! `node <id> <name>` once serving; with `--drive`, `child <root> <child> <node>` per placed
 //! child, `accepted <child> <message-id>` per accepted follow-up, `refused <child>
 //! <round>.<k> <CODE> <message>` per refused one, and `round <k>` once every follow-up of a round was answered;
 //! `interrupted <k>` once every child was asked to stop (after round `k`), and
-//! `interrupt-refused <child> <CODE> <message>` per refusal; `left <id>` after a graceful leave.
+//! `interrupt-refused <child> <CODE> <message>` per refusal; `draining <root>` as a drain
+//! begins, `drain-failed <k> <CODE> <message>` if it fails and `drained <k>` once it is over;
+//! `left <id>` after a graceful leave.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -267,8 +270,8 @@ async fn interrupt_all(
 }
 
 /// Grows the forest, sends the first round, then one round per `round` line on stdin (an
-/// `interrupt` line interrupts every child) until `quit` or the end of stdin (a signal ends it
-/// from outside).
+/// `interrupt` line interrupts every child; a `drain` line drains the next root's
+/// descendants) until `quit` or the end of stdin (a signal ends it from outside).
 async fn drive_forest(
     rt: &Runtime,
     drive: &Drive,
@@ -313,6 +316,8 @@ async fn drive_forest(
     }
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut round = 1;
+    // How many roots a `drain` line drained, first to last.
+    let mut drained = 0;
     loop {
         for (root, child) in &children {
             for i in 1..=drive.followups {
@@ -352,11 +357,30 @@ async fn drive_forest(
                     interrupt_all(rt, &roots, &children).await?;
                     say(format_args!("interrupted {round}"))?;
                 }
+                Some("drain") => {
+                    // The next root not drained yet: its children are released, and its
+                    // admission stays closed from now on (later follow-ups are refused).
+                    if let Some(root) = roots.get(drained) {
+                        drained += 1;
+                        say(format_args!("draining {}", root.agent().id()))?;
+                        let drain = rt
+                            .subagents()
+                            .drain_continuable_descendants(std::slice::from_ref(root.agent()));
+                        if let Err(error) = drain.await {
+                            say(format_args!(
+                                "drain-failed {round} {} {}",
+                                error.code(),
+                                error.message().replace('\n', " ")
+                            ))?;
+                        }
+                    }
+                    say(format_args!("drained {round}"))?;
+                }
                 Some("quit") | None => return Ok(()),
                 Some(other) => {
                     return Err(usage(format!(
-                        "unknown command {other:?}: a driving node reads `round`, `interrupt` \
-                         or `quit`"
+                        "unknown command {other:?}: a driving node reads `round`, \
+                         `interrupt`, `drain` or `quit`"
                     )))
                 }
             }

@@ -198,6 +198,18 @@ pub struct NodeIncarnation {
     pub incarnation: Option<uuid::Uuid>,
 }
 
+impl NodeIncarnation {
+    /// Whether this and `other` may be the same process: the same node, and the same
+    /// incarnation unless either is unknown (written by a node of an older schema, or not
+    /// learnt yet).
+    pub fn may_be(&self, other: &NodeIncarnation) -> bool {
+        self.node == other.node
+            && (self.incarnation.is_none()
+                || other.incarnation.is_none()
+                || self.incarnation == other.incarnation)
+    }
+}
+
 impl NodeMembership {
     /// Stops heartbeating and serving without removing the row: the node's leases then expire
     /// as a dead node's would. Idempotent; a membership left already stays left.
