@@ -79,8 +79,18 @@ pub(crate) enum RemoteOp {
 pub(crate) enum NoticeKind {
     /// The epoch's settled notice: the child is no longer resident.
     Settled,
+    /// The settled notice of an epoch its node ended by leaving the cluster: the child was
+    /// handed over, and what it accepted and did not run waits in its log for the next resume.
+    HandedOver,
     /// A report, delivered as asked.
     Report(ReportDelivery),
+}
+
+impl NoticeKind {
+    /// Whether this is an epoch's settled notice (not a report).
+    pub(crate) fn is_settled(self) -> bool {
+        matches!(self, Self::Settled | Self::HandedOver)
+    }
 }
 
 /// Everything a node needs to create a child its parent's node prepared.

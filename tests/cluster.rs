@@ -1008,6 +1008,55 @@ async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups
     a.shutdown().await.unwrap();
 }
 
+// A drain of a handed-over child's lineage discards what it was handed over with: the drain
+// refuses the follow-up that would resume the child, so its accepted, unclaimed follow-ups
+// would otherwise wait in its log with nothing to run them. Before, the drain left them
+// pending (the campaign's seed 8005: acknowledged, then neither run nor discarded).
+#[actix_rt::test]
+async fn a_drain_discards_what_a_handed_over_child_waits_with() {
+    let Placed {
+        a,
+        b,
+        parent,
+        started,
+        gate,
+        ..
+    } = placed("first").await;
+    let child = started.child_id;
+    for text in ["second", "third"] {
+        followup_child(&a, parent.agent(), child, text)
+            .await
+            .unwrap();
+    }
+    let leaving = tokio::spawn(async move { b.shutdown().await });
+    notices_reach(parent.agent(), 1).await;
+    within("the leave", leaving).await.unwrap().unwrap();
+    gate.release();
+    within(
+        "the drain",
+        a.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    let events = persisted(&a, child).await;
+    assert_eq!(delivered(&events), ["first"], "nothing else ran");
+    let discarded: u64 = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            subagents::EventKind::InboxSpliced {
+                removed_count: Some(removed),
+                outcome: Some(subagents::session::SpliceOutcome::Canceled),
+                ..
+            } => Some(*removed),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(discarded, 2, "both handed-over follow-ups were discarded");
+    assert_eq!(resident_count(a.subagents()).await, 0);
+    a.shutdown().await.unwrap();
+}
+
 // A release waits for its child's release, which may wait on a release on the other node. A
 // forest alternating A → B → A → B → A: the middles on B drain their descendants, so B asks A
 // to release each low child, whose release asks B to release its child, whose release waits

@@ -100,6 +100,22 @@ impl Handler<DrainDescendants> for ContinuationManager {
                 branches: self.release_remote_below(Some(&[*root]), ctx),
             })
             .collect();
+        // Children handed over below a root: their lineage refuses the follow-up that would
+        // resume them, so what waits in their logs is discarded, as a release would.
+        for (share, root) in root_ids.iter().enumerate() {
+            let below: Vec<SessionId> = self
+                .parked
+                .iter()
+                .filter(|(_, parent)| self.lineage_of(parent).contains(root))
+                .map(|(child, _)| *child)
+                .collect();
+            for child in below {
+                self.parked.remove(&child);
+                shares[share]
+                    .branches
+                    .push(discard_parked(self.agents.clone(), child));
+            }
+        }
         // Every target's disposal opens now, top-down, before any await; a branch not owned
         // by another target joins the share of the root nearest above it.
         for (_, target) in &targets {
@@ -181,7 +197,13 @@ impl Handler<DrainRoots> for ContinuationManager {
                     shares.len() - 1
                 })
         };
-        let mut unowned = Vec::new();
+        // Children handed over to this node's parents: nobody resumes them past this drain.
+        let mut parked: Vec<SessionId> = self.parked.drain().map(|(child, _)| child).collect();
+        parked.sort_unstable();
+        let mut unowned: Vec<Disposal> = parked
+            .into_iter()
+            .map(|child| discard_parked(self.agents.clone(), child))
+            .collect();
         for (root, parent) in roots {
             let Some(disposal) = self.open_disposal(root, ctx) else {
                 continue;
@@ -221,6 +243,32 @@ impl Handler<DrainRoots> for ContinuationManager {
             .boxed(),
         )
     }
+}
+
+/// Discards what a child handed over by a node that left accepted and did not run: resumed
+/// here for that alone (no turn runs), its pending messages discarded as a release discards
+/// them, and disposed. One resident somewhere again, or resumed meanwhile, is left alone.
+fn discard_parked(agents: Agents, child: SessionId) -> Disposal {
+    async move {
+        let handle = match agents.resume(ResumeAgent::new(child)).await {
+            Ok(handle) => handle,
+            Err(error)
+                if matches!(
+                    error.code(),
+                    ErrorCode::SessionLeased | ErrorCode::DuplicateAgent
+                ) =>
+            {
+                return Ok(())
+            }
+            Err(error) => return Err(error),
+        };
+        handle
+            .agent()
+            .cancel_now(CancelCause::Parent, InboxPolicy::Discard);
+        handle.dispose().await
+    }
+    .boxed()
+    .shared()
 }
 
 /// A host-owned parent's ownership node reports a release carried out: its node may stop once

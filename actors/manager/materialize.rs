@@ -217,6 +217,8 @@ impl Handler<Install> for ContinuationManager {
             budget,
         });
         self.events.emit(&SubagentEvent::Start(resident.run(id)));
+        // Resumed: what it was handed over with is its own to run again.
+        self.parked.remove(&id);
         self.residents.insert(id, resident);
         Ok(())
     }

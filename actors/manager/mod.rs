@@ -50,7 +50,8 @@
 //! submission, settlement, disposal, the ownership nodes); `materialize.rs` the fresh start and
 //! the install-then-submit sequence, `followup.rs` routing by residency and the cold resume,
 //! `control.rs` interrupts and reports, `parent.rs` the notices and reports that reach a
-//! parent session, `drain.rs` the drains, `remote.rs` the cluster's side.
+//! parent session, `drain.rs` the drains, `remote.rs` the cluster's parent side (children placed
+//! elsewhere) and `served.rs` its child side (what this node serves of its peers' asks).
 
 mod control;
 mod drain;
@@ -58,6 +59,7 @@ mod followup;
 mod materialize;
 mod parent;
 mod remote;
+mod served;
 
 pub(crate) use control::{
     authorize_absent, Interrupt, InterruptAbsent, InterruptRouted, ReportFrom,
@@ -65,7 +67,8 @@ pub(crate) use control::{
 pub(crate) use drain::{DrainAll, DrainDescendants, OwnerNodeCount, OwnerReleased, ResidentCount};
 use materialize::Finished;
 pub(crate) use materialize::{Delivery, StartContinuable};
-pub(crate) use remote::{ask_interrupt, delivery_handler, route_followup};
+pub(crate) use remote::{ask_interrupt, route_followup};
+pub(crate) use served::delivery_handler;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -357,6 +360,10 @@ pub(crate) struct ContinuationManager {
     /// (`node-stopped`), by the node incarnation it ended with: a late notice from there is
     /// that epoch's second. Cleared when the child is placed (or found) on a node again.
     ended_with_node: HashMap<SessionId, NodeIncarnation>,
+    /// Children a node that left handed over, by parent: what they accepted and did not run
+    /// waits in their logs for the next follow-up, which resumes them. A drain of their
+    /// lineage, which refuses that follow-up, discards it instead (`discard_parked`).
+    parked: HashMap<SessionId, AgentRef>,
     /// Whether a look for stopped nodes is in flight.
     sweeping: bool,
     /// The timer that looks for stopped nodes, armed only while a child is placed elsewhere: a
@@ -414,6 +421,7 @@ impl ContinuationManager {
             cluster,
             remote_children: HashMap::new(),
             ended_with_node: HashMap::new(),
+            parked: HashMap::new(),
             sweeping: false,
             sweep: None,
             agents,

@@ -40,12 +40,16 @@ impl ContinuationManager {
             ParentLink::Local(parent) => {
                 Some(self.post_settled_notice(child, parent, message, ctx))
             }
-            ParentLink::Remote(remote) => Some(self.notify_remote(
-                remote,
-                child,
-                message,
-                crate::cluster::NoticeKind::Settled,
-            )),
+            ParentLink::Remote(remote) => {
+                // A node that leaves hands its children of remote parents over (see
+                // `open_disposal`).
+                let kind = if self.leaving {
+                    crate::cluster::NoticeKind::HandedOver
+                } else {
+                    crate::cluster::NoticeKind::Settled
+                };
+                Some(self.notify_remote(remote, child, message, kind))
+            }
         }
     }
 
