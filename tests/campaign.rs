@@ -519,9 +519,12 @@ impl Schedule {
                     ));
                 }
             }
+            // The last epoch is the one whose turn started last (a turn cut short by its
+            // node's end is closed in the log by whoever resumes the child next, after the
+            // epoch's `node-stopped` notice).
             let last_turn = events
                 .iter()
-                .filter(|event| matches!(event.kind, EventKind::TurnEnd { .. }))
+                .filter(|event| matches!(event.kind, EventKind::TurnStart { .. }))
                 .map(|event| event.time)
                 .max()
                 .unwrap_or(0);
@@ -529,8 +532,9 @@ impl Schedule {
                 anomalies.push(format!("notices: {root} heard no notice of {child} at all"));
             } else if !notices.iter().any(|(_, time)| *time >= last_turn) {
                 anomalies.push(format!(
-                    "notices: {root} never heard of {child}'s last epoch (its turn ended at {last_turn}, notices at {:?})",
-                    notices.iter().map(|(_, time)| time).collect::<Vec<_>>()
+                    "notices: {root} never heard of {child}'s last epoch (its turn started at {last_turn}, notices at {:?}; its last events {:?})",
+                    notices.iter().map(|(_, time)| time).collect::<Vec<_>>(),
+                    events.iter().rev().take(4).map(|event| (event.time, &event.kind)).collect::<Vec<_>>()
                 ));
             }
         }

@@ -1041,7 +1041,69 @@ async fn a_drain_discards_what_a_handed_over_child_waits_with() {
     .unwrap();
     let events = persisted(&a, child).await;
     assert_eq!(delivered(&events), ["first"], "nothing else ran");
-    let discarded: u64 = events
+    assert_eq!(
+        discarded(&events),
+        2,
+        "both handed-over follow-ups were discarded"
+    );
+    assert_eq!(resident_count(a.subagents()).await, 0);
+    a.shutdown().await.unwrap();
+}
+
+// A drain whose release finds the child's node stopped discards, from the store, what the child
+// accepted there and did not run, and its parent hears that the epoch ended with its node, once.
+// Before, the release counted the child as released: its acknowledged follow-ups waited in its
+// log with nothing to run them (the campaign's seed 9056: a node paused past its time-to-live
+// under a drain).
+#[actix_rt::test]
+async fn a_drain_discards_what_a_child_left_behind_on_a_stopped_node() {
+    let Placed {
+        a,
+        b,
+        parent,
+        started,
+        gate,
+        ..
+    } = placed("first").await;
+    let child = started.child_id;
+    for text in ["second", "third"] {
+        followup_child(&a, parent.agent(), child, text)
+            .await
+            .unwrap();
+    }
+    // The child's node dies mid-turn: its row expires, the two wait in the child's log.
+    drop(b);
+    within(
+        "the drain",
+        a.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    let events = persisted(&a, child).await;
+    assert_eq!(delivered(&events), ["first"], "nothing else ran");
+    assert_eq!(
+        discarded(&events),
+        2,
+        "both waiting follow-ups were discarded"
+    );
+    // Heard while its parent's lineage drains: put in its inbox, without a wake.
+    let stopped = || {
+        inserted(&parent.agent().log().events())
+            .iter()
+            .filter(|text| text.contains("node-stopped") && text.contains(&child.to_string()))
+            .count()
+    };
+    eventually("the node-stopped notice", || stopped() >= 1).await;
+    assert_eq!(resident_count(a.subagents()).await, 0);
+    gate.release();
+    a.shutdown().await.unwrap();
+    assert_eq!(stopped(), 1, "one notice of the epoch");
+}
+
+/// How many messages `events` discarded from the inbox (splices whose outcome is `canceled`).
+fn discarded(events: &[subagents::SessionEvent]) -> u64 {
+    events
         .iter()
         .filter_map(|event| match &event.kind {
             subagents::EventKind::InboxSpliced {
@@ -1051,10 +1113,7 @@ async fn a_drain_discards_what_a_handed_over_child_waits_with() {
             } => Some(*removed),
             _ => None,
         })
-        .sum();
-    assert_eq!(discarded, 2, "both handed-over follow-ups were discarded");
-    assert_eq!(resident_count(a.subagents()).await, 0);
-    a.shutdown().await.unwrap();
+        .sum()
 }
 
 // A release waits for its child's release, which may wait on a release on the other node. A

@@ -3,6 +3,7 @@
 //! handler; a host-owned parent's share of the waiting is carried out by its ownership node
 //! ([`OwnerNode`]), a continuable parent's here.
 
+use super::remote::discard_parked;
 use super::*;
 use crate::actors::activation::outcomes;
 use crate::actors::owner::aggregate;
@@ -243,32 +244,6 @@ impl Handler<DrainRoots> for ContinuationManager {
             .boxed(),
         )
     }
-}
-
-/// Discards what a child handed over by a node that left accepted and did not run: resumed
-/// here for that alone (no turn runs), its pending messages discarded as a release discards
-/// them, and disposed. One resident somewhere again, or resumed meanwhile, is left alone.
-fn discard_parked(agents: Agents, child: SessionId) -> Disposal {
-    async move {
-        let handle = match agents.resume(ResumeAgent::new(child)).await {
-            Ok(handle) => handle,
-            Err(error)
-                if matches!(
-                    error.code(),
-                    ErrorCode::SessionLeased | ErrorCode::DuplicateAgent
-                ) =>
-            {
-                return Ok(())
-            }
-            Err(error) => return Err(error),
-        };
-        handle
-            .agent()
-            .cancel_now(CancelCause::Parent, InboxPolicy::Discard);
-        handle.dispose().await
-    }
-    .boxed()
-    .shared()
 }
 
 /// A host-owned parent's ownership node reports a release carried out: its node may stop once

@@ -360,9 +360,10 @@ pub(crate) struct ContinuationManager {
     /// (`node-stopped`), by the node incarnation it ended with: a late notice from there is
     /// that epoch's second. Cleared when the child is placed (or found) on a node again.
     ended_with_node: HashMap<SessionId, NodeIncarnation>,
-    /// Children a node that left handed over, by parent: what they accepted and did not run
-    /// waits in their logs for the next follow-up, which resumes them. A drain of their
-    /// lineage, which refuses that follow-up, discards it instead (`discard_parked`).
+    /// Placed children no node holds now, by parent (handed over by a node that left, or
+    /// left behind by one that stopped): what they accepted and did not run waits in their
+    /// logs for the next follow-up, which resumes them. A drain of their lineage, which
+    /// refuses that follow-up, discards it instead (`remote::discard_parked`).
     parked: HashMap<SessionId, AgentRef>,
     /// Whether a look for stopped nodes is in flight.
     sweeping: bool,

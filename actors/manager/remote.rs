@@ -94,6 +94,33 @@ fn unless_gone(outcome: Result<()>) -> Result<()> {
     }
 }
 
+/// Discards what a child no node holds accepted and did not run (handed over by a node that
+/// left, or left behind by one that stopped): resumed here for that alone (no turn runs), its
+/// pending messages discarded as a release discards them, and disposed. One resident
+/// somewhere again, or being resumed here, is left alone.
+pub(super) fn discard_parked(agents: Agents, child: SessionId) -> Disposal {
+    async move {
+        let handle = match agents.resume(ResumeAgent::new(child)).await {
+            Ok(handle) => handle,
+            Err(error)
+                if matches!(
+                    error.code(),
+                    ErrorCode::SessionLeased | ErrorCode::DuplicateAgent
+                ) =>
+            {
+                return Ok(())
+            }
+            Err(error) => return Err(error),
+        };
+        handle
+            .agent()
+            .cancel_now(CancelCause::Parent, InboxPolicy::Discard);
+        handle.dispose().await
+    }
+    .boxed()
+    .shared()
+}
+
 /// How many times a follow-up is asked again, under its id, of a node that did not answer it
 /// within the delivery deadline.
 const UNANSWERED_ASKS: u32 = 2;
@@ -309,6 +336,7 @@ impl ContinuationManager {
     ) -> Option<Disposal> {
         let cluster = self.cluster.clone()?;
         let manager = ctx.address();
+        let agents = self.agents.clone();
         let record = self.remote_children.get_mut(&child)?;
         if let Some(release) = &record.release {
             return Some(release.clone());
@@ -319,16 +347,20 @@ impl ContinuationManager {
                 starting.await;
             }
             let op = RemoteOp::Release { parent, child };
-            let outcome = unless_gone(cluster.ask::<()>(node, child, &op).await);
+            let (outcome, why) = match cluster.ask::<()>(node, child, &op).await {
+                // Its node stopped: the epoch ended with it (its parent hears `node-stopped`),
+                // and what the child accepted and did not run waits in its log. The release
+                // discards it from here, as it would have there.
+                Err(error) if error.code() == ErrorCode::SessionLeased => {
+                    (discard_parked(agents, child).await, Forgotten::NodeStopped)
+                }
+                outcome => (outcome, Forgotten::Done),
+            };
             // Released (or gone): the parent no longer waits for it, notice or not. A release
             // that failed keeps the record (the child may still run there) and may be asked
             // again.
             if outcome.is_ok() {
-                manager.do_send(ForgetRemote {
-                    child,
-                    node,
-                    why: Forgotten::Done,
-                });
+                manager.do_send(ForgetRemote { child, node, why });
             } else {
                 manager.do_send(RecordAnswered {
                     child,
@@ -686,6 +718,9 @@ impl ContinuationManager {
         ctx: &mut Context<Self>,
     ) {
         tracing::warn!(%child, %node, "a placed child's node stopped; its parent is told it settled");
+        // What it accepted there and did not run waits in its log: the next follow-up runs it,
+        // a drain of its lineage discards it.
+        self.parked.insert(child, parent.clone());
         let ended = self.remote_children.get(&child).map_or(
             NodeIncarnation {
                 node,
