@@ -5,6 +5,7 @@
 //!
 //! They are ordinary public types: the load harness drives the scripted model too.
 
+pub use crate::host::inbox::{message_fates, MessageFate};
 pub use crate::model::scripted::{Gate, Responder, ScriptStep, ScriptedModel};
 pub use crate::seam::scripted::ScriptedProvider;
 pub use crate::store::faults::{FaultInjectingStore, StoreOperation};

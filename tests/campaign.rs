@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use subagents::session::{InboxTarget, SpliceOutcome};
+use subagents::testing::message_fates;
 use subagents::{CancelCause, EventKind, MessageSource, SessionEvent, SessionId, TurnEndReason};
 
 use crate::cluster_nodes::{one_turn_at_a_time, read, NodeProcess};
@@ -644,35 +644,11 @@ fn inserted_ids(events: &[SessionEvent]) -> HashMap<String, usize> {
 /// How often each message id was discarded from the inbox (a splice whose outcome is
 /// `canceled`), replaying the inbox journal.
 fn discarded_ids(events: &[SessionEvent]) -> HashMap<String, usize> {
-    let mut lists: HashMap<InboxTarget, Vec<String>> = HashMap::new();
-    let mut seen = HashMap::new();
-    for event in events {
-        let EventKind::InboxSpliced {
-            target,
-            start,
-            removed_count,
-            inserted,
-            outcome,
-        } = &event.kind
-        else {
-            continue;
-        };
-        let list = lists.entry(*target).or_default();
-        let start = usize::try_from(*start).unwrap().min(list.len());
-        let end = (start + usize::try_from(removed_count.unwrap_or(0)).unwrap()).min(list.len());
-        let removed: Vec<String> = list
-            .splice(
-                start..end,
-                inserted.iter().map(|message| message.id.to_string()),
-            )
-            .collect();
-        if matches!(outcome, Some(SpliceOutcome::Canceled)) {
-            for id in removed {
-                *seen.entry(id).or_default() += 1;
-            }
-        }
-    }
-    seen
+    message_fates(events)
+        .into_iter()
+        .filter(|(_, fate)| fate.discarded > 0)
+        .map(|(id, fate)| (id.to_string(), fate.discarded as usize))
+        .collect()
 }
 
 /// The message ids turns ran, in order.
@@ -752,6 +728,10 @@ fn seeded_fault_schedules_keep_every_promise() {
         );
         for refusal in &schedule.record.refusals {
             eprintln!("  {refusal}");
+        }
+        // Printed now as well: a long run cut short still shows what it found.
+        for anomaly in &anomalies {
+            eprintln!("  anomaly: {anomaly}");
         }
         if !anomalies.is_empty() {
             // What the nodes warned of: the first place to look.

@@ -963,13 +963,10 @@ async fn a_node_restarted_under_its_id_passes_its_predecessors_children_on_at_on
     a.shutdown().await.unwrap();
 }
 
-// A node that leaves gracefully (a rolling restart) hands its children over: a child of a
-// parent on another node, mid-turn with follow-ups accepted behind the turn, is released with
-// those follow-ups still pending in its log; the parent's next follow-up resumes it, and it
-// runs them first, in acceptance order, then the new one. Before, the leave discarded them:
-// accepted, then lost, by an ordinary deploy.
-#[actix_rt::test]
-async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups() {
+/// A child placed on B holding its first turn, with "second" and "third" accepted behind it,
+/// when B leaves: the turn ends there, the two wait in the child's log. Answers A, the parent
+/// and the child.
+async fn handed_over() -> (Runtime, subagents::AgentHandle, SessionId) {
     let Placed {
         a,
         b,
@@ -984,11 +981,21 @@ async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups
             .await
             .unwrap();
     }
-    // B leaves while the first turn still holds: the turn ends there, the two wait.
     let leaving = tokio::spawn(async move { b.shutdown().await });
     notices_reach(parent.agent(), 1).await;
     within("the leave", leaving).await.unwrap().unwrap();
     gate.release();
+    (a, parent, child)
+}
+
+// A node that leaves gracefully (a rolling restart) hands its children over: a child of a
+// parent on another node, mid-turn with follow-ups accepted behind the turn, is released with
+// those follow-ups still pending in its log; the parent's next follow-up resumes it, and it
+// runs them first, in acceptance order, then the new one. Before, the leave discarded them:
+// accepted, then lost, by an ordinary deploy.
+#[actix_rt::test]
+async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups() {
+    let (a, parent, child) = handed_over().await;
     followup_child(&a, parent.agent(), child, "fourth")
         .await
         .unwrap();
@@ -1014,24 +1021,7 @@ async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups
 // pending (the campaign's seed 8005: acknowledged, then neither run nor discarded).
 #[actix_rt::test]
 async fn a_drain_discards_what_a_handed_over_child_waits_with() {
-    let Placed {
-        a,
-        b,
-        parent,
-        started,
-        gate,
-        ..
-    } = placed("first").await;
-    let child = started.child_id;
-    for text in ["second", "third"] {
-        followup_child(&a, parent.agent(), child, text)
-            .await
-            .unwrap();
-    }
-    let leaving = tokio::spawn(async move { b.shutdown().await });
-    notices_reach(parent.agent(), 1).await;
-    within("the leave", leaving).await.unwrap().unwrap();
-    gate.release();
+    let (a, parent, child) = handed_over().await;
     within(
         "the drain",
         a.subagents()
@@ -1099,6 +1089,62 @@ async fn a_drain_discards_what_a_child_left_behind_on_a_stopped_node() {
     gate.release();
     a.shutdown().await.unwrap();
     assert_eq!(stopped(), 1, "one notice of the epoch");
+}
+
+// The same when the child's node was restarted under its id before the drain: the new
+// incarnation answers the release that it does not hold the child, and the release discards
+// what the child left behind with the predecessor. Before, that answer counted as released
+// (the campaign's seeds 10021, 10043, 10063: a kill and restart under a drain).
+#[actix_rt::test]
+async fn a_drain_discards_what_a_child_left_behind_on_a_restarted_node() {
+    let Placed {
+        url,
+        a,
+        b,
+        b_id,
+        parent,
+        started,
+        gate,
+        ..
+    } = placed("first").await;
+    let child = started.child_id;
+    for text in ["second", "third"] {
+        followup_child(&a, parent.agent(), child, text)
+            .await
+            .unwrap();
+    }
+    // The child's node's process dies, and a new one joins under its id.
+    drop(b);
+    let store = cluster_store(&url).await;
+    let holder = LeaseHolder::with_id(b_id);
+    let membership = within("the restart", store.join(&holder, "b again"))
+        .await
+        .unwrap();
+    let builder = Runtime::builder()
+        .model(
+            "scripted",
+            ScriptedModel::repeating(ScriptStep::text("again")),
+        )
+        .lease_holder(holder)
+        .cluster(membership);
+    let restarted = seam_runtime_on(builder, store).await;
+    within(
+        "the drain",
+        a.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    let events = persisted(&a, child).await;
+    assert_eq!(delivered(&events), ["first"], "nothing else ran");
+    assert_eq!(
+        discarded(&events),
+        2,
+        "both waiting follow-ups were discarded"
+    );
+    gate.release();
+    restarted.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
 }
 
 /// How many messages `events` discarded from the inbox (splices whose outcome is `canceled`).

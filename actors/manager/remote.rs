@@ -347,14 +347,17 @@ impl ContinuationManager {
                 starting.await;
             }
             let op = RemoteOp::Release { parent, child };
-            let (outcome, why) = match cluster.ask::<()>(node, child, &op).await {
-                // Its node stopped: the epoch ended with it (its parent hears `node-stopped`),
-                // and what the child accepted and did not run waits in its log. The release
-                // discards it from here, as it would have there.
+            // Not released there (its node stopped, or the node does not hold it: it settled
+            // there, or was restarted since): what the child accepted and did not run may wait
+            // in its log, and the release discards it from here, as it would have there. An
+            // epoch that ended with its node is `node-stopped` to its parent.
+            let (outcome, why) = match cluster.ask_served::<bool>(node, child, &op).await {
+                Ok((true, _)) => (Ok(()), Forgotten::Done),
+                Ok((false, by)) => (discard_parked(agents, child).await, Forgotten::Absent(by)),
                 Err(error) if error.code() == ErrorCode::SessionLeased => {
                     (discard_parked(agents, child).await, Forgotten::NodeStopped)
                 }
-                outcome => (outcome, Forgotten::Done),
+                Err(error) => (Err(error), Forgotten::Done),
             };
             // Released (or gone): the parent no longer waits for it, notice or not. A release
             // that failed keeps the record (the child may still run there) and may be asked

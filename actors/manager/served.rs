@@ -388,13 +388,15 @@ async fn serve(
                 .send(PlacedRelease { parent, child })
                 .await
                 .map_err(SubagentError::from)??;
-            if let Some(release) = release {
-                // The child's release may wait on releases on other nodes: this delivery
-                // holds no serving slot meanwhile.
-                crate::store::deliveries::yield_slot();
-                release.await?;
-            }
-            Ok(Value::Null)
+            // Answered whether the child was resident here.
+            let Some(release) = release else {
+                return encode_answer(&false);
+            };
+            // The child's release may wait on releases on other nodes: this delivery holds no
+            // serving slot meanwhile.
+            crate::store::deliveries::yield_slot();
+            release.await?;
+            encode_answer(&true)
         }
         RemoteOp::Notify {
             parent,

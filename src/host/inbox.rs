@@ -5,7 +5,7 @@
 //! `agent/inbox/spliced` event **first** and only then changes the live list, so replaying the
 //! splices of a log rebuilds the pending work exactly (even after a crash).
 use std::borrow::Borrow;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use crate::content::Message;
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -18,6 +18,57 @@ pub fn inserts<E: Borrow<SessionEvent>>(events: &[E], id: MessageId) -> bool {
         matches!(&event.borrow().kind, EventKind::InboxSpliced { inserted, .. }
             if inserted.iter().any(|message| message.id == id))
     })
+}
+
+/// What became of one inbox message, as its log's inbox journal tells.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MessageFate {
+    /// How often a turn claimed it (once, for a message that ran).
+    pub claimed: u32,
+    /// How often it was discarded (a release's or a cancel's splice, outcome `canceled`).
+    pub discarded: u32,
+    /// When a turn first claimed it (the splice's time, epoch milliseconds).
+    pub claimed_at: Option<u64>,
+}
+
+/// The fate of every message `events` inserted into an inbox, replaying the inbox journal: a
+/// message still pending was neither claimed nor discarded.
+pub fn message_fates<E: Borrow<SessionEvent>>(events: &[E]) -> HashMap<MessageId, MessageFate> {
+    let mut lists: [Vec<MessageId>; 2] = [Vec::new(), Vec::new()];
+    let mut fates = HashMap::<MessageId, MessageFate>::new();
+    for event in events {
+        let event = event.borrow();
+        let EventKind::InboxSpliced {
+            target,
+            start,
+            removed_count,
+            inserted,
+            outcome,
+        } = &event.kind
+        else {
+            continue;
+        };
+        let list = &mut lists[usize::from(*target == InboxTarget::NextStep)];
+        let start = usize::try_from(*start)
+            .unwrap_or(usize::MAX)
+            .min(list.len());
+        let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
+        let end = start.saturating_add(removed).min(list.len());
+        for id in list.drain(start..end) {
+            let fate = fates.entry(id).or_default();
+            if *outcome == Some(SpliceOutcome::Canceled) {
+                fate.discarded += 1;
+            } else {
+                fate.claimed += 1;
+                // A turn claims its message as it opens.
+                fate.claimed_at.get_or_insert(event.time);
+            }
+        }
+        for (offset, message) in inserted.iter().enumerate() {
+            list.insert((start + offset).min(list.len()), message.id);
+        }
+    }
+    fates
 }
 
 /// The pending messages of one agent.

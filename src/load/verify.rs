@@ -13,11 +13,12 @@ use tokio_util::sync::CancellationToken;
 use super::report::{LatencyRecorder, LatencySummary};
 use crate::content::MessageSource;
 use crate::error::Result;
+use crate::host::inbox::{message_fates, MessageFate};
 use crate::ids::{MessageId, RunId, SessionId};
 use crate::projection::listing::Listing;
 use crate::projection::{SubagentDescendantListEntry, SubagentListEntry};
 use crate::seam::DelegationMode;
-use crate::session::{EventKind, InboxTarget, SessionEvent, SpliceOutcome};
+use crate::session::{EventKind, SessionEvent};
 use crate::store::SledStore;
 use crate::Runtime;
 
@@ -80,53 +81,6 @@ pub(crate) fn shape(forest: &Forest) -> Shape {
         }
     }
     (pairs, diagnostics)
-}
-
-/// What became of one inbox message.
-#[derive(Debug, Clone, Copy, Default)]
-struct Fate {
-    claimed: u32,
-    discarded: u32,
-    /// When a turn first claimed it (epoch milliseconds).
-    claimed_at: Option<u64>,
-}
-
-/// How often each inbox message of a log was claimed and discarded.
-fn fates(events: &[Arc<SessionEvent>]) -> HashMap<MessageId, Fate> {
-    let mut lists: [Vec<MessageId>; 2] = [Vec::new(), Vec::new()];
-    let mut fates: HashMap<MessageId, Fate> = HashMap::new();
-    for event in events {
-        let EventKind::InboxSpliced {
-            target,
-            start,
-            removed_count,
-            inserted,
-            outcome,
-        } = &event.kind
-        else {
-            continue;
-        };
-        let list = &mut lists[usize::from(*target == InboxTarget::NextStep)];
-        let start = usize::try_from(*start)
-            .unwrap_or(usize::MAX)
-            .min(list.len());
-        let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
-        let end = start.saturating_add(removed).min(list.len());
-        for id in list.drain(start..end) {
-            let fate = fates.entry(id).or_default();
-            if *outcome == Some(SpliceOutcome::Canceled) {
-                fate.discarded += 1;
-            } else {
-                fate.claimed += 1;
-                // A turn claims its message as it opens.
-                fate.claimed_at.get_or_insert(event.time);
-            }
-        }
-        for (offset, message) in inserted.iter().enumerate() {
-            list.insert((start + offset).min(list.len()), message.id);
-        }
-    }
-    fates
 }
 
 /// What the children's logs hold in the store after the run.
@@ -218,7 +172,7 @@ pub(crate) async fn verify(
     let mut settled = 0;
     let mut wrong = Vec::new();
     // Every child's stored log, read once: its length and its inbox fates.
-    let mut logs: HashMap<SessionId, HashMap<MessageId, Fate>> = HashMap::new();
+    let mut logs: HashMap<SessionId, HashMap<MessageId, MessageFate>> = HashMap::new();
     let turn_start = LatencyRecorder::default();
     let mut unreadable = Vec::new();
     if let Some(store) = rt.store() {
@@ -226,7 +180,7 @@ pub(crate) async fn verify(
             match store.read_from(created.id, 0).await {
                 Ok(events) => {
                     persisted.events += u64::try_from(events.len()).unwrap_or(u64::MAX);
-                    logs.insert(created.id, fates(&events));
+                    logs.insert(created.id, message_fates(&events));
                 }
                 Err(error) => unreadable.push(format!("{}: {error}", created.id)),
             }
