@@ -3,7 +3,8 @@
 //! response until released), a [`ScriptedProvider`] for the delegation seam, and a
 //! [`FaultInjectingStore`] that fails or holds chosen store operations.
 //!
-//! They are ordinary public types: the load harness drives the scripted model too.
+//! They are ordinary public types: the load harness drives the scripted model too. A checker
+//! reading a log afterwards has [`message_fates`]: what became of each inbox message.
 
 pub use crate::host::inbox::{message_fates, MessageFate};
 pub use crate::model::scripted::{Gate, Responder, ScriptStep, ScriptedModel};

@@ -101,8 +101,9 @@ impl Handler<DrainDescendants> for ContinuationManager {
                 branches: self.release_remote_below(Some(&[*root]), ctx),
             })
             .collect();
-        // Children handed over below a root: their lineage refuses the follow-up that would
-        // resume them, so what waits in their logs is discarded, as a release would.
+        // Children no node holds below a root (handed over, or left by a stopped node): their
+        // lineage refuses the follow-up that would resume them, so what waits in their logs
+        // is discarded, as a release would.
         for (share, root) in root_ids.iter().enumerate() {
             let below: Vec<SessionId> = self
                 .parked
@@ -198,7 +199,8 @@ impl Handler<DrainRoots> for ContinuationManager {
                     shares.len() - 1
                 })
         };
-        // Children handed over to this node's parents: nobody resumes them past this drain.
+        // Children of this node's parents that no node holds: nobody resumes them past this
+        // drain, so what waits in their logs is discarded.
         let mut parked: Vec<SessionId> = self.parked.drain().map(|(child, _)| child).collect();
         parked.sort_unstable();
         let mut unowned: Vec<Disposal> = parked
