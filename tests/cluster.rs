@@ -603,6 +603,30 @@ async fn sql(url: &str, statements: &str) {
     client.batch_execute(statements).await.unwrap();
 }
 
+/// How many times `events` insert message `id` into an inbox.
+fn times_inserted<E: std::borrow::Borrow<subagents::SessionEvent>>(
+    events: &[E],
+    id: subagents::MessageId,
+) -> usize {
+    events
+        .iter()
+        .filter(|event| {
+            matches!(&event.borrow().kind, subagents::EventKind::InboxSpliced { inserted, .. }
+                if inserted.iter().any(|message| message.id == id))
+        })
+        .count()
+}
+
+/// Waits (bounded) until `query` counts at least one row: a row another process writes.
+async fn counted(what: &str, url: &str, query: &str) {
+    within(what, async {
+        while count(url, query).await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
 /// The count `query` answers on the cluster's database.
 async fn count(url: &str, query: &str) -> i64 {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -645,12 +669,7 @@ async fn a_late_notice_from_a_node_declared_dead_is_not_heard_twice() {
         "SELECT count(*) FROM subagents_deliveries WHERE sender = '{b_id}'
          AND state = 'answered' AND convert_from(payload, 'UTF8') LIKE '%\"op\":\"notify\"%'"
     );
-    within("the zombie's notice answered", async {
-        while count(&url, &answered).await == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    counted("the zombie's notice answered", &url, &answered).await;
     assert_eq!(
         notices(parent.agent()).len(),
         1,
@@ -698,12 +717,7 @@ async fn a_former_nodes_late_notice_is_heard_after_the_child_was_resumed_elsewhe
     .await;
     gate.release();
     let held = "SELECT count(*) FROM subagents_deliveries WHERE state = 'held'";
-    within("the held notice", async {
-        while count(&url, held).await == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    counted("the held notice", &url, held).await;
     followup_child(&a, parent.agent(), child, "second")
         .await
         .unwrap();
@@ -796,16 +810,11 @@ async fn a_followup_answered_after_the_deadline_is_asked_again_and_accepted_once
         delivered(&on_b.log().events()).contains(&"second".to_owned())
     })
     .await;
-    let inserted = on_b
-        .log()
-        .events()
-        .iter()
-        .filter(|event| {
-            matches!(&event.kind, subagents::EventKind::InboxSpliced { inserted, .. }
-                if inserted.iter().any(|message| message.id == accepted))
-        })
-        .count();
-    assert_eq!(inserted, 1, "accepted once");
+    assert_eq!(
+        times_inserted(&on_b.log().events(), accepted),
+        1,
+        "accepted once"
+    );
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }
@@ -885,14 +894,7 @@ async fn a_followup_accepted_by_a_node_that_died_before_answering_runs_once() {
     })
     .await;
     let events = persisted(&a, child).await;
-    let inserted = events
-        .iter()
-        .filter(|event| {
-            matches!(&event.kind, subagents::EventKind::InboxSpliced { inserted, .. }
-                if inserted.iter().any(|message| message.id == accepted))
-        })
-        .count();
-    assert_eq!(inserted, 1, "accepted once");
+    assert_eq!(times_inserted(&events, accepted), 1, "accepted once");
     gate.release();
     b.shutdown().await.ok();
     a.shutdown().await.unwrap();
