@@ -503,6 +503,49 @@ fn a_node_declared_dead_learns_it_and_cannot_rejoin() {
     assert_eq!(lease.ttl, Some(Duration::from_millis(300)));
 }
 
+// A node paused past its time-to-live wakes before it learns that it was declared dead, and
+// before any other node took its sessions: its leases are no longer live, so its writes are
+// refused (the parent's node has already told the parent that the epoch ended with its node; a
+// turn that started after that would go unannounced). The same holds for a plain lease that
+// expired unrenewed: a write needs a live lease, not only the latest epoch.
+#[test]
+fn a_write_under_a_lease_that_is_no_longer_live_is_refused_before_anyone_takes_it() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = server().fresh_database();
+    let store = cluster_store(&url);
+    let node = LeaseHolder::new();
+    let membership = block_on(store.join(&node, "paused")).unwrap();
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+    let lease = block_on(store.acquire_lease(id, node)).unwrap();
+    block_on(store.append(id, 0, notes(0, 1), Some(lease.epoch))).unwrap();
+    execute(
+        &url,
+        "UPDATE subagents_nodes SET expires_at = now() - interval '1 second'",
+    );
+    let late = block_on(store.append(id, 1, notes(1, 1), Some(lease.epoch))).unwrap_err();
+    assert_eq!(late.code(), ErrorCode::LeaseLost, "{late}");
+    drop(membership);
+
+    let plain = SessionId::new();
+    block_on(store.create(SessionHeader::new(plain), vec![])).unwrap();
+    let lease = block_on(store.acquire_lease(plain, LeaseHolder::new())).unwrap();
+    execute(
+        &url,
+        "UPDATE subagents_leases SET expires_at = now() - interval '1 second'",
+    );
+    let late = block_on(store.append(plain, 0, notes(0, 1), Some(lease.epoch))).unwrap_err();
+    assert_eq!(late.code(), ErrorCode::LeaseLost, "{late}");
+    for session in [id, plain] {
+        assert_eq!(
+            block_on(store.read_from(session, 0)).unwrap().len(),
+            usize::from(session == id),
+            "nothing written after the lease stopped being live landed"
+        );
+    }
+}
+
 // Leaving removes the node's row at once.
 #[test]
 fn a_node_that_leaves_removes_its_row() {

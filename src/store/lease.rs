@@ -199,6 +199,18 @@ pub(crate) fn lease_lost(id: SessionId) -> SubagentError {
     )
 }
 
+/// A write under the latest epoch of a lease that is no longer live: its holder's node was
+/// declared dead, or the lease expired unrenewed, and nobody has taken it yet.
+pub(crate) fn lease_expired(id: SessionId) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::LeaseLost,
+        format!(
+            "session {id}: this writer's lease is no longer live (its node was declared dead, or \
+             it expired unrenewed)"
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,7 +42,7 @@ use serde_json::Value;
 use tokio_postgres::NoTls;
 
 use super::codec::{assemble, decode_cache_row, decode_header, encode_batch, encode_cache_row};
-use super::lease::{lease_lost, HolderLiveness, Lease, LeaseEpoch, LeaseHolder};
+use super::lease::{lease_expired, lease_lost, HolderLiveness, Lease, LeaseEpoch, LeaseHolder};
 use super::{check_append, check_contiguous, not_found, ListedSession, SessionPersistence};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -53,12 +53,20 @@ pub use reconnect::RECONNECT_WITHIN;
 
 /// Whether the lease row `lease`, joined with its holder's row `node`, is held now: a node's
 /// lease while the incarnation that took it has a live row (a restart under the node's id frees
-/// it at once), any other while its own expiry is ahead. One rule for every statement that asks.
+/// it at once), any other while its own expiry is ahead. One rule for every statement that asks;
+/// "now" is the statement's start unless a clock expression is given.
 macro_rules! lease_live {
     () => {
-        "CASE WHEN lease.incarnation IS NULL THEN lease.expires_at > now()
-         ELSE coalesce(node.expires_at > now() AND node.incarnation = lease.incarnation, false)
-         END"
+        $crate::store::postgres::lease_live!("now()")
+    };
+    ($clock:literal) => {
+        concat!(
+            "CASE WHEN lease.incarnation IS NULL THEN lease.expires_at > ",
+            $clock,
+            " ELSE coalesce(node.expires_at > ",
+            $clock,
+            " AND node.incarnation = lease.incarnation, false) END"
+        )
     };
 }
 pub(super) use lease_live;
@@ -868,15 +876,28 @@ impl SessionPersistence for PostgresStore {
             self.reconnecting("appending", |attempt| async move {
                 let client = self.client().await?;
                 // One statement: the row lock, the compare, the batch and the head move together.
+                // A leased write needs the latest epoch and a lease still live: a node paused
+                // past its time-to-live may wake before it learns it was declared dead, and
+                // before anyone took its sessions; what it would write then is an epoch its
+                // parent already heard end. (The lease is read after the session row is
+                // locked, which a takeover locks first; the clock is read then, not at the
+                // statement's start.)
                 let rows = client
                     .query(
                         &client
-                            .prepare_cached(
+                            .prepare_cached(concat!(
                                 "WITH head AS (
                          SELECT next_seq, epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE
+                     ), held AS (
+                         SELECT ",
+                                lease_live!("clock_timestamp()"),
+                                " AS live FROM subagents_leases lease
+                             LEFT JOIN subagents_nodes node ON node.node = lease.holder
+                             WHERE lease.session = $1 AND lease.epoch = $3
                      ), fits AS (
                          SELECT 1 FROM head
-                         WHERE next_seq = $2 AND ($3::bigint IS NULL OR epoch = $3)
+                         WHERE next_seq = $2 AND ($3::bigint IS NULL
+                             OR (epoch = $3 AND coalesce((SELECT live FROM held), false)))
                      ), batch AS (
                          INSERT INTO subagents_event_batches (session, first_seq, events)
                          SELECT $1, $2, $4 FROM fits
@@ -886,8 +907,10 @@ impl SessionPersistence for PostgresStore {
                          WHERE id = $1 AND EXISTS (SELECT 1 FROM fits)
                          RETURNING 1
                      )
-                     SELECT next_seq, epoch, EXISTS (SELECT 1 FROM moved) FROM head",
-                            )
+                     SELECT next_seq, epoch, EXISTS (SELECT 1 FROM moved),
+                         $3::bigint IS NULL OR coalesce((SELECT live FROM held), false)
+                     FROM head",
+                            ))
                             .await
                             .map_err(io("preparing a statement"))?,
                         &[&uuid_of(id), &expected, &epoch, &encoded, &next],
@@ -897,8 +920,8 @@ impl SessionPersistence for PostgresStore {
                 let Some(row) = rows.first() else {
                     return Err(not_found(id));
                 };
-                let (stored_next, stored_epoch, moved): (i64, i64, bool) =
-                    (row.get(0), row.get(1), row.get(2));
+                let (stored_next, stored_epoch, moved, live): (i64, i64, bool, bool) =
+                    (row.get(0), row.get(1), row.get(2), row.get(3));
                 if !moved {
                     // An earlier attempt whose answer was lost may have stored this very batch.
                     if attempt.after_loss
@@ -915,6 +938,9 @@ impl SessionPersistence for PostgresStore {
                         lease,
                         seq_value(stored_epoch)?,
                     )?;
+                    if !live {
+                        return Err(lease_expired(id));
+                    }
                     return Err(SubagentError::bug(format!(
                         "session {id}: an append that fits was not applied"
                     )));
