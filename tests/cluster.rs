@@ -819,6 +819,73 @@ async fn a_followup_answered_after_the_deadline_is_asked_again_and_accepted_once
     a.shutdown().await.unwrap();
 }
 
+// A report its parent's node took and answered only after the child's node stopped waiting
+// may have been accepted there: the child's node asks again under the report's id, the
+// parent's node answers that ask with the first acceptance, and the parent hears the report
+// once. Before, the report failed with NODE_UNRESPONSIVE ("it may have arrived"), and a report
+// or notice asked again was inserted again.
+#[actix_rt::test]
+async fn a_report_answered_after_the_deadline_is_asked_again_and_heard_once() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
+    let gate = Gate::new();
+    model_b.push(ScriptStep::text("held answer").gated(&gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    // The child's node waits a second for each answer.
+    let mut config = PostgresConfig::new(&url);
+    config.node_ttl = Duration::from_secs(2);
+    config.delivery_deadline = Duration::from_secs(1);
+    let store_b = Arc::new(PostgresStore::connect_with(config).await.unwrap());
+    let (b, b_id) = node_on(store_b, "b", &model_b).await;
+    let parent = root(&a).await;
+    let child = place(&a, parent.agent(), b_id, "work").await.unwrap().child_id;
+    gate.reached().await;
+    // The parent's node asks who holds the child before it takes a report: for a second and
+    // a half nobody can read the lease table.
+    let (locker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE subagents_leases IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let unlock = tokio::spawn(async move {
+        locker
+            .batch_execute("SELECT pg_sleep(1.5); COMMIT")
+            .await
+            .unwrap();
+    });
+    let reporter = b.agents().get(child).await.unwrap();
+    let report = within(
+        "the report",
+        b.subagents().report_from(
+            &reporter,
+            text("halfway"),
+            ReportOptions::new(ReportDelivery::Quiet),
+        ),
+    )
+    .await
+    .expect("accepted, though answered late");
+    unlock.await.unwrap();
+    let asked = count(
+        &url,
+        "SELECT count(*) FROM subagents_deliveries
+         WHERE convert_from(payload, 'UTF8') LIKE '%\"op\":\"notify\"%'",
+    )
+    .await;
+    assert!(asked >= 2, "asked again: {asked}");
+    assert_eq!(
+        times_inserted(&parent.agent().log().events(), report),
+        1,
+        "heard once"
+    );
+    gate.release();
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
 // The child's node accepts a follow-up, then dies before its answer lands: the parent's node
 // hears "it may have been accepted", waits out the dead node's lease, resumes the child itself
 // and sends the follow-up again under its id. The child accepted it once: it is

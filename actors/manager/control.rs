@@ -256,6 +256,6 @@ impl Handler<ReportFrom> for ContinuationManager {
                 return Ok(self.report_remote(remote, child, message, kind));
             }
         };
-        self.post_report(child, &captured, message, msg.delivery, ctx)
+        self.post_report(child, &captured, message, msg.delivery, false, ctx)
     }
 }

@@ -38,7 +38,7 @@ impl ContinuationManager {
         let message = Message::user(content, source);
         match &resident.parent {
             ParentLink::Local(parent) => {
-                Some(self.post_settled_notice(child, parent, message, ctx))
+                Some(self.post_settled_notice(child, parent, message, false, ctx))
             }
             ParentLink::Remote(remote) => {
                 // A node that leaves hands its children of remote parents over (see
@@ -57,11 +57,15 @@ impl ContinuationManager {
     /// Activation, the exact agent it was materialized under while that lives, else the
     /// session's live agent or its stored inbox (see the module docs). The first post is sent
     /// now, in mailbox order; the returned future carries the delivery to its end.
+    ///
+    /// With `may_repeat` (a notice asked again under its id by the child's node), a notice the
+    /// parent already accepted is answered with that acceptance.
     pub(super) fn post_settled_notice(
         &mut self,
         child: SessionId,
         captured: &AgentRef,
         message: Message,
+        may_repeat: bool,
         ctx: &mut Context<Self>,
     ) -> BoxFuture<'static, ()> {
         let parent_lineage = self.lineage_of(captured);
@@ -86,7 +90,7 @@ impl ContinuationManager {
                 PostTarget::TurnOrStep
             };
             // Posted now, in mailbox order behind whatever the manager sent it before.
-            let accepted = parent.post(message.clone(), target, None, false);
+            let accepted = parent.post(message.clone(), target, None, may_repeat);
             (parent, accepted)
         });
         let parent = captured.id();
@@ -109,7 +113,9 @@ impl ContinuationManager {
                     }
                 }
             }
-            if let Err(error) = deliver_to_parent_session(&agents, parent, message, gone).await {
+            if let Err(error) =
+                deliver_to_parent_session(&agents, parent, message, gone, may_repeat).await
+            {
                 tracing::warn!(%child, %parent, %error, "the settled notice could not be delivered to its parent session");
             }
         }
@@ -118,13 +124,16 @@ impl ContinuationManager {
 
     /// Posts `child`'s report to its local parent: the parent's resident Activation when it
     /// has one (a waking report counts as accepted work there), else the exact agent it was
-    /// materialized under while that lives, else the parent session's live agent.
+    /// materialized under while that lives, else the parent session's live agent. With
+    /// `may_repeat` (a report asked again under its id), a report the parent already accepted
+    /// is answered with that acceptance.
     pub(super) fn post_report(
         &mut self,
         child: SessionId,
         captured: &AgentRef,
         message: Message,
         delivery: ReportDelivery,
+        may_repeat: bool,
         ctx: &mut Context<Self>,
     ) -> Result<BoxFuture<'static, Result<MessageId>>> {
         let id = message.id;
@@ -151,14 +160,14 @@ impl ContinuationManager {
                             format!("the parent of continuable child {child} is not live"),
                         )
                     })?;
-                    live.post(message, target, None, false)
+                    live.post(message, target, None, may_repeat)
                         .await
                         .map_err(|error| parent_refused(child, &error))
                 }
                 .boxed());
             }
         };
-        let accepted = parent.post(message, target, None, false);
+        let accepted = parent.post(message, target, None, may_repeat);
         let manager = ctx.address();
         let parent_id = parent.id();
         Ok(async move {
@@ -196,6 +205,7 @@ async fn deliver_to_parent_session(
     parent: SessionId,
     message: Message,
     mut gone: Option<AgentRef>,
+    may_repeat: bool,
 ) -> Result<MessageId> {
     for _ in 0..NOTICE_ATTEMPTS {
         match agents.handle(parent).await {
@@ -213,7 +223,7 @@ async fn deliver_to_parent_session(
             Some(handle) => {
                 let live = handle.agent().clone();
                 match live
-                    .post(message.clone(), PostTarget::TurnOrStep, None, false)
+                    .post(message.clone(), PostTarget::TurnOrStep, None, may_repeat)
                     .await
                 {
                     Ok(id) => return Ok(id),

@@ -499,6 +499,9 @@ async fn tell_parent(
                 }
             }
             ErrorCode::StoreIo => tokio::time::sleep(crate::store::deliveries::RECHECK).await,
+            // Taken and not answered in time: it may have been accepted. Asked again under the
+            // message's id, the parent's node answers with that acceptance.
+            ErrorCode::NodeUnresponsive => {}
             _ => return Err(error),
         }
     }
@@ -734,7 +737,8 @@ impl ContinuationManager {
         self.ended_with_node.insert(child, ended);
         let reason = crate::stop_reason::StopReason::Other("node-stopped".into());
         let (content, source) = settled_notice(child, &reason, None, None);
-        let delivery = self.post_settled_notice(child, parent, Message::user(content, source), ctx);
+        let message = Message::user(content, source);
+        let delivery = self.post_settled_notice(child, parent, message, false, ctx);
         tokio::spawn(delivery);
     }
 }

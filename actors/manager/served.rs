@@ -275,7 +275,9 @@ impl Handler<PlacedNotice> for ContinuationManager {
         match kind {
             NoticeKind::Settled | NoticeKind::HandedOver => {
                 let id = message.id;
-                let delivery = self.post_settled_notice(child, &captured, message, ctx);
+                // Its node may ask again under the notice's id (an answer it did not get in
+                // time): the parent answers with the first acceptance.
+                let delivery = self.post_settled_notice(child, &captured, message, true, ctx);
                 self.forget_remote(child, sender.node, ctx);
                 // Answered once delivered (or stored for a parent that is away).
                 Ok(async move {
@@ -285,7 +287,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
                 .boxed())
             }
             NoticeKind::Report(delivery) => {
-                self.post_report(child, &captured, message, delivery, ctx)
+                self.post_report(child, &captured, message, delivery, true, ctx)
             }
         }
     }
@@ -439,7 +441,12 @@ async fn serve(
                 })
                 .await
                 .map_err(SubagentError::from)??;
-            encode_answer(&accepted.await?)
+            let id = accepted.await?;
+            // Answered once durable: the child's node never sends again what was accepted.
+            if let Some(parent) = agents.get(parent).await {
+                parent.log().flush().await?;
+            }
+            encode_answer(&id)
         }
     }
 }
