@@ -17,6 +17,8 @@
 //! - **one Activation**: each child's log runs one turn at a time (no two residents wrote it);
 //! - **notices**: no settled notice is heard twice, no epoch is heard of twice (two notices
 //!   with no turn of the child between them), and each child's last epoch is heard of;
+//! - **reports** (each child reports once in each turn, waking its root): none is heard twice,
+//!   and every report its child was told was accepted is heard;
 //! - **bounded**: every round, the driver's drain and every node's leave end within a bound,
 //!   and every process is reaped.
 //!
@@ -29,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use subagents::testing::message_fates;
-use subagents::{CancelCause, EventKind, MessageSource, SessionEvent, SessionId, TurnEndReason};
+use subagents::{CancelCause, ContentBlock, EventKind, MessageSource, SessionEvent, SessionId, TurnEndReason};
 
 use crate::cluster_nodes::{one_turn_at_a_time, read, NodeProcess};
 use crate::support::postgres::TestPostgres;
@@ -136,30 +138,26 @@ struct Worker {
 }
 
 impl Worker {
+    /// The flags of every worker process: its children report once in each turn.
+    const FLAGS: [&'static str; 5] = [
+        "--latency-ms",
+        LATENCY_MS,
+        "--node-ttl-ms",
+        NODE_TTL_MS,
+        "--report",
+    ];
+
     fn start(url: &str, name: String) -> Self {
-        let node = NodeProcess::start(
-            url,
-            &name,
-            &["--latency-ms", LATENCY_MS, "--node-ttl-ms", NODE_TTL_MS],
-        );
+        let node = NodeProcess::start(url, &name, &Self::FLAGS);
         Self { name, node }
     }
 
     /// A new process in the slot, under the node id of the one before it.
     fn restart(&mut self, url: &str) {
         let id = self.node.id.clone();
-        self.node = NodeProcess::start(
-            url,
-            &self.name,
-            &[
-                "--latency-ms",
-                LATENCY_MS,
-                "--node-ttl-ms",
-                NODE_TTL_MS,
-                "--node-id",
-                &id,
-            ],
-        );
+        let mut flags = Self::FLAGS.to_vec();
+        flags.extend(["--node-id", &id]);
+        self.node = NodeProcess::start(url, &self.name, &flags);
     }
 
     /// SIGTERM, then the graceful leave's end, within the bound.
@@ -490,7 +488,25 @@ impl Schedule {
                 anomalies.push(format!("one-activation: {child}'s log interleaves turns"));
             }
             let root_events = roots.entry(*root).or_insert_with(|| read(&self.url, *root));
-            let notices = notices_of(root_events, *child);
+            let (notices, reports) = relayed_from(root_events, *child);
+            // Reports: none heard twice, and every one the child was told its parent accepted
+            // was heard (a report whose answer its node did not live to record may be heard).
+            let mut heard: HashMap<&String, usize> = HashMap::new();
+            for (id, _) in &reports {
+                *heard.entry(id).or_default() += 1;
+            }
+            for (id, count) in &heard {
+                if *count > 1 {
+                    anomalies.push(format!("reports: {root} heard report {id} of {child} {count} times"));
+                }
+            }
+            for id in acknowledged_reports(&events) {
+                if !heard.contains_key(&id) {
+                    anomalies.push(format!(
+                        "reports: {child} was told report {id} was accepted; {root} never heard it"
+                    ));
+                }
+            }
             let mut ids: Vec<&String> = notices.iter().map(|(id, _)| id).collect();
             ids.sort_unstable();
             ids.dedup();
@@ -569,6 +585,15 @@ impl Schedule {
                 let discarded = self.discarded_by_drain(*child, &read(&self.url, *child));
                 ids.iter().filter(|id| discarded.contains_key(*id)).count()
             })
+            .sum()
+    }
+
+    /// How many reports the children were told their parents accepted.
+    fn acknowledged_reports(&self) -> usize {
+        self.record
+            .roots
+            .keys()
+            .map(|child| acknowledged_reports(&read(&self.url, *child)).len())
             .sum()
     }
 
@@ -671,22 +696,52 @@ fn claimed_ids(events: &[SessionEvent]) -> HashMap<String, usize> {
     seen
 }
 
-/// The settled notices of `child` inserted into `root`'s inbox: id and time.
-fn notices_of(root: &[SessionEvent], child: SessionId) -> Vec<(String, u64)> {
-    root.iter()
+/// What `child` relayed into `root`'s inbox, as id and time: its settled notices, then its
+/// reports.
+type Relayed = Vec<(String, u64)>;
+
+fn relayed_from(root: &[SessionEvent], child: SessionId) -> (Relayed, Relayed) {
+    let (mut notices, mut reports) = (Vec::new(), Vec::new());
+    for event in root {
+        let EventKind::InboxSpliced { inserted, .. } = &event.kind else {
+            continue;
+        };
+        for message in inserted {
+            let relayed = (message.id.to_string(), event.time);
+            match &message.source {
+                MessageSource::SubagentSettledNotice {
+                    sender_session_id, ..
+                } if *sender_session_id == child => notices.push(relayed),
+                MessageSource::SubagentReportRelay { sender_session_id }
+                    if *sender_session_id == child =>
+                {
+                    reports.push(relayed)
+                }
+                _ => {}
+            }
+        }
+    }
+    (notices, reports)
+}
+
+/// The ids of the reports the child's `report` calls were answered accepted (the tool's
+/// result says "… as message <id>").
+fn acknowledged_reports(events: &[SessionEvent]) -> Vec<String> {
+    const ACCEPTED: &str = "report accepted by the agent that started you as message ";
+    events
+        .iter()
         .filter_map(|event| match &event.kind {
-            EventKind::InboxSpliced { inserted, .. } => Some((event.time, inserted)),
+            EventKind::ToolResult {
+                message,
+                error: None,
+                ..
+            } => message.content.iter().find_map(|block| match block {
+                ContentBlock::ToolResult { content, .. } => content.iter().find_map(|block| {
+                    Some(block.as_text()?.strip_prefix(ACCEPTED)?.trim().to_owned())
+                }),
+                _ => None,
+            }),
             _ => None,
-        })
-        .flat_map(|(time, inserted)| {
-            inserted
-                .iter()
-                .filter_map(move |message| match &message.source {
-                    MessageSource::SubagentSettledNotice {
-                        sender_session_id, ..
-                    } if *sender_session_id == child => Some((message.id.to_string(), time)),
-                    _ => None,
-                })
         })
         .collect()
 }
@@ -720,8 +775,9 @@ fn seeded_fault_schedules_keep_every_promise() {
         let refused: usize = schedule.record.refused.values().map(Vec::len).sum();
         let interrupted = schedule.interrupted_turns();
         let discarded = schedule.discarded_acknowledged();
+        let reports = schedule.acknowledged_reports();
         eprintln!(
-            "campaign seed {seed}: {} anomalies in {:.1?}, {acknowledged} follow-ups acknowledged ({discarded} discarded by a drain), {refused} refused, {interrupted} turns interrupted [{}]",
+            "campaign seed {seed}: {} anomalies in {:.1?}, {acknowledged} follow-ups acknowledged ({discarded} discarded by a drain), {refused} refused, {interrupted} turns interrupted, {reports} reports acknowledged [{}]",
             anomalies.len(),
             began.elapsed(),
             schedule.history.join("; ")

@@ -2,6 +2,9 @@
 //! membership and serves its peers' deliveries for the children it holds, until SIGTERM or
 //! SIGINT (a graceful leave: every child released, then the membership row removed).
 //!
+//! With `--report`, every continuable child run on the node is granted the `report` tool
+//! (waking its parent), and the scripted model reports once in each turn before it answers.
+//!
 //! With `--drive ROOTS` the node also grows a forest: `ROOTS` root agents, each placing
 //! `--children` continuable children round-robin on the `--place-on` nodes (on itself when
 //! none are named) and sending each `--followups` follow-ups per round, one round at start and
@@ -25,9 +28,11 @@ use std::time::Duration;
 use subagents::model::OpenAiAdapter;
 use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
+use subagents::tools::REPORT;
 use subagents::{
-    AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, FollowupOptions,
-    InterruptAuthority, MessageSource, Runtime, SessionId, SpawnInProcess, SubagentError,
+    install_report_tool, AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode,
+    FollowupOptions, GenerateRequest, InterruptAuthority, MessageSource, ReportDelivery, Runtime,
+    SessionId, SpawnInProcess, SubagentError,
 };
 use tokio::io::AsyncBufReadExt;
 
@@ -59,6 +64,10 @@ pub(crate) struct NodeArgs {
     /// scripted model only).
     #[arg(long)]
     hold: bool,
+    /// Grant every continuable child run on this node the `report` tool (its reports wake its
+    /// parent); the scripted model then reports once in each turn before it answers.
+    #[arg(long)]
+    report: bool,
     /// Grow a forest from this node: this many root agents.
     #[arg(long, value_name = "ROOTS")]
     drive: Option<u32>,
@@ -93,6 +102,7 @@ struct NodePlan {
     node_ttl: Option<Duration>,
     latency: Option<Duration>,
     hold: bool,
+    report: bool,
     drive: Option<Drive>,
     model: ModelPlan,
     model_name: String,
@@ -109,6 +119,11 @@ impl NodePlan {
         if matches!(model, ModelPlan::OpenAi(_)) && (args.hold || args.latency_ms.is_some()) {
             return Err(usage(
                 "--hold and --latency-ms script the scripted model only",
+            ));
+        }
+        if args.hold && args.report {
+            return Err(usage(
+                "--hold and --report do not combine: a held turn never gets to report",
             ));
         }
         let drive = match args.drive {
@@ -145,6 +160,7 @@ impl NodePlan {
             },
             latency: args.latency_ms.map(Duration::from_millis),
             hold: args.hold,
+            report: args.report,
             drive,
             model,
             model_name: args
@@ -191,6 +207,8 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
             let answer = ScriptStep::text(format!("{} answered", plan.name));
             let model = ScriptedModel::repeating(if plan.hold {
                 answer.gated(&hold)
+            } else if plan.report {
+                reporting(&plan.name)
             } else {
                 answer
             });
@@ -206,6 +224,9 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
         .register_provider(SpawnInProcess::default())
         .await?
         .keep();
+    if plan.report {
+        install_report_tool(&rt, ReportDelivery::Wakeup).keep();
+    }
     // Listened for from now on, whatever the node is doing when one comes.
     let signalled = signals()?;
     say(format_args!("node {node} {}", plan.name))?;
@@ -228,6 +249,27 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
     outcome?;
     shut?;
     say(format_args!("left {node}"))
+}
+
+/// The scripted step of a reporting node: a call that may report and has not reported since
+/// the turn's last message reports (a call id of its own), any other answers with text.
+fn reporting(name: &str) -> ScriptStep {
+    let (report, answer) = (format!("{name} reports"), format!("{name} answered"));
+    ScriptStep::Respond(Arc::new(move |request: &GenerateRequest| {
+        let reported = request
+            .messages
+            .messages()
+            .next_back()
+            .is_some_and(|message| matches!(message.source, MessageSource::Tool { .. }));
+        let may_report = request.tools.iter().any(|tool| tool.name == REPORT);
+        let step = if may_report && !reported {
+            let call = format!("report-{}", uuid::Uuid::new_v4());
+            ScriptStep::tool_call(&call, REPORT, serde_json::json!({ "output": report }))
+        } else {
+            ScriptStep::text(answer.clone())
+        };
+        step.into_chunks().unwrap_or_default()
+    }))
 }
 
 /// Resolves at the first SIGTERM or SIGINT; both are handled from this call on.

@@ -145,6 +145,15 @@ impl ScriptStep {
         Self::Chunks(tool_call_chunks(calls))
     }
 
+    /// The chunks a fixed step answers with (`None` for a failure, a hang or a responder): a
+    /// responder composes its answers from the constructors above.
+    pub fn into_chunks(self) -> Option<Vec<StreamChunk>> {
+        match self {
+            Self::Chunks(chunks) | Self::Gated(_, chunks) => Some(chunks),
+            _ => None,
+        }
+    }
+
     /// A failure with `code` and `message`.
     pub fn fail(code: &str, message: &str) -> Self {
         Self::Fail(LlmFailure::new(code, message))
