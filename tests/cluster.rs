@@ -603,6 +603,26 @@ async fn sql(url: &str, statements: &str) {
     client.batch_execute(statements).await.unwrap();
 }
 
+/// Makes the next flush on the cluster's database take a second and a half (a node making what
+/// it accepted durable before it answers).
+async fn delay_the_next_flush(url: &str) {
+    sql(
+        url,
+        "CREATE TABLE delayed (n integer);
+         CREATE FUNCTION delay_a_flush() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NOT EXISTS (SELECT 1 FROM delayed) THEN
+                 INSERT INTO delayed VALUES (1);
+                 PERFORM pg_sleep(1.5);
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER delay_a_flush BEFORE INSERT ON subagents_flushes
+             FOR EACH ROW EXECUTE FUNCTION delay_a_flush();",
+    )
+    .await;
+}
+
 /// How many times `events` insert message `id` into an inbox.
 fn times_inserted<E: std::borrow::Borrow<subagents::SessionEvent>>(
     events: &[E],
@@ -771,21 +791,7 @@ async fn a_followup_answered_after_the_deadline_is_asked_again_and_accepted_once
     gate.reached().await;
     // The next flush (the child's node making the follow-up durable before it answers) takes
     // a second and a half.
-    sql(
-        &url,
-        "CREATE TABLE delayed (n integer);
-         CREATE FUNCTION delay_a_flush() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NOT EXISTS (SELECT 1 FROM delayed) THEN
-                 INSERT INTO delayed VALUES (1);
-                 PERFORM pg_sleep(1.5);
-             END IF;
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER delay_a_flush BEFORE INSERT ON subagents_flushes
-             FOR EACH ROW EXECUTE FUNCTION delay_a_flush();",
-    )
-    .await;
+    delay_the_next_flush(&url).await;
     let accepted = within(
         "the follow-up",
         a.subagents().followup(
@@ -819,6 +825,62 @@ async fn a_followup_answered_after_the_deadline_is_asked_again_and_accepted_once
     a.shutdown().await.unwrap();
 }
 
+// A start its child's node took and answered only after the parent's node stopped waiting may
+// have created the child there: the parent's node asks again under the child's id, the child's
+// node answers with the first start, and the child runs its prompt once and stays its
+// parent's (a drain releases it). Before, the caller heard NODE_UNRESPONSIVE, the parent
+// forgot the child, and the child ran on with no parent to release it.
+#[actix_rt::test]
+async fn a_start_answered_after_the_deadline_is_asked_again_and_the_child_stays_owned() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
+    let gate = Gate::new();
+    model_b.push(ScriptStep::text("held answer").gated(&gate));
+    // The parent's node waits a second for each answer.
+    let mut config = PostgresConfig::new(&url);
+    config.node_ttl = Duration::from_secs(2);
+    config.delivery_deadline = Duration::from_secs(1);
+    let store_a = Arc::new(PostgresStore::connect_with(config).await.unwrap());
+    let (a, _) = node_on(store_a, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    // The child's node makes the child durable before it answers: that flush takes a second
+    // and a half.
+    delay_the_next_flush(&url).await;
+    let started = within("the start", place(&a, parent.agent(), b_id, "work"))
+        .await
+        .expect("started, though answered late");
+    let asked = count(
+        &url,
+        "SELECT count(*) FROM subagents_deliveries
+         WHERE convert_from(payload, 'UTF8') LIKE '%\"op\":\"start\"%'",
+    )
+    .await;
+    assert!(asked >= 2, "asked again: {asked}");
+    gate.reached().await;
+    let on_b = b.agents().get(started.child_id).await.unwrap();
+    assert_eq!(
+        times_inserted(&on_b.log().events(), started.message_id),
+        1,
+        "its prompt, accepted once"
+    );
+    within(
+        "the drain",
+        a.subagents()
+            .drain_continuable_descendants(std::slice::from_ref(parent.agent())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        resident_count(b.subagents()).await,
+        0,
+        "released by its parent's drain"
+    );
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
 // A report its parent's node took and answered only after the child's node stopped waiting
 // may have been accepted there: the child's node asks again under the report's id, the
 // parent's node answers that ask with the first acceptance, and the parent hears the report
@@ -839,7 +901,10 @@ async fn a_report_answered_after_the_deadline_is_asked_again_and_heard_once() {
     let store_b = Arc::new(PostgresStore::connect_with(config).await.unwrap());
     let (b, b_id) = node_on(store_b, "b", &model_b).await;
     let parent = root(&a).await;
-    let child = place(&a, parent.agent(), b_id, "work").await.unwrap().child_id;
+    let child = place(&a, parent.agent(), b_id, "work")
+        .await
+        .unwrap()
+        .child_id;
     gate.reached().await;
     // The parent's node asks who holds the child before it takes a report: for a second and
     // a half nobody can read the lease table.

@@ -447,6 +447,20 @@ fn a_paused_node_that_wakes_past_its_membership_is_fenced_out_and_faults() {
     assert!(a.wait().success(), "{}", a.errors());
 }
 
+// A reporting node's turns report before they answer, which a held turn never gets to: the
+// two flags are refused together, by name, before the node connects anywhere.
+#[test]
+fn a_node_refuses_to_hold_turns_that_must_report() {
+    let output = Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["node", "--store", "postgres://nowhere.invalid/db"])
+        .args(["--hold", "--report"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--hold and --report"), "{stderr}");
+}
+
 #[test]
 fn a_parent_hears_that_its_childs_node_stopped() {
     let url = server().fresh_database();

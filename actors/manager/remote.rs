@@ -34,14 +34,34 @@ pub(super) async fn place(
         .map_err(SubagentError::from)??;
     // Once sent, the start is the child's node's: the caller's token no longer stops it (a
     // child created there and unknown here would have no parent to answer to).
-    let started = cluster
-        .ask_served::<ContinuableStart>(node, child, &RemoteOp::Start(Box::new(start)))
-        .await;
+    let op = RemoteOp::Start(Box::new(start));
+    let mut asked = 0;
+    let started = loop {
+        asked += 1;
+        match cluster
+            .ask_served::<ContinuableStart>(node, child, &op)
+            .await
+        {
+            // Taken and not answered in time: the child may have been created there. Asked
+            // again under its id, its node answers with that start.
+            Err(error)
+                if error.code() == ErrorCode::NodeUnresponsive && asked <= UNANSWERED_ASKS => {}
+            started => break started,
+        }
+    };
     match &started {
         Ok((_, incarnation)) => manager.do_send(RecordAnswered {
             child,
             answered: Answered::Start(*incarnation),
         }),
+        // Still unanswered: the child may live there, so the record stays; the parent's
+        // release asks that node to release it, and the sweep hears of the node's end.
+        Err(error) if error.code() == ErrorCode::NodeUnresponsive => {
+            manager.do_send(RecordAnswered {
+                child,
+                answered: Answered::Start(None),
+            });
+        }
         Err(_) => manager.do_send(ForgetRemote {
             child,
             node,

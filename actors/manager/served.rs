@@ -11,6 +11,7 @@ use super::control::header_of;
 use super::materialize::{create_and_install, FreshChild};
 use super::*;
 use crate::cluster::{decode_op, encode_answer, FollowupAnswer, NoticeKind, RemoteOp, RemoteStart};
+use crate::session::{EventKind, SessionEvent};
 use crate::store::deliveries::{Delivery as NodeDelivery, DeliveryHandler};
 
 /// Internal: a parent on another node starts a child here.
@@ -293,6 +294,36 @@ impl Handler<PlacedNotice> for ContinuationManager {
     }
 }
 
+/// The answer an earlier ask of `start` got, when it created the child: its parent's node took
+/// no answer in time and asks again under the child's id. A child is stored only once its
+/// prompt is accepted, so one stored under this parent was started, with the first message
+/// its inbox accepted as its prompt. (One session's deliveries are served in order: an
+/// earlier ask is over when this one is served.)
+async fn started_before(agents: &Agents, start: &RemoteStart) -> Result<Option<ContinuableStart>> {
+    let child = start.child;
+    let header = header_of(agents, child).await?;
+    if header.and_then(|header| header.parent_session) != Some(start.parent) {
+        return Ok(None);
+    }
+    let prompt = |events: &[Arc<SessionEvent>]| {
+        events.iter().find_map(|event| match &event.kind {
+            EventKind::InboxSpliced { inserted, .. } => inserted.first().map(|message| message.id),
+            _ => None,
+        })
+    };
+    let message_id = match agents.get(child).await {
+        Some(live) => live.log().with_events(prompt),
+        None => match agents.env().store.clone() {
+            Some(store) => prompt(&store.read_from(child, 0).await?),
+            None => None,
+        },
+    };
+    Ok(message_id.map(|message_id| ContinuableStart {
+        child_id: child,
+        message_id,
+    }))
+}
+
 /// Checks that `sender` holds `parent`'s lease: only the node incarnation a parent is resident
 /// on may act for it (a node that lost its leases, a process restarted since, or a node that
 /// never had this parent, is refused).
@@ -335,6 +366,10 @@ async fn serve(
     match decode_op(delivery.payload)? {
         RemoteOp::Start(start) => {
             authorize(cluster, start.parent, sender).await?;
+            // Asked again (its answer was not heard in time): the first ask's acceptance.
+            if let Some(started) = started_before(agents, &start).await? {
+                return encode_answer(&started);
+            }
             let started = manager
                 .send(StartPlaced {
                     start: *start,
