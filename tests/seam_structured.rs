@@ -488,10 +488,9 @@ async fn concurrent_structured_children_each_see_their_own_schema() {
         } else {
             json!({"answer": 1})
         };
-        match ScriptStep::tool_call("c1", "structured_output", args) {
-            ScriptStep::Chunks(chunks) => chunks,
-            _ => Vec::new(),
-        }
+        ScriptStep::tool_call("c1", "structured_output", args)
+            .into_chunks()
+            .unwrap_or_default()
     }));
     let model = ScriptedModel::repeating(respond);
     let rt = seam_runtime(&model).await;
