@@ -279,7 +279,9 @@ impl Agents {
     /// # Errors
     /// `DUPLICATE_AGENT` when an agent of the session is live or being created (deliver to it
     /// instead); `PERSISTENCE_UNAVAILABLE`; `SESSION_NOT_FOUND`; `SESSION_LEASED` (live in
-    /// another runtime); `INVALID_EVENT` for a message id already pending there; store errors.
+    /// another runtime); store errors. A message the session already accepted (put again under
+    /// its id by a sender that did not hear the first answer) is answered with its id, not
+    /// stored twice.
     ///
     /// # Cancel safety
     /// A dropped call frees its reservation and its lease; the message may or may not have
@@ -309,6 +311,11 @@ impl Agents {
             u64::try_from(stored.events.len()).map_err(|_| SubagentError::bug("log too long"))?;
         let log = SessionLog::from_stored(stored.header, stored.events)?;
         let message_id = message.id;
+        // Stored again under its id (its sender did not hear the first answer): stored once.
+        if log.with_events(|events| crate::host::inbox::inserts(events, message_id)) {
+            store.release_lease(id, lease.hand_over().epoch).await?;
+            return Ok(message_id);
+        }
         let mut inbox = log.with_own_events(Inbox::replay);
         inbox.insert(&log, crate::session::InboxTarget::NextTurn, message)?;
         let added = log.with_events(|events| {

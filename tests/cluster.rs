@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use subagents::cluster::NodeId;
-use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
+use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore, SessionPersistence};
 use subagents::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
 use subagents::{
     CancelCause, ContinuableStartSpec, ErrorCode, FollowupOptions, InterruptAuthority, Message,
@@ -879,6 +879,75 @@ async fn a_start_answered_after_the_deadline_is_asked_again_and_the_child_stays_
     );
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
+}
+
+// A child settles while its parent's node is dead and no node holds the parent: the child's
+// node puts the settled notice into the parent session's stored inbox, as a local parent's
+// would be, and the parent hears it once with its first turn after it is resumed (here on a
+// third node). Before,
+// the notice was given up ("the child's session is the record") and the resumed parent never
+// heard that its child's epoch ended.
+#[actix_rt::test]
+async fn a_notice_for_a_parent_whose_node_died_waits_in_its_stored_inbox() {
+    let url = server().fresh_database();
+    let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("child"));
+    let gate = Gate::new();
+    model_b.push(ScriptStep::text("held answer").gated(&gate));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    let parent_id = parent.agent().id();
+    let child = place(&a, parent.agent(), b_id, "work")
+        .await
+        .unwrap()
+        .child_id;
+    gate.reached().await;
+    // The parent's node dies: it stops heartbeating and serving (its actors linger, as a dead
+    // process's would not, but they hold nothing once its row expired).
+    drop(a);
+    gate.release();
+    let store = cluster_store(&url).await;
+    within("the notice in the parent's stored inbox", async {
+        loop {
+            let events = store.read_from(parent_id, 0).await.unwrap();
+            let stored = events.iter().any(|event| {
+                matches!(&event.kind, subagents::EventKind::InboxSpliced { inserted, .. }
+                    if inserted.iter().any(|message| matches!(message.source,
+                        MessageSource::SubagentSettledNotice { sender_session_id, .. }
+                            if sender_session_id == child)))
+            });
+            if stored {
+                break;
+            }
+            // Nothing here announces another node's write: a bounded poll of the store.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let (c, _) = node(&url, "c", &model_a).await;
+    let resumed = c
+        .agents()
+        .resume(subagents::ResumeAgent::new(parent_id))
+        .await
+        .unwrap();
+    assert_eq!(
+        resumed.agent().status().await.unwrap().next_turn,
+        1,
+        "the notice waits in the resumed parent's inbox"
+    );
+    resumed
+        .agent()
+        .followup(text("what happened?"), MessageSource::User)
+        .await
+        .unwrap();
+    resumed.agent().when_idle().await;
+    let heard = notices(resumed.agent());
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    assert!(heard[0].contains(&child.to_string()), "{heard:?}");
+    drop(parent);
+    b.shutdown().await.unwrap();
+    c.shutdown().await.unwrap();
 }
 
 // A report its parent's node took and answered only after the child's node stopped waiting

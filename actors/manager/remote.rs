@@ -425,8 +425,9 @@ impl ContinuationManager {
     }
 
     /// Sends `child`'s settled notice to its parent's node (tracked, so a leaving node sends
-    /// its last notices before it goes); a parent that cannot be reached anywhere leaves the
-    /// child's session as the record.
+    /// its last notices before it goes). A parent no node holds (its node died, or it was
+    /// disposed) gets the notice in its session's stored inbox, as a local parent would: it
+    /// hears it once when it is resumed.
     ///
     /// The returned future resolves once the parent's node took the notice (or it was given
     /// up): the epoch's disposal awaits it, so a release the parent's node asked for is
@@ -442,10 +443,25 @@ impl ContinuationManager {
             return futures::future::ready(()).boxed();
         };
         let (parent, node) = (remote.id, remote.node);
+        let agents = self.agents.clone();
         let (told, delivered) = tokio::sync::oneshot::channel::<()>();
         cluster.clone().track(async move {
-            if let Err(error) = tell_parent(&cluster, parent, node, child, message, kind).await {
-                tracing::warn!(%child, %parent, %node, %error, "a settled notice did not reach its parent's node; the child's session is the record");
+            let stored = message.clone();
+            let told_parent = match tell_parent(&cluster, parent, node, child, message, kind).await {
+                // No node has the parent live: its stored inbox keeps the notice (refused
+                // while a node holds it, whose own delivery then failed for good).
+                Err(error)
+                    if matches!(
+                        error.code(),
+                        ErrorCode::SessionLeased | ErrorCode::ParentUnavailable
+                    ) =>
+                {
+                    agents.enqueue_stored(parent, stored).await.map(drop)
+                }
+                told => told.map(drop),
+            };
+            if let Err(error) = told_parent {
+                tracing::warn!(%child, %parent, %node, %error, "a settled notice reached neither its parent's node nor its parent's stored inbox; the child's session is the record");
             }
             let _ = told.send(());
         });
