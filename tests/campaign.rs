@@ -4,8 +4,10 @@
 //! (its queue kept), one root's children drained mid-run in some schedules (what they accepted
 //! and did not run is discarded, and their later follow-ups are refused) — while a seeded
 //! nemesis kills a worker and
-//! restarts it under its id, pauses one past its time-to-live (it finds itself fenced out,
-//! exits, and is restarted under its id), makes one leave gracefully and join again,
+//! restarts it under its id, kills the driver (every root's node) and restarts it under its id
+//! to resume the roots and go on with the round, pauses a worker past its time-to-live (it
+//! finds itself fenced out, exits, and is restarted under its id), makes one leave gracefully
+//! and join again,
 //! terminates every node's PostgreSQL connections, or restarts PostgreSQL itself (the
 //! campaign's server is its own). After a last round that reaches every child, a checker reads the store and
 //! the driver's record:
@@ -24,8 +26,9 @@
 //!
 //! A schedule is named by its seed; a failing one prints the seed and what the nemesis did.
 //! CI runs `CAMPAIGN_SCHEDULES` (default 2) schedules from `CAMPAIGN_SEED` (default 1), drawing
-//! faults from `CAMPAIGN_FAULTS` (default `kill,pause,leave,terminate,restart,calm`); a long
-//! run is `CAMPAIGN_SCHEDULES=200 cargo test --test tests campaign -- --nocapture`.
+//! faults from `CAMPAIGN_FAULTS` (default
+//! `kill,kill-driver,pause,leave,terminate,restart,calm`); a long run is
+//! `CAMPAIGN_SCHEDULES=200 cargo test --test tests campaign -- --nocapture`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -85,7 +88,7 @@ impl Rng {
     }
 }
 
-/// What the nemesis does to one worker during a round.
+/// What the nemesis does to one worker (or to the driver) during a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     /// SIGKILL, then a new process under the same node id.
@@ -101,14 +104,18 @@ enum Fault {
     /// PostgreSQL restarted (`pg_ctl restart -m fast`, well within the node time-to-live):
     /// every connection ends, and none opens until the server is back.
     RestartPostgres,
+    /// The driver (every root's node) SIGKILLed mid-round, then a new process under its id
+    /// that resumes the roots and goes on with the round.
+    KillDriver,
     /// Nothing.
     Calm,
 }
 
 impl Fault {
     /// Every fault, by its name in `CAMPAIGN_FAULTS`.
-    const ALL: [(&'static str, Fault); 6] = [
+    const ALL: [(&'static str, Fault); 7] = [
         ("kill", Fault::KillRestart),
+        ("kill-driver", Fault::KillDriver),
         ("pause", Fault::Pause),
         ("leave", Fault::LeaveRejoin),
         ("terminate", Fault::TerminateBackends),
@@ -119,7 +126,7 @@ impl Fault {
     /// The faults a run draws from: `CAMPAIGN_FAULTS` (comma-separated names), all by default.
     fn chosen() -> Vec<Fault> {
         let names = std::env::var("CAMPAIGN_FAULTS")
-            .unwrap_or_else(|_| "kill,pause,leave,terminate,restart,calm".into());
+            .unwrap_or_else(|_| "kill,kill-driver,pause,leave,terminate,restart,calm".into());
         names
             .split(',')
             .map(|name| {
@@ -191,6 +198,10 @@ struct Record {
     /// The roots whose descendants the driver drained: what their children had accepted and
     /// not run may have been discarded by the release.
     drained: BTreeSet<SessionId>,
+    /// The roots in the order the driver grew them.
+    root_order: Vec<SessionId>,
+    /// What the driver process now running appends to its follow-ups' texts.
+    label: String,
 }
 
 impl Record {
@@ -199,8 +210,11 @@ impl Record {
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {
                 ["child", root, child, _node] => {
-                    self.roots
-                        .insert(child.parse().unwrap(), root.parse().unwrap());
+                    let root: SessionId = root.parse().unwrap();
+                    self.roots.insert(child.parse().unwrap(), root);
+                    if !self.root_order.contains(&root) {
+                        self.root_order.push(root);
+                    }
                 }
                 ["accepted", child, id] => self
                     .accepted
@@ -229,7 +243,7 @@ impl Record {
                         self.refused
                             .entry(child.parse().unwrap())
                             .or_default()
-                            .push(format!("round {round} message {message}"));
+                            .push(format!("round {round} message {message}{}", self.label));
                     }
                 }
                 _ => {}
@@ -247,6 +261,29 @@ struct Schedule {
     record: Record,
     history: Vec<String>,
     faults: Vec<Fault>,
+    /// How many times the driver was restarted.
+    driver_restarts: u32,
+}
+
+/// The driver's flags: two roots of three children each, placed round-robin on `place_on`,
+/// three follow-ups per child and round.
+fn driver_flags(place_on: &str) -> Vec<String> {
+    [
+        "--drive",
+        "2",
+        "--children",
+        "3",
+        "--followups",
+        "3",
+        "--place-on",
+        place_on,
+        "--latency-ms",
+        LATENCY_MS,
+        "--node-ttl-ms",
+        NODE_TTL_MS,
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 impl Schedule {
@@ -260,23 +297,11 @@ impl Schedule {
             .map(|worker| worker.node.id.clone())
             .collect::<Vec<_>>()
             .join(",");
+        let flags = driver_flags(&place_on);
         let driver = NodeProcess::start(
             &url,
             "driver",
-            &[
-                "--drive",
-                "2",
-                "--children",
-                "3",
-                "--followups",
-                "3",
-                "--place-on",
-                &place_on,
-                "--latency-ms",
-                LATENCY_MS,
-                "--node-ttl-ms",
-                NODE_TTL_MS,
-            ],
+            &flags.iter().map(String::as_str).collect::<Vec<_>>(),
         );
         Self {
             url,
@@ -286,7 +311,53 @@ impl Schedule {
             record: Record::default(),
             history: Vec::new(),
             faults: Fault::chosen(),
+            driver_restarts: 0,
         }
+    }
+
+    /// Kills the driver mid-round and starts a new process under its id that resumes the
+    /// roots and goes on with `round` (its follow-ups' texts labelled apart).
+    fn kill_driver(&mut self, round: u32) {
+        self.driver.signal("-KILL");
+        self.driver.wait();
+        // What it said before it died is the record's too.
+        let said = self.driver.last_lines();
+        self.record.read(&said);
+        self.driver_restarts += 1;
+        let label = format!("driver {}", self.driver_restarts);
+        self.record.label = format!(" ({label})");
+        let place_on = self
+            .workers
+            .iter()
+            .map(|worker| worker.node.id.clone())
+            .collect::<Vec<_>>()
+            .join(",");
+        let roots = self
+            .record
+            .root_order
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut flags = driver_flags(&place_on);
+        flags.extend([
+            "--node-id".to_owned(),
+            self.driver.id.clone(),
+            "--resume-roots".to_owned(),
+            roots,
+            "--first-round".to_owned(),
+            round.to_string(),
+            "--drained".to_owned(),
+            self.record.drained.len().to_string(),
+            "--label".to_owned(),
+            label,
+        ]);
+        std::thread::sleep(self.rng.millis(800));
+        self.driver = NodeProcess::start(
+            &self.url,
+            "driver",
+            &flags.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
     }
 
     /// Waits for the driver's `round k` line (bounded), recording what it said.
@@ -312,12 +383,16 @@ impl Schedule {
         Ok(())
     }
 
-    /// Runs the nemesis's fault on one worker.
-    fn inject(&mut self, fault: Fault, slot: usize) -> Result<(), String> {
+    /// Runs the nemesis's fault on one worker (or on the driver) during `round`.
+    fn inject(&mut self, fault: Fault, slot: usize, round: u32) -> Result<(), String> {
+        if fault == Fault::KillDriver {
+            self.kill_driver(round);
+            return Ok(());
+        }
         let url = self.url.clone();
         let worker = &mut self.workers[slot];
         match fault {
-            Fault::Calm => {}
+            Fault::Calm | Fault::KillDriver => {}
             Fault::TerminateBackends => terminate_backends(&url),
             Fault::RestartPostgres => campaign_server().restart(),
             Fault::KillRestart => {
@@ -366,9 +441,11 @@ impl Schedule {
             self.history
                 .push(format!("round {round}: {fault:?} w{slot} after {delay:?}"));
             std::thread::sleep(delay);
-            self.inject(fault, slot)?;
+            self.inject(fault, slot, round)?;
             self.round_ends(round)?;
-            if drain {
+            // A driver killed in the round forgot the drain it was told: one that began is
+            // done again by the next process (it drains the roots drained before).
+            if drain && fault != Fault::KillDriver {
                 self.driver_says(&format!("drained {round}"))?;
             }
             // Half the time, every child is interrupted while it runs what the round queued.

@@ -85,6 +85,12 @@ impl NodeProcess {
         }
     }
 
+    /// Every line the node printed and no one read yet, once it has ended (its output closes
+    /// when it dies).
+    pub(crate) fn last_lines(&self) -> Vec<String> {
+        self.lines.iter().collect()
+    }
+
     /// Writes a command line to the driving node's stdin.
     pub(crate) fn tell(&mut self, command: &str) {
         let stdin = self.stdin.as_mut().expect("the node's stdin is open");

@@ -446,19 +446,29 @@ impl ContinuationManager {
         let agents = self.agents.clone();
         let (told, delivered) = tokio::sync::oneshot::channel::<()>();
         cluster.clone().track(async move {
-            let stored = message.clone();
-            let told_parent = match tell_parent(&cluster, parent, node, child, message, kind).await {
-                // No node has the parent live: its stored inbox keeps the notice (refused
-                // while a node holds it, whose own delivery then failed for good).
-                Err(error)
-                    if matches!(
-                        error.code(),
-                        ErrorCode::SessionLeased | ErrorCode::ParentUnavailable
-                    ) =>
-                {
-                    agents.enqueue_stored(parent, stored).await.map(drop)
+            let mut lookups = 0;
+            let told_parent = loop {
+                lookups += 1;
+                match tell_parent(&cluster, parent, node, child, message.clone(), kind).await {
+                    // No node has the parent live: its stored inbox keeps the notice.
+                    Err(error)
+                        if matches!(
+                            error.code(),
+                            ErrorCode::SessionLeased | ErrorCode::ParentUnavailable
+                        ) =>
+                    {
+                        match agents.enqueue_stored(parent, message.clone()).await {
+                            // It came live meanwhile (its node resumed it): tell it there.
+                            Err(error)
+                                if matches!(
+                                    error.code(),
+                                    ErrorCode::SessionLeased | ErrorCode::DuplicateAgent
+                                ) && lookups < PARENT_LOOKUPS => {}
+                            stored => break stored.map(drop),
+                        }
+                    }
+                    told => break told.map(drop),
                 }
-                told => told.map(drop),
             };
             if let Err(error) = told_parent {
                 tracing::warn!(%child, %parent, %node, %error, "a settled notice reached neither its parent's node nor its parent's stored inbox; the child's session is the record");
@@ -496,6 +506,10 @@ impl ContinuationManager {
         .boxed()
     }
 }
+
+/// How many times a settled notice looks for its parent (a live agent of it on some node, or
+/// its stored inbox) while the parent comes live and goes away under it.
+const PARENT_LOOKUPS: u32 = 4;
 
 /// How many times a notice or report is tried before it is given up.
 const NOTICE_ATTEMPTS: u32 = 5;

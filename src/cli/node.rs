@@ -10,7 +10,11 @@
 //! none are named) and sending each `--followups` follow-ups per round, one round at start and
 //! one more for each `round` line read from stdin (an `interrupt` line interrupts every child
 //! for its root; a `drain` line drains the descendants of the next root not drained yet, whose
-//! later follow-ups are refused `DRAINING`; `quit` or the end of stdin leaves).
+//! later follow-ups are refused `DRAINING`; `quit` or the end of stdin leaves). A process
+//! restarted under the driving node's id goes on driving the same forest with
+//! `--resume-roots ID,…` (its roots resumed, their children listed from the store, the
+//! `--drained N` first roots drained again), from round `--first-round K`, its follow-ups'
+//! texts marked ` (LABEL)` by `--label LABEL`.
 //!
 //! It prints one line per fact, flushed, for a person or a test to follow:
 //! `node <id> <name>` once serving; with `--drive`, `child <root> <child> <node>` per placed
@@ -31,8 +35,8 @@ use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::tools::REPORT;
 use subagents::{
     install_report_tool, AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode,
-    FollowupOptions, GenerateRequest, InterruptAuthority, MessageSource, ReportDelivery, Runtime,
-    SessionId, SpawnInProcess, SubagentError,
+    FollowupOptions, GenerateRequest, InterruptAuthority, MessageSource, ReportDelivery,
+    ResumeAgent, Runtime, SessionId, SpawnInProcess, SubagentError,
 };
 use tokio::io::AsyncBufReadExt;
 
@@ -81,17 +85,40 @@ pub(crate) struct NodeArgs {
     /// `--drive`; this node itself when none are named).
     #[arg(long, value_name = "UUID,…", value_delimiter = ',')]
     place_on: Vec<uuid::Uuid>,
+    /// Drive the forest these roots grew before (with `--drive`, as many as it names): a node
+    /// restarted under its id resumes them here and lists their children from the store
+    /// instead of growing a new forest.
+    #[arg(long, value_name = "UUID,…", value_delimiter = ',')]
+    resume_roots: Vec<SessionId>,
+    /// The number of the first round (with `--drive`; 1 by default): a resumed drive goes on
+    /// from the round it was stopped in.
+    #[arg(long, value_name = "K")]
+    first_round: Option<u32>,
+    /// How many of the roots were drained before (with `--resume-roots`): they are drained
+    /// again at once, and the next `drain` line drains the one after them.
+    #[arg(long, value_name = "N")]
+    drained: Option<usize>,
+    /// Appended to every follow-up's text (with `--drive`), so that two drives of one forest
+    /// never send the same text.
+    #[arg(long, value_name = "TEXT")]
+    label: Option<String>,
     /// The model (the scripted model by default).
     #[command(flatten)]
     model: ModelArgs,
 }
 
-/// The forest a driving node grows.
+/// The forest a driving node grows (or resumes).
 struct Drive {
     roots: u32,
     children: u32,
     followups: u32,
     place_on: Vec<uuid::Uuid>,
+    /// The roots of a forest grown before, resumed instead of growing one.
+    resume_roots: Vec<SessionId>,
+    first_round: u32,
+    drained: usize,
+    /// Appended to each follow-up's text: ` (LABEL)`, or nothing.
+    label: String,
 }
 
 /// The checked flags.
@@ -128,20 +155,48 @@ impl NodePlan {
         }
         let drive = match args.drive {
             Some(0) => return Err(usage("--drive needs at least one root")),
-            Some(roots) => Some(Drive {
-                roots,
-                children: match args.children {
-                    Some(0) => return Err(usage("--children must be at least 1")),
-                    children => children.unwrap_or(1),
-                },
-                followups: args.followups.unwrap_or(0),
-                place_on: args.place_on,
-            }),
+            Some(roots) => {
+                let resumed = u32::try_from(args.resume_roots.len()).unwrap_or(u32::MAX);
+                if !args.resume_roots.is_empty() && resumed != roots {
+                    return Err(usage(format!(
+                        "--resume-roots names {resumed} roots, --drive {roots}"
+                    )));
+                }
+                let drained = args.drained.unwrap_or(0);
+                if args.drained.is_some() && args.resume_roots.is_empty() {
+                    return Err(usage("--drained only applies with --resume-roots"));
+                }
+                if drained > args.resume_roots.len() {
+                    return Err(usage("--drained cannot exceed the roots resumed"));
+                }
+                Some(Drive {
+                    roots,
+                    children: match args.children {
+                        Some(0) => return Err(usage("--children must be at least 1")),
+                        children => children.unwrap_or(1),
+                    },
+                    followups: args.followups.unwrap_or(0),
+                    place_on: args.place_on,
+                    resume_roots: args.resume_roots,
+                    first_round: match args.first_round {
+                        Some(0) => return Err(usage("--first-round must be at least 1")),
+                        round => round.unwrap_or(1),
+                    },
+                    drained,
+                    label: args
+                        .label
+                        .map_or_else(String::new, |label| format!(" ({label})")),
+                })
+            }
             None => {
                 for (given, flag) in [
                     (args.children.is_some(), "--children"),
                     (args.followups.is_some(), "--followups"),
                     (!args.place_on.is_empty(), "--place-on"),
+                    (!args.resume_roots.is_empty(), "--resume-roots"),
+                    (args.first_round.is_some(), "--first-round"),
+                    (args.drained.is_some(), "--drained"),
+                    (args.label.is_some(), "--label"),
                 ] {
                     if given {
                         return Err(usage(format!("{flag} only applies with --drive")));
@@ -311,15 +366,17 @@ async fn interrupt_all(
     Ok(())
 }
 
-/// Grows the forest, sends the first round, then one round per `round` line on stdin (an
-/// `interrupt` line interrupts every child; a `drain` line drains the next root's
-/// descendants) until `quit` or the end of stdin (a signal ends it from outside).
-async fn drive_forest(
+/// The roots and each child (with its root's index) of a driven forest.
+type Forest = (Vec<AgentHandle>, Vec<(usize, SessionId)>);
+
+/// Grows `drive`'s forest: its roots, each placing its children round-robin on the named
+/// nodes (on `node` when none are named).
+async fn grow_forest(
     rt: &Runtime,
     drive: &Drive,
     model_name: &str,
     node: uuid::Uuid,
-) -> Result<(), SubagentError> {
+) -> Result<Forest, SubagentError> {
     let options = subagents::AgentOptions {
         model: model_name.to_owned(),
         ..subagents::AgentOptions::default()
@@ -356,19 +413,87 @@ async fn drive_forest(
         }
         roots.push(root);
     }
+    Ok((roots, children))
+}
+
+/// Resumes the roots of a forest grown before (by a process of this node that stopped), lists
+/// their children from the store (`child <root> <child> -` each: where a child runs now is
+/// its lease's business), and drains again the roots drained before.
+async fn resume_forest(rt: &Runtime, drive: &Drive) -> Result<Forest, SubagentError> {
+    let mut roots: Vec<AgentHandle> = Vec::new();
+    let mut children: Vec<(usize, SessionId)> = Vec::new();
+    for id in &drive.resume_roots {
+        let root = resume_root(rt, *id).await?;
+        let listed = rt
+            .subagents()
+            .list_children(*id, subagents::CancellationToken::new())
+            .await?;
+        for child in listed {
+            say(format_args!("child {id} {} -", child.id()))?;
+            children.push((roots.len(), child.id()));
+        }
+        roots.push(root);
+    }
+    // Admission below a drained root closed with the process that drained it.
+    for root in &roots[..drive.drained] {
+        let drain = rt
+            .subagents()
+            .drain_continuable_descendants(std::slice::from_ref(root.agent()));
+        if let Err(error) = drain.await {
+            say(format_args!(
+                "drain-failed {} {} {}",
+                drive.first_round,
+                error.code(),
+                error.message().replace('\n', " ")
+            ))?;
+        }
+    }
+    Ok((roots, children))
+}
+
+/// Resumes root `id`, waiting out a peer that holds it for a moment (a child's node storing
+/// a settled notice in its inbox while no node had it live); bounded.
+async fn resume_root(rt: &Runtime, id: SessionId) -> Result<AgentHandle, SubagentError> {
+    let mut attempts = 0;
+    loop {
+        match rt.agents().resume(ResumeAgent::new(id)).await {
+            Err(error) if error.code() == ErrorCode::SessionLeased && attempts < 50 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            resumed => return resumed,
+        }
+    }
+}
+
+/// Grows (or resumes) the forest, sends the first round, then one round per `round` line on
+/// stdin (an `interrupt` line interrupts every child; a `drain` line drains the next root's
+/// descendants) until `quit` or the end of stdin (a signal ends it from outside).
+async fn drive_forest(
+    rt: &Runtime,
+    drive: &Drive,
+    model_name: &str,
+    node: uuid::Uuid,
+) -> Result<(), SubagentError> {
+    let (roots, children) = if drive.resume_roots.is_empty() {
+        grow_forest(rt, drive, model_name, node).await?
+    } else {
+        resume_forest(rt, drive).await?
+    };
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-    let mut round = 1;
+    let mut round = drive.first_round;
     // How many roots a `drain` line drained, first to last.
-    let mut drained = 0;
+    let mut drained = drive.drained;
     loop {
         for (root, child) in &children {
             for i in 1..=drive.followups {
+                let text = format!("round {round} message {i}{}", drive.label);
                 let sent = rt
                     .subagents()
                     .followup(
                         roots[*root].agent(),
                         *child,
-                        vec![ContentBlock::text(format!("round {round} message {i}"))],
+                        vec![ContentBlock::text(text)],
                         FollowupOptions::new(MessageSource::User),
                     )
                     .await;
