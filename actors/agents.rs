@@ -325,6 +325,8 @@ impl Agents {
                 .to_vec()
         });
         store.append(id, stored_len, added, Some(epoch)).await?;
+        // Durable before it is answered: its sender (perhaps another node) sends it no more.
+        store.flush(id).await?;
         // Released here rather than by the guard's task: a resume right after must find it free.
         store.release_lease(id, lease.hand_over().epoch).await?;
         Ok(message_id)

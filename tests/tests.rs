@@ -14,6 +14,8 @@ mod agent_turn;
 mod campaign;
 /// A cluster of runtimes: children placed on another node, asked across nodes.
 mod cluster;
+/// A cluster under faults: late answers, dead and restarted nodes, hand-overs, drains.
+mod cluster_faults;
 /// Three `subagents node` processes: a forest across them, one node killed mid-turn.
 mod cluster_nodes;
 /// Continuable children: start, follow-up, interrupt, reports, notices, drains.

@@ -436,19 +436,25 @@ async fn resume_forest(rt: &Runtime, drive: &Drive) -> Result<Forest, SubagentEr
     }
     // Admission below a drained root closed with the process that drained it.
     for root in &roots[..drive.drained] {
-        let drain = rt
-            .subagents()
-            .drain_continuable_descendants(std::slice::from_ref(root.agent()));
-        if let Err(error) = drain.await {
-            say(format_args!(
-                "drain-failed {} {} {}",
-                drive.first_round,
-                error.code(),
-                error.message().replace('\n', " ")
-            ))?;
-        }
+        drain_root(rt, root, drive.first_round).await?;
     }
     Ok((roots, children))
+}
+
+/// Drains `root`'s descendants; a failure is said (`drain-failed <round> <CODE> <message>`)
+/// and the drive goes on.
+async fn drain_root(rt: &Runtime, root: &AgentHandle, round: u32) -> Result<(), SubagentError> {
+    let drain = rt
+        .subagents()
+        .drain_continuable_descendants(std::slice::from_ref(root.agent()));
+    if let Err(error) = drain.await {
+        say(format_args!(
+            "drain-failed {round} {} {}",
+            error.code(),
+            error.message().replace('\n', " ")
+        ))?;
+    }
+    Ok(())
 }
 
 /// Resumes root `id`, waiting out a peer that holds it for a moment (a child's node storing
@@ -530,16 +536,7 @@ async fn drive_forest(
                     if let Some(root) = roots.get(drained) {
                         drained += 1;
                         say(format_args!("draining {}", root.agent().id()))?;
-                        let drain = rt
-                            .subagents()
-                            .drain_continuable_descendants(std::slice::from_ref(root.agent()));
-                        if let Err(error) = drain.await {
-                            say(format_args!(
-                                "drain-failed {round} {} {}",
-                                error.code(),
-                                error.message().replace('\n', " ")
-                            ))?;
-                        }
+                        drain_root(rt, root, round).await?;
                     }
                     say(format_args!("drained {round}"))?;
                 }
