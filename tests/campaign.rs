@@ -4,9 +4,9 @@
 //! (its queue kept), one root's children drained mid-run in some schedules (what they accepted
 //! and did not run is discarded, and their later follow-ups are refused) — while a seeded
 //! nemesis kills a worker and restarts it under its id, kills the driver (every root's node)
-//! and restarts it under its id to resume the roots and go on with the round (not during a
-//! drain, unless `CAMPAIGN_KILL_DURING_DRAIN` is set: that case is still open), pauses a worker
-//! past its time-to-live (it finds itself fenced out, exits, and is restarted under its id),
+//! and restarts it under its id to resume the roots and go on with the round (a drain it had
+//! begun is done again by its successor), pauses a worker past its time-to-live (it finds
+//! itself fenced out, exits, and is restarted under its id),
 //! makes one leave gracefully and join again, terminates every node's PostgreSQL connections,
 //! or restarts PostgreSQL itself (the campaign's server is its own). After a last round that
 //! reaches every child, a checker reads the store and
@@ -428,18 +428,9 @@ impl Schedule {
         let mut drain_left = true;
         for round in 2..ROUNDS {
             self.driver.tell("round");
-            let mut drain = drain_left && self.rng.below(3) == 0;
+            let drain = drain_left && self.rng.below(3) == 0;
             let fault =
                 self.faults[usize::try_from(self.rng.below(self.faults.len() as u64)).unwrap()];
-            // A driver killed while it drains leaves children of the drained root with
-            // accepted follow-ups that neither run nor are discarded (its successor's drain
-            // does not reach children its predecessor placed: issue #15, seeds 15007 and
-            // 15017): left out unless CAMPAIGN_KILL_DURING_DRAIN is set.
-            if fault == Fault::KillDriver
-                && std::env::var_os("CAMPAIGN_KILL_DURING_DRAIN").is_none()
-            {
-                drain = false;
-            }
             if drain {
                 drain_left = false;
                 self.history.push(format!("drain after round {round}"));

@@ -9,7 +9,8 @@ use std::time::Duration;
 use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore, SessionPersistence};
 use subagents::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    FollowupOptions, MessageSource, ReportDelivery, ReportOptions, Runtime, SessionId,
+    ErrorCode, FollowupOptions, MessageSource, ReportDelivery, ReportOptions, ResumeAgent, Runtime,
+    SessionId,
 };
 
 use crate::cluster::{
@@ -349,6 +350,55 @@ async fn a_notice_for_a_parent_whose_node_died_waits_in_its_stored_inbox() {
     let heard = notices(resumed.agent());
     assert_eq!(heard.len(), 1, "{heard:?}");
     assert!(heard[0].contains(&child.to_string()), "{heard:?}");
+    drop(parent);
+    b.shutdown().await.unwrap();
+    c.shutdown().await.unwrap();
+}
+
+// A parent's node that was restarted has no record of the children its predecessor placed
+// (here: its runtime dropped, the parent resumed on another node): a drain of the parent finds
+// them by their leases and releases them on their nodes. Before, the child stayed resident
+// there; in the campaign (a driver killed while it drained, seeds 15007, 15010 and 15017 with
+// CAMPAIGN_KILL_DURING_DRAIN) a child whose queue an interrupt had parked waited with its
+// accepted follow-ups forever, its parent's admission closed.
+#[actix_rt::test]
+async fn a_drain_releases_a_child_placed_by_the_parents_node_before_it_restarted() {
+    let url = server().fresh_database();
+    let (model_a, model_b, gate) = held_child_models();
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
+    let parent = root(&a).await;
+    let parent_id = parent.agent().id();
+    place(&a, parent.agent(), b_id, "work").await.unwrap();
+    gate.reached().await;
+    drop(a);
+    let (c, _) = node(&url, "c", &model_a).await;
+    // Resumable once the dropped node's row expired: a bounded poll, as nothing announces it.
+    let resumed = within("the parent's resume", async {
+        loop {
+            match c.agents().resume(ResumeAgent::new(parent_id)).await {
+                Ok(resumed) => break resumed,
+                Err(error) if error.code() == ErrorCode::SessionLeased => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => panic!("{error}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(resident_count(b.subagents()).await, 1);
+    within(
+        "the drain",
+        c.subagents()
+            .drain_continuable_descendants(std::slice::from_ref(resumed.agent())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        resident_count(b.subagents()).await,
+        0,
+        "released on its node"
+    );
     drop(parent);
     b.shutdown().await.unwrap();
     c.shutdown().await.unwrap();

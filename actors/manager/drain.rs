@@ -3,7 +3,7 @@
 //! handler; a host-owned parent's share of the waiting is carried out by its ownership node
 //! ([`OwnerNode`]), a continuable parent's here.
 
-use super::remote::discard_parked;
+use super::remote::{discard_parked, release_unrecorded};
 use super::*;
 use crate::actors::activation::outcomes;
 use crate::actors::owner::aggregate;
@@ -116,6 +116,23 @@ impl Handler<DrainDescendants> for ContinuationManager {
                 shares[share]
                     .branches
                     .push(discard_parked(self.agents.clone(), child));
+            }
+        }
+        // Children this node placed before it was restarted under its id, of which this
+        // process has no record: found by their leases and released on their nodes.
+        if let Some(cluster) = self.cluster.clone() {
+            let known: HashSet<SessionId> = self
+                .remote_children
+                .keys()
+                .chain(self.residents.keys())
+                .copied()
+                .collect();
+            for (share, root) in root_ids.iter().enumerate() {
+                shares[share].branches.push(release_unrecorded(
+                    cluster.clone(),
+                    *root,
+                    known.clone(),
+                ));
             }
         }
         // Every target's disposal opens now, top-down, before any await; a branch not owned

@@ -141,6 +141,33 @@ pub(super) fn discard_parked(agents: Agents, child: SessionId) -> Disposal {
     .shared()
 }
 
+/// Releases, on their nodes, the children of `parent` a live lease holds that this runtime has
+/// no record of (not in `known`): this node placed them before it was restarted under its id.
+/// Their nodes release them as they would recorded ones (what they accepted and did not run
+/// is discarded).
+pub(super) fn release_unrecorded(
+    cluster: ClusterLink,
+    parent: SessionId,
+    known: HashSet<SessionId>,
+) -> Disposal {
+    async move {
+        for (child, holder) in cluster.membership().held_children(parent).await? {
+            if known.contains(&child) || holder.node == cluster.node() {
+                continue;
+            }
+            let op = RemoteOp::Release { parent, child };
+            match cluster.ask::<bool>(holder.node, child, &op).await {
+                // Its node stopped meanwhile: it holds nothing any more.
+                Err(error) if error.code() != ErrorCode::SessionLeased => return Err(error),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+    .boxed()
+    .shared()
+}
+
 /// How many times a follow-up is asked again, under its id, of a node that did not answer it
 /// within the delivery deadline.
 const UNANSWERED_ASKS: u32 = 2;

@@ -151,6 +151,59 @@ impl NodeMembership {
 }
 
 impl NodeMembership {
+    /// The children of `parent` a live lease holds now, with the node (and incarnation)
+    /// holding each: a restarted parent's node finds the children its predecessor placed.
+    ///
+    /// # Errors
+    /// `STORE_IO`.
+    pub async fn held_children(
+        &self,
+        parent: crate::ids::SessionId,
+    ) -> Result<Vec<(crate::ids::SessionId, NodeIncarnation)>> {
+        self.store
+            .reconnecting("reading which children are held", |_| {
+                self.held_children_once(parent)
+            })
+            .await
+    }
+
+    async fn held_children_once(
+        &self,
+        parent: crate::ids::SessionId,
+    ) -> Result<Vec<(crate::ids::SessionId, NodeIncarnation)>> {
+        let client = self.store.client().await?;
+        let rows = client
+            .query(
+                &client
+                    .prepare_cached(concat!(
+                        "SELECT lease.session, lease.holder, lease.incarnation
+                             FROM subagents_sessions session
+                             JOIN subagents_leases lease ON lease.session = session.id
+                             LEFT JOIN subagents_nodes node ON node.node = lease.holder
+                             WHERE session.parent = $1 AND ",
+                        super::lease_live!()
+                    ))
+                    .await
+                    .map_err(io("preparing a statement"))?,
+                &[&super::uuid_of(parent)],
+            )
+            .await
+            .map_err(io(format!("reading which children of {parent} are held")))?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let holder = NodeIncarnation {
+                    node: row.get(1),
+                    incarnation: row.get(2),
+                };
+                (crate::ids::SessionId::from_uuid(row.get(0)), holder)
+            })
+            .filter(|(_, holder)| !self.store.is_gone(holder.node))
+            .collect())
+    }
+}
+
+impl NodeMembership {
     /// The live incarnations of `nodes` now (those whose rows have not expired).
     ///
     /// # Errors
