@@ -117,6 +117,8 @@ struct Staged {
     writer_idle: WriterIdle,
     /// When a session stored only once its creation commits does (see [`CreationCommit`]).
     deferred: Option<CreationCommit>,
+    /// The log whose prefix the session's seed references: written before the session is.
+    seed_source: Option<SessionLog>,
 }
 
 impl Agents {
@@ -190,7 +192,9 @@ impl Agents {
         header.origin = request.origin;
         header.delegation_depth = request.delegation_depth;
         header.seed_length = request.seed_length;
-        let log = SessionLog::new(header, request.seed)?;
+        let mut seed = request.seed;
+        let seed_source = seed.take_source();
+        let log = SessionLog::seeded(header, seed)?;
         Ok(Staged {
             log,
             scope: AgentScope::new(Arc::clone(&self.shared.env.tools)),
@@ -214,6 +218,7 @@ impl Agents {
             // which faults the agent: it is for ids just minted (by this creation or its
             // caller), which nothing else can want.
             deferred: request.deferred,
+            seed_source,
         })
     }
 
@@ -264,6 +269,7 @@ impl Agents {
                 registration: Registration::Reserved(incarnation),
                 writer_idle: WriterIdle::Park,
                 deferred: None,
+                seed_source: None,
             })
             .await?;
         reservation.keep();
@@ -381,6 +387,7 @@ impl Agents {
             registration,
             writer_idle,
             deferred,
+            seed_source,
         } = staged;
         let commit = match setup {
             Some(setup) => setup.run(&mut scope, &log).await?,
@@ -428,9 +435,12 @@ impl Agents {
             // Stored by its writer once the creation commits.
             (Some(_), None, Some(_)) => Some((0, None)),
             (Some(store), None, None) => {
-                let initial = log.with_events(<[_]>::to_vec);
-                let count = u64::try_from(initial.len())
-                    .map_err(|_| SubagentError::bug("initial log too long"))?;
+                if let Some(source) = &seed_source {
+                    source
+                        .written_through(log.header().first_stored_seq())
+                        .await?;
+                }
+                let (count, initial) = log.stored_creation();
                 let lease = store
                     .create_leased(log.header(), initial, self.shared.holder.clone())
                     .await?;
@@ -485,6 +495,7 @@ impl Agents {
                 (None, Some(commit)) => Attachment::Deferred {
                     commit,
                     holder: self.shared.holder.clone(),
+                    seed_source,
                 },
                 (None, None) => Attachment::Stored {
                     next_seq,

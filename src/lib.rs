@@ -111,8 +111,9 @@ pub use seam::{
     SubagentStartRequest,
 };
 pub use session::{
-    CancelCause, EventKind, FailureCategory, History, HistoryEntry, LlmFailure, SessionEvent,
-    SessionHeader, SessionLog, SessionLogView, TokenUsage, TurnEndReason,
+    CancelCause, EventKind, FailureCategory, History, HistoryEntry, LlmFailure, Seed,
+    SeedReference, SessionEvent, SessionHeader, SessionLog, SessionLogView, TokenUsage,
+    TurnEndReason,
 };
 pub use stop_reason::StopReason;
 pub use store::{

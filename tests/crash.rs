@@ -9,8 +9,8 @@ use std::time::Duration;
 use futures::executor::block_on;
 use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
-    AgentHandle, EventKind, ResumeAgent, Runtime, SessionId, SessionPersistence, SledStore,
-    TurnEndReason,
+    AgentHandle, EventKind, ResumeAgent, Runtime, SessionHeader, SessionId, SessionPersistence,
+    SledStore, TurnEndReason,
 };
 
 use crate::support::{run_prompt, turn_ends, types};
@@ -509,7 +509,72 @@ fn a_load_run_killed_mid_creation_leaves_no_damaged_child() {
             damaged.len(),
             rows.len()
         );
+        every_fork_resolves(dir.path());
     }
+}
+
+// Issue #16: a load run's forks, on the sled store it leaves, are stored by reference and read
+// back whole once the store is reopened by another process.
+#[test]
+fn a_finished_load_runs_forks_resolve_in_the_reopened_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "load",
+            "--roots",
+            "1",
+            "--children",
+            "120",
+            "--fork-share",
+            "1",
+        ])
+        // A window of 8, so the root settles children (its turns) while forks still start.
+        .args([
+            "--continuable-share",
+            "0.5",
+            "--in-flight",
+            "8",
+            "--latency",
+            "0",
+        ])
+        .arg("--store-dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("the load binary runs");
+    assert!(status.success(), "the load run verifies");
+    assert!(
+        every_fork_resolves(dir.path()) > 0,
+        "the run stored seeded forks"
+    );
+}
+
+/// Reopens the sled store at `dir` and checks that every fork in it is stored by reference
+/// (issue #16) and reads back whole: its seed is its parent's prefix. Returns how many.
+fn every_fork_resolves(dir: &std::path::Path) -> usize {
+    let store = SledStore::open(dir).expect("the store reopens");
+    let forks: Vec<SessionHeader> = block_on(store.list())
+        .unwrap()
+        .into_iter()
+        .filter_map(|row| row.header().cloned())
+        .filter(|header| header.seed_length.is_some())
+        .collect();
+    let count = forks.len();
+    for header in forks {
+        let reference = header
+            .seed_reference
+            .as_deref()
+            .copied()
+            .unwrap_or_else(|| panic!("fork {} stores its seed inline", header.id));
+        let events = block_on(store.read_from(header.id, 0))
+            .unwrap_or_else(|error| panic!("fork {} does not resolve: {error}", header.id));
+        let parent = block_on(store.read_from(reference.session, 0)).unwrap();
+        let n = usize::try_from(reference.length).unwrap();
+        assert_eq!(events[..n], parent[..n], "fork {}'s seed", header.id);
+        assert_eq!(events[n].seq, reference.length);
+    }
+    count
 }
 
 // The same, deterministically: a crash is what a second runtime over the same store sees while

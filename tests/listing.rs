@@ -159,12 +159,12 @@ impl SessionPersistence for ProbeStore {
         self.inner.header(id)
     }
 
-    fn read_from(
+    fn read_stored(
         &self,
         id: SessionId,
         from_seq: u64,
     ) -> BoxFuture<'_, subagents::Result<Vec<Arc<SessionEvent>>>> {
-        self.inner.read_from(id, from_seq)
+        self.inner.read_stored(id, from_seq)
     }
 
     fn acquire_lease(

@@ -156,10 +156,16 @@ async fn fork_prepares_a_continuable_seed_from_completed_turns_only() {
         .unwrap();
     let seed = after.seed.expect("a seed after a completed turn");
     assert!(matches!(
-        seed.last().unwrap().kind,
+        seed.events().last().unwrap().kind,
         EventKind::TurnEnd { .. }
     ));
+    let reference = seed
+        .reference()
+        .expect("a fork's seed is stored by reference");
+    assert_eq!(reference.session, parent.agent().id());
+    assert_eq!(reference.length, u64::try_from(seed.len()).unwrap());
     assert!(seed
+        .events()
         .iter()
         .enumerate()
         .all(|(i, e)| e.seq == u64::try_from(i).unwrap()));
@@ -184,7 +190,15 @@ async fn the_driver_reads_only_the_child_owned_output_of_a_seeded_child() {
         Some(u64::try_from(seed.len()).unwrap())
     );
     assert_eq!(child.log().events()[..seed.len()], seed[..]);
-    assert_eq!(completed_turn_prefix(parent.agent().log()), seed);
+    let prefix = completed_turn_prefix(parent.agent().log());
+    assert_eq!(
+        prefix
+            .events()
+            .iter()
+            .map(|e| (**e).clone())
+            .collect::<Vec<_>>(),
+        seed
+    );
     run.dispose().await.unwrap();
 }
 

@@ -42,6 +42,8 @@ mod crash;
 mod errors;
 /// The event bus: listener containment and scopes.
 mod events;
+/// Fork seeds stored by reference (issue #16).
+mod fork_reference;
 /// The history checker: seeded random schedules, every promise checked.
 mod histories;
 /// Background jobs: the registry, the job tools, and background one-shot delegations.

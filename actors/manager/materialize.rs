@@ -403,7 +403,7 @@ pub(super) struct FreshChild {
     pub(super) options: AgentOptions,
     pub(super) descriptor: SubagentDescriptor,
     pub(super) composition: ChildComposition,
-    pub(super) seed: Vec<crate::session::SessionEvent>,
+    pub(super) seed: crate::session::Seed,
     pub(super) cwd: Option<std::path::PathBuf>,
     pub(super) provider: String,
     pub(super) prompt: Vec<ContentBlock>,

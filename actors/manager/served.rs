@@ -83,7 +83,7 @@ impl ContinuationManager {
             options: start.options.clone(),
             descriptor,
             composition,
-            seed: Vec::new(),
+            seed: crate::session::Seed::default(),
             cwd: start.cwd.clone().map(Into::into),
             provider: start.provider.clone(),
             prompt: start.prompt.clone(),

@@ -37,12 +37,9 @@ impl InProcessProvider {
         Self { seed, started: 0 }
     }
 
-    fn seed_for(
-        &self,
-        parent: &crate::actors::agent::AgentRef,
-    ) -> Vec<crate::session::SessionEvent> {
+    fn seed_for(&self, parent: &crate::actors::agent::AgentRef) -> crate::session::Seed {
         match self.seed {
-            SeedPolicy::Fresh => Vec::new(),
+            SeedPolicy::Fresh => crate::session::Seed::default(),
             SeedPolicy::CompletedTurns => completed_turn_prefix(parent.log()),
         }
     }

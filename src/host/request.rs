@@ -9,7 +9,7 @@ use crate::actors::agent::AgentRef;
 use crate::host::{AgentOptions, AgentSetup};
 use crate::ids::SessionId;
 use crate::session::log::CreationCommit;
-use crate::session::{SessionEvent, SessionOrigin};
+use crate::session::{Seed, SessionOrigin};
 
 /// What to create: the session's identity and lineage, its seed, options and setup.
 #[derive(Default)]
@@ -19,7 +19,7 @@ pub struct CreateAgent {
     pub(crate) parent_session: Option<SessionId>,
     pub(crate) origin: Option<SessionOrigin>,
     pub(crate) delegation_depth: Option<u64>,
-    pub(crate) seed: Vec<SessionEvent>,
+    pub(crate) seed: Seed,
     pub(crate) seed_length: Option<u64>,
     pub(crate) options: AgentOptions,
     pub(crate) setup: Option<Box<dyn AgentSetup>>,
@@ -79,10 +79,12 @@ impl CreateAgent {
     }
 
     /// Seeds the log; `inherited` is how many of the events count as inherited lineage
-    /// (`seedLength`). A non-empty seed gets a `session/end-seed` marker.
+    /// (`seedLength`; a seed stored by reference must count all of them). A non-empty seed gets
+    /// a `session/end-seed` marker. Takes events (checked and stored inline) or a fork's
+    /// [`Seed`] (shared with its parent and stored by reference).
     #[must_use]
-    pub fn seed(mut self, seed: Vec<SessionEvent>, inherited: u64) -> Self {
-        self.seed = seed;
+    pub fn seed(mut self, seed: impl Into<Seed>, inherited: u64) -> Self {
+        self.seed = seed.into();
         self.seed_length = (inherited > 0).then_some(inherited);
         self
     }

@@ -43,7 +43,7 @@ use crate::seam::run_outcome::{RunOutcome, SettleGuard};
 use crate::seam::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::session::log::CreationCommit;
 use crate::session::{
-    fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind,
+    fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind, Seed,
     SessionEvent, SessionLog, SessionLogView,
 };
 use crate::stop_reason::StopReason;
@@ -58,20 +58,10 @@ pub const DELEGATION_CONTEXT: &str = "subagent:delegation";
 const DELEGATION_ORDER: f64 = 120.0;
 
 /// The balanced prefix of `log` a fork child inherits: every event through the last `turn/end`
-/// (the in-flight turn is left out), or nothing before the first completed turn.
-pub fn completed_turn_prefix(log: &SessionLogView) -> Vec<SessionEvent> {
-    log.with_events(|events| {
-        events
-            .iter()
-            .rposition(|event| matches!(event.kind, EventKind::TurnEnd { .. }))
-            .map(|last| {
-                events[..=last]
-                    .iter()
-                    .map(|event| (**event).clone())
-                    .collect()
-            })
-            .unwrap_or_default()
-    })
+/// (the in-flight turn is left out), or nothing before the first completed turn. Shared with
+/// the parent's log and stored by reference (see [`Seed::completed_turns_of`]).
+pub fn completed_turn_prefix(log: &SessionLogView) -> Seed {
+    Seed::completed_turns_of(log.inner())
 }
 
 /// The child's model options: the parent's route and token cap, overridden by the request,
@@ -300,7 +290,7 @@ pub(crate) enum Placement {
 /// `UNKNOWN_TOOL` (tool filter), `UNKNOWN_PROMPT_VARIABLE` (persona), store errors.
 pub(crate) fn start_in_process_run(
     resolved: ResolvedSubagentStartRequest,
-    seed: Vec<SessionEvent>,
+    seed: Seed,
     placement: Placement,
 ) -> impl std::future::Future<Output = Result<SubagentRun>> + Send + 'static {
     match prepare_in_process_run(resolved, seed, placement) {
@@ -335,7 +325,7 @@ struct RunWiring {
 /// policy, the composition and the setup that records the descriptor in the first turn.
 fn prepare_in_process_run(
     resolved: ResolvedSubagentStartRequest,
-    seed: Vec<SessionEvent>,
+    seed: Seed,
     placement: Placement,
 ) -> Result<(
     impl std::future::Future<Output = Result<AgentHandle>> + Send + 'static,

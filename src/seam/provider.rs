@@ -8,7 +8,7 @@ use crate::actors::agent::AgentRef;
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::seam::{ResolvedSubagentStartRequest, SubagentCapabilities, SubagentRun};
-use crate::session::SessionEvent;
+use crate::session::Seed;
 
 /// One registered transport for running child agents. Several coexist in one runtime, each
 /// under a unique name. The service may call one provider concurrently for distinct children;
@@ -61,7 +61,7 @@ pub struct ContinuableCreateRequest {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ContinuableCreateSpec {
     /// A balanced prefix of the parent's log, or `None` for a fresh child.
-    pub seed: Option<Vec<SessionEvent>>,
+    pub seed: Option<Seed>,
 }
 
 /// Contributes the detached creation inputs of a continuable child.

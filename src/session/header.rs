@@ -42,6 +42,11 @@ pub struct SessionHeader {
     /// How many inherited events the seed holds (markers excluded); omitted when 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed_length: Option<u64>,
+    /// Where the seed is stored, when it is stored by reference (a fork child's inherited
+    /// prefix, read from its parent's log instead of a copy in its own); omitted when the seed
+    /// is stored inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_reference: Option<Box<SeedReference>>,
     /// Set for delegated sessions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<SessionOrigin>,
@@ -50,7 +55,9 @@ pub struct SessionHeader {
     pub delegation_depth: Option<u64>,
     /// An agent preset name (kept for format compatibility; unused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_preset: Option<String>,
+    /// (A boxed `str`: two words where a `String` takes three, in a header every live log
+    /// holds.)
+    pub agent_preset: Option<Box<str>>,
 }
 
 impl SessionHeader {
@@ -63,6 +70,7 @@ impl SessionHeader {
             cwd: None,
             parent_session: None,
             seed_length: None,
+            seed_reference: None,
             origin: None,
             delegation_depth: None,
             agent_preset: None,
@@ -72,6 +80,14 @@ impl SessionHeader {
     /// The seed length, 0 when omitted.
     pub fn seed_len(&self) -> u64 {
         self.seed_length.unwrap_or(0)
+    }
+
+    /// The first seq the session's own stored log holds: its seed length when the seed is
+    /// stored by reference, else 0.
+    pub fn first_stored_seq(&self) -> u64 {
+        self.seed_reference
+            .as_ref()
+            .map_or(0, |reference| reference.length)
     }
 
     /// Checks every field rule.
@@ -104,6 +120,19 @@ impl SessionHeader {
         if self.parent_session == Some(self.id) {
             return fail(format!("session {} names itself as its parent", self.id));
         }
+        if let Some(reference) = &self.seed_reference {
+            if reference.session == self.id {
+                return fail(format!("session {} seeds itself from its own log", self.id));
+            }
+            if reference.length == 0 || self.seed_length != Some(reference.length) {
+                return fail(format!(
+                    "session {}: its seed reference names {} events, its seedLength says {}",
+                    self.id,
+                    reference.length,
+                    self.seed_len()
+                ));
+            }
+        }
         for (name, value) in [
             ("seedLength", self.seed_length),
             ("delegationDepth", self.delegation_depth),
@@ -123,7 +152,45 @@ impl SessionHeader {
             && self.cwd == other.cwd
             && self.parent_session == other.parent_session
             && self.seed_length == other.seed_length
+            && self.seed_reference == other.seed_reference
             && self.delegation_depth == other.delegation_depth
+    }
+}
+
+/// A seed stored by reference: the first `length` events of `session`'s log, whose last event
+/// must still digest to `tail`.
+///
+/// A log is append-only and its seqs contiguous, so a prefix never changes once written; the
+/// digest guards the one way it could: a parent whose unflushed events a crash lost, and that
+/// then wrote others at the same seqs (the fork's creation waits for the prefix to be written,
+/// so only a store that breaks its own ordering could show one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SeedReference {
+    /// The session whose log holds the seed (the fork's parent).
+    pub session: SessionId,
+    /// How many events of its log the seed is (`[0, length)`); equals the header's seedLength.
+    pub length: u64,
+    /// The digest of the seed's last event (see [`SeedReference::digest`]).
+    pub tail: u64,
+    /// How many references a reader follows to reach every event of the seed: 1 when
+    /// `session` stores its own log whole, one more for each fork of a fork.
+    pub links: u32,
+}
+
+impl SeedReference {
+    /// The digest a reference keeps of its seed's last event: FNV-1a (64-bit) over the event's
+    /// JSON encoding, which is canonical for the events this crate writes.
+    pub fn digest(event: &crate::session::SessionEvent) -> u64 {
+        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+        const PRIME: u64 = 0x0100_0000_01b3;
+        // An event that does not encode cannot be stored either; its digest is never compared.
+        serde_json::to_vec(event)
+            .unwrap_or_default()
+            .iter()
+            .fold(OFFSET, |hash, byte| {
+                (hash ^ u64::from(*byte)).wrapping_mul(PRIME)
+            })
     }
 }
 

@@ -39,6 +39,15 @@ pub struct LogShape {
 pub const TOOL_NOT_STARTED: &str = "TOOL_NOT_STARTED";
 
 impl LogShape {
+    /// The shape of a log whose last event ends turn `turn`: balanced, as a log is after any
+    /// `turn/end` (a step cannot outlive its turn, nor a call its step).
+    pub fn after_turn(turn: u64) -> Self {
+        Self {
+            last_turn: turn,
+            ..Self::default()
+        }
+    }
+
     /// The last turn number seen (0 before any turn).
     pub fn last_turn(&self) -> u64 {
         self.last_turn

@@ -43,7 +43,7 @@ use crate::session::event::{EventKind, SessionEvent};
 use crate::session::header::{SessionHeader, SessionOrigin};
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
-use crate::session::seed::{check_free_form_json, check_lossless, validate_seed};
+use crate::session::seed::{check_free_form_json, check_lossless, Seed};
 pub(crate) use crate::session::write_behind::{Attachment, CreationCommit, WriterIdle};
 use crate::session::write_behind::{
     Barrier, Creation, FaultHook, Resume, Signals, WriteBehind, Writer, WRITE_BEHIND_LIMIT,
@@ -114,12 +114,24 @@ impl SessionLog {
     /// # Errors
     /// `INVALID_HEADER` or `INVALID_SEED`.
     pub fn new(header: SessionHeader, seed: Vec<SessionEvent>) -> Result<Self> {
+        Self::seeded(header, Seed::from(seed))
+    }
+
+    /// A new log for `header`, seeded with `seed`: as [`SessionLog::new`], except that a fork's
+    /// seed is shared with its parent's log (not copied, not checked again) and recorded in the
+    /// header as a [`crate::session::SeedReference`], so the store keeps only the child's own
+    /// events. The header's `seedLength` must be the seed's length.
+    ///
+    /// # Errors
+    /// `INVALID_HEADER` or `INVALID_SEED`.
+    pub fn seeded(mut header: SessionHeader, seed: Seed) -> Result<Self> {
+        let (events, reference, shape) = seed.into_parts()?;
+        header.seed_reference = reference.map(Box::new);
         header.validate()?;
-        let shape = validate_seed(&seed)?;
-        let needs_marker = seed
+        let needs_marker = events
             .last()
             .is_some_and(|last| !matches!(last.kind, EventKind::EndSeed {}));
-        let log = Self::from_parts(header, seed.into_iter().map(Arc::new).collect(), shape);
+        let log = Self::from_parts(header, events, shape);
         if needs_marker {
             log.append(EventKind::EndSeed {})?;
         }
@@ -245,6 +257,37 @@ impl SessionLog {
         read(&self.lock().events)
     }
 
+    /// What storing the session now writes: the events of its own stored log (those after a
+    /// seed stored by reference), with the next seq after them.
+    pub(crate) fn stored_creation(&self) -> (u64, Vec<Arc<SessionEvent>>) {
+        self.with_header_and_events(|header, events| {
+            let own = usize::try_from(header.first_stored_seq())
+                .unwrap_or(usize::MAX)
+                .min(events.len());
+            (len_of(events), events[own..].to_vec())
+        })
+    }
+
+    /// Waits until the events below `seq` are written to the store (not forced to disk): a
+    /// seed's source log, before the child that references its prefix is stored, so a stored
+    /// reference never names unwritten events (one store, so the child's flush covers them).
+    ///
+    /// # Errors
+    /// This log's fault.
+    pub(crate) async fn written_through(&self, seq: u64) -> Result<()> {
+        self.barrier_at(seq, false).await
+    }
+
+    /// Runs `read` over the header and the events under one lock. `read` must not touch this
+    /// log.
+    pub(crate) fn with_header_and_events<R>(
+        &self,
+        read: impl FnOnce(&SessionHeader, &[Arc<SessionEvent>]) -> R,
+    ) -> R {
+        let state = self.lock();
+        read(&state.header, &state.events)
+    }
+
     /// Runs `read` over the log's own events: those after its seed (a fork child's inherited
     /// prefix).
     pub(crate) fn with_own_events<R>(&self, read: impl FnOnce(&[Arc<SessionEvent>]) -> R) -> R {
@@ -338,11 +381,21 @@ impl SessionLog {
         on_fault: FaultHook,
         idle: WriterIdle,
     ) -> impl Future<Output = ()> + Send + 'static {
-        let (next_seq, lease, creation, holder) = match attachment {
-            Attachment::Stored { next_seq, lease } => (next_seq, lease, Creation::Stored, None),
-            Attachment::Deferred { commit, holder } => {
-                (0, None, Creation::Waiting(commit), Some(holder))
+        let (next_seq, lease, creation, holder, seed_source) = match attachment {
+            Attachment::Stored { next_seq, lease } => {
+                (next_seq, lease, Creation::Stored, None, None)
             }
+            Attachment::Deferred {
+                commit,
+                holder,
+                seed_source,
+            } => (
+                0,
+                None,
+                Creation::Waiting(commit),
+                Some(holder),
+                seed_source,
+            ),
         };
         let signals = Arc::new(Signals::default());
         let id = {
@@ -368,6 +421,7 @@ impl SessionLog {
             id,
             lease,
             holder,
+            seed_source,
             signals,
             finished: AtomicBool::new(false),
             idle,
@@ -778,7 +832,11 @@ mod tests {
     #[cfg(target_pointer_width = "64")]
     #[test]
     fn a_live_log_stays_within_its_allocation_class() {
-        assert!(std::mem::size_of::<LogInner>() <= 368);
+        assert!(
+            std::mem::size_of::<LogInner>() <= 368,
+            "{}",
+            std::mem::size_of::<LogInner>()
+        );
     }
 
     /// Yields until the log's writer has parked (it parks as soon as it is idle).

@@ -21,11 +21,11 @@ pub use fold::{
     continuable_stop_reason, final_assistant_output, fold_consumed_work, one_shot_stop_reason,
     AssistantOutputFold, ConsumedWork,
 };
-pub use header::{SessionHeader, SessionOrigin, SESSION_FORMAT_VERSION};
+pub use header::{SeedReference, SessionHeader, SessionOrigin, SESSION_FORMAT_VERSION};
 pub use history::{History, HistoryEntry};
 pub use invariants::LogShape;
 pub use log::SessionLog;
 pub use repair::interrupted_turn_closers;
-pub use seed::{check_lossless, validate_seed};
+pub use seed::{check_lossless, validate_seed, Seed};
 pub use view::SessionLogView;
 pub use write_behind::WRITE_BEHIND_LIMIT;

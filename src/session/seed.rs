@@ -5,12 +5,140 @@
 //! Upstream checks only the first three; the balance rule is ours, because an unbalanced seed
 //! would make the child's first `turn/start` break invariant 1.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use crate::content::{Message, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::session::event::{EventKind, SessionEvent};
+use crate::session::header::SeedReference;
 use crate::session::invariants::LogShape;
+use crate::session::SessionLog;
+
+/// How many references a reader may follow to resolve a seed: a fork of a fork of … deeper
+/// than this stores its seed inline instead, so no read chains further.
+pub const MAX_SEED_LINKS: u32 = 8;
+
+/// The events a new session inherits: its seed.
+///
+/// A seed made from events ([`Seed::from`]) is checked by [`validate_seed`] when the session is
+/// created and stored inline, as the session's first events. A fork's seed
+/// ([`Seed::completed_turns_of`]) shares its parent's events instead of copying them, is
+/// balanced by construction, and is stored **by reference** ([`SeedReference`]): the child's
+/// stored log starts after it, and readers of the store resolve it from the parent's log.
+#[derive(Debug, Clone, Default)]
+pub struct Seed {
+    events: Vec<Arc<SessionEvent>>,
+    /// Set for a fork's prefix: where the store finds it.
+    reference: Option<SeedReference>,
+    /// The parent's log, whose prefix must be written before the child's creation is.
+    source: Option<SessionLog>,
+    /// The log shape after the seed, when known without checking it (a completed-turn prefix).
+    shape: Option<LogShape>,
+}
+
+impl Seed {
+    /// The balanced prefix of `log` a fork child inherits: every event through the last
+    /// `turn/end` (the in-flight turn is left out), or nothing before the first completed
+    /// turn. The events are shared with `log`, not copied.
+    pub fn completed_turns_of(log: &SessionLog) -> Self {
+        let (events, parent, turn) = log.with_header_and_events(|header, events| {
+            let Some(last) = events
+                .iter()
+                .rposition(|event| matches!(event.kind, EventKind::TurnEnd { .. }))
+            else {
+                return (Vec::new(), header.seed_reference.as_deref().copied(), 0);
+            };
+            let turn = match events[last].kind {
+                EventKind::TurnEnd { turn, .. } => turn,
+                _ => 0,
+            };
+            (
+                events[..=last].to_vec(),
+                header.seed_reference.as_deref().copied(),
+                turn,
+            )
+        });
+        let Some(tail) = events.last() else {
+            return Self::default();
+        };
+        let links = parent.map_or(1, |reference| reference.links.saturating_add(1));
+        // A parent whose own creation has not committed may yet be rolled back, leaving nothing
+        // to reference: its child keeps a copy (only a turn that ended before any step allows it).
+        let referable = links <= MAX_SEED_LINKS && log.is_committed();
+        let reference = referable.then(|| SeedReference {
+            session: log.id(),
+            length: u64::try_from(events.len()).unwrap_or(u64::MAX),
+            tail: SeedReference::digest(tail),
+            links,
+        });
+        Self {
+            events,
+            reference,
+            source: Some(log.clone()),
+            shape: Some(LogShape::after_turn(turn)),
+        }
+    }
+
+    /// The inherited events, seq 0 first.
+    pub fn events(&self) -> &[Arc<SessionEvent>] {
+        &self.events
+    }
+
+    /// The number of inherited events.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether the seed inherits nothing.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Where the store finds the seed, when it is stored by reference.
+    pub fn reference(&self) -> Option<&SeedReference> {
+        self.reference.as_ref()
+    }
+
+    /// Takes the log a seed stored by reference comes from: the child's creation must wait
+    /// until that log has written the referenced prefix.
+    pub(crate) fn take_source(&mut self) -> Option<SessionLog> {
+        self.source.take().filter(|_| self.reference.is_some())
+    }
+
+    /// The seed's parts, for the log that takes it: its events, reference and shape (checked
+    /// here when not known).
+    ///
+    /// # Errors
+    /// `INVALID_SEED` for a seed made from events that breaks a seed rule.
+    pub(crate) fn into_parts(
+        self,
+    ) -> Result<(Vec<Arc<SessionEvent>>, Option<SeedReference>, LogShape)> {
+        let shape = match self.shape {
+            Some(shape) => shape,
+            None => validate_seed(&self.events)?,
+        };
+        Ok((self.events, self.reference, shape))
+    }
+}
+
+impl From<Vec<SessionEvent>> for Seed {
+    /// A seed of the given events, checked when the session is created and stored inline.
+    fn from(events: Vec<SessionEvent>) -> Self {
+        Self {
+            events: events.into_iter().map(Arc::new).collect(),
+            ..Self::default()
+        }
+    }
+}
+
+impl PartialEq for Seed {
+    /// Two seeds are equal when they hold equal events stored the same way.
+    fn eq(&self, other: &Self) -> bool {
+        self.reference == other.reference && self.events == other.events
+    }
+}
 
 /// Checks that `value` survives a JSON round trip unchanged: no `-0` (NaN and infinities cannot
 /// be held by a `serde_json::Value` at all).
@@ -105,10 +233,10 @@ pub(crate) fn check_free_form_json(
 /// # Errors
 /// `INVALID_SEED` naming the first broken rule: a seq gap, lossy JSON, a broken invariant, or an
 /// unbalanced end.
-pub fn validate_seed(seed: &[SessionEvent]) -> Result<LogShape> {
+pub fn validate_seed<E: std::borrow::Borrow<SessionEvent>>(seed: &[E]) -> Result<LogShape> {
     let invalid = |why: String| SubagentError::new(ErrorCode::InvalidSeed, why);
     let mut shape = LogShape::default();
-    for (index, event) in seed.iter().enumerate() {
+    for (index, event) in seed.iter().map(std::borrow::Borrow::borrow).enumerate() {
         let expected = u64::try_from(index).map_err(|_| invalid("seed too long".into()))?;
         if event.seq != expected {
             return Err(invalid(format!(

@@ -19,7 +19,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::event::{EventKind, SessionEvent};
 use crate::session::header::SessionHeader;
-use crate::session::log::{len_of, lock_state, LogInner, LogState};
+use crate::session::log::{len_of, lock_state, LogInner, LogState, SessionLog};
 use crate::store::{Lease, LeaseHolder, SharedStore};
 
 /// How many committed events may wait for the store before producers wait for room.
@@ -76,6 +76,9 @@ pub(crate) enum Attachment {
     Deferred {
         commit: CreationCommit,
         holder: LeaseHolder,
+        /// The log the session's seed is stored by reference into, whose prefix the creation
+        /// waits to see written.
+        seed_source: Option<SessionLog>,
     },
 }
 
@@ -188,7 +191,8 @@ pub(super) struct Barrier {
 
 /// What the writer does next.
 enum Work {
-    /// Store the deferred session whole: its header and every event so far.
+    /// Store the deferred session whole: its header and every event so far (after a seed
+    /// stored by reference).
     Create {
         header: SessionHeader,
         events: Vec<Arc<SessionEvent>>,
@@ -213,6 +217,8 @@ pub(super) struct Writer {
     pub(super) lease: Option<Lease>,
     /// Who takes the lease when a deferred creation is stored.
     pub(super) holder: Option<LeaseHolder>,
+    /// The log whose prefix a deferred creation's seed references, until it is stored.
+    pub(super) seed_source: Option<SessionLog>,
     pub(super) signals: Arc<Signals>,
     /// Set once write-behind has ended (see the `Drop` impl).
     pub(super) finished: AtomicBool,
@@ -371,7 +377,11 @@ impl Writer {
             .holder
             .take()
             .ok_or_else(|| SubagentError::bug("a deferred creation was stored twice"))?;
-        let count = len_of(&events);
+        let first = header.first_stored_seq();
+        if let Some(source) = self.seed_source.take() {
+            source.written_through(first).await?;
+        }
+        let count = first + len_of(&events);
         let lease = self.store.create_leased(header, events, holder).await?;
         self.lease = Some(lease);
         if let Some(inner) = self.log.upgrade() {
@@ -477,10 +487,14 @@ fn next_work(state: &mut LogState) -> Work {
     match write_behind.creation {
         Creation::Stored => {}
         Creation::Committed => {
+            // A seed stored by reference is not the session's to store.
+            let own = usize::try_from(header.first_stored_seq())
+                .unwrap_or(usize::MAX)
+                .min(events.len());
             return Work::Create {
                 header: header.clone(),
-                events: events.clone(),
-            }
+                events: events[own..].to_vec(),
+            };
         }
         Creation::Waiting(_) => {
             // Not a stored session yet: nothing of it is written, so its barriers are met at

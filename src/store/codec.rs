@@ -86,7 +86,9 @@ pub(crate) fn encode_batch(id: SessionId, events: &[Arc<SessionEvent>]) -> Resul
 }
 
 /// Reassembles `rows` (each an append's first seq, when readable, and its JSON array) into the
-/// events from `from_seq` below `next_seq`, checking that they run without a gap.
+/// events from `from_seq` below `next_seq`, checking that they run without a gap. The rows may
+/// start past `from_seq` (a session whose seed is stored by reference stores only what follows
+/// it): the events then start where the rows do, and the caller resolves the rest.
 ///
 /// # Errors
 /// `STORE_CORRUPT` for a row that does not decode, a gap, or fewer events than the head says.
@@ -98,8 +100,10 @@ pub(crate) fn assemble(
 ) -> Result<Vec<Arc<SessionEvent>>> {
     let mut events = Vec::new();
     let mut expected = None;
+    let mut first_start = None;
     for row in rows {
         let (start, bytes) = row?;
+        first_start = first_start.or(Some(start.unwrap_or(u64::MAX)));
         let batch: Vec<SessionEvent> = serde_json::from_slice(&bytes).map_err(|e| {
             SubagentError::new(
                 ErrorCode::StoreCorrupt,
@@ -130,6 +134,7 @@ pub(crate) fn assemble(
         }
     }
     let read = u64::try_from(events.len()).unwrap_or(u64::MAX);
+    let from_seq = from_seq.max(first_start.unwrap_or(from_seq));
     if read != next_seq.saturating_sub(from_seq) {
         return Err(SubagentError::new(
             ErrorCode::StoreCorrupt,

@@ -261,13 +261,13 @@ impl SessionPersistence for FaultInjectingStore {
             .unwrap_or_else(|| self.inner.header(id))
     }
 
-    fn read_from(
+    fn read_stored(
         &self,
         id: SessionId,
         from_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         self.injected(StoreOperation::Read, Some(id))
-            .unwrap_or_else(|| self.inner.read_from(id, from_seq))
+            .unwrap_or_else(|| self.inner.read_stored(id, from_seq))
     }
 
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {

@@ -1,7 +1,7 @@
 //! Provides [`MemoryStore`]: an in-memory [`SessionPersistence`] for tests and load runs that
 //! need no disk. It upholds every guarantee of the seam except surviving the process.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::future::{self, BoxFuture};
@@ -35,15 +35,64 @@ struct MemoryState {
     /// continuable child it has seen released.
     cache: HashMap<(String, SessionId), Box<[u8]>>,
     leases: LeaseTable,
+    /// How many stored sessions' seeds reference each session: a session a seed references
+    /// stays readable while that seed's session is stored.
+    referenced: HashMap<SessionId, usize>,
+    /// One-shot sessions disposed while still referenced, dropped once the last reference is.
+    disposed: HashSet<SessionId>,
+}
+
+impl MemoryState {
+    /// Drops the disposed one-shot session `id` unless a stored seed still references it; a
+    /// session dropped releases its own seed's reference in turn.
+    fn forget(&mut self, mut id: SessionId) {
+        loop {
+            if self.referenced.get(&id).is_some_and(|count| *count > 0) {
+                self.disposed.insert(id);
+                return;
+            }
+            self.disposed.remove(&id);
+            let Some(session) = self.sessions.remove(&id) else {
+                return;
+            };
+            let Some(reference) = session.header.seed_reference else {
+                return;
+            };
+            let source = reference.session;
+            let left = self.referenced.get_mut(&source).map_or(0, |count| {
+                *count = count.saturating_sub(1);
+                *count
+            });
+            if left > 0 {
+                return;
+            }
+            self.referenced.remove(&source);
+            if !self.disposed.contains(&source) {
+                return;
+            }
+            id = source;
+        }
+    }
 }
 
 #[derive(Debug)]
 struct MemorySession {
     header: SessionHeader,
-    /// Shared with the log that wrote them (events are immutable): a deep copy per append
-    /// doubled the allocations of every turn and made the lifecycle 4x slower as the store grew.
+    /// The session's own stored events, from [`SessionHeader::first_stored_seq`] on. Shared
+    /// with the log that wrote them (events are immutable): a deep copy per append doubled the
+    /// allocations of every turn and made the lifecycle 4x slower as the store grew.
     events: Vec<Arc<SessionEvent>>,
     lease: u64,
+}
+
+impl MemorySession {
+    /// The next seq to store.
+    fn next_seq(&self) -> Result<u64> {
+        u64::try_from(self.events.len())
+            .ok()
+            .and_then(|len| self.header.first_stored_seq().checked_add(len))
+            .ok_or_else(|| SubagentError::bug("log length exceeds u64"))
+    }
 }
 
 impl MemoryStore {
@@ -85,10 +134,13 @@ impl MemoryStore {
         holder: Option<&LeaseHolder>,
     ) -> Result<Option<Lease>> {
         header.validate()?;
-        check_contiguous(header.id, 0, &events)?;
+        check_contiguous(header.id, header.first_stored_seq(), &events)?;
         let mut state = self.lock();
         let MemoryState {
-            sessions, leases, ..
+            sessions,
+            leases,
+            referenced,
+            ..
         } = &mut *state;
         if sessions.contains_key(&header.id) {
             return Err(SubagentError::new(
@@ -99,6 +151,9 @@ impl MemoryStore {
         let lease = holder
             .map(|holder| leases.acquire(header.id, holder, 0))
             .transpose()?;
+        if let Some(reference) = &header.seed_reference {
+            *referenced.entry(reference.session).or_default() += 1;
+        }
         sessions.insert(
             header.id,
             Box::new(MemorySession {
@@ -152,8 +207,7 @@ impl SessionPersistence for MemoryStore {
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
         let outcome = self.with_session(id, |session| {
-            let next = u64::try_from(session.events.len())
-                .map_err(|_| SubagentError::bug("log length exceeds u64"))?;
+            let next = session.next_seq()?;
             check_append(id, expected_next_seq, next, lease, session.lease)?;
             check_contiguous(id, next, &events)?;
             session.events.extend(events);
@@ -196,13 +250,14 @@ impl SessionPersistence for MemoryStore {
         ))
     }
 
-    fn read_from(
+    fn read_stored(
         &self,
         id: SessionId,
         from_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         let outcome = self.with_session(id, |session| {
-            let start = usize::try_from(from_seq)
+            let own = from_seq.saturating_sub(session.header.first_stored_seq());
+            let start = usize::try_from(own)
                 .unwrap_or(usize::MAX)
                 .min(session.events.len());
             Ok(session.events[start..].to_vec())
@@ -236,7 +291,7 @@ impl SessionPersistence for MemoryStore {
     fn one_shot_disposed(&self, id: SessionId) {
         if self.forget_one_shots {
             // Disposal released the lease; one-shot children write no checkpoint rows.
-            self.lock().sessions.remove(&id);
+            self.lock().forget(id);
         }
     }
 

@@ -35,7 +35,7 @@ use serde_json::Value;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
-use crate::session::{interrupted_turn_closers, SessionEvent, SessionHeader};
+use crate::session::{interrupted_turn_closers, SeedReference, SessionEvent, SessionHeader};
 
 pub use lease::{Lease, LeaseEpoch, LeaseHolder};
 pub use memory::MemoryStore;
@@ -163,15 +163,86 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// `SESSION_NOT_FOUND`; `STORE_CORRUPT`; `STORE_IO`.
     fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>>;
 
-    /// The stored events from `from_seq` on, raw (no repair).
+    /// The events the session's own stored log holds from `from_seq` on, raw (no repair): a
+    /// session whose seed is stored by reference holds only the events after its seed (from
+    /// [`SessionHeader::first_stored_seq`]). Readers call [`SessionPersistence::read_from`],
+    /// which resolves the seed.
     ///
     /// # Errors
     /// `SESSION_NOT_FOUND`; `STORE_CORRUPT` naming the bad record; `STORE_IO`.
-    fn read_from(
+    fn read_stored(
         &self,
         id: SessionId,
         from_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>>;
+
+    /// The session's events from `from_seq` on, raw (no repair), its seed included: a seed
+    /// stored by reference is read from the log it references (following forks of forks) and
+    /// checked against the reference's length and digest. A session with its seed inline costs
+    /// one [`SessionPersistence::read_stored`].
+    ///
+    /// # Errors
+    /// As [`SessionPersistence::read_stored`]; `STORE_CORRUPT` when the stored log starts past
+    /// `from_seq` without a seed reference, or the referenced prefix is missing or changed.
+    fn read_from(
+        &self,
+        id: SessionId,
+        from_seq: u64,
+    ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
+        Box::pin(async move {
+            let stored = self.read_stored(id, from_seq).await?;
+            if stored.first().is_none_or(|first| first.seq <= from_seq) {
+                return Ok(stored);
+            }
+            let header = self.header(id).await?;
+            let reference = header.seed_reference.ok_or_else(|| {
+                corrupt(
+                    id,
+                    format!(
+                        "its stored log starts at seq {} with no seed reference",
+                        stored[0].seq
+                    ),
+                )
+            })?;
+            if stored[0].seq != reference.length {
+                return Err(corrupt(
+                    id,
+                    format!(
+                        "its stored log starts at seq {}, after a seed of {}",
+                        stored[0].seq, reference.length
+                    ),
+                ));
+            }
+            let mut events =
+                self.read_from(reference.session, from_seq)
+                    .await
+                    .map_err(|error| match error.code() {
+                        // The child is stored; what is missing is its seed.
+                        ErrorCode::SessionNotFound => corrupt(
+                            id,
+                            format!("its seed's session {} is not stored", reference.session),
+                        ),
+                        _ => error,
+                    })?;
+            events.truncate(
+                usize::try_from(reference.length.saturating_sub(from_seq)).unwrap_or(usize::MAX),
+            );
+            let whole = seq_of(events.len())? == reference.length - from_seq;
+            if !whole
+                || events.last().map(|tail| SeedReference::digest(tail)) != Some(reference.tail)
+            {
+                return Err(corrupt(
+                    id,
+                    format!(
+                        "its seed, the first {} events of session {}, is missing or changed",
+                        reference.length, reference.session
+                    ),
+                ));
+            }
+            events.extend(stored);
+            Ok(events)
+        })
+    }
 
     /// Grants `holder` the session's lease with a fresh, larger fencing epoch (durable), unless
     /// another live holder holds it. A holder that asks again for its own lease gets a new epoch,
@@ -280,6 +351,11 @@ fn close_interrupted(events: &[Arc<SessionEvent>]) -> Result<Vec<Arc<SessionEven
         .zip(start..)
         .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
         .collect())
+}
+
+/// A session's stored log does not read back as a whole.
+fn corrupt(id: SessionId, why: String) -> SubagentError {
+    SubagentError::new(ErrorCode::StoreCorrupt, format!("session {id}: {why}"))
 }
 
 fn seq_of(len: usize) -> Result<u64> {

@@ -259,13 +259,16 @@ impl SledStore {
         steps: Option<usize>,
     ) -> Result<Option<Lease>> {
         header.validate()?;
-        check_contiguous(header.id, 0, events)?;
+        let first = header.first_stored_seq();
+        check_contiguous(header.id, first, events)?;
         let id = header.id;
         let header_bytes = serde_json::to_vec(header)
             .map_err(|e| SubagentError::new(ErrorCode::InvalidHeader, e.to_string()))?;
         let encoded = encode_batch(header.id, events)?;
-        let next_seq =
-            u64::try_from(events.len()).map_err(|_| SubagentError::bug("seed too long"))?;
+        let next_seq = u64::try_from(events.len())
+            .ok()
+            .and_then(|len| first.checked_add(len))
+            .ok_or_else(|| SubagentError::bug("seed too long"))?;
         let mut leases = self.write_lock();
         if self
             .headers
@@ -293,7 +296,7 @@ impl SledStore {
             Ok(step(&mut || match &encoded {
                 Some(bytes) => self
                     .batches
-                    .insert(event_key(id, 0), bytes.as_slice())
+                    .insert(event_key(id, first), bytes.as_slice())
                     .map(drop)
                     .map_err(io("writing a seed")),
                 None => Ok(()),
@@ -543,7 +546,7 @@ impl SessionPersistence for SledStore {
         Box::pin(future::ready(self.read_header(id)))
     }
 
-    fn read_from(
+    fn read_stored(
         &self,
         id: SessionId,
         from_seq: u64,

@@ -675,12 +675,19 @@ impl PostgresStore {
     ) -> Result<Option<Lease>> {
         let id = header.id;
         header.validate()?;
-        check_contiguous(id, 0, &events)?;
+        let first = header.first_stored_seq();
+        check_contiguous(id, first, &events)?;
         let header_bytes = serde_json::to_vec(&header).map_err(|e| {
             SubagentError::new(ErrorCode::InvalidHeader, format!("session {id}: {e}"))
         })?;
         let encoded = encode_batch(id, &events)?;
-        let next_seq = seq_column(u64::try_from(events.len()).unwrap_or(u64::MAX))?;
+        let first_seq = seq_column(first)?;
+        let next_seq = seq_column(
+            u64::try_from(events.len())
+                .ok()
+                .and_then(|len| first.checked_add(len))
+                .unwrap_or(u64::MAX),
+        )?;
         let epoch: i64 = i64::from(holder.is_some());
         let parent = header.parent_session.map(uuid_of);
         let holder_id = holder.as_ref().map(LeaseHolder::id);
@@ -702,7 +709,7 @@ impl PostgresStore {
                      RETURNING id
                  ), seed AS (
                      INSERT INTO subagents_event_batches (session, first_seq, events)
-                     SELECT id, 0, $6 FROM created WHERE $6::bytea IS NOT NULL
+                     SELECT id, $10, $6 FROM created WHERE $6::bytea IS NOT NULL
                  ), leased AS (
                      INSERT INTO subagents_leases (session, holder, epoch, expires_at, incarnation)
                      SELECT id, $7, 1, now() + make_interval(secs => $8), $9
@@ -725,6 +732,7 @@ impl PostgresStore {
                             &holder_id,
                             &row_ttl,
                             &incarnation,
+                            &first_seq,
                         ],
                     )
                     .await
@@ -1011,7 +1019,7 @@ impl SessionPersistence for PostgresStore {
         })
     }
 
-    fn read_from(
+    fn read_stored(
         &self,
         id: SessionId,
         from_seq: u64,
