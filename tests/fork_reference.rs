@@ -343,3 +343,23 @@ async fn a_reference_that_disagrees_with_the_seed_length_is_an_invalid_header() 
     let error = store.create(header, Vec::new()).await.expect_err("2 ≠ 3");
     assert_eq!(error.code(), ErrorCode::InvalidHeader);
 }
+
+// A store that lets disposed one-shot sessions go keeps one while a stored seed references it,
+// and lets it go with the last such seed.
+#[actix_rt::test]
+async fn a_forgetting_store_keeps_a_disposed_session_a_seed_references() {
+    let store = MemoryStore::forgetting_one_shots();
+    let child = stored_pair(&store, |_| {}).await;
+    let parent = store.header(child).await.unwrap().parent_session.unwrap();
+    store.one_shot_disposed(parent);
+    assert_eq!(
+        store.read_from(child, 0).await.unwrap().len(),
+        3,
+        "the disposed parent's prefix still resolves"
+    );
+    store.one_shot_disposed(child);
+    for id in [child, parent] {
+        let error = store.header(id).await.expect_err("both are gone");
+        assert_eq!(error.code(), ErrorCode::SessionNotFound);
+    }
+}
