@@ -59,7 +59,7 @@ async fn assert_stored_by_reference(
         .expect("a fork's seed is stored by reference");
     assert_eq!(reference.session, parent);
     assert_eq!(Some(reference.length), header.seed_length);
-    let stored = store.read_stored(child, 0).await.unwrap();
+    let stored = store.read_stored(child, 0, u64::MAX).await.unwrap();
     assert_eq!(
         stored.first().map(|event| event.seq),
         Some(reference.length),
@@ -213,7 +213,7 @@ async fn forks_of_forks_chain_their_references_and_a_long_chain_is_flattened() {
     expected.push(None);
     assert_eq!(links, expected);
     let flattened = parent.agent().id();
-    let stored = store.read_stored(flattened, 0).await.unwrap();
+    let stored = store.read_stored(flattened, 0, u64::MAX).await.unwrap();
     assert_eq!(
         stored.first().map(|event| event.seq),
         Some(0),

@@ -163,8 +163,9 @@ impl SessionPersistence for ProbeStore {
         &self,
         id: SessionId,
         from_seq: u64,
+        before_seq: u64,
     ) -> BoxFuture<'_, subagents::Result<Vec<Arc<SessionEvent>>>> {
-        self.inner.read_stored(id, from_seq)
+        self.inner.read_stored(id, from_seq, before_seq)
     }
 
     fn acquire_lease(

@@ -265,9 +265,10 @@ impl SessionPersistence for FaultInjectingStore {
         &self,
         id: SessionId,
         from_seq: u64,
+        before_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         self.injected(StoreOperation::Read, Some(id))
-            .unwrap_or_else(|| self.inner.read_stored(id, from_seq))
+            .unwrap_or_else(|| self.inner.read_stored(id, from_seq, before_seq))
     }
 
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {

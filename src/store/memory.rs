@@ -254,13 +254,17 @@ impl SessionPersistence for MemoryStore {
         &self,
         id: SessionId,
         from_seq: u64,
+        before_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         let outcome = self.with_session(id, |session| {
-            let own = from_seq.saturating_sub(session.header.first_stored_seq());
-            let start = usize::try_from(own)
-                .unwrap_or(usize::MAX)
-                .min(session.events.len());
-            Ok(session.events[start..].to_vec())
+            let first = session.header.first_stored_seq();
+            let index = |seq: u64| {
+                usize::try_from(seq.saturating_sub(first))
+                    .unwrap_or(usize::MAX)
+                    .min(session.events.len())
+            };
+            let (start, end) = (index(from_seq), index(before_seq));
+            Ok(session.events[start..end.max(start)].to_vec())
         });
         Box::pin(future::ready(outcome))
     }

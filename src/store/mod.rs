@@ -163,10 +163,10 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// `SESSION_NOT_FOUND`; `STORE_CORRUPT`; `STORE_IO`.
     fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>>;
 
-    /// The events the session's own stored log holds from `from_seq` on, raw (no repair): a
-    /// session whose seed is stored by reference holds only the events after its seed (from
-    /// [`SessionHeader::first_stored_seq`]). Readers call [`SessionPersistence::read_from`],
-    /// which resolves the seed.
+    /// The events the session's own stored log holds from `from_seq` on and before
+    /// `before_seq`, raw (no repair): a session whose seed is stored by reference holds only the
+    /// events after its seed (from [`SessionHeader::first_stored_seq`]). Readers call
+    /// [`SessionPersistence::read_from`], which resolves the seed.
     ///
     /// # Errors
     /// `SESSION_NOT_FOUND`; `STORE_CORRUPT` naming the bad record; `STORE_IO`.
@@ -174,12 +174,13 @@ pub trait SessionPersistence: Send + Sync + 'static {
         &self,
         id: SessionId,
         from_seq: u64,
+        before_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>>;
 
     /// The session's events from `from_seq` on, raw (no repair), its seed included: a seed
-    /// stored by reference is read from the log it references (following forks of forks) and
-    /// checked against the reference's length and digest. A session with its seed inline costs
-    /// one [`SessionPersistence::read_stored`].
+    /// stored by reference is read from the log it references (only the prefix it names,
+    /// following forks of forks) and checked against the reference's length and digest. A
+    /// session with its seed inline costs one [`SessionPersistence::read_stored`].
     ///
     /// # Errors
     /// As [`SessionPersistence::read_stored`]; `STORE_CORRUPT` when the stored log starts past
@@ -189,22 +190,48 @@ pub trait SessionPersistence: Send + Sync + 'static {
         id: SessionId,
         from_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
+        self.read_between(id, from_seq, u64::MAX)
+    }
+
+    /// [`SessionPersistence::read_from`], stopping before `before_seq`.
+    ///
+    /// # Errors
+    /// As [`SessionPersistence::read_from`].
+    fn read_between(
+        &self,
+        id: SessionId,
+        from_seq: u64,
+        before_seq: u64,
+    ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         Box::pin(async move {
-            let stored = self.read_stored(id, from_seq).await?;
-            if stored.first().is_none_or(|first| first.seq <= from_seq) {
-                return Ok(stored);
-            }
-            let header = self.header(id).await?;
-            let reference = header.seed_reference.ok_or_else(|| {
+            let stored = self.read_stored(id, from_seq, before_seq).await?;
+            let header = if stored.first().is_none_or(|first| first.seq <= from_seq) {
+                // An inline log, or a read that asked for nothing before the stored events;
+                // a read that ends inside a seed finds no stored events and must look.
+                if !stored.is_empty() || from_seq >= before_seq {
+                    return Ok(stored);
+                }
+                let header = self.header(id).await?;
+                if header.first_stored_seq() <= from_seq {
+                    return Ok(stored);
+                }
+                header
+            } else {
+                self.header(id).await?
+            };
+            let reference = header.seed_reference.as_deref().copied().ok_or_else(|| {
                 corrupt(
                     id,
                     format!(
                         "its stored log starts at seq {} with no seed reference",
-                        stored[0].seq
+                        stored.first().map_or(0, |first| first.seq)
                     ),
                 )
             })?;
-            if stored[0].seq != reference.length {
+            if stored
+                .first()
+                .is_some_and(|first| first.seq != reference.length)
+            {
                 return Err(corrupt(
                     id,
                     format!(
@@ -213,21 +240,22 @@ pub trait SessionPersistence: Send + Sync + 'static {
                     ),
                 ));
             }
-            let mut events =
-                self.read_from(reference.session, from_seq)
-                    .await
-                    .map_err(|error| match error.code() {
-                        // The child is stored; what is missing is its seed.
-                        ErrorCode::SessionNotFound => corrupt(
-                            id,
-                            format!("its seed's session {} is not stored", reference.session),
-                        ),
-                        _ => error,
-                    })?;
-            events.truncate(
-                usize::try_from(reference.length.saturating_sub(from_seq)).unwrap_or(usize::MAX),
-            );
-            let whole = seq_of(events.len())? == reference.length - from_seq;
+            // Only the named prefix is read, and always through its last event, whose digest
+            // proves it unchanged.
+            let upto = before_seq.min(reference.length);
+            let tail_from = from_seq.min(reference.length - 1);
+            let mut events = self
+                .read_between(reference.session, tail_from, reference.length)
+                .await
+                .map_err(|error| match error.code() {
+                    // The child is stored; what is missing is its seed.
+                    ErrorCode::SessionNotFound => corrupt(
+                        id,
+                        format!("its seed's session {} is not stored", reference.session),
+                    ),
+                    _ => error,
+                })?;
+            let whole = seq_of(events.len())? == reference.length - tail_from;
             if !whole
                 || events.last().map(|tail| SeedReference::digest(tail)) != Some(reference.tail)
             {
@@ -238,6 +266,10 @@ pub trait SessionPersistence: Send + Sync + 'static {
                         reference.length, reference.session
                     ),
                 ));
+            }
+            events.truncate(usize::try_from(upto.saturating_sub(tail_from)).unwrap_or(usize::MAX));
+            if from_seq > tail_from {
+                events.clear();
             }
             events.extend(stored);
             Ok(events)

@@ -550,11 +550,12 @@ impl SessionPersistence for SledStore {
         &self,
         id: SessionId,
         from_seq: u64,
+        before_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         let outcome = (|| {
             // The head is the commit point: events at or past it are an unfinished append.
-            let head = self.read_head(id)?;
-            if from_seq >= head.next_seq {
+            let next_seq = self.read_head(id)?.next_seq.min(before_seq);
+            if from_seq >= next_seq {
                 return Ok(Vec::new());
             }
             // The batch holding `from_seq` starts at or before it.
@@ -567,7 +568,7 @@ impl SessionPersistence for SledStore {
                 .map_or_else(|| event_key(id, 0).to_vec(), |(key, _)| key.to_vec());
             let rows = self
                 .batches
-                .range(first..event_key(id, head.next_seq).to_vec())
+                .range(first..event_key(id, next_seq).to_vec())
                 .map(|row| {
                     let (key, bytes) = row
                         .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?;
@@ -577,7 +578,7 @@ impl SessionPersistence for SledStore {
                         .map(u64::from_be_bytes);
                     Ok((start, bytes.to_vec()))
                 });
-            let events = assemble(id, from_seq, head.next_seq, rows)?;
+            let events = assemble(id, from_seq, next_seq, rows)?;
             Ok(events)
         })();
         Box::pin(future::ready(outcome))

@@ -1023,10 +1023,12 @@ impl SessionPersistence for PostgresStore {
         &self,
         id: SessionId,
         from_seq: u64,
+        before_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         Box::pin(async move {
             self.reconnecting("reading a session", |_| async move {
                 let from = seq_column(from_seq)?;
+                let before = i64::try_from(before_seq).unwrap_or(i64::MAX);
                 let client = self.client().await?;
                 let rows = client
                     .query(
@@ -1037,6 +1039,7 @@ impl SessionPersistence for PostgresStore {
                      LEFT JOIN subagents_event_batches b
                        ON b.session = s.id
                       AND b.first_seq < s.next_seq
+                      AND b.first_seq < $3
                       AND $2 < s.next_seq
                       AND b.first_seq >= coalesce((
                           SELECT max(first_seq) FROM subagents_event_batches
@@ -1046,14 +1049,14 @@ impl SessionPersistence for PostgresStore {
                             )
                             .await
                             .map_err(io("preparing a statement"))?,
-                        &[&uuid_of(id), &from],
+                        &[&uuid_of(id), &from, &before],
                     )
                     .await
                     .map_err(io(format!("reading session {id}")))?;
                 let Some(first) = rows.first() else {
                     return Err(not_found(id));
                 };
-                let next_seq = seq_value(first.get(0))?;
+                let next_seq = seq_value(first.get(0))?.min(before_seq);
                 if from_seq >= next_seq {
                     return Ok(Vec::new());
                 }
