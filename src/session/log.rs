@@ -108,7 +108,7 @@ impl std::fmt::Debug for SessionLog {
 impl SessionLog {
     /// A new log for `header`, seeded with `seed`.
     ///
-    /// The seed must pass [`validate_seed`]. A non-empty seed gets a `session/end-seed` marker
+    /// The seed must pass [`crate::session::validate_seed`]. A non-empty seed gets a `session/end-seed` marker
     /// unless it already ends with one.
     ///
     /// # Errors
