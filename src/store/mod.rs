@@ -240,12 +240,10 @@ pub trait SessionPersistence: Send + Sync + 'static {
                     ),
                 ));
             }
-            // Only the named prefix is read, and always through its last event, whose digest
-            // proves it unchanged.
-            let upto = before_seq.min(reference.length);
-            let tail_from = from_seq.min(reference.length - 1);
+            // Here `from_seq` lies inside the seed. Only the named prefix is read, always
+            // through its last event, whose digest proves it unchanged.
             let mut events = self
-                .read_between(reference.session, tail_from, reference.length)
+                .read_between(reference.session, from_seq, reference.length)
                 .await
                 .map_err(|error| match error.code() {
                     // The child is stored; what is missing is its seed.
@@ -255,7 +253,7 @@ pub trait SessionPersistence: Send + Sync + 'static {
                     ),
                     _ => error,
                 })?;
-            let whole = seq_of(events.len())? == reference.length - tail_from;
+            let whole = seq_of(events.len())? == reference.length.saturating_sub(from_seq);
             if !whole
                 || events.last().map(|tail| SeedReference::digest(tail)) != Some(reference.tail)
             {
@@ -267,10 +265,8 @@ pub trait SessionPersistence: Send + Sync + 'static {
                     ),
                 ));
             }
-            events.truncate(usize::try_from(upto.saturating_sub(tail_from)).unwrap_or(usize::MAX));
-            if from_seq > tail_from {
-                events.clear();
-            }
+            let wanted = before_seq.min(reference.length).saturating_sub(from_seq);
+            events.truncate(usize::try_from(wanted).unwrap_or(usize::MAX));
             events.extend(stored);
             Ok(events)
         })
