@@ -9,12 +9,12 @@ use subagents::store::{PostgresStore, SledStore};
 use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     ContinuableStartSpec, ErrorCode, EventKind, EventScope, MemoryStore, Runtime, SeedReference,
-    SessionEvent, SessionHeader, SessionId, SessionPersistence,
+    SessionEvent, SessionHeader, SessionId, SessionPersistence, SubagentListEntry,
 };
 
 use crate::support::postgres::server;
 use crate::support::{
-    released, root, run_prompt, seam_runtime_on, settled, text, within, SeamRecorder,
+    released, root, run_prompt, seam_runtime_on, settled, start_run, text, within, SeamRecorder,
 };
 
 /// A runtime over `store` whose every model answer is "answer".
@@ -300,6 +300,52 @@ async fn stored_pair(
     header.id
 }
 
+// A listing names a cold fork from its own events: of the seed it reads only the last event,
+// whose digest proves the reference, however long the parent's transcript. (It read and folded
+// the whole seed before, which made listing a root's forks quadratic in its children.)
+#[actix_rt::test]
+async fn a_listing_reads_one_event_of_a_forks_seed() {
+    let store = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
+    let (rt, _) = runtime_on(Arc::clone(&store) as Arc<dyn SessionPersistence>).await;
+    let parent = root(&rt).await;
+    for turn in 0..10 {
+        run_prompt(parent.agent(), &format!("turn {turn}")).await;
+    }
+    let run = start_run(&rt, "fork", parent.agent(), "fork task").await;
+    run.result().await.expect("the fork answers");
+    let child = run.id();
+    run.dispose().await.unwrap();
+    let parent_id = parent.agent().id();
+    let seed_length = store.header(child).await.unwrap().seed_len();
+    assert!(seed_length > 40, "ten turns are inherited");
+
+    let before = store.events_read(parent_id);
+    let listed = within(
+        "the listing",
+        rt.subagents()
+            .list_children(parent_id, subagents::CancellationToken::new()),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(listed.as_slice(), [SubagentListEntry::Child { id, .. }] if *id == child),
+        "{listed:?}"
+    );
+    assert_eq!(
+        store.events_read(parent_id) - before,
+        1,
+        "only the seed's last event is read"
+    );
+
+    let own = store.read_own(child).await.unwrap();
+    assert_eq!(own.header.id, child);
+    assert_eq!(own.events.first().map(|event| event.seq), Some(seed_length));
+    assert!(matches!(own.events[0].kind, EventKind::EndSeed {}));
+    assert_eq!(own.seed_shape.last_turn(), 10);
+    assert!(own.seed_shape.is_balanced());
+    within("shutdown", rt.shutdown()).await.unwrap();
+}
+
 // A reference whose prefix is not the one it names reads as STORE_CORRUPT for that session
 // only: never a log assembled from someone else's events.
 #[actix_rt::test]
@@ -319,6 +365,13 @@ async fn a_reference_to_a_changed_prefix_is_corrupt_for_its_own_session() {
         1,
         "the child's own events still read"
     );
+    let own = store.read_own(sound).await.unwrap();
+    assert_eq!((own.events.len(), own.seed_shape.last_turn()), (1, 1));
+    let error = store
+        .read_own(changed)
+        .await
+        .expect_err("its own events are read only behind a sound seed");
+    assert_eq!(error.code(), ErrorCode::StoreCorrupt);
     let unknown = stored_pair(&store, |reference| reference.session = SessionId::new()).await;
     let error = store.inspect(unknown).await.expect_err("no such parent");
     assert_eq!(
@@ -326,6 +379,11 @@ async fn a_reference_to_a_changed_prefix_is_corrupt_for_its_own_session() {
         ErrorCode::StoreCorrupt,
         "the child is stored; its seed is what is missing"
     );
+    let error = store
+        .inspect_own(unknown)
+        .await
+        .expect_err("no such parent");
+    assert_eq!(error.code(), ErrorCode::StoreCorrupt);
 }
 
 // The creation checks what a reference claims against the header it is stored in.

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use subagents::projection::{ProjectionUnit, CHECKPOINT_RECORD, IDENTITY_UNIT, TIMING_UNIT};
 use subagents::seam::DelegationMode;
 use subagents::session::SessionOrigin;
-use subagents::store::{ListedSession, StoredSession};
+use subagents::store::{ListedSession, OwnEvents, StoredSession};
 use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     AgentHandle, AgentScope, CancellationToken, ContinuableStartSpec, CreateAgent, ErrorCode,
@@ -33,12 +33,10 @@ use crate::support::{
 // A store that shows what the listing read.
 
 type InspectHook = Arc<
-    dyn Fn(SessionId, subagents::Result<StoredSession>) -> subagents::Result<StoredSession>
-        + Send
-        + Sync,
+    dyn Fn(SessionId, subagents::Result<OwnEvents>) -> subagents::Result<OwnEvents> + Send + Sync,
 >;
 
-/// Delegates to a store, recording every `list` and `inspect`; it can fail the listing, hold it
+/// Delegates to a store, recording every `list` and listing read (`inspect_own`); it can fail the listing, hold it
 /// until the caller drops it, fail every cache read, and rewrite what an inspection returns.
 struct ProbeStore {
     inner: SharedStore,
@@ -104,7 +102,7 @@ impl ProbeStore {
     /// Passes every inspection's outcome through `hook` before the caller sees it.
     fn on_inspect(
         &self,
-        hook: impl Fn(SessionId, subagents::Result<StoredSession>) -> subagents::Result<StoredSession>
+        hook: impl Fn(SessionId, subagents::Result<OwnEvents>) -> subagents::Result<OwnEvents>
             + Send
             + Sync
             + 'static,
@@ -214,11 +212,11 @@ impl SessionPersistence for ProbeStore {
         self.inner.cache_put(unit, id, row, lease)
     }
 
-    fn inspect(&self, id: SessionId) -> BoxFuture<'_, subagents::Result<StoredSession>> {
+    fn inspect_own(&self, id: SessionId) -> BoxFuture<'_, subagents::Result<OwnEvents>> {
         self.inspected.lock().unwrap().push(id);
         let hook = self.inspect_hook.lock().unwrap().clone();
         Box::pin(async move {
-            let outcome = self.inner.inspect(id).await;
+            let outcome = self.inner.inspect_own(id).await;
             match hook {
                 Some(hook) => hook(id, outcome),
                 None => outcome,

@@ -171,16 +171,18 @@ pub(crate) async fn verify(
 
     let mut settled = 0;
     let mut wrong = Vec::new();
-    // Every child's stored log, read once: its length and its inbox fates.
+    // Every child's stored log, read once: its length and its inbox fates. A fork's seed is
+    // its parent's log, read on its own; here it is only checked (`read_own`).
     let mut logs: HashMap<SessionId, HashMap<MessageId, MessageFate>> = HashMap::new();
     let turn_start = LatencyRecorder::default();
     let mut unreadable = Vec::new();
     if let Some(store) = rt.store() {
         for created in created {
-            match store.read_from(created.id, 0).await {
-                Ok(events) => {
-                    persisted.events += u64::try_from(events.len()).unwrap_or(u64::MAX);
-                    logs.insert(created.id, message_fates(&events));
+            match store.read_own(created.id).await {
+                Ok(own) => {
+                    let own_len = u64::try_from(own.events.len()).unwrap_or(u64::MAX);
+                    persisted.events += own.header.seed_len().saturating_add(own_len);
+                    logs.insert(created.id, message_fates(&own.events));
                 }
                 Err(error) => unreadable.push(format!("{}: {error}", created.id)),
             }

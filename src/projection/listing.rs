@@ -395,9 +395,11 @@ impl Listing {
             return Ok(self.child(header, identity, SubagentActivity::Inactive));
         }
         check(&self.cancel)?;
+        // Only the child's own events: its identity is its own descriptor's (see
+        // `names_the_child`), so a fork's seed is checked, not read and folded again.
         let inspected = tokio::select! {
             () = self.cancel.cancelled() => return Err(cancelled()),
-            inspected = store.inspect(header.id) => inspected,
+            inspected = store.inspect_own(header.id) => inspected,
         };
         check(&self.cancel)?;
         let stored = match inspected {

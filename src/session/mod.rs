@@ -25,7 +25,7 @@ pub use header::{SeedReference, SessionHeader, SessionOrigin, SESSION_FORMAT_VER
 pub use history::{History, HistoryEntry};
 pub use invariants::LogShape;
 pub use log::SessionLog;
-pub use repair::interrupted_turn_closers;
+pub use repair::{interrupted_turn_closers, interrupted_turn_closers_after};
 pub use seed::{check_lossless, validate_seed, Seed};
 pub use view::SessionLogView;
 pub use write_behind::WRITE_BEHIND_LIMIT;

@@ -18,7 +18,16 @@ pub const TOOL_OUTCOME_UNKNOWN: &str = "TOOL_OUTCOME_UNKNOWN";
 ///
 /// The events are assumed to satisfy the log invariants (a stored log always does).
 pub fn interrupted_turn_closers<E: Borrow<SessionEvent>>(events: &[E]) -> Vec<EventKind> {
-    let mut shape = LogShape::default();
+    interrupted_turn_closers_after(LogShape::default(), events)
+}
+
+/// [`interrupted_turn_closers`] for the events that follow a log part whose shape is `shape`
+/// (a fork's own events after its seed, say, which ends balanced after its last turn).
+pub fn interrupted_turn_closers_after<E: Borrow<SessionEvent>>(
+    shape: LogShape,
+    events: &[E],
+) -> Vec<EventKind> {
+    let mut shape = shape;
     let mut requested: Vec<(CallId, String)> = Vec::new();
     let mut answered: Vec<CallId> = Vec::new();
     for event in events {

@@ -3,7 +3,7 @@
 //! reach the error paths of every store I/O, the backpressure of a slow store, and the calls a
 //! caller abandons while they wait.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -11,7 +11,8 @@ use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
 use super::{
-    Lease, LeaseEpoch, LeaseHolder, ListedSession, SessionPersistence, SharedStore, StoredSession,
+    Lease, LeaseEpoch, LeaseHolder, ListedSession, OwnEvents, SessionPersistence, SharedStore,
+    StoredSession,
 };
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -29,7 +30,8 @@ pub enum StoreOperation {
     Flush,
     /// [`SessionPersistence::read_from`] and [`SessionPersistence::header`].
     Read,
-    /// [`SessionPersistence::inspect`] (a cold child's read before a resume).
+    /// [`SessionPersistence::inspect`] and [`SessionPersistence::inspect_own`] (an inspection,
+    /// and a listing's read of a cold child).
     Inspect,
     /// [`SessionPersistence::acquire_lease`].
     AcquireLease,
@@ -55,6 +57,8 @@ pub struct FaultInjectingStore {
     flushes: AtomicUsize,
     /// Every projection cache row written: its unit and session, in order.
     cache_puts: Mutex<Vec<(String, SessionId)>>,
+    /// How many stored events were read of each session.
+    events_read: Mutex<HashMap<SessionId, usize>>,
 }
 
 /// Counts a held call dropped before it got through its hold.
@@ -82,6 +86,7 @@ impl FaultInjectingStore {
             abandoned: Arc::default(),
             flushes: AtomicUsize::new(0),
             cache_puts: Mutex::default(),
+            events_read: Mutex::default(),
         }
     }
 
@@ -147,6 +152,17 @@ impl FaultInjectingStore {
             .filter(|(_, session)| *session == id)
             .map(|(unit, _)| unit.clone())
             .collect()
+    }
+
+    /// How many stored events of `id` were read so far ([`SessionPersistence::read_stored`]
+    /// through this store), so a test can tell what a reader had to decode.
+    pub fn events_read(&self, id: SessionId) -> usize {
+        self.events_read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// How many flushes were asked for (armed or not).
@@ -268,7 +284,18 @@ impl SessionPersistence for FaultInjectingStore {
         before_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         self.injected(StoreOperation::Read, Some(id))
-            .unwrap_or_else(|| self.inner.read_stored(id, from_seq, before_seq))
+            .unwrap_or_else(|| {
+                Box::pin(async move {
+                    let events = self.inner.read_stored(id, from_seq, before_seq).await?;
+                    *self
+                        .events_read
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .entry(id)
+                        .or_default() += events.len();
+                    Ok(events)
+                })
+            })
     }
 
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
@@ -301,6 +328,15 @@ impl SessionPersistence for FaultInjectingStore {
     fn inspect(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
         self.injected(StoreOperation::Inspect, Some(id))
             .unwrap_or_else(|| self.gated(StoreOperation::Inspect, move || self.inner.inspect(id)))
+    }
+
+    fn inspect_own(&self, id: SessionId) -> BoxFuture<'_, Result<OwnEvents>> {
+        self.injected(StoreOperation::Inspect, Some(id))
+            .unwrap_or_else(|| {
+                self.gated(StoreOperation::Inspect, move || {
+                    Box::pin(super::own_inspection(self, id))
+                })
+            })
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {

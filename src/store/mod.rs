@@ -35,7 +35,9 @@ use serde_json::Value;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
-use crate::session::{interrupted_turn_closers, SeedReference, SessionEvent, SessionHeader};
+use crate::session::{
+    interrupted_turn_closers_after, EventKind, LogShape, SeedReference, SessionEvent, SessionHeader,
+};
 
 pub use lease::{Lease, LeaseEpoch, LeaseHolder};
 pub use memory::MemoryStore;
@@ -53,6 +55,19 @@ pub struct StoredSession {
     /// The header.
     pub header: SessionHeader,
     /// The events, seq 0 first (shared: a store that keeps events in memory hands out its own).
+    pub events: Vec<Arc<SessionEvent>>,
+}
+
+/// A session's own events — those after its seed — as [`SessionPersistence::read_own`] reads
+/// them, with the shape its seed leaves them to continue.
+#[derive(Debug, Clone)]
+pub struct OwnEvents {
+    /// The header.
+    pub header: SessionHeader,
+    /// The shape of the log after its seed: balanced after the seed's last turn (the default
+    /// shape for a session with no seed).
+    pub seed_shape: LogShape,
+    /// The events from seq [`SessionHeader::seed_len`] on.
     pub events: Vec<Arc<SessionEvent>>,
 }
 
@@ -345,6 +360,65 @@ pub trait SessionPersistence: Send + Sync + 'static {
         })
     }
 
+    /// The session's own events, raw, with its seed checked but not read: only the seed's last
+    /// event is, which proves a seed stored by reference resolves unchanged (the reference's
+    /// digest covers it), so a fork's cost does not grow with its parent's transcript. A seed
+    /// that does not end a turn (one a host built by hand) is read whole to learn its shape.
+    ///
+    /// # Errors
+    /// As [`SessionPersistence::read_from`].
+    fn read_own(&self, id: SessionId) -> BoxFuture<'_, Result<OwnEvents>> {
+        Box::pin(async move {
+            let header = self.header(id).await?;
+            let seed_len = header.seed_len();
+            let Some(tail_seq) = seed_len.checked_sub(1) else {
+                let events = self.read_from(id, 0).await?;
+                return Ok(OwnEvents {
+                    header,
+                    seed_shape: LogShape::default(),
+                    events,
+                });
+            };
+            let mut events = self.read_from(id, tail_seq).await?;
+            let seed_shape = match events.first().map(|tail| (tail.seq, &tail.kind)) {
+                Some((seq, EventKind::TurnEnd { turn, .. })) if seq == tail_seq => {
+                    LogShape::after_turn(*turn)
+                }
+                _ => {
+                    events = self.read_from(id, 0).await?;
+                    let mut shape = LogShape::default();
+                    let split = usize::try_from(seed_len)
+                        .unwrap_or(usize::MAX)
+                        .min(events.len());
+                    for event in events.drain(..split) {
+                        shape.admit(&event)?;
+                    }
+                    return Ok(OwnEvents {
+                        header,
+                        seed_shape: shape,
+                        events,
+                    });
+                }
+            };
+            events.remove(0);
+            Ok(OwnEvents {
+                header,
+                seed_shape,
+                events,
+            })
+        })
+    }
+
+    /// [`SessionPersistence::read_own`] with an interrupted last turn closed **in memory
+    /// only**, as [`SessionPersistence::inspect`] shows it: what a listing folds to name a cold
+    /// child from its own descriptor. Commits nothing.
+    ///
+    /// # Errors
+    /// As [`SessionPersistence::read_own`].
+    fn inspect_own(&self, id: SessionId) -> BoxFuture<'_, Result<OwnEvents>> {
+        Box::pin(own_inspection(self, id))
+    }
+
     /// Loads the session for a resume: an interrupted last turn is closed durably (appended
     /// under `lease` and flushed) before the balanced log is returned.
     ///
@@ -373,12 +447,37 @@ pub trait SessionPersistence: Send + Sync + 'static {
 
 /// The closer events for a stored log, numbered after its last event.
 fn close_interrupted(events: &[Arc<SessionEvent>]) -> Result<Vec<Arc<SessionEvent>>> {
-    let start = seq_of(events.len())?;
-    Ok(interrupted_turn_closers(events)
+    Ok(closers_from(
+        LogShape::default(),
+        seq_of(events.len())?,
+        events,
+    ))
+}
+
+/// The closers for `events`, which follow a log part of shape `shape`, numbered from `next`.
+fn closers_from(
+    shape: LogShape,
+    next: u64,
+    events: &[Arc<SessionEvent>],
+) -> Vec<Arc<SessionEvent>> {
+    interrupted_turn_closers_after(shape, events)
         .into_iter()
-        .zip(start..)
+        .zip(next..)
         .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
-        .collect())
+        .collect()
+}
+
+/// [`SessionPersistence::inspect_own`] of `store`, through its own reads (so a wrapping store
+/// that intercepts the inspection still sees them).
+async fn own_inspection<S: SessionPersistence + ?Sized>(
+    store: &S,
+    id: SessionId,
+) -> Result<OwnEvents> {
+    let mut own = store.read_own(id).await?;
+    let next = own.header.seed_len() + seq_of(own.events.len())?;
+    let closers = closers_from(own.seed_shape.clone(), next, &own.events);
+    own.events.extend(closers);
+    Ok(own)
 }
 
 /// A session's stored log does not read back as a whole.
