@@ -108,6 +108,10 @@ pub(crate) struct RemoteStart {
     pub(crate) cwd: Option<String>,
     pub(crate) provider: String,
     pub(crate) prompt: Vec<ContentBlock>,
+    /// A fork's seed: the parent's stored prefix, which the child's node reads from the
+    /// shared store (the seed itself never travels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) seed: Option<crate::session::SeedReference>,
 }
 
 /// How a node answered a follow-up.

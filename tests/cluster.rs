@@ -415,28 +415,78 @@ async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
     a.shutdown().await.unwrap();
 }
 
+// A fork placed on another node inherits its parent's completed turns there: the parent's node
+// flushes the prefix and sends only a reference; the child's node reads the prefix from the
+// shared store, its model sees the parent's turns, and the child's stored seed is a reference
+// again. A cold resume on the parent's node resolves it the same way.
 #[actix_rt::test]
-async fn a_placement_outside_a_cluster_or_of_a_fork_is_refused() {
+async fn a_fork_placed_on_another_node_inherits_its_parents_turns_by_reference() {
     let url = server().fresh_database();
-    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
-    let (a, _) = node(&url, "a", &model).await;
-    let (b, b_id) = node(&url, "b", &model).await;
+    let model_a = ScriptedModel::repeating(ScriptStep::text("on a"));
+    let model_b = ScriptedModel::repeating(ScriptStep::text("on b"));
+    let (a, _) = node(&url, "a", &model_a).await;
+    let (b, b_id) = node(&url, "b", &model_b).await;
     let parent = root(&a).await;
-    // A completed turn: a fork of this parent is seeded with it.
     parent
         .agent()
         .followup(text("hello"), MessageSource::User)
         .await
         .unwrap();
     parent.agent().when_idle().await;
-    let fork = a
+    let (on_a, on_b) = (lifecycle(&a, &parent), lifecycle(&b, &parent));
+    let started = a
         .subagents()
         .start_continuable(
             ContinuableStartSpec::new("fork", "forked", parent.agent(), text("go")).on_node(b_id),
         )
         .await
-        .unwrap_err();
-    assert_eq!(fork.code(), ErrorCode::UnsupportedCapability);
+        .expect("a fork is placed on another node");
+    let child = started.child_id;
+    settled(&on_b, child, 1).await;
+    notices_reach(parent.agent(), 1).await;
+    let seen_on_b = model_b.requests();
+    assert_eq!(seen_on_b.len(), 1, "the fork's turn ran on b");
+    assert_eq!(
+        seen_on_b[0].messages[0].text(),
+        "hello",
+        "with the parent's turn"
+    );
+
+    let store = a.store().unwrap();
+    let reference = *store
+        .header(child)
+        .await
+        .unwrap()
+        .seed_reference
+        .expect("the placed fork's seed is stored by reference");
+    assert_eq!(reference.session, parent.agent().id());
+    let own = store.read_stored(child, 0, u64::MAX).await.unwrap();
+    assert_eq!(own.first().map(|event| event.seq), Some(reference.length));
+    let n = usize::try_from(reference.length).unwrap();
+    let parents = persisted(&a, parent.agent().id()).await;
+    assert_eq!(persisted(&a, child).await[..n], parents[..n]);
+
+    followup_child(&a, parent.agent(), child, "again")
+        .await
+        .unwrap();
+    settled(&on_a, child, 1).await;
+    let resumed: Vec<_> = model_a
+        .requests()
+        .into_iter()
+        .filter(|request| request.session_id == Some(child))
+        .collect();
+    assert_eq!(resumed.len(), 1, "the fork was resumed on a");
+    assert_eq!(resumed[0].messages[0].text(), "hello");
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_placement_outside_a_cluster_is_refused() {
+    let url = server().fresh_database();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let (a, _) = node(&url, "a", &model).await;
+    let (b, b_id) = node(&url, "b", &model).await;
     let lone = seam_runtime_on(
         Runtime::builder().model("scripted", model.clone()),
         Arc::new(subagents::MemoryStore::new()),

@@ -354,15 +354,24 @@ impl Handler<StartContinuable> for ContinuationManager {
             let seed = created.seed.unwrap_or_default();
             let cwd = parent.header().cwd;
             if let Some(placement) = plan.placement {
-                if !seed.is_empty() {
-                    return Err(SubagentError::new(
-                        ErrorCode::UnsupportedCapability,
-                        format!(
-                            "subagent provider \"{provider}\" seeds its children with the \
-                             parent's turns, which cannot be placed on another node"
-                        ),
-                    ));
-                }
+                let seed = match (seed.is_empty(), seed.placement()) {
+                    (true, _) => None,
+                    (false, Some(prefix)) => {
+                        // The child's node reads the prefix from the shared store, which this
+                        // process does not order: it is there, durably, before the ask leaves.
+                        seed.flush_source().await?;
+                        Some(prefix)
+                    }
+                    (false, None) => {
+                        return Err(SubagentError::new(
+                            ErrorCode::UnsupportedCapability,
+                            format!(
+                                "subagent provider \"{provider}\" seeds its children with turns \
+                                 the store does not hold, which cannot be placed on another node"
+                            ),
+                        ))
+                    }
+                };
                 let start = RemoteStart {
                     child: plan.child,
                     parent: parent.id(),
@@ -374,6 +383,7 @@ impl Handler<StartContinuable> for ContinuationManager {
                     cwd: cwd.map(|cwd| cwd.to_string_lossy().into_owned()),
                     provider,
                     prompt,
+                    seed,
                 };
                 return remote::place(manager, placement, parent, start).await;
             }

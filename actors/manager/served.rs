@@ -11,7 +11,7 @@ use super::control::header_of;
 use super::materialize::{create_and_install, FreshChild};
 use super::*;
 use crate::cluster::{decode_op, encode_answer, FollowupAnswer, NoticeKind, RemoteOp, RemoteStart};
-use crate::session::{EventKind, SessionEvent};
+use crate::session::{EventKind, Seed, SeedReference, SessionEvent};
 use crate::store::deliveries::{Delivery as NodeDelivery, DeliveryHandler};
 
 /// Internal: a parent on another node starts a child here.
@@ -31,7 +31,10 @@ impl Handler<StartPlaced> for ContinuationManager {
         let agents = self.agents.clone();
         let registry = Arc::clone(&self.setup);
         Box::pin(async move {
-            let (fresh, _guard) = admitted?;
+            let (mut fresh, _guard) = admitted?;
+            if let Some(prefix) = msg.start.seed {
+                fresh.seed = inherited_seed(&agents, prefix).await?;
+            }
             let parent = ParentLink::remote(msg.start.parent, msg.sender);
             let token = CancellationToken::new();
             let started =
@@ -44,6 +47,19 @@ impl Handler<StartPlaced> for ContinuationManager {
             Ok(started)
         })
     }
+}
+
+/// The seed of a fork placed here: its parent's prefix, read from the shared store (where the
+/// parent's node flushed it before asking) and checked against the reference.
+async fn inherited_seed(agents: &Agents, prefix: SeedReference) -> Result<Seed> {
+    let store = agents.env().store.clone().ok_or_else(|| {
+        SubagentError::new(
+            ErrorCode::PersistenceUnavailable,
+            "continuable children require session persistence",
+        )
+    })?;
+    let events = store.read_between(prefix.session, 0, prefix.length).await?;
+    Seed::resolved(prefix, events)
 }
 
 impl ContinuationManager {
@@ -83,7 +99,7 @@ impl ContinuationManager {
             options: start.options.clone(),
             descriptor,
             composition,
-            seed: crate::session::Seed::default(),
+            seed: Seed::default(),
             cwd: start.cwd.clone().map(Into::into),
             provider: start.provider.clone(),
             prompt: start.prompt.clone(),

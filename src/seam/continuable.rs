@@ -77,8 +77,10 @@ impl ContinuableStartSpec {
 
     /// Places the child on cluster node `node` (this runtime's own node, or `None`, keeps it
     /// here): the child is created and resident there, its follow-ups and interrupts travel
-    /// there, and its reports and settled notice come back. A seeded (forked) child cannot be
-    /// placed elsewhere (`UNSUPPORTED_CAPABILITY`), a runtime in no cluster refuses any other
+    /// there, and its reports and settled notice come back. A fork placed elsewhere inherits its
+    /// parent's completed turns there: they are flushed here and read from the shared store
+    /// there (only a reference travels); a seed the store does not hold yet cannot be placed
+    /// (`UNSUPPORTED_CAPABILITY`). A runtime in no cluster refuses any other
     /// node (`INVALID_ARGS`), and a node that is not live fails the start with
     /// `SESSION_LEASED`. Once the start reached the node, the caller's token no longer stops
     /// it. A parent here whose child's node stops is told, within about a second of the node's

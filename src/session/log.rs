@@ -278,6 +278,16 @@ impl SessionLog {
         self.barrier_at(seq, false).await
     }
 
+    /// Waits until the events below `seq` are flushed: a seed's source log, before a child on
+    /// another node (a reader of the shared store that this process does not order) inherits
+    /// the prefix.
+    ///
+    /// # Errors
+    /// This log's fault.
+    pub(crate) async fn flushed_through(&self, seq: u64) -> Result<()> {
+        self.barrier_at(seq, true).await
+    }
+
     /// Runs `read` over the header and the events under one lock. `read` must not touch this
     /// log.
     pub(crate) fn with_header_and_events<R>(

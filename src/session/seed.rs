@@ -32,6 +32,9 @@ pub struct Seed {
     events: Vec<Arc<SessionEvent>>,
     /// Set for a fork's prefix: where the store finds it.
     reference: Option<SeedReference>,
+    /// Set for a fork of a stored parent, even one whose seed is copied (a chain too long to
+    /// follow): where a child placed on another node reads its seed.
+    prefix: Option<SeedReference>,
     /// The parent's log, whose prefix must be written before the child's creation is.
     source: Option<SessionLog>,
     /// The log shape after the seed, when known without checking it (a completed-turn prefix).
@@ -66,8 +69,7 @@ impl Seed {
         let links = parent.map_or(1, |reference| reference.links.saturating_add(1));
         // A parent whose own creation has not committed may yet be rolled back, leaving nothing
         // to reference: its child keeps a copy (only a turn that ended before any step allows it).
-        let referable = links <= MAX_SEED_LINKS && log.is_committed();
-        let reference = referable.then(|| SeedReference {
+        let prefix = log.is_committed().then(|| SeedReference {
             session: log.id(),
             length: u64::try_from(events.len()).unwrap_or(u64::MAX),
             tail: SeedReference::digest(tail),
@@ -75,10 +77,50 @@ impl Seed {
         });
         Self {
             events,
-            reference,
+            reference: prefix.filter(|prefix| prefix.links <= MAX_SEED_LINKS),
+            prefix,
             source: Some(log.clone()),
             shape: Some(LogShape::after_turn(turn)),
         }
+    }
+
+    /// The seed a child placed on this node inherits from its parent on another: the prefix
+    /// `reference` names, as read from the shared store (`events`, seq 0 first). It is stored
+    /// by reference again, unless the chain of forks grew past [`MAX_SEED_LINKS`].
+    ///
+    /// # Errors
+    /// `STORE_CORRUPT` when `events` are not the whole prefix the reference names, or it does
+    /// not end a turn (a fork's prefix always does).
+    pub(crate) fn resolved(
+        reference: SeedReference,
+        events: Vec<Arc<SessionEvent>>,
+    ) -> Result<Self> {
+        let whole = u64::try_from(events.len()).ok() == Some(reference.length);
+        let turn = match events.last() {
+            Some(tail) if whole && SeedReference::digest(tail) == reference.tail => match tail.kind
+            {
+                EventKind::TurnEnd { turn, .. } => Some(turn),
+                _ => None,
+            },
+            _ => None,
+        };
+        let turn = turn.ok_or_else(|| {
+            SubagentError::new(
+                ErrorCode::StoreCorrupt,
+                format!(
+                    "the seed a placed child inherits, the first {} events of session {}, is \
+                     missing or changed",
+                    reference.length, reference.session
+                ),
+            )
+        })?;
+        Ok(Self {
+            events,
+            reference: Some(reference).filter(|reference| reference.links <= MAX_SEED_LINKS),
+            prefix: Some(reference),
+            source: None,
+            shape: Some(LogShape::after_turn(turn)),
+        })
     }
 
     /// The inherited events, seq 0 first.
@@ -99,6 +141,24 @@ impl Seed {
     /// Where the store finds the seed, when it is stored by reference.
     pub fn reference(&self) -> Option<&SeedReference> {
         self.reference.as_ref()
+    }
+
+    /// Where a child placed on another node reads this seed from the shared store: the
+    /// parent's stored prefix (`None` for a seed of events, or of a parent not yet stored).
+    pub(crate) fn placement(&self) -> Option<SeedReference> {
+        self.prefix
+    }
+
+    /// Waits until the log this seed comes from has flushed the prefix: before a child on
+    /// another node reads it from the shared store.
+    ///
+    /// # Errors
+    /// The source log's fault.
+    pub(crate) async fn flush_source(&self) -> Result<()> {
+        match (&self.source, self.prefix) {
+            (Some(source), Some(prefix)) => source.flushed_through(prefix.length).await,
+            _ => Ok(()),
+        }
     }
 
     /// Takes the log a seed stored by reference comes from: the child's creation must wait
@@ -277,5 +337,62 @@ mod tests {
         );
         let error = check_lossless(&json!(-0.0)).expect_err("-0 is lossy");
         assert!(error.message().contains("$ is -0"), "{}", error.message());
+    }
+
+    /// A parent's completed turn, as a placed fork's node reads it from the store.
+    fn stored_prefix() -> (SeedReference, Vec<Arc<SessionEvent>>) {
+        let events: Vec<Arc<SessionEvent>> = [
+            EventKind::TurnStart { turn: 1 },
+            EventKind::TurnEnd {
+                turn: 1,
+                reason: crate::session::TurnEndReason::Completed,
+            },
+        ]
+        .into_iter()
+        .zip(0..)
+        .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
+        .collect();
+        let reference = SeedReference {
+            session: crate::ids::SessionId::new(),
+            length: 2,
+            tail: SeedReference::digest(&events[1]),
+            links: 1,
+        };
+        (reference, events)
+    }
+
+    #[test]
+    fn a_placed_forks_seed_is_the_prefix_its_reference_names_or_corrupt() {
+        let (reference, events) = stored_prefix();
+        let seed = Seed::resolved(reference, events.clone()).unwrap();
+        assert_eq!(
+            seed.reference(),
+            Some(&reference),
+            "stored by reference again"
+        );
+        assert_eq!(seed.len(), 2);
+        let (_, _, shape) = seed.into_parts().unwrap();
+        assert_eq!(shape.last_turn(), 1);
+
+        let long = SeedReference {
+            links: MAX_SEED_LINKS + 1,
+            ..reference
+        };
+        let copied = Seed::resolved(long, events.clone()).unwrap();
+        assert_eq!(
+            copied.reference(),
+            None,
+            "a chain too long to follow is copied"
+        );
+        assert_eq!(copied.placement(), Some(long));
+
+        let short = Seed::resolved(reference, events[..1].to_vec()).expect_err("one event short");
+        assert_eq!(short.code(), ErrorCode::StoreCorrupt);
+        let changed = SeedReference {
+            tail: reference.tail ^ 1,
+            ..reference
+        };
+        let changed = Seed::resolved(changed, events).expect_err("another tail");
+        assert_eq!(changed.code(), ErrorCode::StoreCorrupt);
     }
 }
