@@ -299,6 +299,12 @@ fn rate(count: u64, elapsed: Duration) -> f64 {
 }
 
 impl LoadReport {
+    /// Adds a check made after the report (the reopening of a store the run closed).
+    pub(crate) fn push_check(&mut self, check: Check) {
+        self.passed &= check.passed;
+        self.checks.push(check);
+    }
+
     pub(crate) fn new(measured: Measured<'_>) -> Self {
         let count = |mode| {
             u64::try_from(measured.created.iter().filter(|c| c.mode == mode).count())

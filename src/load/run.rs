@@ -459,8 +459,8 @@ struct RunStore {
 
 /// How verification reopens a run's store.
 pub(crate) enum Reopen {
-    /// A copy of the sled directory (the original stays open, and sled locks it).
-    SledCopy(std::path::PathBuf),
+    /// The sled directory itself, once the run closed it.
+    Sled(std::path::PathBuf),
     /// A second connection to the database.
     Postgres(String),
 }
@@ -498,7 +498,7 @@ async fn open_store(scenario: &Scenario) -> Result<RunStore> {
             Ok(RunStore {
                 store: Arc::new(SledStore::open(&dir)?),
                 cluster: None,
-                reopen: Some(Reopen::SledCopy(dir)),
+                reopen: Some(Reopen::Sled(dir.clone())),
                 _temporary: temporary,
             })
         }
@@ -597,7 +597,18 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
             tracing::warn!(%drain, "the failed load run did not drain cleanly");
         }
     }
-    outcome
+    let (mut report, pending) = outcome?;
+    if let (Some(pending), Some(Reopen::Sled(dir))) = (pending, &opened.reopen) {
+        // Every handle on the store goes, so sled flushes it and lets go of its directory.
+        drop((shared, rt, _subscriptions));
+        let RunStore {
+            store, _temporary, ..
+        } = opened;
+        drop(store);
+        report.push_check(super::verify::reopened_sled(dir, &pending.roots, &pending.pairs).await);
+        drop(_temporary);
+    }
+    Ok(report)
 }
 
 /// Shuts every node down, the roots' node first: its drain releases the children it placed
@@ -680,7 +691,7 @@ async fn grow(
     opened: &RunStore,
     floors: super::report::Floors,
     rss_before: u64,
-) -> Result<LoadReport> {
+) -> Result<(LoadReport, Option<PendingReopen>)> {
     let rt = &shared.rt;
     let lifecycle = &shared.lifecycle;
 
@@ -743,6 +754,10 @@ async fn grow(
         opened.reopen.as_ref(),
     )
     .await;
+    let reopen = verified.listed.map(|pairs| PendingReopen {
+        roots: root_ids,
+        pairs,
+    });
     let report = LoadReport::new(super::report::Measured {
         scenario: scenario.clone(),
         elapsed,
@@ -766,7 +781,13 @@ async fn grow(
         followup_turn_start: verified.followup_to_turn_start,
         timeline,
     });
-    Ok(report)
+    Ok((report, reopen))
+}
+
+/// What the reopening of a closed sled store checks: the forest listed before the drain.
+struct PendingReopen {
+    roots: Vec<SessionId>,
+    pairs: std::collections::HashSet<(SessionId, SessionId)>,
 }
 
 /// Samples the counters every 100 ms until `stop` fires (and once more then).

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -99,6 +100,9 @@ pub(crate) struct Verified {
     /// A follow-up, from its sending to the turn that claimed it, read from the child's log
     /// (millisecond resolution).
     pub(crate) followup_to_turn_start: LatencySummary,
+    /// The forest's child–parent pairs, kept for the reopening of a sled store once the run
+    /// closed it ([`reopened_sled`]).
+    pub(crate) listed: Option<HashSet<(SessionId, SessionId)>>,
 }
 
 /// How many report relays were inserted into a log's inbox.
@@ -260,31 +264,43 @@ pub(crate) async fn verify(
         },
     ));
 
-    if let Some(reopen) = reopen {
-        checks.push(match reopened(rt, reopen, roots).await {
-            Ok(forest) => {
-                let (reopened_pairs, reopened_diagnostics) = shape(&forest);
-                check(
-                    "the store reopens and lists the same forest",
-                    reopened_pairs == pairs && reopened_diagnostics == 0,
-                    format!("{} listed after reopening", reopened_pairs.len()),
-                )
-            }
-            Err(error) => check(
-                "the store reopens and lists the same forest",
-                false,
-                with_causes(&error),
-            ),
-        });
+    // A sled directory is reopened only once the run has closed it (see `reopened_sled`).
+    let mut listed = None;
+    match reopen {
+        Some(super::run::Reopen::Postgres(url)) => {
+            checks.push(same_forest_reopened(reopened(rt, url, roots).await, &pairs));
+        }
+        Some(super::run::Reopen::Sled(_)) => listed = Some(pairs),
+        None => {}
     }
     Verified {
         checks,
         persisted,
         followup_to_turn_start: turn_start.summary(),
+        listed,
     }
 }
 
-/// An error with its causes, for a person reading the check (`STORE_IO: copying the store:
+/// The check that the store, reopened, lists `pairs` (a forest's child–parent pairs).
+fn same_forest_reopened(forest: Result<Forest>, pairs: &HashSet<(SessionId, SessionId)>) -> Check {
+    match forest {
+        Ok(forest) => {
+            let (reopened_pairs, reopened_diagnostics) = shape(&forest);
+            check(
+                "the store reopens and lists the same forest",
+                reopened_pairs == *pairs && reopened_diagnostics == 0,
+                format!("{} listed after reopening", reopened_pairs.len()),
+            )
+        }
+        Err(error) => check(
+            "the store reopens and lists the same forest",
+            false,
+            with_causes(&error),
+        ),
+    }
+}
+
+/// An error with its causes, for a person reading the check (`STORE_IO: opening the store:
 /// No space left on device`).
 fn with_causes(error: &crate::SubagentError) -> String {
     let mut text = error.to_string();
@@ -300,56 +316,54 @@ fn with_causes(error: &crate::SubagentError) -> String {
 /// The page cache of the store reopened to list the forest.
 const LISTING_CACHE_BYTES: u64 = 64 << 20;
 
-/// The forest a fresh runtime lists from the store reopened: a copy of the sled directory,
-/// taken after a flush (the original stays open in this process, and sled locks it), or a
-/// second connection to the database.
-async fn reopened(
-    rt: &Runtime,
-    reopen: &super::run::Reopen,
-    roots: &[SessionId],
-) -> Result<Forest> {
+/// How long a closed sled store may take to let go of its directory: its background flusher
+/// stops, and the run's actors drop their handles, after the last of them is released.
+const CLOSE_WITHIN: Duration = Duration::from_secs(30);
+
+/// The forest a fresh runtime lists from a second connection to the database.
+async fn reopened(rt: &Runtime, url: &str, roots: &[SessionId]) -> Result<Forest> {
     if let (Some(store), Some(root)) = (rt.store(), roots.first()) {
-        // A flush makes the whole database durable, whichever session it names.
         store.flush(*root).await?;
     }
-    // The copy directory lives until the listing is done.
-    let mut _copy = None;
-    let store: crate::store::SharedStore = match reopen {
-        super::run::Reopen::SledCopy(dir) => {
-            let copy = tempfile::tempdir().map_err(|error| {
-                crate::SubagentError::store_io("creating a copy directory", error)
-            })?;
-            copy_dir(dir, copy.path())?;
-            // A small cache: the listing reads each row once, and the original store (with
-            // its own cache) is still open beside it.
-            let store = std::sync::Arc::new(SledStore::open_with_cache(
-                copy.path(),
-                LISTING_CACHE_BYTES,
-            )?);
-            _copy = Some(copy);
-            store
-        }
-        super::run::Reopen::Postgres(url) => {
-            std::sync::Arc::new(crate::store::PostgresStore::connect(url).await?)
-        }
+    let store = std::sync::Arc::new(crate::store::PostgresStore::connect(url).await?);
+    list_reopened(store, roots).await
+}
+
+/// The check that the sled store in `dir`, closed by the run (every handle dropped, so sled
+/// flushed it and unlocked the directory), opens again and lists `pairs`: the store itself,
+/// not a copy taken while sled could still be writing it.
+pub(crate) async fn reopened_sled(
+    dir: &Path,
+    roots: &[SessionId],
+    pairs: &HashSet<(SessionId, SessionId)>,
+) -> Check {
+    let forest = async {
+        let deadline = std::time::Instant::now() + CLOSE_WITHIN;
+        let store = loop {
+            let path = dir.to_path_buf();
+            // Opening blocks its thread while sled waits for the directory's lock.
+            let opened = tokio::task::spawn_blocking(move || {
+                SledStore::open_with_cache(path, LISTING_CACHE_BYTES)
+            })
+            .await
+            .map_err(|_| crate::SubagentError::bug("opening the store panicked"))?;
+            match opened {
+                Ok(store) => break store,
+                Err(error)
+                    if error.message().contains("in use")
+                        && std::time::Instant::now() < deadline => {}
+                Err(error) => return Err(error),
+            }
+        };
+        list_reopened(std::sync::Arc::new(store), roots).await
     };
+    same_forest_reopened(forest.await, pairs)
+}
+
+/// The forest a fresh runtime lists from `store`.
+async fn list_reopened(store: crate::store::SharedStore, roots: &[SessionId]) -> Result<Forest> {
     let reopened = Runtime::builder().shared_store(store).build()?;
     let forest = list_forest(&reopened, roots).await;
     reopened.shutdown().await?;
     forest
-}
-
-fn copy_dir(from: &Path, to: &Path) -> Result<()> {
-    let io = |error| crate::SubagentError::store_io("copying the store", error);
-    std::fs::create_dir_all(to).map_err(io)?;
-    for entry in std::fs::read_dir(from).map_err(io)? {
-        let entry = entry.map_err(io)?;
-        let target = to.join(entry.file_name());
-        if entry.file_type().map_err(io)?.is_dir() {
-            copy_dir(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), target).map_err(io)?;
-        }
-    }
-    Ok(())
 }
