@@ -115,7 +115,8 @@ impl RuntimeBuilder {
     /// threads started beside it, so one per core is `count` = the number of cores. The
     /// registry, the service and the providers always run on the current arbiter, so it takes
     /// one agent for every two a started worker takes. The default, 0 or 1, runs every agent on
-    /// the current arbiter, which keeps a test's scheduling on one thread.
+    /// the current arbiter, which keeps a test's scheduling on one thread. [`RuntimeBuilder::build`]
+    /// refuses (`INVALID_ARGS`) more workers than the process's file-descriptor limit holds.
     #[must_use]
     pub fn workers(mut self, count: usize) -> Self {
         self.workers = count;
@@ -174,6 +175,7 @@ impl RuntimeBuilder {
                 ));
             }
         }
+        WorkerPool::admit(self.workers)?;
         let tools = Arc::new(ToolRegistry::new());
         for tool in self.tools {
             tools.register(tool)?;

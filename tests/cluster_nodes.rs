@@ -506,6 +506,8 @@ fn a_parent_hears_that_its_childs_node_stopped() {
                 .any(|text| text.contains(&child.to_string()) && text.contains("(node-stopped)"))
         })
     });
+    // A blank line asks for nothing (it used to be refused as an unknown command).
+    a.tell("");
     a.tell("quit");
     assert!(a.wait().success(), "{}", a.errors());
 }

@@ -302,6 +302,23 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
         !stderr.contains("SubagentError {"),
         "printed for a person: {stderr}"
     );
+
+    // Refused up front, by the flag's own name, before anything runs.
+    for (args, named) in [
+        (&["--children", "0"][..], "`--children`"),
+        (&["--in-flight", "0"][..], "`--in-flight`"),
+        (&["--roots", "-1"][..], "'--roots <ROOTS>'"),
+        (&["--workers", "100000"][..], "`--workers`"),
+    ] {
+        let refused = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+            .arg("load")
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(refused.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
 }
 
 #[test]

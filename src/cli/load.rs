@@ -20,31 +20,31 @@ pub(crate) struct LoadArgs {
     #[arg(long, value_name = "FILE")]
     scenario: Option<PathBuf>,
     /// Root agents.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     roots: Option<u64>,
     /// Children per parent.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     children: Option<u64>,
     /// Delegation levels below each root (continuable children delegate from their turn).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     depth: Option<u64>,
     /// The share of one-shot children started through `fork`.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     fork_share: Option<f64>,
     /// The share of each root's children that are continuable.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     continuable_share: Option<f64>,
     /// Follow-ups per continuable child (each cold-resumes it).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     followups: Option<u64>,
     /// The share of each root's continuable children that report to it from their first turn.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     report_share: Option<f64>,
     /// The share of continuable children interrupted after their last follow-up.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     interrupt_share: Option<f64>,
     /// The share of continuable children with a one-turn budget.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     budget_share: Option<f64>,
     /// Simulated model latency in milliseconds: `5` (fixed) or `2..10` (uniform).
     #[arg(long, value_name = "MS", value_parser = parse_latency)]
@@ -55,7 +55,7 @@ pub(crate) struct LoadArgs {
     store: Option<(LoadStore, Option<String>)>,
     /// Cluster nodes on the PostgreSQL store (default 1): the roots' children are placed
     /// round-robin on them, and follow-ups chase them across nodes.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     nodes: Option<u64>,
     /// The sled directory (default: a fresh temporary directory).
     #[arg(long, value_name = "DIR")]
@@ -64,14 +64,14 @@ pub(crate) struct LoadArgs {
     /// checkpoint, every continuable epoch ends with a flush).
     #[arg(long, value_enum)]
     flush: Option<LoadFlush>,
-    /// Threads agents run on, the harness's own among them (default: one per core).
-    #[arg(long)]
+    /// Threads agents run on, the harness's own among them (default: one per core; at most 256).
+    #[arg(long, allow_negative_numbers = true)]
     workers: Option<usize>,
     /// The most root children in flight at once (default 10000).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     in_flight: Option<u64>,
     /// The seed of every choice and drawn latency.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
     /// Print the report as JSON.
     #[arg(long)]

@@ -541,6 +541,8 @@ async fn drive_forest(
                     say(format_args!("drained {round}"))?;
                 }
                 Some("quit") | None => return Ok(()),
+                // A blank line (an extra newline from a script) asks for nothing.
+                Some("") => {}
                 Some(other) => {
                     return Err(usage(format!(
                         "unknown command {other:?}: a driving node reads `round`, \

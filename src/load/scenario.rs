@@ -104,7 +104,7 @@ pub struct Scenario {
     pub nodes: u64,
     /// When the root agents flush (children follow the seam's own rules; see [`LoadFlush`]).
     pub flush: LoadFlush,
-    /// Threads agents run on, the harness's own among them (0: one per core).
+    /// Threads agents run on, the harness's own among them (0: one per core; at most 256).
     pub workers: usize,
     /// The most direct children of the roots in flight at once, across the run (a child's
     /// whole life counts: start, follow-ups, settlement). A window keeps memory bounded, so
@@ -146,10 +146,19 @@ const MAX_NODES: u64 = 16;
 /// The longest simulated model call: an hour.
 const MAX_LATENCY_MS: u64 = 3_600_000;
 
+/// The most threads a run's agents spread over: beyond the cores they only add switching, and
+/// each holds file descriptors of its own (a hundred thousand ran out of them).
+const MAX_WORKERS: usize = 256;
+
+/// An out-of-range field, named as the flag that sets it and as the scenario file's field.
 fn invalid(field: &str, detail: &str) -> SubagentError {
+    let flag = match field {
+        "store_url" => "--store".to_owned(),
+        field => format!("--{}", field.replace('_', "-")),
+    };
     SubagentError::new(
         ErrorCode::InvalidArgs,
-        format!("scenario field `{field}` {detail}"),
+        format!("`{flag}` (scenario field `{field}`) {detail}"),
     )
 }
 
@@ -193,8 +202,17 @@ impl Scenario {
         if self.roots == 0 {
             return Err(invalid("roots", "must be at least 1"));
         }
+        if self.children == 0 {
+            return Err(invalid("children", "must be at least 1"));
+        }
         if self.depth == 0 {
             return Err(invalid("depth", "must be at least 1"));
+        }
+        if self.workers > MAX_WORKERS {
+            return Err(invalid(
+                "workers",
+                "must be at most 256 (0 runs one per core)",
+            ));
         }
         if self.in_flight == 0 {
             return Err(invalid("in_flight", "must be at least 1"));
