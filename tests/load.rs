@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use subagents::load::{run, LoadCounters, LoadStore, Scenario};
+use subagents::load::{run, Latency, LoadCounters, LoadStore, Scenario};
 use subagents::{ErrorCode, SessionPersistence};
 
 use crate::support::within;
@@ -257,6 +257,47 @@ fn a_broken_scenario_file_is_refused_naming_the_field() {
         Scenario::default().depth,
         "the rest keeps its defaults"
     );
+
+    // The flags' spelling and the flag's latency forms are accepted in a file too.
+    let short = dir.path().join("short.toml");
+    std::fs::write(
+        &short,
+        "in-flight = 3
+fork-share = 0.5
+latency = 5
+",
+    )
+    .unwrap();
+    let scenario = Scenario::from_file(&short).unwrap();
+    assert_eq!((scenario.in_flight, scenario.fork_share), (3, 0.5));
+    assert_eq!(scenario.latency, Latency::Fixed { ms: 5 });
+    let range = dir.path().join("range.json");
+    std::fs::write(&range, r#"{"latency": "2..10"}"#).unwrap();
+    assert_eq!(
+        Scenario::from_file(&range).unwrap().latency,
+        Latency::Uniform { min: 2, max: 10 }
+    );
+    let negative = dir.path().join("negative.toml");
+    std::fs::write(
+        &negative,
+        "latency = -3
+",
+    )
+    .unwrap();
+    let error = Scenario::from_file(&negative).unwrap_err();
+    assert!(
+        error.message().contains("number of milliseconds"),
+        "{error}"
+    );
+    let yaml = dir.path().join("scenario.yaml");
+    std::fs::write(
+        &yaml,
+        "roots: 1
+",
+    )
+    .unwrap();
+    let error = Scenario::from_file(&yaml).unwrap_err();
+    assert!(error.message().contains("expected TOML"), "{error}");
 }
 
 #[test]

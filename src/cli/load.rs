@@ -16,7 +16,9 @@ use super::super::Failure;
 /// The `load` command's arguments; each flag overrides the scenario file's field.
 #[derive(Debug, clap::Args)]
 pub(crate) struct LoadArgs {
-    /// A scenario file (TOML or JSON) with any of the fields below; flags override it.
+    /// A scenario file (TOML or JSON) with any of the fields below, in snake_case or
+    /// kebab-case (`in_flight` or `in-flight`); `latency` is `5`, `"2..10"` or
+    /// `{kind = "uniform", min = 2, max = 10}`. Flags override it.
     #[arg(long, value_name = "FILE")]
     scenario: Option<PathBuf>,
     /// Root agents.
@@ -47,7 +49,7 @@ pub(crate) struct LoadArgs {
     #[arg(long, allow_negative_numbers = true)]
     budget_share: Option<f64>,
     /// Simulated model latency in milliseconds: `5` (fixed) or `2..10` (uniform).
-    #[arg(long, value_name = "MS", value_parser = parse_latency)]
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(Latency))]
     latency: Option<Latency>,
     /// Where sessions are persisted: `sled` (default), `memory`, or a PostgreSQL connection
     /// string (`postgres://…`).
@@ -92,21 +94,6 @@ fn parse_store(text: &str) -> Result<(LoadStore, Option<String>), String> {
                  directory goes in --store-dir)"
             )),
         },
-    }
-}
-
-fn parse_latency(text: &str) -> Result<Latency, String> {
-    let number = |part: &str| {
-        part.trim()
-            .parse::<u64>()
-            .map_err(|_| format!("`{text}` is not a number of milliseconds or a range MIN..MAX"))
-    };
-    match text.split_once("..") {
-        Some((min, max)) => Ok(Latency::Uniform {
-            min: number(min)?,
-            max: number(max)?,
-        }),
-        None => Ok(Latency::Fixed { ms: number(text)? }),
     }
 }
 

@@ -35,8 +35,10 @@ pub enum LoadFlush {
     EveryStep,
 }
 
-/// A simulated model latency, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// A simulated model latency, in milliseconds. A scenario file gives it as a table
+/// (`{kind = "uniform", min = 2, max = 10}`), a number of milliseconds (`latency = 5`), or the
+/// flag's text (`latency = "2..10"`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Latency {
     /// The same delay for every model call.
@@ -59,6 +61,81 @@ impl Default for Latency {
     }
 }
 
+impl std::str::FromStr for Latency {
+    type Err = String;
+
+    /// `5` (fixed) or `2..10` (uniform), in milliseconds.
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let number = |part: &str| {
+            part.trim().parse::<u64>().map_err(|_| {
+                format!("`{text}` is not a number of milliseconds or a range MIN..MAX")
+            })
+        };
+        match text.split_once("..") {
+            Some((min, max)) => Ok(Self::Uniform {
+                min: number(min)?,
+                max: number(max)?,
+            }),
+            None => Ok(Self::Fixed { ms: number(text)? }),
+        }
+    }
+}
+
+/// [`Latency`]'s table form.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+enum LatencyTable {
+    Fixed { ms: u64 },
+    Uniform { min: u64, max: u64 },
+}
+
+impl<'de> Deserialize<'de> for Latency {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        deserializer.deserialize_any(LatencyVisitor)
+    }
+}
+
+/// Reads each form a scenario file may give a latency in.
+struct LatencyVisitor;
+
+impl<'de> serde::de::Visitor<'de> for LatencyVisitor {
+    type Value = Latency;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(
+            "a number of milliseconds, a range \"MIN..MAX\", or a table with kind \"fixed\" \
+             (ms) or \"uniform\" (min, max)",
+        )
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, ms: u64) -> std::result::Result<Latency, E> {
+        Ok(Latency::Fixed { ms })
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, ms: i64) -> std::result::Result<Latency, E> {
+        u64::try_from(ms)
+            .map(|ms| Latency::Fixed { ms })
+            .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(ms), &self))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> std::result::Result<Latency, E> {
+        text.parse().map_err(E::custom)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        map: A,
+    ) -> std::result::Result<Latency, A::Error> {
+        let table = LatencyTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+        Ok(match table {
+            LatencyTable::Fixed { ms } => Latency::Fixed { ms },
+            LatencyTable::Uniform { min, max } => Latency::Uniform { min, max },
+        })
+    }
+}
+
 /// What a load run does. Every field has a default that finishes in seconds on two cores.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -72,29 +149,35 @@ pub struct Scenario {
     pub depth: u64,
     /// The share of one-shot children started through `fork` (the rest through `spawn`). Every
     /// share picks evenly spread members by position, so counts are exact and repeatable.
+    #[serde(alias = "fork-share")]
     pub fork_share: f64,
     /// The share of each root's direct children that are continuable (the rest one-shot).
+    #[serde(alias = "continuable-share")]
     pub continuable_share: f64,
     /// Follow-ups sent to each continuable child, each after the previous epoch settled (so
     /// each one cold-resumes the child).
     pub followups: u64,
     /// The share of each root's continuable children that report to it (quietly) from their
     /// first turn, through a `report` tool.
+    #[serde(alias = "report-share")]
     pub report_share: f64,
     /// The share of continuable children interrupted right after their last follow-up.
+    #[serde(alias = "interrupt-share")]
     pub interrupt_share: f64,
     /// The share of continuable children started with a one-turn budget: their follow-ups are
     /// refused with `BUDGET_EXHAUSTED`.
+    #[serde(alias = "budget-share")]
     pub budget_share: f64,
     /// The simulated model latency.
     pub latency: Latency,
     /// Where sessions are persisted.
     pub store: LoadStore,
     /// The sled directory (default: a fresh temporary directory, removed afterwards).
+    #[serde(alias = "store-dir")]
     pub store_dir: Option<PathBuf>,
     /// The PostgreSQL connection string (required with the `postgres` store). Never written
     /// out: the report's JSON leaves it out, as it may hold a password.
-    #[serde(skip_serializing)]
+    #[serde(skip_serializing, alias = "store-url")]
     pub store_url: Option<String>,
     /// Cluster nodes on the PostgreSQL store (1: no cluster). The roots live on the first
     /// node and place their direct children round-robin on every node; a child placed on
@@ -109,6 +192,7 @@ pub struct Scenario {
     /// The most direct children of the roots in flight at once, across the run (a child's
     /// whole life counts: start, follow-ups, settlement). A window keeps memory bounded, so
     /// a million children run in the memory of `in_flight`.
+    #[serde(alias = "in-flight")]
     pub in_flight: u64,
     /// The seed of every choice and drawn latency: a run with the same seed makes the same
     /// choices.
@@ -164,7 +248,8 @@ fn invalid(field: &str, detail: &str) -> SubagentError {
 
 impl Scenario {
     /// Reads a scenario file: TOML (`.toml`) or JSON (anything else); fields left out keep
-    /// their defaults. The result is validated.
+    /// their defaults, and each may be spelled in snake_case or kebab-case (`in_flight` or
+    /// `in-flight`). The result is validated.
     ///
     /// # Errors
     /// `INVALID_ARGS` naming the file and what is wrong with it (an unknown field, a value of
@@ -182,7 +267,13 @@ impl Scenario {
         {
             toml::from_str(&text).map_err(|error| error.to_string())
         } else {
-            serde_json::from_str(&text).map_err(|error| error.to_string())
+            serde_json::from_str(&text).map_err(|error| {
+                if error.is_syntax() || error.is_eof() {
+                    format!("expected TOML (a `.toml` file) or JSON: {error}")
+                } else {
+                    error.to_string()
+                }
+            })
         };
         let scenario = parsed.map_err(|error| {
             SubagentError::new(
