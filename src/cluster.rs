@@ -191,6 +191,23 @@ impl ClusterLink {
             .collect())
     }
 
+    /// Refuses a placement on `node` unless it is a live member now (`SESSION_LEASED`, saying
+    /// whether no member has that id or the node stopped), before anything is sent to it.
+    ///
+    /// # Errors
+    /// As above, and `STORE_IO`.
+    pub(crate) async fn require_live(&self, node: NodeId) -> Result<()> {
+        let why = match self.membership.is_live(node).await? {
+            Some(true) => return Ok(()),
+            Some(false) => "it stopped (its membership expired)",
+            None => "it is not a member of this cluster (no node joined under that id, or it left)",
+        };
+        Err(SubagentError::new(
+            ErrorCode::SessionLeased,
+            format!("a child cannot be placed on node {node}: {why}"),
+        ))
+    }
+
     /// This node's id.
     pub(crate) fn node(&self) -> NodeId {
         self.membership.node()

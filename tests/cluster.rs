@@ -481,6 +481,34 @@ async fn a_fork_placed_on_another_node_inherits_its_parents_turns_by_reference()
     a.shutdown().await.unwrap();
 }
 
+// A placement names what is wrong with the node before anything is sent (it spoke of a
+// delivery whose node stopped before).
+#[actix_rt::test]
+async fn a_placement_on_an_unknown_or_departed_node_says_so() {
+    let url = server().fresh_database();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let (a, _) = node(&url, "a", &model).await;
+    let (b, b_id) = node(&url, "b", &model).await;
+    let parent = root(&a).await;
+    let unknown = uuid::Uuid::new_v4();
+    for (target, stopped) in [(unknown, false), (b_id, true)] {
+        if stopped {
+            b.shutdown().await.unwrap();
+        }
+        let error = place(&a, parent.agent(), target, "go").await.unwrap_err();
+        assert_eq!(error.code(), ErrorCode::SessionLeased, "{error}");
+        assert!(
+            error
+                .message()
+                .contains(&format!("placed on node {target}"))
+                && error.message().contains("not a member of this cluster"),
+            "{error}"
+        );
+    }
+    assert!(notices(parent.agent()).is_empty(), "no child was recorded");
+    a.shutdown().await.unwrap();
+}
+
 #[actix_rt::test]
 async fn a_placement_outside_a_cluster_is_refused() {
     let url = server().fresh_database();

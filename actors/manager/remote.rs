@@ -19,6 +19,8 @@ pub(super) async fn place(
     start: RemoteStart,
 ) -> Result<ContinuableStart> {
     let child = start.child;
+    // A node that is not there is refused by name, before anything is recorded or sent.
+    cluster.require_live(node).await?;
     // Recorded first: the child may report, or even settle, before its start is answered. A
     // release asked meanwhile waits for the start's answer (it must not overtake it).
     let (answered, starting) = signal();

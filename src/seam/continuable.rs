@@ -81,7 +81,8 @@ impl ContinuableStartSpec {
     /// parent's completed turns there: they are flushed here and read from the shared store
     /// there (only a reference travels); a seed the store does not hold yet cannot be placed
     /// (`UNSUPPORTED_CAPABILITY`). A runtime in no cluster refuses any other
-    /// node (`INVALID_ARGS`), and a node that is not live fails the start with
+    /// node (`INVALID_ARGS`), and a node that is not a live member (none of that id, or one
+    /// that stopped or left) fails the start, before anything is sent, with
     /// `SESSION_LEASED`. Once the start reached the node, the caller's token no longer stops
     /// it. A parent here whose child's node stops is told, within about a second of the node's
     /// membership expiring, that the child settled (`node-stopped`); a follow-up resumes it.

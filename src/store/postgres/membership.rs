@@ -216,6 +216,33 @@ impl NodeMembership {
             .await
     }
 
+    /// Whether `node` is a live member now: `None` when no node of that id is a member at all
+    /// (none joined under it, or it stopped long enough ago to be pruned), `Some(false)` when
+    /// it stopped or left.
+    ///
+    /// # Errors
+    /// `STORE_IO`.
+    pub async fn is_live(&self, node: uuid::Uuid) -> Result<Option<bool>> {
+        self.store
+            .reconnecting("reading whether a node is live", |_| async move {
+                let client = self.store.client().await?;
+                let row = client
+                    .query_opt(
+                        &client
+                            .prepare_cached(
+                                "SELECT expires_at > now() FROM subagents_nodes WHERE node = $1",
+                            )
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&node],
+                    )
+                    .await
+                    .map_err(io("reading whether a node is live"))?;
+                Ok(row.map(|row| row.get(0)))
+            })
+            .await
+    }
+
     async fn live_among_once(&self, nodes: &[uuid::Uuid]) -> Result<Vec<NodeIncarnation>> {
         let client = self.store.client().await?;
         let rows = client
