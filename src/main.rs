@@ -5,7 +5,7 @@
 
 mod cli;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -144,6 +144,8 @@ impl DemoPlan {
 enum Failure {
     /// Standard output was closed (`| head`): not an error.
     ClosedOutput,
+    /// Standard output could not be written (a full disk, say): exit code 2.
+    Output(std::io::Error),
     /// Anything else: printed for a person, exit code 2.
     Error(SubagentError),
     /// A load run that did not verify: its report says which check failed; exit code 1.
@@ -163,10 +165,7 @@ impl From<std::io::Error> for Failure {
         if error.kind() == std::io::ErrorKind::BrokenPipe {
             Self::ClosedOutput
         } else {
-            Self::Error(SubagentError::new(
-                ErrorCode::StoreIo,
-                format!("writing the output: {error}"),
-            ))
+            Self::Output(error)
         }
     }
 }
@@ -182,6 +181,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: a log file or a pipe gets plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         // A closed stderr (`2>&1 | head`) must not turn every later log line into a panic.
         .log_internal_errors(false)
         .init();
@@ -223,6 +224,10 @@ fn main() -> ExitCode {
                 "error: the history checker found anomalies (see the output)"
             );
             ExitCode::from(1)
+        }
+        Err(Failure::Output(error)) => {
+            let _ = writeln!(std::io::stderr(), "error: writing the output: {error}");
+            ExitCode::from(2)
         }
         Err(Failure::Error(error)) => {
             report(&error);

@@ -344,6 +344,28 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
         "printed for a person: {stderr}"
     );
 
+    // An output that cannot be written is said to be that, not a store failure.
+    let full = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["load", "--store", "memory", "--roots", "1", "--children", "3"])
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(full.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&full.stderr);
+    assert!(stderr.contains("error: writing the output"), "{stderr}");
+    assert!(!stderr.contains("STORE_IO"), "{stderr}");
+
+    // Log lines (sled's own among them) reach a pipe as plain text.
+    let logged = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["load", "--roots", "1", "--children", "3"])
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    assert!(logged.status.success());
+    let stderr = String::from_utf8_lossy(&logged.stderr);
+    assert!(stderr.contains("DEBUG"), "the run logged: {stderr}");
+    assert!(!stderr.contains('\u{1b}'), "no terminal escapes: {stderr}");
+
     // Refused up front, by the flag's own name, before anything runs.
     for (args, named) in [
         (&["--children", "0"][..], "`--children`"),
