@@ -71,6 +71,49 @@ async fn the_default_scenario_reopens_the_sled_store_it_closed_run_after_run() {
     }
 }
 
+// `load --help` shows every default, and they are the scenario's own.
+#[test]
+fn load_help_shows_the_scenarios_defaults() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["load", "--help"])
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    let help = String::from_utf8_lossy(&help.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let defaults = Scenario::default();
+    for (flag, default) in [
+        ("--roots", defaults.roots.to_string()),
+        ("--children", defaults.children.to_string()),
+        ("--depth", defaults.depth.to_string()),
+        ("--fork-share", defaults.fork_share.to_string()),
+        (
+            "--continuable-share",
+            defaults.continuable_share.to_string(),
+        ),
+        ("--followups", defaults.followups.to_string()),
+        ("--report-share", defaults.report_share.to_string()),
+        ("--interrupt-share", defaults.interrupt_share.to_string()),
+        ("--budget-share", defaults.budget_share.to_string()),
+        ("--nodes", defaults.nodes.to_string()),
+        ("--in-flight", defaults.in_flight.to_string()),
+        ("--seed", defaults.seed.to_string()),
+    ] {
+        let at = help.find(&format!("{flag} <")).expect(flag);
+        let described = &help[at..];
+        let end = described[2..]
+            .find(" --")
+            .map_or(described.len(), |end| end + 2);
+        assert!(
+            described[..end].contains(&format!("[default: {default}]")),
+            "{flag}: {}",
+            &described[..end]
+        );
+    }
+}
+
 #[actix_rt::test]
 async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
     let postgres = crate::support::postgres::server().fresh_database();
@@ -346,7 +389,15 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
 
     // An output that cannot be written is said to be that, not a store failure.
     let full = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args(["load", "--store", "memory", "--roots", "1", "--children", "3"])
+        .args([
+            "load",
+            "--store",
+            "memory",
+            "--roots",
+            "1",
+            "--children",
+            "3",
+        ])
         .stdout(std::fs::File::create("/dev/full").unwrap())
         .output()
         .unwrap();

@@ -21,58 +21,62 @@ pub(crate) struct LoadArgs {
     /// `{kind = "uniform", min = 2, max = 10}`. Flags override it.
     #[arg(long, value_name = "FILE")]
     scenario: Option<PathBuf>,
-    /// Root agents.
+    /// Root agents [default: 4].
     #[arg(long, allow_negative_numbers = true)]
     roots: Option<u64>,
-    /// Children per parent.
+    /// Children per parent [default: 250].
     #[arg(long, allow_negative_numbers = true)]
     children: Option<u64>,
-    /// Delegation levels below each root (continuable children delegate from their turn).
+    /// Delegation levels below each root (continuable children delegate from their turn)
+    /// [default: 1].
     #[arg(long, allow_negative_numbers = true)]
     depth: Option<u64>,
-    /// The share of one-shot children started through `fork`.
+    /// The share of one-shot children started through `fork` [default: 0.25].
     #[arg(long, allow_negative_numbers = true)]
     fork_share: Option<f64>,
-    /// The share of each root's children that are continuable.
+    /// The share of each root's children that are continuable [default: 0.5].
     #[arg(long, allow_negative_numbers = true)]
     continuable_share: Option<f64>,
-    /// Follow-ups per continuable child (each cold-resumes it).
+    /// Follow-ups per continuable child (each cold-resumes it) [default: 1].
     #[arg(long, allow_negative_numbers = true)]
     followups: Option<u64>,
-    /// The share of each root's continuable children that report to it from their first turn.
+    /// The share of each root's continuable children that report to it from their first turn
+    /// [default: 0.1].
     #[arg(long, allow_negative_numbers = true)]
     report_share: Option<f64>,
-    /// The share of continuable children interrupted after their last follow-up.
+    /// The share of continuable children interrupted after their last follow-up
+    /// [default: 0.1].
     #[arg(long, allow_negative_numbers = true)]
     interrupt_share: Option<f64>,
-    /// The share of continuable children with a one-turn budget.
+    /// The share of continuable children with a one-turn budget [default: 0.1].
     #[arg(long, allow_negative_numbers = true)]
     budget_share: Option<f64>,
-    /// Simulated model latency in milliseconds: `5` (fixed) or `2..10` (uniform).
+    /// Simulated model latency in milliseconds: `5` (fixed) or `2..10` (uniform) [default: 0].
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(Latency))]
     latency: Option<Latency>,
-    /// Where sessions are persisted: `sled` (default), `memory`, or a PostgreSQL connection
-    /// string (`postgres://…`).
+    /// Where sessions are persisted: `sled`, `memory`, or a PostgreSQL connection string
+    /// (`postgres://…`) [default: sled].
     #[arg(long, value_name = "sled|memory|postgres://…", value_parser = parse_store)]
     store: Option<(LoadStore, Option<String>)>,
-    /// Cluster nodes on the PostgreSQL store (default 1): the roots' children are placed
-    /// round-robin on them, and follow-ups chase them across nodes.
+    /// Cluster nodes on the PostgreSQL store: the roots' children are placed round-robin on
+    /// them, and follow-ups chase them across nodes [default: 1].
     #[arg(long, allow_negative_numbers = true)]
     nodes: Option<u64>,
-    /// The sled directory (default: a fresh temporary directory).
+    /// The sled directory [default: a fresh temporary directory, removed afterwards].
     #[arg(long, value_name = "DIR")]
     store_dir: Option<PathBuf>,
     /// When the root agents flush (children follow the seam: one-shot children add no
-    /// checkpoint, every continuable epoch ends with a flush).
+    /// checkpoint, every continuable epoch ends with a flush) [default: on-request].
     #[arg(long, value_enum)]
     flush: Option<LoadFlush>,
-    /// Threads agents run on, the harness's own among them (default: one per core; at most 256).
+    /// Threads agents run on, the harness's own among them, at most 256 [default: one per
+    /// core].
     #[arg(long, allow_negative_numbers = true)]
     workers: Option<usize>,
-    /// The most root children in flight at once (default 10000).
+    /// The most root children in flight at once [default: 10000].
     #[arg(long, allow_negative_numbers = true)]
     in_flight: Option<u64>,
-    /// The seed of every choice and drawn latency.
+    /// The seed of every choice and drawn latency [default: 1].
     #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
     /// Print the report as JSON.
