@@ -423,6 +423,8 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
         (&["--in-flight", "0"][..], "`--in-flight`"),
         (&["--roots", "-1"][..], "'--roots <ROOTS>'"),
         (&["--workers", "100000"][..], "`--workers`"),
+        (&["--plot", "run.png"][..], "name a `.svg` file"),
+        (&["--plot", "/nonexistent/run.svg"][..], "cannot be written"),
     ] {
         let refused = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
             .arg("load")

@@ -176,9 +176,37 @@ fn progress(counters: &Arc<LoadCounters>, total: u64) -> ProgressBar {
     bar
 }
 
+/// Refuses a `--plot` target before the run: it must be an `.svg` file this process can write.
+fn check_plot(path: &std::path::Path) -> Result<(), SubagentError> {
+    let refused = |why: String| {
+        SubagentError::new(
+            ErrorCode::InvalidArgs,
+            format!("--plot {}: {why}", path.display()),
+        )
+    };
+    if !path
+        .extension()
+        .is_some_and(|extension| extension.eq_ignore_ascii_case("svg"))
+    {
+        return Err(refused(
+            "the plot is drawn as SVG: name a `.svg` file".to_owned(),
+        ));
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map(drop)
+        .map_err(|error| refused(format!("cannot be written: {error}")))
+}
+
 /// Runs the command, writing the report to `out`.
 pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Failure> {
     let scenario = args.scenario()?;
+    if let Some(path) = &args.plot {
+        check_plot(path)?;
+    }
     let counters = Arc::new(LoadCounters::default());
     // Every child settles once, and each accepted follow-up adds an epoch.
     let epochs = scenario.total_children().unwrap_or(0).saturating_add(
@@ -194,9 +222,6 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     let report = subagents::load::run(&scenario, Arc::clone(&counters)).await;
     bar.finish_and_clear();
     let report = report?;
-    if let Some(path) = &args.plot {
-        super::plot::draw(&report.timeline, path)?;
-    }
     if args.json {
         let json = serde_json::to_string_pretty(&report).map_err(|error| {
             SubagentError::new(
@@ -207,6 +232,10 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
         writeln!(out, "{json}")?;
     } else {
         writeln!(out, "{report}")?;
+    }
+    // Drawn after the report is written: a plot that fails loses nothing of the run.
+    if let Some(path) = &args.plot {
+        super::plot::draw(&report.timeline, path)?;
     }
     if report.passed {
         Ok(())
