@@ -387,6 +387,32 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
         "printed for a person: {stderr}"
     );
 
+    // The report for a person leaves the floors to `--verbose` (the JSON above has them).
+    for (verbose, floors) in [(false, false), (true, true)] {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"));
+        command.args([
+            "load",
+            "--store",
+            "memory",
+            "--roots",
+            "1",
+            "--children",
+            "10",
+        ]);
+        if verbose {
+            command.arg("--verbose");
+        }
+        let output = command.output().unwrap();
+        assert!(output.status.success());
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.contains("children: 10 = 5 one-shot + 5 continuable"),
+            "{stdout}"
+        );
+        assert_eq!(stdout.contains("the actor floor"), floors, "{stdout}");
+    }
+    assert!(report["floors"]["actor_round_trip_ns"].as_u64().is_some());
+
     // An output that cannot be written is said to be that, not a store failure.
     let full = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
         .args([

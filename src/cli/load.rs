@@ -82,6 +82,10 @@ pub(crate) struct LoadArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Also print the floors measured in the same process (an actor's round trip, a sled
+    /// append) the one-shot latency is compared with; the JSON always has them.
+    #[arg(long)]
+    verbose: bool,
     /// Also draw the run's timeline (throughput and children in flight) into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
@@ -230,6 +234,8 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
             )
         })?;
         writeln!(out, "{json}")?;
+    } else if args.verbose {
+        writeln!(out, "{report:#}")?;
     } else {
         writeln!(out, "{report}")?;
     }

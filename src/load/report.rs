@@ -10,7 +10,7 @@ use actix::prelude::*;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::scenario::Scenario;
+use super::scenario::{Latency, LoadStore, Scenario};
 use super::verify::{Check, Created, Persisted};
 use crate::seam::DelegationMode;
 
@@ -366,29 +366,112 @@ impl LoadReport {
     }
 }
 
+/// A duration in microseconds for a person: three significant digits, in µs, ms or s.
+pub(crate) fn human_us(us: u64) -> String {
+    if us < 1_000 {
+        // Whole microseconds are what the histograms hold.
+        return format!("{us} µs");
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let us = us as f64;
+    let (value, unit) = if us < 1_000_000.0 {
+        (us / 1_000.0, "ms")
+    } else {
+        (us / 1_000_000.0, "s")
+    };
+    format!("{} {unit}", three_digits(value))
+}
+
+/// `value` with three significant digits (whole numbers from 100 up).
+fn three_digits(value: f64) -> String {
+    if value >= 100.0 {
+        format!("{value:.0}")
+    } else if value >= 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+/// A rate or a duration, rounded to a whole number for display (negative and NaN read as 0).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn whole(value: f64) -> u64 {
+    // `as` saturates: a rate past u64::MAX (never seen) reads as u64::MAX.
+    value.round().max(0.0) as u64
+}
+
+/// `count` with thousands separated (`10,000`).
+pub(crate) fn grouped(count: u64) -> String {
+    let digits = count.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// `count` and its noun, singular or plural (`1 root`, `4 roots`).
+fn counted(count: u64, singular: &str, plural: &str) -> String {
+    format!(
+        "{} {}",
+        grouped(count),
+        if count == 1 { singular } else { plural }
+    )
+}
+
+/// A share as a percentage (`25%`).
+fn percent(share: f64) -> String {
+    let digits = three_digits(share * 100.0);
+    let digits = if digits.contains('.') {
+        digits.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &digits
+    };
+    format!("{digits}%")
+}
+
+/// One row of the latency table; nothing when nothing was recorded.
 fn latency_line(f: &mut fmt::Formatter<'_>, name: &str, summary: &LatencySummary) -> fmt::Result {
     if summary.count == 0 {
         return Ok(());
     }
     writeln!(
         f,
-        "  {name:<32} p50 {:>8} µs  p90 {:>8} µs  p99 {:>8} µs  max {:>8} µs  (n = {})",
-        summary.p50_us, summary.p90_us, summary.p99_us, summary.max_us, summary.count
+        "  {name:<38} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        human_us(summary.p50_us),
+        human_us(summary.p90_us),
+        human_us(summary.p99_us),
+        human_us(summary.max_us),
+        grouped(summary.count)
     )
 }
 
 impl fmt::Display for LoadReport {
+    /// The report for a person; the alternate form (`{:#}`) adds the floors measured in the
+    /// same process, which the JSON always has.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let scenario = &self.scenario;
+        let store = match scenario.store {
+            LoadStore::Sled => "sled",
+            LoadStore::Memory => "memory",
+            LoadStore::Postgres => "postgres",
+        };
+        let latency = match scenario.latency {
+            Latency::Fixed { ms } => format!("{ms} ms"),
+            Latency::Uniform { min, max } => format!("{min}..{max} ms"),
+        };
         writeln!(
             f,
-            "scenario: {} roots x {} children, depth {}, {:.0}% continuable, {} follow-ups each, {:?} store{}, seed {}",
-            scenario.roots,
-            scenario.children,
+            "scenario: {} × {} each, depth {}, {} continuable with {} each, {} store{}, seed {}",
+            counted(scenario.roots, "root", "roots"),
+            counted(scenario.children, "child", "children"),
             scenario.depth,
-            scenario.continuable_share * 100.0,
-            scenario.followups,
-            scenario.store,
+            percent(scenario.continuable_share),
+            counted(scenario.followups, "follow-up", "follow-ups"),
+            store,
             if scenario.nodes > 1 {
                 format!(" shared by {} nodes", scenario.nodes)
             } else {
@@ -398,34 +481,55 @@ impl fmt::Display for LoadReport {
         )?;
         writeln!(
             f,
-            "children: {} ({} one-shot, {} continuable) in {:.2} s; drain {:.3} s",
-            self.children.total,
-            self.children.one_shot,
-            self.children.continuable,
+            "          forks {} of one-shot children; of continuable ones {} report, {} are \
+             interrupted, {} have a one-turn budget; model latency {latency}; {} in flight at most",
+            percent(scenario.fork_share),
+            percent(scenario.report_share),
+            percent(scenario.interrupt_share),
+            percent(scenario.budget_share),
+            grouped(scenario.in_flight),
+        )?;
+        writeln!(
+            f,
+            "children: {} = {} one-shot + {} continuable, grown in {:.2} s; drain (releasing \
+             what is still live) {}",
+            grouped(self.children.total),
+            grouped(self.children.one_shot),
+            grouped(self.children.continuable),
             self.elapsed_s,
-            self.drain_s
+            human_us(whole(self.drain_s * 1e6)),
+        )?;
+        let sent = self.followups.accepted + self.followups.refused_by_budget;
+        writeln!(
+            f,
+            "follow-ups: {} sent = {} accepted ({} cold resumes, {} to a child running on \
+             another node) + {} refused by budget; {} and {} sent",
+            grouped(sent),
+            grouped(self.followups.accepted),
+            grouped(
+                self.followups
+                    .accepted
+                    .saturating_sub(self.latency.cross_node_followup_acceptance.count)
+            ),
+            grouped(self.latency.cross_node_followup_acceptance.count),
+            grouped(self.followups.refused_by_budget),
+            counted(self.followups.interrupts_sent, "interrupt", "interrupts"),
+            counted(self.followups.reports_sent, "report", "reports"),
         )?;
         writeln!(
             f,
-            "follow-ups: {} accepted ({} cold resumes, {} across nodes), {} refused by budget, {} interrupts sent; {} reports",
-            self.followups.accepted,
-            self.followups
-                .accepted
-                .saturating_sub(self.latency.cross_node_followup_acceptance.count),
-            self.latency.cross_node_followup_acceptance.count,
-            self.followups.refused_by_budget,
-            self.followups.interrupts_sent,
-            self.followups.reports_sent
+            "throughput: {} children/s, {} one-shot runs/s, {} follow-ups/s, {} events \
+             persisted/s",
+            grouped(whole(self.throughput.children_per_s)),
+            grouped(whole(self.throughput.one_shot_runs_per_s)),
+            grouped(whole(self.throughput.followups_per_s)),
+            grouped(whole(self.throughput.events_per_s)),
         )?;
         writeln!(
             f,
-            "throughput: {:.0} one-shot runs/s, {:.0} follow-ups/s, {:.0} children/s, {:.0} events persisted/s",
-            self.throughput.one_shot_runs_per_s,
-            self.throughput.followups_per_s,
-            self.throughput.children_per_s,
-            self.throughput.events_per_s
+            "latency{:<33} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "", "p50", "p90", "p99", "max", "n"
         )?;
-        writeln!(f, "latency:")?;
         latency_line(
             f,
             "one-shot start to result",
@@ -443,7 +547,7 @@ impl fmt::Display for LoadReport {
         )?;
         latency_line(
             f,
-            "follow-up to turn start (log time, to the ms)",
+            "follow-up to its turn (log time, ms)",
             &self.latency.followup_to_turn_start,
         )?;
         latency_line(f, "follow-up to settled", &self.latency.followup_to_settled)?;
@@ -454,33 +558,36 @@ impl fmt::Display for LoadReport {
         )?;
         writeln!(
             f,
-            "memory: peak RSS {} MiB, {} children live at most, {} B per live child",
-            self.memory.peak_rss_bytes >> 20,
-            self.memory.peak_live_children,
-            self.memory.rss_per_live_child_bytes
+            "memory: peak RSS {} MiB with at most {} live at once: {} B of RSS growth per \
+             child live at the peak",
+            grouped(self.memory.peak_rss_bytes >> 20),
+            counted(self.memory.peak_live_children, "child", "children"),
+            grouped(self.memory.rss_per_live_child_bytes)
         )?;
         write!(
             f,
-            "persisted: {} events in the children's logs",
-            self.persisted.events
+            "persisted: {} in the children's logs",
+            counted(self.persisted.events, "event", "events")
         )?;
         if let Some(bytes) = self.persisted.bytes_on_disk {
-            write!(f, ", {} MiB on disk", bytes >> 20)?;
+            write!(f, ", {} MiB on disk", grouped(bytes >> 20))?;
         }
         writeln!(f)?;
-        write!(
-            f,
-            "floors: actor spawn + round trip {} ns",
-            self.floors.actor_round_trip_ns
-        )?;
-        if let Some(sled) = self.floors.sled_turn_append_ns {
-            write!(f, ", sled turn append {sled} ns")?;
+        if f.alternate() {
+            write!(
+                f,
+                "floors (measured in this process): actor spawn + round trip {}",
+                human_us(self.floors.actor_round_trip_ns / 1000)
+            )?;
+            if let Some(sled) = self.floors.sled_turn_append_ns {
+                write!(f, ", sled turn append {}", human_us(sled / 1000))?;
+            }
+            writeln!(
+                f,
+                "; one-shot p50 = {:.0}× the actor floor",
+                self.one_shot_p50_over_actor_floor
+            )?;
         }
-        writeln!(
-            f,
-            "; one-shot p50 = {:.0}x the actor floor",
-            self.one_shot_p50_over_actor_floor
-        )?;
         writeln!(f, "verification:")?;
         for check in &self.checks {
             writeln!(
@@ -500,5 +607,28 @@ impl fmt::Display for LoadReport {
                 "verification FAILED"
             }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_read_with_three_significant_digits_and_their_unit() {
+        assert_eq!(human_us(0), "0 µs");
+        assert_eq!(human_us(999), "999 µs");
+        assert_eq!(human_us(1_234), "1.23 ms");
+        assert_eq!(human_us(289_791), "290 ms");
+        assert_eq!(human_us(1_321_983), "1.32 s");
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(10_000), "10,000");
+        assert_eq!(grouped(1_234_567), "1,234,567");
+        assert_eq!(counted(1, "root", "roots"), "1 root");
+        assert_eq!(counted(4, "root", "roots"), "4 roots");
+        assert_eq!(percent(0.5), "50%");
+        assert_eq!(percent(0.125), "12.5%");
+        assert_eq!(percent(0.0), "0%");
     }
 }
