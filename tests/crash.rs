@@ -431,6 +431,19 @@ fn the_tree_command_prints_a_killed_forest_from_its_store() {
         ],
         "pre-order, with the dead process's mid-turn nodes listed like the rest"
     );
+    // One JSON shape whether or not a root is named; a root with no children is a root with
+    // none (it printed `[]` or `null` before).
+    let named: serde_json::Value =
+        serde_json::from_str(&tree(dir.path(), &["--json", &forest.root.to_string()])).unwrap();
+    assert_eq!(named, trees);
+    let leaf = forest.great_grandchild.to_string();
+    let lone: serde_json::Value =
+        serde_json::from_str(&tree(dir.path(), &["--json", &leaf])).unwrap();
+    assert_eq!(lone, serde_json::json!([{"root": leaf, "descendants": []}]));
+    assert_eq!(
+        tree(dir.path(), &[&leaf]).lines().collect::<Vec<_>>(),
+        [leaf.as_str(), "  (no delegated children)"]
+    );
     // The text form of one subtree: indented by depth below its root.
     let text = tree(dir.path(), &[&forest.grandchild.to_string()]);
     assert_eq!(

@@ -21,7 +21,8 @@ pub(crate) struct TreeArgs {
     /// The store: a sled directory, or a `postgres://` URL.
     #[arg(long, default_value = ".subagents")]
     store: super::store::StoreLocation,
-    /// Print JSON for scripts instead of an indented tree.
+    /// Print JSON for scripts instead of an indented tree: a list of roots, each with its
+    /// descendants in pre-order.
     #[arg(long)]
     json: bool,
 }
@@ -66,7 +67,7 @@ pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), supe
     }
     rt.shutdown().await?;
     if args.json {
-        print_json(&trees, args.root.is_some(), out)?;
+        print_json(&trees, out)?;
     } else {
         print_text(&trees, &args, out)?;
     }
@@ -112,15 +113,16 @@ fn describe(entry: &SubagentListEntry) -> String {
             ..
         } => {
             let activity = serde_json::to_value(activity).unwrap_or_default();
+            // Columns aligned: the widest mode is `continuable`, the widest activity `inactive`.
             let mut line = format!(
-                "{id}  {}  {}",
+                "{id}  {:<11}  {:<8}",
                 mode.as_str(),
                 activity.as_str().unwrap_or("")
             );
             if let Some(label) = label {
                 line.push_str(&format!("  {label:?}"));
             }
-            line
+            line.trim_end().to_owned()
         }
         SubagentListEntry::Diagnostic { id, reason } => {
             let reason = serde_json::to_value(reason).unwrap_or_default();
@@ -135,6 +137,9 @@ fn print_text(trees: &[Tree], args: &TreeArgs, out: &mut impl Write) -> std::io:
     }
     for tree in trees {
         writeln!(out, "{}", tree.root)?;
+        if tree.descendants.is_empty() {
+            writeln!(out, "  (no delegated children)")?;
+        }
         for row in &tree.descendants {
             let indent = "  ".repeat(usize::try_from(row.depth).unwrap_or(usize::MAX).min(64));
             writeln!(out, "{indent}{}", describe(&row.entry))?;
@@ -143,14 +148,12 @@ fn print_text(trees: &[Tree], args: &TreeArgs, out: &mut impl Write) -> std::io:
     Ok(())
 }
 
-fn print_json(trees: &[Tree], single: bool, out: &mut impl Write) -> std::io::Result<()> {
-    let value = if single {
-        json!(trees.first().map(|tree| &tree.descendants))
-    } else {
-        json!(trees
-            .iter()
-            .map(|tree| json!({"root": tree.root, "descendants": tree.descendants}))
-            .collect::<Vec<_>>())
-    };
+/// One shape whether or not a root was asked for: a list of roots, each with its descendants
+/// (an empty list for a root with none).
+fn print_json(trees: &[Tree], out: &mut impl Write) -> std::io::Result<()> {
+    let value = json!(trees
+        .iter()
+        .map(|tree| json!({"root": tree.root, "descendants": tree.descendants}))
+        .collect::<Vec<_>>());
     writeln!(out, "{value:#}")
 }
