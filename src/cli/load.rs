@@ -150,7 +150,11 @@ impl LoadArgs {
     }
 }
 
-/// Shows the counters on stderr while the run lasts (hidden when stdout is not a terminal).
+/// Shows the counters on stderr while the run lasts (hidden when stdout is not a terminal): a
+/// bar of the children created out of the scenario's total, and a line with the follow-ups
+/// and the epochs running (an epoch is one run of a child, from its start or a follow-up's
+/// cold resume to its settling; the window bounds only the roots' own children, so their
+/// grandchildren and follow-ups may run beyond it).
 fn progress(counters: &Arc<LoadCounters>, total: u64) -> ProgressBar {
     let bar = ProgressBar::new(total);
     if !std::io::stdout().is_terminal() {
@@ -158,7 +162,7 @@ fn progress(counters: &Arc<LoadCounters>, total: u64) -> ProgressBar {
     }
     bar.set_style(
         ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} settled  {msg}",
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} children\n  {msg}",
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
@@ -166,12 +170,12 @@ fn progress(counters: &Arc<LoadCounters>, total: u64) -> ProgressBar {
     let ticker = bar.clone();
     actix::spawn(async move {
         while !ticker.is_finished() {
-            ticker.set_position(watched.settled.load(Ordering::Relaxed));
+            ticker.set_position(watched.created.load(Ordering::Relaxed));
             ticker.set_message(format!(
-                "{} started, {} in flight, {} follow-ups, RSS {} MiB",
-                watched.started.load(Ordering::Relaxed),
-                watched.in_flight(),
+                "{} follow-ups accepted, {} epochs running, {} settled, RSS {} MiB",
                 watched.followups.load(Ordering::Relaxed),
+                watched.in_flight(),
+                watched.settled.load(Ordering::Relaxed),
                 rss_bytes() >> 20
             ));
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -212,17 +216,7 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
         check_plot(path)?;
     }
     let counters = Arc::new(LoadCounters::default());
-    // Every child settles once, and each accepted follow-up adds an epoch.
-    let epochs = scenario.total_children().unwrap_or(0).saturating_add(
-        scenario
-            .roots
-            .saturating_mul(subagents::load::share_count(
-                scenario.children,
-                scenario.continuable_share,
-            ))
-            .saturating_mul(scenario.followups),
-    );
-    let bar = progress(&counters, epochs);
+    let bar = progress(&counters, scenario.total_children().unwrap_or(0));
     let report = subagents::load::run(&scenario, Arc::clone(&counters)).await;
     bar.finish_and_clear();
     let report = report?;

@@ -41,7 +41,10 @@ use crate::Runtime;
 /// What a run has done so far; the CLI polls it for its progress bars.
 #[derive(Debug, Default)]
 pub struct LoadCounters {
-    /// Children started (every epoch of a continuable child counts once).
+    /// Children created (each once, whatever its epochs).
+    pub created: AtomicU64,
+    /// Epochs started: a one-shot run, or one activation of a continuable child (its first
+    /// turns, then each follow-up that cold-resumes it).
     pub started: AtomicU64,
     /// Epochs ended (`subagent/end`).
     pub settled: AtomicU64,
@@ -50,7 +53,7 @@ pub struct LoadCounters {
 }
 
 impl LoadCounters {
-    /// Children started but not settled yet.
+    /// Epochs started but not settled yet.
     pub fn in_flight(&self) -> u64 {
         self.started
             .load(Ordering::Relaxed)
@@ -178,6 +181,7 @@ fn task_for(scenario: &Scenario, root: SessionId, level: u64, report: bool) -> S
 impl Shared {
     fn record(&self, created: Created) {
         lock(&self.created).push(created);
+        self.counters.created.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The runtime of node `node` (0: the roots' node).
