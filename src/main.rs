@@ -150,6 +150,8 @@ enum Failure {
     Error(SubagentError),
     /// A load run that did not verify: its report says which check failed; exit code 1.
     Unverified,
+    /// A load run stopped by Ctrl-C: its partial report was printed; exit code 130.
+    Interrupted,
     /// The history checker found anomalies: its output names them; exit code 1.
     Anomalies,
 }
@@ -217,6 +219,13 @@ fn main() -> ExitCode {
                 "error: the load run did not verify (see the report)"
             );
             ExitCode::from(1)
+        }
+        Err(Failure::Interrupted) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "the load run was interrupted (the report is of what it grew)"
+            );
+            ExitCode::from(130)
         }
         Err(Failure::Anomalies) => {
             let _ = writeln!(

@@ -474,6 +474,50 @@ fn size_of_dir(dir: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
+// Ctrl-C during `load` stops it growing: what runs drains, the partial report says it was
+// interrupted and verifies (every child it started listed, none corrupt, nothing live), and
+// the command exits 130. It is sent once the store holds part of the run (polled: nothing
+// announces a moment of the run to another process).
+#[test]
+fn ctrl_c_during_load_drains_reports_what_grew_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["load", "--roots", "1", "--children", "1000000"])
+        .arg("--store-dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the load binary starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while size_of_dir(dir.path()) < 2 << 20 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = rustix::process::Pid::from_raw(i32::try_from(load.id()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let output = load.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(130),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.starts_with("INTERRUPTED"), "{stdout}");
+    assert!(stdout.contains("verification passed"), "{stdout}");
+    assert!(
+        !stdout.contains("1,000,000 ="),
+        "stopped before the whole scenario: {stdout}"
+    );
+    let trees: serde_json::Value = serde_json::from_str(&tree(dir.path(), &["--json"])).unwrap();
+    let printed = trees.to_string();
+    assert!(
+        printed.contains("\"mode\""),
+        "children were listed: {printed}"
+    );
+    assert!(!printed.contains("diagnostic"), "none corrupt: {printed}");
+}
+
 // An interrupted creation is not a damaged child: a load run killed while fork children are
 // being created leaves a tree with no diagnostic row (every delegated child is stored whole,
 // with the descriptor that names it, or not at all).

@@ -217,7 +217,10 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     }
     let counters = Arc::new(LoadCounters::default());
     let bar = progress(&counters, scenario.total_children().unwrap_or(0));
-    let report = subagents::load::run(&scenario, Arc::clone(&counters)).await;
+    let stop = subagents::CancellationToken::new();
+    let interrupts = actix::spawn(stop_on_interrupt(stop.clone(), bar.clone()));
+    let report = subagents::load::run_until(&scenario, Arc::clone(&counters), stop).await;
+    interrupts.abort();
     bar.finish_and_clear();
     let report = report?;
     if args.json {
@@ -237,9 +240,28 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     if let Some(path) = &args.plot {
         super::plot::draw(&report.timeline, path)?;
     }
-    if report.passed {
-        Ok(())
-    } else {
+    if !report.passed {
         Err(Failure::Unverified)
+    } else if report.interrupted {
+        Err(Failure::Interrupted)
+    } else {
+        Ok(())
+    }
+}
+
+/// The first Ctrl-C stops the run growing (it drains, verifies and reports what it grew); a
+/// second one exits at once, with the shell's code for an interrupt.
+async fn stop_on_interrupt(stop: subagents::CancellationToken, bar: ProgressBar) {
+    if tokio::signal::ctrl_c().await.is_err() {
+        return;
+    }
+    stop.cancel();
+    bar.suspend(|| {
+        eprintln!(
+            "interrupted: no more children start; draining what runs (Ctrl-C again exits at once)"
+        );
+    });
+    if tokio::signal::ctrl_c().await.is_ok() {
+        std::process::exit(130);
     }
 }

@@ -238,6 +238,9 @@ pub struct LoadReport {
     pub scenario: Scenario,
     /// Whether every check passed.
     pub passed: bool,
+    /// Whether the run was stopped before it grew the whole scenario (see
+    /// [`super::run_until`]): the report is of what it grew.
+    pub interrupted: bool,
     /// The growing phase (start of the first child to the last settlement), seconds.
     pub elapsed_s: f64,
     /// The final drain (shutdown), seconds.
@@ -267,6 +270,7 @@ pub struct LoadReport {
 /// The raw measurements a report is made from.
 pub(crate) struct Measured<'a> {
     pub(crate) scenario: Scenario,
+    pub(crate) stopped_early: bool,
     pub(crate) elapsed: Duration,
     pub(crate) drain: Duration,
     pub(crate) created: &'a [Created],
@@ -316,6 +320,7 @@ impl LoadReport {
         let floor_us = measured.floors.actor_round_trip_ns as f64 / 1000.0;
         Self {
             passed: measured.checks.iter().all(|check| check.passed),
+            interrupted: measured.stopped_early,
             elapsed_s: measured.elapsed.as_secs_f64(),
             drain_s: measured.drain.as_secs_f64(),
             children: ChildCounts {
@@ -454,6 +459,12 @@ impl fmt::Display for LoadReport {
     /// same process, which the JSON always has.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let scenario = &self.scenario;
+        if self.interrupted {
+            writeln!(
+                f,
+                "INTERRUPTED: the run was stopped early; this is the report of what it grew"
+            )?;
+        }
         let store = match scenario.store {
             LoadStore::Sled => "sled",
             LoadStore::Memory => "memory",

@@ -130,6 +130,8 @@ impl Lifecycle {
 
 /// Everything the run's tasks share.
 struct Shared {
+    /// Fired to stop the run early: no root starts another child.
+    stop: CancellationToken,
     scenario: Scenario,
     /// The first node's runtime: the roots live there.
     rt: Runtime,
@@ -374,6 +376,9 @@ impl Shared {
                     .acquire()
                     .await
                     .map_err(|_| SubagentError::bug("the load window closed"))?;
+                if self.stop.is_cancelled() {
+                    return Ok(());
+                }
                 if is_continuable {
                     self.continuable(root, index, position).await
                 } else {
@@ -381,8 +386,10 @@ impl Shared {
                 }
             }
         });
-        // Polled as they are admitted, so a million children are never a million futures.
+        // Polled as they are admitted, so a million children are never a million futures;
+        // none is admitted once the run is stopped.
         stream::iter(tasks)
+            .take_until(self.stop.clone().cancelled_owned())
             .buffer_unordered(usize::try_from(self.scenario.in_flight).unwrap_or(usize::MAX))
             .try_collect::<()>()
             .await
@@ -516,6 +523,20 @@ async fn open_store(scenario: &Scenario) -> Result<RunStore> {
 /// `INVALID_ARGS` for a scenario out of range; the store's error when it cannot be opened; the
 /// first seam error a child's task met.
 pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<LoadReport> {
+    run_until(scenario, counters, CancellationToken::new()).await
+}
+
+/// [`run`], stopping early once `stop` fires: no root starts another child, the children
+/// already started finish what they were given, and the run drains and verifies what it
+/// grew. The report says it was interrupted.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_until(
+    scenario: &Scenario,
+    counters: Arc<LoadCounters>,
+    stop: CancellationToken,
+) -> Result<LoadReport> {
     scenario.validate()?;
     let floors = super::report::Floors::measure(scenario.store == LoadStore::Sled).await;
     let rss_before = rss_bytes();
@@ -569,6 +590,7 @@ pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<Loa
         })
         .collect();
     let shared = Arc::new(Shared {
+        stop,
         scenario: scenario.clone(),
         rt: rt.clone(),
         peers,
@@ -751,7 +773,12 @@ async fn grow(
         &created,
         &accepted,
         &root_ids,
-        scenario.total_children(),
+        // An interrupted run has the size it grew to.
+        if shared.stop.is_cancelled() {
+            None
+        } else {
+            scenario.total_children()
+        },
         shared.reports.load(Ordering::Relaxed),
         listed_before,
         shutdown,
@@ -764,6 +791,7 @@ async fn grow(
     });
     let report = LoadReport::new(super::report::Measured {
         scenario: scenario.clone(),
+        stopped_early: shared.stop.is_cancelled(),
         elapsed,
         drain,
         created: &created,
