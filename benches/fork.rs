@@ -8,8 +8,6 @@
 //! are printed once per size (`stored bytes per child`), from the child's own stored events.
 //! Run with `cargo bench --bench fork`.
 
-use std::hint::black_box;
-
 /// The bench runs on mimalloc, as the `subagents` binary does.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -21,12 +19,15 @@ use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
-    AgentHandle, ContentBlock, MemoryStore, MessageSource, Runtime, SessionId, SessionPersistence,
-    SledStore, SubagentStartRequest,
+    AgentHandle, ContentBlock, MemoryStore, MessageSource, SessionId, SessionPersistence, SledStore,
 };
 
+#[path = "support/one_run.rs"]
+mod one_run;
 #[path = "support/parent.rs"]
 mod parent;
+
+use one_run::one_run;
 
 /// The transcript lengths a parent is grown to, in completed turns.
 const TURNS: [u64; 3] = [10, 1_000, 10_000];
@@ -45,22 +46,6 @@ async fn grow_to(parent: &AgentHandle, done: &mut u64, turns: u64) {
         parent.agent().when_idle().await;
         *done += 1;
     }
-}
-
-/// One child of `parent` through `provider`, start to disposal; its session id.
-async fn one_run(rt: &Runtime, parent: &AgentHandle, provider: &str) -> SessionId {
-    let run = rt
-        .subagents()
-        .start(
-            provider,
-            SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]),
-        )
-        .await
-        .expect("start");
-    black_box(run.result().await.expect("result"));
-    let id = run.id();
-    run.dispose().await.expect("dispose");
-    id
 }
 
 /// The bytes of `child`'s own stored events (its seed, stored by reference, is not among them).

@@ -9,8 +9,6 @@
 //! A run here is: `start` → `result` → `dispose`. Run with `cargo bench --bench one_shot`.
 //! The memory an in-flight child holds is measured by `cargo bench --bench in_flight_memory`.
 
-use std::hint::black_box;
-
 /// The bench runs on mimalloc, as the `subagents` binary does: glibc's allocator fragments
 /// badly under tens of thousands of short-lived children.
 #[global_allocator]
@@ -23,33 +21,21 @@ use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use futures::future::join_all;
 use subagents::testing::{ScriptStep, ScriptedModel};
-use subagents::{
-    AgentHandle, ContentBlock, MemoryStore, Runtime, SessionPersistence, SledStore,
-    SubagentStartRequest,
-};
+use subagents::{AgentHandle, MemoryStore, Runtime, SessionPersistence, SledStore};
 
 #[path = "support/floors.rs"]
 mod floors;
+#[path = "support/one_run.rs"]
+mod one_run;
 #[path = "support/parent.rs"]
 mod parent;
+
+use one_run::one_run;
 
 /// A runtime with both in-process providers and a parent that completed one turn (so a fork
 /// child inherits a real prefix).
 async fn setup(store: Arc<dyn SessionPersistence>, model: ScriptedModel) -> (Runtime, AgentHandle) {
     parent::runtime_with_parent(store, model, 1).await
-}
-
-async fn one_run(rt: &Runtime, parent: &AgentHandle, provider: &str) {
-    let run = rt
-        .subagents()
-        .start(
-            provider,
-            SubagentStartRequest::new(parent.agent(), vec![ContentBlock::text("work")]),
-        )
-        .await
-        .expect("start");
-    black_box(run.result().await.expect("result"));
-    run.dispose().await.expect("dispose");
 }
 
 async fn many_runs(rt: &Runtime, parent: &AgentHandle, provider: &str, in_flight: usize) {

@@ -8,6 +8,16 @@ use subagents::{ErrorCode, SessionPersistence};
 
 use crate::support::within;
 
+/// Runs `scenario` to its report, within the tests' deadline.
+async fn run_to_end(scenario: &Scenario) -> subagents::load::LoadReport {
+    within(
+        "the load run",
+        run(scenario, Arc::new(LoadCounters::default())),
+    )
+    .await
+    .unwrap()
+}
+
 fn small(store: LoadStore) -> Scenario {
     Scenario {
         roots: 2,
@@ -38,12 +48,7 @@ async fn the_default_scenario_reopens_the_sled_store_it_closed_run_after_run() {
             seed: attempt + 1,
             ..Scenario::default()
         };
-        let report = within(
-            "the load run",
-            run(&scenario, Arc::new(LoadCounters::default())),
-        )
-        .await
-        .unwrap();
+        let report = run_to_end(&scenario).await;
         assert!(report.passed, "run {attempt}: {report}");
         let reopened = report
             .checks
@@ -190,12 +195,7 @@ async fn a_scenario_spread_over_two_cluster_nodes_verifies() {
     scenario.nodes = 2;
     // Slow enough turns that a first follow-up usually catches its child on the other node.
     scenario.latency = subagents::load::Latency::Fixed { ms: 50 };
-    let report = within(
-        "the load run",
-        run(&scenario, Arc::new(LoadCounters::default())),
-    )
-    .await
-    .unwrap();
+    let report = run_to_end(&scenario).await;
     assert!(report.passed, "{report}");
     assert_eq!(report.children.total, scenario.total_children().unwrap());
     assert_eq!(report.followups.refused_by_budget, 2);
@@ -237,12 +237,7 @@ async fn the_window_bounds_the_root_children_in_flight() {
         workers: 1,
         ..Scenario::default()
     };
-    let report = within(
-        "the load run",
-        run(&scenario, Arc::new(LoadCounters::default())),
-    )
-    .await
-    .unwrap();
+    let report = run_to_end(&scenario).await;
     assert!(report.passed, "{report}");
     assert_eq!(report.children.total, 20);
     assert!(
