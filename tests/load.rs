@@ -383,17 +383,18 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
     );
 
     // The report for a person leaves the floors to `--verbose` (the JSON above has them).
+    let small_run = [
+        "load",
+        "--store",
+        "memory",
+        "--roots",
+        "1",
+        "--children",
+        "10",
+    ];
     for (verbose, floors) in [(false, false), (true, true)] {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"));
-        command.args([
-            "load",
-            "--store",
-            "memory",
-            "--roots",
-            "1",
-            "--children",
-            "10",
-        ]);
+        command.args(small_run);
         if verbose {
             command.arg("--verbose");
         }
@@ -410,15 +411,7 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
 
     // An output that cannot be written is said to be that, not a store failure.
     let full = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args([
-            "load",
-            "--store",
-            "memory",
-            "--roots",
-            "1",
-            "--children",
-            "3",
-        ])
+        .args(small_run)
         .stdout(std::fs::File::create("/dev/full").unwrap())
         .output()
         .unwrap();
