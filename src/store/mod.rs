@@ -474,7 +474,10 @@ async fn own_inspection<S: SessionPersistence + ?Sized>(
     id: SessionId,
 ) -> Result<OwnEvents> {
     let mut own = store.read_own(id).await?;
-    let next = own.header.seed_len() + seq_of(own.events.len())?;
+    let next = own
+        .header
+        .seed_len()
+        .saturating_add(seq_of(own.events.len())?);
     let closers = closers_from(own.seed_shape.clone(), next, &own.events);
     own.events.extend(closers);
     Ok(own)
