@@ -36,7 +36,11 @@ enum Command {
     /// progress, a report of throughput, latency and memory, and a verification that fails the
     /// command when it does not hold.
     Load(Box<cli::load::LoadArgs>),
-    /// Run an agent that calls a tool, in a sled store, and print its session log and answer.
+    /// Run the narrated delegation tour on the scripted model: a parent delegates to a `spawn`
+    /// and a `fork` child in parallel, starts a continuable child, sends it a follow-up, hears
+    /// its report and settled notices, and lists its children; the forest stays in the store
+    /// for `tree`. With `--model openai`, one agent calls a tool against the endpoint; the
+    /// `--stall`, `--burst` and `--forest` drills are crash-recovery exercises.
     Demo(DemoArgs),
     /// Run the history checker: seeded random schedules over a forest of continuable children
     /// (starts, follow-ups, interrupts, reports, drains, parents disposed and resumed, store

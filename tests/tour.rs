@@ -91,4 +91,11 @@ fn the_demo_command_narrates_the_tour_and_leaves_a_forest_for_tree() {
         assert!(listing.contains(label), "{label} missing from:\n{listing}");
     }
     assert!(listing.contains("continuable"), "{listing}");
+    // Its help says what it runs (it described an earlier one-tool demo).
+    let help = std::process::Command::new(binary)
+        .args(["demo", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("delegation tour"), "{help}");
 }
