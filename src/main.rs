@@ -262,12 +262,20 @@ fn buffered(run: impl FnOnce(&mut Vec<u8>) -> Result<(), Failure>) -> Result<(),
 fn report(error: &SubagentError) {
     let mut stderr = std::io::stderr().lock();
     // Nothing is left to tell if stderr itself is closed.
-    let _ = writeln!(stderr, "error: {}", error.message());
+    // Once: the message, and the root of its causes (the layers between repeat each other:
+    // "error connecting to server", "error connecting to server: Connection refused").
+    let mut root = None;
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
-        let _ = writeln!(stderr, "  caused by: {cause}");
+        root = Some(cause);
         source = cause.source();
     }
+    let _ = match root {
+        Some(root) if !error.message().contains(&root.to_string()) => {
+            writeln!(stderr, "error: {}: {root}", error.message())
+        }
+        _ => writeln!(stderr, "error: {}", error.message()),
+    };
     let _ = writeln!(stderr, "  (code {})", error.code());
 }
 

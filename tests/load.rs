@@ -499,3 +499,25 @@ fn a_load_run_on_postgres_verifies_and_its_forest_prints_from_another_process() 
         "the four children of the run's root: {printed}"
     );
 }
+
+// A PostgreSQL store that cannot be reached is named by host and port, with the root cause
+// once (it printed four nested "caused by" lines before).
+#[test]
+fn an_unreachable_postgres_store_is_named_by_host_and_port_once() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["tree", "--store", "postgres://postgres@127.0.0.1:1/db"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("error: connecting to PostgreSQL at 127.0.0.1:1: "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("caused by"), "{stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        2,
+        "the error and its code: {stderr}"
+    );
+}

@@ -531,10 +531,40 @@ impl PostgresStore {
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         // The pool's timeouts run on tokio: outside a runtime they would panic.
         store_runtime()?;
-        self.pool
-            .get()
-            .await
-            .map_err(pool_io("connecting to PostgreSQL"))
+        self.pool.get().await.map_err(pool_io(format!(
+            "connecting to PostgreSQL at {}",
+            self.target()
+        )))
+    }
+
+    /// Where the store connects, for a person: `host:port` (or the socket directory and
+    /// port), every host the connection string names.
+    fn target(&self) -> String {
+        let ports = self.pg_config.get_ports();
+        let targets: Vec<String> = self
+            .pg_config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(index, host)| {
+                let port = ports
+                    .get(index)
+                    .or_else(|| ports.first())
+                    .copied()
+                    .unwrap_or(5432);
+                match host {
+                    tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                    tokio_postgres::config::Host::Unix(dir) => {
+                        format!("the socket in {} (port {port})", dir.display())
+                    }
+                }
+            })
+            .collect();
+        if targets.is_empty() {
+            "the default host".to_owned()
+        } else {
+            targets.join(", ")
+        }
     }
 
     /// Remembers `holder` as a holder of this process.
