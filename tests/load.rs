@@ -521,3 +521,26 @@ fn an_unreachable_postgres_store_is_named_by_host_and_port_once() {
         "the error and its code: {stderr}"
     );
 }
+
+// `acp-agent --store` reads a URL as a URL (it made a directory named after it before).
+#[test]
+fn acp_agent_takes_a_postgres_url_as_its_store() {
+    let cwd = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["acp-agent", "--store", "postgres://postgres@127.0.0.1:1/db"])
+        .current_dir(cwd.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("connecting to PostgreSQL at 127.0.0.1:1"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(cwd.path()).unwrap().count(),
+        0,
+        "nothing was created in the working directory"
+    );
+}

@@ -35,8 +35,7 @@ use subagents::session::fold::final_assistant_output;
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
     AgentEvent, AgentEventKind, CancelCause, ContentBlock, CreateAgent, ErrorCode, EventKind,
-    EventScope, InboxPolicy, MemoryStore, MessageSource, Runtime, SledStore, SubagentError,
-    TurnEndReason,
+    EventScope, InboxPolicy, MemoryStore, MessageSource, Runtime, SubagentError, TurnEndReason,
 };
 
 use crate::cli::model::ModelPlan;
@@ -46,9 +45,10 @@ use sessions::{Session, Sessions};
 /// `subagents acp-agent` arguments.
 #[derive(Debug, clap::Args)]
 pub(crate) struct AcpAgentArgs {
-    /// Keep the sessions in a sled store at this directory (default: in memory).
+    /// Keep the sessions in a store: a sled directory, or a `postgres://` URL (default: in
+    /// memory).
     #[arg(long)]
-    store: Option<PathBuf>,
+    store: Option<super::store::StoreLocation>,
     /// How many sessions stay open at most: past it, `session/new` closes the least recently
     /// used idle one.
     #[arg(long, default_value_t = sessions::MAX_SESSIONS, value_parser = clap::value_parser!(u32).range(1..))]
@@ -114,7 +114,7 @@ pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
         }
     };
     let builder = match &args.store {
-        Some(dir) => builder.store(SledStore::open(dir)?),
+        Some(location) => builder.shared_store(location.open(false).await?),
         None => builder.store(MemoryStore::new()),
     };
     let server = Arc::new(Server {
