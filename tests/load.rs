@@ -544,3 +544,34 @@ fn acp_agent_takes_a_postgres_url_as_its_store() {
         "nothing was created in the working directory"
     );
 }
+
+// `load --store DIR` reads a directory as every other command's `--store` does: the run's
+// forest is then in that sled store for `tree` (it was refused, asking for `--store-dir`).
+#[test]
+fn load_into_a_store_directory_leaves_its_forest_for_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("forest");
+    let load = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["load", "--roots", "1", "--children", "4", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    let tree = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["tree", "--json", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(tree.status.success());
+    let forest: serde_json::Value = serde_json::from_slice(&tree.stdout).unwrap();
+    assert_eq!(forest.as_array().map(Vec::len), Some(1), "{forest:#}");
+    assert_eq!(
+        forest[0]["descendants"].as_array().map(Vec::len),
+        Some(4),
+        "{forest:#}"
+    );
+}

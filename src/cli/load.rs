@@ -54,10 +54,11 @@ pub(crate) struct LoadArgs {
     /// Simulated model latency in milliseconds: `5` (fixed) or `2..10` (uniform) [default: 0].
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(Latency))]
     latency: Option<Latency>,
-    /// Where sessions are persisted: `sled`, `memory`, or a PostgreSQL connection string
-    /// (`postgres://…`) [default: sled].
-    #[arg(long, value_name = "sled|memory|postgres://…", value_parser = parse_store)]
-    store: Option<(LoadStore, Option<String>)>,
+    /// Where sessions are persisted: `sled` (in `--store-dir`), `memory`, a sled directory (as
+    /// every command's `--store` reads one; `./sled` for a directory of that name), or a
+    /// PostgreSQL connection string (`postgres://…`) [default: sled].
+    #[arg(long, value_name = "sled|memory|DIR|postgres://…", value_parser = parse_store)]
+    store: Option<StoreArg>,
     /// Cluster nodes on the PostgreSQL store: the roots' children are placed round-robin on
     /// them, and follow-ups chase them across nodes [default: 1].
     #[arg(long, allow_negative_numbers = true)]
@@ -91,17 +92,24 @@ pub(crate) struct LoadArgs {
     plot: Option<PathBuf>,
 }
 
-fn parse_store(text: &str) -> Result<(LoadStore, Option<String>), String> {
+/// What `--store` names: a kind of store, with the database's URL or the sled directory.
+#[derive(Debug, Clone)]
+enum StoreArg {
+    Kind(LoadStore),
+    Postgres(String),
+    SledAt(PathBuf),
+}
+
+/// `sled`, `memory`, a PostgreSQL connection string, or a sled directory (the same reading of
+/// a location as every other command's `--store`).
+fn parse_store(text: &str) -> Result<StoreArg, String> {
     match text {
-        "sled" => Ok((LoadStore::Sled, None)),
-        "memory" => Ok((LoadStore::Memory, None)),
-        _ => match text.parse::<super::store::StoreLocation>()? {
-            super::store::StoreLocation::Postgres(url) => Ok((LoadStore::Postgres, Some(url))),
-            super::store::StoreLocation::Sled(_) => Err(format!(
-                "`{text}` is not sled, memory or a PostgreSQL connection string (a sled \
-                 directory goes in --store-dir)"
-            )),
-        },
+        "sled" => Ok(StoreArg::Kind(LoadStore::Sled)),
+        "memory" => Ok(StoreArg::Kind(LoadStore::Memory)),
+        _ => Ok(match text.parse::<super::store::StoreLocation>()? {
+            super::store::StoreLocation::Postgres(url) => StoreArg::Postgres(url),
+            super::store::StoreLocation::Sled(dir) => StoreArg::SledAt(dir),
+        }),
     }
 }
 
@@ -136,11 +144,17 @@ impl LoadArgs {
             nodes,
             seed
         );
-        if let Some((store, url)) = &self.store {
-            scenario.store = *store;
-            if url.is_some() {
-                scenario.store_url.clone_from(url);
+        match &self.store {
+            Some(StoreArg::Kind(store)) => scenario.store = *store,
+            Some(StoreArg::Postgres(url)) => {
+                scenario.store = LoadStore::Postgres;
+                scenario.store_url = Some(url.clone());
             }
+            Some(StoreArg::SledAt(dir)) => {
+                scenario.store = LoadStore::Sled;
+                scenario.store_dir = Some(dir.clone());
+            }
+            None => {}
         }
         if self.store_dir.is_some() {
             scenario.store_dir.clone_from(&self.store_dir);
