@@ -8,6 +8,57 @@
 //! subset, stop reason) and is always disposed. Requests are checked against each provider's
 //! [`SubagentCapabilities`] before anything exists.
 //!
+//! **Continuable children** ([`Subagents::start_continuable`]) are durable child sessions with
+//! at most one live Activation: [`Subagents::followup`] queues a turn in the child's own inbox
+//! (FIFO), [`Subagents::interrupt`] ends its running turn and keeps the queue, the parent hears
+//! its reports ([`Subagents::report_from`]) and one settled notice per epoch, and a child that
+//! is not resident is cold-resumed from the store. [`Subagents::list_children`] and
+//! [`Subagents::list_descendants`] list them durably without loading them;
+//! [`Subagents::drain_continuable_descendants`] and [`Runtime::shutdown`] release children
+//! before parents. A fork's inherited turns are stored by reference to its parent's log
+//! ([`SeedReference`]), not copied.
+//!
+//! ```
+//! use subagents::testing::{ScriptStep, ScriptedModel};
+//! use subagents::{
+//!     ContentBlock, ContinuableStartSpec, CreateAgent, FollowupOptions, MemoryStore,
+//!     MessageSource, Runtime,
+//! };
+//!
+//! # fn main() -> Result<(), subagents::SubagentError> {
+//! actix::System::new().block_on(async {
+//!     let model = ScriptedModel::repeating(ScriptStep::text("done"));
+//!     let rt = Runtime::builder().store(MemoryStore::new()).model("scripted", model).build()?;
+//!     rt.subagents().register_in_process_providers().await?;
+//!     let parent = rt.agents().create(CreateAgent::new()).await?;
+//!     let text = |t: &str| vec![ContentBlock::text(t)];
+//!     let spec = ContinuableStartSpec::new("spawn", "watcher", parent.agent(), text("watch CI"));
+//!     let child = rt.subagents().start_continuable(spec).await?.child_id;
+//!     let options = FollowupOptions::new(MessageSource::User);
+//!     rt.subagents().followup(parent.agent(), child, text("and again"), options).await?;
+//!     let listed = rt.subagents().list_children(parent.agent().id(), Default::default()).await?;
+//!     assert_eq!(listed.len(), 1);
+//!     rt.shutdown().await
+//! })
+//! # }
+//! ```
+//!
+//! Around the seam:
+//!
+//! - **Model-facing tools** ([`install_subagent_tool`], [`install_control_tools`],
+//!   [`install_report_tool`]): `subagent`, `subagent_fork`, `subagent_continuable`,
+//!   `send_message`, `list_agents` and `report`, so a model delegates by calling them.
+//! - **Children in other processes**: [`AcpProvider`] (any Agent Client Protocol agent),
+//!   [`CodexProvider`] (`codex app-server`), [`ClaudeCodeProvider`] (the Claude Code CLI) and
+//!   [`SdkProvider`] (another `subagents` process); see [`out_of_process`].
+//! - **PostgreSQL and the cluster** ([`store::PostgresStore`], [`cluster`]): sessions shared by
+//!   processes and machines under fenced leases; runtimes that join as nodes place children on
+//!   each other ([`ContinuableStartSpec::on_node`]) and route follow-ups, interrupts, reports and
+//!   notices between them.
+//! - **The load harness** ([`load`]) and the **history checker** ([`check`]): many concurrent
+//!   children with a verified report, and seeded randomized histories checked for
+//!   exactly-once delivery; both are `subagents` subcommands too.
+//!
 //! It stands on the **host runtime**:
 //!
 //! - **Agents** ([`Agents`], [`AgentRef`], [`AgentHandle`]): one actor per live agent. Its
