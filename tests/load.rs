@@ -575,3 +575,22 @@ fn load_into_a_store_directory_leaves_its_forest_for_tree() {
         "{forest:#}"
     );
 }
+
+// A run that fails leaves no empty plot behind (`--plot` is created up front to check it).
+#[test]
+fn a_failed_run_leaves_no_plot_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("run.svg");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "load",
+            "--store",
+            "postgres://postgres@127.0.0.1:1/db",
+            "--plot",
+        ])
+        .arg(&plot)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(!plot.exists(), "the empty plot was removed");
+}

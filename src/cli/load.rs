@@ -199,7 +199,8 @@ fn progress(counters: &Arc<LoadCounters>, total: u64) -> ProgressBar {
 }
 
 /// Refuses a `--plot` target before the run: it must be an `.svg` file this process can write.
-fn check_plot(path: &std::path::Path) -> Result<(), SubagentError> {
+/// Whether the check created the file (so a run that ends without a plot removes it).
+fn check_plot(path: &std::path::Path) -> Result<bool, SubagentError> {
     let refused = |why: String| {
         SubagentError::new(
             ErrorCode::InvalidArgs,
@@ -214,21 +215,23 @@ fn check_plot(path: &std::path::Path) -> Result<(), SubagentError> {
             "the plot is drawn as SVG: name a `.svg` file".to_owned(),
         ));
     }
+    let existed = path.exists();
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)
-        .map(drop)
+        .map(|_| !existed)
         .map_err(|error| refused(format!("cannot be written: {error}")))
 }
 
 /// Runs the command, writing the report to `out`.
 pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Failure> {
     let scenario = args.scenario()?;
-    if let Some(path) = &args.plot {
-        check_plot(path)?;
-    }
+    let created_plot = match &args.plot {
+        Some(path) => check_plot(path)?,
+        None => false,
+    };
     let counters = Arc::new(LoadCounters::default());
     let bar = progress(&counters, scenario.total_children().unwrap_or(0));
     let stop = subagents::CancellationToken::new();
@@ -236,7 +239,12 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     let report = subagents::load::run_until(&scenario, Arc::clone(&counters), stop).await;
     interrupts.abort();
     bar.finish_and_clear();
-    let report = report?;
+    let report = report.inspect_err(|_| {
+        // Nothing of a failed run stays behind, not even the empty plot it was to draw.
+        if let (Some(path), true) = (&args.plot, created_plot) {
+            let _ = std::fs::remove_file(path);
+        }
+    })?;
     if args.json {
         let json = serde_json::to_string_pretty(&report).map_err(|error| {
             SubagentError::new(

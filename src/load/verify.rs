@@ -339,23 +339,13 @@ pub(crate) async fn reopened_sled(
     pairs: &HashSet<(SessionId, SessionId)>,
 ) -> Check {
     let forest = async {
-        let deadline = std::time::Instant::now() + CLOSE_WITHIN;
-        let store = loop {
-            let path = dir.to_path_buf();
-            // Opening blocks its thread while sled waits for the directory's lock.
-            let opened = tokio::task::spawn_blocking(move || {
-                SledStore::open_with_cache(path, LISTING_CACHE_BYTES)
-            })
-            .await
-            .map_err(|_| crate::SubagentError::bug("opening the store panicked"))?;
-            match opened {
-                Ok(store) => break store,
-                Err(error)
-                    if error.message().contains("in use")
-                        && std::time::Instant::now() < deadline => {}
-                Err(error) => return Err(error),
-            }
-        };
+        let path = dir.to_path_buf();
+        // Opening blocks its thread while sled waits for the directory's lock.
+        let store = tokio::task::spawn_blocking(move || {
+            SledStore::open_with_cache(path, LISTING_CACHE_BYTES, CLOSE_WITHIN)
+        })
+        .await
+        .map_err(|_| crate::SubagentError::bug("opening the store panicked"))??;
         list_reopened(std::sync::Arc::new(store), roots).await
     };
     same_forest_reopened(forest.await, pairs)

@@ -30,10 +30,9 @@ pub const MAX_SEED_LINKS: u32 = 8;
 #[derive(Debug, Clone, Default)]
 pub struct Seed {
     events: Vec<Arc<SessionEvent>>,
-    /// Set for a fork's prefix: where the store finds it.
-    reference: Option<SeedReference>,
-    /// Set for a fork of a stored parent, even one whose seed is copied (a chain too long to
-    /// follow): where a child placed on another node reads its seed.
+    /// Set for a fork of a stored parent: where its prefix lies in the store. The seed is
+    /// stored by that reference unless the chain of forks is too long to follow
+    /// ([`Seed::reference`]); a child placed on another node reads it there either way.
     prefix: Option<SeedReference>,
     /// The parent's log, whose prefix must be written before the child's creation is.
     source: Option<SessionLog>,
@@ -77,7 +76,6 @@ impl Seed {
         });
         Self {
             events,
-            reference: prefix.filter(|prefix| prefix.links <= MAX_SEED_LINKS),
             prefix,
             source: Some(log.clone()),
             shape: Some(LogShape::after_turn(turn)),
@@ -116,7 +114,6 @@ impl Seed {
         })?;
         Ok(Self {
             events,
-            reference: Some(reference).filter(|reference| reference.links <= MAX_SEED_LINKS),
             prefix: Some(reference),
             source: None,
             shape: Some(LogShape::after_turn(turn)),
@@ -140,7 +137,9 @@ impl Seed {
 
     /// Where the store finds the seed, when it is stored by reference.
     pub fn reference(&self) -> Option<&SeedReference> {
-        self.reference.as_ref()
+        self.prefix
+            .as_ref()
+            .filter(|prefix| prefix.links <= MAX_SEED_LINKS)
     }
 
     /// Where a child placed on another node reads this seed from the shared store: the
@@ -164,7 +163,8 @@ impl Seed {
     /// Takes the log a seed stored by reference comes from: the child's creation must wait
     /// until that log has written the referenced prefix.
     pub(crate) fn take_source(&mut self) -> Option<SessionLog> {
-        self.source.take().filter(|_| self.reference.is_some())
+        let by_reference = self.reference().is_some();
+        self.source.take().filter(|_| by_reference)
     }
 
     /// The seed's parts, for the log that takes it: its events, reference and shape (checked
@@ -175,11 +175,12 @@ impl Seed {
     pub(crate) fn into_parts(
         self,
     ) -> Result<(Vec<Arc<SessionEvent>>, Option<SeedReference>, LogShape)> {
+        let reference = self.reference().copied();
         let shape = match self.shape {
             Some(shape) => shape,
             None => validate_seed(&self.events)?,
         };
-        Ok((self.events, self.reference, shape))
+        Ok((self.events, reference, shape))
     }
 }
 
@@ -196,7 +197,7 @@ impl From<Vec<SessionEvent>> for Seed {
 impl PartialEq for Seed {
     /// Two seeds are equal when they hold equal events stored the same way.
     fn eq(&self, other: &Self) -> bool {
-        self.reference == other.reference && self.events == other.events
+        self.reference() == other.reference() && self.events == other.events
     }
 }
 

@@ -78,23 +78,34 @@ impl SledStore {
     /// # Errors
     /// `STORE_IO` when sled cannot open the directory (for example, another process holds it).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        Self::open_configured(path.as_ref(), Self::config)
+        Self::open_configured(path.as_ref(), Self::LOCK_WAIT, Self::config)
     }
 
     /// [`SledStore::open`] with a page cache of at most `cache_bytes` (sled's own default is
-    /// 1 GiB): for a short-lived second store in a process that already holds one, such as the
-    /// load harness's reading of a copy.
+    /// 1 GiB), waiting up to `lock_wait` for a busy directory: for a short-lived store opened
+    /// right after its previous holder in this process let go, such as the load harness's
+    /// reopening of the store its run closed.
     ///
     /// # Errors
     /// As [`SledStore::open`].
-    pub(crate) fn open_with_cache(path: impl AsRef<Path>, cache_bytes: u64) -> Result<Self> {
-        Self::open_configured(path.as_ref(), || Self::config().cache_capacity(cache_bytes))
+    pub(crate) fn open_with_cache(
+        path: impl AsRef<Path>,
+        cache_bytes: u64,
+        lock_wait: Duration,
+    ) -> Result<Self> {
+        Self::open_configured(path.as_ref(), lock_wait, || {
+            Self::config().cache_capacity(cache_bytes)
+        })
     }
 
     /// Opens `path` with the configuration `config` makes (one per attempt: sled's builder
-    /// refuses a configuration shared with a clone).
-    fn open_configured(path: &Path, config: impl Fn() -> sled::Config) -> Result<Self> {
-        let deadline = Instant::now() + Self::LOCK_WAIT;
+    /// refuses a configuration shared with a clone), retrying a busy lock for `lock_wait`.
+    fn open_configured(
+        path: &Path,
+        lock_wait: Duration,
+        config: impl Fn() -> sled::Config,
+    ) -> Result<Self> {
+        let deadline = Instant::now() + lock_wait;
         loop {
             match config().path(path).open() {
                 Ok(db) => return Self::from_db(db),
