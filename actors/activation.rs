@@ -150,8 +150,10 @@ impl Handler<Teardown> for Activation {
                 }
                 // Captured while the child is still registered, from this epoch's events only.
                 let (work, output) = child.log().with_events(|events| {
-                    let own = &events[boundary.min(events.len())..];
-                    (fold_consumed_work(own), final_assistant_output(own))
+                    (
+                        fold_consumed_work(events.iter_from(boundary)),
+                        final_assistant_output(events.iter_from(boundary)),
+                    )
                 });
                 let exhausted = match &work.end {
                     Some(TurnEndReason::BudgetExhausted { limit }) => Some(*limit),

@@ -322,13 +322,13 @@ impl Agents {
             store.release_lease(id, lease.hand_over().epoch).await?;
             return Ok(message_id);
         }
-        let mut inbox = log.with_own_events(Inbox::replay);
+        let mut inbox = log.with_own_events(|own| Inbox::replay(own));
         inbox.insert(&log, crate::session::InboxTarget::NextTurn, message)?;
         let added = log.with_events(|events| {
-            events[usize::try_from(stored_len)
-                .unwrap_or(usize::MAX)
-                .min(events.len())..]
-                .to_vec()
+            events.to_vec_range(
+                usize::try_from(stored_len).unwrap_or(usize::MAX),
+                events.len(),
+            )
         });
         store.append(id, stored_len, added, Some(epoch)).await?;
         // Durable before it is answered: its sender (perhaps another node) sends it no more.
@@ -455,10 +455,9 @@ impl Agents {
         }
         let header = log.header();
         let inbox = log.with_events(|events| {
-            let own = usize::try_from(header.seed_len())
-                .unwrap_or(usize::MAX)
-                .min(events.len());
-            Inbox::replay(&events[own..])
+            Inbox::replay(
+                events.iter_from(usize::try_from(header.seed_len()).unwrap_or(usize::MAX)),
+            )
         });
         let disposers = scope.take_disposers();
         // One copy, shared by the actor and every reference to it.

@@ -162,7 +162,7 @@ pub use seam::{
     SubagentStartRequest,
 };
 pub use session::{
-    CancelCause, EventKind, FailureCategory, History, HistoryEntry, LlmFailure, Seed,
+    CancelCause, EventKind, EventList, FailureCategory, History, HistoryEntry, LlmFailure, Seed,
     SeedReference, SessionEvent, SessionHeader, SessionLog, SessionLogView, TokenUsage,
     TurnEndReason,
 };

@@ -25,7 +25,7 @@ use crate::model::scripted::{text_chunks, tool_call_chunks};
 use crate::model::{FinishReason, GenerateRequest, LlmAdapter, StreamChunk};
 use crate::runtime::Runtime;
 use crate::seam::ReportDelivery;
-use crate::session::{EventKind, LlmFailure, SessionEvent};
+use crate::session::{EventKind, EventList, LlmFailure, SessionEvent};
 use crate::tools::{
     install_control_tools, install_report_tool, install_subagent_tool, BackgroundMode,
     SubagentToolConfig,
@@ -271,7 +271,7 @@ pub async fn run_tour(rt: &Runtime, within: Duration) -> Result<(SessionId, Vec<
     agent
         .followup(vec![ContentBlock::text(TOUR_PROMPT)], MessageSource::User)
         .await?;
-    let closed = |events: &[Arc<SessionEvent>]| {
+    let closed = |events: &EventList| {
         events.iter().any(|event| {
             matches!(&event.kind, EventKind::AssistantMessage { message, .. }
                 if message.text() == TOUR_DONE)

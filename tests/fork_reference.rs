@@ -8,8 +8,8 @@ use subagents::session::seed::MAX_SEED_LINKS;
 use subagents::store::{PostgresStore, SledStore};
 use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
-    ContinuableStartSpec, ErrorCode, EventKind, EventScope, MemoryStore, Runtime, SeedReference,
-    SessionEvent, SessionHeader, SessionId, SessionPersistence, SubagentListEntry,
+    ContinuableStartSpec, ErrorCode, EventKind, EventList, EventScope, MemoryStore, Runtime,
+    SeedReference, SessionEvent, SessionHeader, SessionId, SessionPersistence, SubagentListEntry,
 };
 
 use crate::support::postgres::server;
@@ -284,7 +284,7 @@ async fn stored_pair(
     })
     .unwrap();
     let parent = log.header();
-    let events: Vec<Arc<SessionEvent>> = log.with_events(<[_]>::to_vec);
+    let events: Vec<Arc<SessionEvent>> = log.with_events(EventList::to_vec);
     store.create(parent.clone(), events.clone()).await.unwrap();
     let seed = subagents::Seed::completed_turns_of(&log);
     let mut header = SessionHeader::new(SessionId::new());
@@ -295,7 +295,8 @@ async fn stored_pair(
     let mut changed = **header.seed_reference.as_ref().unwrap();
     reference(&mut changed);
     header.seed_reference = Some(Box::new(changed));
-    let own: Vec<Arc<SessionEvent>> = child.with_events(|events| events[2..].to_vec());
+    let own: Vec<Arc<SessionEvent>> =
+        child.with_events(|events| events.iter_from(2).cloned().collect());
     store.create(header.clone(), own).await.unwrap();
     header.id
 }

@@ -933,7 +933,7 @@ async fn runs_on_workers_pair_every_start_with_one_end_and_keep_their_logs_reada
         run.dispose().await.unwrap();
         let child = run.local_agent().expect("an in-process run").clone();
         assert_eq!(
-            subagents::session::final_assistant_output(&child.log().events()),
+            subagents::session::final_assistant_output(child.log().events()),
             text("done"),
             "a disposed child's log stays readable"
         );

@@ -422,7 +422,7 @@ fn fold_consumed_work_takes_the_last_turn_that_stepped_or_failed_a_claim() {
         reason: TurnEndReason::Completed,
     })
     .unwrap();
-    let work = fold_consumed_work(&log.events());
+    let work = fold_consumed_work(log.events());
     assert_eq!(
         work.end,
         Some(TurnEndReason::Aborted {
@@ -439,7 +439,7 @@ fn fold_consumed_work_takes_the_last_turn_that_stepped_or_failed_a_claim() {
     })
     .unwrap();
     assert!(
-        fold_consumed_work(&log.events()).dropped_unrun,
+        fold_consumed_work(log.events()).dropped_unrun,
         "a discard after the last turn is dropped work"
     );
 }
@@ -528,7 +528,7 @@ fn output_is_the_last_non_empty_message_then_streamed_text_then_nothing() {
     completed_turn(&log, 1, "first");
     completed_turn(&log, 2, "second");
     assert_eq!(
-        final_assistant_output(&log.events()),
+        final_assistant_output(log.events()),
         vec![ContentBlock::text("second")]
     );
 
@@ -551,10 +551,10 @@ fn output_is_the_last_non_empty_message_then_streamed_text_then_nothing() {
     }
     streamed.append(assistant(1, 1, vec![])).unwrap();
     assert_eq!(
-        final_assistant_output(&streamed.events()),
+        final_assistant_output(streamed.events()),
         vec![ContentBlock::text("partial")]
     );
-    assert!(final_assistant_output(&self::log().events()).is_empty());
+    assert!(final_assistant_output(self::log().events()).is_empty());
 }
 
 #[test]
@@ -584,7 +584,7 @@ fn crash_repair_closes_open_calls_the_step_and_the_turn() {
         arguments: "{}".into(),
     })
     .unwrap();
-    let closers = interrupted_turn_closers(&log.events());
+    let closers = interrupted_turn_closers(log.events());
     let codes: Vec<_> = closers
         .iter()
         .filter_map(|k| match k {
@@ -608,7 +608,7 @@ fn crash_repair_closes_open_calls_the_step_and_the_turn() {
     }
     assert!(log.is_balanced(), "the repaired log is balanced");
     assert!(
-        interrupted_turn_closers(&log.events()).is_empty(),
+        interrupted_turn_closers(log.events()).is_empty(),
         "repair is idempotent"
     );
 }

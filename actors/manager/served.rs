@@ -321,14 +321,14 @@ async fn started_before(agents: &Agents, start: &RemoteStart) -> Result<Option<C
     if header.and_then(|header| header.parent_session) != Some(start.parent) {
         return Ok(None);
     }
-    let prompt = |events: &[Arc<SessionEvent>]| {
-        events.iter().find_map(|event| match &event.kind {
+    fn prompt<'a>(events: impl IntoIterator<Item = &'a Arc<SessionEvent>>) -> Option<MessageId> {
+        events.into_iter().find_map(|event| match &event.kind {
             EventKind::InboxSpliced { inserted, .. } => inserted.first().map(|message| message.id),
             _ => None,
         })
-    };
+    }
     let message_id = match agents.get(child).await {
-        Some(live) => live.log().with_events(prompt),
+        Some(live) => live.log().with_events(|events| prompt(events)),
         None => match agents.env().store.clone() {
             Some(store) => prompt(&store.read_from(child, 0).await?),
             None => None,

@@ -258,7 +258,8 @@ pub(crate) fn run_turn(
 /// open (the crash-repair closers, minus their `turn/end`), then `turn/end` with `reason`.
 fn close_turn(ctx: &TurnContext, turn: u64, reason: TurnEndReason) {
     let dangling = if ctx.log.has_open_step() {
-        ctx.log.with_events(interrupted_turn_closers)
+        ctx.log
+            .with_events(|events| interrupted_turn_closers(events))
     } else {
         Vec::new()
     };

@@ -13,9 +13,9 @@ use crate::ids::{FastHashSet, MessageId};
 use crate::session::{EventKind, InboxTarget, SessionEvent, SessionLog, SpliceOutcome};
 
 /// Whether `events` insert a message with this `id` into an inbox (pending now or not).
-pub fn inserts<E: Borrow<SessionEvent>>(events: &[E], id: MessageId) -> bool {
-    events.iter().any(|event| {
-        matches!(&event.borrow().kind, EventKind::InboxSpliced { inserted, .. }
+pub fn inserts<E: AsRef<SessionEvent>>(events: impl IntoIterator<Item = E>, id: MessageId) -> bool {
+    events.into_iter().any(|event| {
+        matches!(&event.as_ref().kind, EventKind::InboxSpliced { inserted, .. }
             if inserted.iter().any(|message| message.id == id))
     })
 }
@@ -88,7 +88,7 @@ fn len_u64(len: usize) -> u64 {
 impl Inbox {
     /// Rebuilds the pending lists from the splices in `events` (an agent's own events: from the
     /// seed length on, so a fork prefix's parent splices are ignored).
-    pub fn replay<E: Borrow<SessionEvent>>(events: &[E]) -> Self {
+    pub fn replay<E: AsRef<SessionEvent>>(events: impl IntoIterator<Item = E>) -> Self {
         let mut inbox = Self::default();
         for event in events {
             if let EventKind::InboxSpliced {
@@ -97,7 +97,7 @@ impl Inbox {
                 removed_count,
                 inserted,
                 ..
-            } = &event.borrow().kind
+            } = &event.as_ref().kind
             {
                 let start = usize::try_from(*start).unwrap_or(usize::MAX);
                 let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);

@@ -124,14 +124,14 @@ pub(crate) async fn write_rows(
 /// them, not the whole log from its end.
 fn is_one_shot(log: &SessionLog) -> bool {
     log.with_own_events(|own| {
-        own.iter()
-            .find_map(|event| match &event.kind {
-                EventKind::Extension { event_type, data } if event_type == DESCRIPTOR_EVENT => {
-                    Some(data.get("mode").and_then(Value::as_str) == Some("one-shot"))
+        for event in own {
+            if let EventKind::Extension { event_type, data } = &event.kind {
+                if event_type == DESCRIPTOR_EVENT {
+                    return data.get("mode").and_then(Value::as_str) == Some("one-shot");
                 }
-                _ => None,
-            })
-            .unwrap_or(false)
+            }
+        }
+        false
     })
 }
 

@@ -132,11 +132,11 @@ fn unit_failed(unit: &dyn ProjectionUnit, what: &str) -> SubagentError {
 fn fold_events(
     unit: &dyn ProjectionUnit,
     mut state: Value,
-    events: &[Arc<SessionEvent>],
+    events: impl IntoIterator<Item = impl AsRef<SessionEvent>>,
 ) -> Option<Value> {
     catch_unwind(AssertUnwindSafe(|| {
         for event in events {
-            if let Some(next) = unit.apply(&state, event) {
+            if let Some(next) = unit.apply(&state, event.as_ref()) {
                 state = next;
             }
         }
@@ -293,7 +293,7 @@ impl ProjectionRegistry {
                     continue;
                 }
                 let state = std::mem::take(&mut cell.state);
-                match fold_events(unit.as_ref(), state, &events[cell.folded..]) {
+                match fold_events(unit.as_ref(), state, events.iter_from(cell.folded)) {
                     Some(state) => {
                         cell.state = state;
                         cell.folded = events.len();
@@ -386,7 +386,7 @@ impl ProjectionRegistry {
             // Before the first checkpoint, the interval runs from the log's first event.
             let waited = match cells.checkpointed_at {
                 Some(at) => at.elapsed(),
-                None => events.first().map_or(Duration::ZERO, |first| {
+                None => events.get(0).map_or(Duration::ZERO, |first| {
                     Duration::from_millis(now_ms().saturating_sub(first.time))
                 }),
             };

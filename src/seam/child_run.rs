@@ -43,8 +43,8 @@ use crate::seam::run_outcome::{RunOutcome, SettleGuard};
 use crate::seam::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::session::log::CreationCommit;
 use crate::session::{
-    fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind, Seed,
-    SessionEvent, SessionLog, SessionLogView,
+    fold_consumed_work, one_shot_stop_reason, AssistantOutputFold, CancelCause, EventKind,
+    EventList, Seed, SessionEvent, SessionLog, SessionLogView,
 };
 use crate::stop_reason::StopReason;
 use crate::tools::structured_output::StructuredCapture;
@@ -495,10 +495,8 @@ fn drive_published_run(handle: AgentHandle, wiring: RunWiring) -> SubagentRun {
             }
             let cancelled = owner_cancelled();
             Ok(child.log().with_events(|events| {
-                let own = usize::try_from(boundary)
-                    .unwrap_or(usize::MAX)
-                    .min(events.len());
-                read_result(&events[own..], cancelled, capture.as_ref())
+                let own = usize::try_from(boundary).unwrap_or(usize::MAX);
+                read_result(events, own, cancelled, capture.as_ref())
             }))
         };
         // Settles even when `work` panics or the task is dropped at shutdown. A combinator
@@ -577,20 +575,21 @@ where
     }
 }
 
-/// Reads a one-shot result from the child's own events.
-fn read_result<E: Borrow<SessionEvent>>(
-    own: &[E],
+/// Reads a one-shot result from the child's own events: `events` from `own` on.
+fn read_result(
+    events: &EventList,
+    own: usize,
     cancelled: bool,
     capture: Option<&StructuredCapture>,
 ) -> SubagentResult {
-    let work = fold_consumed_work(own);
+    let work = fold_consumed_work(events.iter_from(own));
     let mut stop_reason = one_shot_stop_reason(work.end.as_ref());
     if cancelled && stop_reason != StopReason::Completed {
         stop_reason = StopReason::Aborted;
     }
     let mut fold = AssistantOutputFold::new();
-    for event in own {
-        fold.push_event(event.borrow());
+    for event in events.iter_from(own) {
+        fold.push_event(event);
     }
     let mut structured = None;
     if let Some(capture) = capture {

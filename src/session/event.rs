@@ -454,6 +454,13 @@ struct RawEventRef<'a, D> {
     source_event_seqs: &'a [u64],
 }
 
+impl AsRef<SessionEvent> for SessionEvent {
+    /// Itself: lets the folds over events take owned, borrowed and shared events alike.
+    fn as_ref(&self) -> &SessionEvent {
+        self
+    }
+}
+
 impl Serialize for SessionEvent {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         fn raw<'a, D>(event: &'a SessionEvent, event_type: &'a str, data: D) -> RawEventRef<'a, D> {

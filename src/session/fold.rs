@@ -1,8 +1,6 @@
 //! Provides the folds over a run's own events: [`fold_consumed_work`], the stop-reason tables
 //! ([`one_shot_stop_reason`], [`continuable_stop_reason`]) and [`final_assistant_output`].
 
-use std::borrow::Borrow;
-
 use crate::content::ContentBlock;
 use crate::model::StreamChunk;
 use crate::session::event::{EventKind, SessionEvent, TurnEndReason};
@@ -20,13 +18,15 @@ pub struct ConsumedWork {
 }
 
 /// Folds events in one pass (upstream `foldConsumedWork`).
-pub fn fold_consumed_work<E: Borrow<SessionEvent>>(events: &[E]) -> ConsumedWork {
+pub fn fold_consumed_work<E: AsRef<SessionEvent>>(
+    events: impl IntoIterator<Item = E>,
+) -> ConsumedWork {
     let mut work = ConsumedWork::default();
     let mut open_turn = false;
     let mut stepped = false;
     let mut claimed = false;
     for event in events {
-        match &event.borrow().kind {
+        match &event.as_ref().kind {
             EventKind::TurnStart { .. } => {
                 open_turn = true;
                 stepped = false;
@@ -129,10 +129,12 @@ impl AssistantOutputFold {
 
 /// The output of a run: the content of the last non-empty `assistant/message`; failing that, the
 /// streamed text deltas as one text block; failing that, nothing.
-pub fn final_assistant_output<E: Borrow<SessionEvent>>(events: &[E]) -> Vec<ContentBlock> {
+pub fn final_assistant_output<E: AsRef<SessionEvent>>(
+    events: impl IntoIterator<Item = E>,
+) -> Vec<ContentBlock> {
     let mut fold = AssistantOutputFold::new();
     for event in events {
-        fold.push_event(event.borrow());
+        fold.push_event(event.as_ref());
     }
     fold.collect().unwrap_or_default()
 }

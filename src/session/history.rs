@@ -4,10 +4,15 @@
 //! # Why incremental
 //! A model step needs the whole history. Rebuilding it from the log at every step costs the
 //! log's length, so a long conversation would cost its length squared. The log instead folds
-//! each event into the history as it is appended, and a step takes a [`History`] snapshot: a
-//! reference-counted pointer, O(1) to take. The next append copies the entry list only if a
-//! snapshot is still held (an adapter or a recording model that keeps requests); the turn
-//! driver drops its request before it appends, so a conversation costs O(turns) in total.
+//! each event into the history as it is appended, and a step takes a [`History`] snapshot. The
+//! entries are a persistent vector: a snapshot is O(1) to take, and an append after it copies
+//! only the path to the end, never the entries, even while an adapter or a recording model
+//! still holds the request.
+//!
+//! # Why a fork child shares it
+//! A fork child's history starts as its parent's history at the end of the parent's last
+//! completed turn. The projection remembers where that turn ended, so the child takes the
+//! parent's entries cut there (O(log n)) instead of folding the inherited events again.
 //!
 //! # Why entries share their events
 //! A [`HistoryEntry`] points at the log event that carries its message instead of copying the
@@ -21,19 +26,49 @@ use crate::content::{Message, MessageSource, Role};
 use crate::ids::MessageId;
 use crate::session::{EventKind, SessionEvent, SurfaceOp};
 
-/// A snapshot of a session's model history, oldest first. Cheap to clone; reads as a slice of
-/// [`HistoryEntry`], each of which reads as its [`Message`].
+/// A snapshot of a session's model history, oldest first. Cheap to clone (it shares its
+/// entries); a sequence of [`HistoryEntry`], each of which reads as its [`Message`].
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct History(Arc<Vec<HistoryEntry>>);
+pub struct History(imbl::Vector<HistoryEntry>);
 
 impl History {
     /// The history of `events`, folded from scratch.
-    pub fn of<E: Borrow<Arc<SessionEvent>>>(events: &[E]) -> Self {
+    pub fn of<E: Borrow<Arc<SessionEvent>>>(events: impl IntoIterator<Item = E>) -> Self {
         let mut projection = Projection::default();
         for event in events {
             projection.push(event.borrow());
         }
         projection.snapshot()
+    }
+
+    /// The number of messages.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the history holds no message.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The entry at `index`, oldest first.
+    pub fn get(&self, index: usize) -> Option<&HistoryEntry> {
+        self.0.get(index)
+    }
+
+    /// The oldest entry.
+    pub fn first(&self) -> Option<&HistoryEntry> {
+        self.0.front()
+    }
+
+    /// The newest entry.
+    pub fn last(&self) -> Option<&HistoryEntry> {
+        self.0.last()
+    }
+
+    /// The entries, oldest first.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &HistoryEntry> + ExactSizeIterator + '_ {
+        self.0.iter()
     }
 
     /// The messages, oldest first.
@@ -42,19 +77,30 @@ impl History {
     }
 }
 
-impl Deref for History {
-    type Target = [HistoryEntry];
+impl std::ops::Index<usize> for History {
+    type Output = HistoryEntry;
 
-    fn deref(&self) -> &[HistoryEntry] {
-        &self.0
+    /// The entry at `index`.
+    ///
+    /// # Panics
+    /// When `index` is out of range, as a slice does; [`History::get`] does not.
+    fn index(&self, index: usize) -> &HistoryEntry {
+        &self.0[index]
+    }
+}
+
+impl<'a> IntoIterator for &'a History {
+    type Item = &'a HistoryEntry;
+    type IntoIter = imbl::vector::Iter<'a, HistoryEntry, imbl::shared_ptr::DefaultSharedPtr>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
     }
 }
 
 impl From<Vec<Message>> for History {
     fn from(messages: Vec<Message>) -> Self {
-        Self(Arc::new(
-            messages.into_iter().map(HistoryEntry::from).collect(),
-        ))
+        Self(messages.into_iter().map(HistoryEntry::from).collect())
     }
 }
 
@@ -116,17 +162,42 @@ impl From<Message> for HistoryEntry {
 /// The history a log keeps up to date as it appends.
 #[derive(Debug, Default)]
 pub(crate) struct Projection {
-    entries: Arc<Vec<HistoryEntry>>,
+    entries: imbl::Vector<HistoryEntry>,
+    /// How many entries the history had when the last `turn/end` was folded in, while no
+    /// `replace` has spliced over them since: the history a fork taken now inherits is those
+    /// entries. `None` before the first turn ends, or after such a splice.
+    through_last_turn: Option<usize>,
 }
 
 impl Projection {
+    /// A projection that starts from `history`, the history of a seed that ends a turn.
+    pub(crate) fn starting_from(history: History) -> Self {
+        Self {
+            through_last_turn: Some(history.len()),
+            entries: history.0,
+        }
+    }
+
+    /// The projection of `events`, folded from scratch.
+    pub(crate) fn of<'a>(events: impl IntoIterator<Item = &'a Arc<SessionEvent>>) -> Self {
+        let mut projection = Self::default();
+        for event in events {
+            projection.push(event);
+        }
+        projection
+    }
+
     /// Folds one event in: surface events in order, leaving out empty assistant messages; a
     /// `replace` surface op splices over the entries it names.
     pub(crate) fn push(&mut self, event: &Arc<SessionEvent>) {
+        if matches!(event.kind, EventKind::TurnEnd { .. }) {
+            self.through_last_turn = Some(self.entries.len());
+            return;
+        }
         let Some(entry) = HistoryEntry::of(event) else {
             return;
         };
-        let history = Arc::make_mut(&mut self.entries);
+        let history = &mut self.entries;
         match event.surface_op {
             Some(SurfaceOp::Replace { start, end }) => {
                 let start = usize::try_from(start)
@@ -135,15 +206,29 @@ impl Projection {
                 let end = usize::try_from(end)
                     .unwrap_or(usize::MAX)
                     .clamp(start, history.len());
-                history.splice(start..end, [entry]);
+                if self
+                    .through_last_turn
+                    .is_some_and(|through| start < through)
+                {
+                    self.through_last_turn = None;
+                }
+                let _spliced_over = history.slice(start..end);
+                history.insert(start, entry);
             }
-            _ => history.push(entry),
+            _ => history.push_back(entry),
         }
     }
 
     /// The history so far.
     pub(crate) fn snapshot(&self) -> History {
-        History(Arc::clone(&self.entries))
+        History(self.entries.clone())
+    }
+
+    /// The history as it was when the last turn ended (what a fork inherits), when the
+    /// projection still holds it: O(log n), sharing the entries.
+    pub(crate) fn through_last_turn(&self) -> Option<History> {
+        self.through_last_turn
+            .map(|through| History(self.entries.take(through)))
     }
 }
 
@@ -193,6 +278,76 @@ mod tests {
             "a snapshot never changes under later appends"
         );
         assert_eq!(History::of(&events), projection.snapshot());
+    }
+
+    fn turn_end(seq: u64, turn: u64) -> Arc<SessionEvent> {
+        Arc::new(SessionEvent::new(
+            seq,
+            EventKind::TurnEnd {
+                turn,
+                reason: crate::session::TurnEndReason::Completed,
+            },
+        ))
+    }
+
+    fn replacing(seq: u64, text: &str, start: u32, end: u32) -> Arc<SessionEvent> {
+        let mut event = SessionEvent::new(
+            seq,
+            EventKind::UserMessage(Message::user(
+                vec![ContentBlock::text(text)],
+                MessageSource::User,
+            )),
+        );
+        event.surface_op = Some(SurfaceOp::Replace { start, end });
+        Arc::new(event)
+    }
+
+    #[test]
+    fn the_history_through_the_last_turn_is_the_fold_of_the_events_through_it() {
+        let mut projection = Projection::default();
+        assert_eq!(projection.through_last_turn(), None, "no turn ended yet");
+        let events = [user(0, "a"), user(1, "b"), turn_end(2, 1), user(3, "c")];
+        for event in &events {
+            projection.push(event);
+        }
+        let through = projection.through_last_turn().expect("a turn ended");
+        assert_eq!(through, History::of(&events[..3]));
+        assert_eq!(texts(&through), ["a", "b"]);
+        // A splice over entries after the turn's end leaves what a fork inherits alone.
+        projection.push(&replacing(4, "c again", 2, 3));
+        assert_eq!(projection.through_last_turn(), Some(through));
+        assert_eq!(texts(&projection.snapshot()), ["a", "b", "c again"]);
+    }
+
+    #[test]
+    fn a_splice_over_a_completed_turn_leaves_the_fork_to_fold_again() {
+        let mut projection = Projection::default();
+        for event in [user(0, "a"), user(1, "b"), turn_end(2, 1)] {
+            projection.push(&event);
+        }
+        projection.push(&replacing(3, "summary", 0, 2));
+        assert_eq!(
+            projection.through_last_turn(),
+            None,
+            "the entries the turn ended with are gone: the caller folds the prefix instead"
+        );
+        projection.push(&turn_end(4, 2));
+        assert_eq!(
+            texts(&projection.through_last_turn().expect("a later turn ended")),
+            ["summary"]
+        );
+    }
+
+    #[test]
+    fn a_projection_started_from_a_seeds_history_continues_it() {
+        let seed = [user(0, "a"), turn_end(1, 1)];
+        let mut child = Projection::starting_from(History::of(&seed));
+        assert_eq!(child.through_last_turn(), Some(History::of(&seed)));
+        let own = user(2, "b");
+        child.push(&own);
+        let mut all = seed.to_vec();
+        all.push(own);
+        assert_eq!(child.snapshot(), History::of(&all));
     }
 
     #[test]

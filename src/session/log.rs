@@ -40,6 +40,7 @@ use tokio::sync::oneshot;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::event::{EventKind, SessionEvent};
+use crate::session::event_list::EventList;
 use crate::session::header::{SessionHeader, SessionOrigin};
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
@@ -66,7 +67,7 @@ pub(super) struct LogState {
     pub(super) header: SessionHeader,
     /// Shared with the write-behind batches and the store: an event is never deep-copied to
     /// be persisted.
-    pub(super) events: Vec<Arc<SessionEvent>>,
+    pub(super) events: EventList,
     pub(super) shape: LogShape,
     /// The model history, folded in as events are appended.
     pub(super) history: Projection,
@@ -125,13 +126,17 @@ impl SessionLog {
     /// # Errors
     /// `INVALID_HEADER` or `INVALID_SEED`.
     pub fn seeded(mut header: SessionHeader, seed: Seed) -> Result<Self> {
-        let (events, reference, shape) = seed.into_parts()?;
+        let (events, reference, shape, history) = seed.into_parts()?;
         header.seed_reference = reference.map(Box::new);
         header.validate()?;
         let needs_marker = events
             .last()
             .is_some_and(|last| !matches!(last.kind, EventKind::EndSeed {}));
-        let log = Self::from_parts(header, events, shape);
+        let history = match history {
+            Some(history) => Projection::starting_from(history),
+            None => Projection::of(&events),
+        };
+        let log = Self::from_parts(header, events, shape, history);
         if needs_marker {
             log.append(EventKind::EndSeed {})?;
         }
@@ -156,14 +161,16 @@ impl SessionLog {
                 )
             })?;
         }
-        Ok(Self::from_parts(header, events, shape))
+        let history = Projection::of(&events);
+        Ok(Self::from_parts(header, events.into(), shape, history))
     }
 
-    fn from_parts(header: SessionHeader, events: Vec<Arc<SessionEvent>>, shape: LogShape) -> Self {
-        let mut history = Projection::default();
-        for event in &events {
-            history.push(event);
-        }
+    fn from_parts(
+        header: SessionHeader,
+        events: EventList,
+        shape: LogShape,
+        history: Projection,
+    ) -> Self {
         Self {
             inner: Arc::new(LogInner {
                 state: Mutex::new(LogState {
@@ -202,7 +209,7 @@ impl SessionLog {
 
     /// The number of events (the next seq).
     pub fn len(&self) -> u64 {
-        u64::try_from(self.lock().events.len()).unwrap_or(u64::MAX)
+        len_of(&self.lock().events)
     }
 
     /// Whether the log has no events.
@@ -236,12 +243,9 @@ impl SessionLog {
 
     /// A copy of the events from `seq` on.
     pub fn events_from(&self, seq: u64) -> Vec<SessionEvent> {
-        let state = self.lock();
-        let start = usize::try_from(seq)
-            .unwrap_or(usize::MAX)
-            .min(state.events.len());
-        state.events[start..]
-            .iter()
+        self.lock()
+            .events
+            .iter_from(usize::try_from(seq).unwrap_or(usize::MAX))
             .map(|event| (**event).clone())
             .collect()
     }
@@ -253,7 +257,7 @@ impl SessionLog {
     }
 
     /// Runs `read` over the events without copying them. `read` must not touch this log.
-    pub fn with_events<R>(&self, read: impl FnOnce(&[Arc<SessionEvent>]) -> R) -> R {
+    pub fn with_events<R>(&self, read: impl FnOnce(&EventList) -> R) -> R {
         read(&self.lock().events)
     }
 
@@ -261,10 +265,8 @@ impl SessionLog {
     /// seed stored by reference), with the next seq after them.
     pub(crate) fn stored_creation(&self) -> (u64, Vec<Arc<SessionEvent>>) {
         self.with_header_and_events(|header, events| {
-            let own = usize::try_from(header.first_stored_seq())
-                .unwrap_or(usize::MAX)
-                .min(events.len());
-            (len_of(events), events[own..].to_vec())
+            let own = usize::try_from(header.first_stored_seq()).unwrap_or(usize::MAX);
+            (len_of(events), events.to_vec_range(own, events.len()))
         })
     }
 
@@ -292,20 +294,37 @@ impl SessionLog {
     /// log.
     pub(crate) fn with_header_and_events<R>(
         &self,
-        read: impl FnOnce(&SessionHeader, &[Arc<SessionEvent>]) -> R,
+        read: impl FnOnce(&SessionHeader, &EventList) -> R,
     ) -> R {
         let state = self.lock();
         read(&state.header, &state.events)
     }
 
+    /// Runs `read` over the header, the events and the model history as of the last `turn/end`
+    /// (when the log still holds it), under one lock: what a fork child inherits. `read` must
+    /// not touch this log.
+    pub(crate) fn with_completed_turns<R>(
+        &self,
+        read: impl FnOnce(&SessionHeader, &EventList, Option<History>) -> R,
+    ) -> R {
+        let state = self.lock();
+        read(
+            &state.header,
+            &state.events,
+            state.history.through_last_turn(),
+        )
+    }
+
     /// Runs `read` over the log's own events: those after its seed (a fork child's inherited
     /// prefix).
-    pub(crate) fn with_own_events<R>(&self, read: impl FnOnce(&[Arc<SessionEvent>]) -> R) -> R {
+    pub(crate) fn with_own_events<R>(
+        &self,
+        read: impl for<'e> FnOnce(&mut (dyn Iterator<Item = &'e Arc<SessionEvent>> + 'e)) -> R,
+    ) -> R {
         let state = self.lock();
-        let seed = usize::try_from(state.header.seed_len())
-            .unwrap_or(usize::MAX)
-            .min(state.events.len());
-        read(&state.events[seed..])
+        let seed = usize::try_from(state.header.seed_len()).unwrap_or(usize::MAX);
+        let mut own = state.events.iter_from(seed);
+        read(&mut own)
     }
 
     /// Runs `read` over the events and this log's memo of type `T` (created on first use, and
@@ -313,7 +332,7 @@ impl SessionLog {
     /// events `read` sees. `read` must not touch this log.
     pub(crate) fn with_memo<T: Default + Send + 'static, R>(
         &self,
-        read: impl FnOnce(&mut T, &[Arc<SessionEvent>]) -> R,
+        read: impl FnOnce(&mut T, &EventList) -> R,
     ) -> R {
         let mut state = self.lock();
         let LogState { events, memo, .. } = &mut *state;
@@ -656,7 +675,7 @@ pub(super) fn lock_state(inner: &LogInner) -> MutexGuard<'_, LogState> {
     inner.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-pub(super) fn len_of<E>(events: &[E]) -> u64 {
+pub(super) fn len_of(events: &EventList) -> u64 {
     u64::try_from(events.len()).unwrap_or(u64::MAX)
 }
 
@@ -838,12 +857,14 @@ mod tests {
     }
 
     // What every live log costs: its shared state sits in an `Arc` (16 bytes of counts) within
-    // mimalloc's 384-byte class; one byte more moves every log into the next class.
+    // mimalloc's 512-byte class; one byte more moves every log into the next class. (The
+    // events and the history are persistent vectors, ~64 bytes each where a `Vec` and an `Arc`
+    // took 32: the price of a fork that shares its parent's transcript instead of copying it.)
     #[cfg(target_pointer_width = "64")]
     #[test]
     fn a_live_log_stays_within_its_allocation_class() {
         assert!(
-            std::mem::size_of::<LogInner>() <= 368,
+            std::mem::size_of::<LogInner>() <= 496,
             "{}",
             std::mem::size_of::<LogInner>()
         );

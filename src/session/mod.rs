@@ -3,6 +3,7 @@
 
 mod adjacent;
 pub mod event;
+pub mod event_list;
 pub mod fold;
 pub mod header;
 pub mod history;
@@ -17,6 +18,7 @@ pub use event::{
     CancelCause, EventKind, FailureCategory, InboxTarget, LlmFailure, SessionEvent, SpliceOutcome,
     SurfaceOp, TokenUsage, ToolErrorInfo, TurnEndReason,
 };
+pub use event_list::EventList;
 pub use fold::{
     continuable_stop_reason, final_assistant_output, fold_consumed_work, one_shot_stop_reason,
     AssistantOutputFold, ConsumedWork,

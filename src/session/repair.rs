@@ -4,8 +4,6 @@
 //! For the open step, every tool call the last assistant message asked for gets a result: a
 //! call with a logged `tool/call` gets `TOOL_OUTCOME_UNKNOWN` (it may have run), one without gets
 //! `TOOL_NOT_STARTED`. Then `step/end` if a step was open, and `turn/end {interrupted}`.
-use std::borrow::Borrow;
-
 use crate::content::{ContentBlock, Message};
 use crate::ids::CallId;
 use crate::session::event::{EventKind, SessionEvent, ToolErrorInfo, TurnEndReason};
@@ -17,21 +15,23 @@ pub const TOOL_OUTCOME_UNKNOWN: &str = "TOOL_OUTCOME_UNKNOWN";
 /// The closers for a log whose last turn is open; empty for a log that ends between turns.
 ///
 /// The events are assumed to satisfy the log invariants (a stored log always does).
-pub fn interrupted_turn_closers<E: Borrow<SessionEvent>>(events: &[E]) -> Vec<EventKind> {
+pub fn interrupted_turn_closers<E: AsRef<SessionEvent>>(
+    events: impl IntoIterator<Item = E>,
+) -> Vec<EventKind> {
     interrupted_turn_closers_after(LogShape::default(), events)
 }
 
 /// [`interrupted_turn_closers`] for the events that follow a log part whose shape is `shape`
 /// (a fork's own events after its seed, say, which ends balanced after its last turn).
-pub fn interrupted_turn_closers_after<E: Borrow<SessionEvent>>(
+pub fn interrupted_turn_closers_after<E: AsRef<SessionEvent>>(
     shape: LogShape,
-    events: &[E],
+    events: impl IntoIterator<Item = E>,
 ) -> Vec<EventKind> {
     let mut shape = shape;
     let mut requested: Vec<(CallId, String)> = Vec::new();
     let mut answered: Vec<CallId> = Vec::new();
     for event in events {
-        let event = event.borrow();
+        let event = event.as_ref();
         // A stored log passed these checks on append; an event that fails here is skipped so
         // repair still closes what it can.
         if shape.admit(event).is_err() {

@@ -12,7 +12,9 @@ use serde_json::Value;
 use crate::content::{Message, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::session::event::{EventKind, SessionEvent};
+use crate::session::event_list::EventList;
 use crate::session::header::SeedReference;
+use crate::session::history::History;
 use crate::session::invariants::LogShape;
 use crate::session::SessionLog;
 
@@ -29,7 +31,7 @@ pub const MAX_SEED_LINKS: u32 = 8;
 /// stored log starts after it, and readers of the store resolve it from the parent's log.
 #[derive(Debug, Clone, Default)]
 pub struct Seed {
-    events: Vec<Arc<SessionEvent>>,
+    events: EventList,
     /// Set for a fork of a stored parent: where its prefix lies in the store. The seed is
     /// stored by that reference unless the chain of forks is too long to follow
     /// ([`Seed::reference`]); a child placed on another node reads it there either way.
@@ -38,30 +40,34 @@ pub struct Seed {
     source: Option<SessionLog>,
     /// The log shape after the seed, when known without checking it (a completed-turn prefix).
     shape: Option<LogShape>,
+    /// The model history of the seed, when the parent's log still holds it (a fork of a live
+    /// parent): the child shares it instead of folding the inherited events again.
+    history: Option<History>,
 }
 
 impl Seed {
     /// The balanced prefix of `log` a fork child inherits: every event through the last
     /// `turn/end` (the in-flight turn is left out), or nothing before the first completed
-    /// turn. The events are shared with `log`, not copied.
+    /// turn. The events, and the model history they make, are shared with `log`, not copied:
+    /// O(log n) in the parent's length.
     pub fn completed_turns_of(log: &SessionLog) -> Self {
-        let (events, parent, turn) = log.with_header_and_events(|header, events| {
-            let Some(last) = events
-                .iter()
-                .rposition(|event| matches!(event.kind, EventKind::TurnEnd { .. }))
-            else {
-                return (Vec::new(), header.seed_reference.as_deref().copied(), 0);
-            };
-            let turn = match events[last].kind {
-                EventKind::TurnEnd { turn, .. } => turn,
-                _ => 0,
-            };
-            (
-                events[..=last].to_vec(),
-                header.seed_reference.as_deref().copied(),
-                turn,
-            )
-        });
+        let (events, history, parent, turn) =
+            log.with_completed_turns(|header, events, history| {
+                let parent = header.seed_reference.as_deref().copied();
+                let Some((last, turn)) =
+                    events
+                        .iter()
+                        .enumerate()
+                        .rev()
+                        .find_map(|(index, event)| match event.kind {
+                            EventKind::TurnEnd { turn, .. } => Some((index, turn)),
+                            _ => None,
+                        })
+                else {
+                    return (EventList::default(), None, parent, 0);
+                };
+                (events.prefix(last + 1), history, parent, turn)
+            });
         let Some(tail) = events.last() else {
             return Self::default();
         };
@@ -79,6 +85,7 @@ impl Seed {
             prefix,
             source: Some(log.clone()),
             shape: Some(LogShape::after_turn(turn)),
+            history,
         }
     }
 
@@ -113,15 +120,16 @@ impl Seed {
             )
         })?;
         Ok(Self {
-            events,
+            events: events.into(),
             prefix: Some(reference),
             source: None,
             shape: Some(LogShape::after_turn(turn)),
+            history: None,
         })
     }
 
     /// The inherited events, seq 0 first.
-    pub fn events(&self) -> &[Arc<SessionEvent>] {
+    pub fn events(&self) -> &EventList {
         &self.events
     }
 
@@ -167,20 +175,20 @@ impl Seed {
         self.source.take().filter(|_| by_reference)
     }
 
-    /// The seed's parts, for the log that takes it: its events, reference and shape (checked
-    /// here when not known).
+    /// The seed's parts, for the log that takes it: its events, reference, shape (checked
+    /// here when not known) and model history (when known without folding the events).
     ///
     /// # Errors
     /// `INVALID_SEED` for a seed made from events that breaks a seed rule.
     pub(crate) fn into_parts(
         self,
-    ) -> Result<(Vec<Arc<SessionEvent>>, Option<SeedReference>, LogShape)> {
+    ) -> Result<(EventList, Option<SeedReference>, LogShape, Option<History>)> {
         let reference = self.reference().copied();
         let shape = match self.shape {
             Some(shape) => shape,
-            None => validate_seed(&self.events)?,
+            None => validated_shape(self.events.iter().map(|event| &**event))?,
         };
-        Ok((self.events, reference, shape))
+        Ok((self.events, reference, shape, self.history))
     }
 }
 
@@ -295,9 +303,14 @@ pub(crate) fn check_free_form_json(
 /// `INVALID_SEED` naming the first broken rule: a seq gap, lossy JSON, a broken invariant, or an
 /// unbalanced end.
 pub fn validate_seed<E: std::borrow::Borrow<SessionEvent>>(seed: &[E]) -> Result<LogShape> {
+    validated_shape(seed.iter().map(std::borrow::Borrow::borrow))
+}
+
+/// [`validate_seed`] over the seed's events in order.
+fn validated_shape<'a>(seed: impl Iterator<Item = &'a SessionEvent>) -> Result<LogShape> {
     let invalid = |why: String| SubagentError::new(ErrorCode::InvalidSeed, why);
     let mut shape = LogShape::default();
-    for (index, event) in seed.iter().map(std::borrow::Borrow::borrow).enumerate() {
+    for (index, event) in seed.enumerate() {
         let expected = u64::try_from(index).map_err(|_| invalid("seed too long".into()))?;
         if event.seq != expected {
             return Err(invalid(format!(
@@ -372,7 +385,7 @@ mod tests {
             "stored by reference again"
         );
         assert_eq!(seed.len(), 2);
-        let (_, _, shape) = seed.into_parts().unwrap();
+        let (_, _, shape, _) = seed.into_parts().unwrap();
         assert_eq!(shape.last_turn(), 1);
 
         let long = SeedReference {

@@ -66,7 +66,7 @@ impl SessionLogView {
     }
 
     /// Runs `read` over the events without copying them. `read` must not touch this log.
-    pub fn with_events<R>(&self, read: impl FnOnce(&[std::sync::Arc<SessionEvent>]) -> R) -> R {
+    pub fn with_events<R>(&self, read: impl FnOnce(&crate::session::EventList) -> R) -> R {
         self.0.with_events(read)
     }
 

@@ -381,7 +381,7 @@ impl Writer {
         if let Some(source) = self.seed_source.take() {
             source.written_through(first).await?;
         }
-        let count = first + len_of(&events);
+        let count = first + u64::try_from(events.len()).unwrap_or(u64::MAX);
         let lease = self.store.create_leased(header, events, holder).await?;
         self.lease = Some(lease);
         if let Some(inner) = self.log.upgrade() {
@@ -396,7 +396,7 @@ impl Writer {
     }
 
     async fn append(&self, from: u64, batch: Vec<Arc<SessionEvent>>) -> Result<()> {
-        let count = len_of(&batch);
+        let count = u64::try_from(batch.len()).unwrap_or(u64::MAX);
         let epoch = self.lease.map(|lease| lease.epoch);
         self.store.append(self.id, from, batch, epoch).await?;
         if let Some(inner) = self.log.upgrade() {
@@ -488,12 +488,10 @@ fn next_work(state: &mut LogState) -> Work {
         Creation::Stored => {}
         Creation::Committed => {
             // A seed stored by reference is not the session's to store.
-            let own = usize::try_from(header.first_stored_seq())
-                .unwrap_or(usize::MAX)
-                .min(events.len());
+            let own = usize::try_from(header.first_stored_seq()).unwrap_or(usize::MAX);
             return Work::Create {
                 header: header.clone(),
-                events: events[own..].to_vec(),
+                events: events.to_vec_range(own, events.len()),
             };
         }
         Creation::Waiting(_) => {
@@ -514,7 +512,7 @@ fn next_work(state: &mut LogState) -> Work {
         let stop = usize::try_from(end).unwrap_or(usize::MAX);
         return Work::Append {
             from,
-            batch: events[start..stop].to_vec(),
+            batch: events.to_vec_range(start, stop),
         };
     }
     let written = write_behind.written;

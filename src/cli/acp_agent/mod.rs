@@ -426,7 +426,7 @@ async fn prompt(
                 .iter()
                 .rposition(|event| matches!(event.kind, EventKind::TurnStart { turn: started } if Some(started) == turn))
                 .unwrap_or(events.len());
-            text_of(&final_assistant_output(&events[start..]))
+            text_of(&final_assistant_output(events.iter_from(start)))
         });
         if !output.is_empty() {
             cx.send_notification(chunk(&id, SessionUpdate::AgentMessageChunk, &output))?;
