@@ -64,7 +64,7 @@ const LATENCY_MS: &str = "150";
 /// must not see.
 fn campaign_server() -> &'static TestPostgres {
     static SERVER: std::sync::OnceLock<TestPostgres> = std::sync::OnceLock::new();
-    SERVER.get_or_init(TestPostgres::private)
+    SERVER.get_or_init(|| TestPostgres::private().expect("the campaign checked PostgreSQL first"))
 }
 
 /// A small seeded generator (splitmix64): a schedule is its seed.
@@ -836,6 +836,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 
 #[test]
 fn seeded_fault_schedules_keep_every_promise() {
+    crate::support::postgres::postgres_or_skip!();
     let first = env_number("CAMPAIGN_SEED", 1);
     let count = env_number("CAMPAIGN_SCHEDULES", 2);
     let mut failed = Vec::new();

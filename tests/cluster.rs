@@ -14,7 +14,7 @@ use subagents::{
     ReportDelivery, ReportOptions, Runtime, SessionId,
 };
 
-use crate::support::postgres::server;
+use crate::support::postgres::postgres_or_skip;
 use crate::support::{
     delivered, eventually, followup_child, notices, persisted, root, seam_runtime_on, settled,
     text, turn_ends, SeamRecorder,
@@ -100,15 +100,15 @@ pub(crate) struct Placed {
     pub(crate) model_a: ScriptedModel,
 }
 
-pub(crate) async fn placed(prompt: &str) -> Placed {
-    let url = server().fresh_database();
+pub(crate) async fn placed(prompt: &str) -> Option<Placed> {
+    let url = postgres_or_skip!(None).fresh_database();
     let (model_a, model_b, gate) = held_child_models();
     let (a, a_id) = node(&url, "a", &model_a).await;
     let (b, b_id) = node(&url, "b", &model_b).await;
     let parent = root(&a).await;
     let started = place(&a, parent.agent(), b_id, prompt).await.unwrap();
     gate.reached().await;
-    Placed {
+    Some(Placed {
         url,
         a,
         a_id,
@@ -118,19 +118,22 @@ pub(crate) async fn placed(prompt: &str) -> Placed {
         started,
         gate,
         model_a,
-    }
+    })
 }
 
 #[actix_rt::test]
 async fn a_child_placed_on_another_node_runs_there_and_takes_its_parents_followups_in_order() {
-    let Placed {
+    let Some(Placed {
         a,
         b,
         parent,
         started,
         gate,
         ..
-    } = placed("first").await;
+    }) = placed("first").await
+    else {
+        return;
+    };
     let on_b = lifecycle(&b, &parent);
     // Resident on B alone: its agent and Activation live there, the parent's node has none.
     assert_eq!(resident_count(b.subagents()).await, 1);
@@ -166,14 +169,17 @@ async fn a_child_placed_on_another_node_runs_there_and_takes_its_parents_followu
 
 #[actix_rt::test]
 async fn an_interrupt_crosses_to_the_childs_node_and_its_report_comes_back() {
-    let Placed {
+    let Some(Placed {
         a,
         b,
         parent,
         started,
         gate,
         ..
-    } = placed("work").await;
+    }) = placed("work").await
+    else {
+        return;
+    };
     // The child reports from its node; the report lands in the parent's log on the other.
     let child = b.agents().get(started.child_id).await.unwrap();
     let report = b
@@ -230,7 +236,7 @@ async fn an_interrupt_crosses_to_the_childs_node_and_its_report_comes_back() {
 // session the asking node holds.
 #[actix_rt::test]
 async fn an_ancestor_interrupts_a_grandchild_its_child_started_on_another_node() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let model_a = ScriptedModel::repeating(ScriptStep::text("root"));
     let model_b = ScriptedModel::repeating(ScriptStep::text("below"));
     let (child_gate, grandchild_gate) = (Gate::new(), Gate::new());
@@ -293,13 +299,16 @@ async fn an_ancestor_interrupts_a_grandchild_its_child_started_on_another_node()
 
 #[actix_rt::test]
 async fn draining_a_parent_releases_its_child_on_the_other_node_first() {
-    let Placed {
+    let Some(Placed {
         a,
         b,
         parent,
         started,
         ..
-    } = placed("work").await;
+    }) = placed("work").await
+    else {
+        return;
+    };
     a.subagents()
         .drain_continuable_descendants(&[parent.agent().clone()])
         .await
@@ -313,13 +322,16 @@ async fn draining_a_parent_releases_its_child_on_the_other_node_first() {
 
 #[actix_rt::test]
 async fn a_child_whose_node_left_is_resumed_on_its_parents_node() {
-    let Placed {
+    let Some(Placed {
         a,
         b,
         parent,
         started,
         ..
-    } = placed("first").await;
+    }) = placed("first").await
+    else {
+        return;
+    };
     // B leaves: its child is released there, and its notice reaches the parent.
     b.shutdown().await.unwrap();
     notices_reach(parent.agent(), 1).await;
@@ -338,7 +350,7 @@ async fn a_child_whose_node_left_is_resumed_on_its_parents_node() {
 // a notice for the child, not a notice for a child that never existed.
 #[actix_rt::test]
 async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
-    let Placed {
+    let Some(Placed {
         url,
         a,
         a_id,
@@ -348,7 +360,10 @@ async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
         started,
         gate,
         ..
-    } = placed("work").await;
+    }) = placed("work").await
+    else {
+        return;
+    };
     // A third node claims to be the parent: the child's node checks who holds the parent.
     let stranger = cluster_store(&url)
         .await
@@ -421,7 +436,7 @@ async fn a_node_that_does_not_hold_the_parent_cannot_act_for_it() {
 // again. A cold resume on the parent's node resolves it the same way.
 #[actix_rt::test]
 async fn a_fork_placed_on_another_node_inherits_its_parents_turns_by_reference() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let model_a = ScriptedModel::repeating(ScriptStep::text("on a"));
     let model_b = ScriptedModel::repeating(ScriptStep::text("on b"));
     let (a, _) = node(&url, "a", &model_a).await;
@@ -485,7 +500,7 @@ async fn a_fork_placed_on_another_node_inherits_its_parents_turns_by_reference()
 // delivery whose node stopped before).
 #[actix_rt::test]
 async fn a_placement_on_an_unknown_or_departed_node_says_so() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let (a, _) = node(&url, "a", &model).await;
     let (b, b_id) = node(&url, "b", &model).await;
@@ -511,7 +526,7 @@ async fn a_placement_on_an_unknown_or_departed_node_says_so() {
 
 #[actix_rt::test]
 async fn a_placement_outside_a_cluster_is_refused() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let (a, _) = node(&url, "a", &model).await;
     let (b, b_id) = node(&url, "b", &model).await;
@@ -556,7 +571,7 @@ async fn held_child(
 
 #[actix_rt::test]
 async fn a_continuable_parent_waits_for_its_child_on_another_node_and_hears_its_notice() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
     let model_b = ScriptedModel::repeating(ScriptStep::text("leaf"));
     let (middle_gate, leaf_gate) = (Gate::new(), Gate::new());
@@ -592,7 +607,7 @@ async fn a_continuable_parent_waits_for_its_child_on_another_node_and_hears_its_
 
 #[actix_rt::test]
 async fn releasing_a_parent_releases_its_child_on_the_other_node_first() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let model_a = ScriptedModel::repeating(ScriptStep::text("parent"));
     let model_b = ScriptedModel::repeating(ScriptStep::text("leaf"));
     let (middle_gate, leaf_gate) = (Gate::new(), Gate::new());
@@ -642,7 +657,7 @@ async fn releasing_a_parent_releases_its_child_on_the_other_node_first() {
 /// heartbeat, alive for as long as the process ran).
 #[actix_rt::test]
 async fn a_node_runtime_dropped_without_shutdown_goes_silent_and_expires() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let model = ScriptedModel::repeating(ScriptStep::text("idle"));
     let (a, a_id) = node(&url, "a", &model).await;
     let observer = cluster_store(&url)

@@ -17,7 +17,7 @@ use crate::cluster::{
     cluster_store, count, held_child_models, inserted, node, node_on, notices_reach, place, placed,
     sql, Placed,
 };
-use crate::support::postgres::server;
+use crate::support::postgres::postgres_or_skip;
 use crate::support::{
     delivered, eventually, followup_child, notices, persisted, root, seam_runtime_on, text,
     turn_ends, within,
@@ -83,7 +83,7 @@ async fn counted(what: &str, url: &str, query: &str) {
 // any node was taken once no node held the child, and the parent heard the epoch end twice.
 #[actix_rt::test]
 async fn a_late_notice_from_a_node_declared_dead_is_not_heard_twice() {
-    let Placed {
+    let Some(Placed {
         url,
         a,
         b,
@@ -92,7 +92,10 @@ async fn a_late_notice_from_a_node_declared_dead_is_not_heard_twice() {
         started,
         gate,
         ..
-    } = placed("first").await;
+    }) = placed("first").await
+    else {
+        return;
+    };
     let child = started.child_id;
     // B's row expires while its process runs on: A's sweep accounts the epoch.
     sql(
@@ -127,7 +130,7 @@ async fn a_late_notice_from_a_node_declared_dead_is_not_heard_twice() {
 // resident here, leased by another node than its sender), and B's epoch went unheard.
 #[actix_rt::test]
 async fn a_former_nodes_late_notice_is_heard_after_the_child_was_resumed_elsewhere() {
-    let Placed {
+    let Some(Placed {
         url,
         a,
         b,
@@ -136,7 +139,10 @@ async fn a_former_nodes_late_notice_is_heard_after_the_child_was_resumed_elsewhe
         gate,
         model_a,
         ..
-    } = placed("first").await;
+    }) = placed("first").await
+    else {
+        return;
+    };
     let child = started.child_id;
     // The resumed epoch holds its turn until the late notice was heard.
     let resumed_turn = Gate::new();
@@ -191,7 +197,7 @@ async fn a_former_nodes_late_notice_is_heard_after_the_child_was_resumed_elsewhe
 // NODE_UNRESPONSIVE ("it may have been served") and could only guess.
 #[actix_rt::test]
 async fn a_followup_answered_after_the_deadline_is_asked_again_and_accepted_once() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (model_a, model_b, gate) = held_child_models();
     // The parent's node waits a second for each answer.
     let store_a = impatient_store(&url).await;
@@ -246,7 +252,7 @@ async fn a_followup_answered_after_the_deadline_is_asked_again_and_accepted_once
 // forgot the child, and the child ran on with no parent to release it.
 #[actix_rt::test]
 async fn a_start_answered_after_the_deadline_is_asked_again_and_the_child_stays_owned() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (model_a, model_b, gate) = held_child_models();
     // The parent's node waits a second for each answer.
     let store_a = impatient_store(&url).await;
@@ -297,7 +303,7 @@ async fn a_start_answered_after_the_deadline_is_asked_again_and_the_child_stays_
 // heard that its child's epoch ended.
 #[actix_rt::test]
 async fn a_notice_for_a_parent_whose_node_died_waits_in_its_stored_inbox() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (model_a, model_b, gate) = held_child_models();
     let (a, _) = node(&url, "a", &model_a).await;
     let (b, b_id) = node(&url, "b", &model_b).await;
@@ -363,7 +369,7 @@ async fn a_notice_for_a_parent_whose_node_died_waits_in_its_stored_inbox() {
 // accepted follow-ups forever, its parent's admission closed.
 #[actix_rt::test]
 async fn a_drain_releases_a_child_placed_by_the_parents_node_before_it_restarted() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (model_a, model_b, gate) = held_child_models();
     let (a, _) = node(&url, "a", &model_a).await;
     let (b, b_id) = node(&url, "b", &model_b).await;
@@ -411,7 +417,7 @@ async fn a_drain_releases_a_child_placed_by_the_parents_node_before_it_restarted
 // or notice asked again was inserted again.
 #[actix_rt::test]
 async fn a_report_answered_after_the_deadline_is_asked_again_and_heard_once() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (model_a, model_b, gate) = held_child_models();
     let (a, _) = node(&url, "a", &model_a).await;
     // The child's node waits a second for each answer.
@@ -474,7 +480,7 @@ async fn a_report_answered_after_the_deadline_is_asked_again_and_heard_once() {
 // answered with that acceptance and runs once, neither lost nor doubled.
 #[actix_rt::test]
 async fn a_followup_accepted_by_a_node_that_died_before_answering_runs_once() {
-    let Placed {
+    let Some(Placed {
         url,
         a,
         b,
@@ -483,7 +489,10 @@ async fn a_followup_accepted_by_a_node_that_died_before_answering_runs_once() {
         started,
         gate,
         ..
-    } = placed("first").await;
+    }) = placed("first").await
+    else {
+        return;
+    };
     let child = started.child_id;
     // The child's node can no longer answer follow-ups: its answer fails in the database.
     sql(
@@ -557,7 +566,7 @@ async fn a_followup_accepted_by_a_node_that_died_before_answering_runs_once() {
 // the parent never heard of the epoch.
 #[actix_rt::test]
 async fn a_node_restarted_under_its_id_passes_its_predecessors_children_on_at_once() {
-    let Placed {
+    let Some(Placed {
         url,
         a,
         b,
@@ -566,7 +575,10 @@ async fn a_node_restarted_under_its_id_passes_its_predecessors_children_on_at_on
         started,
         gate,
         ..
-    } = placed("first").await;
+    }) = placed("first").await
+    else {
+        return;
+    };
     let child = started.child_id;
     // The child's node's process dies mid-turn (it stops heartbeating and serving)...
     drop(b);
@@ -617,7 +629,7 @@ async fn a_node_restarted_under_its_id_passes_its_predecessors_children_on_at_on
 /// A child placed on B holding its first turn, with "second" and "third" accepted behind it,
 /// when B leaves: the turn ends there, the two wait in the child's log. Answers A, the parent
 /// and the child.
-async fn handed_over() -> (Runtime, subagents::AgentHandle, SessionId) {
+async fn handed_over() -> Option<(Runtime, subagents::AgentHandle, SessionId)> {
     let Placed {
         a,
         b,
@@ -625,7 +637,7 @@ async fn handed_over() -> (Runtime, subagents::AgentHandle, SessionId) {
         started,
         gate,
         ..
-    } = placed("first").await;
+    } = placed("first").await?;
     let child = started.child_id;
     for text in ["second", "third"] {
         followup_child(&a, parent.agent(), child, text)
@@ -636,7 +648,7 @@ async fn handed_over() -> (Runtime, subagents::AgentHandle, SessionId) {
     notices_reach(parent.agent(), 1).await;
     within("the leave", leaving).await.unwrap().unwrap();
     gate.release();
-    (a, parent, child)
+    Some((a, parent, child))
 }
 
 // A node that leaves gracefully (a rolling restart) hands its children over: a child of a
@@ -646,7 +658,9 @@ async fn handed_over() -> (Runtime, subagents::AgentHandle, SessionId) {
 // accepted, then lost, by an ordinary deploy.
 #[actix_rt::test]
 async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups() {
-    let (a, parent, child) = handed_over().await;
+    let Some((a, parent, child)) = handed_over().await else {
+        return;
+    };
     followup_child(&a, parent.agent(), child, "fourth")
         .await
         .unwrap();
@@ -672,7 +686,9 @@ async fn a_node_that_leaves_hands_its_children_over_with_their_pending_followups
 // pending (the campaign's seed 8005: acknowledged, then neither run nor discarded).
 #[actix_rt::test]
 async fn a_drain_discards_what_a_handed_over_child_waits_with() {
-    let (a, parent, child) = handed_over().await;
+    let Some((a, parent, child)) = handed_over().await else {
+        return;
+    };
     within(
         "the drain",
         a.subagents()
@@ -698,14 +714,17 @@ async fn a_drain_discards_what_a_handed_over_child_waits_with() {
 // under a drain).
 #[actix_rt::test]
 async fn a_drain_discards_what_a_child_left_behind_on_a_stopped_node() {
-    let Placed {
+    let Some(Placed {
         a,
         b,
         parent,
         started,
         gate,
         ..
-    } = placed("first").await;
+    }) = placed("first").await
+    else {
+        return;
+    };
     let child = started.child_id;
     for text in ["second", "third"] {
         followup_child(&a, parent.agent(), child, text)
@@ -748,7 +767,7 @@ async fn a_drain_discards_what_a_child_left_behind_on_a_stopped_node() {
 // (the campaign's seeds 10021, 10043, 10063: a kill and restart under a drain).
 #[actix_rt::test]
 async fn a_drain_discards_what_a_child_left_behind_on_a_restarted_node() {
-    let Placed {
+    let Some(Placed {
         url,
         a,
         b,
@@ -757,7 +776,10 @@ async fn a_drain_discards_what_a_child_left_behind_on_a_restarted_node() {
         started,
         gate,
         ..
-    } = placed("first").await;
+    }) = placed("first").await
+    else {
+        return;
+    };
     let child = started.child_id;
     for text in ["second", "third"] {
         followup_child(&a, parent.agent(), child, text)
@@ -824,7 +846,7 @@ fn discarded(events: &[subagents::SessionEvent]) -> u64 {
 #[actix_rt::test]
 async fn a_forest_alternating_between_nodes_releases_more_children_than_slots() {
     const WIDE: usize = subagents::store::deliveries::SERVED_AT_ONCE + 16;
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     // Every turn holds until the release cancels it.
     let (hold_a, hold_b) = (Gate::new(), Gate::new());
     let model_a = ScriptedModel::repeating(ScriptStep::text("a").gated(&hold_a));

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use subagents::store::PostgresStore;
 use subagents::{EventKind, SessionId, SessionPersistence, TurnEndReason};
 
-use crate::support::postgres::server;
+use crate::support::postgres::postgres_or_skip;
 use crate::support::{delivered, turn_ends};
 
 /// A running `subagents node`.
@@ -225,7 +225,7 @@ fn scalar<T: for<'a> tokio_postgres::types::FromSql<'a>>(url: &str, sql: &str) -
 
 #[test]
 fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let b = NodeProcess::start(&url, "b", &[]);
     let c = NodeProcess::start(&url, "c", &["--hold"]);
     let place_on = format!("{},{}", b.id, c.id);
@@ -383,7 +383,7 @@ fn a_forest_spread_over_three_nodes_survives_one_killed_mid_turn() {
 
 #[test]
 fn a_paused_node_that_wakes_past_its_membership_is_fenced_out_and_faults() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     // C's model answers slowly: the child is mid-call when C is paused.
     let mut c = NodeProcess::start(&url, "c", &["--latency-ms", "3000"]);
     let place_on = c.id.clone();
@@ -469,7 +469,7 @@ fn a_node_refuses_to_hold_turns_that_must_report() {
 
 #[test]
 fn a_parent_hears_that_its_childs_node_stopped() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let mut c = NodeProcess::start(&url, "c", &["--hold"]);
     let place_on = c.id.clone();
     let mut a = NodeProcess::start(

@@ -258,7 +258,7 @@ fn a_killed_forest_resumes_a_grandchild_through_its_parent_from_its_last_flushed
 
 #[test]
 fn a_forest_killed_on_postgres_resumes_in_another_process_once_its_leases_expire() {
-    let url = crate::support::postgres::server().fresh_database();
+    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
     let forest = grow_and_kill(&url, &["--lease-ttl-ms", "300"]);
     // The dead process's leases hold until they expire (their time-to-live, unrenewed).
     std::thread::sleep(Duration::from_millis(700));

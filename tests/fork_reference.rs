@@ -12,7 +12,7 @@ use subagents::{
     SeedReference, SessionEvent, SessionHeader, SessionId, SessionPersistence, SubagentListEntry,
 };
 
-use crate::support::postgres::server;
+use crate::support::postgres::postgres_or_skip;
 use crate::support::{
     released, root, run_prompt, seam_runtime_on, settled, start_run, text, within, SeamRecorder,
 };
@@ -109,7 +109,7 @@ async fn a_forks_seed_is_a_reference_on_the_sled_store() {
 
 #[actix_rt::test]
 async fn a_forks_seed_is_a_reference_on_the_postgres_store() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     a_fork_on(Arc::new(PostgresStore::connect(&url).await.unwrap())).await;
 }
 
@@ -118,7 +118,7 @@ async fn a_forks_seed_is_a_reference_on_the_postgres_store() {
 // (tests/crash.rs reopens a sled store a killed load run left, with forks in it.)
 #[actix_rt::test]
 async fn a_reopened_store_resolves_a_fork_and_its_cold_resume_sees_the_parents_turns() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (parent, child, resolved) = {
         let store: Arc<dyn SessionPersistence> =
             Arc::new(PostgresStore::connect(&url).await.unwrap());

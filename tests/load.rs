@@ -121,7 +121,7 @@ fn load_help_shows_the_scenarios_defaults() {
 
 #[actix_rt::test]
 async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
-    let postgres = crate::support::postgres::server().fresh_database();
+    let postgres = crate::support::postgres::postgres_or_skip!().fresh_database();
     for store in [LoadStore::Memory, LoadStore::Sled, LoadStore::Postgres] {
         let mut scenario = small(store);
         if store == LoadStore::Postgres {
@@ -189,7 +189,7 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
 
 #[actix_rt::test]
 async fn a_scenario_spread_over_two_cluster_nodes_verifies() {
-    let url = crate::support::postgres::server().fresh_database();
+    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
     let mut scenario = small(LoadStore::Postgres);
     scenario.store_url = Some(url.clone());
     scenario.nodes = 2;
@@ -453,7 +453,7 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
 
 #[test]
 fn a_load_run_on_postgres_verifies_and_its_forest_prints_from_another_process() {
-    let url = crate::support::postgres::server().fresh_database();
+    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
         .args([
             "load",

@@ -10,7 +10,7 @@ use subagents::store::{LeaseHolder, ListedSession, PostgresConfig, PostgresStore
 use subagents::{ErrorCode, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::{check_against_model, notes, op};
-use crate::support::postgres::server;
+use crate::support::postgres::postgres_or_skip;
 use crate::support::within;
 
 use crate::store::store_runtime as runtime;
@@ -49,7 +49,7 @@ proptest! {
         let runtime = runtime();
         let _entered = runtime.enter();
         // A database per case: the model lists every session of its store.
-        let url = server().fresh_database();
+        let url = postgres_or_skip!(Ok(())).fresh_database();
         check_against_model(
             &ops,
             connect(&url),
@@ -67,7 +67,7 @@ fn a_lease_expires_unless_renewed_and_its_late_writer_is_fenced_out() {
     // (Fencing, refusal, renewal and release are the shared suite's: tests/store.rs.)
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let mut config = PostgresConfig::new(url.clone());
     config.lease_ttl = Duration::from_millis(300);
     let store = block_on(PostgresStore::connect_with(config)).unwrap();
@@ -105,9 +105,9 @@ fn a_lease_expires_unless_renewed_and_its_late_writer_is_fenced_out() {
 }
 
 /// A fresh database's store (and its url), with the runtime entered by the caller.
-fn fresh() -> (PostgresStore, String) {
-    let url = server().fresh_database();
-    (block_on(PostgresStore::connect(&url)).unwrap(), url)
+fn fresh() -> Option<(PostgresStore, String)> {
+    let url = postgres_or_skip!(None).fresh_database();
+    Some((block_on(PostgresStore::connect(&url)).unwrap(), url))
 }
 
 /// Runs one SQL statement on `url` (to damage rows as a bad writer or a newer crate would).
@@ -125,7 +125,9 @@ fn execute(url: &str, sql: &str) {
 fn children_are_listed_by_parent_and_a_corrupt_header_is_its_own_error() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let (store, url) = fresh();
+    let Some((store, url)) = fresh() else {
+        return;
+    };
     let parent = SessionId::new();
     block_on(store.create(SessionHeader::new(parent), notes(0, 1))).unwrap();
     let mut children = Vec::new();
@@ -169,7 +171,9 @@ fn children_are_listed_by_parent_and_a_corrupt_header_is_its_own_error() {
 fn compare_and_append_refuses_a_gap_a_duplicate_and_an_unknown_session() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let (store, _) = fresh();
+    let Some((store, _)) = fresh() else {
+        return;
+    };
     let id = SessionId::new();
     block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
     block_on(store.append(id, 2, notes(2, 3), None)).unwrap();
@@ -203,7 +207,9 @@ fn compare_and_append_refuses_a_gap_a_duplicate_and_an_unknown_session() {
 fn two_writers_racing_for_one_seq_leave_exactly_one_append() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let (store, _) = fresh();
+    let Some((store, _)) = fresh() else {
+        return;
+    };
     let store = Arc::new(store);
     let id = SessionId::new();
     block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
@@ -229,7 +235,9 @@ fn two_writers_racing_for_one_seq_leave_exactly_one_append() {
 fn the_projection_cache_keeps_one_row_per_unit_and_session() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let (store, _) = fresh();
+    let Some((store, _)) = fresh() else {
+        return;
+    };
     let id = SessionId::new();
     block_on(store.create(SessionHeader::new(id), notes(0, 1))).unwrap();
     assert_eq!(block_on(store.cache_get("identity", id)).unwrap(), None);
@@ -247,7 +255,7 @@ fn the_projection_cache_keeps_one_row_per_unit_and_session() {
 fn the_schema_migrates_once_and_a_newer_schema_is_refused() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     // Several runtimes starting at once migrate once, under the advisory lock.
     let starts: Vec<_> = (0..4)
         .map(|_| {
@@ -286,7 +294,7 @@ fn a_paused_writer_that_wakes_past_its_lease_is_fenced_out_and_faults() {
     use std::io::BufRead;
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     // A writer in another process, flushing every step, turn after turn.
     let mut writer = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
         .args([
@@ -335,7 +343,7 @@ fn a_paused_writer_that_wakes_past_its_lease_is_fenced_out_and_faults() {
 
 #[test]
 fn the_store_refuses_to_run_outside_a_runtime() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let refused = block_on(PostgresStore::connect(&url)).unwrap_err();
     assert_eq!(refused.code(), ErrorCode::NoActorSystem);
 }
@@ -346,7 +354,7 @@ fn the_store_refuses_to_run_outside_a_runtime() {
 #[actix_rt::test]
 async fn connections_opened_for_a_worker_serve_the_store_while_the_worker_is_stuck() {
     let store = Arc::new(
-        PostgresStore::connect(&server().fresh_database())
+        PostgresStore::connect(&postgres_or_skip!().fresh_database())
             .await
             .unwrap(),
     );
@@ -410,7 +418,7 @@ fn cluster_store(url: &str) -> Arc<PostgresStore> {
 fn a_nodes_lease_lives_while_it_heartbeats_and_passes_on_once_it_goes_silent() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let store = cluster_store(&url);
     let node = LeaseHolder::new();
     let membership = block_on(store.join(&node, "a")).unwrap();
@@ -458,7 +466,7 @@ fn a_nodes_lease_lives_while_it_heartbeats_and_passes_on_once_it_goes_silent() {
 fn a_node_declared_dead_learns_it_and_cannot_rejoin() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let store = cluster_store(&url);
     let node = LeaseHolder::new();
     let membership = block_on(store.join(&node, "paused")).unwrap();
@@ -512,7 +520,7 @@ fn a_node_declared_dead_learns_it_and_cannot_rejoin() {
 fn a_write_under_a_lease_that_is_no_longer_live_is_refused_before_anyone_takes_it() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let store = cluster_store(&url);
     let node = LeaseHolder::new();
     let membership = block_on(store.join(&node, "paused")).unwrap();
@@ -551,7 +559,7 @@ fn a_write_under_a_lease_that_is_no_longer_live_is_refused_before_anyone_takes_i
 fn a_node_that_leaves_removes_its_row() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let store = cluster_store(&url);
     let membership = block_on(store.join(&LeaseHolder::new(), "leaving")).unwrap();
     let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
@@ -564,7 +572,7 @@ fn a_node_that_leaves_removes_its_row() {
 // A runtime run as a node leases every session it drives in the node's name.
 #[actix_rt::test]
 async fn a_runtime_run_as_a_node_leases_in_the_nodes_name() {
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let mut config = PostgresConfig::new(url.clone());
     config.node_ttl = Duration::from_millis(600);
     let store = Arc::new(PostgresStore::connect_with(config).await.unwrap());
@@ -651,7 +659,7 @@ fn recording_handler(
 fn deliveries_between_nodes_are_served_once_each_in_the_order_sent() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (sender, target) = two_nodes(&url);
     let served = Arc::new(std::sync::Mutex::new(Vec::new()));
     let gate = subagents::testing::Gate::new();
@@ -696,7 +704,7 @@ fn deliveries_between_nodes_are_served_once_each_in_the_order_sent() {
 fn deliveries_about_different_sessions_are_served_at_once() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (sender, target) = two_nodes(&url);
     let served = Arc::new(std::sync::Mutex::new(Vec::new()));
     let gate = subagents::testing::Gate::new();
@@ -735,7 +743,7 @@ fn deliveries_about_different_sessions_are_served_at_once() {
 fn a_malformed_delivery_is_answered_store_corrupt_and_its_batch_still_served() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (sender, target) = two_nodes(&url);
     let sent: Vec<_> = (1..=3u64)
         .map(|n| {
@@ -786,7 +794,7 @@ fn pruning_node(url: &str, name: &str) -> subagents::store::NodeMembership {
 fn old_deliveries_are_pruned_once_their_retention_passed() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let join = |name| pruning_node(&url, name);
     let (sender, target, gone) = (join("a"), join("b"), join("gone"));
     let gone_node = gone.node();
@@ -819,7 +827,7 @@ fn old_deliveries_are_pruned_once_their_retention_passed() {
 fn a_delivery_to_a_silent_node_is_withdrawn_and_its_sender_told() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (sender, silent) = two_nodes(&url);
     let node = silent.node();
     drop(silent);
@@ -839,7 +847,7 @@ fn a_delivery_to_a_silent_node_is_withdrawn_and_its_sender_told() {
 fn an_answer_too_long_for_its_announcement_is_read_from_its_row() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (sender, target) = two_nodes(&url);
     target
         .serve(Arc::new(
@@ -865,7 +873,9 @@ fn an_answer_too_long_for_its_announcement_is_read_from_its_row() {
 fn a_long_run_of_flushes_keeps_their_table_small() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let (store, url) = fresh();
+    let Some((store, url)) = fresh() else {
+        return;
+    };
     for _ in 0..300 {
         block_on(store.flush(SessionId::new())).unwrap();
     }
@@ -883,7 +893,9 @@ fn a_long_run_of_flushes_keeps_their_table_small() {
 fn a_long_run_of_holders_keeps_the_remembered_ones_few() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let (store, _url) = fresh();
+    let Some((store, _url)) = fresh() else {
+        return;
+    };
     let abandoned = SessionId::new();
     block_on(store.create(SessionHeader::new(abandoned), vec![])).unwrap();
     let dropped = LeaseHolder::new();
@@ -911,7 +923,7 @@ fn a_long_run_of_holders_keeps_the_remembered_ones_few() {
 fn a_dead_nodes_row_is_pruned_once_its_retention_passed() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let join = |name| pruning_node(&url, name);
     let (serving, long_dead, recently_dead) = (join("serving"), join("long"), join("recent"));
     let (long_dead, recently_dead) = {
@@ -961,7 +973,7 @@ fn a_dead_nodes_row_is_pruned_once_its_retention_passed() {
 fn a_lost_listener_connection_is_opened_again() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let (sender, target) = two_nodes(&url);
     target
         .serve(Arc::new(
@@ -1008,7 +1020,7 @@ fn a_lost_listener_connection_is_opened_again() {
 fn an_unanswered_delivery_ends_at_its_deadline() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let join = |name| {
         let mut config = PostgresConfig::new(url.clone());
         config.delivery_deadline = Duration::from_millis(300);
@@ -1060,7 +1072,7 @@ fn an_unanswered_delivery_ends_at_its_deadline() {
 fn a_second_process_under_a_live_nodes_id_is_refused_and_a_dead_ones_is_taken_over() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let id = uuid::Uuid::new_v4();
     let first = block_on(cluster_store(&url).join(&LeaseHolder::with_id(id), "first")).unwrap();
     let second = block_on(within(
@@ -1110,7 +1122,7 @@ fn a_second_process_under_a_live_nodes_id_is_refused_and_a_dead_ones_is_taken_ov
 fn a_process_whose_node_was_taken_over_loses_its_membership() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let id = uuid::Uuid::new_v4();
     let paused = block_on(cluster_store(&url).join(&LeaseHolder::with_id(id), "paused")).unwrap();
     assert_ne!(paused.incarnation(), uuid::Uuid::nil());
@@ -1143,7 +1155,10 @@ fn a_server_down_for_less_than_a_node_time_to_live_loses_no_membership() {
     const TTL: Duration = Duration::from_millis(7500);
     let runtime = runtime();
     let _entered = runtime.enter();
-    let server = crate::support::postgres::TestPostgres::private();
+    let server = match crate::support::postgres::TestPostgres::private() {
+        Some(server) => server,
+        None => return,
+    };
     let url = server.fresh_database();
     let mut config = PostgresConfig::new(url.clone());
     config.node_ttl = TTL;
@@ -1180,7 +1195,7 @@ fn a_server_down_for_less_than_a_node_time_to_live_loses_no_membership() {
 fn terminated_backends_are_a_passing_fault() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let url = server().fresh_database();
+    let url = postgres_or_skip!().fresh_database();
     let store = cluster_store(&url);
     let id = SessionId::new();
     block_on(store.create(SessionHeader::new(id), vec![])).unwrap();

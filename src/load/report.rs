@@ -180,7 +180,7 @@ pub struct Throughput {
     pub one_shot_runs_per_s: f64,
     /// Follow-ups accepted per second (each a cold resume, but those that crossed nodes).
     pub followups_per_s: f64,
-    /// Events persisted per second (the children's logs over the growing phase).
+    /// Events persisted per second (those the children's logs stored, over the growing phase).
     pub events_per_s: f64,
     /// Children created per second.
     pub children_per_s: f64,
@@ -577,7 +577,8 @@ impl fmt::Display for LoadReport {
         )?;
         write!(
             f,
-            "persisted: {} in the children's logs",
+            "persisted: {} stored in the children's logs (a fork's inherited turns are stored \
+             once, in its parent's)",
             counted(self.persisted.events, "event", "events")
         )?;
         if let Some(bytes) = self.persisted.bytes_on_disk {

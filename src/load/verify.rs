@@ -87,7 +87,9 @@ pub(crate) fn shape(forest: &Forest) -> Shape {
 /// What the children's logs hold in the store after the run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Persisted {
-    /// Events in the children's stored logs.
+    /// Events the children's logs stored: each child's own events, and a seed it stores
+    /// inline. A fork's seed stored by reference is stored once, in its parent's log, and not
+    /// counted again here.
     pub events: u64,
     /// The store's size on disk, when it has one.
     pub bytes_on_disk: Option<u64>,
@@ -186,7 +188,11 @@ pub(crate) async fn verify(
             match store.read_own(created.id).await {
                 Ok(own) => {
                     let own_len = u64::try_from(own.events.len()).unwrap_or(u64::MAX);
-                    persisted.events += own.header.seed_len().saturating_add(own_len);
+                    let inline_seed = own
+                        .header
+                        .seed_len()
+                        .saturating_sub(own.header.first_stored_seq());
+                    persisted.events += inline_seed.saturating_add(own_len);
                     logs.insert(created.id, message_fates(&own.events));
                 }
                 Err(error) => unreadable.push(format!("{}: {error}", created.id)),

@@ -3,6 +3,7 @@
 //! fresh database per caller. A watcher process stops the server and removes its directory
 //! once the test binary has exited, however it exits.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -16,25 +17,82 @@ pub struct TestPostgres {
     options: String,
 }
 
-/// The PostgreSQL binaries: the directory `pg_config --bindir` names, else the newest
-/// `/usr/lib/postgresql/*/bin`.
-fn bin_dir() -> PathBuf {
+/// The variable that makes missing PostgreSQL binaries a failure instead of a skip (`.ci/run`
+/// sets it).
+const REQUIRE: &str = "SUBAGENTS_REQUIRE_POSTGRES";
+
+/// What to install, for the line a skip prints and the failure a requirement raises.
+const INSTALL: &str =
+    "PostgreSQL's server binaries (initdb, pg_ctl: Debian's `postgresql` package)";
+
+/// The PostgreSQL binaries: the directory `SUBAGENTS_POSTGRES_BIN` names when it is set (an
+/// install elsewhere), else the one `pg_config --bindir` names, else the newest
+/// `/usr/lib/postgresql/*/bin`; `None` when that has no `initdb`.
+fn find_bin_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("SUBAGENTS_POSTGRES_BIN") {
+        let dir = PathBuf::from(dir);
+        return dir.join("initdb").exists().then_some(dir);
+    }
     if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
         let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
         if dir.join("initdb").exists() {
-            return dir;
+            return Some(dir);
         }
     }
     let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("PostgreSQL is installed (initdb, pg_ctl)")
+        .ok()?
         .filter_map(|entry| Some(entry.ok()?.path().join("bin")))
         .filter(|bin| bin.join("initdb").exists())
         .collect();
     found.sort();
-    found
-        .pop()
-        .expect("PostgreSQL is installed (initdb, pg_ctl)")
+    found.pop()
 }
+
+fn bin_dir() -> PathBuf {
+    find_bin_dir().unwrap_or_else(|| panic!("{INSTALL} are not installed"))
+}
+
+/// The test binary's server, or `None` when PostgreSQL is not installed and `SUBAGENTS_REQUIRE_POSTGRES`
+/// is unset: the caller skips its test (see [`postgres_or_skip`]), and the first skip prints one
+/// line naming what to install.
+pub fn available() -> Option<&'static TestPostgres> {
+    static INSTALLED: OnceLock<bool> = OnceLock::new();
+    let installed = *INSTALLED.get_or_init(|| {
+        let installed = find_bin_dir().is_some();
+        if !installed {
+            assert!(
+                std::env::var_os(REQUIRE).is_none(),
+                "{REQUIRE} is set and {INSTALL} are not installed"
+            );
+            // Straight to the process's stderr: the test harness captures `eprintln!`.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPING every PostgreSQL test: {INSTALL} are not installed; install them to run \
+                 these tests (set {REQUIRE}=1 to make their absence a failure)"
+            );
+        }
+        installed
+    });
+    installed.then(server)
+}
+
+/// The test binary's server, or a return from the calling test (with `$skipped`, `()` unless
+/// given) when PostgreSQL is not installed: see [`available`].
+macro_rules! postgres_or_skip {
+    () => {
+        match $crate::support::postgres::available() {
+            Some(server) => server,
+            None => return,
+        }
+    };
+    ($skipped:expr) => {
+        match $crate::support::postgres::available() {
+            Some(server) => server,
+            None => return $skipped,
+        }
+    };
+}
+pub(crate) use postgres_or_skip;
 
 /// Runs a PostgreSQL tool as the `postgres` user when this process is root (the server
 /// refuses to run as root), else as ourselves.
@@ -129,7 +187,7 @@ fn start() -> TestPostgres {
 
 /// The test binary's server, started on first use. A start that failed is not retried by
 /// every later test: they all report the first failure.
-pub fn server() -> &'static TestPostgres {
+fn server() -> &'static TestPostgres {
     static SERVER: OnceLock<Result<TestPostgres, String>> = OnceLock::new();
     let started = SERVER.get_or_init(|| {
         std::panic::catch_unwind(start).map_err(|panic| {
@@ -149,8 +207,8 @@ pub fn server() -> &'static TestPostgres {
 impl TestPostgres {
     /// A server of the caller's own (one it may restart without disturbing other tests),
     /// stopped and removed like the shared one once the test binary exits.
-    pub fn private() -> Self {
-        start()
+    pub fn private() -> Option<Self> {
+        available().map(|_| start())
     }
 
     /// Restarts the server (`pg_ctl restart -m fast`): every connection ends, and new ones are
