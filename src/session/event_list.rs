@@ -1,21 +1,18 @@
-//! Provides [`EventList`]: a session's events, seq 0 first, as a persistent vector.
+//! Provides [`EventList`]: a session's events, seq 0 first.
 //!
-//! # Why persistent
-//! A fork child inherits its parent's completed turns. With the events in a `Vec`, the child
-//! had to hold a pointer per inherited event (and drop them all again), so a fork cost its
-//! parent's transcript: a root that forks thousands of children, each after another settled
-//! sibling grew its transcript, cost the square of its children. In a persistent vector (an
-//! RRB tree of 64-event chunks) the child's list is the parent's, cut at the prefix: it shares
-//! every whole chunk and copies only the path to the cut, O(log n) whatever the parent's
-//! length, and the child's own events go into chunks of its own.
+//! A fork child shares its parent's events, cut at the prefix it inherits, instead of copying
+//! them: a long log is a persistent vector (an RRB tree of 64-event chunks) whose prefix shares
+//! every whole chunk, O(log n) however long the parent's log grows; a short one (most
+//! children's) stays a plain vector, cheaper to copy whole than to keep as a tree.
 use std::sync::Arc;
 
 use crate::session::event::SessionEvent;
+use crate::session::shared_seq::{Iter, SharedSeq};
 
-/// A session's events, seq 0 first. Cloning and [`EventList::prefix`] are O(log n) and share
-/// the events (and the chunks that hold them) instead of copying them.
+/// A session's events, seq 0 first. Cloning and [`EventList::prefix`] cost O(log n) pointer
+/// copies (at most a short log's length) and share the events instead of copying them.
 #[derive(Clone, Default, PartialEq)]
-pub struct EventList(imbl::Vector<Arc<SessionEvent>>);
+pub struct EventList(SharedSeq<Arc<SessionEvent>>);
 
 impl EventList {
     /// The number of events.
@@ -25,7 +22,7 @@ impl EventList {
 
     /// Whether the list holds no events.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 
     /// The event at `index` (its seq, for a whole log), if there is one.
@@ -39,37 +36,23 @@ impl EventList {
     }
 
     /// The events in order.
-    pub fn iter(
-        &self,
-    ) -> impl DoubleEndedIterator<Item = &Arc<SessionEvent>> + ExactSizeIterator + '_ {
-        self.0.iter()
+    pub fn iter(&self) -> Iter<'_, Arc<SessionEvent>> {
+        self.0.iter_range(0, usize::MAX)
     }
 
     /// The events from `index` on, in order (none when `index` is past the end).
-    pub fn iter_from(
-        &self,
-        index: usize,
-    ) -> impl DoubleEndedIterator<Item = &Arc<SessionEvent>> + ExactSizeIterator + '_ {
-        self.iter_range(index, self.len())
+    pub fn iter_from(&self, index: usize) -> Iter<'_, Arc<SessionEvent>> {
+        self.0.iter_range(index, usize::MAX)
     }
 
     /// The events in `[start, end)`, clamped to the list, in order.
-    pub fn iter_range(
-        &self,
-        start: usize,
-        end: usize,
-    ) -> impl DoubleEndedIterator<Item = &Arc<SessionEvent>> + ExactSizeIterator + '_ {
-        let end = end.min(self.len());
-        let start = start.min(end);
-        self.0.focus().narrow(start..end).into_iter()
+    pub fn iter_range(&self, start: usize, end: usize) -> Iter<'_, Arc<SessionEvent>> {
+        self.0.iter_range(start, end)
     }
 
     /// The first `len` events (all of them, when there are fewer), sharing them with this list.
     pub fn prefix(&self, len: usize) -> Self {
-        if len >= self.len() {
-            return self.clone();
-        }
-        Self(self.0.take(len))
+        Self(self.0.prefix(len))
     }
 
     /// A vector of the events in `[start, end)` (clamped), sharing each event.
@@ -84,7 +67,7 @@ impl EventList {
 
     /// Appends `event` at the end.
     pub(crate) fn push(&mut self, event: Arc<SessionEvent>) {
-        self.0.push_back(event);
+        self.0.push(event);
     }
 }
 
@@ -96,22 +79,22 @@ impl std::fmt::Debug for EventList {
 
 impl From<Vec<Arc<SessionEvent>>> for EventList {
     fn from(events: Vec<Arc<SessionEvent>>) -> Self {
-        events.into_iter().collect()
+        Self(events.into())
     }
 }
 
 impl FromIterator<Arc<SessionEvent>> for EventList {
     fn from_iter<I: IntoIterator<Item = Arc<SessionEvent>>>(events: I) -> Self {
-        Self(events.into_iter().collect())
+        Self::from(events.into_iter().collect::<Vec<_>>())
     }
 }
 
 impl<'a> IntoIterator for &'a EventList {
     type Item = &'a Arc<SessionEvent>;
-    type IntoIter = imbl::vector::Iter<'a, Arc<SessionEvent>, imbl::shared_ptr::DefaultSharedPtr>;
+    type IntoIter = Iter<'a, Arc<SessionEvent>>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        self.iter()
     }
 }
 

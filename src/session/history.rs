@@ -4,15 +4,16 @@
 //! # Why incremental
 //! A model step needs the whole history. Rebuilding it from the log at every step costs the
 //! log's length, so a long conversation would cost its length squared. The log instead folds
-//! each event into the history as it is appended, and a step takes a [`History`] snapshot. The
-//! entries are a persistent vector: a snapshot is O(1) to take, and an append after it copies
-//! only the path to the end, never the entries, even while an adapter or a recording model
-//! still holds the request.
+//! each event into the history as it is appended, and a step takes a [`History`] snapshot:
+//! O(1) to take. The next append copies the entries only if a snapshot is still held (an
+//! adapter or a recording model that keeps requests), and then at most a short history's
+//! worth: a long one is a persistent vector, of which an append copies only the path to its
+//! end. The turn driver drops its request before it appends, so a conversation costs O(turns).
 //!
 //! # Why a fork child shares it
 //! A fork child's history starts as its parent's history at the end of the parent's last
 //! completed turn. The projection remembers where that turn ended, so the child takes the
-//! parent's entries cut there (O(log n)) instead of folding the inherited events again.
+//! parent's entries cut there (sharing them) instead of folding the inherited events again.
 //!
 //! # Why entries share their events
 //! A [`HistoryEntry`] points at the log event that carries its message instead of copying the
@@ -24,12 +25,13 @@ use std::sync::Arc;
 
 use crate::content::{Message, MessageSource, Role};
 use crate::ids::MessageId;
+use crate::session::shared_seq::{Iter, SharedSeq};
 use crate::session::{EventKind, SessionEvent, SurfaceOp};
 
 /// A snapshot of a session's model history, oldest first. Cheap to clone (it shares its
 /// entries); a sequence of [`HistoryEntry`], each of which reads as its [`Message`].
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct History(imbl::Vector<HistoryEntry>);
+pub struct History(SharedSeq<HistoryEntry>);
 
 impl History {
     /// The history of `events`, folded from scratch.
@@ -48,7 +50,7 @@ impl History {
 
     /// Whether the history holds no message.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.0.len() == 0
     }
 
     /// The entry at `index`, oldest first.
@@ -58,7 +60,7 @@ impl History {
 
     /// The oldest entry.
     pub fn first(&self) -> Option<&HistoryEntry> {
-        self.0.front()
+        self.0.get(0)
     }
 
     /// The newest entry.
@@ -67,13 +69,13 @@ impl History {
     }
 
     /// The entries, oldest first.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &HistoryEntry> + ExactSizeIterator + '_ {
-        self.0.iter()
+    pub fn iter(&self) -> Iter<'_, HistoryEntry> {
+        self.0.iter_range(0, usize::MAX)
     }
 
     /// The messages, oldest first.
     pub fn messages(&self) -> impl DoubleEndedIterator<Item = &Message> + ExactSizeIterator {
-        self.0.iter().map(|entry| &**entry)
+        self.iter().map(|entry| &**entry)
     }
 }
 
@@ -85,22 +87,34 @@ impl std::ops::Index<usize> for History {
     /// # Panics
     /// When `index` is out of range, as a slice does; [`History::get`] does not.
     fn index(&self, index: usize) -> &HistoryEntry {
-        &self.0[index]
+        match self.0.get(index) {
+            Some(entry) => entry,
+            None => panic!(
+                "history index {index} out of range for a history of {}",
+                self.0.len()
+            ),
+        }
     }
 }
 
 impl<'a> IntoIterator for &'a History {
     type Item = &'a HistoryEntry;
-    type IntoIter = imbl::vector::Iter<'a, HistoryEntry, imbl::shared_ptr::DefaultSharedPtr>;
+    type IntoIter = Iter<'a, HistoryEntry>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        self.iter()
     }
 }
 
 impl From<Vec<Message>> for History {
     fn from(messages: Vec<Message>) -> Self {
-        Self(messages.into_iter().map(HistoryEntry::from).collect())
+        Self(
+            messages
+                .into_iter()
+                .map(HistoryEntry::from)
+                .collect::<Vec<_>>()
+                .into(),
+        )
     }
 }
 
@@ -162,18 +176,18 @@ impl From<Message> for HistoryEntry {
 /// The history a log keeps up to date as it appends.
 #[derive(Debug, Default)]
 pub(crate) struct Projection {
-    entries: imbl::Vector<HistoryEntry>,
+    entries: SharedSeq<HistoryEntry>,
     /// How many entries the history had when the last `turn/end` was folded in, while no
     /// `replace` has spliced over them since: the history a fork taken now inherits is those
     /// entries. `None` before the first turn ends, or after such a splice.
-    through_last_turn: Option<usize>,
+    through_last_turn: Option<u32>,
 }
 
 impl Projection {
     /// A projection that starts from `history`, the history of a seed that ends a turn.
     pub(crate) fn starting_from(history: History) -> Self {
         Self {
-            through_last_turn: Some(history.len()),
+            through_last_turn: u32::try_from(history.len()).ok(),
             entries: history.0,
         }
     }
@@ -191,31 +205,26 @@ impl Projection {
     /// `replace` surface op splices over the entries it names.
     pub(crate) fn push(&mut self, event: &Arc<SessionEvent>) {
         if matches!(event.kind, EventKind::TurnEnd { .. }) {
-            self.through_last_turn = Some(self.entries.len());
+            // A history too long to count this way is folded again by its forks.
+            self.through_last_turn = u32::try_from(self.entries.len()).ok();
             return;
         }
         let Some(entry) = HistoryEntry::of(event) else {
             return;
         };
-        let history = &mut self.entries;
         match event.surface_op {
             Some(SurfaceOp::Replace { start, end }) => {
-                let start = usize::try_from(start)
-                    .unwrap_or(usize::MAX)
-                    .min(history.len());
-                let end = usize::try_from(end)
-                    .unwrap_or(usize::MAX)
-                    .clamp(start, history.len());
+                let start = usize::try_from(start).unwrap_or(usize::MAX);
+                let end = usize::try_from(end).unwrap_or(usize::MAX);
                 if self
                     .through_last_turn
-                    .is_some_and(|through| start < through)
+                    .is_some_and(|through| start < through as usize)
                 {
                     self.through_last_turn = None;
                 }
-                let _spliced_over = history.slice(start..end);
-                history.insert(start, entry);
+                self.entries.splice(start, end, entry);
             }
-            _ => history.push_back(entry),
+            _ => self.entries.push(entry),
         }
     }
 
@@ -228,7 +237,7 @@ impl Projection {
     /// projection still holds it: O(log n), sharing the entries.
     pub(crate) fn through_last_turn(&self) -> Option<History> {
         self.through_last_turn
-            .map(|through| History(self.entries.take(through)))
+            .map(|through| History(self.entries.prefix(through as usize)))
     }
 }
 

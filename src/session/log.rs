@@ -857,14 +857,12 @@ mod tests {
     }
 
     // What every live log costs: its shared state sits in an `Arc` (16 bytes of counts) within
-    // mimalloc's 512-byte class; one byte more moves every log into the next class. (The
-    // events and the history are persistent vectors, ~64 bytes each where a `Vec` and an `Arc`
-    // took 32: the price of a fork that shares its parent's transcript instead of copying it.)
+    // mimalloc's 384-byte class; one byte more moves every log into the next class.
     #[cfg(target_pointer_width = "64")]
     #[test]
     fn a_live_log_stays_within_its_allocation_class() {
         assert!(
-            std::mem::size_of::<LogInner>() <= 496,
+            std::mem::size_of::<LogInner>() <= 368,
             "{}",
             std::mem::size_of::<LogInner>()
         );

@@ -11,6 +11,7 @@ pub mod invariants;
 pub mod log;
 pub mod repair;
 pub mod seed;
+pub(crate) mod shared_seq;
 pub mod view;
 pub(crate) mod write_behind;
 
