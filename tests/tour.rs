@@ -99,3 +99,68 @@ fn the_demo_command_narrates_the_tour_and_leaves_a_forest_for_tree() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("delegation tour"), "{help}");
 }
+
+/// Runs `subagents tree --store DIR` as a user who may read `dir` but not write it: as root
+/// (who may write anywhere), as `nobody` through `runuser`; else with `dir` made read-only.
+fn tree_without_write_access(dir: &std::path::Path) -> std::process::Output {
+    use std::os::unix::fs::PermissionsExt;
+    fn set_mode(path: &std::path::Path, file_mode: u32, dir_mode: u32) {
+        for entry in std::fs::read_dir(path).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                set_mode(&entry.path(), file_mode, dir_mode);
+            } else {
+                std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(file_mode))
+                    .unwrap();
+            }
+        }
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(dir_mode)).unwrap();
+    }
+    let binary = env!("CARGO_BIN_EXE_subagents");
+    let root = rustix::process::geteuid().is_root();
+    set_mode(dir, 0o444, 0o555);
+    let output = if root {
+        std::process::Command::new("runuser")
+            .args(["-u", "nobody", "--", binary, "tree", "--store"])
+            .arg(dir)
+            .output()
+            .unwrap()
+    } else {
+        std::process::Command::new(binary)
+            .args(["tree", "--store"])
+            .arg(dir)
+            .output()
+            .unwrap()
+    };
+    // Writable again, so the temporary directory can be removed.
+    set_mode(dir, 0o644, 0o755);
+    output
+}
+
+#[test]
+fn a_store_this_process_cannot_write_is_listed_from_a_copy() {
+    let store = tempfile::tempdir().unwrap();
+    let binary = env!("CARGO_BIN_EXE_subagents");
+    let demo = std::process::Command::new(binary)
+        .args(["demo", "--store"])
+        .arg(store.path())
+        .output()
+        .unwrap();
+    assert!(
+        demo.status.success(),
+        "{}",
+        String::from_utf8_lossy(&demo.stderr)
+    );
+    let before = std::fs::read(store.path().join("db")).unwrap();
+    let tree = tree_without_write_access(store.path());
+    let listing = String::from_utf8_lossy(&tree.stdout);
+    let stderr = String::from_utf8_lossy(&tree.stderr);
+    assert!(tree.status.success(), "{listing}{stderr}");
+    assert!(listing.contains("\"watch CI\""), "{listing}");
+    assert!(stderr.contains("listing a copy"), "{stderr}");
+    assert_eq!(
+        std::fs::read(store.path().join("db")).unwrap(),
+        before,
+        "the store itself is left as it was"
+    );
+}

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
+use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::json;
@@ -13,6 +14,8 @@ use subagents::{
     SubagentListEntry,
 };
 
+use super::store::StoreLocation;
+
 /// The `tree` command's arguments.
 #[derive(Debug, clap::Args)]
 pub(crate) struct TreeArgs {
@@ -20,7 +23,7 @@ pub(crate) struct TreeArgs {
     root: Option<SessionId>,
     /// The store: a sled directory, or a `postgres://` URL.
     #[arg(long, default_value = ".subagents")]
-    store: super::store::StoreLocation,
+    store: StoreLocation,
     /// Print JSON for scripts instead of an indented tree: a list of roots, each with its
     /// descendants in pre-order.
     #[arg(long)]
@@ -35,7 +38,8 @@ struct Tree {
 
 /// Runs the command, writing to `out`.
 pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), super::super::Failure> {
-    let store: SharedStore = args.store.open(true).await?;
+    // Kept until the command ends: the copy a read-only store is listed from.
+    let (store, _copy) = open_for_listing(&args.store).await?;
     let rt = Runtime::builder()
         .shared_store(Arc::clone(&store))
         .build()?;
@@ -70,6 +74,71 @@ pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), supe
         print_json(&trees, out)?;
     } else {
         print_text(&trees, &args, out)?;
+    }
+    Ok(())
+}
+
+/// Opens the store to list it. sled writes as it opens (its lock, its recovery), so a sled
+/// directory this process may not write (another user's, a read-only mount) is copied to a
+/// temporary directory and the copy is listed, with a note on stderr; the copy is returned for
+/// the caller to keep until it is done.
+async fn open_for_listing(
+    location: &StoreLocation,
+) -> Result<(SharedStore, Option<tempfile::TempDir>), SubagentError> {
+    let StoreLocation::Sled(dir) = location else {
+        return Ok((location.open(true).await?, None));
+    };
+    if !dir.is_dir() || is_writable(dir) {
+        return Ok((location.open(true).await?, None));
+    }
+    let copy = tempfile::Builder::new()
+        .prefix("subagents-tree-")
+        .tempdir()
+        .map_err(|error| {
+            SubagentError::new(
+                ErrorCode::StoreIo,
+                format!("a temporary directory: {error}"),
+            )
+        })?;
+    copy_dir(dir, copy.path()).map_err(|error| {
+        SubagentError::new(
+            ErrorCode::StoreIo,
+            format!(
+                "the store at {} cannot be written here, and copying it to list the copy failed: {error}",
+                dir.display()
+            ),
+        )
+    })?;
+    let _ = writeln!(
+        std::io::stderr(),
+        "note: the store at {} cannot be written here (sled writes as it opens): listing a copy",
+        dir.display()
+    );
+    let store = StoreLocation::Sled(copy.path().to_owned())
+        .open(true)
+        .await?;
+    Ok((store, Some(copy)))
+}
+
+/// Whether this process may create files in `dir`.
+fn is_writable(dir: &Path) -> bool {
+    tempfile::tempfile_in(dir).is_ok()
+}
+
+/// Copies the files of `from` (and of its subdirectories) into `to`, writable by this process
+/// (a copy keeps its original's read-only mode, which sled could not open).
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            std::fs::create_dir(&target)?;
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600))?;
+        }
     }
     Ok(())
 }
