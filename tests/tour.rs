@@ -60,21 +60,27 @@ async fn the_tour_delegates_follows_up_hears_back_and_lists_its_agents() {
     rt.shutdown().await.unwrap();
 }
 
-#[test]
-fn the_demo_command_narrates_the_tour_and_leaves_a_forest_for_tree() {
+/// Runs `subagents demo` into a fresh store: the store, and what the demo printed.
+fn demo_store() -> (tempfile::TempDir, String) {
     let store = tempfile::tempdir().unwrap();
-    let binary = env!("CARGO_BIN_EXE_subagents");
-    let demo = std::process::Command::new(binary)
+    let demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
         .args(["demo", "--store"])
         .arg(store.path())
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&demo.stdout);
+    let stdout = String::from_utf8_lossy(&demo.stdout).into_owned();
     assert!(
         demo.status.success(),
         "{stdout}{}",
         String::from_utf8_lossy(&demo.stderr)
     );
+    (store, stdout)
+}
+
+#[test]
+fn the_demo_command_narrates_the_tour_and_leaves_a_forest_for_tree() {
+    let (store, stdout) = demo_store();
+    let binary = env!("CARGO_BIN_EXE_subagents");
     assert!(stdout.contains(&format!("parent: {TOUR_DONE}")), "{stdout}");
     let tree = std::process::Command::new(binary)
         .args(["tree", "--store"])
@@ -139,18 +145,7 @@ fn tree_without_write_access(dir: &std::path::Path) -> std::process::Output {
 
 #[test]
 fn a_store_this_process_cannot_write_is_listed_from_a_copy() {
-    let store = tempfile::tempdir().unwrap();
-    let binary = env!("CARGO_BIN_EXE_subagents");
-    let demo = std::process::Command::new(binary)
-        .args(["demo", "--store"])
-        .arg(store.path())
-        .output()
-        .unwrap();
-    assert!(
-        demo.status.success(),
-        "{}",
-        String::from_utf8_lossy(&demo.stderr)
-    );
+    let (store, _) = demo_store();
     let before = std::fs::read(store.path().join("db")).unwrap();
     let tree = tree_without_write_access(store.path());
     let listing = String::from_utf8_lossy(&tree.stdout);
