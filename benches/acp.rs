@@ -46,7 +46,9 @@ fn bench(c: &mut Criterion) {
             .build()
             .expect("runtime builds");
         let mut config = AcpProviderConfig::new(BINARY);
-        config.args = vec!["acp-agent".to_owned()];
+        config.args = ["acp-agent", "--store", "memory"]
+            .map(str::to_owned)
+            .to_vec();
         rt.subagents()
             .register_provider(AcpProvider::new(config).expect("config is valid"))
             .await
@@ -119,7 +121,7 @@ fn bench(c: &mut Criterion) {
 /// stop reason of one prompt in a new session.
 async fn persistent_session(cwd: std::path::PathBuf) -> mpsc::Sender<oneshot::Sender<String>> {
     let mut child = tokio::process::Command::new(BINARY)
-        .arg("acp-agent")
+        .args(["acp-agent", "--store", "memory"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)

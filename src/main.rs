@@ -66,8 +66,8 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct DemoArgs {
-    /// The store: a sled directory, or a `postgres://` URL.
-    #[arg(long, default_value = ".subagents")]
+    /// The store: a sled directory, `memory` (nothing kept), or a `postgres://` URL.
+    #[arg(long, default_value = cli::store::DEFAULT_STORE)]
     store: cli::store::StoreLocation,
     /// Crash-recovery drill: after the tool step is durable, hold the model's final answer
     /// until the process is killed. Prints `stalled <session-id>` when it is safe to kill.

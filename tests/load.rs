@@ -422,7 +422,8 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
 
     // Log lines (sled's own among them) reach a pipe as plain text.
     let logged = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args(["load", "--roots", "1", "--children", "3"])
+        .args(["load", "--roots", "1", "--children", "3", "--store"])
+        .arg(dir.path().join("sled"))
         .env("RUST_LOG", "debug")
         .output()
         .unwrap();
@@ -551,28 +552,53 @@ fn acp_agent_takes_a_postgres_url_as_its_store() {
 fn load_into_a_store_directory_leaves_its_forest_for_tree() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("forest");
-    let load = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args(["load", "--roots", "1", "--children", "4", "--store"])
-        .arg(&store)
+    let subagents = |args: &[&str], store: Option<&std::path::Path>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"));
+        command.args(args).current_dir(dir.path());
+        if let Some(store) = store {
+            command.arg("--store").arg(store);
+        }
+        let output = command.output().unwrap();
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    };
+    let roots_and_children = |store: Option<&std::path::Path>| {
+        let tree = subagents(&["tree", "--json"], store);
+        let forest: serde_json::Value = serde_json::from_slice(&tree.stdout).unwrap();
+        let roots = forest.as_array().unwrap();
+        (
+            roots.len(),
+            roots
+                .iter()
+                .map(|root| root["descendants"].as_array().unwrap().len())
+                .sum::<usize>(),
+        )
+    };
+    let run = ["load", "--roots", "1", "--children", "4"];
+    // Named, as every command names a store.
+    subagents(&run, Some(&store));
+    assert_eq!(roots_and_children(Some(&store)), (1, 4));
+    // Unnamed: every command's default, `.subagents` in the working directory, which a second
+    // run adds its own forest to (and verifies on its own).
+    subagents(&run, None);
+    assert_eq!(roots_and_children(None), (1, 4));
+    subagents(&run, None);
+    assert_eq!(roots_and_children(None), (2, 8));
+    assert!(dir.path().join(".subagents").is_dir());
+    // `memory` is a throwaway store: nothing in it to list.
+    let memory = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["tree", "--store", "memory"])
         .output()
         .unwrap();
+    assert_eq!(memory.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&memory.stderr);
     assert!(
-        load.status.success(),
-        "{}",
-        String::from_utf8_lossy(&load.stderr)
-    );
-    let tree = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args(["tree", "--json", "--store"])
-        .arg(&store)
-        .output()
-        .unwrap();
-    assert!(tree.status.success());
-    let forest: serde_json::Value = serde_json::from_slice(&tree.stdout).unwrap();
-    assert_eq!(forest.as_array().map(Vec::len), Some(1), "{forest:#}");
-    assert_eq!(
-        forest[0]["descendants"].as_array().map(Vec::len),
-        Some(4),
-        "{forest:#}"
+        stderr.contains("a memory store holds nothing to read"),
+        "{stderr}"
     );
 }
 

@@ -708,7 +708,7 @@ struct RawAcpClient {
 impl RawAcpClient {
     fn spawn(args: &[&str]) -> Self {
         let mut child = tokio::process::Command::new(BINARY)
-            .arg("acp-agent")
+            .args(["acp-agent", "--store", "memory"])
             .args(args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())

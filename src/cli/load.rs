@@ -54,16 +54,17 @@ pub(crate) struct LoadArgs {
     /// Simulated model latency in milliseconds: `5` (fixed) or `2..10` (uniform) [default: 0].
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(Latency))]
     latency: Option<Latency>,
-    /// Where sessions are persisted: `sled` (in `--store-dir`), `memory`, a sled directory (as
-    /// every command's `--store` reads one; `./sled` for a directory of that name), or a
-    /// PostgreSQL connection string (`postgres://…`) [default: sled].
+    /// Where sessions are persisted: a sled directory (as every command's `--store` reads one),
+    /// `sled` (in `--store-dir`; `./sled` names a directory of that name), `memory` (nothing
+    /// kept: a throwaway run), or a PostgreSQL connection string (`postgres://…`)
+    /// [default: .subagents, where `subagents tree` finds the run's forest].
     #[arg(long, value_name = "sled|memory|DIR|postgres://…", value_parser = parse_store)]
     store: Option<StoreArg>,
     /// Cluster nodes on the PostgreSQL store: the roots' children are placed round-robin on
     /// them, and follow-ups chase them across nodes [default: 1].
     #[arg(long, allow_negative_numbers = true)]
     nodes: Option<u64>,
-    /// The sled directory [default: a fresh temporary directory, removed afterwards].
+    /// The sled directory, as `--store DIR` [default: .subagents].
     #[arg(long, value_name = "DIR")]
     store_dir: Option<PathBuf>,
     /// When the root agents flush (children follow the seam: one-shot children add no
@@ -105,8 +106,8 @@ enum StoreArg {
 fn parse_store(text: &str) -> Result<StoreArg, String> {
     match text {
         "sled" => Ok(StoreArg::Kind(LoadStore::Sled)),
-        "memory" => Ok(StoreArg::Kind(LoadStore::Memory)),
         _ => Ok(match text.parse::<super::store::StoreLocation>()? {
+            super::store::StoreLocation::Memory => StoreArg::Kind(LoadStore::Memory),
             super::store::StoreLocation::Postgres(url) => StoreArg::Postgres(url),
             super::store::StoreLocation::Sled(dir) => StoreArg::SledAt(dir),
         }),
@@ -158,6 +159,11 @@ impl LoadArgs {
         }
         if self.store_dir.is_some() {
             scenario.store_dir.clone_from(&self.store_dir);
+        }
+        // The command's store is every command's default (the library's scenario keeps a
+        // temporary directory): `subagents tree` then shows the run's forest.
+        if scenario.store == LoadStore::Sled && scenario.store_dir.is_none() {
+            scenario.store_dir = Some(PathBuf::from(super::store::DEFAULT_STORE));
         }
         scenario.validate()?;
         Ok(scenario)

@@ -1,5 +1,6 @@
-//! The `--store` value the commands share: a sled directory, or a PostgreSQL connection string
-//! (`postgres://…`, `postgresql://…`, or libpq's `key=value` form).
+//! The `--store` value the commands share: a sled directory (`.subagents` unless a command is
+//! told otherwise), `memory` (nothing kept after the command), or a PostgreSQL connection
+//! string (`postgres://…`, `postgresql://…`, or libpq's `key=value` form).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -7,13 +8,20 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use subagents::store::{PostgresStore, SharedStore};
-use subagents::{ErrorCode, SledStore, SubagentError};
+use subagents::{ErrorCode, MemoryStore, SledStore, SubagentError};
+
+/// Every command's store when none is named: a sled directory in the working directory, so
+/// `subagents tree` shows what `load`, `demo` or `acp-agent` left there.
+pub(crate) const DEFAULT_STORE: &str = ".subagents";
 
 /// Where a command's sessions live. Its `Debug` and `Display` never show a password.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) enum StoreLocation {
     /// A sled directory.
     Sled(PathBuf),
+    /// An in-memory store: nothing outlives the command (`memory`; `./memory` names a
+    /// directory).
+    Memory,
     /// A PostgreSQL database.
     Postgres(String),
 }
@@ -38,7 +46,10 @@ impl FromStr for StoreLocation {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         if text.is_empty() {
-            return Err("the store must be a directory or a postgres:// URL".to_owned());
+            return Err("the store must be a directory, `memory` or a postgres:// URL".to_owned());
+        }
+        if text == "memory" {
+            return Ok(Self::Memory);
         }
         let postgres = text.starts_with("postgres://")
             || text.starts_with("postgresql://")
@@ -56,6 +67,7 @@ impl fmt::Display for StoreLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Sled(dir) => write!(f, "{}", dir.display()),
+            Self::Memory => f.write_str("memory"),
             Self::Postgres(url) => match url.parse::<tokio_postgres::Config>() {
                 Ok(config) => {
                     let hosts: Vec<String> = config
@@ -85,12 +97,13 @@ impl StoreLocation {
     pub(crate) fn argument(&self) -> String {
         match self {
             Self::Sled(dir) => dir.display().to_string(),
+            Self::Memory => "memory".to_owned(),
             Self::Postgres(_) => "<the same connection string>".to_owned(),
         }
     }
 
     /// Opens the store; with `must_exist`, a sled directory that is not there is an error (a
-    /// reader must not create an empty store).
+    /// reader must not create an empty store), and so is `memory` (it holds nothing yet).
     pub(crate) async fn open(&self, must_exist: bool) -> Result<SharedStore, SubagentError> {
         self.open_with(must_exist, None).await
     }
@@ -105,7 +118,7 @@ impl StoreLocation {
         lease_ttl: Option<std::time::Duration>,
     ) -> Result<SharedStore, SubagentError> {
         match (self, lease_ttl) {
-            (Self::Sled(_), Some(_)) => {
+            (Self::Sled(_) | Self::Memory, Some(_)) => {
                 return Err(SubagentError::new(
                     ErrorCode::InvalidArgs,
                     "--lease-ttl-ms applies only to a PostgreSQL store",
@@ -128,6 +141,11 @@ impl StoreLocation {
                 }
                 Ok(Arc::new(SledStore::open(dir)?))
             }
+            Self::Memory if must_exist => Err(SubagentError::new(
+                ErrorCode::InvalidArgs,
+                "a memory store holds nothing to read: name the directory or database to read",
+            )),
+            Self::Memory => Ok(Arc::new(MemoryStore::new())),
             Self::Postgres(url) if must_exist => {
                 Ok(Arc::new(PostgresStore::connect_existing(url).await?))
             }

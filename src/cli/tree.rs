@@ -22,7 +22,7 @@ pub(crate) struct TreeArgs {
     /// The session whose descendants to print; every root session of the store when omitted.
     root: Option<SessionId>,
     /// The store: a sled directory, or a `postgres://` URL.
-    #[arg(long, default_value = ".subagents")]
+    #[arg(long, default_value = super::store::DEFAULT_STORE)]
     store: StoreLocation,
     /// Print JSON for scripts instead of an indented tree: a list of roots, each with its
     /// descendants in pre-order.

@@ -465,10 +465,12 @@ impl fmt::Display for LoadReport {
                 "INTERRUPTED: the run was stopped early; this is the report of what it grew"
             )?;
         }
-        let store = match scenario.store {
-            LoadStore::Sled => "sled",
-            LoadStore::Memory => "memory",
-            LoadStore::Postgres => "postgres",
+        let store = match (scenario.store, &scenario.store_dir) {
+            // Named, so a user finds it again (`subagents tree --store DIR`).
+            (LoadStore::Sled, Some(dir)) => format!("sled store at {}", dir.display()),
+            (LoadStore::Sled, None) => "sled store (temporary)".to_owned(),
+            (LoadStore::Memory, _) => "memory store".to_owned(),
+            (LoadStore::Postgres, _) => "postgres store".to_owned(),
         };
         let latency = match scenario.latency {
             Latency::Fixed { ms } => format!("{ms} ms"),
@@ -476,7 +478,7 @@ impl fmt::Display for LoadReport {
         };
         writeln!(
             f,
-            "scenario: {} × {} each, depth {}, {} continuable with {} each, {} store{}, seed {}",
+            "scenario: {} × {} each, depth {}, {} continuable with {} each, {}{}, seed {}",
             counted(scenario.roots, "root", "roots"),
             counted(scenario.children, "child", "children"),
             scenario.depth,
@@ -582,7 +584,11 @@ impl fmt::Display for LoadReport {
             counted(self.persisted.events, "event", "events")
         )?;
         if let Some(bytes) = self.persisted.bytes_on_disk {
-            write!(f, ", {} MiB on disk", grouped(bytes >> 20))?;
+            write!(
+                f,
+                "; {} MiB on disk (the whole store)",
+                grouped(bytes >> 20)
+            )?;
         }
         writeln!(f)?;
         if f.alternate() {

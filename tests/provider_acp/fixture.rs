@@ -20,7 +20,9 @@ pub const BINARY: &str = env!("CARGO_BIN_EXE_subagents");
 /// by `script`.
 pub fn peer_config(script: &[(&str, &str)]) -> AcpProviderConfig {
     let mut config = AcpProviderConfig::new(BINARY);
-    config.args = vec!["acp-agent".to_owned()];
+    config.args = ["acp-agent", "--store", "memory"]
+        .map(str::to_owned)
+        .to_vec();
     config.dispose_eof_grace_ms = 2_000.0;
     config.dispose_grace_ms = 500.0;
     config.env = script

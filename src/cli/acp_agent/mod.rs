@@ -35,7 +35,7 @@ use subagents::session::fold::final_assistant_output;
 use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
     AgentEvent, AgentEventKind, CancelCause, ContentBlock, CreateAgent, ErrorCode, EventKind,
-    EventScope, InboxPolicy, MemoryStore, MessageSource, Runtime, SubagentError, TurnEndReason,
+    EventScope, InboxPolicy, MessageSource, Runtime, SubagentError, TurnEndReason,
 };
 
 use crate::cli::model::ModelPlan;
@@ -45,10 +45,10 @@ use sessions::{Session, Sessions};
 /// `subagents acp-agent` arguments.
 #[derive(Debug, clap::Args)]
 pub(crate) struct AcpAgentArgs {
-    /// Keep the sessions in a store: a sled directory, or a `postgres://` URL (default: in
-    /// memory).
-    #[arg(long)]
-    store: Option<super::store::StoreLocation>,
+    /// Keep the sessions in a store: a sled directory, `memory` (nothing kept after the
+    /// process), or a `postgres://` URL.
+    #[arg(long, default_value = super::store::DEFAULT_STORE)]
+    store: super::store::StoreLocation,
     /// How many sessions stay open at most: past it, `session/new` closes the least recently
     /// used idle one.
     #[arg(long, default_value_t = sessions::MAX_SESSIONS, value_parser = clap::value_parser!(u32).range(1..))]
@@ -113,10 +113,7 @@ pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
             (Runtime::builder().model("openai", adapter), None)
         }
     };
-    let builder = match &args.store {
-        Some(location) => builder.shared_store(location.open(false).await?),
-        None => builder.store(MemoryStore::new()),
-    };
+    let builder = builder.shared_store(args.store.open(false).await?);
     let server = Arc::new(Server {
         rt: builder.build()?,
         model,
