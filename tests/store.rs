@@ -904,3 +904,31 @@ fn a_leased_creation_grants_the_first_epoch_in_the_same_write() {
         assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 3);
     }
 }
+
+// A sled store sled cannot read says so as damage, names the directory and what to do, and
+// changes nothing (it was a bare I/O error: "Read corrupted data at file offset None").
+#[test]
+fn a_damaged_sled_store_is_refused_as_corrupt_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(SledStore::open(dir.path()).unwrap());
+    let conf = dir.path().join("conf");
+    let mut damaged = std::fs::read(&conf).unwrap();
+    damaged[5..12].copy_from_slice(b"garbage");
+    std::fs::write(&conf, &damaged).unwrap();
+    let Err(error) = SledStore::open(dir.path()) else {
+        panic!("a damaged store is refused");
+    };
+    assert_eq!(error.code(), ErrorCode::StoreCorrupt, "{error}");
+    assert!(
+        error.message().contains(&dir.path().display().to_string())
+            && error
+                .message()
+                .contains("open a new store in another directory"),
+        "{error}"
+    );
+    assert_eq!(
+        std::fs::read(&conf).unwrap(),
+        damaged,
+        "nothing was changed"
+    );
+}

@@ -126,6 +126,22 @@ impl SledStore {
                         ),
                     ))
                 }
+                Err(sled::Error::Corruption { at, .. }) => {
+                    let at = at.map_or_else(
+                        || "its configuration (conf)".to_owned(),
+                        |at| format!("its log (db, blobs/) at {at:?}"),
+                    );
+                    return Err(SubagentError::new(
+                        ErrorCode::StoreCorrupt,
+                        format!(
+                            "the store {} is damaged: sled found corrupted data in {at} and \
+                             cannot open it; nothing in it was changed. Move the directory \
+                             aside (keep it to report the damage) and open a new store in \
+                             another directory",
+                            path.display()
+                        ),
+                    ));
+                }
                 Err(error) => {
                     return Err(SubagentError::store_io(
                         format!("opening the store {}", path.display()),
