@@ -208,9 +208,7 @@ fn main() -> ExitCode {
         Command::AcpAgent(args) => actix::System::new()
             .block_on(cli::acp_agent::run(args))
             .map_err(Failure::from),
-        Command::Node(args) => actix::System::new()
-            .block_on(cli::node::run(*args))
-            .map_err(Failure::from),
+        Command::Node(args) => actix::System::new().block_on(cli::node::run(*args)),
         Command::Replay(args) => actix::System::new()
             .block_on(cli::replay::run(args))
             .map_err(Failure::from),

@@ -467,6 +467,22 @@ fn a_node_refuses_to_hold_turns_that_must_report() {
     assert!(stderr.contains("--hold and --report"), "{stderr}");
 }
 
+// A node whose output cannot be written says that, not a store failure, and leaves.
+#[test]
+fn a_node_that_cannot_write_its_output_says_so() {
+    let url = postgres_or_skip!().fresh_database();
+    let output = Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["node", "--store", &url, "--name", "full"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("error: writing the output"), "{stderr}");
+    assert!(!stderr.contains("STORE_IO"), "{stderr}");
+}
+
 #[test]
 fn a_parent_hears_that_its_childs_node_stopped() {
     let url = postgres_or_skip!().fresh_database();

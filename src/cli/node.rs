@@ -42,6 +42,7 @@ use tokio::io::AsyncBufReadExt;
 
 use super::model::{usage, ModelArgs, ModelPlan};
 use super::store::StoreLocation;
+use crate::Failure;
 
 /// The `node` command's flags.
 #[derive(Debug, clap::Args)]
@@ -226,19 +227,18 @@ impl NodePlan {
     }
 }
 
-/// Prints one line and flushes it: a test reads the lines as they come.
-fn say(line: std::fmt::Arguments<'_>) -> Result<(), SubagentError> {
+/// Prints one line and flushes it: a test reads the lines as they come. A failure is the
+/// output's (a closed pipe ends the node quietly), never the store's.
+fn say(line: std::fmt::Arguments<'_>) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     out.write_fmt(line)
         .and_then(|()| out.write_all(b"\n"))
         .and_then(|()| out.flush())
-        .map_err(|error| {
-            SubagentError::new(ErrorCode::StoreIo, format!("writing the output: {error}"))
-        })
+        .map_err(Failure::from)
 }
 
 /// Runs the node until it is told to leave (or is declared dead: an error).
-pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
+pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     let plan = NodePlan::from_args(args)?;
     let mut config = PostgresConfig::new(plan.url.clone());
     if let Some(ttl) = plan.node_ttl {
@@ -297,7 +297,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), SubagentError> {
         () = lost.cancelled() => Err(SubagentError::new(
             ErrorCode::LeaseLost,
             format!("node {node} was declared dead (no heartbeat landed within its time-to-live): its children may be another node's now"),
-        )),
+        ).into()),
     };
     // Released child first, then the membership row removed (a lost node's row stays).
     let shut = rt.shutdown().await;
@@ -350,7 +350,7 @@ async fn interrupt_all(
     rt: &Runtime,
     roots: &[AgentHandle],
     children: &[(usize, SessionId)],
-) -> Result<(), SubagentError> {
+) -> Result<(), Failure> {
     for (root, child) in children {
         let authority = InterruptAuthority::User {
             parent_session_id: roots[*root].agent().id(),
@@ -376,7 +376,7 @@ async fn grow_forest(
     drive: &Drive,
     model_name: &str,
     node: uuid::Uuid,
-) -> Result<Forest, SubagentError> {
+) -> Result<Forest, Failure> {
     let options = subagents::AgentOptions {
         model: model_name.to_owned(),
         ..subagents::AgentOptions::default()
@@ -419,7 +419,7 @@ async fn grow_forest(
 /// Resumes the roots of a forest grown before (by a process of this node that stopped), lists
 /// their children from the store (`child <root> <child> -` each: where a child runs now is
 /// its lease's business), and drains again the roots drained before.
-async fn resume_forest(rt: &Runtime, drive: &Drive) -> Result<Forest, SubagentError> {
+async fn resume_forest(rt: &Runtime, drive: &Drive) -> Result<Forest, Failure> {
     let mut roots: Vec<AgentHandle> = Vec::new();
     let mut children: Vec<(usize, SessionId)> = Vec::new();
     for id in &drive.resume_roots {
@@ -443,7 +443,7 @@ async fn resume_forest(rt: &Runtime, drive: &Drive) -> Result<Forest, SubagentEr
 
 /// Drains `root`'s descendants; a failure is said (`drain-failed <round> <CODE> <message>`)
 /// and the drive goes on.
-async fn drain_root(rt: &Runtime, root: &AgentHandle, round: u32) -> Result<(), SubagentError> {
+async fn drain_root(rt: &Runtime, root: &AgentHandle, round: u32) -> Result<(), Failure> {
     let drain = rt
         .subagents()
         .drain_continuable_descendants(std::slice::from_ref(root.agent()));
@@ -480,7 +480,7 @@ async fn drive_forest(
     drive: &Drive,
     model_name: &str,
     node: uuid::Uuid,
-) -> Result<(), SubagentError> {
+) -> Result<(), Failure> {
     let (roots, children) = if drive.resume_roots.is_empty() {
         grow_forest(rt, drive, model_name, node).await?
     } else {
@@ -547,7 +547,8 @@ async fn drive_forest(
                     return Err(usage(format!(
                         "unknown command {other:?}: a driving node reads `round`, \
                          `interrupt`, `drain` or `quit`"
-                    )))
+                    ))
+                    .into())
                 }
             }
         }
