@@ -477,10 +477,7 @@ fn a_node_that_cannot_write_its_output_says_so() {
         .stdout(std::fs::File::create("/dev/full").unwrap())
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("error: writing the output"), "{stderr}");
-    assert!(!stderr.contains("STORE_IO"), "{stderr}");
+    crate::support::assert_output_failure_said(&output);
 }
 
 #[test]

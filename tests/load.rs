@@ -415,10 +415,7 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
         .stdout(std::fs::File::create("/dev/full").unwrap())
         .output()
         .unwrap();
-    assert_eq!(full.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&full.stderr);
-    assert!(stderr.contains("error: writing the output"), "{stderr}");
-    assert!(!stderr.contains("STORE_IO"), "{stderr}");
+    crate::support::assert_output_failure_said(&full);
 
     // Log lines (sled's own among them) reach a pipe as plain text.
     let logged = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))

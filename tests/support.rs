@@ -741,3 +741,12 @@ pub async fn assert_no_ghost(
         .unwrap_err();
     assert_eq!(error.code(), followup_refusal, "{error}");
 }
+
+/// Asserts that a command whose standard output could not be written (`/dev/full`) said so and
+/// exited 2, without calling it a store failure.
+pub fn assert_output_failure_said(output: &std::process::Output) {
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("error: writing the output"), "{stderr}");
+    assert!(!stderr.contains("STORE_IO"), "{stderr}");
+}
