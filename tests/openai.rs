@@ -651,6 +651,26 @@ async fn a_rate_limit_with_retry_after_zero_is_retried_once_and_succeeds() {
     assert_eq!(server.requests().len(), 2, "the 429, then the retry");
 }
 
+// A 404 from a base URL without an API version says the `/v1` is likely missing; one with it
+// does not guess.
+#[actix_rt::test]
+async fn a_not_found_endpoint_without_a_version_hints_at_the_missing_v1() {
+    for (base, hinted) in [("", true), ("/v1", false)] {
+        let server = Server::start(vec![Reply::error(404, &json!({"error": "not found"}))]).await;
+        let url = server.url.trim_end_matches("/v1").to_owned() + base;
+        let config = OpenAiConfig::new(url.clone(), "gpt-test").max_retries(0);
+        let failure =
+            final_failure(&run_call(&adapter(config), request(&CancellationToken::new())).await);
+        assert_eq!(failure.status, Some(404));
+        assert_eq!(
+            failure.message.contains(&format!("as in {url}/v1")),
+            hinted,
+            "{base:?}: {}",
+            failure.message
+        );
+    }
+}
+
 #[actix_rt::test]
 async fn server_errors_exhaust_the_retries_and_report_a_provider_failure() {
     let max_retries = 2;

@@ -285,11 +285,16 @@ impl Dispatch {
                 _ => (codes::REQUEST_REJECTED, None, Retry::Never),
             }
         };
+        let hint = if status == StatusCode::NOT_FOUND {
+            missing_version_hint(&self.inner.endpoint)
+        } else {
+            String::new()
+        };
         let mut failure = failure(
             code,
             category,
             format!(
-                "the model provider answered HTTP {}: {}",
+                "the model provider answered HTTP {}: {}{hint}",
                 status.as_u16(),
                 detail.describe(status)
             ),
@@ -496,3 +501,27 @@ impl ProviderError {
 // ---------------------------------------------------------------------------------------------
 // Retry-After.
 // ---------------------------------------------------------------------------------------------
+
+/// For a `404` from `endpoint`: a hint when its base URL names no API version (`/v1`), the
+/// commonest reason an OpenAI-compatible endpoint is not found; empty otherwise.
+fn missing_version_hint(endpoint: &reqwest::Url) -> String {
+    let base = endpoint
+        .as_str()
+        .trim_end_matches("/chat/completions")
+        .trim_end_matches('/');
+    let versioned = endpoint.path_segments().is_some_and(|mut segments| {
+        segments.any(|segment| {
+            segment.len() > 1
+                && segment.starts_with('v')
+                && segment[1..].bytes().all(|b| b.is_ascii_digit())
+        })
+    });
+    if versioned {
+        String::new()
+    } else {
+        format!(
+            " ({endpoint} was not found: OpenAI-compatible APIs are usually served under a \
+             version, so the base URL may be missing /v1, as in {base}/v1)"
+        )
+    }
+}
