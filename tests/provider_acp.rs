@@ -589,6 +589,14 @@ fn acp_agent_refuses_model_flags_that_do_not_fit() {
             &["--base-url", "http://127.0.0.1:9"][..],
             "--base-url only applies with --model openai",
         ),
+        (
+            &["--request-timeout-ms", "500"][..],
+            "--request-timeout-ms only applies with --model openai",
+        ),
+        (
+            &["--max-retries", "0"][..],
+            "--max-retries only applies with --model openai",
+        ),
     ] {
         let output = std::process::Command::new(BINARY)
             .arg("acp-agent")

@@ -1,6 +1,8 @@
 //! The model flags `demo` and `acp-agent` share: the deterministic scripted model (the
 //! default), or an OpenAI-compatible endpoint.
 
+use std::time::Duration;
+
 use subagents::model::OpenAiConfig;
 use subagents::{ErrorCode, SubagentError};
 
@@ -30,6 +32,22 @@ pub(crate) struct ModelArgs {
     /// endpoints without authentication (a local vLLM or Ollama).
     #[arg(long)]
     pub(crate) api_key_env: Option<String>,
+    /// The longest wait to connect to the endpoint, in milliseconds (with `--model openai`)
+    /// [default: 10000].
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) connect_timeout_ms: Option<u64>,
+    /// The longest wait for a response to start, in milliseconds (with `--model openai`)
+    /// [default: 60000].
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) request_timeout_ms: Option<u64>,
+    /// The longest silence within a streamed response, in milliseconds (with `--model openai`)
+    /// [default: 120000].
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) idle_timeout_ms: Option<u64>,
+    /// How often a failed call (a timeout, a 429, a 5xx) is retried (with `--model openai`)
+    /// [default: 2].
+    #[arg(long, value_name = "N")]
+    pub(crate) max_retries: Option<u32>,
 }
 
 /// The checked model flags.
@@ -53,6 +71,10 @@ impl ModelArgs {
                 for (given, flag) in [
                     (self.base_url.is_some(), "--base-url"),
                     (self.api_key_env.is_some(), "--api-key-env"),
+                    (self.connect_timeout_ms.is_some(), "--connect-timeout-ms"),
+                    (self.request_timeout_ms.is_some(), "--request-timeout-ms"),
+                    (self.idle_timeout_ms.is_some(), "--idle-timeout-ms"),
+                    (self.max_retries.is_some(), "--max-retries"),
                 ] {
                     if given {
                         return Err(usage(format!("{flag} only applies with --model openai")));
@@ -72,6 +94,18 @@ impl ModelArgs {
                 let mut config = OpenAiConfig::new(base_url, name);
                 if let Some(variable) = &self.api_key_env {
                     config = config.api_key_env(variable.clone());
+                }
+                if let Some(ms) = self.connect_timeout_ms {
+                    config = config.connect_timeout(Duration::from_millis(ms));
+                }
+                if let Some(ms) = self.request_timeout_ms {
+                    config = config.request_timeout(Duration::from_millis(ms));
+                }
+                if let Some(ms) = self.idle_timeout_ms {
+                    config = config.idle_timeout(Duration::from_millis(ms));
+                }
+                if let Some(retries) = self.max_retries {
+                    config = config.max_retries(retries);
                 }
                 config.validate()?;
                 Ok(ModelPlan::OpenAi(config))
