@@ -180,9 +180,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The history checker injects store faults on purpose: what the runtime logs about them
     // is noise there, unless asked for with RUST_LOG.
+    // Otherwise errors only, and a model call's retries and the waits before them, which a
+    // person watching a command against a real endpoint would otherwise see as a hang.
     let filter = match (&cli.command, std::env::var_os("RUST_LOG")) {
         (Command::Check(_), None) => tracing_subscriber::EnvFilter::new("off"),
-        _ => tracing_subscriber::EnvFilter::from_default_env(),
+        (_, None) => tracing_subscriber::EnvFilter::new("error,subagents::model::openai=warn"),
+        (_, Some(_)) => tracing_subscriber::EnvFilter::from_default_env(),
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)

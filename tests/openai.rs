@@ -671,6 +671,35 @@ async fn a_not_found_endpoint_without_a_version_hints_at_the_missing_v1() {
     }
 }
 
+// A command against a real endpoint shows its retries on stderr (without RUST_LOG), so a slow
+// provider does not look like a hang.
+#[actix_rt::test]
+async fn the_cli_shows_a_model_calls_retries_on_stderr() {
+    let overloaded = || Reply::error(500, &json!({"error": {"message": "overloaded"}}));
+    let server = Server::start(vec![overloaded(), overloaded()]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "demo",
+            "--store",
+            "memory",
+            "--model",
+            "openai",
+            "--base-url",
+        ])
+        .arg(&server.url)
+        .args(["--model-name", "gpt-test", "--max-retries", "1"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("retrying the model call"), "{stderr}");
+    assert_eq!(server.requests().len(), 2, "the call and its one retry");
+}
+
 #[actix_rt::test]
 async fn server_errors_exhaust_the_retries_and_report_a_provider_failure() {
     let max_retries = 2;
