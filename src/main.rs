@@ -84,6 +84,11 @@ struct DemoArgs {
     /// end, printing `flushed <session-id> <events>` after each acknowledged flush.
     #[arg(long, value_name = "TURNS")]
     burst: Option<u32>,
+    /// With `--model openai`: ask this instead of the word-count question, with the delegation
+    /// tools offered (`subagent`, `subagent_fork`, `subagent_continuable`, the control tools and
+    /// `report`), so the model can delegate to children of its own.
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["stall", "burst", "forest"])]
+    prompt: Option<String>,
     /// How long a PostgreSQL lease lasts unrenewed, in milliseconds (default 30000): a
     /// drill's process that is paused longer loses its session to whoever takes it next.
     #[arg(long, value_name = "MS")]
@@ -96,6 +101,8 @@ struct DemoArgs {
 /// The demo's validated plan: what the command line asked for, before any actor starts.
 struct DemoPlan {
     store: cli::store::StoreLocation,
+    /// A prompt of the user's own, for a real model (with the delegation tools).
+    prompt: Option<String>,
     lease_ttl: Option<std::time::Duration>,
     drill: Drill,
     model: DemoModel,
@@ -128,8 +135,14 @@ impl DemoPlan {
                 "--stall, --burst and --forest drill crash recovery with the scripted model only",
             ));
         }
+        if args.prompt.is_some() && matches!(model, DemoModel::Scripted) {
+            return Err(usage(
+                "--prompt needs --model openai: the scripted model answers the tour's own script",
+            ));
+        }
         Ok(Self {
             store: args.store,
+            prompt: args.prompt,
             lease_ttl: match args.lease_ttl_ms {
                 Some(0) => return Err(usage("--lease-ttl-ms must be at least 1")),
                 ms => ms.map(std::time::Duration::from_millis),
@@ -347,6 +360,9 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
         DemoModel::OpenAi(config) => builder.model("openai", OpenAiAdapter::new(config)?),
     };
     let rt = builder.build()?;
+    if plan.prompt.is_some() {
+        subagents::tour::install_tour(&rt).await?;
+    }
     let cwd = std::env::current_dir().map_err(|e| {
         SubagentError::new(ErrorCode::InvalidArgs, format!("no working directory: {e}"))
     })?;
@@ -368,8 +384,12 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
         Drill::Burst(turns) => turns,
         Drill::None | Drill::Stall | Drill::Forest => 1,
     };
+    let prompt = match &plan.prompt {
+        Some(text) => vec![ContentBlock::text(text.clone())],
+        None => question(),
+    };
     for _ in 0..turns {
-        agent.followup(question(), MessageSource::User).await?;
+        agent.followup(prompt.clone(), MessageSource::User).await?;
         if matches!(plan.drill, Drill::Stall) {
             gate.reached().await;
             writeln!(out, "stalled {}", agent.id())?;

@@ -178,10 +178,10 @@ impl LlmAdapter for TourModel {
     }
 }
 
-/// Registers the tour's providers and tools on `rt`, which must route model `tour` to a
-/// [`TourModel`]: `spawn` and `fork`, a `subagent` tool on each (`subagent`,
-/// `subagent_fork`), a continuable `subagent_continuable` on `spawn`, the control tools, and
-/// the `report` tool (wakeup delivery).
+/// Registers the tour's providers and tools on `rt`: `spawn` and `fork`, a `subagent` tool on
+/// each (`subagent`, `subagent_fork`), a continuable `subagent_continuable` on `spawn`, the
+/// control tools, and the `report` tool (wakeup delivery). The tour itself needs `rt` to route
+/// model `tour` to a [`TourModel`]; any other model may use the same tools (`demo --prompt`).
 ///
 /// # Errors
 /// Registration errors (a name already taken).

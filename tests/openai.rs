@@ -700,6 +700,55 @@ async fn the_cli_shows_a_model_calls_retries_on_stderr() {
     assert_eq!(server.requests().len(), 2, "the call and its one retry");
 }
 
+// `demo --prompt` asks a real model the user's own question, with the delegation tools on
+// offer, and prints its answer.
+#[actix_rt::test]
+async fn the_demo_asks_a_real_model_the_users_prompt_with_the_delegation_tools() {
+    let server = Server::start(vec![text_reply(&["hello ", "there"])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "demo",
+            "--store",
+            "memory",
+            "--model",
+            "openai",
+            "--base-url",
+        ])
+        .arg(&server.url)
+        .args(["--model-name", "gpt-test", "--prompt", "say hello"])
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("answer: hello there"), "{stdout}");
+    let body = server.requests()[0].json();
+    assert!(body.to_string().contains("say hello"), "{body}");
+    let tools: Vec<&str> = body["tools"]
+        .as_array()
+        .expect("tools are offered")
+        .iter()
+        .filter_map(|tool| tool["function"]["name"].as_str())
+        .collect();
+    for tool in ["subagent", "subagent_fork", "subagent_continuable"] {
+        assert!(tools.contains(&tool), "{tool} missing from {tools:?}");
+    }
+    // The scripted model answers its own script: a prompt is refused with it, by name.
+    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["demo", "--store", "memory", "--prompt", "say hello"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--prompt needs --model openai"));
+}
+
 #[actix_rt::test]
 async fn server_errors_exhaust_the_retries_and_report_a_provider_failure() {
     let max_retries = 2;
