@@ -673,27 +673,28 @@ async fn a_not_found_endpoint_without_a_version_hints_at_the_missing_v1() {
 
 // A command against a real endpoint shows its retries on stderr (without RUST_LOG), so a slow
 // provider does not look like a hang.
-#[actix_rt::test]
-async fn the_cli_shows_a_model_calls_retries_on_stderr() {
-    let overloaded = || Reply::error(500, &json!({"error": {"message": "overloaded"}}));
-    let server = Server::start(vec![overloaded(), overloaded()]).await;
+/// Runs `subagents demo` against `server` (without `RUST_LOG`), with `args` after the model
+/// flags.
+async fn demo_against(server: &Server, args: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args([
-            "demo",
-            "--store",
-            "memory",
-            "--model",
-            "openai",
-            "--base-url",
-        ])
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["demo", "--store", "memory", "--model", "openai"])
+        .arg("--base-url")
         .arg(&server.url)
-        .args(["--model-name", "gpt-test", "--max-retries", "1"])
+        .args(["--model-name", "gpt-test"])
+        .args(args)
         .current_dir(dir.path())
         .env_remove("RUST_LOG")
         .output()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[actix_rt::test]
+async fn the_cli_shows_a_model_calls_retries_on_stderr() {
+    let overloaded = || Reply::error(500, &json!({"error": {"message": "overloaded"}}));
+    let server = Server::start(vec![overloaded(), overloaded()]).await;
+    let output = demo_against(&server, &["--max-retries", "1"]).await;
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("retrying the model call"), "{stderr}");
@@ -705,22 +706,7 @@ async fn the_cli_shows_a_model_calls_retries_on_stderr() {
 #[actix_rt::test]
 async fn the_demo_asks_a_real_model_the_users_prompt_with_the_delegation_tools() {
     let server = Server::start(vec![text_reply(&["hello ", "there"])]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args([
-            "demo",
-            "--store",
-            "memory",
-            "--model",
-            "openai",
-            "--base-url",
-        ])
-        .arg(&server.url)
-        .args(["--model-name", "gpt-test", "--prompt", "say hello"])
-        .current_dir(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let output = demo_against(&server, &["--prompt", "say hello"]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
