@@ -191,10 +191,9 @@ impl From<std::io::Error> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The history checker injects store faults on purpose: what the runtime logs about them
-    // is noise there, unless asked for with RUST_LOG.
-    // Otherwise errors only, and a model call's retries and the waits before them, which a
-    // person watching a command against a real endpoint would otherwise see as a hang.
+    // Without RUST_LOG: errors only, and a model call's retries and the waits before them (a
+    // person watching a command against a real endpoint would otherwise see a hang); the
+    // history checker logs nothing, since it injects store faults on purpose.
     let filter = match (&cli.command, std::env::var_os("RUST_LOG")) {
         (Command::Check(_), None) => tracing_subscriber::EnvFilter::new("off"),
         (_, None) => tracing_subscriber::EnvFilter::new("error,subagents::model::openai=warn"),
