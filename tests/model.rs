@@ -116,6 +116,42 @@ async fn the_script_is_consumed_in_order_and_requests_are_recorded() {
     assert_eq!(model.request_count(), 3);
 }
 
+// A call naming a model with a script of its own consumes that script, never the shared one,
+// and its running out names the script.
+#[actix_rt::test]
+async fn a_model_with_a_script_of_its_own_answers_from_it_alone() {
+    let model = ScriptedModel::with_script([ScriptStep::text("shared")]);
+    model.push_for_model("child", [ScriptStep::text("child's")]);
+    let cancel = CancellationToken::new();
+    let ask = |name: &str| {
+        let mut asked = request(&cancel);
+        asked.model = name.into();
+        let model = model.clone();
+        async move { model.stream(asked).collect::<Vec<_>>().await }
+    };
+    let text = |items: &[Result<StreamChunk, subagents::session::LlmFailure>]| {
+        items
+            .iter()
+            .filter_map(|item| match item {
+                Ok(StreamChunk::TextDelta { text, .. }) => Some(text.clone()),
+                _ => None,
+            })
+            .collect::<String>()
+    };
+    assert_eq!(text(&ask("child").await), "child's");
+    assert_eq!(
+        text(&ask("parent").await),
+        "shared",
+        "the parent's call takes the shared step"
+    );
+    let exhausted = ask("child").await;
+    assert!(
+        matches!(&exhausted[..], [Err(failure)] if failure.code == "SCRIPT_EXHAUSTED"
+            && failure.message.contains("\"child\"")),
+        "{exhausted:?}"
+    );
+}
+
 #[actix_rt::test]
 async fn a_gate_holds_the_response_until_released() {
     let gate = Gate::new();

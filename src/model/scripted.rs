@@ -1,9 +1,12 @@
 //! Provides [`ScriptedModel`]: a deterministic [`LlmAdapter`] for tests, demos and load runs.
 //!
 //! Each model call consumes the next [`ScriptStep`]: canned chunks, a failure, a hang until the
-//! turn is cancelled, or chunks held behind a [`Gate`] until the test releases them. When the
-//! script runs out, the optional fallback responder answers; without one the call fails with
-//! `SCRIPT_EXHAUSTED`, so the turn ends `error`. Every request is recorded.
+//! turn is cancelled, or chunks held behind a [`Gate`] until the test releases them. A call
+//! that names a model with a script of its own ([`ScriptedModel::push_for_model`]: a child
+//! started with that model name) consumes that script instead, so a parent's turns never eat
+//! a child's steps. When the script runs out, the optional fallback responder answers; without
+//! one the call fails with `SCRIPT_EXHAUSTED` naming the script, so the turn ends `error`.
+//! Every request is recorded.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -252,6 +255,8 @@ struct Shared {
 
 struct ScriptState {
     steps: VecDeque<ScriptStep>,
+    /// Scripts of their own, by the model name a request asks for.
+    by_model: std::collections::HashMap<String, VecDeque<ScriptStep>>,
     /// Shared with the calls it answers (see [`Next`]).
     fallback: Option<Arc<ScriptStep>>,
     latency: Option<Duration>,
@@ -264,6 +269,7 @@ impl Default for ScriptState {
     fn default() -> Self {
         Self {
             steps: VecDeque::new(),
+            by_model: std::collections::HashMap::new(),
             fallback: None,
             latency: None,
             requests: Vec::new(),
@@ -301,6 +307,22 @@ impl ScriptedModel {
     /// Adds steps at the end of the script.
     pub fn push_all(&self, steps: impl IntoIterator<Item = ScriptStep>) {
         self.lock().steps.extend(steps);
+    }
+
+    /// Adds `steps` to the script of the calls that name model `model` (an agent's
+    /// `AgentOptions::model`, a child's `ChildAgentOptions::model`): those calls consume it
+    /// instead of the shared script, so a parent's turns (its settled notices, say) never eat
+    /// the steps meant for a child started with that model name.
+    pub fn push_for_model(
+        &self,
+        model: impl Into<String>,
+        steps: impl IntoIterator<Item = ScriptStep>,
+    ) {
+        self.lock()
+            .by_model
+            .entry(model.into())
+            .or_default()
+            .extend(steps);
     }
 
     /// Answers every call after the script runs out with `step`.
@@ -405,17 +427,21 @@ impl LlmAdapter for ScriptedModel {
         &self,
         request: GenerateRequest,
     ) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
-        let (step, latency) = {
+        let (step, latency, own_script) = {
             let mut state = self.lock();
             state.request_count += 1;
             if state.recording {
                 state.requests.push(request.clone());
             }
-            let step = match state.steps.pop_front() {
+            let (next, own_script) = match state.by_model.get_mut(&request.model) {
+                Some(script) => (script.pop_front(), true),
+                None => (state.steps.pop_front(), false),
+            };
+            let step = match next {
                 Some(step) => Some(Next::Own(step)),
                 None => state.fallback.clone().map(Next::Fallback),
             };
-            (step, state.latency)
+            (step, state.latency, own_script)
         };
         let cancel = request.cancel.clone();
         let step = match step {
@@ -434,13 +460,18 @@ impl LlmAdapter for ScriptedModel {
             None => None,
         };
         let body: BoxStream<'static, Result<StreamChunk, LlmFailure>> = match step {
-            None => stream::once(async {
-                Err(LlmFailure::new(
-                    "SCRIPT_EXHAUSTED",
-                    "the scripted model has no step left",
-                ))
-            })
-            .boxed(),
+            None => {
+                let message = if own_script {
+                    format!(
+                        "the scripted model has no step left in the script of model {:?}",
+                        request.model
+                    )
+                } else {
+                    "the scripted model has no step left".to_owned()
+                };
+                stream::once(async move { Err(LlmFailure::new("SCRIPT_EXHAUSTED", message)) })
+                    .boxed()
+            }
             Some(ScriptStep::Chunks(chunks)) => canned(chunks),
             Some(ScriptStep::Respond(respond)) => canned(respond(&request)),
             Some(ScriptStep::Fail(failure)) => stream::once(async move { Err(failure) }).boxed(),
