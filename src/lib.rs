@@ -1,7 +1,7 @@
 //! `subagents`: lets an agent delegate work to child agents, on an actix actor system with
 //! sled-backed session logs.
 //!
-//! The **delegation seam** ([`Subagents`], `ctx.subagents` upstream) holds named providers and
+//! The **delegation layer** ([`Subagents`], from [`Runtime::subagents`]) holds named providers and
 //! starts one-shot children: [`SpawnInProcess`] (a fresh child) and [`ForkInProcess`] (a child
 //! seeded with the parent's completed turns) run them in this runtime; a [`SubagentRun`] yields
 //! one [`SubagentResult`] (output, optional structured value checked against a JSON Schema
@@ -9,7 +9,8 @@
 //! [`SubagentCapabilities`] before anything exists.
 //!
 //! **Continuable children** ([`Subagents::start_continuable`]) are durable child sessions with
-//! at most one live Activation: [`Subagents::followup`] queues a turn in the child's own inbox
+//! at most one live Activation (the child resident in memory; its run of work until it settles
+//! is an *epoch*): [`Subagents::followup`] queues a turn in the child's own inbox
 //! (FIFO), [`Subagents::interrupt`] ends its running turn and keeps the queue, the parent hears
 //! its reports ([`Subagents::report_from`]) and one settled notice per epoch, and a child that
 //! is not resident is cold-resumed from the store. [`Subagents::list_children`] and
@@ -43,7 +44,7 @@
 //! # }
 //! ```
 //!
-//! Around the seam:
+//! Around it:
 //!
 //! - **Model-facing tools** ([`install_subagent_tool`], [`install_control_tools`],
 //!   [`install_report_tool`]): `subagent`, `subagent_fork`, `subagent_continuable`,
