@@ -237,7 +237,7 @@ impl Runtime {
         &self.agents
     }
 
-    /// The delegation seam (`ctx.subagents`).
+    /// The delegation layer: providers, one-shot and continuable children, listing.
     pub fn subagents(&self) -> &Subagents {
         &self.subagents
     }

@@ -67,7 +67,7 @@ pub(crate) struct LoadArgs {
     /// The sled directory, as `--store DIR` [default: .subagents].
     #[arg(long, value_name = "DIR")]
     store_dir: Option<PathBuf>,
-    /// When the root agents flush (children follow the seam: one-shot children add no
+    /// When the root agents flush (children follow their own rules: one-shot children add no
     /// checkpoint, every continuable epoch ends with a flush) [default: on-request].
     #[arg(long, value_enum)]
     flush: Option<LoadFlush>,

@@ -517,11 +517,11 @@ async fn open_store(scenario: &Scenario) -> Result<RunStore> {
 }
 
 /// Runs `scenario` to the end: grows the forest, drains it, measures and verifies. The report
-/// says whether verification held; a run whose setup or seam calls fail is an `Err`.
+/// says whether verification held; a run whose setup or delegation calls fail is an `Err`.
 ///
 /// # Errors
 /// `INVALID_ARGS` for a scenario out of range; the store's error when it cannot be opened; the
-/// first seam error a child's task met.
+/// first delegation error a child's task met.
 pub async fn run(scenario: &Scenario, counters: Arc<LoadCounters>) -> Result<LoadReport> {
     run_until(scenario, counters, CancellationToken::new()).await
 }

@@ -21,8 +21,8 @@ pub enum LoadStore {
     Postgres,
 }
 
-/// When a load run's root agents make their logs durable. Children follow the seam's own rules
-/// whatever their parent does: a one-shot child adds no checkpoint of its own, and every
+/// When a load run's root agents make their logs durable. Children follow the delegation
+/// layer's own rules whatever their parent does: a one-shot child adds no checkpoint of its own, and every
 /// continuable epoch ends with a flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -185,7 +185,7 @@ pub struct Scenario {
     /// first turn runs (a cross-node follow-up), and its later follow-ups cold-resume it on
     /// the roots' node.
     pub nodes: u64,
-    /// When the root agents flush (children follow the seam's own rules; see [`LoadFlush`]).
+    /// When the root agents flush (children follow their own rules; see [`LoadFlush`]).
     pub flush: LoadFlush,
     /// Threads agents run on, the harness's own among them (0: one per core; at most 256).
     pub workers: usize,
