@@ -541,6 +541,26 @@ fn acp_agent_takes_a_postgres_url_as_its_store() {
         0,
         "nothing was created in the working directory"
     );
+    // Unnamed, its store is every command's default, `.subagents` in the working directory;
+    // `memory` keeps nothing there.
+    for (store, kept) in [(None, true), (Some("memory"), false)] {
+        let cwd = tempfile::tempdir().unwrap();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"));
+        command
+            .arg("acp-agent")
+            .args(store.map(|store| ["--store", store]).into_iter().flatten());
+        let output = command
+            .current_dir(cwd.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(cwd.path().join(".subagents").is_dir(), kept, "{store:?}");
+    }
 }
 
 // `load --store DIR` reads a directory as every other command's `--store` does: the run's
