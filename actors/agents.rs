@@ -251,7 +251,15 @@ impl Agents {
         self.reserve((request.id, incarnation), Purpose::Resume)
             .await?;
         let lease = LeaseGuard::acquire(&store, request.id, &self.shared.holder).await?;
-        let stored = store.prepare(request.id, Some(lease.lease.epoch)).await?;
+        let epoch = Some(lease.lease.epoch);
+        let stored = match request.inspected {
+            Some(inspected) => {
+                store
+                    .prepare_inspected(request.id, epoch, inspected)
+                    .await?
+            }
+            None => store.prepare(request.id, epoch).await?,
+        };
         let stored_len =
             u64::try_from(stored.events.len()).map_err(|_| SubagentError::bug("log too long"))?;
         let log = SessionLog::from_stored(stored.header, stored.events)?;

@@ -2,12 +2,16 @@
 //!
 //! - `start_and_settle/memory`: one continuable start, from the call to its `subagent/end`
 //!   (creation, the prompt's turn, the teardown and the parent's settled notice).
-//! - `cold_resume/memory`: a follow-up to a released child, to its `subagent/end`: the store
-//!   is read, the descriptor folded, the agent resumed under its lease, one turn, settlement;
-//!   on the in-memory store and on sled (`cold_resume/sled`), where the log keeps growing.
+//! - `cold_resume/memory`: a follow-up to a released child with one epoch stored, to its
+//!   `subagent/end`: the store is read once, the descriptor folded, the agent resumed under
+//!   its lease, one turn, settlement; on the in-memory store and on sled (`cold_resume/sled`,
+//!   one flush per resume: nothing overlaps). Each iteration resumes a fresh child.
 //! - `reference/1000`: the reference's scenario: 1,000 children under one parked parent are
 //!   started, each gets one cold-resume follow-up, then everything is drained (the reference
 //!   took 13.2 s on a machine of this kind).
+//! - `cold_resumes/1000/memory` and `/sled`: throughput: 1,000 released children, one
+//!   follow-up each sent one after another, until every epoch ended (the epochs overlap, and on
+//!   sled their end-of-epoch flushes share group commits).
 //!
 //! - `scale` (printed once after the groups, not sampled): N = 10,000 and 100,000 resident
 //!   children under one parent, each held mid-turn at a gate (a resident child that is idle
@@ -22,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use subagents::testing::{ScriptStep, ScriptedModel};
 use subagents::{
     AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, FollowupOptions, MemoryStore,
@@ -156,39 +160,12 @@ fn bench(c: &mut Criterion) {
     });
 
     group.bench_function("cold_resume/memory", |b| {
-        b.iter_custom(|iters| {
-            system.block_on(async {
-                let mut fixture = fixture().await;
-                let child = start(&fixture).await;
-                ended(&mut fixture, 1).await;
-                let began = Instant::now();
-                for _ in 0..iters {
-                    followup(&fixture, child).await;
-                    ended(&mut fixture, 1).await;
-                }
-                let elapsed = began.elapsed();
-                fixture.rt.shutdown().await.expect("shutdown");
-                elapsed
-            })
-        });
+        b.iter_custom(|iters| system.block_on(cold_resumes_one_by_one(memory(), iters)));
     });
     group.bench_function("cold_resume/sled", |b| {
         b.iter_custom(|iters| {
-            let dir = tempfile::tempdir().expect("a temporary directory");
-            system.block_on(async {
-                let store = SledStore::open(dir.path()).expect("sled opens");
-                let mut fixture = fixture_on(Arc::new(store)).await;
-                let child = start(&fixture).await;
-                ended(&mut fixture, 1).await;
-                let began = Instant::now();
-                for _ in 0..iters {
-                    followup(&fixture, child).await;
-                    ended(&mut fixture, 1).await;
-                }
-                let elapsed = began.elapsed();
-                fixture.rt.shutdown().await.expect("shutdown");
-                elapsed
-            })
+            let (store, _dir) = sled();
+            system.block_on(cold_resumes_one_by_one(store, iters))
         });
     });
     group.finish();
@@ -227,6 +204,98 @@ fn bench(c: &mut Criterion) {
         });
     });
     reference.finish();
+
+    // Throughput: 1,000 released children, one follow-up each, sent one after another (each
+    // answered at acceptance), until every epoch ended: the epochs overlap, so on sled their
+    // end-of-epoch flushes share group commits.
+    let mut throughput = c.benchmark_group("cold_resumes");
+    throughput
+        .measurement_time(Duration::from_secs(10))
+        .sample_size(10)
+        .throughput(Throughput::Elements(COLD_RESUMES as u64));
+    throughput.bench_function("1000/memory", |b| {
+        b.iter_custom(|iters| system.block_on(cold_resumes_at_once(memory, iters)));
+    });
+    throughput.bench_function("1000/sled", |b| {
+        b.iter_custom(|iters| {
+            let mut dirs = Vec::new();
+            let elapsed = system.block_on(cold_resumes_at_once(
+                || {
+                    let (store, dir) = sled();
+                    dirs.push(dir);
+                    store
+                },
+                iters,
+            ));
+            drop(dirs);
+            elapsed
+        });
+    });
+    throughput.finish();
+}
+
+/// How many children the `cold_resumes` group resumes per iteration.
+const COLD_RESUMES: usize = 1000;
+
+fn memory() -> Arc<dyn SessionPersistence> {
+    Arc::new(MemoryStore::new())
+}
+
+/// A sled store in a fresh temporary directory (deleted when the guard drops).
+fn sled() -> (Arc<dyn SessionPersistence>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = SledStore::open(dir.path()).expect("sled opens");
+    (Arc::new(store), dir)
+}
+
+/// Starts `count` children of the fixture's parent and waits until each settled and was
+/// released: each next follow-up is a cold resume of a child with one epoch stored.
+async fn released_children(fixture: &mut Fixture, count: usize) -> Vec<SessionId> {
+    let mut children = Vec::with_capacity(count);
+    for _ in 0..count {
+        children.push(start(fixture).await);
+    }
+    ended(fixture, count).await;
+    while subagents::testing::resident_count(fixture.rt.subagents()).await > 0 {
+        tokio::task::yield_now().await;
+    }
+    children
+}
+
+/// `iters` cold resumes, each of a fresh released child, one at a time: a follow-up, then its
+/// `subagent/end` (on sled, one flush each: nothing overlaps).
+async fn cold_resumes_one_by_one(store: Arc<dyn SessionPersistence>, iters: u64) -> Duration {
+    let mut fixture = fixture_on(store).await;
+    let count = usize::try_from(iters).expect("iterations fit in memory");
+    let children = released_children(&mut fixture, count).await;
+    let began = Instant::now();
+    for child in children {
+        followup(&fixture, child).await;
+        ended(&mut fixture, 1).await;
+    }
+    let elapsed = began.elapsed();
+    fixture.rt.shutdown().await.expect("shutdown");
+    elapsed
+}
+
+/// `iters` rounds of [`COLD_RESUMES`] cold resumes, each round on a fresh store from `store`.
+async fn cold_resumes_at_once(
+    mut store: impl FnMut() -> Arc<dyn SessionPersistence>,
+    iters: u64,
+) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let mut fixture = fixture_on(store()).await;
+        let children = released_children(&mut fixture, COLD_RESUMES).await;
+        let began = Instant::now();
+        for child in children {
+            followup(&fixture, child).await;
+        }
+        ended(&mut fixture, COLD_RESUMES).await;
+        total += began.elapsed();
+        fixture.rt.shutdown().await.expect("shutdown");
+    }
+    total
 }
 
 /// The resident set size of this process, in bytes.

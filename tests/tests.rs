@@ -18,6 +18,8 @@ mod cluster;
 mod cluster_faults;
 /// Three `subagents node` processes: a forest across them, one node killed mid-turn.
 mod cluster_nodes;
+/// A cold resume reads its child's log once and repairs an interrupted turn durably.
+mod cold_resume;
 /// Continuable children: start, follow-up, interrupt, reports, notices, drains.
 mod continuable;
 /// Continuable children: who reaches a child (only its parent, through the manager), who hears

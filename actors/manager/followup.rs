@@ -187,7 +187,9 @@ impl ColdResume {
             descriptor.tool_filter.clone(),
         )?;
         let slot = Arc::default();
+        // The inspection is the log the resume loads: it is read again only past its end.
         let resume = ResumeAgent::new(child)
+            .inspected(stored)
             .options(options)
             .setup(activation_setup(
                 composition,

@@ -10,6 +10,7 @@ use crate::host::{AgentOptions, AgentSetup};
 use crate::ids::SessionId;
 use crate::session::log::CreationCommit;
 use crate::session::{Seed, SessionOrigin};
+use crate::store::StoredSession;
 
 /// What to create: the session's identity and lineage, its seed, options and setup.
 #[derive(Default)]
@@ -138,6 +139,8 @@ pub struct ResumeAgent {
     pub(crate) options: AgentOptions,
     pub(crate) setup: Option<Box<dyn AgentSetup>>,
     pub(crate) cancel: Option<CancellationToken>,
+    /// The session as its caller inspected it before the resume (read again only past it).
+    pub(crate) inspected: Option<StoredSession>,
 }
 
 impl ResumeAgent {
@@ -148,7 +151,18 @@ impl ResumeAgent {
             options: AgentOptions::default(),
             setup: None,
             cancel: None,
+            inspected: None,
         }
+    }
+
+    /// Loads the session from `inspected` (what [`SessionPersistence::inspect`] returned for
+    /// it), reading only what was stored after it.
+    ///
+    /// [`SessionPersistence::inspect`]: crate::store::SessionPersistence::inspect
+    #[must_use]
+    pub(crate) fn inspected(mut self, inspected: StoredSession) -> Self {
+        self.inspected = Some(inspected);
+        self
     }
 
     /// The agent's model options.

@@ -24,12 +24,12 @@ use crate::store::SharedStore;
 pub const CHECKPOINT_RECORD: &str = "checkpoint";
 
 /// The record: the session lifecycle it belongs to, and one row per unit.
-fn encode(header: &SessionHeader, rows: &[CheckpointRow]) -> Value {
+fn encode(header: &SessionHeader, rows: Vec<CheckpointRow>) -> Value {
     let rows: Map<String, Value> = rows
-        .iter()
+        .into_iter()
         .map(|row| {
             (
-                row.key.clone(),
+                row.key,
                 json!({"ver": row.version, "seq": row.seq, "val": row.state}),
             )
         })
@@ -103,16 +103,19 @@ pub(crate) async fn write_rows(
         return;
     };
     let header = log.header();
-    if let Err(error) = store
+    match store
         .cache_put(
             CHECKPOINT_RECORD,
             header.id,
-            encode(&header, &rows),
+            encode(&header, rows),
             Some(lease),
         )
         .await
     {
-        tracing::warn!(session_id = %header.id, %error, "projection checkpoint write failed");
+        Ok(()) => registry.checkpoint_landed(log, seq),
+        Err(error) => {
+            tracing::warn!(session_id = %header.id, %error, "projection checkpoint write failed");
+        }
     }
 }
 
@@ -164,9 +167,10 @@ pub(crate) fn checkpoint_if_due(env: &AgentEnv, log: &SessionLog) {
     }
 }
 
-/// Checkpoints a closed child's log at its disposal (its events are all in the store). Always
-/// written, even when the turn end before it handed out the same rows: that write runs on its
-/// own task and may not have landed, and a released child should be served from the cache.
+/// Checkpoints a closed child's log at its disposal (its events are all in the store), unless
+/// the store already took a checkpoint of the whole log. Written even when the turn end before
+/// it handed out the same rows, if that write has not landed: it runs on its own task, and a
+/// released child should be served from the cache.
 pub(crate) async fn checkpoint_at_disposal(env: &AgentEnv, log: &SessionLog) {
     if let Some((registry, store)) = checkpointing(env, log) {
         let rows = registry.final_checkpoint(log);

@@ -119,6 +119,8 @@ struct Cells {
     checkpointed: Option<u64>,
     /// When it was handed out.
     checkpointed_at: Option<Instant>,
+    /// The seq of the newest checkpoint the store took.
+    landed: Option<u64>,
 }
 
 fn unit_failed(unit: &dyn ProjectionUnit, what: &str) -> SubagentError {
@@ -353,16 +355,26 @@ impl ProjectionRegistry {
         self.handed_out(log, false)
     }
 
-    /// Every unit's state on a log being disposed, marked as the newest checkpoint.
+    /// Every unit's state on a log being disposed, marked as the newest checkpoint; empty when
+    /// the store already took a checkpoint of the whole log (the turn end's, usually).
     pub(crate) fn final_checkpoint(&self, log: &SessionLog) -> Vec<CheckpointRow> {
         self.handed_out(log, true)
     }
 
-    /// The rows to write, marked as the newest checkpoint handed out; empty when `always` is
-    /// false and the log has not grown since the last one.
+    /// Records that the store took the checkpoint of `seq`.
+    pub(crate) fn checkpoint_landed(&self, log: &SessionLog, seq: u64) {
+        log.with_memo(|cells: &mut Cells, _| {
+            cells.landed = cells.landed.max(Some(seq));
+        });
+    }
+
+    /// The rows to write, marked as the newest checkpoint handed out; empty when the store
+    /// holds a checkpoint of the whole log, or when `always` is false and the log has not grown
+    /// since the last one handed out (which may still be on its way to the store).
     fn handed_out(&self, log: &SessionLog, always: bool) -> Vec<CheckpointRow> {
         self.with_cells(log, &self.units(), |cells, len| {
-            if !always && (seq_of(len).is_none() || cells.checkpointed == seq_of(len)) {
+            let last = seq_of(len);
+            if last.is_none() || cells.landed == last || (!always && cells.checkpointed == last) {
                 return Vec::new();
             }
             cells.checkpointed = seq_of(len);

@@ -327,7 +327,11 @@ impl SessionPersistence for FaultInjectingStore {
 
     fn inspect(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
         self.injected(StoreOperation::Inspect, Some(id))
-            .unwrap_or_else(|| self.gated(StoreOperation::Inspect, move || self.inner.inspect(id)))
+            .unwrap_or_else(|| {
+                self.gated(StoreOperation::Inspect, move || {
+                    Box::pin(super::inspection(self, id))
+                })
+            })
     }
 
     fn inspect_own(&self, id: SessionId) -> BoxFuture<'_, Result<OwnEvents>> {

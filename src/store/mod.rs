@@ -56,6 +56,10 @@ pub struct StoredSession {
     pub header: SessionHeader,
     /// The events, seq 0 first (shared: a store that keeps events in memory hands out its own).
     pub events: Vec<Arc<SessionEvent>>,
+    /// How many of the last `events` close an interrupted turn in memory only: an inspection's
+    /// repair, not stored. 0 when the stored log was balanced, and after
+    /// [`SessionPersistence::prepare`], which stores its repair.
+    pub unrepaired: usize,
 }
 
 /// A session's own events — those after its seed — as [`SessionPersistence::read_own`] reads
@@ -351,13 +355,7 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// # Errors
     /// As [`SessionPersistence::header`] and [`SessionPersistence::read_from`].
     fn inspect(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
-        Box::pin(async move {
-            let header = self.header(id).await?;
-            let mut events = self.read_from(id, 0).await?;
-            let closers = close_interrupted(&events)?;
-            events.extend(closers);
-            Ok(StoredSession { header, events })
-        })
+        Box::pin(inspection(self, id))
     }
 
     /// The session's own events, raw, with its seed checked but not read: only the seed's last
@@ -431,18 +429,66 @@ pub trait SessionPersistence: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<StoredSession>> {
         Box::pin(async move {
             let header = self.header(id).await?;
-            let mut events = self.read_from(id, 0).await?;
-            let closers = close_interrupted(&events)?;
-            if !closers.is_empty() {
-                let next = seq_of(events.len())?;
-                tracing::info!(session_id = %id, repaired = closers.len(), "repairing an interrupted turn");
-                self.append(id, next, closers.clone(), lease).await?;
-                self.flush(id).await?;
-                events.extend(closers);
-            }
-            Ok(StoredSession { header, events })
+            let events = self.read_from(id, 0).await?;
+            repair_durably(self, id, lease, header, events).await
         })
     }
+
+    /// [`SessionPersistence::prepare`] for a caller that inspected the session
+    /// ([`SessionPersistence::inspect`]) before it took the lease: only what was appended since
+    /// the inspection is read, so a cold resume reads its log once. The header is the
+    /// inspection's (a stored header never changes).
+    ///
+    /// # Errors
+    /// As [`SessionPersistence::prepare`].
+    fn prepare_inspected(
+        &self,
+        id: SessionId,
+        lease: Option<LeaseEpoch>,
+        inspected: StoredSession,
+    ) -> BoxFuture<'_, Result<StoredSession>> {
+        Box::pin(async move {
+            let StoredSession {
+                header,
+                mut events,
+                unrepaired,
+            } = inspected;
+            events.truncate(events.len().saturating_sub(unrepaired));
+            let next = seq_of(events.len())?;
+            // Past the seed the session's own stored log answers alone.
+            let appended = if next >= header.first_stored_seq() {
+                self.read_stored(id, next, u64::MAX).await?
+            } else {
+                self.read_from(id, next).await?
+            };
+            events.extend(appended);
+            repair_durably(self, id, lease, header, events).await
+        })
+    }
+}
+
+/// `events` as a resume loads them: an interrupted last turn is closed durably (appended under
+/// `lease` and flushed) before the balanced log is returned.
+async fn repair_durably<S: SessionPersistence + ?Sized>(
+    store: &S,
+    id: SessionId,
+    lease: Option<LeaseEpoch>,
+    header: SessionHeader,
+    mut events: Vec<Arc<SessionEvent>>,
+) -> Result<StoredSession> {
+    let closers = close_interrupted(&events)?;
+    if !closers.is_empty() {
+        let next = seq_of(events.len())?;
+        tracing::info!(session_id = %id, repaired = closers.len(), "repairing an interrupted turn");
+        store.append(id, next, closers.clone(), lease).await?;
+        store.flush(id).await?;
+        events.extend(closers);
+    }
+    Ok(StoredSession {
+        header,
+        events,
+        unrepaired: 0,
+    })
 }
 
 /// The closer events for a stored log, numbered after its last event.
@@ -465,6 +511,24 @@ fn closers_from(
         .zip(next..)
         .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
         .collect()
+}
+
+/// [`SessionPersistence::inspect`] of `store`, through its own reads (so a wrapping store that
+/// intercepts the inspection still sees them).
+async fn inspection<S: SessionPersistence + ?Sized>(
+    store: &S,
+    id: SessionId,
+) -> Result<StoredSession> {
+    let header = store.header(id).await?;
+    let mut events = store.read_from(id, 0).await?;
+    let closers = close_interrupted(&events)?;
+    let unrepaired = closers.len();
+    events.extend(closers);
+    Ok(StoredSession {
+        header,
+        events,
+        unrepaired,
+    })
 }
 
 /// [`SessionPersistence::inspect_own`] of `store`, through its own reads (so a wrapping store
