@@ -6,29 +6,57 @@
 //! that began earlier waits for it and then starts (or joins) the next one. So however many
 //! children flush at once, the database sees one flush in flight, and most callers share one.
 //! (sled 0.34's own concurrent `flush_async` calls can also stall each other for good.)
+//!
+//! Under load a flush also **gathers** before it begins: when the last flush covered several
+//! callers, the next one waits for twice as many (at most [`GATHER_AT_MOST`]), so the group
+//! grows with the rate of callers until the window bounds it, and each flush's cost is shared
+//! by more of them. A caller alone (the last flush covered one) is flushed at once: gathering
+//! costs latency only when others are flushing too. (One epoch's end-of-epoch flush waits at
+//! most the window longer; 1,000 concurrent epochs share a few dozen flushes instead of
+//! hundreds.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt, Shared};
+use tokio::sync::Notify;
 
 use crate::error::Result;
 
-type Flush = Shared<BoxFuture<'static, Result<()>>>;
+/// The longest a flush waits for more callers before it begins.
+pub(crate) const GATHER_AT_MOST: Duration = Duration::from_millis(1);
+
+/// The most callers a flush waits for.
+const GATHER_UP_TO: u64 = 1024;
+
+/// A flush that began (or is gathering): the highest ticket it covers, and its outcome.
+type Flush = Shared<BoxFuture<'static, (u64, Result<()>)>>;
 
 #[derive(Default)]
 struct State {
     /// The highest ticket a completed flush covered.
     covered: u64,
-    /// The flush in flight and the highest ticket it covers.
-    in_flight: Option<(u64, Flush)>,
+    /// The flush gathering or in flight.
+    in_flight: Option<Flush>,
+    /// The highest ticket the last flush that began covers: where the next group starts.
+    began: u64,
+    /// How many tickets the last flush that began covered.
+    last_group: u64,
 }
 
-/// Serializes and shares flushes.
+#[derive(Default)]
+struct Inner {
+    tickets: AtomicU64,
+    /// Woken by every new ticket, for a flush that gathers.
+    joined: Notify,
+    state: Mutex<State>,
+}
+
+/// Serializes, gathers and shares flushes.
 #[derive(Default)]
 pub(crate) struct GroupFlush {
-    tickets: AtomicU64,
-    state: Mutex<State>,
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for GroupFlush {
@@ -39,7 +67,7 @@ impl std::fmt::Debug for GroupFlush {
 
 impl GroupFlush {
     /// Makes every write made before this call durable, through `start` (called at most once
-    /// per flush actually run).
+    /// per flush actually run; its future is polled only once the flush begins).
     ///
     /// # Cancel safety
     /// Dropping the future abandons the wait; a flush it started still completes for whoever
@@ -48,40 +76,94 @@ impl GroupFlush {
         &self,
         start: impl Fn() -> BoxFuture<'static, Result<()>>,
     ) -> Result<()> {
-        let ticket = self.tickets.fetch_add(1, Ordering::SeqCst) + 1;
+        let inner = &self.inner;
+        let ticket = inner.tickets.fetch_add(1, Ordering::SeqCst) + 1;
+        inner.joined.notify_waiters();
         loop {
-            let (covers, flush) = {
-                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let flush = {
+                let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
                 // A finished flush nobody recorded (its waiters were dropped) still counts.
-                if let Some((covers, done)) = &state.in_flight {
-                    if let Some(outcome) = done.peek() {
-                        let covers = *covers;
-                        let succeeded = outcome.is_ok();
-                        state.in_flight = None;
-                        if succeeded {
-                            state.covered = state.covered.max(covers);
-                        }
+                if let Some((covers, outcome)) = state.in_flight.as_ref().and_then(Shared::peek) {
+                    let (covers, succeeded) = (*covers, outcome.is_ok());
+                    state.in_flight = None;
+                    if succeeded {
+                        state.covered = state.covered.max(covers);
                     }
                 }
                 if state.covered >= ticket {
                     return Ok(());
                 }
                 match &state.in_flight {
-                    Some((covers, flush)) => (*covers, flush.clone()),
+                    Some(flush) => flush.clone(),
                     None => {
-                        // Every ticket taken so far is covered by a flush starting now.
-                        let covers = self.tickets.load(Ordering::SeqCst);
-                        let flush = start().shared();
-                        state.in_flight = Some((covers, flush.clone()));
-                        (covers, flush)
+                        let flush = self.begin(&state, start()).shared();
+                        state.in_flight = Some(flush.clone());
+                        flush
                     }
                 }
             };
-            let outcome = flush.await;
+            let (covers, outcome) = flush.await;
             if covers >= ticket {
                 return outcome;
             }
             // That flush began before this caller asked: wait for (or start) the next one.
+        }
+    }
+
+    /// The next flush: it gathers (see the module docs), then covers every ticket taken so far
+    /// and runs `run`.
+    fn begin(
+        &self,
+        state: &State,
+        run: BoxFuture<'static, Result<()>>,
+    ) -> BoxFuture<'static, (u64, Result<()>)> {
+        let inner = Arc::clone(&self.inner);
+        let gather = if state.last_group > 1 {
+            state.last_group.saturating_mul(2).min(GATHER_UP_TO)
+        } else {
+            0
+        };
+        async move {
+            if gather > 0 {
+                inner.gather(gather).await;
+            }
+            let covers = {
+                let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
+                let covers = inner.tickets.load(Ordering::SeqCst);
+                state.last_group = covers.saturating_sub(state.began);
+                state.began = covers;
+                covers
+            };
+            (covers, run.await)
+        }
+        .boxed()
+    }
+}
+
+impl Inner {
+    /// Waits until `callers` tickets were taken since the last flush began, or
+    /// [`GATHER_AT_MOST`] passed.
+    async fn gather(&self, callers: u64) {
+        let began = self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .began;
+        let enough = || self.tickets.load(Ordering::SeqCst).saturating_sub(began) >= callers;
+        let deadline = tokio::time::sleep(GATHER_AT_MOST);
+        tokio::pin!(deadline);
+        loop {
+            let joined = self.joined.notified();
+            tokio::pin!(joined);
+            // Registered before the check, so a ticket taken in between still wakes it.
+            joined.as_mut().enable();
+            if enough() {
+                return;
+            }
+            tokio::select! {
+                () = &mut deadline => return,
+                () = &mut joined => {}
+            }
         }
     }
 }
@@ -89,52 +171,141 @@ impl GroupFlush {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicUsize;
-    use std::sync::Arc;
+
+    use tokio::sync::watch;
+    use tokio::time::Instant;
 
     use super::*;
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn concurrent_callers_share_flushes_and_each_is_covered() {
-        let gate = Arc::new(GroupFlush::default());
-        let runs = Arc::new(AtomicUsize::new(0));
-        let (release, hold) = tokio::sync::watch::channel(false);
-        let start = {
-            let runs = Arc::clone(&runs);
-            move || -> BoxFuture<'static, Result<()>> {
-                let runs = Arc::clone(&runs);
-                let mut hold = hold.clone();
+    /// A flush operation that counts its runs and holds each until the gate opens.
+    #[derive(Clone)]
+    struct Held {
+        runs: Arc<AtomicUsize>,
+        open: watch::Receiver<bool>,
+    }
+
+    impl Held {
+        fn new() -> (Self, watch::Sender<bool>) {
+            let (gate, open) = watch::channel(false);
+            let runs = Arc::default();
+            (Self { runs, open }, gate)
+        }
+
+        fn start(&self) -> impl Fn() -> BoxFuture<'static, Result<()>> + Clone + 'static {
+            let held = self.clone();
+            move || {
+                let held = held.clone();
                 async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    let _ = hold.wait_for(|open| *open).await;
+                    held.runs.fetch_add(1, Ordering::SeqCst);
+                    let _ = held.open.clone().wait_for(|open| *open).await;
                     Ok(())
                 }
                 .boxed()
             }
-        };
-        // The first caller starts a flush that is held; nine more ask while it is in flight.
-        let callers: Vec<_> = (0..10)
-            .map(|_| {
-                let gate = Arc::clone(&gate);
-                let start = start.clone();
-                tokio::spawn(async move { gate.flush(start).await })
-            })
-            .collect();
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+    }
+
+    async fn settle() {
         for _ in 0..10 {
             tokio::task::yield_now().await;
         }
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            1,
-            "one flush in flight at a time"
-        );
-        release.send_replace(true);
-        for caller in callers {
+    }
+
+    /// `count` callers of `flushes`, spawned.
+    fn callers(
+        flushes: &Arc<GroupFlush>,
+        held: &Held,
+        count: usize,
+    ) -> Vec<tokio::task::JoinHandle<Result<()>>> {
+        (0..count)
+            .map(|_| {
+                let flushes = Arc::clone(flushes);
+                let start = held.start();
+                tokio::spawn(async move { flushes.flush(start).await })
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn concurrent_callers_share_flushes_and_each_is_covered() {
+        let flushes = Arc::new(GroupFlush::default());
+        let (held, gate) = Held::new();
+        // The first caller starts a flush that is held; nine more ask while it is in flight.
+        let waiting = callers(&flushes, &held, 10);
+        settle().await;
+        assert_eq!(held.runs(), 1, "one flush in flight at a time");
+        gate.send_replace(true);
+        for caller in waiting {
             caller.await.unwrap().unwrap();
         }
         // The nine who asked during the first flush share one more.
-        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert_eq!(held.runs(), 2);
         // Nothing was written since: a new caller still gets a flush of its own.
-        gate.flush(start).await.unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        flushes.flush(held.start()).await.unwrap();
+        assert_eq!(held.runs(), 3);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_caller_alone_is_flushed_at_once() {
+        let flushes = GroupFlush::default();
+        let (held, gate) = Held::new();
+        gate.send_replace(true);
+        let began = Instant::now();
+        for _ in 0..3 {
+            flushes.flush(held.start()).await.unwrap();
+        }
+        assert_eq!(held.runs(), 3);
+        assert_eq!(began.elapsed(), Duration::ZERO, "nothing waited to gather");
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn under_load_a_flush_gathers_twice_the_last_group_within_the_window() {
+        let flushes = Arc::new(GroupFlush::default());
+        let (held, gate) = Held::new();
+        // One flush in flight, two callers behind it: the next flush covers those two.
+        let first = callers(&flushes, &held, 3);
+        settle().await;
+        gate.send_replace(true);
+        for caller in first {
+            caller.await.unwrap().unwrap();
+        }
+        assert_eq!(held.runs(), 2);
+
+        // The last group was two: the next flush waits for four callers, and begins as soon
+        // as the fourth asks, with no time passing.
+        let began = Instant::now();
+        let mut second = Vec::new();
+        for _ in 0..4 {
+            assert_eq!(held.runs(), 2, "the flush gathers before it begins");
+            second.extend(callers(&flushes, &held, 1));
+            settle().await;
+        }
+        for caller in second {
+            caller.await.unwrap().unwrap();
+        }
+        assert_eq!(held.runs(), 3, "four callers, one flush");
+        assert_eq!(began.elapsed(), Duration::ZERO);
+
+        // Fewer callers than it waits for: it begins when the window closes.
+        let began = Instant::now();
+        for caller in callers(&flushes, &held, 3) {
+            caller.await.unwrap().unwrap();
+        }
+        assert_eq!(held.runs(), 4);
+        assert_eq!(began.elapsed(), GATHER_AT_MOST);
+
+        // Load is gone: the first caller alone waits out the window once (the group before it
+        // was three), and the next is flushed at once.
+        let began = Instant::now();
+        flushes.flush(held.start()).await.unwrap();
+        assert_eq!(began.elapsed(), GATHER_AT_MOST);
+        let began = Instant::now();
+        flushes.flush(held.start()).await.unwrap();
+        assert_eq!(began.elapsed(), Duration::ZERO);
+        assert_eq!(held.runs(), 6);
     }
 }
