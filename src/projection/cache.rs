@@ -25,19 +25,25 @@ pub const CHECKPOINT_RECORD: &str = "checkpoint";
 
 /// The record: the session lifecycle it belongs to, and one row per unit.
 fn encode(header: &SessionHeader, rows: Vec<CheckpointRow>) -> Value {
+    // Built by moving the states in: `json!` would serialize each of them into a copy.
     let rows: Map<String, Value> = rows
         .into_iter()
         .map(|row| {
-            (
-                row.key,
-                json!({"ver": row.version, "seq": row.seq, "val": row.state}),
-            )
+            let fields = Map::from_iter([
+                ("ver".to_owned(), Value::from(row.version)),
+                ("seq".to_owned(), Value::from(row.seq)),
+                ("val".to_owned(), row.state),
+            ]);
+            (row.key, Value::Object(fields))
         })
         .collect();
-    json!({
-        "identity": {"createdAt": header.created_at, "cwd": header.cwd},
-        "rows": rows,
-    })
+    Value::Object(Map::from_iter([
+        (
+            "identity".to_owned(),
+            json!({"createdAt": header.created_at, "cwd": header.cwd}),
+        ),
+        ("rows".to_owned(), Value::Object(rows)),
+    ]))
 }
 
 /// The rows of a record, when it belongs to `header`'s lifecycle; a row that does not decode
