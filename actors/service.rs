@@ -48,8 +48,8 @@ use crate::seam::continuable::{
 use crate::seam::depth::check_max_depth;
 use crate::seam::setup::{ContinuableSetupContribution, SetupRegistration, SetupRegistry};
 use crate::seam::{
-    ResolvedSubagentStartRequest, SubagentDescriptor, SubagentEvent, SubagentProvider, SubagentRun,
-    SubagentRunEndInfo, SubagentRunInfo, SubagentStartRequest,
+    ResolvedSubagentStartRequest, Settlements, SubagentDescriptor, SubagentEvent, SubagentProvider,
+    SubagentRun, SubagentRunEndInfo, SubagentRunInfo, SubagentStartRequest,
 };
 use crate::stop_reason::StopReason;
 use tokio_util::sync::CancellationToken;
@@ -586,6 +586,13 @@ impl Subagents {
     /// The seam's lifecycle events. Start and end are scoped to the delegating parent's session.
     pub fn events(&self) -> &Arc<EventBus<SubagentEvent>> {
         &self.events
+    }
+
+    /// Waits for `parent`'s children to settle: every `subagent/end` of a child of its session
+    /// from now on, each epoch's stop reason and final output. Open it before starting or
+    /// following up the children it waits for (see [`Settlements`]).
+    pub fn settlements(&self, parent: &AgentRef) -> Settlements {
+        Settlements::open(&self.events, parent.id())
     }
 
     /// Starts a continuable child: the manager mints its id, snapshots its descriptor, asks

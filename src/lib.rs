@@ -12,7 +12,8 @@
 //! at most one live Activation (the child resident in memory; its run of work until it settles
 //! is an *epoch*): [`Subagents::followup`] queues a turn in the child's own inbox
 //! (FIFO), [`Subagents::interrupt`] ends its running turn and keeps the queue, the parent hears
-//! its reports ([`Subagents::report_from`]) and one settled notice per epoch, and a child that
+//! its reports ([`Subagents::report_from`]) and one settled notice per epoch (a host awaits
+//! each epoch's stop reason and output with [`Subagents::settlements`]), and a child that
 //! is not resident is cold-resumed from the store. [`Subagents::list_children`] and
 //! [`Subagents::list_descendants`] list them durably without loading them;
 //! [`Subagents::drain_continuable_descendants`] and [`Runtime::shutdown`] release children
@@ -23,7 +24,7 @@
 //! use subagents::testing::{ScriptStep, ScriptedModel};
 //! use subagents::{
 //!     ContentBlock, ContinuableStartSpec, CreateAgent, FollowupOptions, MemoryStore,
-//!     MessageSource, Runtime,
+//!     MessageSource, Runtime, StopReason,
 //! };
 //!
 //! # fn main() -> Result<(), subagents::SubagentError> {
@@ -34,7 +35,9 @@
 //!     let parent = rt.agents().create(CreateAgent::new()).await?;
 //!     let text = |t: &str| vec![ContentBlock::text(t)];
 //!     let spec = ContinuableStartSpec::new("spawn", "watcher", parent.agent(), text("watch CI"));
+//!     let mut settled = rt.subagents().settlements(parent.agent());
 //!     let child = rt.subagents().start_continuable(spec).await?.child_id;
+//!     assert_eq!(settled.next_of(child).await?.stop_reason, StopReason::Completed);
 //!     let options = FollowupOptions::new(MessageSource::User);
 //!     rt.subagents().followup(parent.agent(), child, text("and again"), options).await?;
 //!     let listed = rt.subagents().list_children(parent.agent().id(), Default::default()).await?;
@@ -158,9 +161,9 @@ pub use seam::{
     ChildAgentOptions, ContinuableCreateRequest, ContinuableCreateSpec,
     ContinuableSetupContribution, ContinuableStart, ContinuableStartSpec, FollowupOptions,
     InterruptAuthority, PrepareContinuable, ReportDelivery, ReportOptions,
-    ResolvedSubagentStartRequest, SetupDisposer, SetupRegistration, SubagentCapabilities,
-    SubagentDescriptor, SubagentEvent, SubagentProvider, SubagentResult, SubagentRun,
-    SubagentStartRequest,
+    ResolvedSubagentStartRequest, Settlements, SetupDisposer, SetupRegistration,
+    SubagentCapabilities, SubagentDescriptor, SubagentEvent, SubagentProvider, SubagentResult,
+    SubagentRun, SubagentRunEndInfo, SubagentStartRequest,
 };
 pub use session::{
     CancelCause, EventKind, EventList, FailureCategory, History, HistoryEntry, LlmFailure, Seed,

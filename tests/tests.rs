@@ -84,6 +84,8 @@ mod seam_registry;
 mod seam_structured;
 /// Session log envelope, invariants, seeds, folds.
 mod session_log;
+/// Waiting for continuable children: each epoch's settlement, per child.
+mod settlements;
 /// Stores: the model-based property test, corruption, repair, leases.
 mod store;
 /// The PostgreSQL store, on a throwaway server.

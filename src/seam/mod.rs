@@ -17,6 +17,7 @@ pub mod run;
 pub(crate) mod run_outcome;
 pub(crate) mod scripted;
 pub mod settlement;
+pub mod settlements;
 pub mod setup;
 
 pub use budget::BUDGET_EVENT;
@@ -37,4 +38,5 @@ pub use request::{ChildAgentOptions, ResolvedSubagentStartRequest, SubagentStart
 pub use result::SubagentResult;
 pub use run::SubagentRun;
 pub use settlement::{settle_run, JobOutcome};
+pub use settlements::Settlements;
 pub use setup::{ContinuableSetupContribution, SetupDisposer, SetupRegistration};
