@@ -93,6 +93,9 @@ struct DemoArgs {
     /// drill's process that is paused longer loses its session to whoever takes it next.
     #[arg(long, value_name = "MS")]
     lease_ttl_ms: Option<u64>,
+    /// Print the session log of a turn that failed too (a completed turn's is always printed).
+    #[arg(long)]
+    verbose: bool,
     /// The model (the scripted model records `--model-name`, default `scripted-demo`).
     #[command(flatten)]
     model: cli::model::ModelArgs,
@@ -107,6 +110,8 @@ struct DemoPlan {
     drill: Drill,
     model: DemoModel,
     model_name: String,
+    /// Print a failed turn's session log too.
+    verbose: bool,
 }
 
 /// A crash-recovery drill, or none.
@@ -153,6 +158,7 @@ impl DemoPlan {
                 .model
                 .model_name
                 .unwrap_or_else(|| "scripted-demo".into()),
+            verbose: args.verbose,
         })
     }
 }
@@ -404,11 +410,20 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
         }
     }
     let events = agent.log().events();
-    writeln!(out, "session {} in {}", agent.id(), plan.store)?;
-    for event in &events {
-        writeln!(out, "{}", describe(event))?;
-    }
     let outcome = turn_outcome(&events);
+    writeln!(out, "session {} in {}", agent.id(), plan.store)?;
+    // A failure is said once, as an error; its log only when asked for.
+    if outcome.is_ok() || plan.verbose {
+        for event in &events {
+            writeln!(out, "{}", describe(event))?;
+        }
+    } else {
+        writeln!(
+            out,
+            "({} events logged; --verbose prints them)",
+            events.len()
+        )?;
+    }
     if let Ok(answer) = &outcome {
         writeln!(out, "answer: {answer}")?;
     }

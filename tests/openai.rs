@@ -701,6 +701,34 @@ async fn the_cli_shows_a_model_calls_retries_on_stderr() {
     assert_eq!(server.requests().len(), 2, "the call and its one retry");
 }
 
+// A failed turn is said once, as an error: its session log is printed only with --verbose.
+#[actix_rt::test]
+async fn a_failed_demo_prints_its_session_log_only_with_verbose() {
+    let overloaded = || Reply::error(500, &json!({"error": {"message": "overloaded"}}));
+    for verbose in [false, true] {
+        let server = Server::start(vec![overloaded()]).await;
+        let mut args = vec!["--max-retries", "0"];
+        if verbose {
+            args.push("--verbose");
+        }
+        let output = demo_against(&server, &args).await;
+        assert_eq!(output.status.code(), Some(2));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("the turn failed"), "{stderr}");
+        assert_eq!(
+            stdout.contains("turn/start"),
+            verbose,
+            "verbose {verbose}: {stdout}"
+        );
+        assert_eq!(
+            stdout.contains("--verbose prints them"),
+            !verbose,
+            "{stdout}"
+        );
+    }
+}
+
 // `demo --prompt` asks a real model the user's own question, with the delegation tools on
 // offer, and prints its answer.
 #[actix_rt::test]
