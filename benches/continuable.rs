@@ -20,7 +20,7 @@
 //!   enqueued to resident children (p50 and p99), and the time to drain the whole forest.
 //!
 //! Run with `cargo bench --bench continuable` (`-- scale` for the scale pass alone;
-//! `SUBAGENTS_SCALE=20000,50000` for other sizes).
+//! `SUBAGENTS_SCALE=20000,50000` for other sizes, `SUBAGENTS_SCALE_WORKERS=2` for two threads).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,11 +69,21 @@ async fn fixture_on(store: Arc<dyn SessionPersistence>) -> Fixture {
 
 /// [`fixture_on`] with `model` answering every agent.
 async fn fixture_with(store: Arc<dyn SessionPersistence>, model: ScriptedModel) -> Fixture {
+    fixture_with_workers(store, model, 1).await
+}
+
+/// [`fixture_with`], the agents spread over `workers` threads.
+async fn fixture_with_workers(
+    store: Arc<dyn SessionPersistence>,
+    model: ScriptedModel,
+    workers: usize,
+) -> Fixture {
     // A recorded request keeps a copy of its whole history: memory the runtime does not hold.
     model.set_recording(false);
     let rt = Runtime::builder()
         .shared_store(store)
         .model("scripted", model)
+        .workers(workers)
         .build()
         .expect("runtime builds");
     rt.subagents()
@@ -306,12 +316,13 @@ fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
     sorted[rank.min(last)]
 }
 
-/// One scale pass with `n` resident children (see the module docs).
-async fn scale(n: usize) {
+/// One scale pass with `n` resident children on `workers` threads (see the module docs).
+async fn scale(n: usize, workers: usize) {
     let gate = subagents::testing::Gate::new();
-    let fixture = fixture_with(
+    let fixture = fixture_with_workers(
         Arc::new(MemoryStore::new()),
         ScriptedModel::repeating(ScriptStep::text("held").gated(&gate)),
+        workers,
     )
     .await;
     let rt = fixture.rt.clone();
@@ -340,7 +351,7 @@ async fn scale(n: usize) {
         .expect("drain");
     let drained = drain.elapsed();
     println!(
-        "scale/{n}: start {:.2} s ({:.1} µs each), RSS +{} MiB ({} B per resident child; \
+        "scale/{n} on {workers} thread(s): start {:.2} s ({:.1} µs each), RSS +{} MiB ({} B per resident child; \
          {} B of live heap), follow-up p50 {:.1} µs p99 {:.1} µs, drain {:.3} s",
         started.as_secs_f64(),
         started.as_secs_f64() * 1e6 / n as f64,
@@ -375,9 +386,14 @@ fn scale_pass(_: &mut Criterion) {
                 .collect()
         })
         .unwrap_or_else(|| vec![10_000, 100_000]);
+    // `SUBAGENTS_SCALE_WORKERS=2` spreads the agents over two threads (one per core here).
+    let workers = std::env::var("SUBAGENTS_SCALE_WORKERS")
+        .ok()
+        .and_then(|workers| workers.trim().parse().ok())
+        .unwrap_or(1);
     let system = System::new();
     for n in sizes {
-        system.block_on(scale(n));
+        system.block_on(scale(n, workers));
     }
 }
 
