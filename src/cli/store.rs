@@ -91,6 +91,9 @@ impl fmt::Display for StoreLocation {
     }
 }
 
+/// The page cache of a sled store opened to be read through once.
+const READER_CACHE_BYTES: u64 = 64 << 20;
+
 impl StoreLocation {
     /// The value to pass back as `--store`: the directory, or, for a database whose URL may
     /// hold a password, a reminder to pass the same one.
@@ -106,6 +109,18 @@ impl StoreLocation {
     /// reader must not create an empty store), and so is `memory` (it holds nothing yet).
     pub(crate) async fn open(&self, must_exist: bool) -> Result<SharedStore, SubagentError> {
         self.open_with(must_exist, None).await
+    }
+
+    /// Opens an existing store to read it through once (`tree`): a sled store keeps at most
+    /// [`READER_CACHE_BYTES`] of its pages in memory, however large it is.
+    pub(crate) async fn open_to_read(&self) -> Result<SharedStore, SubagentError> {
+        match self {
+            Self::Sled(dir) if dir.is_dir() => Ok(Arc::new(SledStore::open_with_cache_capacity(
+                dir,
+                READER_CACHE_BYTES,
+            )?)),
+            _ => self.open(true).await,
+        }
     }
 
     /// [`StoreLocation::open`] with a lease time-to-live for a PostgreSQL store.

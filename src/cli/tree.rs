@@ -7,7 +7,6 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use serde_json::json;
 use subagents::store::{ListedSession, SharedStore};
 use subagents::{
     CancellationToken, ErrorCode, Runtime, SessionId, SubagentDescendantListEntry, SubagentError,
@@ -86,10 +85,10 @@ async fn open_for_listing(
     location: &StoreLocation,
 ) -> Result<(SharedStore, Option<tempfile::TempDir>), SubagentError> {
     let StoreLocation::Sled(dir) = location else {
-        return Ok((location.open(true).await?, None));
+        return Ok((location.open_to_read().await?, None));
     };
     if !dir.is_dir() || is_writable(dir) {
-        return Ok((location.open(true).await?, None));
+        return Ok((location.open_to_read().await?, None));
     }
     let copy = tempfile::Builder::new()
         .prefix("subagents-tree-")
@@ -115,7 +114,7 @@ async fn open_for_listing(
         dir.display()
     );
     let store = StoreLocation::Sled(copy.path().to_owned())
-        .open(true)
+        .open_to_read()
         .await?;
     Ok((store, Some(copy)))
 }
@@ -220,9 +219,19 @@ fn print_text(trees: &[Tree], args: &TreeArgs, out: &mut impl Write) -> std::io:
 /// One shape whether or not a root was asked for: a list of roots, each with its descendants
 /// (an empty list for a root with none).
 fn print_json(trees: &[Tree], out: &mut impl Write) -> std::io::Result<()> {
-    let value = json!(trees
+    /// One printed root, serialized from the listing as it is (no JSON tree built first).
+    #[derive(serde::Serialize)]
+    struct Root<'a> {
+        root: SessionId,
+        descendants: &'a [SubagentDescendantListEntry],
+    }
+    let roots: Vec<Root<'_>> = trees
         .iter()
-        .map(|tree| json!({"root": tree.root, "descendants": tree.descendants}))
-        .collect::<Vec<_>>());
-    writeln!(out, "{value:#}")
+        .map(|tree| Root {
+            root: tree.root,
+            descendants: &tree.descendants,
+        })
+        .collect();
+    serde_json::to_writer_pretty(&mut *out, &roots)?;
+    writeln!(out)
 }

@@ -82,6 +82,16 @@ impl SledStore {
     }
 
     /// [`SledStore::open`] with a page cache of at most `cache_bytes` (sled's own default is
+    /// 1 GiB): for a process that reads through a large store once, such as `subagents tree`,
+    /// whose memory then stays bounded by the cache instead of growing toward sled's default.
+    ///
+    /// # Errors
+    /// As [`SledStore::open`].
+    pub fn open_with_cache_capacity(path: impl AsRef<Path>, cache_bytes: u64) -> Result<Self> {
+        Self::open_with_cache(path, cache_bytes, Self::LOCK_WAIT)
+    }
+
+    /// [`SledStore::open`] with a page cache of at most `cache_bytes` (sled's own default is
     /// 1 GiB), waiting up to `lock_wait` for a busy directory: for a short-lived store opened
     /// right after its previous holder in this process let go, such as the load harness's
     /// reopening of the store its run closed.
@@ -691,6 +701,26 @@ mod tests {
                 crate::content::MessageSource::User,
             )),
         ))]
+    }
+
+    // A reader's bounded page cache reads back everything written with the default one.
+    #[test]
+    fn a_store_reopened_with_a_small_cache_reads_the_same_sessions() {
+        let dir = tempfile::tempdir().unwrap();
+        let sessions: Vec<(SessionId, Vec<Arc<SessionEvent>>)> =
+            (0..200).map(|_| (SessionId::new(), seed())).collect();
+        {
+            let store = SledStore::open(dir.path()).unwrap();
+            for (id, events) in &sessions {
+                block_on(store.create(SessionHeader::new(*id), events.clone())).unwrap();
+            }
+        }
+        let store = SledStore::open_with_cache_capacity(dir.path(), 1 << 20).unwrap();
+        let listed = block_on(store.list()).unwrap();
+        assert_eq!(listed.len(), sessions.len());
+        for (id, events) in &sessions {
+            assert_eq!(&block_on(store.read_from(*id, 0)).unwrap(), events);
+        }
     }
 
     /// A crash between any two of creation's writes leaves either nothing visible or the whole
