@@ -47,9 +47,10 @@ struct State {
 
 #[derive(Default)]
 struct Inner {
-    tickets: AtomicU64,
+    /// Shared with a gathering flush, which holds no reference to the state it is kept in.
+    tickets: Arc<AtomicU64>,
     /// Woken by every new ticket, for a flush that gathers.
-    joined: Notify,
+    joined: Arc<Notify>,
     state: Mutex<State>,
 }
 
@@ -117,22 +118,29 @@ impl GroupFlush {
         state: &State,
         run: BoxFuture<'static, Result<()>>,
     ) -> BoxFuture<'static, (u64, Result<()>)> {
-        let inner = Arc::clone(&self.inner);
-        let gather = if state.last_group > 1 {
-            state.last_group.saturating_mul(2).min(GATHER_UP_TO)
-        } else {
-            0
-        };
+        // The flush is kept in the state, so it refers to the state weakly: a flush abandoned
+        // while it gathers must not keep its store (and the database `run` holds) alive.
+        let inner = Arc::downgrade(&self.inner);
+        let gather = (state.last_group > 1).then(|| Gather {
+            tickets: Arc::clone(&self.inner.tickets),
+            joined: Arc::clone(&self.inner.joined),
+            began: state.began,
+            callers: state.last_group.saturating_mul(2).min(GATHER_UP_TO),
+        });
         async move {
-            if gather > 0 {
-                inner.gather(gather).await;
+            if let Some(gather) = gather {
+                gather.wait().await;
             }
-            let covers = {
-                let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
-                let covers = inner.tickets.load(Ordering::SeqCst);
-                state.last_group = covers.saturating_sub(state.began);
-                state.began = covers;
-                covers
+            let covers = match inner.upgrade() {
+                Some(inner) => {
+                    let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    let covers = inner.tickets.load(Ordering::SeqCst);
+                    state.last_group = covers.saturating_sub(state.began);
+                    state.began = covers;
+                    covers
+                }
+                // The store is gone: nobody waits for this flush any more.
+                None => 0,
             };
             (covers, run.await)
         }
@@ -140,16 +148,26 @@ impl GroupFlush {
     }
 }
 
-impl Inner {
+/// A flush waiting for more callers before it begins.
+struct Gather {
+    tickets: Arc<AtomicU64>,
+    joined: Arc<Notify>,
+    /// The tickets the last flush that began covers.
+    began: u64,
+    /// How many callers since then to wait for.
+    callers: u64,
+}
+
+impl Gather {
     /// Waits until `callers` tickets were taken since the last flush began, or
     /// [`GATHER_AT_MOST`] passed.
-    async fn gather(&self, callers: u64) {
-        let began = self
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .began;
-        let enough = || self.tickets.load(Ordering::SeqCst).saturating_sub(began) >= callers;
+    async fn wait(self) {
+        let enough = || {
+            self.tickets
+                .load(Ordering::SeqCst)
+                .saturating_sub(self.began)
+                >= self.callers
+        };
         let deadline = tokio::time::sleep(GATHER_AT_MOST);
         tokio::pin!(deadline);
         loop {
@@ -247,6 +265,55 @@ mod tests {
         // Nothing was written since: a new caller still gets a flush of its own.
         flushes.flush(held.start()).await.unwrap();
         assert_eq!(held.runs(), 3);
+    }
+
+    // A flush abandoned while it gathers (its callers dropped, as a shutdown drops them) is
+    // let go of with the store: it kept the store, and the database its operation holds, alive
+    // before (a reference cycle), so a store reopened in the same process met a second sled
+    // instance on the same files.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_flush_abandoned_while_it_gathers_is_let_go_with_the_store() {
+        let flushes = Arc::new(GroupFlush::default());
+        let (held, gate) = Held::new();
+        let first = callers(&flushes, &held, 3);
+        settle().await;
+        gate.send_replace(true);
+        for caller in first {
+            caller.await.unwrap().unwrap();
+        }
+        // The last group was two: the next flush gathers. Its one caller is dropped meanwhile.
+        let database = Arc::new(());
+        let start = {
+            let database = Arc::clone(&database);
+            move || -> BoxFuture<'static, Result<()>> {
+                let database = Arc::clone(&database);
+                async move {
+                    drop(database);
+                    Ok(())
+                }
+                .boxed()
+            }
+        };
+        let abandoned = {
+            let flushes = Arc::clone(&flushes);
+            tokio::spawn(async move { flushes.flush(start).await })
+        };
+        settle().await;
+        // Here, its caller's operation and the gathering flush's.
+        assert_eq!(Arc::strong_count(&database), 3);
+        abandoned.abort();
+        settle().await;
+        assert_eq!(
+            Arc::strong_count(&database),
+            2,
+            "the store keeps the gathering flush"
+        );
+        drop(flushes);
+        assert_eq!(
+            Arc::strong_count(&database),
+            1,
+            "nothing outlives the store"
+        );
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
