@@ -267,21 +267,28 @@ mod tests {
         assert_eq!(held.runs(), 3);
     }
 
-    // A flush abandoned while it gathers (its callers dropped, as a shutdown drops them) is
-    // let go of with the store: it kept the store, and the database its operation holds, alive
-    // before (a reference cycle), so a store reopened in the same process met a second sled
-    // instance on the same files.
-    #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn a_flush_abandoned_while_it_gathers_is_let_go_with_the_store() {
-        let flushes = Arc::new(GroupFlush::default());
+    /// One flush held in flight with two callers behind it, then released: the last group
+    /// (the second flush's) is two, so the next flush gathers.
+    async fn load_with_a_group_of_two(flushes: &Arc<GroupFlush>) -> Held {
         let (held, gate) = Held::new();
-        let first = callers(&flushes, &held, 3);
+        let first = callers(flushes, &held, 3);
         settle().await;
         gate.send_replace(true);
         for caller in first {
             caller.await.unwrap().unwrap();
         }
-        // The last group was two: the next flush gathers. Its one caller is dropped meanwhile.
+        assert_eq!(held.runs(), 2);
+        held
+    }
+
+    // A flush abandoned while it gathers (its callers dropped, as a shutdown drops them) is
+    // let go of with the store: it kept the store, and the database its operation holds, alive
+    // before (a reference cycle through the state it is kept in).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_flush_abandoned_while_it_gathers_is_let_go_with_the_store() {
+        let flushes = Arc::new(GroupFlush::default());
+        load_with_a_group_of_two(&flushes).await;
+        // The next flush gathers; its one caller is dropped meanwhile.
         let database = Arc::new(());
         let start = {
             let database = Arc::clone(&database);
@@ -332,15 +339,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn under_load_a_flush_gathers_twice_the_last_group_within_the_window() {
         let flushes = Arc::new(GroupFlush::default());
-        let (held, gate) = Held::new();
-        // One flush in flight, two callers behind it: the next flush covers those two.
-        let first = callers(&flushes, &held, 3);
-        settle().await;
-        gate.send_replace(true);
-        for caller in first {
-            caller.await.unwrap().unwrap();
-        }
-        assert_eq!(held.runs(), 2);
+        let held = load_with_a_group_of_two(&flushes).await;
 
         // The last group was two: the next flush waits for four callers, and begins as soon
         // as the fourth asks, with no time passing.
