@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use subagents::session::seed::MAX_SEED_LINKS;
 use subagents::store::{PostgresStore, SledStore};
-use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
+use subagents::testing::{FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     ContinuableStartSpec, ErrorCode, EventKind, EventList, EventScope, MemoryStore, Runtime,
     SeedReference, SessionEvent, SessionHeader, SessionId, SessionPersistence, SubagentListEntry,
@@ -421,4 +421,76 @@ async fn a_forgetting_store_keeps_a_disposed_session_a_seed_references() {
         let error = store.header(id).await.expect_err("both are gone");
         assert_eq!(error.code(), ErrorCode::SessionNotFound);
     }
+}
+
+/// A fork that a fork starts during its own first turn: its seed is its parent's completed
+/// turns, all of them inherited, so the prefix it references lies inside its parent's own
+/// seed, where the parent's store holds no row. Every store must read it back through the chain.
+async fn a_fork_of_a_fork_mid_turn_on(store: Arc<dyn SessionPersistence>) {
+    let (rt, model) = runtime_on(Arc::clone(&store)).await;
+    let parent = root(&rt).await;
+    run_prompt(parent.agent(), "the parent's turn").await;
+    let gate = Gate::new();
+    model.push(ScriptStep::text("held").gated(&gate));
+    let spec = |parent: &subagents::AgentRef, label: &str| {
+        ContinuableStartSpec::new("fork", label, parent, text(label))
+    };
+    let child = rt
+        .subagents()
+        .start_continuable(spec(parent.agent(), "child fork"))
+        .await
+        .expect("the child fork starts")
+        .child_id;
+    gate.reached().await;
+    let live_child = rt.agents().get(child).await.expect("the child is mid-turn");
+    let grandchild = rt
+        .subagents()
+        .start_continuable(spec(&live_child, "grandchild fork"))
+        .await
+        .expect("the grandchild fork starts")
+        .child_id;
+    let reference = store
+        .header(grandchild)
+        .await
+        .unwrap()
+        .seed_reference
+        .expect("stored by reference");
+    let child_header = store.header(child).await.unwrap();
+    assert_eq!(reference.session, child);
+    assert!(
+        reference.length <= child_header.seed_len(),
+        "the referenced prefix lies inside the child's own seed"
+    );
+    gate.release();
+    let events = within("the grandchild's log", store.read_from(grandchild, 0))
+        .await
+        .expect("the chain resolves");
+    let inherited = store.read_from(parent.agent().id(), 0).await.unwrap();
+    assert!(
+        events.len() > inherited.len(),
+        "the grandchild holds the parent's turns and its own prompt"
+    );
+    assert_eq!(plain(&events[..inherited.len()]), plain(&inherited));
+    rt.shutdown().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_fork_of_a_fork_mid_turn_resolves_on_the_memory_store() {
+    a_fork_of_a_fork_mid_turn_on(Arc::new(MemoryStore::new())).await;
+}
+
+// On sled (and PostgreSQL) a read that lay wholly inside a seed stored by reference found no
+// row and was refused as STORE_CORRUPT ("0 events stored from 0, its head says N"): found by
+// `subagents check --seed 37 --store sled`.
+#[actix_rt::test]
+async fn a_fork_of_a_fork_mid_turn_resolves_on_the_sled_store() {
+    let dir = tempfile::tempdir().unwrap();
+    a_fork_of_a_fork_mid_turn_on(Arc::new(SledStore::open(dir.path()).unwrap())).await;
+}
+
+#[actix_rt::test]
+async fn a_fork_of_a_fork_mid_turn_resolves_on_the_postgres_store() {
+    let url = postgres_or_skip!().fresh_database();
+    let store = PostgresStore::connect(&url).await.unwrap();
+    a_fork_of_a_fork_mid_turn_on(Arc::new(store)).await;
 }

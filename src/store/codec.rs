@@ -92,6 +92,14 @@ pub(crate) fn encode_batch(id: SessionId, events: &[Arc<SessionEvent>]) -> Resul
 ///
 /// # Errors
 /// `STORE_CORRUPT` for a row that does not decode, a gap, or fewer events than the head says.
+/// Whether a read that found no stored rows asked only for events before the session's stored
+/// log, which starts at `first_stored` (a seed stored by reference precedes it): it then holds
+/// nothing, rightly. A session with no stored row at all holds nothing below its head either,
+/// which [`assemble`] reports.
+pub(crate) fn before_the_stored_log(first_stored: Option<u64>, end: u64) -> bool {
+    first_stored.is_some_and(|first| first >= end)
+}
+
 pub(crate) fn assemble(
     id: SessionId,
     from_seq: u64,

@@ -33,7 +33,10 @@ use std::time::{Duration, Instant};
 use futures::future::{self, BoxFuture, FutureExt};
 use serde_json::Value;
 
-use super::codec::{assemble, decode_cache_row, decode_header, encode_batch, encode_cache_row};
+use super::codec::{
+    assemble, before_the_stored_log, decode_cache_row, decode_header, encode_batch,
+    encode_cache_row,
+};
 use super::group_flush::GroupFlush;
 use super::lease::LeaseTable;
 use super::{
@@ -603,19 +606,34 @@ impl SessionPersistence for SledStore {
                 .transpose()
                 .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?
                 .map_or_else(|| event_key(id, 0).to_vec(), |(key, _)| key.to_vec());
-            let rows = self
+            let start_of = |key: &[u8]| {
+                key.get(ID_LEN..)
+                    .and_then(|seq| <[u8; SEQ_LEN]>::try_from(seq).ok())
+                    .map(u64::from_be_bytes)
+            };
+            let rows: Vec<Result<(Option<u64>, Vec<u8>)>> = self
                 .batches
                 .range(first..event_key(id, next_seq).to_vec())
                 .map(|row| {
                     let (key, bytes) = row
                         .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?;
-                    let start = key
-                        .get(ID_LEN..)
-                        .and_then(|seq| <[u8; SEQ_LEN]>::try_from(seq).ok())
-                        .map(u64::from_be_bytes);
-                    Ok((start, bytes.to_vec()))
-                });
-            let events = assemble(id, from_seq, next_seq, rows)?;
+                    Ok((start_of(&key), bytes.to_vec()))
+                })
+                .collect();
+            if rows.is_empty() {
+                // Nothing in range: a range inside a seed stored by reference, or lost rows.
+                let first_stored = self
+                    .batches
+                    .scan_prefix(id.as_bytes())
+                    .next()
+                    .transpose()
+                    .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?
+                    .and_then(|(key, _)| start_of(&key));
+                if before_the_stored_log(first_stored, next_seq) {
+                    return Ok(Vec::new());
+                }
+            }
+            let events = assemble(id, from_seq, next_seq, rows.into_iter())?;
             Ok(events)
         })();
         Box::pin(future::ready(outcome))

@@ -41,7 +41,10 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_postgres::NoTls;
 
-use super::codec::{assemble, decode_cache_row, decode_header, encode_batch, encode_cache_row};
+use super::codec::{
+    assemble, before_the_stored_log, decode_cache_row, decode_header, encode_batch,
+    encode_cache_row,
+};
 use super::lease::{lease_expired, lease_lost, HolderLiveness, Lease, LeaseEpoch, LeaseHolder};
 use super::{check_append, check_contiguous, not_found, ListedSession, SessionPersistence};
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -1064,7 +1067,9 @@ impl SessionPersistence for PostgresStore {
                     .query(
                         &client
                             .prepare_cached(
-                                "SELECT s.next_seq, b.first_seq, b.events
+                                "SELECT s.next_seq, b.first_seq, b.events,
+                            (SELECT min(first_seq) FROM subagents_event_batches
+                             WHERE session = $1)
                      FROM subagents_sessions s
                      LEFT JOIN subagents_event_batches b
                        ON b.session = s.id
@@ -1088,6 +1093,19 @@ impl SessionPersistence for PostgresStore {
                 };
                 let next_seq = seq_value(first.get(0))?.min(before_seq);
                 if from_seq >= next_seq {
+                    return Ok(Vec::new());
+                }
+                // No batch in range: a range inside a seed stored by reference, or lost rows.
+                let none_in_range = rows
+                    .iter()
+                    .all(|row| row.get::<_, Option<i64>>(1).is_none());
+                let first_stored: Option<i64> = first.get(3);
+                if none_in_range
+                    && before_the_stored_log(
+                        first_stored.and_then(|seq| u64::try_from(seq).ok()),
+                        next_seq,
+                    )
+                {
                     return Ok(Vec::new());
                 }
                 let batches = rows.iter().filter_map(|row| {
