@@ -26,6 +26,7 @@
 //!   shows no diagnostic;
 //! - **durable answers**: no answered start is missing from the store, no accepted follow-up
 //!   from its child's stored log (unless a failed write faulted the child);
+//! - **readable**: every stored session's log reads back whole, through its seed's references;
 //! - **nothing live** after a drain (below it) or a shutdown, each within a deadline, and no
 //!   operation hangs;
 //! - **authority**: a stale or foreign sender is refused, a wrong interrupt is refused, racing

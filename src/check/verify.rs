@@ -80,17 +80,40 @@ pub(crate) async fn verify(
         })
         .collect();
     sessions.extend(started.iter().copied());
-    let mut journals = BTreeMap::new();
-    for id in &sessions {
-        if stored(store, *id).await? {
-            journals.insert(*id, Journal::read(&store.read_from(*id, 0).await?));
-        }
-    }
+    let journals = read_back(book, store, &sessions).await;
     durable_answers(book, &journals);
     notices(book, &journals);
     ghosts(book, &journals, &started);
     listing(book, rt, store, &sessions).await?;
     Ok(())
+}
+
+/// The journal of every stored session of `sessions`. A log that does not read back is a broken
+/// promise of the schedule (`readable`), so the schedule is reported and shrunk, not the check
+/// stopped.
+async fn read_back(
+    book: &mut Book,
+    store: &SharedStore,
+    sessions: &BTreeSet<SessionId>,
+) -> BTreeMap<SessionId, Journal> {
+    let mut journals = BTreeMap::new();
+    for id in sessions {
+        let read = match stored(store, *id).await {
+            Ok(false) => continue,
+            Ok(true) => store.read_from(*id, 0).await,
+            Err(error) => Err(error),
+        };
+        match read {
+            Ok(events) => {
+                journals.insert(*id, Journal::read(&events));
+            }
+            Err(error) => book.anomaly(
+                "readable",
+                format!("session {id} does not read back: {error}"),
+            ),
+        }
+    }
+    journals
 }
 
 /// One Activation at a time: each child's starts and ends alternate, and each epoch closes.
@@ -444,6 +467,32 @@ mod tests {
             .iter()
             .map(|anomaly| anomaly.property)
             .collect()
+    }
+
+    #[test]
+    fn a_log_that_does_not_read_back_is_an_anomaly_not_a_failed_check() {
+        use std::sync::Arc;
+
+        use crate::store::SessionPersistence;
+        use crate::testing::{FaultInjectingStore, StoreOperation};
+        let faults = FaultInjectingStore::new(Arc::new(crate::store::MemoryStore::new()));
+        let (readable, broken) = (SessionId::new(), SessionId::new());
+        for id in [readable, broken] {
+            futures::executor::block_on(
+                faults.create(crate::session::SessionHeader::new(id), Vec::new()),
+            )
+            .unwrap();
+        }
+        faults.arm_for(StoreOperation::Read, broken);
+        let store: SharedStore = Arc::new(faults);
+        let mut book = Book::default();
+        let journals = futures::executor::block_on(read_back(
+            &mut book,
+            &store,
+            &BTreeSet::from([readable, broken]),
+        ));
+        assert_eq!(journals.keys().collect::<Vec<_>>(), [&readable]);
+        assert_eq!(properties(&book), ["readable"]);
     }
 
     #[test]
