@@ -7,13 +7,28 @@ use std::sync::Arc;
 
 use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel};
 use subagents::{
-    EventKind, EventScope, MemoryStore, ResumeAgent, Runtime, SessionPersistence, TurnEndReason,
+    AgentHandle, EventKind, EventScope, MemoryStore, ResumeAgent, Runtime, SessionId,
+    SessionPersistence, TurnEndReason,
 };
 
 use crate::support::{
     followup_child, released, root, seam_runtime_on, settled, start_continuable, turn_ends,
     SeamRecorder,
 };
+
+/// A root parent on `rt` with one continuable child that settled its first epoch and was
+/// released (absent: its next follow-up is a cold resume), and a recorder of the parent's
+/// children's lifecycle.
+async fn released_child(rt: &Runtime) -> (AgentHandle, SessionId, SeamRecorder) {
+    let parent = root(rt).await;
+    let recorder = SeamRecorder::new(rt, EventScope::Key(parent.agent().id()));
+    let child = start_continuable(rt, parent.agent(), "child task")
+        .await
+        .child_id;
+    settled(&recorder, child, 1).await;
+    released(rt, child).await;
+    (parent, child, recorder)
+}
 
 /// A runtime over `store` whose every model answer is "ok".
 async fn runtime_on(store: Arc<dyn SessionPersistence>) -> Runtime {
@@ -26,13 +41,7 @@ async fn runtime_on(store: Arc<dyn SessionPersistence>) -> Runtime {
 async fn a_cold_resume_reads_the_childs_log_once() {
     let store = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
     let rt = runtime_on(Arc::clone(&store) as Arc<dyn SessionPersistence>).await;
-    let parent = root(&rt).await;
-    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    let child = start_continuable(&rt, parent.agent(), "child task")
-        .await
-        .child_id;
-    settled(&recorder, child, 1).await;
-    released(&rt, child).await;
+    let (parent, child, recorder) = released_child(&rt).await;
     let stored = store.read_from(child, 0).await.unwrap().len();
     assert!(stored > 5, "one epoch is stored: {stored} events");
 
@@ -56,13 +65,7 @@ async fn a_cold_resume_closes_an_interrupted_turn_durably() {
     // A settled child, copied with its last turn cut before its end: as a process that died
     // mid-turn left it.
     let first = runtime_on(Arc::new(MemoryStore::new())).await;
-    let parent = root(&first).await;
-    let recorder = SeamRecorder::new(&first, EventScope::Key(parent.agent().id()));
-    let child = start_continuable(&first, parent.agent(), "child task")
-        .await
-        .child_id;
-    settled(&recorder, child, 1).await;
-    released(&first, child).await;
+    let (parent, child, _) = released_child(&first).await;
     let parent_id = parent.agent().id();
     parent.dispose().await.unwrap();
     let source = first.store().expect("the runtime has a store");

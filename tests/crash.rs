@@ -378,11 +378,7 @@ fn tree(store: &std::path::Path, args: &[&str]) -> String {
         .arg(store)
         .output()
         .expect("the binary runs");
-    assert!(
-        output.status.success(),
-        "tree failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    crate::support::assert_succeeded(&output);
     String::from_utf8(output.stdout).expect("utf-8 output")
 }
 

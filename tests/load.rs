@@ -6,7 +6,7 @@ use std::sync::Arc;
 use subagents::load::{run, Latency, LoadCounters, LoadStore, Scenario};
 use subagents::{ErrorCode, SessionPersistence};
 
-use crate::support::within;
+use crate::support::{assert_succeeded, within};
 
 /// Runs `scenario` to its report, within the tests' deadline.
 async fn run_to_end(scenario: &Scenario) -> subagents::load::LoadReport {
@@ -357,11 +357,7 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
         .arg(&plot)
         .output()
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_succeeded(&output);
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["passed"], true);
     assert_eq!(report["children"]["total"], 10);
@@ -465,12 +461,7 @@ fn a_load_run_on_postgres_verifies_and_its_forest_prints_from_another_process() 
         ])
         .output()
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        String::from_utf8_lossy(&output.stdout)
-    );
+    assert_succeeded(&output);
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["passed"], true);
     let checks = report["checks"].as_array().unwrap();
@@ -554,11 +545,7 @@ fn acp_agent_takes_a_postgres_url_as_its_store() {
             .stdin(std::process::Stdio::null())
             .output()
             .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert_succeeded(&output);
         assert_eq!(cwd.path().join(".subagents").is_dir(), kept, "{store:?}");
     }
 }

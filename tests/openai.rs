@@ -735,12 +735,8 @@ async fn a_failed_demo_prints_its_session_log_only_with_verbose() {
 async fn the_demo_asks_a_real_model_the_users_prompt_with_the_delegation_tools() {
     let server = Server::start(vec![text_reply(&["hello ", "there"])]).await;
     let output = demo_against(&server, &["--prompt", "say hello"]).await;
+    crate::support::assert_succeeded(&output);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     assert!(stdout.contains("answer: hello there"), "{stdout}");
     let body = server.requests()[0].json();
     assert!(body.to_string().contains("say hello"), "{body}");

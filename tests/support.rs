@@ -742,6 +742,16 @@ pub async fn assert_no_ghost(
     assert_eq!(error.code(), followup_refusal, "{error}");
 }
 
+/// Asserts that a command exited successfully, showing what it said otherwise.
+pub fn assert_succeeded(output: &std::process::Output) {
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
+
 /// Asserts that a command whose standard output could not be written (`/dev/full`) said so and
 /// exited 2, without calling it a store failure.
 pub fn assert_output_failure_said(output: &std::process::Output) {

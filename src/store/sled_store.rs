@@ -611,7 +611,7 @@ impl SessionPersistence for SledStore {
                     .and_then(|seq| <[u8; SEQ_LEN]>::try_from(seq).ok())
                     .map(u64::from_be_bytes)
             };
-            let rows: Vec<Result<(Option<u64>, Vec<u8>)>> = self
+            let mut rows = self
                 .batches
                 .range(first..event_key(id, next_seq).to_vec())
                 .map(|row| {
@@ -619,8 +619,8 @@ impl SessionPersistence for SledStore {
                         .map_err(|e| SubagentError::store_io(format!("reading session {id}"), e))?;
                     Ok((start_of(&key), bytes.to_vec()))
                 })
-                .collect();
-            if rows.is_empty() {
+                .peekable();
+            if rows.peek().is_none() {
                 // Nothing in range: a range inside a seed stored by reference, or lost rows.
                 let first_stored = self
                     .batches
@@ -633,7 +633,7 @@ impl SessionPersistence for SledStore {
                     return Ok(Vec::new());
                 }
             }
-            let events = assemble(id, from_seq, next_seq, rows.into_iter())?;
+            let events = assemble(id, from_seq, next_seq, rows)?;
             Ok(events)
         })();
         Box::pin(future::ready(outcome))
