@@ -57,12 +57,24 @@ fn unrelated(seq: u64, time: u64) -> SessionEvent {
     )
 }
 
+/// The view after `events`, folded both ways a unit folds: by copies (`apply`) and in place
+/// (`apply_in_place`, which the registry uses); the two must agree on every state and on
+/// whether each event changed it.
 fn fold(unit: &dyn ProjectionUnit, events: &[SessionEvent]) -> Value {
     let mut state = unit.init();
+    let mut in_place = unit.init();
     for event in events {
-        if let Some(next) = unit.apply(&state, event) {
+        let next = unit.apply(&state, event);
+        let changed = unit.apply_in_place(&mut in_place, event);
+        assert_eq!(
+            changed,
+            next.is_some(),
+            "whether {event:?} changed the state"
+        );
+        if let Some(next) = next {
             state = next;
         }
+        assert_eq!(in_place, state, "the state in place after {event:?}");
     }
     unit.view(&state).unwrap()
 }

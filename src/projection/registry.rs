@@ -138,9 +138,7 @@ fn fold_events(
 ) -> Option<Value> {
     catch_unwind(AssertUnwindSafe(|| {
         for event in events {
-            if let Some(next) = unit.apply(&state, event.as_ref()) {
-                state = next;
-            }
+            unit.apply_in_place(&mut state, event.as_ref());
         }
         state
     }))

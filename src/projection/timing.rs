@@ -98,6 +98,41 @@ impl TimingState {
     }
 }
 
+/// Whether `event` opens or closes a turn or describes the child: the events that change the
+/// timing state beyond an open turn's `through`.
+fn is_boundary(event: &SessionEvent) -> bool {
+    match &event.kind {
+        EventKind::TurnStart { .. } | EventKind::TurnEnd { .. } => true,
+        EventKind::Extension { event_type, .. } => event_type == DESCRIPTOR_EVENT,
+        _ => false,
+    }
+}
+
+/// Moves an open turn's `through` to `event`'s time, on the JSON where it is (this runs for
+/// every event of a child, so the state is not decoded); whether anything changed.
+fn moved_through(state: &mut Value, event: &SessionEvent) -> bool {
+    let Some(through) = state
+        .get_mut("active")
+        .filter(|active| active.is_object())
+        .map(|active| &mut active["through"])
+    else {
+        return false;
+    };
+    if through.as_u64() == Some(event.time) {
+        return false;
+    }
+    *through = Value::from(event.time);
+    true
+}
+
+/// The state after a boundary event, decoded and re-encoded; a foreign state is restarted
+/// from scratch.
+fn at_boundary(state: &Value, event: &SessionEvent) -> Option<Value> {
+    let current: TimingState = serde_json::from_value(state.clone()).unwrap_or_default();
+    let next = current.next(event)?;
+    serde_json::to_value(next).ok()
+}
+
 /// Folds turn boundaries after the descriptor into [`SubagentTiming`].
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SubagentTimingUnit;
@@ -116,26 +151,24 @@ impl ProjectionUnit for SubagentTimingUnit {
     }
 
     fn apply(&self, state: &Value, event: &SessionEvent) -> Option<Value> {
-        // Most events only move an open turn's `through` (or change nothing): done on the JSON
-        // in place, without decoding the state, since this runs for every event of a child.
-        let boundary = match &event.kind {
-            EventKind::TurnStart { .. } | EventKind::TurnEnd { .. } => true,
-            EventKind::Extension { event_type, .. } => event_type == DESCRIPTOR_EVENT,
-            _ => false,
-        };
-        if !boundary {
-            let active = state.get("active").filter(|active| active.is_object())?;
-            if active.get("through").and_then(Value::as_u64) == Some(event.time) {
-                return None;
-            }
+        if !is_boundary(event) {
             let mut next = state.clone();
-            next["active"]["through"] = Value::from(event.time);
-            return Some(next);
+            return moved_through(&mut next, event).then_some(next);
         }
-        // A foreign state is restarted from scratch.
-        let current: TimingState = serde_json::from_value(state.clone()).unwrap_or_default();
-        let next = current.next(event)?;
-        serde_json::to_value(next).ok()
+        at_boundary(state, event)
+    }
+
+    fn apply_in_place(&self, state: &mut Value, event: &SessionEvent) -> bool {
+        if !is_boundary(event) {
+            return moved_through(state, event);
+        }
+        match at_boundary(state, event) {
+            Some(next) => {
+                *state = next;
+                true
+            }
+            None => false,
+        }
     }
 
     fn view(&self, state: &Value) -> crate::Result<Value> {

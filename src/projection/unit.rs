@@ -24,6 +24,20 @@ pub trait ProjectionUnit: Send + Sync + 'static {
     /// The state after `event`, or `None` when `event` leaves it unchanged (most events).
     fn apply(&self, state: &Value, event: &SessionEvent) -> Option<Value>;
 
+    /// Moves `state` past `event` in place; answers whether it changed. Folds call this; by
+    /// default it is [`apply`](Self::apply). A unit whose state changes on most events
+    /// overrides it to change the state where it is instead of building a copy per event; both
+    /// must fold the same events to the same state.
+    fn apply_in_place(&self, state: &mut Value, event: &SessionEvent) -> bool {
+        match self.apply(state, event) {
+            Some(next) => {
+                *state = next;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Whether snapshots show this unit's view (a host-only unit keeps its state to itself).
     fn visible(&self) -> bool {
         true
