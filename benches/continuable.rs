@@ -49,6 +49,9 @@ mod live_bytes;
 #[global_allocator]
 static ALLOCATOR: live_bytes::Counting = live_bytes::Counting;
 
+#[path = "support/process.rs"]
+mod process;
+
 struct Fixture {
     rt: Runtime,
     parent: AgentHandle,
@@ -146,6 +149,7 @@ async fn ended(fixture: &mut Fixture, count: usize) {
 }
 
 fn bench(c: &mut Criterion) {
+    process::like_the_binary();
     let system = System::new();
     let mut group = c.benchmark_group("continuable");
     group
@@ -366,6 +370,7 @@ async fn scale(n: usize, workers: usize) {
 }
 
 fn scale_pass(_: &mut Criterion) {
+    process::like_the_binary();
     // The pass is not sampled; a criterion filter that does not name it skips it.
     let filter = std::env::args()
         .skip(1)

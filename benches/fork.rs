@@ -12,6 +12,9 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "support/process.rs"]
+mod process;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,6 +105,7 @@ fn by_transcript(c: &mut Criterion, system: &SystemRunner) {
 }
 
 fn bench(c: &mut Criterion) {
+    process::like_the_binary();
     let system = System::new();
     by_transcript(c, &system);
 }

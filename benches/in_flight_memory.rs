@@ -22,6 +22,9 @@ mod parent;
 #[global_allocator]
 static ALLOCATOR: live_bytes::Counting = live_bytes::Counting;
 
+#[path = "support/process.rs"]
+mod process;
+
 /// The counts to hold: `SUBAGENTS_HELD` (comma-separated), else 100 to 100,000.
 fn held_counts() -> Vec<usize> {
     std::env::var("SUBAGENTS_HELD")
@@ -77,6 +80,7 @@ async fn hold(held: usize) -> (u64, u64) {
 }
 
 fn main() {
+    process::like_the_binary();
     let system = System::new();
     for held in held_counts() {
         let (heap, rss) = system.block_on(hold(held));

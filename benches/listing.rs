@@ -32,6 +32,9 @@ mod floors;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "support/process.rs"]
+mod process;
+
 fn children() -> usize {
     std::env::var("SUBAGENTS_LISTING")
         .ok()
@@ -126,6 +129,7 @@ async fn list(rt: &Runtime, parent: SessionId, expected: usize) {
 }
 
 fn bench(c: &mut Criterion) {
+    process::like_the_binary();
     let n = children();
     let system = System::new();
     let mut group = c.benchmark_group("listing");

@@ -14,6 +14,9 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "support/process.rs"]
+mod process;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,6 +137,7 @@ fn in_flight_two_workers(c: &mut Criterion, system: &SystemRunner) {
 }
 
 fn bench(c: &mut Criterion) {
+    process::like_the_binary();
     let system = System::new();
     floors(c, &system);
     sequential(c, &system);

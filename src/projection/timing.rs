@@ -128,7 +128,8 @@ fn moved_through(state: &mut Value, event: &SessionEvent) -> bool {
 /// The state after a boundary event, decoded and re-encoded; a foreign state is restarted
 /// from scratch.
 fn at_boundary(state: &Value, event: &SessionEvent) -> Option<Value> {
-    let current: TimingState = serde_json::from_value(state.clone()).unwrap_or_default();
+    // Read from the JSON where it is: a copy of the state per boundary is not needed.
+    let current = TimingState::deserialize(state).unwrap_or_default();
     let next = current.next(event)?;
     serde_json::to_value(next).ok()
 }
