@@ -338,6 +338,65 @@ latency = 5
     assert!(error.message().contains("expected TOML"), "{error}");
 }
 
+/// Runs the default scenario with `--plot` into `file` in a fresh directory; the plot's bytes.
+fn plotted(file: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join(file);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["load", "--store", "memory", "--plot"])
+        .arg(&plot)
+        .output()
+        .unwrap();
+    assert_succeeded(&output);
+    std::fs::read(&plot).unwrap()
+}
+
+// The plot of a default run: a title naming the scenario, four panels with their units over
+// one time axis, the drain shaded and labelled, and each series drawn from enough samples to be
+// a picture (a default run lasts a fraction of a second).
+#[test]
+fn the_plot_of_a_default_run_shows_the_scenario_four_series_and_the_drain() {
+    let svg = String::from_utf8(plotted("run.svg")).unwrap();
+    for text in [
+        "subagents load: 4 roots × 250 children each",
+        "children in flight",
+        "epochs settled per second",
+        "follow-ups accepted per second",
+        "resident set size",
+        "seconds since the first child started",
+        "epochs/s",
+        "follow-ups/s",
+        "MiB",
+        "drain",
+    ] {
+        assert!(svg.contains(text), "the plot says {text:?}");
+    }
+    let lines: Vec<usize> = svg
+        .split("<polyline")
+        .skip(1)
+        .map(|line| {
+            let points = line.split("points=\"").nth(1).unwrap_or("");
+            points
+                .split('"')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
+        })
+        .collect();
+    assert!(lines.len() >= 4, "a line per series at least: {lines:?}");
+    assert!(
+        lines.iter().filter(|points| **points >= 10).count() >= 4,
+        "each series has points enough to be a picture: {lines:?}"
+    );
+    // A PNG is a real image of the size the SVG has.
+    let png = plotted("run.png");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG signature");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    assert_eq!((width, height), (1100, 1000));
+}
+
 #[test]
 fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -431,7 +490,7 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
         (&["--in-flight", "0"][..], "`--in-flight`"),
         (&["--roots", "-1"][..], "'--roots <ROOTS>'"),
         (&["--workers", "100000"][..], "`--workers`"),
-        (&["--plot", "run.png"][..], "name a `.svg` file"),
+        (&["--plot", "run.jpg"][..], "name a `.svg` or `.png` file"),
         (&["--plot", "/nonexistent/run.svg"][..], "cannot be written"),
     ] {
         let refused = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))

@@ -88,8 +88,10 @@ pub(crate) struct LoadArgs {
     /// append) the one-shot latency is compared with; the JSON always has them.
     #[arg(long)]
     verbose: bool,
-    /// Also draw the run's timeline (throughput and children in flight) into this SVG file.
-    #[arg(long, value_name = "FILE.svg")]
+    /// Also draw the run's timeline into this file, SVG or PNG by its extension: children in
+    /// flight, epochs settled and follow-ups accepted per second, and the resident set over
+    /// time, the drain shaded.
+    #[arg(long, value_name = "FILE.svg|FILE.png")]
     plot: Option<PathBuf>,
 }
 
@@ -204,8 +206,9 @@ fn progress(counters: &Arc<LoadCounters>, total: u64) -> ProgressBar {
     bar
 }
 
-/// Refuses a `--plot` target before the run: it must be an `.svg` file this process can write.
-/// Whether the check created the file (so a run that ends without a plot removes it).
+/// Refuses a `--plot` target before the run: it must be an `.svg` or `.png` file this process
+/// can write. Whether the check created the file (so a run that ends without a plot removes
+/// it).
 fn check_plot(path: &std::path::Path) -> Result<bool, SubagentError> {
     let refused = |why: String| {
         SubagentError::new(
@@ -213,14 +216,7 @@ fn check_plot(path: &std::path::Path) -> Result<bool, SubagentError> {
             format!("--plot {}: {why}", path.display()),
         )
     };
-    if !path
-        .extension()
-        .is_some_and(|extension| extension.eq_ignore_ascii_case("svg"))
-    {
-        return Err(refused(
-            "the plot is drawn as SVG: name a `.svg` file".to_owned(),
-        ));
-    }
+    super::plot::PlotFormat::of(path).map_err(refused)?;
     let existed = path.exists();
     std::fs::OpenOptions::new()
         .write(true)
@@ -266,7 +262,7 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     }
     // Drawn after the report is written: a plot that fails loses nothing of the run.
     if let Some(path) = &args.plot {
-        super::plot::draw(&report.timeline, path)?;
+        super::plot::draw(&report, path)?;
     }
     if !report.passed {
         Err(Failure::Unverified)

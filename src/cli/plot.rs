@@ -1,67 +1,272 @@
-//! `subagents load --plot FILE.svg`: the run's timeline as a picture — epochs settled per
-//! second and children in flight over time.
+//! `subagents load --plot FILE`: the run's timeline as a picture, SVG or PNG by the file's
+//! extension. Four panels over one time axis — children in flight, epochs settled per second,
+//! follow-ups accepted per second, the resident set — with the drain shaded, under a title
+//! that names the scenario. A stretch in which the sampler missed its turns is left blank
+//! rather than bridged by a line.
 
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
-use subagents::load::Sample;
+use subagents::load::{LoadReport, Sample};
 use subagents::{ErrorCode, SubagentError};
+
+/// The picture formats `--plot` writes, named by the file's extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PlotFormat {
+    Svg,
+    Png,
+}
+
+impl PlotFormat {
+    /// The format `path` names, or why it names none.
+    pub(crate) fn of(path: &Path) -> Result<Self, String> {
+        let extension = path
+            .extension()
+            .and_then(|extension| extension.to_str())
+            .map(str::to_ascii_lowercase);
+        match extension.as_deref() {
+            Some("svg") => Ok(Self::Svg),
+            Some("png") => Ok(Self::Png),
+            _ => Err("the plot is drawn as SVG or PNG: name a `.svg` or `.png` file".to_owned()),
+        }
+    }
+}
+
+/// The picture's size in pixels.
+const SIZE: (u32, u32) = (1100, 1000);
+
+/// The shade of the drain phase.
+const DRAIN_SHADE: RGBColor = RGBColor(225, 225, 225);
+
+/// How many times the usual interval between two samples makes a gap (the sampler did not
+/// get its turn): the line breaks there.
+const GAP: f64 = 4.0;
+
+/// The plot's text is laid out (and a PNG's drawn) with this font, carried in the binary:
+/// DejaVu Sans, free to redistribute under the Bitstream Vera terms in `assets/fonts/LICENSE`.
+const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 
 fn failed(error: impl std::fmt::Display) -> SubagentError {
     SubagentError::new(ErrorCode::InvalidArgs, format!("drawing the plot: {error}"))
 }
 
-/// Draws `timeline` into the SVG file at `path`.
-pub(crate) fn draw(timeline: &[Sample], path: &Path) -> Result<(), SubagentError> {
-    // Each interval's rate, at its end.
-    let rates: Vec<(f64, f64)> = timeline
-        .windows(2)
-        .filter_map(|pair| {
-            let seconds = pair[1].at_ms.checked_sub(pair[0].at_ms)? as f64 / 1000.0;
-            (seconds > 0.0).then(|| {
-                (
-                    pair[1].at_ms as f64 / 1000.0,
-                    pair[1].settled.saturating_sub(pair[0].settled) as f64 / seconds,
-                )
-            })
-        })
-        .collect();
-    let in_flight: Vec<(f64, f64)> = timeline
-        .iter()
-        .map(|sample| {
-            (
-                sample.at_ms as f64 / 1000.0,
-                sample.started.saturating_sub(sample.settled) as f64,
-            )
-        })
-        .collect();
-    let end = timeline
-        .last()
-        .map_or(1.0, |sample| sample.at_ms as f64 / 1000.0)
-        .max(0.1);
-    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+/// Draws `report`'s timeline into `path`, as SVG or PNG by its extension.
+pub(crate) fn draw(report: &LoadReport, path: &Path) -> Result<(), SubagentError> {
+    // Both formats lay their text out with it (the SVG's viewer then draws it in its own).
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| failed("the embedded font does not load"))?;
+    match PlotFormat::of(path).map_err(failed)? {
+        PlotFormat::Svg => draw_on(SVGBackend::new(path, SIZE).into_drawing_area(), report),
+        PlotFormat::Png => draw_on(BitMapBackend::new(path, SIZE).into_drawing_area(), report),
+    }
+}
+
+/// One panel: a series over time, in its unit.
+struct Panel {
+    title: &'static str,
+    unit: &'static str,
+    color: RGBColor,
+    segments: Vec<Vec<(f64, f64)>>,
+}
+
+fn draw_on<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    report: &LoadReport,
+) -> Result<(), SubagentError>
+where
+    DB::ErrorType: 'static,
+{
     root.fill(&WHITE).map_err(failed)?;
-    let (upper, lower) = root.split_vertically(300);
-    for (area, title, series, color) in [
-        (&upper, "epochs settled per second", &rates, &BLUE),
-        (&lower, "children in flight", &in_flight, &RED),
-    ] {
-        let top = series.iter().map(|(_, y)| *y).fold(1.0, f64::max) * 1.1;
+    let title = format!("subagents load: {}", report.scenario_headline());
+    let body = root.titled(&title, ("sans-serif", 15)).map_err(failed)?;
+    let timeline = Timeline::new(&report.timeline);
+    let drain = (report.elapsed_s, report.elapsed_s + report.drain_s);
+    let end = timeline.end().max(drain.1).max(0.01);
+    let panels = [
+        Panel {
+            title: "children in flight (epochs started, not yet settled)",
+            unit: "children",
+            color: RGBColor(200, 40, 40),
+            segments: timeline.levels(|sample| {
+                sample.started.saturating_sub(sample.settled) as f64
+            }),
+        },
+        Panel {
+            title: "epochs settled per second (an epoch: one child's run from start or follow-up to settled)",
+            unit: "epochs/s",
+            color: RGBColor(30, 80, 200),
+            segments: timeline.rates(|sample| sample.settled),
+        },
+        Panel {
+            title: "follow-ups accepted per second",
+            unit: "follow-ups/s",
+            color: RGBColor(20, 140, 60),
+            segments: timeline.rates(|sample| sample.followups),
+        },
+        Panel {
+            title: "resident set size of the process",
+            unit: "MiB",
+            color: RGBColor(120, 60, 160),
+            segments: timeline.levels(|sample| sample.rss_bytes as f64 / f64::from(1 << 20)),
+        },
+    ];
+    let areas = body.split_evenly((panels.len(), 1));
+    for (area, panel) in areas.iter().zip(panels) {
+        let top = panel
+            .segments
+            .iter()
+            .flatten()
+            .map(|(_, y)| *y)
+            .fold(1.0, f64::max)
+            * 1.15;
         let mut chart = ChartBuilder::on(area)
-            .caption(title, ("sans-serif", 18))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(60)
+            .caption(panel.title, ("sans-serif", 14))
+            .margin(8)
+            .x_label_area_size(34)
+            .y_label_area_size(72)
             .build_cartesian_2d(0.0..end, 0.0..top)
             .map_err(failed)?;
         chart
             .configure_mesh()
-            .x_desc("seconds")
+            .x_desc("seconds since the first child started")
+            .y_desc(panel.unit)
+            .y_label_formatter(&|value| format!("{value:.0}"))
             .draw()
             .map_err(failed)?;
         chart
-            .draw_series(LineSeries::new(series.iter().copied(), color))
+            .draw_series(std::iter::once(Rectangle::new(
+                [(drain.0, 0.0), (drain.1, top)],
+                DRAIN_SHADE.filled(),
+            )))
             .map_err(failed)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                "drain",
+                (drain.0, top * 0.97),
+                ("sans-serif", 12),
+            )))
+            .map_err(failed)?;
+        for segment in panel.segments {
+            chart
+                .draw_series(LineSeries::new(segment, panel.color.stroke_width(2)))
+                .map_err(failed)?;
+        }
     }
     root.present().map_err(failed)
+}
+
+/// The samples with their times in seconds and where the sampler missed its turns.
+struct Timeline<'a> {
+    samples: &'a [Sample],
+    /// Intervals longer than this are gaps.
+    gap_s: f64,
+}
+
+impl<'a> Timeline<'a> {
+    fn new(samples: &'a [Sample]) -> Self {
+        let mut intervals: Vec<u64> = samples
+            .windows(2)
+            .map(|pair| pair[1].at_ms.saturating_sub(pair[0].at_ms))
+            .collect();
+        intervals.sort_unstable();
+        let usual = intervals.get(intervals.len() / 2).copied().unwrap_or(0);
+        Self {
+            samples,
+            // A run of two samples has no usual interval: nothing is a gap then.
+            gap_s: if usual == 0 {
+                f64::INFINITY
+            } else {
+                usual as f64 * GAP / 1000.0
+            },
+        }
+    }
+
+    fn end(&self) -> f64 {
+        self.samples.last().map_or(0.0, seconds)
+    }
+
+    /// A level at each sample, the line broken at gaps.
+    fn levels(&self, value: impl Fn(&Sample) -> f64) -> Vec<Vec<(f64, f64)>> {
+        let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
+        let mut previous: Option<f64> = None;
+        for sample in self.samples {
+            let at = seconds(sample);
+            if previous.is_none_or(|previous| at - previous > self.gap_s) {
+                segments.push(Vec::new());
+            }
+            if let Some(segment) = segments.last_mut() {
+                segment.push((at, value(sample)));
+            }
+            previous = Some(at);
+        }
+        segments
+    }
+
+    /// Each interval's rate of `count`, at the interval's end; an interval that is a gap has
+    /// none and breaks the line.
+    fn rates(&self, count: impl Fn(&Sample) -> u64) -> Vec<Vec<(f64, f64)>> {
+        let mut segments: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+        for pair in self.samples.windows(2) {
+            let (from, to) = (seconds(&pair[0]), seconds(&pair[1]));
+            let span = to - from;
+            if span <= 0.0 {
+                continue;
+            }
+            if span > self.gap_s {
+                segments.push(Vec::new());
+                continue;
+            }
+            let rate = count(&pair[1]).saturating_sub(count(&pair[0])) as f64 / span;
+            if let Some(segment) = segments.last_mut() {
+                segment.push((to, rate));
+            }
+        }
+        segments.retain(|segment| !segment.is_empty());
+        segments
+    }
+}
+
+fn seconds(sample: &Sample) -> f64 {
+    sample.at_ms as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(at_ms: u64, settled: u64) -> Sample {
+        Sample {
+            at_ms,
+            started: settled + 1,
+            settled,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn a_gap_in_the_samples_breaks_every_line_instead_of_bridging_it() {
+        // Every 10 ms, then nothing for 200 ms, then every 10 ms again.
+        let samples = [at(0, 0), at(10, 5), at(20, 10), at(220, 12), at(230, 20)];
+        let timeline = Timeline::new(&samples);
+        let levels = timeline.levels(|sample| sample.settled as f64);
+        assert_eq!(levels.len(), 2, "{levels:?}");
+        assert_eq!(levels[1], vec![(0.22, 12.0), (0.23, 20.0)]);
+        let rates = timeline.rates(|sample| sample.settled);
+        assert_eq!(rates.len(), 2, "{rates:?}");
+        assert_eq!(rates[0].len(), 2);
+        // 8 settled in the 10 ms after the gap: 800 per second, not averaged over the gap.
+        assert_eq!(rates[1].len(), 1);
+        assert!((rates[1][0].1 - 800.0).abs() < 1e-6, "{rates:?}");
+    }
+
+    #[test]
+    fn the_format_is_the_extension_and_anything_else_is_refused() {
+        assert_eq!(PlotFormat::of(Path::new("run.svg")), Ok(PlotFormat::Svg));
+        assert_eq!(PlotFormat::of(Path::new("RUN.PNG")), Ok(PlotFormat::Png));
+        for refused in ["run.jpg", "run", "run.svg.txt"] {
+            let why = PlotFormat::of(Path::new(refused)).expect_err(refused);
+            assert!(why.contains("`.svg` or `.png`"), "{why}");
+        }
+    }
 }

@@ -8,6 +8,7 @@ mod model;
 mod report;
 mod run;
 mod scenario;
+mod timeline;
 mod verify;
 
 pub(crate) use model::mix;

@@ -216,7 +216,9 @@ pub struct Latencies {
     pub cross_node_followup_acceptance: LatencySummary,
 }
 
-/// One point of the run's timeline, taken every 100 ms while the forest grows.
+/// One point of the run's timeline, taken while the forest grows and while it drains: every
+/// 10 ms at first, the interval doubling (and every other point dropped) whenever the timeline
+/// reaches 2,000 points, so a run of any length keeps at most that many, evenly spaced.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Sample {
     /// Milliseconds since the growing phase began.
@@ -454,17 +456,11 @@ fn latency_line(f: &mut fmt::Formatter<'_>, name: &str, summary: &LatencySummary
     )
 }
 
-impl fmt::Display for LoadReport {
-    /// The report for a person; the alternate form (`{:#}`) adds the floors measured in the
-    /// same process, which the JSON always has.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl LoadReport {
+    /// The scenario in one line, as the report's first line and the plot's title say it: its
+    /// shape, its store and its seed.
+    pub fn scenario_headline(&self) -> String {
         let scenario = &self.scenario;
-        if self.interrupted {
-            writeln!(
-                f,
-                "INTERRUPTED: the run was stopped early; this is the report of what it grew"
-            )?;
-        }
         let store = match (scenario.store, &scenario.store_dir) {
             // Named, so a user finds it again (`subagents tree --store DIR`).
             (LoadStore::Sled, Some(dir)) => format!("sled store at {}", dir.display()),
@@ -472,13 +468,8 @@ impl fmt::Display for LoadReport {
             (LoadStore::Memory, _) => "memory store".to_owned(),
             (LoadStore::Postgres, _) => "postgres store".to_owned(),
         };
-        let latency = match scenario.latency {
-            Latency::Fixed { ms } => format!("{ms} ms"),
-            Latency::Uniform { min, max } => format!("{min}..{max} ms"),
-        };
-        writeln!(
-            f,
-            "scenario: {} × {} each, depth {}, {} continuable with {} each, {}{}, seed {}",
+        format!(
+            "{} × {} each, depth {}, {} continuable with {} each, {}{}, seed {}",
             counted(scenario.roots, "root", "roots"),
             counted(scenario.children, "child", "children"),
             scenario.depth,
@@ -491,7 +482,26 @@ impl fmt::Display for LoadReport {
                 String::new()
             },
             scenario.seed
-        )?;
+        )
+    }
+}
+
+impl fmt::Display for LoadReport {
+    /// The report for a person; the alternate form (`{:#}`) adds the floors measured in the
+    /// same process, which the JSON always has.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scenario = &self.scenario;
+        if self.interrupted {
+            writeln!(
+                f,
+                "INTERRUPTED: the run was stopped early; this is the report of what it grew"
+            )?;
+        }
+        let latency = match scenario.latency {
+            Latency::Fixed { ms } => format!("{ms} ms"),
+            Latency::Uniform { min, max } => format!("{min}..{max} ms"),
+        };
+        writeln!(f, "scenario: {}", self.scenario_headline())?;
         writeln!(
             f,
             "          forks {} of one-shot children; of continuable ones {} report, {} are \

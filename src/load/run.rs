@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::future::{join_all, try_join_all};
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -20,8 +20,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{delegate_directive, LoadModel, DELEGATE_TOOL, REPORT_DIRECTIVE, REPORT_TOOL};
-use super::report::{LatencyRecorder, LoadReport, Sample};
+use super::report::{LatencyRecorder, LoadReport};
 use super::scenario::{in_share, share_count, LoadFlush, LoadStore, Scenario};
+use super::timeline::Sampler;
 use super::verify::{verify, Created};
 use crate::actors::agent::AgentRef;
 use crate::content::{ContentBlock, MessageSource};
@@ -737,15 +738,9 @@ async fn grow(
         roots.push(root);
     }
     let began = Instant::now();
-    let sampling = CancellationToken::new();
-    let sampler = tokio::spawn(sample(
-        Arc::clone(&shared.counters),
-        began,
-        sampling.clone(),
-    ));
+    // A run that fails on the way drops its sampler, which stops it.
+    let sampler = Sampler::start(Arc::clone(&shared.counters), began);
     let outcomes = join_all(roots.iter().map(|root| shared.root(root.agent()))).await;
-    sampling.cancel();
-    let timeline = sampler.await.unwrap_or_default();
     // A continuable child settles only after every child it delegated settled, so once the
     // roots' tasks are done the whole forest exists.
     let elapsed = began.elapsed();
@@ -763,6 +758,8 @@ async fn grow(
     let listed_before = super::verify::shape(&super::verify::list_forest(rt, &root_ids).await?);
     let shutdown = shut_down(shared).await;
     let drain = drain_began.elapsed();
+    // Sampled through the drain too: the plot shows what releasing the forest costs.
+    let timeline = sampler.finish().await;
     // A root's handle keeps its log's events readable, and a root that heard a million settled
     // notices has millions: the verification reads them back from the store instead.
     drop(roots);
@@ -820,31 +817,6 @@ async fn grow(
 struct PendingReopen {
     roots: Vec<SessionId>,
     pairs: std::collections::HashSet<(SessionId, SessionId)>,
-}
-
-/// Samples the counters every 100 ms until `stop` fires (and once more then).
-async fn sample(
-    counters: Arc<LoadCounters>,
-    began: Instant,
-    stop: CancellationToken,
-) -> Vec<Sample> {
-    let mut timeline = Vec::new();
-    loop {
-        timeline.push(Sample {
-            at_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
-            started: counters.started.load(Ordering::Relaxed),
-            settled: counters.settled.load(Ordering::Relaxed),
-            followups: counters.followups.load(Ordering::Relaxed),
-            rss_bytes: rss_bytes(),
-        });
-        if stop.is_cancelled() {
-            return timeline;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_millis(100)) => {}
-            () = stop.cancelled() => {}
-        }
-    }
 }
 
 fn lifecycle_runs(lifecycle: &Lifecycle) -> HashMap<RunId, (u32, u32)> {
