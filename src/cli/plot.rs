@@ -39,6 +39,9 @@ const SIZE: (u32, u32) = (1100, 1000);
 /// The shade of the drain phase.
 const DRAIN_SHADE: RGBColor = RGBColor(225, 225, 225);
 
+/// A rate is taken over at least this fraction of the run (see [`Timeline::rates`]).
+const RATE_WINDOWS: u64 = 200;
+
 /// How many times the usual interval between two samples makes a gap (the sampler did not
 /// get its turn): the line breaks there.
 const GAP: f64 = 4.0;
@@ -149,7 +152,9 @@ where
             .map_err(failed)?;
         for segment in panel.segments {
             chart
-                .draw_series(LineSeries::new(segment, panel.color.stroke_width(2)))
+                // One pixel wide: plotters joins a wider line's segments with miters, which
+                // spike far out of the panel at a steep turn.
+                .draw_series(LineSeries::new(segment, panel.color.stroke_width(1)))
                 .map_err(failed)?;
         }
     }
@@ -203,24 +208,35 @@ impl<'a> Timeline<'a> {
         segments
     }
 
-    /// Each interval's rate of `count`, at the interval's end; an interval that is a gap has
-    /// none and breaks the line.
+    /// The rate of `count` over successive windows of at least [`RATE_WINDOWS`]th of the run
+    /// (and at least one sampling interval), at each window's end: a rate over a few
+    /// milliseconds of a long run is noise. A gap has no rate and breaks the line.
     fn rates(&self, count: impl Fn(&Sample) -> u64) -> Vec<Vec<(f64, f64)>> {
+        // In whole milliseconds, as the samples are timed: no rounding splits a window.
+        let window_ms = self.samples.last().map_or(0, |last| last.at_ms) / RATE_WINDOWS;
         let mut segments: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
-        for pair in self.samples.windows(2) {
-            let (from, to) = (seconds(&pair[0]), seconds(&pair[1]));
-            let span = to - from;
-            if span <= 0.0 {
-                continue;
-            }
-            if span > self.gap_s {
+        let mut previous: Option<&Sample> = None;
+        let mut from: Option<&Sample> = None;
+        for sample in self.samples {
+            let at = seconds(sample);
+            if previous.is_some_and(|previous| at - seconds(previous) > self.gap_s) {
                 segments.push(Vec::new());
+                from = None;
+            }
+            previous = Some(sample);
+            let Some(start) = from else {
+                from = Some(sample);
+                continue;
+            };
+            let span_ms = sample.at_ms.saturating_sub(start.at_ms);
+            if span_ms == 0 || span_ms < window_ms {
                 continue;
             }
-            let rate = count(&pair[1]).saturating_sub(count(&pair[0])) as f64 / span;
+            let rate = count(sample).saturating_sub(count(start)) as f64 * 1000.0 / span_ms as f64;
             if let Some(segment) = segments.last_mut() {
-                segment.push((to, rate));
+                segment.push((at, rate));
             }
+            from = Some(sample);
         }
         segments.retain(|segment| !segment.is_empty());
         segments
@@ -258,6 +274,16 @@ mod tests {
         // 8 settled in the 10 ms after the gap: 800 per second, not averaged over the gap.
         assert_eq!(rates[1].len(), 1);
         assert!((rates[1][0].1 - 800.0).abs() < 1e-6, "{rates:?}");
+    }
+
+    #[test]
+    fn a_long_run_s_rate_is_taken_over_a_two_hundredth_of_it_not_per_sample() {
+        // Ten seconds sampled every 10 ms, one epoch settled per sample: 100 per second.
+        let samples: Vec<Sample> = (0..=1_000).map(|tick| at(tick * 10, tick)).collect();
+        let rates = Timeline::new(&samples).rates(|sample| sample.settled);
+        assert_eq!(rates.len(), 1);
+        assert_eq!(rates[0].len(), 200, "one rate per 50 ms window");
+        assert!(rates[0].iter().all(|(_, rate)| (rate - 100.0).abs() < 1e-6));
     }
 
     #[test]

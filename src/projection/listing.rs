@@ -153,6 +153,11 @@ enum Served {
     Omitted,
 }
 
+/// How many of a one-shot child's first own events hold its descriptor: its creation batch is
+/// the inbox's splice, the turn's start, the prompt taken from the inbox, then the descriptor
+/// (whose append commits the creation); a seeded child's opens with the seed's end marker.
+const ONE_SHOT_CREATION_EVENTS: u64 = 4;
+
 fn cancelled() -> SubagentError {
     SubagentError::new(ErrorCode::Cancelled, "the listing was cancelled")
 }
@@ -395,6 +400,10 @@ impl Listing {
             return Ok(self.child(header, identity, SubagentActivity::Inactive));
         }
         check(&self.cancel)?;
+        if let Some(identity) = self.one_shot_identity(store, header).await {
+            return Ok(self.child(header, identity, SubagentActivity::Inactive));
+        }
+        check(&self.cancel)?;
         // Only the child's own events: its identity is its own descriptor's (see
         // `names_the_child`), so a fork's seed is checked, not read and folded again.
         let inspected = tokio::select! {
@@ -430,6 +439,33 @@ impl Listing {
                 Self::diagnostic(header, SubagentDiagnosticReason::Corrupt)
             }
         })
+    }
+
+    /// The identity of a cold one-shot child, from its creation batch alone: a one-shot child
+    /// is never resumed, so the descriptor its creation stored is its only one, and the rest of
+    /// its log (its whole turn, most of what a listing would otherwise decode) is not read.
+    /// `None` for anything else (another mode, a creation batch not shaped so, a read that
+    /// fails), which the inspection then reads whole.
+    async fn one_shot_identity(
+        &self,
+        store: &SharedStore,
+        header: &SessionHeader,
+    ) -> Option<SubagentIdentity> {
+        let from = header.seed_len();
+        // A seeded child's own log opens with the seed's end marker.
+        let before = from + ONE_SHOT_CREATION_EVENTS + u64::from(from > 0);
+        let creation = tokio::select! {
+            () = self.cancel.cancelled() => return None,
+            read = store.read_between(header.id, from, before) => read,
+        };
+        let snapshot = self.registry.fold(&creation.ok()?).ok()?;
+        snapshot
+            .values
+            .get(IDENTITY_UNIT)
+            .and_then(SubagentIdentity::from_view)
+            .filter(|identity| {
+                identity.mode == DelegationMode::OneShot && names_the_child(identity, header)
+            })
     }
 
     /// The cached identity of a cold child: served only from a record of its lifecycle whose
