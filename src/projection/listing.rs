@@ -453,7 +453,7 @@ impl Listing {
     ) -> Option<SubagentIdentity> {
         let from = header.seed_len();
         // A seeded child's own log opens with the seed's end marker.
-        let before = from + ONE_SHOT_CREATION_EVENTS + u64::from(from > 0);
+        let before = from.saturating_add(ONE_SHOT_CREATION_EVENTS + u64::from(from > 0));
         let creation = tokio::select! {
             () = self.cancel.cancelled() => return None,
             read = store.read_between(header.id, from, before) => read,
