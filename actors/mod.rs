@@ -10,7 +10,7 @@ pub(crate) mod registry;
 pub mod service;
 pub(crate) mod workers;
 
-/// Opens the mailbox of one of the runtime's shared actors (the registry, the seam's service,
+/// Opens the mailbox of one of the runtime's shared actors (the registry, the delegation service,
 /// the continuation manager, a provider) without bound. Every caller sends to these; actix's
 /// default capacity of 16 parks each `send` beyond it, which allocates and costs a wakeup per
 /// parked sender, while what can be queued is already bounded by the callers' own concurrency

@@ -1,13 +1,13 @@
-//! Provides [`SubagentService`], the actor that owns the provider registry and the seam's
-//! lifecycle events, and [`Subagents`], its cheap public handle (`ctx.subagents`).
+//! Provides [`SubagentService`], the actor that owns the provider registry and the delegation
+//! lifecycle events, and [`Subagents`], its cheap public handle (the delegation API).
 //!
 //! # One-shot start
-//! `start(name, request)` validates in the reference's order, all inside the service's handler
-//! (so a removal that the service handled first is always seen): the provider (`NO_PROVIDER`),
-//! each requested capability in the order output schema, max depth, tool filter, persona
-//! (`UNSUPPORTED_CAPABILITY`, first missing wins), the depth cap (`INVALID_MAX_DEPTH`), the
-//! schema (`UNSUPPORTED_SCHEMA`). It then snapshots the one-shot descriptor and hands the
-//! provider a copy of the request. The provider's own work runs beside the mailbox.
+//! `start(name, request)` validates in the TypeScript runtime's order, all inside the service's
+//! handler (so a removal that the service handled first is always seen): the provider
+//! (`NO_PROVIDER`), each requested capability in the order output schema, max depth, tool filter,
+//! persona (`UNSUPPORTED_CAPABILITY`, first missing wins), the depth cap (`INVALID_MAX_DEPTH`), the
+//! schema (`UNSUPPORTED_SCHEMA`). It then snapshots the one-shot descriptor and hands the provider
+//! a copy of the request. The provider's own work runs beside the mailbox.
 //!
 //! # Observing a run
 //! A published run gets a fresh run id; `subagent/start` is emitted before `start` returns, and
@@ -332,7 +332,7 @@ impl Handler<Start> for SubagentService {
     }
 }
 
-/// The public seam (`ctx.subagents`): providers, one-shot starts, continuable children and
+/// The delegation API: providers, one-shot starts, continuable children and
 /// lifecycle events. Cheap to clone.
 #[derive(Clone)]
 pub struct Subagents {
@@ -583,7 +583,8 @@ impl Subagents {
         }
     }
 
-    /// The seam's lifecycle events. Start and end are scoped to the delegating parent's session.
+    /// The delegation lifecycle events. Start and end are scoped to the delegating parent's
+    /// session.
     pub fn events(&self) -> &Arc<EventBus<SubagentEvent>> {
         &self.events
     }
@@ -840,7 +841,7 @@ impl Subagents {
     }
 
     /// How many continuable children are resident now (for tests and benchmarks, through
-    /// [`crate::testing::resident_count`]: the seam itself exposes no residency query).
+    /// [`crate::testing::resident_count`]: the API itself exposes no residency query).
     pub(crate) async fn resident_count(&self) -> usize {
         self.manager.send(ResidentCount).await.unwrap_or(0)
     }

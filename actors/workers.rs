@@ -11,11 +11,11 @@ use crate::error::{ErrorCode, Result, SubagentError};
 const STARTED_WORKER_SHARE: usize = 2;
 
 /// Arbiters agents are spread over, round-robin (see [`crate::RuntimeBuilder::workers`]): the
-/// arbiter that built the runtime and the worker threads started beside it, so a pool of `n`
-/// keeps `n` threads busy, not `n + 1` (the building arbiter runs the seam's actors and the
+/// arbiter that built the runtime and the worker threads started beside it, so a pool of `n` keeps
+/// `n` threads busy, not `n + 1` (the building arbiter runs the delegation API's actors and the
 /// host's own work, and would otherwise compete with every worker for the cores). For the same
-/// reason a started worker takes [`STARTED_WORKER_SHARE`] agents for each one the building
-/// arbiter takes.
+/// reason a started worker takes [`STARTED_WORKER_SHARE`] agents for each one the building arbiter
+/// takes.
 pub(crate) struct WorkerPool {
     /// The worker threads this pool started (and stops).
     started: Vec<actix::Arbiter>,

@@ -1,8 +1,9 @@
 //! Provides the message vocabulary: [`ContentBlock`], [`Message`], [`Role`] and
 //! [`MessageSource`].
 //!
-//! These are plain data that cross the disk and process boundaries, so their serde forms follow
-//! the upstream wire shapes (`{"type":"text","text":…}`, `{"kind":"user"}`, camelCase fields).
+//! These are plain data that cross the disk and process boundaries, so their serde forms follow the
+//! TypeScript runtime's wire shapes (`{"type":"text","text":…}`, `{"kind":"user"}`, camelCase
+//! fields).
 
 use std::sync::Arc;
 

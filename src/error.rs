@@ -1,8 +1,8 @@
 //! Provides [`SubagentError`], the one error type of the crate, and its stable [`ErrorCode`].
 //!
 //! Callers branch on [`SubagentError::code`], never on the message. Every code prints as the
-//! upstream seam's string (`NO_PROVIDER`, `UNAUTHORIZED`, ...) and the strings are pinned by a
-//! test: a code may be deprecated, never renamed or removed.
+//! delegation API's string, as the TypeScript runtime spells it (`NO_PROVIDER`, `UNAUTHORIZED`,
+//! ...) and the strings are pinned by a test: a code may be deprecated, never renamed or removed.
 //!
 //! Expected outcomes are values, not errors: a child that failed is a result with a stop reason,
 //! and a model failure inside a turn is recorded as `turn/end {error}`. An `Err` means the runtime
@@ -19,8 +19,8 @@ pub type Result<T, E = SubagentError> = std::result::Result<T, E>;
 
 /// A stable, machine-readable error code.
 ///
-/// The first group mirrors the upstream seam's error table one for one; the second group names
-/// the host-runtime failures (storage, sessions, agents, tools) that the seam's table leaves to
+/// The first group mirrors the delegation API's error table one for one; the second group names
+/// the host-runtime failures (storage, sessions, agents, tools) that the table leaves to
 /// the host.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -142,7 +142,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// The stable string form, as the upstream seam spells it.
+    /// The stable string form, as the TypeScript runtime spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::NoProvider => "NO_PROVIDER",

@@ -2,7 +2,7 @@
 //!
 //! One bad listener starves nobody: a listener that panics or returns an error is logged
 //! through `tracing`, and every listener after it still runs. Listeners may be scoped to a key
-//! (for the seam, the delegating parent's session) and then see only events of that scope.
+//! (for delegation events, the delegating parent's session) and then see only events of that scope.
 //!
 //! The bus is observation only: emitting never waits on a listener's work and a listener's
 //! failure never reaches the emitter.

@@ -1,6 +1,6 @@
 //! Provides the test doubles a host or an integration harness needs, in one place: a
 //! deterministic [`ScriptedModel`] (text, tool calls, failures, hangs, and [`Gate`]s that hold a
-//! response until released), a [`ScriptedProvider`] for the delegation seam, and a
+//! response until released), a [`ScriptedProvider`] for the delegation API, and a
 //! [`FaultInjectingStore`] that fails or holds chosen store operations.
 //!
 //! They are ordinary public types: the load harness drives the scripted model too. A checker
@@ -12,7 +12,7 @@ pub use crate::seam::scripted::ScriptedProvider;
 pub use crate::store::faults::{FaultInjectingStore, StoreOperation};
 
 /// How many continuable children are resident in `subagents` now. A test and benchmark probe:
-/// the seam's own surface exposes no residency query (the reference's CONT-85).
+/// the delegation API itself exposes no residency query (as in the TypeScript runtime).
 pub async fn resident_count(subagents: &crate::Subagents) -> usize {
     subagents.resident_count().await
 }

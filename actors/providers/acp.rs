@@ -53,7 +53,7 @@ fn default_acp_name() -> String {
     "acp".to_owned()
 }
 
-/// The ACP provider's configuration, in the reference's keys (`providerName`, `command`,
+/// The ACP provider's configuration, in the TypeScript runtime's keys (`providerName`, `command`,
 /// `args`, `cwd`, `permission`, `env`, `disposeEofGraceMs`, `disposeGraceMs`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -133,8 +133,8 @@ impl AcpProvider {
     /// working directory) and builds the provider. Nothing is started until a run.
     ///
     /// # Errors
-    /// `INVALID_CONFIG` with the reference's message for an empty name or command, a grace that
-    /// is not positive, finite and at most 2147483647 ms, or an unusable cwd override.
+    /// `INVALID_CONFIG` with the TypeScript runtime's message for an empty name or command, a grace
+    /// that is not positive, finite and at most 2147483647 ms, or an unusable cwd override.
     pub fn new(config: AcpProviderConfig) -> Result<Self> {
         Self::with_launch_dir(config, &Self::launch_dir(PREFIX)?)
     }

@@ -1,4 +1,4 @@
-//! The SDK provider: the reference's "another harness process" provider. Each one-shot run
+//! The SDK provider: the TypeScript runtime's "another harness process" provider. Each one-shot run
 //! starts a child `subagents acp-agent` (a whole runtime of this crate in its own process) and
 //! delegates to it over ACP, so it needs no second protocol: it is the ACP provider with the
 //! command line, the name and the messages of its own.

@@ -1,6 +1,6 @@
 //! Provides the turn driver: the async loop that runs one turn of an agent.
 //!
-//! A turn (the numbers follow the upstream algorithm):
+//! A turn (the numbers follow the TypeScript runtime's algorithm):
 //! 1. `turn/start` and the first claim are done by the agent actor before the driver starts.
 //! 2. Pre-step: run the pre-step waterfall over the claimed messages.
 //! 3. Early exits: `reject` ends the turn `blocked`; a first step with no messages ends it

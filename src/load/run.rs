@@ -62,7 +62,7 @@ impl LoadCounters {
     }
 }
 
-/// The lifecycle events of the run, as the seam emitted them.
+/// The lifecycle events of the run, as the delegation API emitted them.
 #[derive(Default)]
 struct Lifecycle {
     /// Each child's ended epochs, for waiters.

@@ -1,4 +1,4 @@
-//! Provides the model seam: [`LlmAdapter`] (one streaming call), its request and chunk
+//! Provides the model interface: [`LlmAdapter`] (one streaming call), its request and chunk
 //! vocabulary, the [`ModelRouter`] that picks an adapter by provider name, and the
 //! [`BlockAssembler`] that turns chunks into content blocks.
 //!

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 
-/// The largest grace a provider accepts, in milliseconds (the reference's timer limit).
+/// The largest grace a provider accepts, in milliseconds (the TypeScript runtime's timer limit).
 pub const MAX_GRACE_MS: f64 = 2_147_483_647.0;
 
 /// The default `disposeGraceMs`: 3 s between SIGTERM and SIGKILL.

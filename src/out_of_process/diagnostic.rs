@@ -109,7 +109,7 @@ impl Fact {
     }
 }
 
-/// Logs a published run's failure as the reference does:
+/// Logs a published run's failure as the TypeScript runtime does:
 /// `<prefix> "<name>": child run failed (error): <prefix>: <line>`. A cancelled run is not a
 /// failure and is not logged. A macro, so each provider logs from a call site of its own.
 macro_rules! log_run_failure {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 
-/// The prefixes of a harness's own settings (this runtime's, and the reference harness's): a
+/// The prefixes of a harness's own settings (this runtime's, and the TypeScript harness's): a
 /// child runtime (`subagents acp-agent`) must not read its parent's.
 const OWN_PREFIXES: [&str; 2] = ["SUBAGENTS_", "DSH_"];
 
@@ -16,9 +16,9 @@ pub fn is_credential_name(name: &OsStr) -> bool {
         .any(|word| upper.contains(word))
 }
 
-/// The child's environment: `ambient` minus credential-like names and a harness's own
-/// `SUBAGENTS_*` and `DSH_*` settings, with `overlay` laid on top. An explicitly configured credential
-/// therefore reaches the child while an ambient one never does.
+/// The child's environment: `ambient` minus credential-like names and a harness's own `SUBAGENTS_*`
+/// and `DSH_*` settings, with `overlay` laid on top. An explicitly configured credential therefore
+/// reaches the child while an ambient one never does.
 pub fn child_env(
     ambient: impl IntoIterator<Item = (OsString, OsString)>,
     overlay: &BTreeMap<String, String>,

@@ -31,7 +31,7 @@ enum Ladder {
     /// terminate it (ACP: a child that flushes on EOF can finish).
     EofFirst(Duration),
     /// Give the session this long to say its last words and close stdin, then terminate at
-    /// once (the product providers, as the reference's).
+    /// once (the product providers, as in the TypeScript runtime).
     TerminateAfter(Duration),
 }
 

@@ -2,8 +2,8 @@
 //! every live log by the [`ProjectionRegistry`], checkpointed beside the log for cold sessions,
 //! and the durable listing ([`SubagentListEntry`]) they serve.
 //!
-//! The seam registers two units: the subagent identity ([`SubagentIdentityUnit`], `subagent`)
-//! and its timing ([`SubagentTimingUnit`], `subagentTiming`).
+//! The delegation API registers two units: the subagent identity ([`SubagentIdentityUnit`],
+//! `subagent`) and its timing ([`SubagentTimingUnit`], `subagentTiming`).
 
 pub(crate) mod cache;
 mod identity;

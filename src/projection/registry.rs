@@ -190,7 +190,7 @@ impl ProjectionRegistry {
         Arc::new(Self::default())
     }
 
-    /// A registry with the seam's two units: the subagent identity and its timing.
+    /// A registry with the delegation API's two units: the subagent identity and its timing.
     pub fn with_seam_units() -> Arc<Self> {
         let registry = Self::new();
         for unit in [

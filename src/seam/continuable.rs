@@ -1,4 +1,4 @@
-//! Provides the data of the continuable seam: what a caller passes to `start_continuable`,
+//! Provides the data of the continuable-children API: what a caller passes to `start_continuable`,
 //! `followup`, `interrupt` and `report_from`, what they answer, and how the runtime frames a
 //! child's report and its settled notice for the parent.
 //!
@@ -121,8 +121,9 @@ impl ContinuableStartSpec {
     }
 
     /// Limits what the child may spend over its whole life: the turn that crosses a limit ends
-    /// `budget-exhausted`, and follow-ups are refused with `BUDGET_EXHAUSTED` until one raises
-    /// the limit (see [`FollowupOptions::budget`]). A zero limit, or a wall time under 1 ms, is `INVALID_BUDGET`.
+    /// `budget-exhausted`, and follow-ups are refused with `BUDGET_EXHAUSTED` until one raises the
+    /// limit (see [`FollowupOptions::budget`]). A zero limit, or a wall time under 1 ms, is
+    /// `INVALID_BUDGET`.
     #[must_use]
     pub fn budget(mut self, budget: Budget) -> Self {
         self.budget = Some(budget);

@@ -1,9 +1,9 @@
 //! Provides delegation depth: a parent's durable depth, the child's depth and the `max_depth`
 //! cap.
 //!
-//! A session's depth is the larger of its header's `delegationDepth` (durable, a floor a resume
-//! can never lower) and its runtime `subagent_depth`; absence is depth 0. A child is one deeper.
-//! Depths stay within the JavaScript safe-integer range so logs remain readable upstream.
+//! A session's depth is the larger of its header's `delegationDepth` (durable, a floor a resume can
+//! never lower) and its runtime `subagent_depth`; absence is depth 0. A child is one deeper. Depths
+//! stay within the JavaScript safe-integer range so logs remain readable by the TypeScript runtime.
 
 use serde_json::Value;
 

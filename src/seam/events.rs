@@ -1,4 +1,4 @@
-//! Provides [`SubagentEvent`]: the lifecycle events of the seam (`subagent/start`,
+//! Provides [`SubagentEvent`]: the delegation lifecycle events (`subagent/start`,
 //! `subagent/end`, `subagent/provider-added`, `subagent/provider-removed`).
 //!
 //! Start and end are scoped to the delegating parent, so a parent-scoped listener observes only
@@ -35,7 +35,7 @@ pub struct SubagentRunEndInfo {
     pub last_assistant_message: Option<Vec<ContentBlock>>,
 }
 
-/// A lifecycle event of the seam.
+/// A delegation lifecycle event.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum SubagentEvent {

@@ -1,4 +1,4 @@
-//! Provides [`LifecycleInvariant`], the checker of the seam's lifecycle stream that a host or a
+//! Provides [`LifecycleInvariant`], the checker of the delegation lifecycle stream that a host or a
 //! test harness can put on [`crate::Subagents::events`].
 //!
 //! The rules: a provider name is non-empty and unique while registered, and a removal names a

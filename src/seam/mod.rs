@@ -1,4 +1,5 @@
-//! Provides the delegation seam's vocabulary: capabilities, the start request, the result, the
+//! Provides the delegation API's vocabulary (the module keeps the TypeScript runtime's name for
+//! it, the seam): capabilities, the start request, the result, the
 //! run, the provider contract, the durable descriptor, lifecycle events, depth rules, the
 //! in-process driver and run settlement.
 

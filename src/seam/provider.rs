@@ -1,4 +1,4 @@
-//! Provides the provider seam: [`SubagentProvider`], one named child-agent transport, and
+//! Provides the provider interface: [`SubagentProvider`], one named child-agent transport, and
 //! [`PrepareContinuable`], the optional continuable-creation capability.
 
 use futures::future::BoxFuture;

@@ -184,8 +184,8 @@ impl SubagentRun {
     /// The child's terminal result.
     ///
     /// # Errors
-    /// Only an infrastructure fault the seam cannot represent as a stop reason; a child that
-    /// failed resolves `Ok` with a non-`completed` stop reason.
+    /// Only an infrastructure fault the delegation API cannot represent as a stop reason; a child
+    /// that failed resolves `Ok` with a non-`completed` stop reason.
     ///
     /// # Cancel safety
     /// Cancel safe: the run goes on, and a later call gets the same result.

@@ -1,5 +1,5 @@
 //! Provides [`RunOutcome`]: where an in-process run's task leaves its outcome, for the run's
-//! one observer (the seam's `subagent/end`) and for everyone awaiting its result, so neither
+//! one observer (the `subagent/end` event) and for everyone awaiting its result, so neither
 //! needs a task, a join handle or a shared future of its own.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -1,12 +1,12 @@
-//! Provides [`ScriptedProvider`]: a deterministic double at the provider seam, for testing
-//! consumers of the seam (tools, job runners, listeners) without any child agent.
+//! Provides [`ScriptedProvider`]: a deterministic double of a provider, for testing consumers
+//! of the delegation API (tools, job runners, listeners) without any child agent.
 //!
-//! Each start counts, fails when asked to or when the request is already cancelled, and
-//! otherwise returns a remote-style run (`local_agent` is `None`) whose result is the scripted
-//! reply, held behind an optional [`Gate`]. A cancel or a dispose before the gate opens settles
-//! the run `aborted` with no output. Made [`ScriptedProvider::prepares_continuable`], it also prepares
-//! fresh continuable children, behind the same start gate: a test holds a continuable start
-//! inside its admitted creation window there.
+//! Each start counts, fails when asked to or when the request is already cancelled, and otherwise
+//! returns a remote-style run (`local_agent` is `None`) whose result is the scripted reply, held
+//! behind an optional [`Gate`]. A cancel or a dispose before the gate opens settles the run
+//! `aborted` with no output. Made [`ScriptedProvider::prepares_continuable`], it also prepares
+//! fresh continuable children, behind the same start gate: a test holds a continuable start inside
+//! its admitted creation window there.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

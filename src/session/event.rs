@@ -1,10 +1,10 @@
 //! Provides [`SessionEvent`], the envelope of one session-log entry, and [`EventKind`], the kinds
-//! the seam reads and writes.
+//! the delegation API reads and writes.
 //!
-//! The serde form is the upstream envelope `{type, seq, time, data, ignorable?, surfaceOp?,
-//! sourceEventSeqs?}`. A type this crate does not know is kept as [`EventKind::Extension`] when it
-//! is marked `ignorable` (or is one of the plugin kinds a later part of the crate owns); an
-//! unknown type without `ignorable` fails the load, as upstream.
+//! The serde form is the TypeScript runtime's envelope `{type, seq, time, data, ignorable?,
+//! surfaceOp?, sourceEventSeqs?}`. A type this crate does not know is kept as
+//! [`EventKind::Extension`] when it is marked `ignorable` (or is one of the plugin kinds a later
+//! part of the crate owns); an unknown type without `ignorable` fails the load, as it does there.
 
 use std::borrow::Cow;
 
@@ -295,7 +295,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    /// The upstream `type` string.
+    /// The `type` string of the serde envelope.
     pub fn type_name(&self) -> &str {
         match self {
             Self::TurnStart { .. } => "turn/start",

@@ -17,7 +17,7 @@ pub struct ConsumedWork {
     pub dropped_unrun: bool,
 }
 
-/// Folds events in one pass (upstream `foldConsumedWork`).
+/// Folds events in one pass.
 pub fn fold_consumed_work<E: AsRef<SessionEvent>>(
     events: impl IntoIterator<Item = E>,
 ) -> ConsumedWork {

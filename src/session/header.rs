@@ -11,8 +11,8 @@ use crate::ids::SessionId;
 /// The session format this crate writes and reads.
 pub const SESSION_FORMAT_VERSION: u32 = 0;
 
-/// The largest integer JavaScript represents exactly; upstream's "safe integer" bound, kept so
-/// logs stay readable by the reference runtime.
+/// The largest integer JavaScript represents exactly (its "safe integer" bound), kept so logs
+/// stay readable by the TypeScript runtime.
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 
 /// Where a session came from.

@@ -1,5 +1,5 @@
 //! Provides the session log: its event vocabulary, header, invariants, seed rules, crash repair
-//! and the folds the seam reads from a run's events.
+//! and the folds the delegation API reads from a run's events.
 
 mod adjacent;
 pub mod event;

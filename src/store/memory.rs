@@ -1,5 +1,5 @@
 //! Provides [`MemoryStore`]: an in-memory [`SessionPersistence`] for tests and load runs that
-//! need no disk. It upholds every guarantee of the seam except surviving the process.
+//! need no disk. It upholds every guarantee of [`SessionPersistence`] except surviving the process.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -1,5 +1,6 @@
-//! Provides [`SessionPersistence`], the storage seam, and its two backends: [`SledStore`] (the
-//! embedded default) and [`MemoryStore`] (tests), plus [`crate::testing::FaultInjectingStore`] for failure tests.
+//! Provides [`SessionPersistence`], the storage interface, and its two backends: [`SledStore`] (the
+//! embedded default) and [`MemoryStore`] (tests), plus [`crate::testing::FaultInjectingStore`] for
+//! failure tests.
 //!
 //! # Guarantees
 //! - A session's log is append-only and its seqs run from 0 without gaps.
@@ -107,7 +108,7 @@ impl ListedSession {
     }
 }
 
-/// The storage seam.
+/// The storage interface: what every backend provides.
 ///
 /// Every method is async so networked backends fit without a rewrite. Implementations must
 /// uphold the guarantees in the module docs; the shared property test in `tests/store.rs` checks

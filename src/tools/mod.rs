@@ -67,7 +67,7 @@ pub struct ToolCtx {
     pub name: String,
     /// Cancelled when the turn is cancelled.
     pub cancel: CancellationToken,
-    /// The exact calling agent: the authority a tool acting for it presents to the seam.
+    /// The exact calling agent: the authority a tool acting for it presents to the delegation API.
     caller: Option<AgentRef>,
     execution: u64,
     concludes: Arc<AtomicBool>,
@@ -92,7 +92,8 @@ impl ToolCtx {
     }
 
     /// A context for one call made by `agent` itself. Holding the exact [`AgentRef`] is the
-    /// authority: the same reference the seam's own calls (`followup`, `interrupt`, ...) take.
+    /// authority: the same reference the delegation API's own calls (`followup`, `interrupt`, ...)
+    /// take.
     pub fn for_agent(
         agent: &AgentRef,
         call_id: CallId,
@@ -444,8 +445,8 @@ impl ToolRegistry {
         self.write().pre_execute.push(hook);
     }
 
-    /// Adds a global pre-execute listener outside every other (it runs first): upstream's
-    /// `prepend`.
+    /// Adds a global pre-execute listener outside every other (it runs first): the TypeScript
+    /// runtime's `prepend`.
     pub fn pre_execute_first(&self, hook: PreExecuteHook) {
         self.write().pre_execute.insert(0, hook);
     }

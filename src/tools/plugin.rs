@@ -1,5 +1,5 @@
 //! What the model-facing subagent tools share: finding the calling agent, reading string
-//! arguments, and turning a seam error into the tool error the model reads.
+//! arguments, and turning a delegation error into the tool error the model reads.
 
 use serde_json::Value;
 
@@ -13,13 +13,13 @@ use crate::tools::{Tool, ToolCtx, ToolError, ToolRegistry};
 pub const NO_CALLING_AGENT: &str = "NO_CALLING_AGENT";
 
 impl From<SubagentError> for ToolError {
-    /// The seam's stable code and its message: the model reads `Error: <message>`.
+    /// The error's stable code and its message: the model reads `Error: <message>`.
     fn from(error: SubagentError) -> Self {
         Self::new(error.code().as_str(), error.message())
     }
 }
 
-/// The exact agent making the call: the authority the tool presents to the seam.
+/// The exact agent making the call: the authority the tool presents to the delegation API.
 ///
 /// # Errors
 /// `NO_CALLING_AGENT` for a call that carries no agent (a [`ToolCtx::new`] made outside a

@@ -1,5 +1,5 @@
 //! Provides [`AcpAgentScript`]: the environment vocabulary that scripts `subagents acp-agent`,
-//! after the reference's mock ACP server, so tests (ours and a host's) can drive every
+//! after the TypeScript runtime's mock ACP server, so tests (ours and a host's) can drive every
 //! protocol path of an ACP client deterministically.
 
 use std::ffi::OsString;

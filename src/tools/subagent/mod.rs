@@ -2,12 +2,12 @@
 //! ([`SubagentToolConfig`], installed with [`install_subagent_tool`]).
 //!
 //! # Mounting
-//! The tool exists only while its provider is registered. The installation follows the seam's
-//! `provider-added` / `provider-removed` events for its own provider name: a removal unmounts
+//! The tool exists only while its provider is registered. The installation follows the delegation
+//! API's `provider-added` / `provider-removed` events for its own provider name: a removal unmounts
 //! the tool at once; an addition mounts it again, with its wording re-derived from the new
-//! provider's `inherits_parent_context`. Every event bumps an epoch, and a mount that looked
-//! the provider up under an older epoch is dropped, so a quick remove-then-add never leaves a
-//! stale tool behind.
+//! provider's `inherits_parent_context`. Every event bumps an epoch, and a mount that looked the
+//! provider up under an older epoch is dropped, so a quick remove-then-add never leaves a stale
+//! tool behind.
 //!
 //! # Routes
 //! - **foreground** (the default for `one-shot` mode): `start`, await the result, then always
