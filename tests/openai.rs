@@ -701,6 +701,49 @@ async fn the_cli_shows_a_model_calls_retries_on_stderr() {
     assert_eq!(server.requests().len(), 2, "the call and its one retry");
 }
 
+// A call that waits for the endpoint says so on stderr while it waits (a person would otherwise
+// see a hang), and then goes on: the server holds its reply until the notice has been read.
+#[actix_rt::test]
+async fn the_cli_says_it_is_still_waiting_for_a_slow_model() {
+    use tokio::io::AsyncBufReadExt;
+    let gate = Arc::new(Notify::new());
+    let server = Server::start(vec![text_reply(&["late ", "answer"]).stalled(&gate)]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["demo", "--store", "memory", "--model", "openai"])
+        .arg("--base-url")
+        .arg(&server.url)
+        .args(["--model-name", "gpt-test", "--prompt", "take your time"])
+        .args(["--wait-notice-ms", "20"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(demo.stderr.take().unwrap()).lines();
+    let notice = within("the notice", async {
+        loop {
+            let line = stderr
+                .next_line()
+                .await
+                .unwrap()
+                .expect("stderr stays open");
+            if line.contains("still waiting for the model's response to start") {
+                return line;
+            }
+        }
+    })
+    .await;
+    assert!(notice.contains("waited_ms"), "{notice}");
+    gate.notify_one();
+    let output = within("the demo", demo.wait_with_output()).await.unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("answer: late answer"), "{stdout}");
+}
+
 // A failed turn is said once, as an error: its session log is printed only with --verbose.
 #[actix_rt::test]
 async fn a_failed_demo_prints_its_session_log_only_with_verbose() {

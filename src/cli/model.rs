@@ -44,6 +44,10 @@ pub(crate) struct ModelArgs {
     /// [default: 120000].
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) idle_timeout_ms: Option<u64>,
+    /// How often a call that waits for the endpoint says so on stderr, in milliseconds (with
+    /// `--model openai`; 0: never) [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub(crate) wait_notice_ms: Option<u64>,
     /// How often a failed call (a timeout, a 429, a 5xx) is retried (with `--model openai`)
     /// [default: 2].
     #[arg(long, value_name = "N")]
@@ -74,6 +78,7 @@ impl ModelArgs {
                     (self.connect_timeout_ms.is_some(), "--connect-timeout-ms"),
                     (self.request_timeout_ms.is_some(), "--request-timeout-ms"),
                     (self.idle_timeout_ms.is_some(), "--idle-timeout-ms"),
+                    (self.wait_notice_ms.is_some(), "--wait-notice-ms"),
                     (self.max_retries.is_some(), "--max-retries"),
                 ] {
                     if given {
@@ -103,6 +108,9 @@ impl ModelArgs {
                 }
                 if let Some(ms) = self.idle_timeout_ms {
                     config = config.idle_timeout(Duration::from_millis(ms));
+                }
+                if let Some(ms) = self.wait_notice_ms {
+                    config = config.wait_notice(Duration::from_millis(ms));
                 }
                 if let Some(retries) = self.max_retries {
                     config = config.max_retries(retries);

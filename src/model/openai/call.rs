@@ -116,10 +116,15 @@ impl Call {
         let read = tokio::select! {
             biased;
             () = self.dispatch.cancel.cancelled() => return Err(aborted()),
-            read = tokio::time::timeout(idle, streaming.response.chunk()) => read,
+            read = patiently(
+                streaming.response.chunk(),
+                idle,
+                self.dispatch.inner.config.wait_notice,
+                "the next piece of the model's response",
+            ) => read,
         };
         let bytes = match read {
-            Err(_elapsed) => {
+            None => {
                 return Err(failure(
                     codes::TIMEOUT,
                     Some(FailureCategory::Provider),
@@ -129,7 +134,7 @@ impl Call {
                     ),
                 ))
             }
-            Ok(Err(error)) => {
+            Some(Err(error)) => {
                 return Err(failure(
                     if error.is_timeout() {
                         codes::TIMEOUT
@@ -140,7 +145,7 @@ impl Call {
                     format!("the response stream broke off: {}", error_chain(&error)),
                 ))
             }
-            Ok(Ok(None)) => {
+            Some(Ok(None)) => {
                 streaming.decoder.finish()?;
                 if !streaming.assembly.finished() {
                     return Err(protocol(
@@ -150,7 +155,7 @@ impl Call {
                 streaming.assembly.close(&mut self.pending);
                 return Ok(Flow::End);
             }
-            Ok(Ok(Some(bytes))) => bytes,
+            Some(Ok(Some(bytes))) => bytes,
         };
         for data in streaming.decoder.feed(&bytes)? {
             if data.trim() == "[DONE]" {
@@ -162,6 +167,52 @@ impl Call {
             streaming.assembly.apply(chunk, &mut self.pending)?;
         }
         Ok(Flow::More)
+    }
+}
+
+/// Awaits `work` for at most `limit`; `None` when `limit` passed first. Every `every` of the
+/// wait (never when zero) it says on the log what it is waiting for and how long it has: a
+/// person watching a slow provider otherwise sees a hang.
+async fn patiently<T>(
+    work: impl std::future::Future<Output = T>,
+    limit: Duration,
+    every: Duration,
+    waiting_for: &'static str,
+) -> Option<T> {
+    let began = tokio::time::Instant::now();
+    // A limit too far to be an instant is no limit.
+    let deadline = began.checked_add(limit);
+    tokio::pin!(work);
+    loop {
+        let notice = (!every.is_zero())
+            .then(|| tokio::time::Instant::now().checked_add(every))
+            .flatten();
+        let (wake, at_deadline) = match (notice, deadline) {
+            (Some(notice), Some(deadline)) if notice < deadline => (Some(notice), false),
+            (_, Some(deadline)) => (Some(deadline), true),
+            (notice, None) => (notice, false),
+        };
+        let woken = async {
+            match wake {
+                Some(wake) => tokio::time::sleep_until(wake).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            // What finished wins over a deadline reached in the same instant.
+            biased;
+            done = &mut work => return Some(done),
+            () = woken => {
+                if at_deadline {
+                    return None;
+                }
+                tracing::warn!(
+                    waited_ms = millis(began.elapsed()),
+                    limit_ms = millis(limit),
+                    "still waiting for {waiting_for}"
+                );
+            }
+        }
     }
 }
 
@@ -210,10 +261,15 @@ impl Dispatch {
         let sent = tokio::select! {
             biased;
             () = self.cancel.cancelled() => return Err(Rejected::never(aborted())),
-            sent = tokio::time::timeout(config.request_timeout, builder.send()) => sent,
+            sent = patiently(
+                builder.send(),
+                config.request_timeout,
+                config.wait_notice,
+                "the model's response to start",
+            ) => sent,
         };
         let response = match sent {
-            Err(_elapsed) => {
+            None => {
                 return Err(Rejected::never(failure(
                     codes::TIMEOUT,
                     Some(FailureCategory::Provider),
@@ -223,8 +279,8 @@ impl Dispatch {
                     ),
                 )))
             }
-            Ok(Err(error)) => return Err(transport_rejection(&error)),
-            Ok(Ok(response)) => response,
+            Some(Err(error)) => return Err(transport_rejection(&error)),
+            Some(Ok(response)) => response,
         };
         let request_id = header_text(response.headers(), "x-request-id");
         if !response.status().is_success() {

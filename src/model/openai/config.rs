@@ -14,6 +14,7 @@ pub struct OpenAiConfig {
     pub(super) connect_timeout: Duration,
     pub(super) request_timeout: Duration,
     pub(super) idle_timeout: Duration,
+    pub(super) wait_notice: Duration,
     pub(super) max_retries: u32,
     pub(super) backoff_base: Duration,
     pub(super) backoff_cap: Duration,
@@ -25,8 +26,8 @@ impl OpenAiConfig {
     /// adapter appends `/chat/completions`) calling `model` when a request names none.
     ///
     /// Defaults: no API key; connect timeout 10 s; request timeout (until the response headers)
-    /// 60 s; idle timeout (between body reads) 120 s; 2 retries; backoff from 500 ms up to 8 s;
-    /// `Retry-After` honored up to 60 s.
+    /// 60 s; idle timeout (between body reads) 120 s; a notice on the log every 10 s of a wait;
+    /// 2 retries; backoff from 500 ms up to 8 s; `Retry-After` honored up to 60 s.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
         Self {
             base_url: base_url.into(),
@@ -35,6 +36,7 @@ impl OpenAiConfig {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(120),
+            wait_notice: Duration::from_secs(10),
             max_retries: 2,
             backoff_base: Duration::from_millis(500),
             backoff_cap: Duration::from_secs(8),
@@ -69,6 +71,15 @@ impl OpenAiConfig {
     #[must_use]
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
+        self
+    }
+
+    /// How often a call that waits for the provider (for its response to start, or for the
+    /// next piece of a streamed one) says so on the log, at `WARN`, with how long it has waited
+    /// (default 10 s; zero: never): a person watching a slow provider otherwise sees a hang.
+    #[must_use]
+    pub fn wait_notice(mut self, every: Duration) -> Self {
+        self.wait_notice = every;
         self
     }
 

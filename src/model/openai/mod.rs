@@ -49,7 +49,9 @@
 //! - *idle*: the longest silence allowed between two reads of the streaming body.
 //!
 //! There is deliberately no total deadline: a long answer streams for as long as the provider
-//! keeps sending. A timeout is never retried.
+//! keeps sending. A timeout is never retried. While a request or an idle wait runs, the call
+//! logs `still waiting for …` at `WARN` every [`OpenAiConfig::wait_notice`] (10 s by default), with
+//! how long it has waited.
 //!
 //! # Cancellation
 //!
