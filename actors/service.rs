@@ -39,7 +39,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::ids::{MessageId, RunId, SessionId};
 use crate::projection::listing::Listing;
-use crate::projection::{SubagentDescendantListEntry, SubagentListEntry};
+use crate::projection::{SubagentDescendantListEntry, SubagentForestTree, SubagentListEntry};
 use crate::schema::ObjectSchema;
 use crate::seam::budget;
 use crate::seam::continuable::{
@@ -471,6 +471,17 @@ impl Subagents {
             .await?
             .descendants(root)
             .await
+    }
+
+    /// Lists the whole durable forest from one read of the store: every root session (one
+    /// with no parent, or whose parent is not stored) that has delegated descendants, oldest
+    /// first, each with its descendants as [`Subagents::list_descendants`] lists them. One
+    /// corpus serves every root, so a store holding many roots is read once, not once a root.
+    ///
+    /// # Errors
+    /// As [`Subagents::list_children`].
+    pub async fn list_forest(&self, cancel: CancellationToken) -> Result<Vec<SubagentForestTree>> {
+        Listing::open(&self.agents, cancel).await?.forest().await
     }
 
     /// Registers `provider` under its name.

@@ -2,15 +2,14 @@
 //! headers and logs alone (nothing is loaded or resumed), so it works on a store another
 //! process wrote, including one that was killed mid-turn.
 
-use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use subagents::store::{ListedSession, SharedStore};
+use subagents::store::SharedStore;
 use subagents::{
     CancellationToken, ErrorCode, Runtime, SessionId, SubagentDescendantListEntry, SubagentError,
-    SubagentListEntry,
+    SubagentForestTree, SubagentListEntry,
 };
 
 use super::store::StoreLocation;
@@ -29,12 +28,6 @@ pub(crate) struct TreeArgs {
     json: bool,
 }
 
-/// One printed tree: a root and its descendants in pre-order.
-struct Tree {
-    root: SessionId,
-    descendants: Vec<SubagentDescendantListEntry>,
-}
-
 /// Runs the command, writing to `out`.
 pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), super::super::Failure> {
     // Kept until the command ends: the copy a read-only store is listed from.
@@ -42,32 +35,26 @@ pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), supe
     let rt = Runtime::builder()
         .shared_store(Arc::clone(&store))
         .build()?;
-    let roots = match args.root {
+    let trees = match args.root {
         Some(root) => {
+            let descendants = rt
+                .subagents()
+                .list_descendants(root, CancellationToken::new())
+                .await?;
             // An unknown root is a mistake worth saying, not an empty tree (a parent that
             // never ran a turn has no header, but its children name it).
-            if store.header(root).await.is_err() && !root_sessions(&store).await?.contains(&root) {
+            if descendants.is_empty() && store.header(root).await.is_err() {
                 return Err(SubagentError::new(
                     ErrorCode::SessionNotFound,
                     format!("session {root} is not in the store at {}", args.store),
                 )
                 .into());
             }
-            vec![root]
+            vec![SubagentForestTree { root, descendants }]
         }
-        None => root_sessions(&store).await?,
+        // One read of the store for every root; only roots with delegated children.
+        None => rt.subagents().list_forest(CancellationToken::new()).await?,
     };
-    let mut trees = Vec::new();
-    for root in roots {
-        let descendants = rt
-            .subagents()
-            .list_descendants(root, CancellationToken::new())
-            .await?;
-        // Without a root argument, only roots with delegated children are worth a line.
-        if args.root.is_some() || !descendants.is_empty() {
-            trees.push(Tree { root, descendants });
-        }
-    }
     rt.shutdown().await?;
     if args.json {
         print_json(&trees, out)?;
@@ -142,35 +129,6 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The store's root sessions, oldest first: those without a parent, and parents that have no
-/// log of their own in the store (a parent that never ran a turn is never written).
-async fn root_sessions(store: &SharedStore) -> Result<Vec<SessionId>, SubagentError> {
-    let headers: Vec<_> = store
-        .list()
-        .await?
-        .into_iter()
-        .filter_map(|row| match row {
-            ListedSession::Header(header) => Some(header),
-            ListedSession::Corrupt { .. } => None,
-        })
-        .collect();
-    let listed: HashSet<SessionId> = headers.iter().map(|header| header.id).collect();
-    let mut roots: HashMap<SessionId, u64> = HashMap::new();
-    for header in &headers {
-        let root = match header.parent_session {
-            None => header.id,
-            Some(parent) if !listed.contains(&parent) => parent,
-            Some(_) => continue,
-        };
-        let since = roots.entry(root).or_insert(header.created_at);
-        *since = (*since).min(header.created_at);
-    }
-    let mut roots: Vec<(u64, SessionId)> =
-        roots.into_iter().map(|(id, since)| (since, id)).collect();
-    roots.sort_unstable();
-    Ok(roots.into_iter().map(|(_, id)| id).collect())
-}
-
 fn describe(entry: &SubagentListEntry) -> String {
     match entry {
         SubagentListEntry::Child {
@@ -199,7 +157,11 @@ fn describe(entry: &SubagentListEntry) -> String {
     }
 }
 
-fn print_text(trees: &[Tree], args: &TreeArgs, out: &mut impl Write) -> std::io::Result<()> {
+fn print_text(
+    trees: &[SubagentForestTree],
+    args: &TreeArgs,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     if trees.is_empty() {
         writeln!(out, "no delegated children in {}", args.store)?;
     }
@@ -218,7 +180,7 @@ fn print_text(trees: &[Tree], args: &TreeArgs, out: &mut impl Write) -> std::io:
 
 /// One shape whether or not a root was asked for: a list of roots, each with its descendants
 /// (an empty list for a root with none).
-fn print_json(trees: &[Tree], out: &mut impl Write) -> std::io::Result<()> {
+fn print_json(trees: &[SubagentForestTree], out: &mut impl Write) -> std::io::Result<()> {
     /// One printed root, serialized from the listing as it is (no JSON tree built first).
     #[derive(serde::Serialize)]
     struct Root<'a> {

@@ -134,6 +134,17 @@ pub struct SubagentDescendantListEntry {
     pub depth: u64,
 }
 
+/// One tree of the durable forest: a root session and its delegated descendants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubagentForestTree {
+    /// A session with no parent, or whose parent is not in the store.
+    pub root: SessionId,
+    /// The root's descendants in pre-order, as [`crate::Subagents::list_descendants`] lists
+    /// them.
+    pub descendants: Vec<SubagentDescendantListEntry>,
+}
+
 /// One session of the corpus.
 struct Record {
     header: SessionHeader,
@@ -324,6 +335,40 @@ impl Listing {
                 Served::Omitted => None,
             })
             .collect())
+    }
+
+    /// The roots of the corpus's forest with at least one delegated descendant: sessions with
+    /// no parent, or whose parent is not in the corpus, oldest first (by their own creation,
+    /// or, for a parent the store does not hold, its oldest child's), then by id.
+    pub(crate) fn roots(&self) -> Vec<SessionId> {
+        let mut roots: HashMap<SessionId, u64> = HashMap::new();
+        for record in self.records.values() {
+            let header = &record.header;
+            let root = match header.parent_session {
+                None if self.index.contains_key(&header.id) => header.id,
+                Some(parent) if !self.records.contains_key(&parent) => parent,
+                _ => continue,
+            };
+            let since = roots.entry(root).or_insert(header.created_at);
+            *since = (*since).min(header.created_at);
+        }
+        let mut roots: Vec<(u64, SessionId)> =
+            roots.into_iter().map(|(id, since)| (since, id)).collect();
+        roots.sort_unstable();
+        roots.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Every tree of the corpus's forest (see [`Listing::roots`]) whose root has a listed
+    /// descendant.
+    pub(crate) async fn forest(&self) -> Result<Vec<SubagentForestTree>> {
+        let mut forest = Vec::new();
+        for root in self.roots() {
+            let descendants = self.descendants(root).await?;
+            if !descendants.is_empty() {
+                forest.push(SubagentForestTree { root, descendants });
+            }
+        }
+        Ok(forest)
     }
 
     /// Serves every candidate, in order, at most [`COLD_READS`] store reads at once.

@@ -263,3 +263,49 @@ async fn a_descendant_whose_inspection_names_another_parent_is_corrupt_in_place(
         )]
     );
 }
+
+// The whole forest from one read of the store: every root with delegated descendants, oldest
+// first (a parent the store holds no header of dates from its oldest child), each listed as
+// `list_descendants` lists it; a root without delegated children is left out.
+#[actix_rt::test]
+async fn the_forest_is_every_root_with_descendants_from_one_read_of_the_store() {
+    let (probe, rt, parent) = probed_parent().await;
+    let child = author(
+        &*probe,
+        delegated(SessionId::new(), parent, 10),
+        child_events(continuable("the live root's child")),
+    )
+    .await;
+    let absent = SessionId::new();
+    let orphan = author(
+        &*probe,
+        delegated(SessionId::new(), absent, 5),
+        child_events(continuable("an absent parent's child")),
+    )
+    .await;
+    // A root without delegated children.
+    let _childless = root(&rt).await;
+    let lists = probe.list_calls();
+    let forest = within(
+        "the forest",
+        rt.subagents().list_forest(CancellationToken::new()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(probe.list_calls() - lists, 1, "one read for every root");
+    let roots: Vec<SessionId> = forest.iter().map(|tree| tree.root).collect();
+    assert_eq!(
+        roots,
+        [absent, parent],
+        "oldest first; the childless root left out"
+    );
+    assert_eq!(
+        forest[0].descendants,
+        [at(inactive(orphan, "an absent parent's child"), absent, 1)]
+    );
+    assert_eq!(forest[1].descendants, descendants(&rt, parent).await);
+    assert_eq!(
+        forest[1].descendants,
+        [at(inactive(child, "the live root's child"), parent, 1)]
+    );
+}
