@@ -171,6 +171,8 @@ enum Failure {
     Output(std::io::Error),
     /// Anything else: printed for a person, exit code 2.
     Error(SubagentError),
+    /// `load --plot` could not write its picture (the report was printed whole): exit code 2.
+    Plot(String),
     /// A load run that did not verify: its report says which check failed; exit code 1.
     Unverified,
     /// A load run stopped by Ctrl-C: its partial report was printed; exit code 130.
@@ -270,6 +272,13 @@ fn main() -> ExitCode {
         }
         Err(Failure::Output(error)) => {
             let _ = writeln!(std::io::stderr(), "error: writing the output: {error}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Plot(why)) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: the plot was not drawn ({why}); the report above is whole"
+            );
             ExitCode::from(2)
         }
         Err(Failure::Error(error)) => {

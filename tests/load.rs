@@ -397,6 +397,28 @@ fn the_plot_of_a_default_run_shows_the_scenario_four_series_and_the_drain() {
     assert_eq!((width, height), (1100, 1000));
 }
 
+// A plot that cannot be written (here a disk that is full) loses nothing of the run: the
+// report is printed whole, and the failure is said once, without a runtime error code.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_plot_that_cannot_be_written_keeps_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("run.svg");
+    std::os::unix::fs::symlink("/dev/full", &plot).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["load", "--store", "memory", "--plot"])
+        .arg(&plot)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("verification passed"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("the plot was not drawn"), "{stderr}");
+    assert!(stderr.contains("the report above is whole"), "{stderr}");
+    assert!(!stderr.contains("INVALID_ARGS"), "{stderr}");
+}
+
 #[test]
 fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
     let dir = tempfile::tempdir().unwrap();

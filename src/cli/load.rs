@@ -262,7 +262,8 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     }
     // Drawn after the report is written: a plot that fails loses nothing of the run.
     if let Some(path) = &args.plot {
-        super::plot::draw(&report, path)?;
+        super::plot::draw(&report, path)
+            .map_err(|why| Failure::Plot(format!("{}: {why}", path.display())))?;
     }
     if !report.passed {
         Err(Failure::Unverified)

@@ -9,7 +9,6 @@ use std::path::Path;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use subagents::load::{LoadReport, Sample};
-use subagents::{ErrorCode, SubagentError};
 
 /// The picture formats `--plot` writes, named by the file's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,12 +49,17 @@ const GAP: f64 = 4.0;
 /// DejaVu Sans, free to redistribute under the Bitstream Vera terms in `assets/fonts/LICENSE`.
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 
-fn failed(error: impl std::fmt::Display) -> SubagentError {
-    SubagentError::new(ErrorCode::InvalidArgs, format!("drawing the plot: {error}"))
+/// Why a plot was not drawn, for a person: a file that could not be written is no error of the
+/// runtime's, so it has no code.
+fn failed(error: impl std::fmt::Display) -> String {
+    error.to_string()
 }
 
 /// Draws `report`'s timeline into `path`, as SVG or PNG by its extension.
-pub(crate) fn draw(report: &LoadReport, path: &Path) -> Result<(), SubagentError> {
+///
+/// # Errors
+/// Why it was not drawn: an extension that is neither, or a write that failed.
+pub(crate) fn draw(report: &LoadReport, path: &Path) -> Result<(), String> {
     // Both formats lay their text out with it (the SVG's viewer then draws it in its own).
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| failed("the embedded font does not load"))?;
@@ -76,7 +80,7 @@ struct Panel {
 fn draw_on<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     report: &LoadReport,
-) -> Result<(), SubagentError>
+) -> Result<(), String>
 where
     DB::ErrorType: 'static,
 {
