@@ -648,3 +648,15 @@ fn describe(event: &SessionEvent) -> String {
     };
     format!("{:>4}  {:<20} {detail}", event.seq, event.kind.type_name())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_process_runs_without_transparent_huge_pages() {
+        super::without_transparent_huge_pages();
+        assert_eq!(
+            rustix::thread::transparent_huge_pages_are_disabled().ok(),
+            Some(true)
+        );
+    }
+}

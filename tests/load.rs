@@ -338,17 +338,19 @@ latency = 5
     assert!(error.message().contains("expected TOML"), "{error}");
 }
 
-/// Runs the default scenario with `--plot` into `file` in a fresh directory; the plot's bytes.
-fn plotted(file: &str) -> Vec<u8> {
+/// Runs the default scenario with `--json --plot` into `file` in a fresh directory; the plot's
+/// bytes and the report.
+fn plotted(file: &str) -> (Vec<u8>, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let plot = dir.path().join(file);
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args(["load", "--store", "memory", "--plot"])
+        .args(["load", "--store", "memory", "--json", "--plot"])
         .arg(&plot)
         .output()
         .unwrap();
     assert_succeeded(&output);
-    std::fs::read(&plot).unwrap()
+    let report = serde_json::from_slice(&output.stdout).unwrap();
+    (std::fs::read(&plot).unwrap(), report)
 }
 
 // The plot of a default run: a title naming the scenario, four panels with their units over
@@ -356,7 +358,21 @@ fn plotted(file: &str) -> Vec<u8> {
 // a picture (a default run lasts a fraction of a second).
 #[test]
 fn the_plot_of_a_default_run_shows_the_scenario_four_series_and_the_drain() {
-    let svg = String::from_utf8(plotted("run.svg")).unwrap();
+    let (svg, report) = plotted("run.svg");
+    let svg = String::from_utf8(svg).unwrap();
+    // Sampled through the drain: the last sample is taken once the drain is over.
+    let last_ms = report["timeline"]
+        .as_array()
+        .and_then(|timeline| timeline.last())
+        .and_then(|sample| sample["at_ms"].as_u64())
+        .unwrap();
+    let grown_and_drained =
+        report["elapsed_s"].as_f64().unwrap() + report["drain_s"].as_f64().unwrap();
+    assert!(
+        last_ms + 1 >= (grown_and_drained * 1000.0) as u64,
+        "the last sample at {last_ms} ms, the drain over at {grown_and_drained} s"
+    );
+
     for text in [
         "subagents load: 4 roots × 250 children each",
         "children in flight",
@@ -390,7 +406,7 @@ fn the_plot_of_a_default_run_shows_the_scenario_four_series_and_the_drain() {
         "each series has points enough to be a picture: {lines:?}"
     );
     // A PNG is a real image of the size the SVG has.
-    let png = plotted("run.png");
+    let (png, _) = plotted("run.png");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG signature");
     let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
     let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
