@@ -43,7 +43,8 @@ use crate::session::{
 pub use lease::{Lease, LeaseEpoch, LeaseHolder};
 pub use memory::MemoryStore;
 pub use postgres::{
-    deliveries, NodeIncarnation, NodeMembership, PostgresConfig, PostgresStore, RECONNECT_WITHIN,
+    deliveries, BatchedCalls, NodeIncarnation, NodeMembership, PostgresConfig, PostgresStore,
+    RECONNECT_WITHIN,
 };
 pub use sled_store::SledStore;
 
@@ -516,12 +517,21 @@ fn closers_from(
 
 /// [`SessionPersistence::inspect`] of `store`, through its own reads (so a wrapping store that
 /// intercepts the inspection still sees them).
-async fn inspection<S: SessionPersistence + ?Sized>(
+pub(crate) async fn inspection<S: SessionPersistence + ?Sized>(
     store: &S,
     id: SessionId,
 ) -> Result<StoredSession> {
     let header = store.header(id).await?;
-    let mut events = store.read_from(id, 0).await?;
+    let events = store.read_from(id, 0).await?;
+    inspected(header, events)
+}
+
+/// A session as an inspection shows it: `events` (its whole log, read raw) with an interrupted
+/// last turn closed in memory.
+pub(crate) fn inspected(
+    header: SessionHeader,
+    mut events: Vec<Arc<SessionEvent>>,
+) -> Result<StoredSession> {
     let closers = close_interrupted(&events)?;
     let unrepaired = closers.len();
     events.extend(closers);

@@ -83,7 +83,7 @@ impl NodeMembership {
     /// `STORE_IO` when the row cannot be removed (it then expires on its own).
     pub async fn leave(&self) -> Result<()> {
         self.stop.cancel();
-        self.store.forget_member(self.node);
+        self.store.book.forget_member(self.node);
         let client = self
             .store
             .pool
@@ -146,7 +146,7 @@ impl NodeMembership {
                 node: row.get(0),
                 incarnation: row.get(1),
             })
-            .filter(|holder| !self.store.is_gone(holder.node)))
+            .filter(|holder| !self.store.book.is_gone(holder.node)))
     }
 }
 
@@ -198,7 +198,7 @@ impl NodeMembership {
                 };
                 (crate::ids::SessionId::from_uuid(row.get(0)), holder)
             })
-            .filter(|(_, holder)| !self.store.is_gone(holder.node))
+            .filter(|(_, holder)| !self.store.book.is_gone(holder.node))
             .collect())
     }
 }
@@ -295,7 +295,7 @@ impl NodeMembership {
     /// as a dead node's would. Idempotent; a membership left already stays left.
     pub(crate) fn go_silent(&self) {
         self.stop.cancel();
-        self.store.forget_member(self.node);
+        self.store.book.forget_member(self.node);
     }
 }
 
@@ -325,7 +325,7 @@ impl PostgresStore {
         name: &str,
     ) -> Result<NodeMembership> {
         let node = holder.id();
-        if self.was_lost(node) {
+        if self.book.was_lost(node) {
             return Err(Joining::Dead.refusal(node));
         }
         let ttl = self.node_ttl.as_secs_f64();
@@ -346,8 +346,8 @@ impl PostgresStore {
                 return Err(error);
             }
         };
-        self.remember(holder);
-        self.remember_member(node, incarnation);
+        self.book.remember(holder);
+        self.book.remember_member(node, incarnation);
         let membership = NodeMembership {
             node,
             incarnation,
@@ -580,8 +580,8 @@ impl Heartbeat {
                 }
             }
         }
-        self.store.forget_member(self.node);
-        self.store.remember_lost(self.node);
+        self.store.book.forget_member(self.node);
+        self.store.book.remember_lost(self.node);
         self.lost.cancel();
         // A node declared dead serves nothing more: its sessions may be another node's now.
         self.stop.cancel();

@@ -27,13 +27,15 @@
 //! The crate creates and migrates its tables itself, at [`PostgresStore::connect`], under an
 //! advisory lock, so any number of runtimes may start against one database at once.
 
+mod batch;
 pub mod deliveries;
+mod lease_book;
+mod leases;
 mod membership;
+mod reads;
 mod reconnect;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -41,15 +43,20 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_postgres::NoTls;
 
-use super::codec::{
-    assemble, before_the_stored_log, decode_cache_row, decode_header, encode_batch,
-    encode_cache_row,
+use super::codec::{decode_cache_row, decode_header, encode_batch, encode_cache_row};
+use super::lease::{lease_expired, lease_lost, Lease, LeaseEpoch, LeaseHolder};
+use super::{
+    check_append, check_contiguous, not_found, ListedSession, SessionPersistence, StoredSession,
 };
-use super::lease::{lease_expired, lease_lost, HolderLiveness, Lease, LeaseEpoch, LeaseHolder};
-use super::{check_append, check_contiguous, not_found, ListedSession, SessionPersistence};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
+
+use batch::Batcher;
+use lease_book::LeaseBook;
+use leases::LeaseRequest;
+use reads::{ReadRequest, StoredRows};
+use reconnect::reconnecting;
 
 pub use membership::{NodeIncarnation, NodeMembership};
 pub use reconnect::RECONNECT_WITHIN;
@@ -172,6 +179,47 @@ fn store_runtime() -> Result<tokio::runtime::Handle> {
     })
 }
 
+/// How many batches of reads, and of leases, run at once (each on a connection of its own).
+const BATCH_SLOTS: usize = 2;
+
+/// A pool of at most `size` connections, opened on `runtime` (see [`OnStoreRuntime`]).
+fn open_pool(
+    pg: &tokio_postgres::Config,
+    runtime: &tokio::runtime::Handle,
+    size: usize,
+) -> Result<Pool> {
+    let manager = Manager::from_connect(
+        pg.clone(),
+        OnStoreRuntime {
+            runtime: runtime.clone(),
+        },
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size.max(1))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(POOL_WAIT))
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .build()
+        .map_err(|error| {
+            SubagentError::new(
+                ErrorCode::InvalidConfig,
+                "the connection pool does not build",
+            )
+            .with_source(error)
+        })
+}
+
+/// A batch's answers: each call's own, or the batch's failure for every call.
+fn each_or_all<T>(answered: Result<Vec<Result<T>>>, calls: usize) -> Vec<Result<T>> {
+    match answered {
+        Ok(answers) => answers,
+        Err(error) => (0..calls).map(|_| Err(error.clone())).collect(),
+    }
+}
+
 /// Opens the pool's connections on the runtime that opened the store, whichever thread asks
 /// for one. A connection's socket and its driving task belong to the runtime they start on, and
 /// agents run on worker threads that stop before the store is done with (a load run verifies
@@ -280,6 +328,20 @@ impl PostgresConfig {
     }
 }
 
+/// How a [`PostgresStore`]'s reads and lease grants coalesced, since it opened
+/// ([`PostgresStore::batched_calls`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BatchedCalls {
+    /// Header and log reads asked for.
+    pub reads: u64,
+    /// The statements that answered them.
+    pub read_statements: u64,
+    /// Lease grants asked for.
+    pub leases: u64,
+    /// The transactions that answered them.
+    pub lease_transactions: u64,
+}
+
 /// A lease as granted, and what its row says.
 #[derive(Debug, Clone, Copy)]
 struct LeaseTerms {
@@ -300,18 +362,12 @@ pub struct PostgresStore {
     delivery_retention: Duration,
     dead_node_retention: Duration,
     delivery_deadline: Duration,
-    /// The holders this process granted leases to: one that is gone holds nothing. A gone
-    /// one is forgotten once no lease row names it (see
-    /// [`PostgresStore::forget_released_holders`]).
-    holders: Mutex<HashMap<uuid::Uuid, HolderLiveness>>,
-    /// How many holders may be remembered before the next sweep of gone ones.
-    holders_sweep_at: AtomicUsize,
-    /// The holders of this process that are cluster members now (their leases need no
-    /// renewal), each with the incarnation it joined as.
-    members: Mutex<HashMap<uuid::Uuid, uuid::Uuid>>,
-    /// The nodes whose membership this process lost (declared dead): it cannot join under
-    /// them again (its agents may still act on what the node held).
-    lost_members: Mutex<HashSet<uuid::Uuid>>,
+    /// The lease holders of this process, shared with the lease batches.
+    book: Arc<LeaseBook>,
+    /// Header and log reads, batched (see [`batch`]).
+    reads: Batcher<ReadRequest, StoredRows>,
+    /// Lease grants, batched (see [`batch`]).
+    leases: Batcher<LeaseRequest, Lease>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -415,28 +471,39 @@ impl PostgresStore {
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(CONNECT_TIMEOUT);
         }
-        let manager = Manager::from_connect(
-            pg.clone(),
-            OnStoreRuntime {
-                runtime: store_runtime()?,
-            },
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(config.pool_size.max(1))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(POOL_WAIT))
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .build()
-            .map_err(|error| {
-                SubagentError::new(
-                    ErrorCode::InvalidConfig,
-                    "the connection pool does not build",
-                )
-                .with_source(error)
-            })?;
+        let runtime = store_runtime()?;
+        let pool = open_pool(&pg, &runtime, config.pool_size)?;
+        // The batches' own connections: a burst of reads and leases never queues behind the
+        // appends, and each slot answers every call waiting when it frees.
+        let lane = open_pool(&pg, &runtime, 2 * BATCH_SLOTS)?;
+        let book = Arc::new(LeaseBook::new(config.lease_ttl, config.node_ttl));
+        let reads = Batcher::start(&runtime, BATCH_SLOTS, {
+            let lane = lane.clone();
+            move |requests: Vec<ReadRequest>| {
+                let lane = lane.clone();
+                async move {
+                    let answered =
+                        reconnecting("reading sessions", |_| reads::read_many(&lane, &requests))
+                            .await;
+                    each_or_all(answered, requests.len())
+                }
+            }
+        });
+        let leases = Batcher::start(&runtime, BATCH_SLOTS, {
+            let book = Arc::clone(&book);
+            move |requests: Vec<LeaseRequest>| {
+                let (lane, book) = (lane.clone(), Arc::clone(&book));
+                async move {
+                    // A batch whose commit was lost may have granted its leases: granted again,
+                    // each holder gets a newer epoch (its own lease), which fences nothing live.
+                    let answered = reconnecting("leasing sessions", |_| {
+                        leases::grant_many(&lane, &book, &requests)
+                    })
+                    .await;
+                    each_or_all(answered, requests.len())
+                }
+            }
+        });
         let store = Self {
             pool,
             pg_config: pg,
@@ -445,10 +512,9 @@ impl PostgresStore {
             delivery_retention: config.delivery_retention,
             dead_node_retention: config.dead_node_retention,
             delivery_deadline: config.delivery_deadline,
-            holders: Mutex::default(),
-            holders_sweep_at: AtomicUsize::new(HOLDERS_SWEPT_FROM),
-            members: Mutex::default(),
-            lost_members: Mutex::default(),
+            book,
+            reads,
+            leases,
         };
         Ok(store)
     }
@@ -570,12 +636,18 @@ impl PostgresStore {
         }
     }
 
-    /// Remembers `holder` as a holder of this process.
-    fn remember(&self, holder: &LeaseHolder) {
-        self.holders
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(holder.id(), holder.liveness());
+    /// How the store's reads and lease grants coalesced: each concurrent call waits for a
+    /// free batch slot and is answered with every other call waiting then, in one statement
+    /// (reads) or one transaction (grants).
+    pub fn batched_calls(&self) -> BatchedCalls {
+        let (reads, read_statements) = self.reads.counts();
+        let (leases, lease_transactions) = self.leases.counts();
+        BatchedCalls {
+            reads,
+            read_statements,
+            leases,
+            lease_transactions,
+        }
     }
 
     /// How many lease holders of this process the store remembers: the live ones, and the
@@ -583,120 +655,7 @@ impl PostgresStore {
     /// Bounded by those: a long-lived process that starts runtime after runtime does not
     /// grow it.
     pub fn remembered_holders(&self) -> usize {
-        self.holders
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
-    /// Forgets the gone holders no lease row names any more, once the remembered ones doubled
-    /// since the last sweep: such a holder can never hold anything again, so forgetting it
-    /// changes no answer. A failed sweep is retried at the next lease.
-    async fn forget_released_holders(&self, client: &tokio_postgres::Client) {
-        let gone: Vec<uuid::Uuid> = {
-            let holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
-            if holders.len() < self.holders_sweep_at.load(Ordering::Relaxed) {
-                return;
-            }
-            holders
-                .iter()
-                .filter(|(_, alive)| alive.strong_count() == 0)
-                .map(|(holder, _)| *holder)
-                .collect()
-        };
-        let still_named = match client
-            .query(
-                "SELECT DISTINCT holder FROM subagents_leases WHERE holder = ANY($1)",
-                &[&gone],
-            )
-            .await
-        {
-            Ok(rows) => rows
-                .iter()
-                .map(|row| row.get(0))
-                .collect::<HashSet<uuid::Uuid>>(),
-            Err(error) => {
-                tracing::debug!(%error, "sweeping gone lease holders failed");
-                return;
-            }
-        };
-        let mut holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
-        for holder in gone {
-            if !still_named.contains(&holder) {
-                holders.remove(&holder);
-            }
-        }
-        self.holders_sweep_at.store(
-            (2 * holders.len()).max(HOLDERS_SWEPT_FROM),
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Whether `holder` is a holder of this process that is gone.
-    fn is_gone(&self, holder: uuid::Uuid) -> bool {
-        self.holders
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&holder)
-            .is_some_and(|alive| alive.strong_count() == 0)
-    }
-
-    fn remember_member(&self, node: uuid::Uuid, incarnation: uuid::Uuid) {
-        self.members
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(node, incarnation);
-    }
-
-    fn remember_lost(&self, node: uuid::Uuid) {
-        self.lost_members
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(node);
-    }
-
-    fn was_lost(&self, node: uuid::Uuid) -> bool {
-        self.lost_members
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&node)
-    }
-
-    /// The incarnation `holder` joined the cluster as, while it is a member.
-    fn member_incarnation(&self, holder: uuid::Uuid) -> Option<uuid::Uuid> {
-        self.members
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&holder)
-            .copied()
-    }
-
-    fn forget_member(&self, node: uuid::Uuid) {
-        self.members
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&node);
-    }
-
-    /// The lease `holder` is granted: a member's lives while its node's incarnation heartbeats
-    /// (its row's own expiry is not read); anyone else's lasts the lease time-to-live unless
-    /// renewed.
-    fn lease_terms(&self, holder: uuid::Uuid, epoch: LeaseEpoch) -> LeaseTerms {
-        match self.member_incarnation(holder) {
-            Some(incarnation) => LeaseTerms {
-                lease: Lease { epoch, ttl: None },
-                row_ttl: self.node_ttl.as_secs_f64(),
-                incarnation: Some(incarnation),
-            },
-            None => LeaseTerms {
-                lease: Lease {
-                    epoch,
-                    ttl: Some(self.lease_ttl),
-                },
-                row_ttl: self.lease_ttl.as_secs_f64(),
-                incarnation: None,
-            },
-        }
+        self.book.remembered_holders()
     }
 
     /// Creates `header` with `events` and, with a holder, its first lease, in one transaction.
@@ -724,7 +683,7 @@ impl PostgresStore {
         let epoch: i64 = i64::from(holder.is_some());
         let parent = header.parent_session.map(uuid_of);
         let holder_id = holder.as_ref().map(LeaseHolder::id);
-        let terms = holder_id.map(|holder| self.lease_terms(holder, LeaseEpoch(1)));
+        let terms = holder_id.map(|holder| self.book.lease_terms(holder, LeaseEpoch(1)));
         let row_ttl = terms.map_or(0.0, |terms| terms.row_ttl);
         let incarnation = terms.and_then(|terms| terms.incarnation);
         let (header_bytes, encoded, holder_id) = (&header_bytes, &encoded, &holder_id);
@@ -788,8 +747,8 @@ impl PostgresStore {
             ));
         }
         if let Some(holder) = &holder {
-            self.remember(holder);
-            self.forget_released_holders(&client).await;
+            self.book.remember(holder);
+            self.book.forget_released_holders(&client).await;
         }
         Ok(terms.map(|terms| terms.lease))
     }
@@ -1031,25 +990,7 @@ impl SessionPersistence for PostgresStore {
     }
 
     fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
-        Box::pin(async move {
-            self.reconnecting("reading a header", |_| async move {
-                let client = self.client().await?;
-                let row = client
-                    .query_opt(
-                        &client
-                            .prepare_cached("SELECT header FROM subagents_sessions WHERE id = $1")
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[&uuid_of(id)],
-                    )
-                    .await
-                    .map_err(io(format!("reading session {id}")))?
-                    .ok_or_else(|| not_found(id))?;
-                let bytes: Vec<u8> = row.get(0);
-                decode_header(id, &bytes)
-            })
-            .await
-        })
+        Box::pin(async move { self.reads.call(ReadRequest::header(id)).await?.header() })
     }
 
     fn read_stored(
@@ -1059,154 +1000,31 @@ impl SessionPersistence for PostgresStore {
         before_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
         Box::pin(async move {
-            self.reconnecting("reading a session", |_| async move {
-                let from = seq_column(from_seq)?;
-                let before = i64::try_from(before_seq).unwrap_or(i64::MAX);
-                let client = self.client().await?;
-                let rows = client
-                    .query(
-                        &client
-                            .prepare_cached(
-                                "SELECT s.next_seq, b.first_seq, b.events,
-                            (SELECT min(first_seq) FROM subagents_event_batches
-                             WHERE session = $1)
-                     FROM subagents_sessions s
-                     LEFT JOIN subagents_event_batches b
-                       ON b.session = s.id
-                      AND b.first_seq < s.next_seq
-                      AND b.first_seq < $3
-                      AND $2 < s.next_seq
-                      AND b.first_seq >= coalesce((
-                          SELECT max(first_seq) FROM subagents_event_batches
-                          WHERE session = $1 AND first_seq <= $2), 0)
-                     WHERE s.id = $1
-                     ORDER BY b.first_seq",
-                            )
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[&uuid_of(id), &from, &before],
-                    )
-                    .await
-                    .map_err(io(format!("reading session {id}")))?;
-                let Some(first) = rows.first() else {
-                    return Err(not_found(id));
-                };
-                let next_seq = seq_value(first.get(0))?.min(before_seq);
-                if from_seq >= next_seq {
-                    return Ok(Vec::new());
-                }
-                // No batch in range: a range inside a seed stored by reference, or lost rows.
-                let none_in_range = rows
-                    .iter()
-                    .all(|row| row.get::<_, Option<i64>>(1).is_none());
-                let first_stored: Option<i64> = first.get(3);
-                if none_in_range
-                    && before_the_stored_log(
-                        first_stored.and_then(|seq| u64::try_from(seq).ok()),
-                        next_seq,
-                    )
-                {
-                    return Ok(Vec::new());
-                }
-                let batches = rows.iter().filter_map(|row| {
-                    let start: Option<i64> = row.get(1);
-                    let bytes: Option<Vec<u8>> = row.get(2);
-                    Some(Ok((
-                        start.and_then(|start| u64::try_from(start).ok()),
-                        bytes?,
-                    )))
-                });
-                assemble(id, from_seq, next_seq, batches)
-            })
-            .await
+            self.reads
+                .call(ReadRequest::events(id, from_seq, before_seq))
+                .await?
+                .events()
+        })
+    }
+
+    /// One read for the header and the stored log (two on the other stores); a seed stored by
+    /// reference is resolved as [`SessionPersistence::read_from`] does.
+    fn inspect(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
+        Box::pin(async move {
+            let stored = self
+                .reads
+                .call(ReadRequest::events(id, 0, u64::MAX).and_header())
+                .await?;
+            let header = stored.header()?;
+            if header.first_stored_seq() > 0 {
+                return super::inspection(self, id).await;
+            }
+            super::inspected(header, stored.events()?)
         })
     }
 
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
-        Box::pin(async move {
-            let holder = &holder;
-            self.reconnecting("leasing a session", |_| async move {
-                let mut client = self.client().await?;
-                let tx = client
-                    .transaction()
-                    .await
-                    .map_err(io(format!("leasing session {id}")))?;
-                let failed = io(format!("leasing session {id}"));
-                let head = tx
-                    .prepare_cached("SELECT epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE")
-                    .await
-                    .map_err(&failed)?;
-                let current = tx
-                    .prepare_cached(concat!(
-                        "SELECT lease.holder, lease.incarnation, ",
-                        lease_live!(),
-                        " FROM subagents_leases lease
-                             LEFT JOIN subagents_nodes node ON node.node = lease.holder
-                             WHERE lease.session = $1 FOR UPDATE OF lease"
-                    ))
-                    .await
-                    .map_err(&failed)?;
-                // Sent together (one round trip); the server runs them in order, so the session row
-                // is locked before the lease row is read.
-                let session = uuid_of(id);
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&session];
-                let (head, held) = futures::try_join!(
-                    tx.query_opt(&head, &params),
-                    tx.query_opt(&current, &params)
-                )
-                .map_err(&failed)?;
-                let epoch: i64 = head.ok_or_else(|| not_found(id))?.get(0);
-                let granted = epoch
-                    .checked_add(1)
-                    .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
-                let terms = self.lease_terms(holder.id(), LeaseEpoch(seq_value(granted)?));
-                if let Some(held) = held {
-                    let (other, incarnation, live): (uuid::Uuid, Option<uuid::Uuid>, bool) =
-                        (held.get(0), held.get(1), held.get(2));
-                    // A node's own lease, unless another incarnation of the node took it (this
-                    // process was paused, and a new one joined under its id).
-                    let ours = other == holder.id() && incarnation == terms.incarnation;
-                    if !ours && live && !self.is_gone(other) {
-                        return Err(SubagentError::new(
-                            ErrorCode::SessionLeased,
-                            format!("session {id} is live in another runtime (its lease is held)"),
-                        ));
-                    }
-                }
-                let grant = tx
-                    .prepare_cached(
-                        "WITH fenced AS (
-                         UPDATE subagents_sessions SET epoch = $3 WHERE id = $1 RETURNING id
-                     )
-                     INSERT INTO subagents_leases (session, holder, epoch, expires_at, incarnation)
-                     SELECT id, $2, $3, now() + make_interval(secs => $4), $5 FROM fenced
-                     ON CONFLICT (session) DO UPDATE
-                     SET holder = excluded.holder, epoch = excluded.epoch,
-                         expires_at = excluded.expires_at, incarnation = excluded.incarnation",
-                    )
-                    .await
-                    .map_err(&failed)?;
-                tx.execute(
-                    &grant,
-                    &[
-                        &uuid_of(id),
-                        &holder.id(),
-                        &granted,
-                        &terms.row_ttl,
-                        &terms.incarnation,
-                    ],
-                )
-                .await
-                .map_err(&failed)?;
-                tx.commit()
-                    .await
-                    .map_err(io(format!("leasing session {id}")))?;
-                self.remember(holder);
-                self.forget_released_holders(&client).await;
-                Ok(terms.lease)
-            })
-            .await
-        })
+        Box::pin(async move { self.leases.call(LeaseRequest { id, holder }).await })
     }
 
     fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {

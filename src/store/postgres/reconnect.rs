@@ -68,29 +68,38 @@ pub(super) fn connection_lost(error: &SubagentError) -> bool {
 }
 
 impl PostgresStore {
-    /// Runs `call` until it answers anything but a lost connection, waiting a bounded backoff
-    /// between attempts, for at most [`RECONNECT_WITHIN`]; the last error past that.
-    pub(super) async fn reconnecting<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T>
+    /// Runs `call` until it answers anything but a lost connection (see [`reconnecting`]).
+    pub(super) async fn reconnecting<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
     where
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let deadline = tokio::time::Instant::now() + RECONNECT_WITHIN;
-        let mut backoff = BACKOFF;
-        let mut attempt = Attempt { after_loss: false };
-        loop {
-            match call(attempt).await {
-                Err(error) if connection_lost(&error) => {
-                    if tokio::time::Instant::now() + backoff >= deadline {
-                        return Err(error);
-                    }
-                    tracing::warn!(%error, ?backoff, "{what}: the connection to PostgreSQL was lost; trying again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    attempt.after_loss = true;
+        reconnecting(what, call).await
+    }
+}
+
+/// Runs `call` until it answers anything but a lost connection, waiting a bounded backoff
+/// between attempts, for at most [`RECONNECT_WITHIN`]; the last error past that.
+pub(super) async fn reconnecting<T, F, Fut>(what: &str, mut call: F) -> Result<T>
+where
+    F: FnMut(Attempt) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + RECONNECT_WITHIN;
+    let mut backoff = BACKOFF;
+    let mut attempt = Attempt { after_loss: false };
+    loop {
+        match call(attempt).await {
+            Err(error) if connection_lost(&error) => {
+                if tokio::time::Instant::now() + backoff >= deadline {
+                    return Err(error);
                 }
-                outcome => return outcome,
+                tracing::warn!(%error, ?backoff, "{what}: the connection to PostgreSQL was lost; trying again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                attempt.after_loss = true;
             }
+            outcome => return outcome,
         }
     }
 }

@@ -1,0 +1,223 @@
+//! Lease grants, many sessions to a transaction (see [`batch`](super::batch)).
+
+use std::collections::HashMap;
+
+use deadpool_postgres::Pool;
+
+use super::lease_book::LeaseBook;
+use super::{io, lease_live, pool_io, seq_value, uuid_of};
+use crate::error::{ErrorCode, Result, SubagentError};
+use crate::ids::SessionId;
+use crate::store::lease::{Lease, LeaseEpoch, LeaseHolder};
+use crate::store::not_found;
+
+/// One session's lease asked for by one holder.
+#[derive(Debug, Clone)]
+pub(super) struct LeaseRequest {
+    pub(super) id: SessionId,
+    pub(super) holder: LeaseHolder,
+}
+
+/// A session's row as the grants see it: its epoch and who holds its lease.
+struct Held {
+    epoch: i64,
+    /// The holder, the node incarnation it holds for, and whether its lease is live.
+    lease: Option<(uuid::Uuid, Option<uuid::Uuid>, bool)>,
+}
+
+/// One granted lease's row.
+struct Grant {
+    holder: uuid::Uuid,
+    epoch: i64,
+    row_ttl: f64,
+    incarnation: Option<uuid::Uuid>,
+}
+
+/// Grants `requests` in one transaction, each as if asked alone and in order: a session's
+/// lease goes to its first asker unless another live holder holds it, and a holder that asks
+/// again gets a newer epoch. The sessions' rows are locked in id order, so concurrent batches
+/// never deadlock on each other.
+///
+/// # Errors
+/// `STORE_IO` for the transaction (every request fails with it). Per request:
+/// `SESSION_NOT_FOUND`, `SESSION_LEASED`.
+pub(super) async fn grant_many(
+    pool: &Pool,
+    book: &LeaseBook,
+    requests: &[LeaseRequest],
+) -> Result<Vec<Result<Lease>>> {
+    let mut ids: Vec<uuid::Uuid> = requests.iter().map(|request| uuid_of(request.id)).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let failed = io(format!("leasing {} sessions", ids.len()));
+    let client = pool
+        .get()
+        .await
+        .map_err(pool_io("connecting to PostgreSQL for leases"))?;
+    let statements = futures::try_join!(
+        client.prepare_cached(
+            "SELECT id, epoch FROM subagents_sessions WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        ),
+        client.prepare_cached(concat!(
+            "SELECT lease.session, lease.holder, lease.incarnation, ",
+            lease_live!(),
+            " FROM subagents_leases lease
+              LEFT JOIN subagents_nodes node ON node.node = lease.holder
+              WHERE lease.session = ANY($1) ORDER BY lease.session FOR UPDATE OF lease"
+        )),
+        client.prepare_cached(
+            "WITH granted AS (
+                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::float8[],
+                                      $5::uuid[])
+                     AS g(session, holder, epoch, ttl, incarnation)
+             ), fenced AS (
+                 UPDATE subagents_sessions s SET epoch = g.epoch
+                 FROM granted g WHERE s.id = g.session
+             )
+             INSERT INTO subagents_leases (session, holder, epoch, expires_at, incarnation)
+             SELECT session, holder, epoch, now() + make_interval(secs => ttl), incarnation
+             FROM granted
+             ON CONFLICT (session) DO UPDATE
+             SET holder = excluded.holder, epoch = excluded.epoch,
+                 expires_at = excluded.expires_at, incarnation = excluded.incarnation",
+        ),
+    )
+    .map_err(&failed)?;
+    let answers = match in_transaction(&client, &statements, book, requests, &ids).await {
+        Ok(answers) => answers,
+        Err(error) => {
+            // Whatever the transaction got to, it ends here: a connection that cannot say so
+            // leaves the pool rather than carry the transaction to its next user.
+            if client.batch_execute("ROLLBACK").await.is_err() {
+                drop(deadpool_postgres::Object::take(client));
+            }
+            return Err(failed(error));
+        }
+    };
+    for (request, answer) in requests.iter().zip(&answers) {
+        if answer.is_ok() {
+            book.remember(&request.holder);
+        }
+    }
+    book.forget_released_holders(&client).await;
+    Ok(answers)
+}
+
+/// The statements of a grant: lock the sessions, read their leases, write the grants.
+type GrantStatements = (
+    tokio_postgres::Statement,
+    tokio_postgres::Statement,
+    tokio_postgres::Statement,
+);
+
+/// The grant's transaction, in two round trips: the sessions' rows are locked and their
+/// leases read (sent together: the server runs them in order, so the lease rows are read
+/// after the session rows are locked, by a statement that sees every grant committed before),
+/// then the grants are written and committed together.
+async fn in_transaction(
+    client: &tokio_postgres::Client,
+    (lock, current, grant): &GrantStatements,
+    book: &LeaseBook,
+    requests: &[LeaseRequest],
+    ids: &[uuid::Uuid],
+) -> std::result::Result<Vec<Result<Lease>>, tokio_postgres::Error> {
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
+    let ((), sessions, leases) = futures::try_join!(
+        client.batch_execute("BEGIN"),
+        client.query(lock, &params),
+        client.query(current, &params)
+    )?;
+    let mut held: HashMap<uuid::Uuid, Held> = sessions
+        .iter()
+        .map(|row| {
+            (
+                row.get(0),
+                Held {
+                    epoch: row.get(1),
+                    lease: None,
+                },
+            )
+        })
+        .collect();
+    for row in &leases {
+        if let Some(session) = held.get_mut(&row.get::<_, uuid::Uuid>(0)) {
+            session.lease = Some((row.get(1), row.get(2), row.get(3)));
+        }
+    }
+    let mut grants: HashMap<uuid::Uuid, Grant> = HashMap::new();
+    let answers: Vec<Result<Lease>> = requests
+        .iter()
+        .map(|request| grant_one(book, request, &mut held, &mut grants))
+        .collect();
+    let mut columns = GrantColumns::default();
+    for (session, grant) in grants {
+        columns.sessions.push(session);
+        columns.holders.push(grant.holder);
+        columns.epochs.push(grant.epoch);
+        columns.ttls.push(grant.row_ttl);
+        columns.incarnations.push(grant.incarnation);
+    }
+    // A failed write is answered before the commit, which then ends the failed transaction.
+    let written: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+        &columns.sessions,
+        &columns.holders,
+        &columns.epochs,
+        &columns.ttls,
+        &columns.incarnations,
+    ];
+    futures::try_join!(
+        client.execute(grant, &written),
+        client.batch_execute("COMMIT")
+    )?;
+    Ok(answers)
+}
+
+/// The granted leases' rows, column by column.
+#[derive(Default)]
+struct GrantColumns {
+    sessions: Vec<uuid::Uuid>,
+    holders: Vec<uuid::Uuid>,
+    epochs: Vec<i64>,
+    ttls: Vec<f64>,
+    incarnations: Vec<Option<uuid::Uuid>>,
+}
+
+/// Decides one request against the rows as the requests before it in the batch left them.
+fn grant_one(
+    book: &LeaseBook,
+    request: &LeaseRequest,
+    held: &mut HashMap<uuid::Uuid, Held>,
+    grants: &mut HashMap<uuid::Uuid, Grant>,
+) -> Result<Lease> {
+    let id = request.id;
+    let session = held.get_mut(&uuid_of(id)).ok_or_else(|| not_found(id))?;
+    let epoch = session
+        .epoch
+        .checked_add(1)
+        .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
+    let holder = request.holder.id();
+    let terms = book.lease_terms(holder, LeaseEpoch(seq_value(epoch)?));
+    if let Some((other, incarnation, live)) = session.lease {
+        // A node's own lease, unless another incarnation of the node took it (this process
+        // was paused, and a new one joined under its id).
+        let ours = other == holder && incarnation == terms.incarnation;
+        if !ours && live && !book.is_gone(other) {
+            return Err(SubagentError::new(
+                ErrorCode::SessionLeased,
+                format!("session {id} is live in another runtime (its lease is held)"),
+            ));
+        }
+    }
+    session.epoch = epoch;
+    session.lease = Some((holder, terms.incarnation, true));
+    grants.insert(
+        uuid_of(id),
+        Grant {
+            holder,
+            epoch,
+            row_ttl: terms.row_ttl,
+            incarnation: terms.incarnation,
+        },
+    );
+    Ok(terms.lease)
+}
