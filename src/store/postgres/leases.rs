@@ -1,6 +1,7 @@
 //! Lease grants, many sessions to a transaction (see [`batch`](super::batch)).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use deadpool_postgres::Pool;
 
@@ -50,10 +51,15 @@ pub(super) async fn grant_many(
     ids.sort_unstable();
     ids.dedup();
     let failed = io(format!("leasing {} sessions", ids.len()));
-    let client = pool
-        .get()
-        .await
-        .map_err(pool_io("connecting to PostgreSQL for leases"))?;
+    let connection = Unfinished {
+        connection: Some(
+            pool.get()
+                .await
+                .map_err(pool_io("connecting to PostgreSQL for leases"))?,
+        ),
+        finished: AtomicBool::new(false),
+    };
+    let client = connection.client()?;
     let statements = futures::try_join!(
         client.prepare_cached(
             "SELECT id, epoch FROM subagents_sessions WHERE id = ANY($1) ORDER BY id FOR UPDATE",
@@ -83,24 +89,57 @@ pub(super) async fn grant_many(
         ),
     )
     .map_err(&failed)?;
-    let answers = match in_transaction(&client, &statements, book, requests, &ids).await {
+    let answers = match in_transaction(client, &statements, book, requests, &ids).await {
         Ok(answers) => answers,
         Err(error) => {
-            // Whatever the transaction got to, it ends here: a connection that cannot say so
-            // leaves the pool rather than carry the transaction to its next user.
-            if client.batch_execute("ROLLBACK").await.is_err() {
-                drop(deadpool_postgres::Object::take(client));
+            // Whatever the transaction got to, it ends here; a connection that cannot say so
+            // leaves the pool (see `Unfinished`).
+            if client.batch_execute("ROLLBACK").await.is_ok() {
+                connection.finished();
             }
             return Err(failed(error));
         }
     };
+    connection.finished();
     for (request, answer) in requests.iter().zip(&answers) {
         if answer.is_ok() {
             book.remember(&request.holder);
         }
     }
-    book.forget_released_holders(&client).await;
+    book.forget_released_holders(client).await;
     Ok(answers)
+}
+
+/// A connection inside the grant's transaction. Dropped before it is finished (the batch was
+/// cancelled, or its rollback failed), it leaves the pool and closes, which ends the
+/// transaction on the server, rather than carry the open transaction and its row locks to
+/// the connection's next user.
+struct Unfinished {
+    connection: Option<deadpool_postgres::Object>,
+    finished: AtomicBool,
+}
+
+impl Unfinished {
+    fn client(&self) -> Result<&deadpool_postgres::Object> {
+        self.connection
+            .as_ref()
+            .ok_or_else(|| SubagentError::bug("a lease grant without its connection"))
+    }
+
+    /// The transaction ended: the connection may serve its next user.
+    fn finished(&self) {
+        self.finished.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.finished.load(Ordering::Acquire) {
+            if let Some(connection) = self.connection.take() {
+                drop(deadpool_postgres::Object::take(connection));
+            }
+        }
+    }
 }
 
 /// The statements of a grant: lock the sessions, read their leases, write the grants.
