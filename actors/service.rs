@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use futures::future::BoxFuture;
+use futures::TryStreamExt;
 
 use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
@@ -39,7 +40,9 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::ids::{MessageId, RunId, SessionId};
 use crate::projection::listing::Listing;
-use crate::projection::{SubagentDescendantListEntry, SubagentForestTree, SubagentListEntry};
+use crate::projection::{
+    SubagentDescendantListEntry, SubagentForestEntry, SubagentForestTree, SubagentListEntry,
+};
 use crate::schema::ObjectSchema;
 use crate::seam::budget;
 use crate::seam::continuable::{
@@ -481,7 +484,38 @@ impl Subagents {
     /// # Errors
     /// As [`Subagents::list_children`].
     pub async fn list_forest(&self, cancel: CancellationToken) -> Result<Vec<SubagentForestTree>> {
-        Listing::open(&self.agents, cancel).await?.forest().await
+        let entries = self.stream_forest(cancel).await?;
+        entries
+            .try_fold(
+                Vec::new(),
+                |mut forest: Vec<SubagentForestTree>, SubagentForestEntry { root, entry }| {
+                    match forest.last_mut() {
+                        Some(tree) if tree.root == root => tree.descendants.push(entry),
+                        _ => forest.push(SubagentForestTree {
+                            root,
+                            descendants: vec![entry],
+                        }),
+                    }
+                    std::future::ready(Ok(forest))
+                },
+            )
+            .await
+    }
+
+    /// [`Subagents::list_forest`] as a stream of entries, root by root and in pre-order within
+    /// a root, each yielded as soon as it is identified (at most four store reads at once): a
+    /// caller that prints or counts the forest holds one entry at a time, not the whole
+    /// listing. The store is read for every root once, before the first entry; a root appears
+    /// only through its entries, so a root with none listed does not appear.
+    ///
+    /// # Errors
+    /// As [`Subagents::list_children`]: reading the corpus fails the call; an entry's failure
+    /// (`CANCELLED`, a store error) is the stream's next item.
+    pub async fn stream_forest(
+        &self,
+        cancel: CancellationToken,
+    ) -> Result<impl futures::Stream<Item = Result<SubagentForestEntry>> + Send + 'static> {
+        Ok(Arc::new(Listing::open(&self.agents, cancel).await?).forest())
     }
 
     /// Registers `provider` under its name.

@@ -153,8 +153,8 @@ pub use host::{AgentHandle, Budget, BudgetLimit, BudgetSpent, CreateAgent, Resum
 pub use ids::{CallId, MessageId, RunId, SessionId};
 pub use model::{BlockType, FinishReason, GenerateRequest, LlmAdapter, StreamChunk};
 pub use projection::{
-    SubagentActivity, SubagentDescendantListEntry, SubagentDiagnosticReason, SubagentForestTree,
-    SubagentListEntry,
+    SubagentActivity, SubagentDescendantListEntry, SubagentDiagnosticReason, SubagentForestEntry,
+    SubagentForestTree, SubagentListEntry,
 };
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use schema::ObjectSchema;

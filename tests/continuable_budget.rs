@@ -1,4 +1,4 @@
-//! Per-child budgets (beyond the reference): limits on turns, model tokens and wall time, set
+//! Per-child budgets (beyond the TypeScript runtime): limits on turns, model tokens and wall time, set
 //! at start, recorded in a version-3 descriptor, carried across cold resume and enforced by the
 //! runtime; the turn that crosses a limit ends `budget-exhausted`, the parent's settled notice
 //! names the limit, and follow-ups are refused until one raises it.

@@ -3,8 +3,8 @@
 //! delegated policy on continuable children (CINH-03/04/07), and the lifecycle invariant
 //! (INV-01..04).
 //!
-//! Tests marked "(adapted)" reach the upstream behavior through a different hold or fault than
-//! upstream does; the comment above each says which.
+//! Tests marked "(adapted)" reach the TypeScript runtime's behavior through a different hold or fault
+//! than it does; the comment above each says which.
 
 use std::sync::{Arc, Mutex};
 
@@ -53,7 +53,7 @@ async fn first_notice(parent: &AgentRef) -> Vec<ContentBlock> {
 }
 
 /// The settled notices journaled into `agent`'s inbox, read or still pending, in order (the
-/// Rust form of upstream's `settlementNotices`: logged plus pending).
+/// Rust form of the TypeScript runtime's `settlementNotices`: logged plus pending).
 fn notices_delivered(agent: &AgentRef) -> Vec<Message> {
     agent
         .log()
@@ -657,7 +657,7 @@ async fn a_child_published_under_a_parent_that_settled_meanwhile_is_rolled_back(
     settled(&recorder, outer.child_id, 1).await;
     creation.release();
     let error = within("the start", starting).await.unwrap_err();
-    // Upstream reaches ACTIVATION_CLOSING (ownership refused by a disposing parent); here the
+    // The TypeScript runtime reaches ACTIVATION_CLOSING (ownership refused by a disposing parent); here the
     // parent's release completed first, so the exact-live-parent check refuses it.
     assert_eq!(error.code(), ErrorCode::Unauthorized, "{error}");
     let live: Vec<SessionId> = rt.agents().list().await.iter().map(AgentRef::id).collect();

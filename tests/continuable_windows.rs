@@ -628,7 +628,7 @@ async fn a_follow_up_admitted_before_a_drain_is_enqueued_before_the_cancel() {
         text("before drain"),
         FollowupOptions::new(MessageSource::User),
     );
-    // One scheduler pass (upstream's one tick): the follow-up's own task reaches the manager,
+    // One scheduler pass (the TypeScript runtime's one tick): the follow-up's own task reaches the manager,
     // then the drain is requested. The gate stays closed: only the drain's cancel ends the turn.
     tokio::task::yield_now().await;
     let drain = rt

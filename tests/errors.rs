@@ -1,4 +1,4 @@
-//! The error surface: codes print as the upstream strings, and errors carry their code.
+//! The error surface: codes print as the TypeScript runtime's strings, and errors carry their code.
 
 use subagents::{ErrorCode, SubagentError};
 

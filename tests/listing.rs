@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::future::{self, BoxFuture};
+use futures::TryStreamExt;
 use serde_json::{json, Value};
 use subagents::projection::{ProjectionUnit, CHECKPOINT_RECORD, IDENTITY_UNIT, TIMING_UNIT};
 use subagents::seam::DelegationMode;
@@ -22,7 +23,8 @@ use subagents::{
     EventKind, EventScope, Lease, LeaseEpoch, LeaseHolder, MemoryStore, Runtime, SessionEvent,
     SessionHeader, SessionId, SessionLog, SessionPersistence, SharedStore, SledStore,
     SubagentActivity, SubagentDescendantListEntry, SubagentDescriptor, SubagentDiagnosticReason,
-    SubagentError, SubagentListEntry, SubagentStartRequest, TurnEndReason,
+    SubagentError, SubagentForestEntry, SubagentForestTree, SubagentListEntry,
+    SubagentStartRequest, TurnEndReason,
 };
 
 use crate::support::{

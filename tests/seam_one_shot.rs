@@ -195,7 +195,7 @@ async fn a_routeless_parent_gives_the_child_only_its_depth() {
         },
         "no invented provider or model"
     );
-    // Unlike upstream, this runtime has a default route, so the child still runs.
+    // Unlike the TypeScript runtime, this one has a default route, so the child still runs.
     assert_eq!(
         run.result().await.unwrap().stop_reason,
         StopReason::Completed

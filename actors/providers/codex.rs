@@ -629,7 +629,7 @@ impl CodexSession {
                 }
             }
         }
-        // Disposal interrupts the turn, even one that ended (best effort, as the reference).
+        // Disposal interrupts the turn, even one that ended (best effort, as the TypeScript runtime does).
         self.interrupt(&turn).await;
     }
 

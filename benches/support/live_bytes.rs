@@ -11,21 +11,42 @@ pub struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
+/// The most heap bytes live at once since the last [`reset_peak`].
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
 /// The heap bytes allocated and not yet freed.
 pub fn live_bytes() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
+/// The most heap bytes live at once since the last [`reset_peak`].
+#[allow(dead_code)]
+pub fn peak_bytes() -> usize {
+    PEAK.load(Ordering::Relaxed)
+}
+
+/// Starts a new peak from what is live now.
+#[allow(dead_code)]
+pub fn reset_peak() {
+    PEAK.store(live_bytes(), Ordering::Relaxed);
+}
+
+/// Counts `size` more bytes live, raising the peak past them.
+fn grew(size: usize) {
+    let live = LIVE.fetch_add(size, Ordering::Relaxed) + size;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
 // SAFETY: every call forwards to mimalloc unchanged; the counter only observes sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        grew(layout.size());
         // SAFETY: the caller upholds `alloc`'s contract, which is mimalloc's.
         unsafe { mimalloc::MiMalloc.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        grew(layout.size());
         // SAFETY: as for `alloc`.
         unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
     }
@@ -40,7 +61,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: as for `dealloc`, and `new_size` is the caller's.
         let moved = unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) };
         if !moved.is_null() {
-            LIVE.fetch_add(new_size, Ordering::Relaxed);
+            grew(new_size);
             LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         }
         moved

@@ -6,10 +6,11 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
+use futures::TryStreamExt;
 use subagents::store::SharedStore;
 use subagents::{
     CancellationToken, ErrorCode, Runtime, SessionId, SubagentDescendantListEntry, SubagentError,
-    SubagentForestTree, SubagentListEntry,
+    SubagentForestEntry, SubagentListEntry,
 };
 
 use super::store::StoreLocation;
@@ -28,14 +29,32 @@ pub(crate) struct TreeArgs {
     json: bool,
 }
 
-/// Runs the command, writing to `out`.
+/// Runs the command, writing to `out` as the listing streams: the forest's entries are
+/// printed as they are identified, not gathered first.
 pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), super::super::Failure> {
     // Kept until the command ends: the copy a read-only store is listed from.
     let (store, _copy) = open_for_listing(&args.store).await?;
     let rt = Runtime::builder()
         .shared_store(Arc::clone(&store))
         .build()?;
-    let trees = match args.root {
+    let printed = print_forest(&rt, &store, &args, out).await;
+    // Shut down whatever the printing did (a closed output stops it early).
+    let shutdown = rt.shutdown().await;
+    printed?;
+    shutdown?;
+    Ok(())
+}
+
+/// Lists the asked-for tree, or every tree of the store, into `out`.
+async fn print_forest(
+    rt: &Runtime,
+    store: &SharedStore,
+    args: &TreeArgs,
+    out: &mut impl Write,
+) -> Result<(), super::super::Failure> {
+    let mut printer = ForestPrinter::new(out, args.json);
+    printer.begin()?;
+    match args.root {
         Some(root) => {
             let descendants = rt
                 .subagents()
@@ -50,17 +69,26 @@ pub(crate) async fn run(args: TreeArgs, out: &mut impl Write) -> Result<(), supe
                 )
                 .into());
             }
-            vec![SubagentForestTree { root, descendants }]
+            printer.root(root)?;
+            for entry in &descendants {
+                printer.entry(entry)?;
+            }
         }
         // One read of the store for every root; only roots with delegated children.
-        None => rt.subagents().list_forest(CancellationToken::new()).await?,
-    };
-    rt.shutdown().await?;
-    if args.json {
-        print_json(&trees, out)?;
-    } else {
-        print_text(&trees, &args, out)?;
+        None => {
+            let mut entries = rt
+                .subagents()
+                .stream_forest(CancellationToken::new())
+                .await?;
+            while let Some(SubagentForestEntry { root, entry }) = entries.try_next().await? {
+                if printer.current_root() != Some(root) {
+                    printer.root(root)?;
+                }
+                printer.entry(&entry)?;
+            }
+        }
     }
+    printer.finish(&args.store)?;
     Ok(())
 }
 
@@ -157,43 +185,98 @@ fn describe(entry: &SubagentListEntry) -> String {
     }
 }
 
-fn print_text(
-    trees: &[SubagentForestTree],
-    args: &TreeArgs,
-    out: &mut impl Write,
-) -> std::io::Result<()> {
-    if trees.is_empty() {
-        writeln!(out, "no delegated children in {}", args.store)?;
-    }
-    for tree in trees {
-        writeln!(out, "{}", tree.root)?;
-        if tree.descendants.is_empty() {
-            writeln!(out, "  (no delegated children)")?;
-        }
-        for row in &tree.descendants {
-            let indent = "  ".repeat(usize::try_from(row.depth).unwrap_or(usize::MAX).min(64));
-            writeln!(out, "{indent}{}", describe(&row.entry))?;
-        }
-    }
-    Ok(())
+/// Prints a forest as its entries arrive: an indented tree, or JSON of one shape whether or
+/// not a root was asked for (a list of roots, each with its descendants in pre-order, an empty
+/// list for a root with none), one entry a line.
+struct ForestPrinter<'a, W: Write> {
+    out: &'a mut W,
+    json: bool,
+    /// The root being printed, and how many of its entries were.
+    current: Option<(SessionId, usize)>,
+    /// Whether any root was printed.
+    any: bool,
 }
 
-/// One shape whether or not a root was asked for: a list of roots, each with its descendants
-/// (an empty list for a root with none).
-fn print_json(trees: &[SubagentForestTree], out: &mut impl Write) -> std::io::Result<()> {
-    /// One printed root, serialized from the listing as it is (no JSON tree built first).
-    #[derive(serde::Serialize)]
-    struct Root<'a> {
-        root: SessionId,
-        descendants: &'a [SubagentDescendantListEntry],
+impl<'a, W: Write> ForestPrinter<'a, W> {
+    fn new(out: &'a mut W, json: bool) -> Self {
+        Self {
+            out,
+            json,
+            current: None,
+            any: false,
+        }
     }
-    let roots: Vec<Root<'_>> = trees
-        .iter()
-        .map(|tree| Root {
-            root: tree.root,
-            descendants: &tree.descendants,
-        })
-        .collect();
-    serde_json::to_writer_pretty(&mut *out, &roots)?;
-    writeln!(out)
+
+    fn current_root(&self) -> Option<SessionId> {
+        self.current.map(|(root, _)| root)
+    }
+
+    fn begin(&mut self) -> std::io::Result<()> {
+        if self.json {
+            write!(self.out, "[")?;
+        }
+        Ok(())
+    }
+
+    fn root(&mut self, root: SessionId) -> std::io::Result<()> {
+        self.end_root()?;
+        if self.json {
+            let separator = if self.any { "," } else { "" };
+            write!(
+                self.out,
+                "{separator}\n  {{\"root\": {}, \"descendants\": [",
+                serde_json::to_string(&root)?
+            )?;
+        } else {
+            writeln!(self.out, "{root}")?;
+        }
+        self.current = Some((root, 0));
+        self.any = true;
+        Ok(())
+    }
+
+    fn entry(&mut self, row: &SubagentDescendantListEntry) -> std::io::Result<()> {
+        let printed = match &mut self.current {
+            Some((_, printed)) => printed,
+            None => return Ok(()),
+        };
+        if self.json {
+            let separator = if *printed > 0 { "," } else { "" };
+            write!(self.out, "{separator}\n    {}", serde_json::to_string(row)?)?;
+        } else {
+            let indent = "  ".repeat(usize::try_from(row.depth).unwrap_or(usize::MAX).min(64));
+            writeln!(self.out, "{indent}{}", describe(&row.entry))?;
+        }
+        *printed += 1;
+        Ok(())
+    }
+
+    fn end_root(&mut self) -> std::io::Result<()> {
+        match self.current.take() {
+            Some((_, printed)) if self.json => {
+                if printed > 0 {
+                    write!(self.out, "\n  ]}}")
+                } else {
+                    write!(self.out, "]}}")
+                }
+            }
+            Some((_, 0)) => writeln!(self.out, "  (no delegated children)"),
+            _ => Ok(()),
+        }
+    }
+
+    fn finish(&mut self, store: &StoreLocation) -> std::io::Result<()> {
+        self.end_root()?;
+        if self.json {
+            if self.any {
+                writeln!(self.out, "\n]")
+            } else {
+                writeln!(self.out, "]")
+            }
+        } else if !self.any {
+            writeln!(self.out, "no delegated children in {store}")
+        } else {
+            Ok(())
+        }
+    }
 }

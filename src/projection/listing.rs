@@ -66,7 +66,7 @@ pub enum SubagentDiagnosticReason {
     /// No identity could be folded: a missing, malformed or unknown-version descriptor (not
     /// distinguished), a failing projection unit, or a stored header of another lifecycle.
     Corrupt,
-    /// Kept for the seed's type; never produced.
+    /// Kept for the TypeScript runtime's listing type; never produced here.
     Unsupported,
     /// The stored log could not be read; the next listing tries again.
     Unavailable,
@@ -143,6 +143,17 @@ pub struct SubagentForestTree {
     /// The root's descendants in pre-order, as [`crate::Subagents::list_descendants`] lists
     /// them.
     pub descendants: Vec<SubagentDescendantListEntry>,
+}
+
+/// One entry of the durable forest as it streams ([`crate::Subagents::stream_forest`]): a
+/// descendant and the root whose tree it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubagentForestEntry {
+    /// The root of the entry's tree (see [`SubagentForestTree::root`]).
+    pub root: SessionId,
+    /// The descendant, with its parent and depth under `root`.
+    pub entry: SubagentDescendantListEntry,
 }
 
 /// One session of the corpus.
@@ -296,11 +307,9 @@ impl Listing {
             .collect())
     }
 
-    /// The entries of `root`'s whole descendant tree, in pre-order.
-    pub(crate) async fn descendants(
-        &self,
-        root: SessionId,
-    ) -> Result<Vec<SubagentDescendantListEntry>> {
+    /// The candidates of `root`'s whole descendant tree in pre-order, each with its parent
+    /// and depth.
+    fn preorder(&self, root: SessionId) -> Vec<(&Record, SessionId, u64)> {
         // Iterative, with a visited set: a corrupt parent cycle or a very deep chain of
         // ordinary sessions can neither loop nor exhaust the stack.
         let mut order: Vec<(&Record, SessionId, u64)> = Vec::new();
@@ -321,6 +330,15 @@ impl Listing {
                 }
             }
         }
+        order
+    }
+
+    /// The entries of `root`'s whole descendant tree, in pre-order.
+    pub(crate) async fn descendants(
+        &self,
+        root: SessionId,
+    ) -> Result<Vec<SubagentDescendantListEntry>> {
+        let order = self.preorder(root);
         let candidates: Vec<&Record> = order.iter().map(|(record, _, _)| *record).collect();
         let served = self.serve(&candidates).await?;
         Ok(served
@@ -358,17 +376,48 @@ impl Listing {
         roots.into_iter().map(|(_, id)| id).collect()
     }
 
-    /// Every tree of the corpus's forest (see [`Listing::roots`]) whose root has a listed
-    /// descendant.
-    pub(crate) async fn forest(&self) -> Result<Vec<SubagentForestTree>> {
-        let mut forest = Vec::new();
-        for root in self.roots() {
-            let descendants = self.descendants(root).await?;
-            if !descendants.is_empty() {
-                forest.push(SubagentForestTree { root, descendants });
-            }
-        }
-        Ok(forest)
+    /// Every entry of the corpus's forest, root by root (see [`Listing::roots`]) and in
+    /// pre-order within a root, as each is identified: at most [`COLD_READS`] store reads at
+    /// once, and nothing of an entry kept once it is yielded.
+    pub(crate) fn forest(
+        self: Arc<Self>,
+    ) -> impl futures::Stream<Item = Result<SubagentForestEntry>> + Send + 'static {
+        // Ids, not records: the stream owns the listing, and each read borrows it anew.
+        let order: Vec<(SessionId, SessionId, SessionId, u64)> = self
+            .roots()
+            .into_iter()
+            .flat_map(|root| {
+                self.preorder(root)
+                    .into_iter()
+                    .map(move |(record, parent, depth)| (root, record.header.id, parent, depth))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        stream::iter(order)
+            .map(move |(root, id, parent_id, depth)| {
+                let listing = Arc::clone(&self);
+                let entry: BoxFuture<'static, Result<Option<SubagentForestEntry>>> =
+                    Box::pin(async move {
+                        check(&listing.cancel)?;
+                        let Some(record) = listing.records.get(&id) else {
+                            return Ok(None);
+                        };
+                        Ok(match listing.identify(record).await? {
+                            Served::Entry(entry) => Some(SubagentForestEntry {
+                                root,
+                                entry: SubagentDescendantListEntry {
+                                    entry,
+                                    parent_id,
+                                    depth,
+                                },
+                            }),
+                            Served::Omitted => None,
+                        })
+                    });
+                entry
+            })
+            .buffered(COLD_READS)
+            .try_filter_map(|entry| std::future::ready(Ok(entry)))
     }
 
     /// Serves every candidate, in order, at most [`COLD_READS`] store reads at once.

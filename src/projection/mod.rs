@@ -15,8 +15,8 @@ mod unit;
 pub use cache::CHECKPOINT_RECORD;
 pub use identity::{SubagentIdentity, SubagentIdentityUnit, IDENTITY_UNIT};
 pub use listing::{
-    SubagentActivity, SubagentDescendantListEntry, SubagentDiagnosticReason, SubagentForestTree,
-    SubagentListEntry, COLD_READS,
+    SubagentActivity, SubagentDescendantListEntry, SubagentDiagnosticReason, SubagentForestEntry,
+    SubagentForestTree, SubagentListEntry, COLD_READS,
 };
 pub use registry::{CheckpointRow, ProjectionRegistration, ProjectionRegistry, ProjectionSnapshot};
 pub use timing::{ActiveSpan, SubagentTiming, SubagentTimingUnit, TIMING_UNIT};

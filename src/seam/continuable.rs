@@ -20,7 +20,7 @@ use crate::tools::ToolFilter;
 /// What `start_continuable` is asked for: the provider, the delegation's durable label, the
 /// delegating parent and prompt, optional composition inputs, and the caller's cancellation.
 ///
-/// The child id is always minted by the manager (the seed has no caller-chosen id), and a
+/// The child id is always minted by the manager (a caller never chooses it), and a
 /// continuable child carries no output schema: structured output is one run's contract, not a
 /// durable child's.
 #[derive(Debug, Clone)]

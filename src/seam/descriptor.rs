@@ -5,8 +5,8 @@
 //! holds `{version, mode, provider, label, agentProvider?, agentModel?, persona?, toolFilter?}`.
 //! Depth, output schema and token caps are never recorded. The model never sees a descriptor.
 //!
-//! Version 2 is the seed's format and is what a descriptor without a budget is written as, so
-//! every reader of the seed's format still reads it. A continuable child started with a budget
+//! Version 2 is the format the TypeScript runtime writes and is what a descriptor without a
+//! budget is written as, so every reader of that format still reads it. A continuable child started with a budget
 //! is written as version 3, which adds `budget: {turns?, tokens?, wallTimeMs?}`: a reader that
 //! knows only version 2 classifies it as unknown, not corrupt.
 //!
@@ -24,7 +24,8 @@ use crate::seam::budget;
 use crate::session::{EventKind, SessionEvent};
 use crate::tools::ToolFilter;
 
-/// The seed's descriptor format version: written for every descriptor without a budget.
+/// The descriptor format version the TypeScript runtime writes: written for every descriptor
+/// without a budget.
 pub const SUBAGENT_DESCRIPTOR_VERSION: u64 = 2;
 
 /// The descriptor format version written for a continuable child with a budget.
@@ -195,7 +196,7 @@ impl SubagentDescriptor {
         let allowed = match (mode, budgeted) {
             (DelegationMode::OneShot, _) => ONE_SHOT_FIELDS,
             (DelegationMode::Continuable, true) => CONTINUABLE_FIELDS,
-            // The seed's version has every continuable field but the budget (the last one).
+            // Version 2 has every continuable field but the budget (the last one).
             (DelegationMode::Continuable, false) => {
                 &CONTINUABLE_FIELDS[..CONTINUABLE_FIELDS.len() - 1]
             }

@@ -21,8 +21,8 @@ pub struct SubagentResult {
     pub structured: Option<Value>,
     /// Why the run ended.
     pub stop_reason: StopReason,
-    /// A provider's safe account of why a run failed (an extension of the seed's three
-    /// fields: it never changes `stop_reason` or `output`). At most
+    /// A provider's safe account of why a run failed (beside the three fields every
+    /// result has: it never changes `stop_reason` or `output`). At most
     /// [`SubagentResult::DIAGNOSTIC_LIMIT`] bytes; see [`SubagentResult::with_diagnostic`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnostic: Option<String>,

@@ -2,7 +2,7 @@
 //!
 //! A seed handed to agent creation must start at seq 0 with no gaps, hold only lossless JSON,
 //! pass every log invariant, and be balanced (no open turn or step, no dangling tool call).
-//! Upstream checks only the first three; the balance rule is ours, because an unbalanced seed
+//! The TypeScript runtime checks only the first three; the balance rule is ours, because an unbalanced seed
 //! would make the child's first `turn/start` break invariant 1.
 
 use std::sync::Arc;

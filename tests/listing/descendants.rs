@@ -309,3 +309,72 @@ async fn the_forest_is_every_root_with_descendants_from_one_read_of_the_store() 
         [at(inactive(child, "the live root's child"), parent, 1)]
     );
 }
+
+// The forest streams: root by root, in pre-order within a root, each entry as soon as it is
+// identified, with at most `COLD_READS` children read ahead of the caller; gathered, the
+// entries are the forest `list_forest` lists.
+#[actix_rt::test]
+async fn the_forest_streams_root_by_root_in_pre_order_and_holds_no_entry() {
+    let (probe, rt, parent) = probed_parent().await;
+    for index in 0..12u64 {
+        author(
+            &*probe,
+            delegated(SessionId::new(), parent, 10 + index),
+            child_events(continuable(&format!("child {index}"))),
+        )
+        .await;
+    }
+    let absent = SessionId::new();
+    let orphan = author(
+        &*probe,
+        delegated(SessionId::new(), absent, 5),
+        child_events(continuable("an absent parent's child")),
+    )
+    .await;
+    let inspected_before = probe.inspected().len();
+    let mut entries = within(
+        "the corpus",
+        rt.subagents().stream_forest(CancellationToken::new()),
+    )
+    .await
+    .unwrap();
+    let first = within("the first entry", entries.try_next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.root, absent, "the oldest root first");
+    assert_eq!(
+        first.entry,
+        at(inactive(orphan, "an absent parent's child"), absent, 1)
+    );
+    let read_ahead = probe.inspected().len() - inspected_before;
+    assert!(
+        read_ahead <= subagents::projection::COLD_READS,
+        "{read_ahead} children read before the first entry was taken"
+    );
+    let rest: Vec<SubagentForestEntry> = within("the rest", entries.try_collect()).await.unwrap();
+    assert!(rest.iter().all(|entry| entry.root == parent));
+    let rest: Vec<SubagentDescendantListEntry> =
+        rest.into_iter().map(|entry| entry.entry).collect();
+    assert_eq!(rest.len(), 12);
+    assert_eq!(rest, descendants(&rt, parent).await);
+    let forest = within(
+        "the forest",
+        rt.subagents().list_forest(CancellationToken::new()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        forest,
+        [
+            SubagentForestTree {
+                root: absent,
+                descendants: vec![first.entry],
+            },
+            SubagentForestTree {
+                root: parent,
+                descendants: rest,
+            },
+        ]
+    );
+}
