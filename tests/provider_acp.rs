@@ -116,27 +116,55 @@ async fn a_configured_cwd_overrides_the_parent_cwd_for_the_process_and_the_sessi
     assert_eq!(text_of(&result.output), format!("{cwd}\n{cwd}"));
 }
 
-// ACP-06
+// ACP-06 (an allow-list, beyond the TypeScript runtime's deny-list: issue #18)
 #[actix_rt::test]
-async fn the_child_env_drops_ambient_credentials_and_keeps_explicit_ones() {
+async fn the_child_env_is_the_base_set_the_names_the_host_passes_and_its_overlay() {
     // The provider reads the ambient environment, so the test must set it. Nothing else in
     // this process reads these names, and std serializes its own environment access.
     std::env::set_var("ACP_TEST_AMBIENT_TOKEN", "leaked");
     std::env::set_var("ACP_TEST_PLAIN", "plain");
-    for (name, overlay, expected) in [
+    std::env::set_var("ACP_TEST_DATABASE_URL", "postgres://u:pw@db/app");
+    std::env::set_var(
+        "ACP_AGENT_TEST_AMBIENT",
+        "a hook the host did not configure",
+    );
+    let home = std::env::var("HOME").unwrap_or_else(|_| "<HOME unset>".to_owned());
+    for (name, inherit, overlay, expected) in [
+        // Nothing outside the base set is inherited, credential-like or not.
         (
             "ACP_TEST_AMBIENT_TOKEN",
+            false,
             None,
             "<ACP_TEST_AMBIENT_TOKEN unset>",
         ),
-        ("ACP_TEST_PLAIN", None, "plain"),
-        ("ACP_TEST_API_KEY", Some("explicit"), "explicit"),
+        ("ACP_TEST_PLAIN", false, None, "<ACP_TEST_PLAIN unset>"),
+        (
+            "ACP_TEST_DATABASE_URL",
+            false,
+            None,
+            "<ACP_TEST_DATABASE_URL unset>",
+        ),
+        // The peer's own scripting hooks reach it only when configured.
+        (
+            "ACP_AGENT_TEST_AMBIENT",
+            false,
+            None,
+            "<ACP_AGENT_TEST_AMBIENT unset>",
+        ),
+        // A name the host passes on is inherited; a value it sets is laid on top.
+        ("ACP_TEST_PLAIN", true, None, "plain"),
+        ("ACP_TEST_API_KEY", false, Some("explicit"), "explicit"),
+        ("HOME", false, None, home.as_str()),
     ] {
         let mut script = vec![("ACP_AGENT_ECHO_ENV", name)];
         if let Some(value) = overlay {
             script.push((name, value));
         }
-        let acp = Acp::peer(&script).await;
+        let mut config = peer_config(&script);
+        if inherit {
+            config.inherit_env = vec![name.to_owned()];
+        }
+        let acp = Acp::new(config).await;
         let result = run_once(&acp, "env").await;
         assert_eq!(text_of(&result.output), expected, "{name}");
     }

@@ -54,7 +54,8 @@ fn default_acp_name() -> String {
 }
 
 /// The ACP provider's configuration, in the TypeScript runtime's keys (`providerName`, `command`,
-/// `args`, `cwd`, `permission`, `env`, `disposeEofGraceMs`, `disposeGraceMs`).
+/// `args`, `cwd`, `permission`, `env`, `disposeEofGraceMs`, `disposeGraceMs`), and this runtime's
+/// `inheritEnv`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AcpProviderConfig {
@@ -74,9 +75,14 @@ pub struct AcpProviderConfig {
     /// The permission policy (default `reject`).
     #[serde(default)]
     pub permission: AcpPermission,
-    /// Variables laid over the scrubbed environment.
+    /// Variables laid over the inherited environment.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Names the child inherits from this process's environment when they are set, beyond the
+    /// base set ([`BASE_ENV`](crate::out_of_process::BASE_ENV) and `LC_*`): a proxy, a
+    /// certificate bundle, a credential the host means to pass on. Nothing else is inherited.
+    #[serde(default)]
+    pub inherit_env: Vec<String>,
     /// How long a disposed child has to exit after its stdin closes (default 6000 ms; it
     /// outlasts the SIGTERM grace so a child that flushes on EOF can finish).
     #[serde(default = "crate::out_of_process::default_dispose_eof_grace_ms")]
@@ -96,6 +102,7 @@ impl AcpProviderConfig {
             cwd: None,
             permission: AcpPermission::default(),
             env: BTreeMap::new(),
+            inherit_env: Vec::new(),
             dispose_eof_grace_ms: crate::out_of_process::default_dispose_eof_grace_ms(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -117,6 +124,8 @@ struct AcpSettings {
     cwd: Option<PathBuf>,
     permission: AcpPermission,
     env: BTreeMap<String, String>,
+    /// Names inherited from this process's environment beyond the base set.
+    inherit_env: Vec<String>,
     eof_grace: Duration,
     grace: Duration,
 }
@@ -190,6 +199,7 @@ impl AcpProvider {
                 cwd,
                 permission: config.permission,
                 env: config.env,
+                inherit_env: config.inherit_env,
                 eof_grace,
                 grace,
             }),
@@ -255,7 +265,11 @@ async fn start_run(
     let process = ChildProcess::spawn(&ProcessSpec {
         argv: settings.argv.clone(),
         cwd: cwd.clone(),
-        env: child_env(std::env::vars_os(), &settings.env),
+        env: child_env(
+            std::env::vars_os(),
+            settings.inherit_env.iter().map(String::as_str),
+            &settings.env,
+        ),
         stderr: if settings.stderr_tail {
             StderrMode::Piped
         } else {

@@ -32,6 +32,10 @@ use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
 
 const PREFIX: &str = "subagent-claude-code";
+/// What Claude Code documents that it reads to start, inherited whenever set: where its own
+/// configuration and login live (an API key reaches it only through `env` or `inheritEnv`).
+const CLAUDE_CODE_ENV: [&str; 1] = ["CLAUDE_CONFIG_DIR"];
+
 /// The product, as the failure line and the facts name it.
 const PRODUCT: &str = "Claude Code";
 
@@ -143,7 +147,7 @@ fn default_claude_command() -> String {
     "claude".to_owned()
 }
 
-/// The Claude Code provider's configuration (`providerName`, `command`, `env`,
+/// The Claude Code provider's configuration (`providerName`, `command`, `env`, `inheritEnv`,
 /// `permissionMode`, `disposeGraceMs`). There is no cwd override.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -157,9 +161,14 @@ pub struct ClaudeCodeProviderConfig {
     /// Arguments before the provider's own flags (empty by default).
     #[serde(default)]
     pub args: Vec<String>,
-    /// Variables laid over the scrubbed environment (an API key goes here).
+    /// Variables laid over the inherited environment (an API key goes here).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Names the child inherits from this process's environment when they are set, beyond the
+    /// base set ([`BASE_ENV`](crate::out_of_process::BASE_ENV), `LC_*` and `CLAUDE_CONFIG_DIR`): a proxy,
+    /// a certificate bundle, a credential the host means to pass on. Nothing else is inherited.
+    #[serde(default)]
+    pub inherit_env: Vec<String>,
     /// The permission mode (default `dontAsk`).
     #[serde(default)]
     pub permission_mode: ClaudePermissionMode,
@@ -175,6 +184,7 @@ impl Default for ClaudeCodeProviderConfig {
             command: default_claude_command(),
             args: Vec::new(),
             env: BTreeMap::new(),
+            inherit_env: Vec::new(),
             permission_mode: ClaudePermissionMode::default(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -196,6 +206,8 @@ struct ClaudeSettings {
     name: String,
     argv: Vec<OsString>,
     env: BTreeMap<String, String>,
+    /// Names inherited from this process's environment beyond the base set.
+    inherit_env: Vec<String>,
     mode: ClaudePermissionMode,
     grace: Duration,
 }
@@ -238,6 +250,7 @@ impl ClaudeCodeProvider {
                 name: config.provider_name,
                 argv,
                 env: config.env,
+                inherit_env: config.inherit_env,
                 mode,
                 grace,
             }),
@@ -308,7 +321,13 @@ async fn start_run(
     let process = ChildProcess::spawn(&ProcessSpec {
         argv: settings.argv.clone(),
         cwd,
-        env: child_env(std::env::vars_os(), &settings.env),
+        env: child_env(
+            std::env::vars_os(),
+            CLAUDE_CODE_ENV
+                .into_iter()
+                .chain(settings.inherit_env.iter().map(String::as_str)),
+            &settings.env,
+        ),
         stderr: StderrMode::Inherit,
         grace: settings.grace,
     })

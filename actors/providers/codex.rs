@@ -32,6 +32,10 @@ use crate::out_of_process::{
 use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
 
+/// What Codex documents that it reads to start, inherited whenever set: where its own
+/// configuration and login live (an API key reaches it only through `env` or `inheritEnv`).
+const CODEX_ENV: [&str; 1] = ["CODEX_HOME"];
+
 /// The unattended permission mode of every thread the provider starts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -84,7 +88,7 @@ fn default_codex_args() -> Vec<String> {
     vec!["app-server".to_owned(), "--stdio".to_owned()]
 }
 
-/// The Codex provider's configuration (`providerName`, `command`, `args`, `env`,
+/// The Codex provider's configuration (`providerName`, `command`, `args`, `env`, `inheritEnv`,
 /// `permissionMode`, `disposeGraceMs`). There is no cwd override: a child always runs in its
 /// parent session's cwd.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -99,9 +103,14 @@ pub struct CodexProviderConfig {
     /// Its arguments (default `app-server --stdio`).
     #[serde(default = "default_codex_args")]
     pub args: Vec<String>,
-    /// Variables laid over the scrubbed environment (an API key goes here).
+    /// Variables laid over the inherited environment (an API key goes here).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Names the child inherits from this process's environment when they are set, beyond the
+    /// base set ([`BASE_ENV`](crate::out_of_process::BASE_ENV), `LC_*` and `CODEX_HOME`): a proxy,
+    /// a certificate bundle, a credential the host means to pass on. Nothing else is inherited.
+    #[serde(default)]
+    pub inherit_env: Vec<String>,
     /// The unattended permission mode (default `never`).
     #[serde(default)]
     pub permission_mode: CodexPermissionMode,
@@ -128,6 +137,7 @@ impl Default for CodexProviderConfig {
             command: default_codex_command(),
             args: default_codex_args(),
             env: BTreeMap::new(),
+            inherit_env: Vec::new(),
             permission_mode: CodexPermissionMode::default(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -139,6 +149,8 @@ struct CodexSettings {
     name: String,
     argv: Vec<OsString>,
     env: BTreeMap<String, String>,
+    /// Names inherited from this process's environment beyond the base set.
+    inherit_env: Vec<String>,
     mode: CodexPermissionMode,
     grace: Duration,
 }
@@ -168,6 +180,7 @@ impl CodexProvider {
                     .map(OsString::from)
                     .collect(),
                 env: config.env,
+                inherit_env: config.inherit_env,
                 mode: config.permission_mode,
                 grace,
             }),
@@ -207,7 +220,13 @@ async fn start_run(
     let process = ChildProcess::spawn(&ProcessSpec {
         argv: settings.argv.clone(),
         cwd: cwd.clone(),
-        env: child_env(std::env::vars_os(), &settings.env),
+        env: child_env(
+            std::env::vars_os(),
+            CODEX_ENV
+                .into_iter()
+                .chain(settings.inherit_env.iter().map(String::as_str)),
+            &settings.env,
+        ),
         stderr: StderrMode::Piped,
         grace: settings.grace,
     })

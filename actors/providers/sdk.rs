@@ -27,7 +27,7 @@ fn default_command() -> String {
 }
 
 /// The SDK provider's configuration (`providerName`, `command`, `args`, `cwd`, `env`,
-/// `disposeEofGraceMs`, `disposeGraceMs`).
+/// `inheritEnv`, `disposeEofGraceMs`, `disposeGraceMs`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SdkProviderConfig {
@@ -43,9 +43,14 @@ pub struct SdkProviderConfig {
     /// A working-directory override, as for the ACP provider.
     #[serde(default)]
     pub cwd: Option<PathBuf>,
-    /// Variables laid over the scrubbed environment.
+    /// Variables laid over the inherited environment.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Names the child inherits from this process's environment when they are set, beyond the
+    /// base set ([`BASE_ENV`](crate::out_of_process::BASE_ENV) and `LC_*`): a proxy, a
+    /// certificate bundle, a credential the host means to pass on. Nothing else is inherited.
+    #[serde(default)]
+    pub inherit_env: Vec<String>,
     /// How long a disposed child has to exit after its stdin closes (default 6000 ms).
     #[serde(default = "crate::out_of_process::default_dispose_eof_grace_ms")]
     pub dispose_eof_grace_ms: f64,
@@ -62,6 +67,7 @@ impl Default for SdkProviderConfig {
             args: Vec::new(),
             cwd: None,
             env: BTreeMap::new(),
+            inherit_env: Vec::new(),
             dispose_eof_grace_ms: crate::out_of_process::default_dispose_eof_grace_ms(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -96,6 +102,7 @@ impl SdkProvider {
             cwd: config.cwd,
             permission: AcpPermission::Reject,
             env: config.env,
+            inherit_env: config.inherit_env,
             dispose_eof_grace_ms: config.dispose_eof_grace_ms,
             dispose_grace_ms: config.dispose_grace_ms,
         };

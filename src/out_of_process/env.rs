@@ -1,14 +1,21 @@
-//! Provides the scrubbed environment an out-of-process child starts with.
+//! Provides the allow-listed environment an out-of-process child starts with.
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 
-/// The prefixes of a harness's own settings (this runtime's, and the TypeScript harness's): a
-/// child runtime (`subagents acp-agent`) must not read its parent's.
-const OWN_PREFIXES: [&str; 2] = ["SUBAGENTS_", "DSH_"];
+/// The names a child inherits from this process whenever they are set: where it runs, who
+/// runs it and how it prints. None of them carries a credential; anything else reaches a child
+/// only when its provider names it (`inheritEnv`) or sets it (`env`).
+pub const BASE_ENV: [&str; 10] = [
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "TZ", "LANG", "LANGUAGE",
+];
+
+/// The prefix of the locale categories (`LC_ALL`, `LC_CTYPE`, ...), inherited with the base set.
+const LOCALE_PREFIX: &str = "LC_";
 
 /// Whether `name` looks like a credential: it contains `KEY`, `PASSWORD`, `SECRET` or `TOKEN`,
-/// in any case.
+/// in any case. (No longer what decides a child's environment, which is an allow-list; kept
+/// for hosts that screen their own overlays.)
 pub fn is_credential_name(name: &OsStr) -> bool {
     let upper = name.to_string_lossy().to_ascii_uppercase();
     ["KEY", "PASSWORD", "SECRET", "TOKEN"]
@@ -16,21 +23,23 @@ pub fn is_credential_name(name: &OsStr) -> bool {
         .any(|word| upper.contains(word))
 }
 
-/// The child's environment: `ambient` minus credential-like names and a harness's own `SUBAGENTS_*`
-/// and `DSH_*` settings, with `overlay` laid on top. An explicitly configured credential therefore
-/// reaches the child while an ambient one never does.
-pub fn child_env(
+/// The child's environment, an allow-list: from `ambient`, the [`BASE_ENV`] names, the
+/// `LC_*` locale categories and the names in `inherit` (a product's documented ones and the
+/// host's own), each when set; then `overlay` laid on top. Nothing else is inherited: not a
+/// credential, a connection string, a proxy with a password, an agent socket or a harness's
+/// own settings (`SUBAGENTS_*`, `ACP_AGENT_*`), unless the host names or sets it.
+pub fn child_env<'a>(
     ambient: impl IntoIterator<Item = (OsString, OsString)>,
+    inherit: impl IntoIterator<Item = &'a str>,
     overlay: &BTreeMap<String, String>,
 ) -> Vec<(OsString, OsString)> {
+    let named: Vec<&str> = inherit.into_iter().collect();
     let mut env: BTreeMap<OsString, OsString> = ambient
         .into_iter()
         .filter(|(name, _)| {
-            let name_text = name.to_string_lossy();
-            !is_credential_name(name)
-                && !OWN_PREFIXES
-                    .iter()
-                    .any(|prefix| name_text.starts_with(prefix))
+            name.to_str().is_some_and(|name| {
+                BASE_ENV.contains(&name) || name.starts_with(LOCALE_PREFIX) || named.contains(&name)
+            })
         })
         .collect();
     env.extend(
@@ -45,27 +54,66 @@ pub fn child_env(
 mod tests {
     use super::*;
 
-    #[test]
-    fn scrubs_credentials_and_own_settings_then_overlays() {
-        let ambient = [
+    fn ambient() -> Vec<(OsString, OsString)> {
+        [
             ("PATH", "/bin"),
+            ("HOME", "/home/u"),
+            ("LC_ALL", "C.UTF-8"),
             ("OPENAI_API_KEY", "sk"),
-            ("db_password", "pw"),
-            ("GH_TOKEN", "t"),
-            ("MY_SECRET_THING", "s"),
+            ("MYSQL_PWD", "pw"),
+            ("DATABASE_URL", "postgres://u:pw@db/app"),
+            ("HTTPS_PROXY", "http://u:pw@proxy:3128"),
+            ("SSH_AUTH_SOCK", "/tmp/agent.sock"),
+            ("AZURE_STORAGE_CONNECTION_STRING", "AccountKey=k"),
+            ("SENTRY_DSN", "https://k@sentry/1"),
             ("SUBAGENTS_HELD", "9"),
-            ("DSH_PERMISSION_MODE", "auto"),
+            ("ACP_AGENT_TEXT", "scripted"),
+            ("CODEX_HOME", "/home/u/.codex"),
         ]
-        .map(|(n, v)| (OsString::from(n), OsString::from(v)));
+        .map(|(n, v)| (OsString::from(n), OsString::from(v)))
+        .to_vec()
+    }
+
+    fn printed(env: &[(OsString, OsString)]) -> Vec<String> {
+        env.iter()
+            .map(|(n, v)| format!("{}={}", n.to_string_lossy(), v.to_string_lossy()))
+            .collect()
+    }
+
+    #[test]
+    fn only_the_base_set_is_inherited_and_the_overlay_is_laid_on_top() {
         let overlay = BTreeMap::from([
             ("OPENAI_API_KEY".to_owned(), "explicit".to_owned()),
-            ("EXTRA".to_owned(), "1".to_owned()),
+            ("ACP_AGENT_TEXT".to_owned(), "configured".to_owned()),
         ]);
-        let env = child_env(ambient, &overlay);
-        let names: Vec<_> = env
-            .iter()
-            .map(|(n, v)| format!("{}={}", n.to_string_lossy(), v.to_string_lossy()))
-            .collect();
-        assert_eq!(names, ["EXTRA=1", "OPENAI_API_KEY=explicit", "PATH=/bin"]);
+        assert_eq!(
+            printed(&child_env(ambient(), [], &overlay)),
+            [
+                "ACP_AGENT_TEXT=configured",
+                "HOME=/home/u",
+                "LC_ALL=C.UTF-8",
+                "OPENAI_API_KEY=explicit",
+                "PATH=/bin",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_named_variable_is_inherited_when_set() {
+        let env = child_env(
+            ambient(),
+            ["CODEX_HOME", "HTTPS_PROXY", "NOT_SET"],
+            &BTreeMap::new(),
+        );
+        assert_eq!(
+            printed(&env),
+            [
+                "CODEX_HOME=/home/u/.codex",
+                "HOME=/home/u",
+                "HTTPS_PROXY=http://u:pw@proxy:3128",
+                "LC_ALL=C.UTF-8",
+                "PATH=/bin",
+            ]
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The contract every out-of-process provider shares (ACP, Codex, Claude Code, the SDK
 //! provider): no start capabilities, no parent context, one-shot runs only; the working
-//! directory rules; the scrubbed environment; the settlement rules; and [`ChildProcess`], whose
-//! whole process tree is terminated and reaped so that no process outlives its run.
+//! directory rules; the allow-listed environment; the settlement rules; and [`ChildProcess`],
+//! whose whole process tree is terminated and reaped so that no process outlives its run.
 //!
 //! Every such provider's `start` has three phases. Validation runs first and refuses without
 //! starting anything. Startup (spawn, handshake, session) follows; a failure there reaps the
@@ -25,7 +25,7 @@ pub use config::{
     positive_finite, require_non_empty, resolve_child_cwd, usable_cwd, validate_configured_cwd,
     CwdLabel, MAX_GRACE_MS,
 };
-pub use env::{child_env, is_credential_name};
+pub use env::{child_env, is_credential_name, BASE_ENV};
 pub use process::{ChildProcess, ExitOutcome, ProcessSpec, StderrMode};
 pub use settle::{out_of_process_run, settle_attempt, PartialOutput};
 pub use task::task_texts;
