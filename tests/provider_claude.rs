@@ -367,6 +367,57 @@ async fn an_exit_before_any_result_is_a_process_failure_with_its_exit_code() {
     );
 }
 
+// A CLI that prints an endless line (issue #18): the line is refused past `maxFrameBytes`
+// instead of held, the run fails with its own category, and disposal takes the process away.
+#[actix_rt::test]
+async fn a_line_longer_than_the_frame_limit_fails_the_run_and_is_not_held() {
+    let rt = memory_runtime(&ScriptedModel::new());
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ClaudeCodeProviderConfig::new("sh");
+    // Ten megabytes without a newline, then silence: nothing past the limit is kept.
+    config.args = vec![
+        "-c".to_owned(),
+        "head -c 10000000 /dev/zero | tr '\\0' x; sleep 60".to_owned(),
+    ];
+    config.max_frame_bytes = 64 << 10;
+    config.dispose_grace_ms = 500.0;
+    rt.subagents()
+        .register_provider(ClaudeCodeProvider::new(config).unwrap())
+        .await
+        .unwrap()
+        .keep();
+    let parent = rt
+        .agents()
+        .create(CreateAgent::new().cwd(dir.path()))
+        .await
+        .unwrap();
+    let run = rt
+        .subagents()
+        .start(
+            "claude-code",
+            SubagentStartRequest::new(parent.agent(), text("go")),
+        )
+        .await
+        .unwrap();
+    let result = within("the result", run.result()).await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Error);
+    assert_eq!(
+        result.diagnostic.as_deref(),
+        Some(failure_line("query-run", "frame-too-long").as_str())
+    );
+    within("the disposal", run.dispose()).await.unwrap();
+}
+
+// A limit of no bytes is refused when the provider is built.
+#[test]
+fn a_frame_limit_of_zero_is_an_invalid_config() {
+    let mut config = ClaudeCodeProviderConfig::new("claude");
+    config.max_frame_bytes = 0;
+    let error = ClaudeCodeProvider::new(config).err().unwrap();
+    assert_eq!(error.code(), ErrorCode::InvalidConfig);
+    assert!(error.message().contains("maxFrameBytes"), "{error}");
+}
+
 // CLAUDE-08
 #[actix_rt::test]
 async fn a_failing_exit_after_a_success_is_an_unknown_failure() {

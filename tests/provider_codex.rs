@@ -1493,3 +1493,26 @@ async fn the_provider_advertises_no_capabilities_so_the_service_refuses_them() {
     );
     assert!(!codex.spawned(), "refused before the provider was asked");
 }
+
+// A line longer than `maxFrameBytes` during the turn (issue #18) fails the run with its own
+// category; the line is skipped as it arrives, never held whole.
+#[actix_rt::test]
+async fn a_line_longer_than_the_frame_limit_fails_the_turn() {
+    let endless = send(json!({
+        "jsonrpc": "2.0",
+        "method": "item/agentMessage/delta",
+        "params": {"delta": "x".repeat(200_000)}
+    }));
+    let codex = Codex::with(published(vec![endless]), |config| {
+        config.max_frame_bytes = 64 << 10;
+    })
+    .await;
+    let run = codex.start("go").await.unwrap();
+    let result = within("the result", run.result()).await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Error);
+    assert_eq!(
+        result.diagnostic.as_deref(),
+        Some(failure("turn", "frame-too-long").as_str())
+    );
+    within("the disposal", run.dispose()).await.unwrap();
+}

@@ -25,8 +25,8 @@ use crate::out_of_process::diagnostic::{log_run_failure, Fact, FailureLine};
 use crate::out_of_process::launch::{publish, Teardown};
 use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read};
 use crate::out_of_process::{
-    child_env, dispose_grace, no_parent_cwd, require_non_empty, task_texts, usable_cwd,
-    ChildProcess, CwdLabel, PartialOutput, ProcessSpec, StderrMode,
+    child_env, dispose_grace, no_parent_cwd, positive_bytes, require_non_empty, task_texts,
+    usable_cwd, ChildProcess, CwdLabel, PartialOutput, ProcessSpec, StderrMode,
 };
 use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
@@ -169,6 +169,12 @@ pub struct ClaudeCodeProviderConfig {
     /// a certificate bundle, a credential the host means to pass on. Nothing else is inherited.
     #[serde(default)]
     pub inherit_env: Vec<String>,
+    /// The longest line of the product's output read (default 16 MiB,
+    /// [`DEFAULT_MAX_FRAME_BYTES`](crate::out_of_process::DEFAULT_MAX_FRAME_BYTES)): a longer
+    /// one fails the run (`category: frame-too-long`) and is skipped unread, so a child printing
+    /// an endless line cannot exhaust this process's memory.
+    #[serde(default = "crate::out_of_process::default_max_frame_bytes")]
+    pub max_frame_bytes: usize,
     /// The permission mode (default `dontAsk`).
     #[serde(default)]
     pub permission_mode: ClaudePermissionMode,
@@ -185,6 +191,7 @@ impl Default for ClaudeCodeProviderConfig {
             args: Vec::new(),
             env: BTreeMap::new(),
             inherit_env: Vec::new(),
+            max_frame_bytes: crate::out_of_process::default_max_frame_bytes(),
             permission_mode: ClaudePermissionMode::default(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -208,6 +215,8 @@ struct ClaudeSettings {
     env: BTreeMap<String, String>,
     /// Names inherited from this process's environment beyond the base set.
     inherit_env: Vec<String>,
+    /// The longest line of output read.
+    max_frame_bytes: usize,
     mode: ClaudePermissionMode,
     grace: Duration,
 }
@@ -251,6 +260,7 @@ impl ClaudeCodeProvider {
                 argv,
                 env: config.env,
                 inherit_env: config.inherit_env,
+                max_frame_bytes: positive_bytes(PREFIX, "maxFrameBytes", config.max_frame_bytes)?,
                 mode,
                 grace,
             }),
@@ -343,7 +353,7 @@ async fn start_run(
         name: settings.name.clone(),
         mode: settings.mode,
         writer: FrameWriter::new(stdin),
-        reader: FrameReader::new(stdout),
+        reader: FrameReader::new(stdout, settings.max_frame_bytes),
         process: Arc::clone(&process),
         local: local.clone(),
         shutdown: shutdown.clone(),
@@ -394,6 +404,8 @@ struct ClaudeSession {
 enum Step {
     Message(Value),
     Garbage,
+    /// A line longer than `maxFrameBytes` (skipped): the run fails.
+    TooLong,
     Eof,
     Cancelled,
     Shutdown,
@@ -417,6 +429,7 @@ impl ClaudeSession {
             read = self.reader.next() => match read {
                 Read::Frame(message) => Step::Message(message),
                 Read::Garbage => Step::Garbage,
+                Read::TooLong => Step::TooLong,
                 Read::Eof => Step::Eof,
             },
             () = self.local.cancelled(), if !cancelled => Step::Cancelled,
@@ -442,6 +455,7 @@ impl ClaudeSession {
                     }
                 }
                 Step::Garbage => {}
+                Step::TooLong => break Err(failure("query-run", "frame-too-long")),
                 Step::Eof => match self.ended().await {
                     Some(settled) => break settled,
                     None => return,
@@ -469,7 +483,7 @@ impl ClaudeSession {
                     break;
                 }
                 Step::Cancelled => self.cancel_seen = true,
-                Step::Message(_) | Step::Garbage => {}
+                Step::Message(_) | Step::Garbage | Step::TooLong => {}
             }
         }
         self.interrupt().await;

@@ -26,8 +26,8 @@ use crate::out_of_process::diagnostic::log_run_failure;
 use crate::out_of_process::launch::{publish, Teardown};
 use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read};
 use crate::out_of_process::{
-    child_env, dispose_grace, no_parent_cwd, require_non_empty, task_texts, usable_cwd,
-    ChildProcess, CwdLabel, ExitOutcome, PartialOutput, ProcessSpec, StderrMode,
+    child_env, dispose_grace, no_parent_cwd, positive_bytes, require_non_empty, task_texts,
+    usable_cwd, ChildProcess, CwdLabel, ExitOutcome, PartialOutput, ProcessSpec, StderrMode,
 };
 use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
@@ -111,6 +111,12 @@ pub struct CodexProviderConfig {
     /// a certificate bundle, a credential the host means to pass on. Nothing else is inherited.
     #[serde(default)]
     pub inherit_env: Vec<String>,
+    /// The longest line of the product's output read (default 16 MiB,
+    /// [`DEFAULT_MAX_FRAME_BYTES`](crate::out_of_process::DEFAULT_MAX_FRAME_BYTES)): a longer
+    /// one fails the run (`category: frame-too-long`) and is skipped unread, so a child printing
+    /// an endless line cannot exhaust this process's memory.
+    #[serde(default = "crate::out_of_process::default_max_frame_bytes")]
+    pub max_frame_bytes: usize,
     /// The unattended permission mode (default `never`).
     #[serde(default)]
     pub permission_mode: CodexPermissionMode,
@@ -138,6 +144,7 @@ impl Default for CodexProviderConfig {
             args: default_codex_args(),
             env: BTreeMap::new(),
             inherit_env: Vec::new(),
+            max_frame_bytes: crate::out_of_process::default_max_frame_bytes(),
             permission_mode: CodexPermissionMode::default(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -151,6 +158,8 @@ struct CodexSettings {
     env: BTreeMap<String, String>,
     /// Names inherited from this process's environment beyond the base set.
     inherit_env: Vec<String>,
+    /// The longest line of output read.
+    max_frame_bytes: usize,
     mode: CodexPermissionMode,
     grace: Duration,
 }
@@ -181,6 +190,7 @@ impl CodexProvider {
                     .collect(),
                 env: config.env,
                 inherit_env: config.inherit_env,
+                max_frame_bytes: positive_bytes(PREFIX, "maxFrameBytes", config.max_frame_bytes)?,
                 mode: config.permission_mode,
                 grace,
             }),
@@ -247,7 +257,7 @@ async fn start_run(
         cwd: cwd.display().to_string(),
         texts,
         writer: FrameWriter::new(stdin),
-        reader: FrameReader::new(stdout),
+        reader: FrameReader::new(stdout, settings.max_frame_bytes),
         stderr: process.take_stderr(),
         signatures: StderrSignatures::default(),
         stderr_chunk: vec![0; 8192],
@@ -298,9 +308,23 @@ async fn start_run(
     ))
 }
 
+/// The failure category of a line longer than `maxFrameBytes`.
+const FRAME_TOO_LONG: &str = "frame-too-long";
+
+/// The stage a turn is in: before its start was accepted, or running.
+fn turn_stage(turn: &Turn) -> Stage {
+    if turn.ids().is_some() {
+        Stage::Turn
+    } else {
+        Stage::TurnStart
+    }
+}
+
 /// What the run's loop waits for.
 enum Event {
     Frame(Value),
+    /// A line longer than `maxFrameBytes` (skipped): the run fails.
+    FrameTooLong,
     Eof,
     /// This many bytes of stderr are in the session's chunk buffer (0: stderr closed).
     Stderr(usize),
@@ -407,6 +431,7 @@ impl CodexSession {
                 Read::Frame(frame) => Event::Frame(frame),
                 // Unparseable and non-object lines are ignored.
                 Read::Garbage => Event::Frame(Value::Null),
+                Read::TooLong => Event::FrameTooLong,
                 Read::Eof => Event::Eof,
             },
             outcome = self.process.exited(), if !exited => Event::Exited(outcome),
@@ -434,6 +459,13 @@ impl CodexSession {
             let frame = match event {
                 Event::Shutdown => return Err(None),
                 Event::Frame(frame) => frame,
+                Event::FrameTooLong => {
+                    let failure = stage.failure(FRAME_TOO_LONG);
+                    let cause = protocol(format!(
+                        "{PREFIX}: app-server wrote a line longer than maxFrameBytes"
+                    ));
+                    return Err(Some((failure, cause)));
+                }
                 Event::Eof => {
                     let outcome = self.exit_within(self.grace).await;
                     let failure = stage.unknown().with_outcome(outcome);
@@ -507,7 +539,8 @@ impl CodexSession {
             let read = tokio::time::timeout(Duration::from_millis(1), self.reader.next()).await;
             match read {
                 Ok(Read::Frame(frame)) => return Some(frame),
-                Ok(Read::Garbage) => {}
+                // After the exit, a line too long to read is one frame fewer.
+                Ok(Read::Garbage | Read::TooLong) => {}
                 Ok(Read::Eof) | Err(_) => return None,
             }
         }
@@ -644,7 +677,7 @@ impl CodexSession {
                     Event::Exited(outcome) => self.exited = Some(outcome),
                     Event::Cancelled => self.cancel_seen = true,
                     Event::Stderr(read) => self.on_stderr(&mut turn, read).await,
-                    Event::Frame(_) => {}
+                    Event::Frame(_) | Event::FrameTooLong => {}
                 }
             }
         }
@@ -723,12 +756,9 @@ impl CodexSession {
                     }
                     return Some(Err(Stage::Process.failure("process-exit")));
                 }
+                Event::FrameTooLong => return Some(Err(turn_stage(turn).failure(FRAME_TOO_LONG))),
                 Event::Eof => {
-                    let stage = if turn.ids().is_some() {
-                        Stage::Turn
-                    } else {
-                        Stage::TurnStart
-                    };
+                    let stage = turn_stage(turn);
                     return Some(Err(match self.exit_within(self.grace).await {
                         Some(_) => Stage::Process.failure("process-exit"),
                         None => stage.unknown(),

@@ -24,6 +24,23 @@ fn invalid_config(message: String) -> SubagentError {
     SubagentError::new(ErrorCode::InvalidConfig, message)
 }
 
+/// The default `maxFrameBytes`: [`DEFAULT_MAX_FRAME_BYTES`](super::DEFAULT_MAX_FRAME_BYTES).
+pub fn default_max_frame_bytes() -> usize {
+    super::ndjson::DEFAULT_MAX_FRAME_BYTES
+}
+
+/// Accepts a positive byte count; refuses 0 with `"<prefix>: <name> must be a positive number
+/// of bytes"` (`INVALID_CONFIG`).
+pub fn positive_bytes(prefix: &str, name: &str, value: usize) -> Result<usize> {
+    if value > 0 {
+        Ok(value)
+    } else {
+        Err(invalid_config(format!(
+            "{prefix}: {name} must be a positive number of bytes"
+        )))
+    }
+}
+
 /// Accepts a positive finite `value`; refuses 0, negatives, NaN and ±∞ with
 /// `"<prefix>: <name> must be a positive finite number"` (`INVALID_CONFIG`).
 pub fn positive_finite(prefix: &str, name: &str, value: f64) -> Result<f64> {

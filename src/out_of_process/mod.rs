@@ -21,11 +21,12 @@ pub(crate) mod stderr_tail;
 mod task;
 
 pub use config::{
-    default_dispose_eof_grace_ms, default_dispose_grace_ms, dispose_grace, grace_ms, no_parent_cwd,
-    positive_finite, require_non_empty, resolve_child_cwd, usable_cwd, validate_configured_cwd,
-    CwdLabel, MAX_GRACE_MS,
+    default_dispose_eof_grace_ms, default_dispose_grace_ms, default_max_frame_bytes, dispose_grace,
+    grace_ms, no_parent_cwd, positive_bytes, positive_finite, require_non_empty, resolve_child_cwd,
+    usable_cwd, validate_configured_cwd, CwdLabel, MAX_GRACE_MS,
 };
 pub use env::{child_env, is_credential_name, BASE_ENV};
+pub use ndjson::DEFAULT_MAX_FRAME_BYTES;
 pub use process::{ChildProcess, ExitOutcome, ProcessSpec, StderrMode};
 pub use settle::{out_of_process_run, settle_attempt, PartialOutput};
 pub use task::task_texts;

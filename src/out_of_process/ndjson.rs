@@ -4,6 +4,9 @@
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// The longest line a product provider reads by default (`maxFrameBytes`): 16 MiB.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 << 20;
 use tokio::process::{ChildStdin, ChildStdout};
 
 /// Writes one frame a line to the child's stdin. A write that blocks (a child that stopped
@@ -39,10 +42,14 @@ impl FrameWriter {
     }
 }
 
-/// Reads one frame a line from the child's stdout.
+/// Reads one frame a line from the child's stdout, a line at most `max_line` bytes: a child
+/// that prints an endless line cannot make this process hold it.
 pub(crate) struct FrameReader {
     reader: BufReader<ChildStdout>,
     line: Vec<u8>,
+    max_line: usize,
+    /// Inside a line already answered [`Read::TooLong`]: its rest is dropped, not kept.
+    skipping: bool,
 }
 
 /// What one read gave.
@@ -51,32 +58,109 @@ pub(crate) enum Read {
     Frame(Value),
     /// A line that is not one (ignored by every wire).
     Garbage,
+    /// A line longer than the reader's limit (its rest is skipped): the run fails.
+    TooLong,
     /// The end of the stream.
     Eof,
 }
 
 impl FrameReader {
-    pub(crate) fn new(stdout: ChildStdout) -> Self {
+    pub(crate) fn new(stdout: ChildStdout, max_line: usize) -> Self {
         Self {
             reader: BufReader::new(stdout),
             line: Vec::new(),
+            max_line,
+            skipping: false,
         }
     }
 
     /// The next line.
     ///
     /// # Cancel safety
-    /// Cancel safe: a partly read line stays buffered for the next call.
+    /// Cancel safe: what was read of a line stays buffered for the next call (each piece is
+    /// moved into the line and consumed with no await between).
     pub(crate) async fn next(&mut self) -> Read {
-        match self.reader.read_until(b'\n', &mut self.line).await {
-            Ok(0) if self.line.is_empty() => return Read::Eof,
-            Err(_) => return Read::Eof,
-            Ok(_) => {}
+        loop {
+            let available = match self.reader.fill_buf().await {
+                Ok(available) => available,
+                Err(_) => return Read::Eof,
+            };
+            if available.is_empty() {
+                // The end: a last line without a newline still counts.
+                if self.line.is_empty() || std::mem::take(&mut self.skipping) {
+                    return Read::Eof;
+                }
+                break;
+            }
+            let (taken, ended) = match available.iter().position(|byte| *byte == b'\n') {
+                Some(newline) => (newline + 1, true),
+                None => (available.len(), false),
+            };
+            if !self.skipping {
+                self.line.extend_from_slice(&available[..taken]);
+            }
+            self.reader.consume(taken);
+            if self.skipping {
+                self.skipping = !ended;
+                continue;
+            }
+            // The newline is not the line's.
+            if self.line.len() - usize::from(ended) > self.max_line {
+                self.line = Vec::new();
+                self.skipping = !ended;
+                return Read::TooLong;
+            }
+            if ended {
+                break;
+            }
         }
         let line = std::mem::take(&mut self.line);
         match serde_json::from_slice::<Value>(line.trim_ascii()) {
             Ok(frame) if frame.is_object() => Read::Frame(frame),
             _ => Read::Garbage,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Stdio;
+
+    /// A reader of what `script` prints, at most `max_line` bytes a line.
+    fn reading(script: &str, max_line: usize) -> (tokio::process::Child, FrameReader) {
+        let mut child = tokio::process::Command::new("sh")
+            .args(["-c", script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        (child, FrameReader::new(stdout, max_line))
+    }
+
+    #[tokio::test]
+    async fn a_line_past_the_limit_is_refused_and_skipped_and_the_next_one_read() {
+        let (mut child, mut reader) = reading(
+            r#"printf '{"a":1}\n'; head -c 100000 /dev/zero | tr '\0' x; printf '\n{"b":2222}\n'"#,
+            10,
+        );
+        assert!(matches!(reader.next().await, Read::Frame(frame) if frame["a"] == 1));
+        assert!(matches!(reader.next().await, Read::TooLong));
+        assert!(
+            reader.line.capacity() <= 64 << 10,
+            "the skipped line was not kept"
+        );
+        // Exactly the limit (newline aside) is a line.
+        assert!(matches!(reader.next().await, Read::Frame(frame) if frame["b"] == 2222));
+        assert!(matches!(reader.next().await, Read::Eof));
+        child.wait().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_endless_line_is_refused_once_and_its_end_is_the_streams() {
+        let (mut child, mut reader) = reading("head -c 200000 /dev/zero | tr '\\0' x", 1000);
+        assert!(matches!(reader.next().await, Read::TooLong));
+        assert!(matches!(reader.next().await, Read::Eof));
+        child.wait().await.unwrap();
     }
 }
