@@ -418,6 +418,40 @@ fn a_frame_limit_of_zero_is_an_invalid_config() {
     assert!(error.message().contains("maxFrameBytes"), "{error}");
 }
 
+// The CLI reports a failed login as an assistant message carrying `"error":
+// "authentication_failed"` and then a failing "success" (issue #18): the run fails as
+// `authentication`, not `invalid-success`, and the CLI's own text stays out of the diagnostic.
+#[actix_rt::test]
+async fn an_authentication_failure_is_categorized_from_the_assistant_error() {
+    for (error, category) in [
+        ("authentication_failed", "authentication"),
+        ("rate_limit", "rate-limit"),
+        ("something_new", "unknown"),
+    ] {
+        let claude = Claude::new(
+            &[
+                expect_user(),
+                send(json!({"type": "assistant", "error": error, "message": {"role": "assistant",
+                    "content": [{"type": "text", "text": "Invalid API key SECRET · Please run /login"}]}})),
+                send(json!({"type": "result", "subtype": "success", "is_error": true,
+                    "result": "Invalid API key SECRET · Please run /login"})),
+            ],
+            ClaudePermissionMode::DontAsk,
+        )
+        .await;
+        let result = claude.run("go").await;
+        assert_eq!(result.stop_reason, StopReason::Error);
+        let diagnostic = result.diagnostic.unwrap_or_default();
+        // The exit code follows when the CLI has exited by then.
+        let expected = failure_line("query-run", category);
+        assert!(
+            diagnostic.starts_with(expected.trim_end_matches(')')),
+            "{error}: {diagnostic}"
+        );
+        assert!(!diagnostic.contains("SECRET"), "{diagnostic}");
+    }
+}
+
 // CLAUDE-08
 #[actix_rt::test]
 async fn a_failing_exit_after_a_success_is_an_unknown_failure() {

@@ -301,6 +301,19 @@ const ERROR_SUBTYPES: [&str; 4] = [
     "error_max_structured_output_retries",
 ];
 
+/// The failure category of the error the CLI puts on an assistant message when its API call
+/// failed (the Agent SDK's `SDKAssistantMessageError`); the CLI's own word is never repeated.
+fn assistant_error_category(error: &str) -> &'static str {
+    match error {
+        "authentication_failed" => "authentication",
+        "billing_error" => "billing",
+        "rate_limit" => "rate-limit",
+        "invalid_request" => "invalid-request",
+        "server_error" => "server-error",
+        _ => "unknown",
+    }
+}
+
 fn aborted_before_start() -> SubagentError {
     SubagentError::new(
         ErrorCode::AbortedBeforePublication,
@@ -359,6 +372,7 @@ async fn start_run(
         shutdown: shutdown.clone(),
         fact: None,
         success: None,
+        assistant_error: None,
         cancel_seen: false,
         interrupt_sent: false,
     };
@@ -395,6 +409,9 @@ struct ClaudeSession {
     fact: Option<Fact>,
     /// The last strict success so far.
     success: Option<String>,
+    /// The category of the error the CLI last put on an assistant message (its API call
+    /// failed: `authentication_failed`, `rate_limit`, ...), which names a failing result.
+    assistant_error: Option<&'static str>,
     /// The caller's cancellation was seen.
     cancel_seen: bool,
     /// The interrupt was sent (at most once).
@@ -516,6 +533,11 @@ impl ClaudeSession {
                 };
                 self.writer.send(&reply).await;
             }
+            (Some("assistant"), _) => {
+                if let Some(error) = field("error") {
+                    self.assistant_error = Some(assistant_error_category(error));
+                }
+            }
             (Some("result"), subtype) => {
                 let is_error = message.get("is_error").and_then(Value::as_bool) != Some(false);
                 let result = field("result").filter(|text| !text.trim().is_empty());
@@ -526,7 +548,9 @@ impl ClaudeSession {
                         self.writer.close();
                         return Ok(());
                     }
-                    (Some("success"), _, _) => "invalid-success",
+                    // A failed API call the CLI reported as a failing "success" is named by
+                    // what failed.
+                    (Some("success"), _, _) => self.assistant_error.unwrap_or("invalid-success"),
                     (Some(subtype), _, _) if ERROR_SUBTYPES.contains(&subtype) => subtype,
                     _ => "unknown",
                 };
