@@ -743,9 +743,15 @@ struct RawAcpClient {
 
 impl RawAcpClient {
     fn spawn(args: &[&str]) -> Self {
+        Self::spawn_scripted(args, &[])
+    }
+
+    /// The agent with its `ACP_AGENT_*` scripting hooks set to `script`.
+    fn spawn_scripted(args: &[&str], script: &[(&str, &str)]) -> Self {
         let mut child = tokio::process::Command::new(BINARY)
             .args(["acp-agent", "--store", "memory"])
             .args(args)
+            .envs(script.iter().copied())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -766,14 +772,35 @@ impl RawAcpClient {
     /// Sends `method` with `params` and answers its response (`result` or `error`), skipping
     /// the notifications before it.
     async fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
-        use tokio::io::AsyncWriteExt;
+        let id = self.send(method, params).await;
+        self.answer(method, id).await
+    }
+
+    /// Sends the request `method` with `params`; answers its id.
+    async fn send(&mut self, method: &str, params: serde_json::Value) -> u64 {
         self.next_id += 1;
         let id = self.next_id;
-        let frame = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.write(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await;
+        id
+    }
+
+    /// Sends the notification `method` with `params`.
+    async fn notify(&mut self, method: &str, params: serde_json::Value) {
+        self.write(json!({"jsonrpc": "2.0", "method": method, "params": params}))
+            .await;
+    }
+
+    async fn write(&mut self, frame: serde_json::Value) {
+        use tokio::io::AsyncWriteExt;
         self.stdin
             .write_all(format!("{frame}\n").as_bytes())
             .await
             .unwrap();
+    }
+
+    /// The response to request `id` (`result` or `error`), skipping what comes before it.
+    async fn answer(&mut self, method: &str, id: u64) -> serde_json::Value {
         within(method, async {
             loop {
                 let line = self.stdout.next_line().await.unwrap().expect("an answer");
@@ -853,5 +880,79 @@ async fn the_acp_agent_closes_sessions_and_keeps_its_open_ones_bounded() {
             "{method}: {gone}"
         );
     }
+    client.close().await;
+}
+
+// A client's mistakes are invalid params (-32602), said before anything is created: a relative
+// cwd, a cwd that is not a directory, and a prompt with no text (this agent reads text only).
+#[actix_rt::test]
+async fn the_acp_agent_refuses_a_bad_cwd_and_a_textless_prompt_as_invalid_params() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut client = RawAcpClient::spawn(&[]);
+    client
+        .call("initialize", json!({"protocolVersion": 1}))
+        .await;
+    let missing = dir.path().join("missing");
+    for cwd in [json!("relative/dir"), json!(missing)] {
+        let refused = client
+            .call("session/new", json!({"cwd": cwd, "mcpServers": []}))
+            .await;
+        assert_eq!(refused["error"]["code"], json!(-32602), "{cwd}: {refused}");
+    }
+    let id = client.new_session(dir.path()).await;
+    let image = json!({"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="});
+    for prompt in [
+        json!([]),
+        json!([image]),
+        json!([{"type": "text", "text": "  "}]),
+    ] {
+        let refused = client
+            .call("session/prompt", json!({"sessionId": id, "prompt": prompt}))
+            .await;
+        assert_eq!(
+            refused["error"]["code"],
+            json!(-32602),
+            "{prompt}: {refused}"
+        );
+    }
+    let answered = client
+        .call(
+            "session/prompt",
+            json!({"sessionId": id, "prompt": [image, {"type": "text", "text": "hi"}]}),
+        )
+        .await;
+    assert_eq!(
+        answered["result"]["stopReason"],
+        json!("end_turn"),
+        "{answered}"
+    );
+    client.close().await;
+}
+
+// A session/cancel that arrives while the prompt waits to start (here a scripted delay of a
+// minute) ends it `cancelled` at once, as ACP requires; it answered `end_turn` after the wait.
+#[actix_rt::test]
+async fn the_acp_agent_answers_cancelled_to_a_prompt_cancelled_before_its_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut client = RawAcpClient::spawn_scripted(&[], &[("ACP_AGENT_DELAY_MS", "60000")]);
+    client
+        .call("initialize", json!({"protocolVersion": 1}))
+        .await;
+    let id = client.new_session(dir.path()).await;
+    let prompt = client
+        .send(
+            "session/prompt",
+            json!({"sessionId": id, "prompt": [{"type": "text", "text": "hi"}]}),
+        )
+        .await;
+    client
+        .notify("session/cancel", json!({"sessionId": id}))
+        .await;
+    let answer = client.answer("session/prompt", prompt).await;
+    assert_eq!(
+        answer["result"]["stopReason"],
+        json!("cancelled"),
+        "{answer}"
+    );
     client.close().await;
 }

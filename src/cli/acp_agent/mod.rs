@@ -320,6 +320,18 @@ fn internal(error: impl std::fmt::Display) -> AcpError {
 
 /// Creates the session's root agent in `cwd`; answers its protocol id.
 async fn new_session(server: &Server, cwd: PathBuf) -> Result<String, AcpError> {
+    // The client's mistake, said as one: ACP requires an absolute cwd, and a session there
+    // must be able to work in it.
+    if !cwd.is_absolute() {
+        return Err(AcpError::invalid_params()
+            .data(format!("cwd must be an absolute path: {}", cwd.display())));
+    }
+    if !cwd.is_dir() {
+        return Err(AcpError::invalid_params().data(format!(
+            "cwd is not an accessible directory: {}",
+            cwd.display()
+        )));
+    }
     touch(server.script.new_session_ready.as_ref());
     if let Some(go) = &server.script.new_session_go {
         while !go.exists() {
@@ -357,6 +369,29 @@ fn chunk(
     )
 }
 
+/// The prompt's text blocks: a prompt with no text (empty, or images and resources only) is
+/// refused as invalid params, since this agent reads text alone and would run an empty turn.
+fn prompt_text(request: &PromptRequest) -> Result<Vec<ContentBlock>, AcpError> {
+    let prompt: Vec<ContentBlock> = request
+        .prompt
+        .iter()
+        .filter_map(|block| match block {
+            AcpBlock::Text(text) => Some(ContentBlock::text(text.text.as_str())),
+            _ => None,
+        })
+        .collect();
+    let readable = request.prompt.iter().any(|block| match block {
+        AcpBlock::Text(text) => !text.text.trim().is_empty(),
+        _ => false,
+    });
+    if readable {
+        Ok(prompt)
+    } else {
+        Err(AcpError::invalid_params()
+            .data("a prompt needs text: this agent reads text blocks only"))
+    }
+}
+
 /// One prompt: the scripted preliminaries, then one turn of the session's agent.
 async fn prompt(
     server: &Server,
@@ -370,10 +405,22 @@ async fn prompt(
         std::process::exit(1);
     }
     let id = request.session_id.0.to_string();
+    let prompt = prompt_text(&request)?;
+    // A cancel that arrives while the prompt waits (behind another session's, or a scripted
+    // delay) ends it `cancelled` before its turn starts, as ACP requires.
+    let cancelled = || Ok(PromptResponse::new(AcpStopReason::Cancelled));
     // The scripted model is shared: one prompt of the process runs at a time.
-    let _turn = server.one_turn.acquire().await.map_err(internal)?;
+    let _turn = tokio::select! {
+        biased;
+        () = cancel.cancelled() => return cancelled(),
+        turn = server.one_turn.acquire() => turn.map_err(internal)?,
+    };
     if let Some(delay) = script.delay {
-        tokio::time::sleep(delay).await;
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return cancelled(),
+            () = tokio::time::sleep(delay) => {}
+        }
     }
     if script.thought {
         cx.send_notification(chunk(&id, SessionUpdate::AgentThoughtChunk, "thinking…"))?;
@@ -406,14 +453,9 @@ async fn prompt(
     if let Some(model) = &server.model {
         model.push(step);
     }
-    let prompt: Vec<ContentBlock> = request
-        .prompt
-        .iter()
-        .filter_map(|block| match block {
-            AcpBlock::Text(text) => Some(ContentBlock::text(text.text.as_str())),
-            _ => None,
-        })
-        .collect();
+    if cancel.is_cancelled() {
+        return cancelled();
+    }
     let (turn, reason) = run_turn(&server.rt, session, prompt, cancel, script)
         .await
         .map_err(internal)?;
