@@ -15,7 +15,7 @@ use subagents::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{memory_runtime, text, within};
+use crate::support::{memory_runtime, text, within, Warnings};
 use fixture::{alive, appears, gone, peer_config, pid_in, Acp, BINARY};
 
 async fn settle(run: &SubagentRun) -> subagents::SubagentResult {
@@ -751,6 +751,12 @@ impl RawAcpClient {
         let mut child = tokio::process::Command::new(BINARY)
             .args(["acp-agent", "--store", "memory"])
             .args(args)
+            // Only this client's script: another test may have set an ACP_AGENT_* name here.
+            .env_clear()
+            .envs(
+                std::env::vars_os()
+                    .filter(|(name, _)| !name.to_string_lossy().starts_with("ACP_AGENT_")),
+            )
             .envs(script.iter().copied())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -955,4 +961,35 @@ async fn the_acp_agent_answers_cancelled_to_a_prompt_cancelled_before_its_turn()
         "{answer}"
     );
     client.close().await;
+}
+
+// ACP failures in safe words (issue #18): a prompt the agent fails is the run's error with a
+// diagnostic naming the stage, the category and the JSON-RPC code, not a start error; the
+// agent's own text reaches neither the diagnostic nor the warning log. A stop reason that ends
+// the run as an error says which.
+#[actix_rt::test]
+async fn an_acp_failure_is_a_diagnostic_in_safe_words_without_the_agents_text() {
+    let warnings = Warnings::capture();
+    let acp = Acp::peer(&[("ACP_AGENT_PROMPT_ERROR", "SECRET in /private/key.pem")]).await;
+    let result = run_once(&acp, "go").await;
+    assert_eq!(result.stop_reason, StopReason::Error);
+    assert_eq!(
+        result.diagnostic.as_deref(),
+        Some(
+            "Product subagent failure (product: ACP agent; stage: prompt; category: \
+             internal-error; JSON-RPC code: -32603)"
+        )
+    );
+    let logged = warnings.text();
+    assert!(logged.contains("category: internal-error"), "{logged}");
+    assert!(!logged.contains("SECRET"), "{logged}");
+    let acp = Acp::peer(&[("ACP_AGENT_STOP", "max_turn_requests")]).await;
+    let result = run_once(&acp, "go").await;
+    assert_eq!(
+        result.diagnostic.as_deref(),
+        Some(
+            "Product subagent failure (product: ACP agent; stage: prompt; category: \
+             max-turn-requests)"
+        )
+    );
 }

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::process::{process_provider, ProcessShell};
 use crate::error::{ErrorCode, Result, SubagentError};
+use crate::out_of_process::diagnostic::{log_run_failure, FailureLine};
 use crate::out_of_process::launch::{publish, Teardown};
 use crate::out_of_process::stderr_tail::StderrTail;
 use crate::out_of_process::{
@@ -215,20 +216,57 @@ fn aborted_before_start(child_kind: &str) -> SubagentError {
 }
 
 /// What an ACP error says: its message, and its data when it carries any (agents put the
-/// cause there).
+/// cause there). Logged at debug level only, cut to [`AGENT_TEXT_LOGGED`] bytes: it is the
+/// agent's own text, which may name files, commands or secrets.
 fn describe(error: &agent_client_protocol::Error) -> String {
-    match &error.data {
+    let mut said = match &error.data {
         None | Some(serde_json::Value::Null) => error.message.clone(),
         Some(serde_json::Value::String(data)) => format!("{} ({data})", error.message),
         Some(data) => format!("{} ({data})", error.message),
+    };
+    if said.len() > AGENT_TEXT_LOGGED {
+        let mut cut = AGENT_TEXT_LOGGED;
+        while !said.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        said.truncate(cut);
+        said.push('…');
+    }
+    said
+}
+
+/// The most of an agent's own error text the debug log keeps.
+const AGENT_TEXT_LOGGED: usize = 512;
+
+/// What the diagnostics call the child: an ACP agent, or this crate's own binary.
+fn product_of(child_kind: &str) -> &'static str {
+    if child_kind == "SDK" {
+        "subagents SDK child"
+    } else {
+        "ACP agent"
     }
 }
 
-fn start_failed(prefix: &str, what: &str, error: &agent_client_protocol::Error) -> SubagentError {
-    SubagentError::new(
-        ErrorCode::ChildStartFailed,
-        format!("{prefix}: {what} failed: {}", describe(error)),
-    )
+/// The safe account of a JSON-RPC error the agent answered at `stage`: its code, never its
+/// text (which goes to the debug log).
+fn rpc_failure(
+    prefix: &str,
+    product: &'static str,
+    stage: &'static str,
+    error: &agent_client_protocol::Error,
+) -> FailureLine {
+    tracing::debug!(stage, "{prefix}: the agent answered: {}", describe(error));
+    FailureLine::json_rpc(product, stage, i64::from(i32::from(error.code)))
+}
+
+fn start_failed(
+    prefix: &str,
+    product: &'static str,
+    stage: &'static str,
+    error: &agent_client_protocol::Error,
+) -> SubagentError {
+    let line = rpc_failure(prefix, product, stage, error).line();
+    SubagentError::new(ErrorCode::ChildStartFailed, format!("{prefix}: {line}"))
 }
 
 /// A startup failure with how the child ended, when it had ended on its own (`…; exit code:
@@ -242,11 +280,6 @@ fn with_exit(error: SubagentError, outcome: Option<ExitOutcome>) -> SubagentErro
     } else {
         SubagentError::new(error.code(), format!("{}; {said}", error.message()))
     }
-}
-
-/// A failure after publication: it settles the run `error` and is logged, never returned.
-fn run_failed(prefix: &str, what: &str, error: &agent_client_protocol::Error) -> SubagentError {
-    start_failed(prefix, what, error)
 }
 
 /// The three phases: validation (nothing started), startup (spawn, handshake, session; a
@@ -300,6 +333,7 @@ async fn start_run(
         local: local.clone(),
         started: started_tx,
         answer: answer_tx,
+        product: product_of(child_kind),
     };
     let connection = tokio::spawn(connect(session, stdin, stdout, shutdown.clone()));
     let teardown =
@@ -342,19 +376,24 @@ async fn start_run(
         stderr.detach();
     }
     let output = partial.clone();
+    let product = product_of(child_kind);
+    let name = settings.name.clone();
+    let run_cancel = local.clone();
     let attempt = async move {
-        let stop = answer_rx.await.map_err(|_| {
-            SubagentError::new(
-                ErrorCode::ChildStartFailed,
-                format!(
-                    "{prefix}: the {child_kind} connection ended before the prompt was answered"
-                ),
-            )
-        })??;
-        Ok(SubagentResult::with_output(
-            harness_stop_reason(&stop),
-            output.snapshot(),
-        ))
+        // A connection gone before the answer ended the run as a failure of its prompt.
+        let answered = answer_rx
+            .await
+            .unwrap_or_else(|_| Err(FailureLine::new(product, "prompt", "connection-closed")));
+        let failure = match answered {
+            Ok(stop) => match harness_stop_reason(&stop) {
+                StopReason::Error => FailureLine::new(product, "prompt", unusable_stop(&stop)),
+                reason => return Ok(SubagentResult::with_output(reason, output.snapshot())),
+            },
+            Err(failure) => failure,
+        };
+        let line = failure.line();
+        log_run_failure!(prefix, &name, &line, run_cancel.is_cancelled());
+        Ok(SubagentResult::with_output(StopReason::Error, output.snapshot()).with_diagnostic(line))
     };
     Ok(publish(
         format!("{prefix} \"{}\"", settings.name),
@@ -363,6 +402,15 @@ async fn start_run(
         local,
         teardown,
     ))
+}
+
+/// The failure category of an ACP stop reason that ends a run as an error.
+fn unusable_stop(stop: &str) -> &'static str {
+    if stop == "max_turn_requests" {
+        "max-turn-requests"
+    } else {
+        "unknown-stop-reason"
+    }
 }
 
 /// The harness stop reason of an ACP one: `end_turn` completes; `max_tokens`, `refusal` and
@@ -386,7 +434,10 @@ struct Session {
     partial: PartialOutput,
     local: CancellationToken,
     started: oneshot::Sender<Result<(), StartupFailure>>,
-    answer: oneshot::Sender<Result<String>>,
+    /// The agent's stop reason, or why the prompt failed, in safe words.
+    answer: oneshot::Sender<std::result::Result<String, FailureLine>>,
+    /// What diagnostics call the child.
+    product: &'static str,
 }
 
 /// Runs the client side of the connection until `shutdown`: the handshake, then the prompt.
@@ -508,9 +559,10 @@ async fn drive(
         local,
         started,
         answer,
+        product,
         ..
     } = session;
-    let id = match handshake(&cx, prefix, &cwd).await {
+    let id = match handshake(&cx, (prefix, product), &cwd).await {
         Ok(id) => id,
         Err(error) => {
             let _ = started.send(Err(error));
@@ -526,7 +578,8 @@ async fn drive(
         match UntypedMessage::new("session/prompt", PromptRequest::new(id.clone(), prompt)) {
             Ok(request) => request,
             Err(error) => {
-                let _ = answer.send(Err(run_failed(prefix, "session/prompt", &error)));
+                tracing::debug!(%error, "{prefix}: session/prompt could not be built");
+                let _ = answer.send(Err(FailureLine::new(product, "prompt", "invalid-request")));
                 return;
             }
         };
@@ -543,18 +596,13 @@ async fn drive(
     };
     cancel.prompt_pending.store(false, Ordering::Release);
     let stop = response
-        .map_err(|error| run_failed(prefix, "session/prompt", &error))
+        .map_err(|error| rpc_failure(prefix, product, "prompt", &error))
         .and_then(|reply| {
             reply
                 .get("stopReason")
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_owned)
-                .ok_or_else(|| {
-                    SubagentError::new(
-                        ErrorCode::ChildStartFailed,
-                        format!("{prefix}: session/prompt answered without a stopReason"),
-                    )
-                })
+                .ok_or_else(|| FailureLine::new(product, "prompt", "missing-stop-reason"))
         });
     let _ = answer.send(stop);
     std::future::pending::<()>().await;
@@ -564,13 +612,13 @@ async fn drive(
 /// agent's session id.
 async fn handshake(
     cx: &v1::ConnectionTo<Agent>,
-    prefix: &str,
+    (prefix, product): (&str, &'static str),
     cwd: &Path,
 ) -> Result<String, StartupFailure> {
     let failed = |what: &'static str| {
         move |error: agent_client_protocol::Error| StartupFailure {
             child_closed: agent_client_protocol::is_incoming_transport_closed(&error),
-            error: start_failed(prefix, what, &error),
+            error: start_failed(prefix, product, what, &error),
         }
     };
     cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
@@ -582,12 +630,12 @@ async fn handshake(
         "session/new",
         serde_json::json!({ "cwd": cwd, "mcpServers": [] }),
     )
-    .map_err(failed("session/new"))?;
+    .map_err(failed("session-new"))?;
     let reply = cx
         .send_request(new_session)
         .block_task()
         .await
-        .map_err(failed("session/new"))?;
+        .map_err(failed("session-new"))?;
     match reply.get("sessionId").and_then(serde_json::Value::as_str) {
         Some(id) => Ok(id.to_owned()),
         None => Err(StartupFailure {

@@ -13,6 +13,8 @@ pub(crate) struct FailureLine {
     pub(crate) stage: &'static str,
     pub(crate) category: String,
     pub(crate) http_status: Option<u16>,
+    /// The JSON-RPC error code the product answered with, for a protocol failure.
+    pub(crate) rpc_code: Option<i64>,
     pub(crate) outcome: Option<ExitOutcome>,
 }
 
@@ -27,7 +29,27 @@ impl FailureLine {
             stage,
             category: category.into(),
             http_status: None,
+            rpc_code: None,
             outcome: None,
+        }
+    }
+
+    /// A failure the product answered with a JSON-RPC error: categorized by its code, which
+    /// the line carries (the error's message and data never do).
+    pub(crate) fn json_rpc(product: &'static str, stage: &'static str, code: i64) -> Self {
+        let category = match code {
+            -32700 => "parse-error",
+            -32600 => "invalid-request",
+            -32601 => "method-not-found",
+            -32602 => "invalid-params",
+            -32603 => "internal-error",
+            -32000 => "auth-required",
+            -32002 => "resource-not-found",
+            _ => "json-rpc-error",
+        };
+        Self {
+            rpc_code: Some(code),
+            ..Self::new(product, stage, category)
         }
     }
 
@@ -47,6 +69,9 @@ impl FailureLine {
         );
         if let Some(status) = self.http_status {
             line.push_str(&format!("; HTTP status: {status}"));
+        }
+        if let Some(code) = self.rpc_code {
+            line.push_str(&format!("; JSON-RPC code: {code}"));
         }
         let said = self
             .outcome

@@ -404,6 +404,9 @@ async fn prompt(
     if script.crash_on_prompt {
         std::process::exit(1);
     }
+    if let Some(text) = &script.prompt_error {
+        return Err(AcpError::internal_error().data(text.clone()));
+    }
     let id = request.session_id.0.to_string();
     let prompt = prompt_text(&request)?;
     // A cancel that arrives while the prompt waits (behind another session's, or a scripted

@@ -60,6 +60,9 @@ pub struct AcpAgentScript {
     pub crash_on_cancel: bool,
     /// `ACP_AGENT_CRASH_ON_PROMPT=1`: exit 1 when the prompt arrives.
     pub crash_on_prompt: bool,
+    /// `ACP_AGENT_PROMPT_ERROR=TEXT`: answer every prompt with a JSON-RPC internal error
+    /// whose data is TEXT (an agent failing in its own words).
+    pub prompt_error: Option<String>,
     /// `ACP_AGENT_DELAY_MS`: wait this long before answering a prompt.
     pub delay: Option<Duration>,
     /// `ACP_AGENT_READY_FILE`: touched once the prompt is in flight.
@@ -134,6 +137,7 @@ impl AcpAgentScript {
                 "CANCEL_FILE" => script.cancel_file = path(),
                 "CRASH_ON_CANCEL" => script.crash_on_cancel = on,
                 "CRASH_ON_PROMPT" => script.crash_on_prompt = on,
+                "PROMPT_ERROR" => script.prompt_error = Some(text),
                 "DELAY_MS" => script.delay = Some(parse_ms(name, &text)?),
                 "READY_FILE" => script.ready_file = path(),
                 "NEWSESSION_READY" => script.new_session_ready = path(),
