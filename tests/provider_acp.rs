@@ -805,6 +805,22 @@ impl RawAcpClient {
             .unwrap();
     }
 
+    /// The next `session/update` notification about `session`, skipping what comes before it.
+    async fn update_of(&mut self, session: &str) -> serde_json::Value {
+        within("a session/update", async {
+            loop {
+                let line = self.stdout.next_line().await.unwrap().expect("an update");
+                let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+                if message["method"] == "session/update"
+                    && message["params"]["sessionId"] == session
+                {
+                    return message;
+                }
+            }
+        })
+        .await
+    }
+
     /// The response to request `id` (`result` or `error`), skipping what comes before it.
     async fn answer(&mut self, method: &str, id: u64) -> serde_json::Value {
         within(method, async {
@@ -992,4 +1008,32 @@ async fn an_acp_failure_is_a_diagnostic_in_safe_words_without_the_agents_text() 
              max-turn-requests)"
         )
     );
+}
+
+// Sessions' prompts run at once (issue #18): with one session's prompt held mid-turn, another
+// session's prompt still starts and streams. (One prompt at a time ran process-wide: the second
+// waited for the first to end.)
+#[actix_rt::test]
+async fn the_acp_agent_runs_the_prompts_of_different_sessions_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut client = RawAcpClient::spawn_scripted(&[], &[("ACP_AGENT_HANG", "1")]);
+    client
+        .call("initialize", json!({"protocolVersion": 1}))
+        .await;
+    let (first, second) = (
+        client.new_session(dir.path()).await,
+        client.new_session(dir.path()).await,
+    );
+    let prompt = |id: &str| json!({"sessionId": id, "prompt": [{"type": "text", "text": "hi"}]});
+    client.send("session/prompt", prompt(&first)).await;
+    client.update_of(&first).await;
+    // The first prompt holds its turn; the second session's answer streams all the same.
+    client.send("session/prompt", prompt(&second)).await;
+    let update = client.update_of(&second).await;
+    assert_eq!(
+        update["params"]["update"]["sessionUpdate"],
+        json!("agent_message_chunk"),
+        "{update}"
+    );
+    client.close().await;
 }

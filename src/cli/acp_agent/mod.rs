@@ -67,8 +67,6 @@ struct Server {
     model: Option<ScriptedModel>,
     script: AcpAgentScript,
     sessions: Sessions,
-    /// One prompt at a time: the scripted model's steps are one queue.
-    one_turn: tokio::sync::Semaphore,
 }
 
 impl Server {
@@ -119,7 +117,6 @@ pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
         model,
         script,
         sessions: Sessions::new(usize::try_from(args.max_sessions).unwrap_or(usize::MAX)),
-        one_turn: tokio::sync::Semaphore::new(1),
     });
     let served = serve(Arc::clone(&server)).await;
     if let Err(error) = served {
@@ -338,12 +335,20 @@ async fn new_session(server: &Server, cwd: PathBuf) -> Result<String, AcpError> 
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     }
-    let handle = server
-        .rt
-        .agents()
-        .create(CreateAgent::new().cwd(cwd.clone()))
-        .await
-        .map_err(internal)?;
+    // With the scripted model each session's agent calls a model name of its own, whose
+    // script only its prompts fill.
+    let script = server
+        .model
+        .as_ref()
+        .map(|_| format!("acp-session-{}", subagents::SessionId::new()));
+    let mut create = CreateAgent::new().cwd(cwd.clone());
+    if let Some(name) = &script {
+        create = create.options(subagents::AgentOptions {
+            model: name.clone(),
+            ..subagents::AgentOptions::default()
+        });
+    }
+    let handle = server.rt.agents().create(create).await.map_err(internal)?;
     let id = server
         .script
         .session_id
@@ -351,7 +356,7 @@ async fn new_session(server: &Server, cwd: PathBuf) -> Result<String, AcpError> 
         .unwrap_or_else(|| handle.agent().id().to_string());
     let displaced = server
         .sessions
-        .insert(id.clone(), Arc::new(Session::new(handle, cwd)));
+        .insert(id.clone(), Arc::new(Session::new(handle, cwd, script)));
     for session in displaced {
         session.close().await;
     }
@@ -409,15 +414,10 @@ async fn prompt(
     }
     let id = request.session_id.0.to_string();
     let prompt = prompt_text(&request)?;
-    // A cancel that arrives while the prompt waits (behind another session's, or a scripted
-    // delay) ends it `cancelled` before its turn starts, as ACP requires.
+    // A cancel that arrives while the prompt waits (a scripted delay) ends it `cancelled`
+    // before its turn starts, as ACP requires. Sessions' prompts run at once, one at a time
+    // in each session (its prompt is claimed at dispatch).
     let cancelled = || Ok(PromptResponse::new(AcpStopReason::Cancelled));
-    // The scripted model is shared: one prompt of the process runs at a time.
-    let _turn = tokio::select! {
-        biased;
-        () = cancel.cancelled() => return cancelled(),
-        turn = server.one_turn.acquire() => turn.map_err(internal)?,
-    };
     if let Some(delay) = script.delay {
         tokio::select! {
             biased;
@@ -453,8 +453,8 @@ async fn prompt(
     } else {
         step
     };
-    if let Some(model) = &server.model {
-        model.push(step);
+    if let (Some(model), Some(name)) = (&server.model, &session.script) {
+        model.push_for_model(name.clone(), [step]);
     }
     if cancel.is_cancelled() {
         return cancelled();

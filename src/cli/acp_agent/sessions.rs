@@ -19,16 +19,20 @@ pub(crate) const MAX_SESSIONS: u32 = 256;
 pub(crate) struct Session {
     pub(crate) handle: AgentHandle,
     pub(crate) cwd: PathBuf,
+    /// The model name its agent calls with a scripted model: the script of its own that its
+    /// prompts' steps go to, so sessions prompted at once never answer each other's prompts.
+    pub(crate) script: Option<String>,
     pub(crate) running: Mutex<Option<CancellationToken>>,
     /// When it was last opened or prompted, in the table's own count.
     used: AtomicU64,
 }
 
 impl Session {
-    pub(crate) fn new(handle: AgentHandle, cwd: PathBuf) -> Self {
+    pub(crate) fn new(handle: AgentHandle, cwd: PathBuf, script: Option<String>) -> Self {
         Self {
             handle,
             cwd,
+            script,
             running: Mutex::default(),
             used: AtomicU64::new(0),
         }
