@@ -104,6 +104,33 @@ impl Claude {
     }
 }
 
+/// A runtime with `config` registered and one run of it started for a root parent in `cwd`.
+async fn started(
+    config: ClaudeCodeProviderConfig,
+    cwd: &std::path::Path,
+) -> (Runtime, SubagentRun) {
+    let rt = memory_runtime(&ScriptedModel::new());
+    rt.subagents()
+        .register_provider(ClaudeCodeProvider::new(config).unwrap())
+        .await
+        .unwrap()
+        .keep();
+    let parent = rt
+        .agents()
+        .create(CreateAgent::new().cwd(cwd))
+        .await
+        .unwrap();
+    let run = rt
+        .subagents()
+        .start(
+            "claude-code",
+            SubagentStartRequest::new(parent.agent(), text("go")),
+        )
+        .await
+        .unwrap();
+    (rt, run)
+}
+
 fn expect_user() -> Value {
     json!({"expect": "user"})
 }
@@ -371,7 +398,6 @@ async fn an_exit_before_any_result_is_a_process_failure_with_its_exit_code() {
 // instead of held, the run fails with its own category, and disposal takes the process away.
 #[actix_rt::test]
 async fn a_line_longer_than_the_frame_limit_fails_the_run_and_is_not_held() {
-    let rt = memory_runtime(&ScriptedModel::new());
     let dir = tempfile::tempdir().unwrap();
     let mut config = ClaudeCodeProviderConfig::new("sh");
     // Ten megabytes without a newline, then silence: nothing past the limit is kept.
@@ -381,24 +407,7 @@ async fn a_line_longer_than_the_frame_limit_fails_the_run_and_is_not_held() {
     ];
     config.max_frame_bytes = 64 << 10;
     config.dispose_grace_ms = 500.0;
-    rt.subagents()
-        .register_provider(ClaudeCodeProvider::new(config).unwrap())
-        .await
-        .unwrap()
-        .keep();
-    let parent = rt
-        .agents()
-        .create(CreateAgent::new().cwd(dir.path()))
-        .await
-        .unwrap();
-    let run = rt
-        .subagents()
-        .start(
-            "claude-code",
-            SubagentStartRequest::new(parent.agent(), text("go")),
-        )
-        .await
-        .unwrap();
+    let (_rt, run) = started(config, dir.path()).await;
     let result = within("the result", run.result()).await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Error);
     assert_eq!(
@@ -528,7 +537,6 @@ async fn the_invocation_carries_the_mode_and_never_asks_a_human() {
              --allow-dangerously-skip-permissions --no-session-persistence",
         ),
     ] {
-        let rt = memory_runtime(&ScriptedModel::new());
         let dir = tempfile::tempdir().unwrap();
         let args = dir.path().join("args");
         let mut config = ClaudeCodeProviderConfig::new("sh");
@@ -538,24 +546,7 @@ async fn the_invocation_carries_the_mode_and_never_asks_a_human() {
             "claude".to_owned(),
         ];
         config.permission_mode = mode;
-        rt.subagents()
-            .register_provider(ClaudeCodeProvider::new(config).unwrap())
-            .await
-            .unwrap()
-            .keep();
-        let parent = rt
-            .agents()
-            .create(CreateAgent::new().cwd(dir.path()))
-            .await
-            .unwrap();
-        let run = rt
-            .subagents()
-            .start(
-                "claude-code",
-                SubagentStartRequest::new(parent.agent(), text("go")),
-            )
-            .await
-            .unwrap();
+        let (_rt, run) = started(config, dir.path()).await;
         within("the result", run.result()).await.unwrap();
         within("the disposal", run.dispose()).await.unwrap();
         let written = std::fs::read_to_string(&args).unwrap();
