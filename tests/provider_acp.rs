@@ -1037,3 +1037,24 @@ async fn the_acp_agent_runs_the_prompts_of_different_sessions_at_once() {
     );
     client.close().await;
 }
+
+// An agent that prints an endless line (issue #18): the connection fails once the line passes
+// `maxFrameBytes`, instead of the protocol's reader holding it, and the start says why.
+#[actix_rt::test]
+async fn an_agent_line_longer_than_the_frame_limit_fails_the_start() {
+    let mut config = AcpProviderConfig::new("sh");
+    config.args = vec![
+        "-c".to_owned(),
+        "head -c 10000000 /dev/zero | tr '\\0' x; sleep 60".to_owned(),
+    ];
+    config.max_frame_bytes = 64 << 10;
+    config.dispose_eof_grace_ms = 500.0;
+    config.dispose_grace_ms = 500.0;
+    let acp = Acp::new(config).await;
+    let refused = acp.start("go").await.err().unwrap();
+    assert_eq!(refused.code(), ErrorCode::ChildStartFailed);
+    assert!(
+        refused.message().contains("category: frame-too-long"),
+        "{refused}"
+    );
+}

@@ -27,10 +27,11 @@ use super::process::{process_provider, ProcessShell};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::diagnostic::{log_run_failure, FailureLine};
 use crate::out_of_process::launch::{publish, Teardown};
+use crate::out_of_process::ndjson::LineBounded;
 use crate::out_of_process::stderr_tail::StderrTail;
 use crate::out_of_process::{
-    child_env, grace_ms, resolve_child_cwd, validate_configured_cwd, ChildProcess, ExitOutcome,
-    PartialOutput, ProcessSpec, StderrMode,
+    child_env, grace_ms, positive_bytes, resolve_child_cwd, validate_configured_cwd, ChildProcess,
+    ExitOutcome, PartialOutput, ProcessSpec, StderrMode,
 };
 use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
@@ -84,6 +85,12 @@ pub struct AcpProviderConfig {
     /// certificate bundle, a credential the host means to pass on. Nothing else is inherited.
     #[serde(default)]
     pub inherit_env: Vec<String>,
+    /// The longest line of the agent's output read (default 16 MiB,
+    /// [`DEFAULT_MAX_FRAME_BYTES`](crate::out_of_process::DEFAULT_MAX_FRAME_BYTES)): past it the
+    /// connection fails and the run with it (`category: frame-too-long`), so an agent printing
+    /// an endless line cannot exhaust this process's memory.
+    #[serde(default = "crate::out_of_process::default_max_frame_bytes")]
+    pub max_frame_bytes: usize,
     /// How long a disposed child has to exit after its stdin closes (default 6000 ms; it
     /// outlasts the SIGTERM grace so a child that flushes on EOF can finish).
     #[serde(default = "crate::out_of_process::default_dispose_eof_grace_ms")]
@@ -104,6 +111,7 @@ impl AcpProviderConfig {
             permission: AcpPermission::default(),
             env: BTreeMap::new(),
             inherit_env: Vec::new(),
+            max_frame_bytes: crate::out_of_process::default_max_frame_bytes(),
             dispose_eof_grace_ms: crate::out_of_process::default_dispose_eof_grace_ms(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -127,6 +135,8 @@ struct AcpSettings {
     env: BTreeMap<String, String>,
     /// Names inherited from this process's environment beyond the base set.
     inherit_env: Vec<String>,
+    /// The longest line of output read.
+    max_frame_bytes: usize,
     eof_grace: Duration,
     grace: Duration,
 }
@@ -201,6 +211,7 @@ impl AcpProvider {
                 permission: config.permission,
                 env: config.env,
                 inherit_env: config.inherit_env,
+                max_frame_bytes: positive_bytes(prefix, "maxFrameBytes", config.max_frame_bytes)?,
                 eof_grace,
                 grace,
             }),
@@ -319,6 +330,7 @@ async fn start_run(
     let shutdown = CancellationToken::new();
     let (started_tx, started_rx) = oneshot::channel();
     let (answer_tx, answer_rx) = oneshot::channel();
+    let too_long = Arc::new(AtomicBool::new(false));
     let session = Session {
         prefix,
         cwd,
@@ -334,7 +346,10 @@ async fn start_run(
         started: started_tx,
         answer: answer_tx,
         product: product_of(child_kind),
+        too_long: Arc::clone(&too_long),
     };
+    // The agent's lines are bounded before the protocol's reader sees them.
+    let stdout = LineBounded::new(stdout, settings.max_frame_bytes, Arc::clone(&too_long));
     let connection = tokio::spawn(connect(session, stdin, stdout, shutdown.clone()));
     let teardown =
         Teardown::eof_first(Arc::new(process), connection, &shutdown, settings.eof_grace);
@@ -348,6 +363,13 @@ async fn start_run(
         None => Some((aborted_before_start(child_kind), false)),
         Some(Ok(Err(failure))) => Some((failure.error, failure.child_closed)),
         // The connection ends on its own only when the child closed its side.
+        Some(Err(_)) if too_long.load(Ordering::Acquire) => {
+            let line = FailureLine::new(product_of(child_kind), "startup", FRAME_TOO_LONG).line();
+            Some((
+                SubagentError::new(ErrorCode::ChildStartFailed, format!("{prefix}: {line}")),
+                true,
+            ))
+        }
         Some(Err(_)) => Some((
             SubagentError::new(
                 ErrorCode::ChildStartFailed,
@@ -379,11 +401,16 @@ async fn start_run(
     let product = product_of(child_kind);
     let name = settings.name.clone();
     let run_cancel = local.clone();
+    let attempt_too_long = Arc::clone(&too_long);
     let attempt = async move {
         // A connection gone before the answer ended the run as a failure of its prompt.
-        let answered = answer_rx
-            .await
-            .unwrap_or_else(|_| Err(FailureLine::new(product, "prompt", "connection-closed")));
+        let answered = answer_rx.await.unwrap_or_else(|_| {
+            Err(FailureLine::new(
+                product,
+                "prompt",
+                lost_connection(&attempt_too_long),
+            ))
+        });
         let failure = match answered {
             Ok(stop) => match harness_stop_reason(&stop) {
                 StopReason::Error => FailureLine::new(product, "prompt", unusable_stop(&stop)),
@@ -402,6 +429,19 @@ async fn start_run(
         local,
         teardown,
     ))
+}
+
+/// The failure category of a line longer than `maxFrameBytes`.
+const FRAME_TOO_LONG: &str = "frame-too-long";
+
+/// The failure category of a connection that ended before the prompt was answered: the
+/// agent's line past `maxFrameBytes`, or the connection closing.
+fn lost_connection(too_long: &AtomicBool) -> &'static str {
+    if too_long.load(Ordering::Acquire) {
+        FRAME_TOO_LONG
+    } else {
+        "connection-closed"
+    }
 }
 
 /// The failure category of an ACP stop reason that ends a run as an error.
@@ -438,6 +478,8 @@ struct Session {
     answer: oneshot::Sender<std::result::Result<String, FailureLine>>,
     /// What diagnostics call the child.
     product: &'static str,
+    /// Set once the agent wrote a line past `maxFrameBytes` (the connection then fails).
+    too_long: Arc<AtomicBool>,
 }
 
 /// Runs the client side of the connection until `shutdown`: the handshake, then the prompt.
@@ -445,7 +487,7 @@ struct Session {
 async fn connect(
     session: Session,
     stdin: tokio::process::ChildStdin,
-    stdout: tokio::process::ChildStdout,
+    stdout: LineBounded<tokio::process::ChildStdout>,
     shutdown: CancellationToken,
 ) {
     let transport = ByteStreams::new(stdin.compat_write(), stdout.compat());
@@ -560,9 +602,10 @@ async fn drive(
         started,
         answer,
         product,
+        too_long,
         ..
     } = session;
-    let id = match handshake(&cx, (prefix, product), &cwd).await {
+    let id = match handshake(&cx, (prefix, product), &cwd, &too_long).await {
         Ok(id) => id,
         Err(error) => {
             let _ = started.send(Err(error));
@@ -596,7 +639,13 @@ async fn drive(
     };
     cancel.prompt_pending.store(false, Ordering::Release);
     let stop = response
-        .map_err(|error| rpc_failure(prefix, product, "prompt", &error))
+        .map_err(|error| {
+            if too_long.load(Ordering::Acquire) {
+                FailureLine::new(product, "prompt", FRAME_TOO_LONG)
+            } else {
+                rpc_failure(prefix, product, "prompt", &error)
+            }
+        })
         .and_then(|reply| {
             reply
                 .get("stopReason")
@@ -614,11 +663,17 @@ async fn handshake(
     cx: &v1::ConnectionTo<Agent>,
     (prefix, product): (&str, &'static str),
     cwd: &Path,
+    too_long: &AtomicBool,
 ) -> Result<String, StartupFailure> {
     let failed = |what: &'static str| {
         move |error: agent_client_protocol::Error| StartupFailure {
             child_closed: agent_client_protocol::is_incoming_transport_closed(&error),
-            error: start_failed(prefix, product, what, &error),
+            error: if too_long.load(Ordering::Acquire) {
+                let line = FailureLine::new(product, what, FRAME_TOO_LONG).line();
+                SubagentError::new(ErrorCode::ChildStartFailed, format!("{prefix}: {line}"))
+            } else {
+                start_failed(prefix, product, what, &error)
+            },
         }
     };
     cx.send_request(InitializeRequest::new(ProtocolVersion::V1))

@@ -51,6 +51,10 @@ pub struct SdkProviderConfig {
     /// certificate bundle, a credential the host means to pass on. Nothing else is inherited.
     #[serde(default)]
     pub inherit_env: Vec<String>,
+    /// The longest line of the child's output read (default 16 MiB; see
+    /// [`AcpProviderConfig::max_frame_bytes`]).
+    #[serde(default = "crate::out_of_process::default_max_frame_bytes")]
+    pub max_frame_bytes: usize,
     /// How long a disposed child has to exit after its stdin closes (default 6000 ms).
     #[serde(default = "crate::out_of_process::default_dispose_eof_grace_ms")]
     pub dispose_eof_grace_ms: f64,
@@ -68,6 +72,7 @@ impl Default for SdkProviderConfig {
             cwd: None,
             env: BTreeMap::new(),
             inherit_env: Vec::new(),
+            max_frame_bytes: crate::out_of_process::default_max_frame_bytes(),
             dispose_eof_grace_ms: crate::out_of_process::default_dispose_eof_grace_ms(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -103,6 +108,7 @@ impl SdkProvider {
             permission: AcpPermission::Reject,
             env: config.env,
             inherit_env: config.inherit_env,
+            max_frame_bytes: config.max_frame_bytes,
             dispose_eof_grace_ms: config.dispose_eof_grace_ms,
             dispose_grace_ms: config.dispose_grace_ms,
         };

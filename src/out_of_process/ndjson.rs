@@ -122,6 +122,70 @@ impl FrameReader {
     }
 }
 
+/// A child's output stream whose lines are at most `max_line` bytes, for a reader this crate
+/// does not own (the ACP SDK reads its own lines): past the limit a read fails
+/// (`InvalidData`) instead of handing the reader more of the line, and `exceeded` says so.
+pub(crate) struct LineBounded<R> {
+    inner: R,
+    max_line: usize,
+    /// Bytes read since the last newline.
+    in_line: usize,
+    exceeded: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<R> LineBounded<R> {
+    /// Bounds `inner`'s lines; `exceeded` is set once a line passes `max_line`.
+    pub(crate) fn new(
+        inner: R,
+        max_line: usize,
+        exceeded: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
+        Self {
+            inner,
+            max_line,
+            in_line: 0,
+            exceeded,
+        }
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LineBounded<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::sync::atomic::Ordering;
+        if self.exceeded.load(Ordering::Acquire) {
+            return std::task::Poll::Ready(Err(too_long(self.max_line)));
+        }
+        let before = buf.filled().len();
+        let this = &mut *self;
+        std::task::ready!(std::pin::Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        for byte in &buf.filled()[before..] {
+            if *byte == b'\n' {
+                this.in_line = 0;
+            } else {
+                this.in_line += 1;
+            }
+            if this.in_line > this.max_line {
+                this.exceeded.store(true, Ordering::Release);
+                // A failed read hands over nothing.
+                buf.set_filled(before);
+                return std::task::Poll::Ready(Err(too_long(this.max_line)));
+            }
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+fn too_long(max_line: usize) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("the child wrote a line longer than {max_line} bytes"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +226,26 @@ mod tests {
         assert!(matches!(reader.next().await, Read::TooLong));
         assert!(matches!(reader.next().await, Read::Eof));
         child.wait().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_bounded_stream_fails_past_the_limit_and_says_so() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::io::AsyncReadExt;
+        let exceeded = std::sync::Arc::new(AtomicBool::new(false));
+        let text = format!("short\n{}\nunread", "x".repeat(100));
+        let mut bounded = LineBounded::new(text.as_bytes(), 64, std::sync::Arc::clone(&exceeded));
+        let mut read = Vec::new();
+        let error = bounded.read_to_end(&mut read).await.unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+        assert!(exceeded.load(Ordering::Acquire));
+        let mut fine = LineBounded::new(
+            "a\nbb\n".as_bytes(),
+            2,
+            std::sync::Arc::new(AtomicBool::new(false)),
+        );
+        let mut read = String::new();
+        fine.read_to_string(&mut read).await.unwrap();
+        assert_eq!(read, "a\nbb\n");
     }
 }
