@@ -496,17 +496,31 @@ pub async fn faulty(
 }
 
 /// Collects this thread's `tracing` output at WARN and above while it lives.
+///
+/// One subscriber serves the whole test binary, installed once as the global default, and
+/// writes each event to the capture of the thread that emits it (if any). A subscriber set
+/// per test with `set_default` raced with other threads registering the same call sites: a
+/// call site first hit elsewhere at the wrong moment cached "never" and the capture missed it.
 pub struct Warnings {
     buffer: Arc<Mutex<Vec<u8>>>,
-    _guard: tracing::subscriber::DefaultGuard,
 }
 
-/// A writer appending to a shared buffer.
-struct SharedWriter(Arc<Mutex<Vec<u8>>>);
+thread_local! {
+    /// The capture of this thread, while one lives.
+    static CAPTURE: std::cell::RefCell<Option<Arc<Mutex<Vec<u8>>>>> =
+        const { std::cell::RefCell::new(None) };
+}
 
-impl std::io::Write for SharedWriter {
+/// A writer appending to the emitting thread's capture, or nowhere.
+struct ThreadCapture;
+
+impl std::io::Write for ThreadCapture {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
+        CAPTURE.with(|capture| {
+            if let Some(buffer) = capture.borrow().as_ref() {
+                buffer.lock().unwrap().extend_from_slice(bytes);
+            }
+        });
         Ok(bytes.len())
     }
 
@@ -519,21 +533,29 @@ impl Warnings {
     /// Captures on this thread: the manager, the agents and their spawned tasks all run on the
     /// test's single-threaded actix system (no worker pool is configured).
     pub fn capture() -> Self {
+        static INSTALLED: std::sync::Once = std::sync::Once::new();
+        INSTALLED.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_ansi(false)
+                .with_writer(|| ThreadCapture)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other global subscriber in the test binary");
+        });
         let buffer = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&buffer);
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || SharedWriter(Arc::clone(&sink)))
-            .finish();
-        Self {
-            buffer,
-            _guard: tracing::subscriber::set_default(subscriber),
-        }
+        CAPTURE.with(|capture| *capture.borrow_mut() = Some(Arc::clone(&buffer)));
+        Self { buffer }
     }
 
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.buffer.lock().unwrap()).into_owned()
+    }
+}
+
+impl Drop for Warnings {
+    fn drop(&mut self) {
+        CAPTURE.with(|capture| capture.borrow_mut().take());
     }
 }
 
