@@ -203,6 +203,10 @@ async fn the_handshake_and_turn_frames_are_exact() {
 async fn thread_start_carries_each_permission_modes_fields() {
     for (mode, fields) in [
         (
+            CodexPermissionMode::default(),
+            json!({"approvalPolicy": "untrusted"}),
+        ),
+        (
             CodexPermissionMode::Never,
             json!({"approvalPolicy": "never"}),
         ),
@@ -1427,6 +1431,7 @@ async fn the_config_reads_the_reference_keys_and_refuses_others() {
     assert_eq!(config.dispose_grace_ms, 25.0);
 
     for (name, mode) in [
+        ("untrusted", CodexPermissionMode::Untrusted),
         ("never", CodexPermissionMode::Never),
         ("approve-for-me", CodexPermissionMode::ApproveForMe),
         (
@@ -1438,7 +1443,7 @@ async fn the_config_reads_the_reference_keys_and_refuses_others() {
             serde_json::from_value(json!({"permissionMode": name})).unwrap();
         assert_eq!(parsed.permission_mode, mode, "{name}");
     }
-    for name in ["", "on-request", "untrusted", "future-mode"] {
+    for name in ["", "on-request", "future-mode"] {
         let parsed = serde_json::from_value::<CodexProviderConfig>(json!({"permissionMode": name}));
         assert!(parsed.is_err(), "{name:?} is no permission mode");
     }
@@ -1465,7 +1470,11 @@ async fn the_config_reads_the_reference_keys_and_refuses_others() {
         assert_eq!(config.command, "codex", "{how}");
         assert_eq!(config.args, ["app-server", "--stdio"], "{how}");
         assert!(config.env.is_empty(), "{how}");
-        assert_eq!(config.permission_mode, CodexPermissionMode::Never, "{how}");
+        assert_eq!(
+            config.permission_mode,
+            CodexPermissionMode::Untrusted,
+            "{how}"
+        );
         assert_eq!(config.dispose_grace_ms, 3000.0, "{how}");
     }
     assert_eq!(CodexProviderConfig::new("/bin/codex").command, "/bin/codex");

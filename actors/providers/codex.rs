@@ -40,8 +40,13 @@ const CODEX_ENV: [&str; 1] = ["CODEX_HOME"];
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CodexPermissionMode {
-    /// `approvalPolicy: never`: Codex never asks.
+    /// `approvalPolicy: untrusted` (the default): Codex asks before anything but its
+    /// known-safe read-only commands, and the provider declines every ask, so nothing that
+    /// changes anything runs unless the host picks another mode.
     #[default]
+    Untrusted,
+    /// `approvalPolicy: never`: Codex never asks; what runs is bounded by the sandbox its own
+    /// configuration sets.
     Never,
     /// `approvalPolicy: on-request` reviewed automatically, in a workspace-write sandbox.
     ApproveForMe,
@@ -52,6 +57,7 @@ pub enum CodexPermissionMode {
 impl CodexPermissionMode {
     fn as_str(self) -> &'static str {
         match self {
+            Self::Untrusted => "untrusted",
             Self::Never => "never",
             Self::ApproveForMe => "approve-for-me",
             Self::DangerouslyBypassApprovalsAndSandbox => {
@@ -63,6 +69,7 @@ impl CodexPermissionMode {
     /// The `thread/start` fields of the mode.
     fn thread_fields(self) -> Value {
         match self {
+            Self::Untrusted => json!({"approvalPolicy": "untrusted"}),
             Self::Never => json!({"approvalPolicy": "never"}),
             Self::ApproveForMe => json!({
                 "approvalPolicy": "on-request",
@@ -117,7 +124,7 @@ pub struct CodexProviderConfig {
     /// an endless line cannot exhaust this process's memory.
     #[serde(default = "crate::out_of_process::default_max_frame_bytes")]
     pub max_frame_bytes: usize,
-    /// The unattended permission mode (default `never`).
+    /// The unattended permission mode (default `untrusted`: every ask declined).
     #[serde(default)]
     pub permission_mode: CodexPermissionMode,
     /// How long the tree has between SIGTERM and SIGKILL, and how long a closed wire waits for

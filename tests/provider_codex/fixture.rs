@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use subagents::testing::ScriptedModel;
 use subagents::{
-    AgentHandle, CodexProvider, CodexProviderConfig, CreateAgent, ProviderRegistration, Runtime,
-    SubagentRun, SubagentStartRequest,
+    AgentHandle, CodexPermissionMode, CodexProvider, CodexProviderConfig, CreateAgent,
+    ProviderRegistration, Runtime, SubagentRun, SubagentStartRequest,
 };
 use tempfile::TempDir;
 
@@ -114,6 +114,9 @@ impl Codex {
     pub fn config(&self, provider: &str) -> CodexProviderConfig {
         let mut config = CodexProviderConfig::new(BINARY);
         config.provider_name = provider.to_owned();
+        // The scripted fixtures were written for `never`, the mode in which Codex asks nothing
+        // (the default asks before anything and is tested on its own).
+        config.permission_mode = CodexPermissionMode::Never;
         config.args = vec![
             "replay".to_owned(),
             "--fixture".to_owned(),
