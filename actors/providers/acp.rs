@@ -27,7 +27,7 @@ use super::process::{process_provider, ProcessShell};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::diagnostic::{log_run_failure, FailureLine};
 use crate::out_of_process::launch::{publish, Teardown};
-use crate::out_of_process::ndjson::LineBounded;
+use crate::out_of_process::ndjson::{LineBounded, FRAME_TOO_LONG};
 use crate::out_of_process::stderr_tail::StderrTail;
 use crate::out_of_process::{
     child_env, grace_ms, positive_bytes, resolve_child_cwd, validate_configured_cwd, ChildProcess,
@@ -430,9 +430,6 @@ async fn start_run(
         teardown,
     ))
 }
-
-/// The failure category of a line longer than `maxFrameBytes`.
-const FRAME_TOO_LONG: &str = "frame-too-long";
 
 /// The failure category of a connection that ended before the prompt was answered: the
 /// agent's line past `maxFrameBytes`, or the connection closing.

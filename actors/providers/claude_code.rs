@@ -23,7 +23,7 @@ use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::diagnostic::{log_run_failure, Fact, FailureLine};
 use crate::out_of_process::launch::{publish, Teardown};
-use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read};
+use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read, FRAME_TOO_LONG};
 use crate::out_of_process::{
     child_env, dispose_grace, no_parent_cwd, positive_bytes, require_non_empty, task_texts,
     usable_cwd, ChildProcess, CwdLabel, PartialOutput, ProcessSpec, StderrMode,
@@ -472,7 +472,7 @@ impl ClaudeSession {
                     }
                 }
                 Step::Garbage => {}
-                Step::TooLong => break Err(failure("query-run", "frame-too-long")),
+                Step::TooLong => break Err(failure("query-run", FRAME_TOO_LONG)),
                 Step::Eof => match self.ended().await {
                     Some(settled) => break settled,
                     None => return,

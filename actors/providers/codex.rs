@@ -24,7 +24,7 @@ use crate::out_of_process::codex::turn::{Fatal, Turn, TurnEnd};
 use crate::out_of_process::codex::{FailureLine, Stage, StderrSignatures, PREFIX, PRODUCT};
 use crate::out_of_process::diagnostic::log_run_failure;
 use crate::out_of_process::launch::{publish, Teardown};
-use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read};
+use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read, FRAME_TOO_LONG};
 use crate::out_of_process::{
     child_env, dispose_grace, no_parent_cwd, positive_bytes, require_non_empty, task_texts,
     usable_cwd, ChildProcess, CwdLabel, ExitOutcome, PartialOutput, ProcessSpec, StderrMode,
@@ -314,9 +314,6 @@ async fn start_run(
         teardown,
     ))
 }
-
-/// The failure category of a line longer than `maxFrameBytes`.
-const FRAME_TOO_LONG: &str = "frame-too-long";
 
 /// The stage a turn is in: before its start was accepted, or running.
 fn turn_stage(turn: &Turn) -> Stage {

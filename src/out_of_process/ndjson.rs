@@ -7,6 +7,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// The longest line a product provider reads by default (`maxFrameBytes`): 16 MiB.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 << 20;
+
+/// The failure category of a line longer than `maxFrameBytes`, for every provider.
+pub(crate) const FRAME_TOO_LONG: &str = "frame-too-long";
 use tokio::process::{ChildStdin, ChildStdout};
 
 /// Writes one frame a line to the child's stdin. A write that blocks (a child that stopped
