@@ -14,8 +14,9 @@
 //! (FIFO), [`Subagents::interrupt`] ends its running turn and keeps the queue, the parent hears
 //! its reports ([`Subagents::report_from`]) and one settled notice per epoch (a host awaits
 //! each epoch's stop reason and output with [`Subagents::settlements`]), and a child that
-//! is not resident is cold-resumed from the store. [`Subagents::list_children`] and
-//! [`Subagents::list_descendants`] list them durably without loading them;
+//! is not resident is cold-resumed from the store. [`Subagents::list_children`],
+//! [`Subagents::list_descendants`] and [`Subagents::stream_forest`] (every root's tree, entry by
+//! entry) list them durably without loading them;
 //! [`Subagents::drain_continuable_descendants`] and [`Runtime::shutdown`] release children
 //! before parents. A fork's inherited turns are stored by reference to its parent's log
 //! ([`SeedReference`]), not copied.

@@ -3,8 +3,10 @@
 //! Each `session/new` creates a root agent (its session in the store, its cwd the one the client
 //! announced) on the scripted model (or `--model openai`); each `session/prompt` becomes one turn
 //! of that agent, whose answer streams back as `agent_message_chunk` and whose end maps to the ACP
-//! stop reason. `session/cancel` cancels the turn; `session/close` (advertised) cancels it and
-//! disposes the session's agent, and the open sessions stay bounded ([`sessions`]). The
+//! stop reason. Sessions' prompts run at once, one at a time in each. `session/cancel` cancels the
+//! turn, or a prompt still waiting to start (answered `cancelled`); `session/close` (advertised)
+//! cancels it and disposes the session's agent, and the open sessions stay bounded
+//! ([`sessions`]). A relative or missing cwd and a prompt without text are invalid params. The
 //! `ACP_AGENT_*` variables ([`script::AcpAgentScript`]) script the protocol paths a client must
 //! handle: crashes, ignored cancels, missing session ids, permission requests, slow exits. It is
 //! the peer the ACP and SDK providers' tests run against, and any ACP client (an editor) can
