@@ -692,3 +692,37 @@ async fn a_creation_cut_short_by_a_crash_is_never_a_damaged_child() {
     run.result().await.unwrap();
     run.dispose().await.unwrap();
 }
+
+// A root the store does not hold is refused before anything is printed: stdout stays empty
+// (the JSON listing's opening bracket included) and the error names the session.
+#[test]
+fn tree_of_an_unknown_root_prints_nothing_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let grown = Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["load", "--roots", "1", "--children", "1", "--store"])
+        .arg(&store)
+        .output()
+        .expect("the binary runs");
+    crate::support::assert_succeeded(&grown);
+    let unknown = subagents::SessionId::new().to_string();
+    for json in [false, true] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_subagents"));
+        command.arg("tree").arg(&unknown).arg("--store").arg(&store);
+        if json {
+            command.arg("--json");
+        }
+        let output = command.output().expect("the binary runs");
+        assert!(!output.status.success(), "json: {json}");
+        assert!(
+            output.stdout.is_empty(),
+            "json: {json}: {:?}",
+            output.stdout
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("session {unknown} is not in the store")),
+            "{stderr}"
+        );
+    }
+}

@@ -27,7 +27,6 @@ struct Claude {
 impl Claude {
     /// The default `claude-code` provider (mode `mode`) replaying `steps`.
     async fn new(steps: &[Value], mode: ClaudePermissionMode) -> Self {
-        let rt = memory_runtime(&ScriptedModel::new());
         let dir = tempfile::tempdir().unwrap();
         let fixture = dir.path().join("fixture.jsonl");
         let lines: Vec<String> = steps.iter().map(Value::to_string).collect();
@@ -44,16 +43,7 @@ impl Claude {
             "SUBAGENTS_REPLAY_RECORD".to_owned(),
             dir.path().join("record.jsonl").display().to_string(),
         )]);
-        rt.subagents()
-            .register_provider(ClaudeCodeProvider::new(config).unwrap())
-            .await
-            .unwrap()
-            .keep();
-        let parent = rt
-            .agents()
-            .create(CreateAgent::new().cwd(dir.path()))
-            .await
-            .unwrap();
+        let (rt, parent) = registered(config, dir.path()).await;
         Self { rt, parent, dir }
     }
 
@@ -104,11 +94,11 @@ impl Claude {
     }
 }
 
-/// A runtime with `config` registered and one run of it started for a root parent in `cwd`.
-async fn started(
+/// A runtime with `config` registered, and a root parent in `cwd`.
+async fn registered(
     config: ClaudeCodeProviderConfig,
     cwd: &std::path::Path,
-) -> (Runtime, SubagentRun) {
+) -> (Runtime, AgentHandle) {
     let rt = memory_runtime(&ScriptedModel::new());
     rt.subagents()
         .register_provider(ClaudeCodeProvider::new(config).unwrap())
@@ -120,6 +110,15 @@ async fn started(
         .create(CreateAgent::new().cwd(cwd))
         .await
         .unwrap();
+    (rt, parent)
+}
+
+/// A runtime with `config` registered and one run of it started for a root parent in `cwd`.
+async fn started(
+    config: ClaudeCodeProviderConfig,
+    cwd: &std::path::Path,
+) -> (Runtime, SubagentRun) {
+    let (rt, parent) = registered(config, cwd).await;
     let run = rt
         .subagents()
         .start(

@@ -53,7 +53,7 @@ async fn print_forest(
     out: &mut impl Write,
 ) -> Result<(), super::super::Failure> {
     let mut printer = ForestPrinter::new(out, args.json);
-    printer.begin()?;
+    // Each branch reads what can fail before it prints anything.
     match args.root {
         Some(root) => {
             let descendants = rt
@@ -69,6 +69,7 @@ async fn print_forest(
                 )
                 .into());
             }
+            printer.begin()?;
             printer.root(root)?;
             for entry in &descendants {
                 printer.entry(entry)?;
@@ -80,6 +81,7 @@ async fn print_forest(
                 .subagents()
                 .stream_forest(CancellationToken::new())
                 .await?;
+            printer.begin()?;
             while let Some(SubagentForestEntry { root, entry }) = entries.try_next().await? {
                 if printer.current_root() != Some(root) {
                     printer.root(root)?;

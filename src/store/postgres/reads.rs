@@ -29,9 +29,8 @@ impl ReadRequest {
             id,
             from_seq: 0,
             before_seq: 0,
-            with_header: false,
+            with_header: true,
         }
-        .and_header()
     }
 
     /// The stored events in `[from_seq, before_seq)`.
