@@ -59,6 +59,10 @@ enum Command {
     /// its peers' deliveries for the children it holds until SIGTERM or SIGINT; with
     /// `--drive` it also grows a forest of continuable children across the cluster.
     Node(Box<cli::node::NodeArgs>),
+    /// Delegate one task to a child through an out-of-process provider (`acp`, `sdk`, `codex`,
+    /// `claude-code`) configured by its JSON, and print the child's result (or the error) as
+    /// one JSON line: a provider tried against a real product without writing a host.
+    Delegate(cli::delegate::DelegateArgs),
     /// A fake product executable (a Codex app-server, a Claude Code CLI) for tests: replays a
     /// recorded NDJSON wire from a fixture file.
     Replay(cli::replay::ReplayArgs),
@@ -179,6 +183,8 @@ enum Failure {
     Interrupted,
     /// The history checker found anomalies: its output names them; exit code 1.
     Anomalies,
+    /// A delegation that failed to start or to run: its JSON line says why; exit code 1.
+    Delegation,
 }
 
 impl From<SubagentError> for Failure {
@@ -243,6 +249,9 @@ fn main() -> ExitCode {
             .block_on(cli::acp_agent::run(args))
             .map_err(Failure::from),
         Command::Node(args) => actix::System::new().block_on(cli::node::run(*args)),
+        Command::Delegate(args) => buffered(|out| {
+            actix::System::new().block_on(async move { cli::delegate::run(args, out).await })
+        }),
         Command::Replay(args) => actix::System::new()
             .block_on(cli::replay::run(args))
             .map_err(Failure::from),
@@ -270,6 +279,7 @@ fn main() -> ExitCode {
             );
             ExitCode::from(1)
         }
+        Err(Failure::Delegation) => ExitCode::from(1),
         Err(Failure::Output(error)) => {
             let _ = writeln!(std::io::stderr(), "error: writing the output: {error}");
             ExitCode::from(2)

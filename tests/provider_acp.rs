@@ -217,6 +217,33 @@ async fn a_session_without_an_id_fails_the_start_after_reaping_the_child() {
     assert!(!alive(pid_in(&acp.file("grandchild"))));
 }
 
+// Issue #18: ACP says a client disconnects from an agent that answers a protocol version it
+// does not speak; the refusal was labelled an invalid request before.
+#[actix_rt::test]
+async fn an_agent_speaking_another_protocol_version_fails_the_start_with_that_category() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("fixture.jsonl");
+    let initialize = json!({
+        "expect": "initialize",
+        "reply": {"result": {"protocolVersion": 2, "agentCapabilities": {}}}
+    });
+    std::fs::write(&fixture, format!("{initialize}\n{{\"hang\": true}}\n")).unwrap();
+    let mut config = peer_config(&[]);
+    config.args = vec![
+        "replay".to_owned(),
+        "--fixture".to_owned(),
+        fixture.display().to_string(),
+    ];
+    let acp = Acp::new(config).await;
+    let error = acp.start("go").await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ChildStartFailed);
+    assert_eq!(
+        error.message(),
+        "subagent-acp: Product subagent failure (product: ACP agent; stage: initialize; \
+         category: protocol-version-mismatch): this client speaks ACP protocol version 1"
+    );
+}
+
 // ACP-11
 #[actix_rt::test]
 async fn a_start_cancelled_before_it_began_spawns_nothing() {

@@ -12,6 +12,8 @@ mod agent_registry;
 mod agent_turn;
 /// The cluster's seeded fault campaign: node processes under a nemesis, then a checker.
 mod campaign;
+/// `subagents delegate`: one delegation through a provider from the command line.
+mod cli_delegate;
 /// A cluster of runtimes: children placed on another node, asked across nodes.
 mod cluster;
 /// A cluster under faults: late answers, dead and restarted nodes, hand-overs, drains.

@@ -431,6 +431,20 @@ async fn start_run(
     ))
 }
 
+/// The failure category of an agent whose `initialize` answered a protocol version other than 1.
+const PROTOCOL_VERSION_MISMATCH: &str = "protocol-version-mismatch";
+
+/// Whether `error` is the ACP connection refusing an `initialize` answer for its protocol
+/// version. ACP says an agent that cannot speak the version asked for answers the one it
+/// speaks, and a client that does not support that one disconnects: the connection checks the
+/// answer itself and fails the request with `-32600` and words of its own (never the agent's),
+/// which are all that tells this refusal from another invalid request.
+fn is_protocol_version_refusal(error: &agent_client_protocol::Error) -> bool {
+    let said = error.data.as_ref().and_then(serde_json::Value::as_str);
+    error.code == agent_client_protocol::ErrorCode::INVALID_REQUEST
+        && said.is_some_and(|said| said.contains("ACP protocol version"))
+}
+
 /// The failure category of a connection that ended before the prompt was answered: the
 /// agent's line past `maxFrameBytes`, or the connection closing.
 fn lost_connection(too_long: &AtomicBool) -> &'static str {
@@ -676,7 +690,21 @@ async fn handshake(
     cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
         .block_task()
         .await
-        .map_err(failed("initialize"))?;
+        .map_err(|error| {
+            if is_protocol_version_refusal(&error) {
+                let line =
+                    FailureLine::new(product, "initialize", PROTOCOL_VERSION_MISMATCH).line();
+                StartupFailure {
+                    child_closed: false,
+                    error: SubagentError::new(
+                        ErrorCode::ChildStartFailed,
+                        format!("{prefix}: {line}: this client speaks ACP protocol version 1"),
+                    ),
+                }
+            } else {
+                failed("initialize")(error)
+            }
+        })?;
     // Sent untyped so that a reply without a session id gets the reference's message.
     let new_session = UntypedMessage::new(
         "session/new",

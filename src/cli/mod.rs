@@ -2,6 +2,7 @@
 
 pub(crate) mod acp_agent;
 pub(crate) mod check;
+pub(crate) mod delegate;
 pub(crate) mod load;
 pub(crate) mod model;
 pub(crate) mod node;
