@@ -36,6 +36,7 @@ use actix::prelude::*;
 use actix::WeakAddr;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
+use tracing::Instrument as _;
 
 use crate::actors::agents::Agents;
 use crate::content::{ContentBlock, Message, MessageSource};
@@ -46,7 +47,7 @@ use crate::host::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, BudgetMeter,
     BudgetRaise, Disposer, Inbox,
 };
-use crate::ids::{MessageId, SessionId};
+use crate::ids::{FastHashMap, MessageId, SessionId};
 use crate::session::{
     CancelCause, EventKind, InboxTarget, SessionHeader, SessionLog, SessionLogView, TurnEndReason,
 };
@@ -125,6 +126,9 @@ pub struct AgentActor {
     /// Set when the release hands the session over (its node leaves the cluster): what is
     /// pending stays in the log, unclaimed, for whoever resumes the session next.
     handing_over: bool,
+    /// The span each pending message was sent from, while a subscriber records spans: the turn
+    /// that claims a message continues its sender's trace (see [`crate::trace`]).
+    trace_parents: FastHashMap<MessageId, tracing::Span>,
 }
 
 /// What a caller waits for the agent to do.
@@ -183,6 +187,7 @@ impl AgentActor {
             identity,
             releasing: false,
             handing_over: false,
+            trace_parents: FastHashMap::default(),
             id: log.id(),
             log,
             inbox,
@@ -243,9 +248,10 @@ impl AgentActor {
         message: Message,
         target: InboxTarget,
         wake: Wake,
+        trace: tracing::Span,
         ctx: &mut Context<Self>,
     ) -> Result<MessageId> {
-        let (id, next) = self.insert(message, target, wake)?;
+        let (id, next) = self.insert(message, target, wake, trace)?;
         self.apply(next, ctx);
         Ok(id)
     }
@@ -256,6 +262,7 @@ impl AgentActor {
         message: Message,
         target: InboxTarget,
         wake: Wake,
+        trace: tracing::Span,
     ) -> Result<(MessageId, Next)> {
         if let Some(refusal) = self.state.refusal(self.id) {
             return Err(refusal);
@@ -263,6 +270,9 @@ impl AgentActor {
         let target = self.state.route(target, wake);
         let id = message.id;
         self.inbox.insert(&self.log, target, message)?;
+        if !trace.is_none() {
+            self.trace_parents.insert(id, trace);
+        }
         self.emit(AgentEventKind::InboxInserted {
             message: id,
             target,
@@ -312,13 +322,18 @@ impl AgentActor {
                 return;
             }
         };
+        let mut sent_from = None;
         for message in &claimed {
             self.emit(AgentEventKind::InboxClaimed {
                 message: message.id,
                 turn,
             });
             self.notify(Activity::Claimed(message.id));
+            if let Some(span) = self.trace_parents.remove(&message.id) {
+                sent_from.get_or_insert(span);
+            }
         }
+        let span = crate::trace::turn_span(sent_from.as_ref(), self.id, turn);
         let cancel = TurnCancel::new();
         self.state.turn_started(turn, cancel.clone());
         // One address for both (each `ctx.address()` allocates a sender).
@@ -340,7 +355,7 @@ impl AgentActor {
             inbox: Arc::new(address),
             budget: self.budget.clone(),
         };
-        let driver = run_turn(turn_ctx, turn, claimed);
+        let driver = run_turn(turn_ctx, turn, claimed).instrument(span);
         ctx.spawn(
             driver
                 .into_actor(self)
@@ -414,6 +429,7 @@ impl AgentActor {
             });
             self.notify(Activity::Discarded(message.id));
         }
+        self.trace_parents.clear();
         Ok(())
     }
 
@@ -443,6 +459,8 @@ impl AgentActor {
                         turn,
                     });
                     self.notify(Activity::Claimed(message.id));
+                    // Read within the running turn, whose trace it joins.
+                    self.trace_parents.remove(&message.id);
                 }
                 claimed
             }
@@ -495,6 +513,8 @@ pub(crate) struct Deliver {
     /// would be: a one-shot run's prompt waits for its turn this way, in one message.
     pub(crate) idle: Option<oneshot::Sender<()>>,
     pub(crate) by: SentBy,
+    /// The span it was sent from: the turn that claims it continues that trace.
+    pub(crate) trace: tracing::Span,
 }
 
 impl Handler<Deliver> for AgentActor {
@@ -502,7 +522,7 @@ impl Handler<Deliver> for AgentActor {
 
     fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) -> Self::Result {
         self.admit_host(msg.by)?;
-        let id = self.deliver(msg.message, msg.target, msg.wake, ctx)?;
+        let id = self.deliver(msg.message, msg.target, msg.wake, msg.trace, ctx)?;
         if let Some(idle) = msg.idle {
             if self.state.turn().is_none() {
                 let _ = idle.send(());
@@ -538,6 +558,9 @@ pub(crate) struct Post {
     /// Whether this message may have been accepted before: then an id this agent already
     /// accepted is answered with that acceptance, and nothing is inserted again.
     pub(crate) may_repeat: bool,
+    /// The span it was sent from (a follow-up's caller): the turn that claims it continues
+    /// that trace.
+    pub(crate) trace: tracing::Span,
     pub(crate) reply: oneshot::Sender<Result<MessageId>>,
 }
 
@@ -569,13 +592,15 @@ impl Handler<Post> for AgentActor {
                 return;
             }
         }
-        let outcome = self.insert(msg.message, target, wake).map(|(id, next)| {
-            if let Some(raise) = msg.raise {
-                self.raise_budget(raise);
-            }
-            self.apply(next, ctx);
-            id
-        });
+        let outcome = self
+            .insert(msg.message, target, wake, msg.trace)
+            .map(|(id, next)| {
+                if let Some(raise) = msg.raise {
+                    self.raise_budget(raise);
+                }
+                self.apply(next, ctx);
+                id
+            });
         // A poster that stopped waiting learns nothing it needs.
         let _ = msg.reply.send(outcome);
     }
@@ -694,7 +719,13 @@ impl Handler<QueueContext> for AgentActor {
 
     fn handle(&mut self, msg: QueueContext, ctx: &mut Context<Self>) {
         for message in msg.messages {
-            if let Err(error) = self.deliver(message, InboxTarget::NextStep, Wake::Quiet, ctx) {
+            if let Err(error) = self.deliver(
+                message,
+                InboxTarget::NextStep,
+                Wake::Quiet,
+                tracing::Span::none(),
+                ctx,
+            ) {
                 tracing::warn!(session_id = %self.id, %error, "dropped a tool context message");
             }
         }
@@ -909,6 +940,7 @@ impl AgentRef {
                 wake,
                 idle,
                 by,
+                trace: tracing::Span::current(),
             })
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))?
@@ -1037,6 +1069,7 @@ impl AgentRef {
         target: PostTarget,
         raise: Option<BudgetRaise>,
         may_repeat: bool,
+        trace: tracing::Span,
     ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
         let (reply, accepted) = oneshot::channel();
         let id = self.id;
@@ -1046,6 +1079,7 @@ impl AgentRef {
                 target,
                 raise,
                 may_repeat,
+                trace,
                 reply,
             }),
             None => drop(reply),

@@ -725,6 +725,8 @@ impl Subagents {
         let token = options.cancel;
         let source = options.source;
         let chosen_id = options.message_id;
+        // Taken here, in the caller's context: the task below runs detached from it.
+        let trace = tracing::Span::current();
         own_task(async move {
             let mut message = Message::user(content, source);
             if let Some(id) = chosen_id {
@@ -734,6 +736,7 @@ impl Subagents {
                 message,
                 raise: checked?,
                 may_repeat: chosen_id.is_some(),
+                trace,
             };
             route_followup(
                 &manager,

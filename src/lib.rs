@@ -132,6 +132,7 @@ pub mod store;
 pub mod testing;
 pub mod tools;
 pub mod tour;
+pub mod trace;
 
 pub use actors::agent::{AgentRef, AgentSnapshot, InboxPolicy};
 pub use actors::agents::Agents;

@@ -533,16 +533,7 @@ impl Warnings {
     /// Captures on this thread: the manager, the agents and their spawned tasks all run on the
     /// test's single-threaded actix system (no worker pool is configured).
     pub fn capture() -> Self {
-        static INSTALLED: std::sync::Once = std::sync::Once::new();
-        INSTALLED.call_once(|| {
-            let subscriber = tracing_subscriber::fmt()
-                .with_max_level(tracing::Level::WARN)
-                .with_ansi(false)
-                .with_writer(|| ThreadCapture)
-                .finish();
-            tracing::subscriber::set_global_default(subscriber)
-                .expect("no other global subscriber in the test binary");
-        });
+        install_subscriber();
         let buffer = Arc::new(Mutex::new(Vec::new()));
         CAPTURE.with(|capture| *capture.borrow_mut() = Some(Arc::clone(&buffer)));
         Self { buffer }
@@ -556,6 +547,140 @@ impl Warnings {
 impl Drop for Warnings {
     fn drop(&mut self) {
         CAPTURE.with(|capture| capture.borrow_mut().take());
+    }
+}
+
+/// Installs the test binary's one global subscriber: WARN events to the emitting thread's
+/// [`Warnings`] capture, and the runtime's spans (target `subagents::trace`) to its
+/// [`SpanCapture`].
+fn install_subscriber() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::Layer as _;
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let warnings = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(|| ThreadCapture)
+            .with_filter(tracing_subscriber::filter::LevelFilter::WARN);
+        let spans = SpanRecorder.with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
+            metadata.is_span() && metadata.target() == "subagents::trace"
+        }));
+        let subscriber = tracing_subscriber::registry().with(warnings).with(spans);
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("no other global subscriber in the test binary");
+    });
+}
+
+/// One span recorded by a [`SpanCapture`]: its name, its fields as text, and its parent's
+/// index in the capture (`None` for a root).
+#[derive(Debug, Clone)]
+pub struct CapturedSpan {
+    pub name: String,
+    pub parent: Option<usize>,
+    pub fields: std::collections::BTreeMap<String, String>,
+}
+
+thread_local! {
+    /// The span capture of this thread, while one lives.
+    static SPANS: std::cell::RefCell<Option<Arc<Mutex<Vec<CapturedSpan>>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Records the spans this thread opens (with target `subagents::trace`) while it lives.
+pub struct SpanCapture {
+    spans: Arc<Mutex<Vec<CapturedSpan>>>,
+}
+
+impl SpanCapture {
+    pub fn start() -> Self {
+        install_subscriber();
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        SPANS.with(|capture| *capture.borrow_mut() = Some(Arc::clone(&spans)));
+        Self { spans }
+    }
+
+    /// Every span recorded so far, in the order they opened.
+    pub fn spans(&self) -> Vec<CapturedSpan> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+impl Drop for SpanCapture {
+    fn drop(&mut self) {
+        SPANS.with(|capture| capture.borrow_mut().take());
+    }
+}
+
+/// A span's index in its thread's capture, kept in the registry's extensions (the registry
+/// reuses the ids of closed spans).
+struct CaptureIndex(usize);
+
+/// Collects a span's fields as text.
+struct FieldText<'a>(&'a mut std::collections::BTreeMap<String, String>);
+
+impl tracing::field::Visit for FieldText<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+/// The layer behind [`SpanCapture`].
+struct SpanRecorder;
+
+impl<S> tracing_subscriber::Layer<S> for SpanRecorder
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let Some(capture) = SPANS.with(|capture| capture.borrow().clone()) else {
+            return;
+        };
+        let Some(span) = ctx.span(id) else { return };
+        let parent = span.parent().and_then(|parent| {
+            parent
+                .extensions()
+                .get::<CaptureIndex>()
+                .map(|index| index.0)
+        });
+        let mut fields = std::collections::BTreeMap::new();
+        attrs.record(&mut FieldText(&mut fields));
+        let mut spans = capture.lock().unwrap();
+        span.extensions_mut().insert(CaptureIndex(spans.len()));
+        spans.push(CapturedSpan {
+            name: attrs.metadata().name().to_owned(),
+            parent,
+            fields,
+        });
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let Some(capture) = SPANS.with(|capture| capture.borrow().clone()) else {
+            return;
+        };
+        let Some(index) = ctx
+            .span(id)
+            .and_then(|span| span.extensions().get::<CaptureIndex>().map(|index| index.0))
+        else {
+            return;
+        };
+        let mut spans = capture.lock().unwrap();
+        if let Some(span) = spans.get_mut(index) {
+            values.record(&mut FieldText(&mut span.fields));
+        }
     }
 }
 

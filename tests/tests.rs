@@ -102,3 +102,5 @@ mod tools_report;
 mod tools_subagent;
 /// The narrated tour behind `subagents demo`.
 mod tour;
+/// The spans of a delegation tree: one trace, each child's turns under its delegating call.
+mod trace;

@@ -75,6 +75,8 @@ pub(crate) struct Delivery {
     /// Whether the child may have accepted this message already (a retried delivery, or a
     /// caller-chosen id): accepting it again answers the first acceptance, once.
     pub(crate) may_repeat: bool,
+    /// The span it was sent from: the epoch it opens continues that trace.
+    pub(crate) trace: tracing::Span,
 }
 
 /// Installs an Activation and submits its first message; rolls back on any failure.
@@ -330,6 +332,7 @@ impl Handler<StartContinuable> for ContinuationManager {
                 parent,
                 prompt,
                 cancel: token,
+                trace,
                 ..
             } = spec;
             if token.is_cancelled() {
@@ -398,6 +401,7 @@ impl Handler<StartContinuable> for ContinuationManager {
                 cwd,
                 provider,
                 prompt,
+                trace,
             };
             let parent = ParentLink::Local(parent);
             create_and_install(manager, agents, registry, parent, fresh, token).await
@@ -417,6 +421,8 @@ pub(super) struct FreshChild {
     pub(super) cwd: Option<std::path::PathBuf>,
     pub(super) provider: String,
     pub(super) prompt: Vec<ContentBlock>,
+    /// The span the start was called from: the child's first epoch continues that trace.
+    pub(super) trace: tracing::Span,
 }
 
 /// Creates a fresh child under `parent`, installs its Activation and submits its prompt.
@@ -439,6 +445,7 @@ pub(super) async fn create_and_install(
         cwd,
         provider,
         prompt,
+        trace,
     } = fresh;
     let descriptor_budget = descriptor.budget;
     let inherited = u64::try_from(seed.len()).map_err(|_| SubagentError::bug("seed too long"))?;
@@ -479,6 +486,7 @@ pub(super) async fn create_and_install(
         message: Message::user(prompt, MessageSource::User),
         raise: None,
         may_repeat: false,
+        trace,
     };
     let message_id = install_and_submit(manager, installing, delivery, token).await?;
     Ok(ContinuableStart {

@@ -582,6 +582,7 @@ impl ContinuationManager {
             message,
             raise,
             may_repeat,
+            trace,
         } = delivery;
         if token.is_cancelled() {
             return Err(cancelled());
@@ -634,6 +635,7 @@ impl ContinuationManager {
             PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
             raise,
             may_repeat,
+            trace,
         );
         // An interrupt that came while this child was being resumed reaches the turn the
         // message just opened (or parks it, when the turn has not claimed it yet).

@@ -11,6 +11,7 @@
 //! (`PARENT_UNAVAILABLE` otherwise): its sender is there to hear the refusal.
 
 use super::*;
+use tracing::Span;
 
 /// How many times a notice is sent again when its recipient changed under it (it was being
 /// released, or came back while the notice was being stored); each retry follows a change of
@@ -90,7 +91,7 @@ impl ContinuationManager {
                 PostTarget::TurnOrStep
             };
             // Posted now, in mailbox order behind whatever the manager sent it before.
-            let accepted = parent.post(message.clone(), target, None, may_repeat);
+            let accepted = parent.post(message.clone(), target, None, may_repeat, Span::none());
             (parent, accepted)
         });
         let parent = captured.id();
@@ -160,14 +161,14 @@ impl ContinuationManager {
                             format!("the parent of continuable child {child} is not live"),
                         )
                     })?;
-                    live.post(message, target, None, may_repeat)
+                    live.post(message, target, None, may_repeat, Span::none())
                         .await
                         .map_err(|error| parent_refused(child, &error))
                 }
                 .boxed());
             }
         };
-        let accepted = parent.post(message, target, None, may_repeat);
+        let accepted = parent.post(message, target, None, may_repeat, Span::none());
         let manager = ctx.address();
         let parent_id = parent.id();
         Ok(async move {
@@ -223,7 +224,13 @@ async fn deliver_to_parent_session(
             Some(handle) => {
                 let live = handle.agent().clone();
                 match live
-                    .post(message.clone(), PostTarget::TurnOrStep, None, may_repeat)
+                    .post(
+                        message.clone(),
+                        PostTarget::TurnOrStep,
+                        None,
+                        may_repeat,
+                        Span::none(),
+                    )
                     .await
                 {
                     Ok(id) => return Ok(id),

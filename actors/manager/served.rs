@@ -103,6 +103,8 @@ impl ContinuationManager {
             cwd: start.cwd.clone().map(Into::into),
             provider: start.provider.clone(),
             prompt: start.prompt.clone(),
+            // A peer's trace does not cross nodes yet.
+            trace: tracing::Span::none(),
         };
         Ok((fresh, guard))
     }
@@ -413,6 +415,8 @@ async fn serve(
                         message,
                         raise,
                         may_repeat,
+                        // A peer's trace does not cross nodes yet.
+                        trace: tracing::Span::none(),
                     },
                 })
                 .await

@@ -9,6 +9,7 @@ use actix::prelude::*;
 use futures::FutureExt;
 
 use tokio::sync::oneshot;
+use tracing::Instrument as _;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::seam::child_run::{completed_turn_prefix, start_in_process_run, Placement};
@@ -80,11 +81,14 @@ impl Handler<StartOneShot> for InProcessProvider {
         } else {
             Placement::Runtime
         };
+        // Run in the caller's span, so the child's prompt carries the caller's trace.
+        let trace = request.request.trace.clone();
         let start = futures::future::lazy(move |_| start_in_process_run(request, seed, placement))
             .flatten()
             .map(move |run| {
                 let _ = reply.send(run);
-            });
+            })
+            .instrument(trace);
         match worker {
             // The whole run lives on the child's worker: its creation, its agent, the agent's
             // write-behind and the task that drives it, so they talk within one thread and

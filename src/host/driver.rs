@@ -28,6 +28,7 @@ use std::panic::AssertUnwindSafe;
 use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{self, StreamExt};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::actors::agent::AgentRef;
 use crate::content::{ContentBlock, Message};
@@ -449,40 +450,50 @@ fn run_step(
             })
         };
         let mut streamed = Streamed::default();
-        loop {
-            // Matched as a temporary: only the chunk outlives this statement, so a turn waiting
-            // for room below does not also hold the received item in its state.
-            let chunk = match tokio::select! {
-                biased;
-                () = ctx.cancel.token.cancelled() => None,
-                item = stream.next() => Some(item),
-            } {
-                Some(None) => break,
-                Some(Some(Ok(chunk))) => chunk,
-                Some(Some(Err(failure))) if !ctx.cancel.is_cancelled() => {
-                    return Err(Fault::failed(failure));
+        let chat = crate::trace::chat_span(&provider, &ctx.options.model, step);
+        let received = async {
+            loop {
+                // Matched as a temporary: only the chunk outlives this statement, so a turn
+                // waiting for room below does not also hold the received item in its state.
+                let chunk = match tokio::select! {
+                    biased;
+                    () = ctx.cancel.token.cancelled() => None,
+                    item = stream.next() => Some(item),
+                } {
+                    Some(None) => break,
+                    Some(Some(Ok(chunk))) => chunk,
+                    Some(Some(Err(failure))) if !ctx.cancel.is_cancelled() => {
+                        return Err(Fault::failed(failure));
+                    }
+                    // Cancelled: seen first, or surfacing as the stream's failure.
+                    None | Some(Some(Err(_))) => {
+                        return Err(record_interrupted(
+                            ctx,
+                            turn,
+                            step,
+                            &streamed.assembler,
+                            std::mem::take(&mut streamed.chunk_seqs),
+                        ));
+                    }
+                };
+                ctx.reserve().await?;
+                match &chunk {
+                    StreamChunk::Usage { usage } => streamed.usage = Some(Box::new(*usage)),
+                    StreamChunk::Finish { reason } => {
+                        streamed.finish = Some(Box::new(reason.clone()))
+                    }
+                    _ => {}
                 }
-                // Cancelled: seen first, or surfacing as the stream's failure.
-                None | Some(Some(Err(_))) => {
-                    return Err(record_interrupted(
-                        ctx,
-                        turn,
-                        step,
-                        &streamed.assembler,
-                        streamed.chunk_seqs,
-                    ));
-                }
-            };
-            ctx.reserve().await?;
-            match &chunk {
-                StreamChunk::Usage { usage } => streamed.usage = Some(Box::new(*usage)),
-                StreamChunk::Finish { reason } => streamed.finish = Some(Box::new(reason.clone())),
-                _ => {}
+                streamed.assembler.push(&chunk);
+                let seq = ctx.append(EventKind::AssistantChunk { turn, step, chunk })?;
+                streamed.chunk_seqs.push(seq);
             }
-            streamed.assembler.push(&chunk);
-            let seq = ctx.append(EventKind::AssistantChunk { turn, step, chunk })?;
-            streamed.chunk_seqs.push(seq);
+            Ok(())
         }
+        .instrument(chat.clone())
+        .await;
+        crate::trace::record_response(&chat, streamed.usage.as_deref(), streamed.finish.as_deref());
+        received?;
         // The request (and its history snapshot) goes with the stream, before the history grows:
         // the log then extends its history in place instead of copying it.
         drop(stream);
@@ -648,7 +659,8 @@ async fn run_tools(
         let layer = ctx.scope.tools();
         let results: Vec<ToolExecutionResult> =
             stream::iter(dispatched.iter().map(|(_, tool_ctx, arguments)| {
-                tools::execute(layer, &ctx.env.tools, tool_ctx.clone(), arguments)
+                let span = crate::trace::tool_span(&tool_ctx.name, tool_ctx.call_id.as_str());
+                tools::execute(layer, &ctx.env.tools, tool_ctx.clone(), arguments).instrument(span)
             }))
             .buffered(MAX_PARALLEL_TOOL_CALLS)
             .collect()

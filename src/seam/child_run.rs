@@ -506,7 +506,7 @@ fn drive_published_run(handle: AgentHandle, wiring: RunWiring) -> SubagentRun {
         work.map(move |result| guard.settle(result))
     };
     // Detached: the run's outcome is read from its cell, not from the task's join handle.
-    drop(tokio::spawn(work));
+    drop(tokio::spawn(tracing::Instrument::in_current_span(work)));
     let settled = Arc::clone(&outcome);
     let id = child.id();
     let store = child.agents().env().store.clone();

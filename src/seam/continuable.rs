@@ -49,6 +49,9 @@ pub struct ContinuableStartSpec {
     /// The cluster node the child is placed on (see [`ContinuableStartSpec::on_node`]).
     pub node: Option<crate::cluster::NodeId>,
     pub(crate) policy: Option<DelegatedPolicy>,
+    /// The span current where the start was called, captured with the policy: the child's
+    /// first epoch continues that trace.
+    pub(crate) trace: tracing::Span,
 }
 
 impl ContinuableStartSpec {
@@ -72,6 +75,7 @@ impl ContinuableStartSpec {
             cancel: CancellationToken::new(),
             node: None,
             policy: None,
+            trace: tracing::Span::none(),
         }
     }
 
@@ -142,6 +146,7 @@ impl ContinuableStartSpec {
         if self.policy.is_none() {
             self.policy = Some(crate::seam::child_run::delegated_policy(&self.parent, None));
         }
+        self.trace = tracing::Span::current();
     }
 }
 

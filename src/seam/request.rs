@@ -54,6 +54,9 @@ pub struct SubagentStartRequest {
     pub persona: Option<String>,
     /// The parent's delegated policy, captured when the start was called (before any await).
     pub(crate) policy: Option<DelegatedPolicy>,
+    /// The span current where the start was called, captured with the policy: the child's
+    /// turns continue that trace.
+    pub(crate) trace: tracing::Span,
 }
 
 impl SubagentStartRequest {
@@ -70,6 +73,7 @@ impl SubagentStartRequest {
             tool_filter: None,
             persona: None,
             policy: None,
+            trace: tracing::Span::none(),
         }
     }
 
@@ -126,6 +130,7 @@ impl SubagentStartRequest {
 impl SubagentStartRequest {
     /// Captures the parent's delegated policy now, unless it already was.
     pub(crate) fn capture_policy(&mut self) {
+        self.trace = tracing::Span::current();
         if self.policy.is_none() {
             let parent = self.parent.id();
             self.policy = self

@@ -1,0 +1,91 @@
+//! The spans the runtime records, one tree per delegation: an agent's turn
+//! (`invoke_agent`), each model call in it (`chat`) and each tool call (`execute_tool`), named
+//! and attributed after the OpenTelemetry semantic conventions for generative AI (`gen_ai.*`).
+//!
+//! A turn's span is the child of the span its claimed message was sent from: a one-shot
+//! child's first turn runs under the delegating `subagent` tool call (or whatever span was
+//! current where `Subagents::start` was called), a continuable child's epoch under the span of
+//! the start or follow-up that opened it, cold resume included. A host that installs a
+//! subscriber recording INFO spans of target `subagents::trace` (for example
+//! `tracing-opentelemetry`, which names each span from its `otel.name`) sees the whole tree;
+//! without one, the spans are disabled at their call sites and cost a check each.
+//!
+//! Content is never recorded: no prompt, output or tool argument is an attribute.
+
+use tracing::Span;
+
+use crate::ids::SessionId;
+use crate::model::FinishReason;
+use crate::session::TokenUsage;
+
+/// The span of turn `turn` of agent `agent`, under `sent_from` (the span its first claimed
+/// message was sent from), or a root of its own.
+pub(crate) fn turn_span(sent_from: Option<&Span>, agent: SessionId, turn: u64) -> Span {
+    tracing::info_span!(
+        parent: sent_from.and_then(Span::id),
+        "invoke_agent",
+        otel.name = "invoke_agent",
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.id = %agent,
+        gen_ai.conversation.id = %agent,
+        subagents.turn = turn,
+    )
+}
+
+/// The span of one model call of the current turn, to `model` through `provider`; its usage
+/// and finish reason are recorded by [`record_response`].
+pub(crate) fn chat_span(provider: &str, model: &str, step: u64) -> Span {
+    tracing::info_span!(
+        "chat",
+        otel.name = %format_args!("chat {model}"),
+        otel.kind = "client",
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = provider,
+        gen_ai.request.model = model,
+        subagents.step = step,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.response.finish_reasons = tracing::field::Empty,
+    )
+}
+
+/// Records a model call's token usage and finish reason on its `chat` span.
+pub(crate) fn record_response(
+    span: &Span,
+    usage: Option<&TokenUsage>,
+    finish: Option<&FinishReason>,
+) {
+    if span.is_disabled() {
+        return;
+    }
+    if let Some(usage) = usage {
+        span.record("gen_ai.usage.input_tokens", usage.input_tokens);
+        span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+    }
+    if let Some(finish) = finish {
+        span.record("gen_ai.response.finish_reasons", finish_reason(finish));
+    }
+}
+
+/// The conventions' finish reason of `finish` (`stop`, `tool_calls`, `length`,
+/// `content_filter`, `error`).
+fn finish_reason(finish: &FinishReason) -> &'static str {
+    match finish {
+        FinishReason::Stop => "stop",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::MaxTokens => "length",
+        FinishReason::Refusal => "content_filter",
+        _ => "error",
+    }
+}
+
+/// The span of one tool call of the current step.
+pub(crate) fn tool_span(name: &str, call_id: &str) -> Span {
+    tracing::info_span!(
+        "execute_tool",
+        otel.name = %format_args!("execute_tool {name}"),
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = name,
+        gen_ai.tool.call.id = call_id,
+    )
+}
