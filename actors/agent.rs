@@ -127,8 +127,9 @@ pub struct AgentActor {
     /// pending stays in the log, unclaimed, for whoever resumes the session next.
     handing_over: bool,
     /// The span each pending message was sent from, while a subscriber records spans: the turn
-    /// that claims a message continues its sender's trace (see [`crate::trace`]).
-    trace_parents: FastHashMap<MessageId, tracing::Span>,
+    /// that claims a message continues its sender's trace (see [`crate::trace`]). Boxed and
+    /// made on the first such message: every resident child carries this field.
+    trace_parents: Option<Box<FastHashMap<MessageId, tracing::Span>>>,
 }
 
 /// What a caller waits for the agent to do.
@@ -187,7 +188,7 @@ impl AgentActor {
             identity,
             releasing: false,
             handing_over: false,
-            trace_parents: FastHashMap::default(),
+            trace_parents: None,
             id: log.id(),
             log,
             inbox,
@@ -256,6 +257,11 @@ impl AgentActor {
         Ok(id)
     }
 
+    /// The span message `id` was sent from, forgotten once asked for (it was claimed).
+    fn sent_from(&mut self, id: MessageId) -> Option<tracing::Span> {
+        self.trace_parents.as_mut()?.remove(&id)
+    }
+
     /// Journals `message` as pending and decides what follows, without carrying it out.
     fn insert(
         &mut self,
@@ -271,7 +277,7 @@ impl AgentActor {
         let id = message.id;
         self.inbox.insert(&self.log, target, message)?;
         if !trace.is_none() {
-            self.trace_parents.insert(id, trace);
+            self.trace_parents.get_or_insert_default().insert(id, trace);
         }
         self.emit(AgentEventKind::InboxInserted {
             message: id,
@@ -329,7 +335,7 @@ impl AgentActor {
                 turn,
             });
             self.notify(Activity::Claimed(message.id));
-            if let Some(span) = self.trace_parents.remove(&message.id) {
+            if let Some(span) = self.sent_from(message.id) {
                 sent_from.get_or_insert(span);
             }
         }
@@ -429,7 +435,7 @@ impl AgentActor {
             });
             self.notify(Activity::Discarded(message.id));
         }
-        self.trace_parents.clear();
+        self.trace_parents = None;
         Ok(())
     }
 
@@ -460,7 +466,7 @@ impl AgentActor {
                     });
                     self.notify(Activity::Claimed(message.id));
                     // Read within the running turn, whose trace it joins.
-                    self.trace_parents.remove(&message.id);
+                    self.sent_from(message.id);
                 }
                 claimed
             }

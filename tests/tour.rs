@@ -13,14 +13,20 @@ fn position(transcript: &[String], what: &str, holds: impl Fn(&str) -> bool) -> 
         .unwrap_or_else(|| panic!("no line for {what} in:\n{}", transcript.join("\n")))
 }
 
-#[actix_rt::test]
-async fn the_tour_delegates_follows_up_hears_back_and_lists_its_agents() {
+/// A runtime on the tour's model with the tour's providers and tools installed.
+pub async fn tour_runtime() -> Runtime {
     let rt = Runtime::builder()
         .store(MemoryStore::new())
         .model("tour", TourModel)
         .build()
         .unwrap();
     install_tour(&rt).await.unwrap();
+    rt
+}
+
+#[actix_rt::test]
+async fn the_tour_delegates_follows_up_hears_back_and_lists_its_agents() {
+    let rt = tour_runtime().await;
     let (_, transcript) = run_tour(&rt, Duration::from_secs(30)).await.unwrap();
     assert_eq!(transcript[0], format!("user: {TOUR_PROMPT}"));
     // Both one-shot delegations go out in one response and both answers come back.

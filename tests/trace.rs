@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use subagents::tour::{install_tour, run_tour, TourModel, TOUR_PROMPT};
-use subagents::{MemoryStore, Runtime};
+use subagents::tour::{run_tour, TOUR_PROMPT};
 use tracing::Instrument as _;
 
 use crate::support::{CapturedSpan, SpanCapture};
+use crate::tour::tour_runtime;
 
 /// The spans below `index`, children first-level only.
 fn children(spans: &[CapturedSpan], index: usize) -> Vec<usize> {
@@ -49,12 +49,7 @@ fn root_of(spans: &[CapturedSpan], mut index: usize) -> usize {
 #[actix_rt::test]
 async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_made_it() {
     let capture = SpanCapture::start();
-    let rt = Runtime::builder()
-        .store(MemoryStore::new())
-        .model("tour", TourModel)
-        .build()
-        .unwrap();
-    install_tour(&rt).await.unwrap();
+    let rt = tour_runtime().await;
     let demo = tracing::info_span!(target: "subagents::trace", "demo");
     let (parent, _) = run_tour(&rt, Duration::from_secs(30))
         .instrument(demo)

@@ -110,28 +110,13 @@ def tool_said(body):
 
 def messages_tool_call(model):
     """The Messages API's stream events for one `Bash` tool use (Claude Code's shell tool)."""
-    start = {**message(model, ""), "content": [], "stop_reason": None}
     arguments = json.dumps({"command": MARKER_COMMAND, "description": "Create a marker file"})
-    return [
-        {"type": "message_start", "message": start},
-        {
-            "type": "content_block_start",
-            "index": 0,
-            "content_block": {"type": "tool_use", "id": "toolu_interop", "name": "Bash", "input": {}},
-        },
-        {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "input_json_delta", "partial_json": arguments},
-        },
-        {"type": "content_block_stop", "index": 0},
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-            "usage": {"output_tokens": 2},
-        },
-        {"type": "message_stop"},
-    ]
+    return messages_stream(
+        model,
+        {"type": "tool_use", "id": "toolu_interop", "name": "Bash", "input": {}},
+        {"type": "input_json_delta", "partial_json": arguments},
+        "tool_use",
+    )
 
 
 def message(model, text):
@@ -149,23 +134,25 @@ def message(model, text):
 
 def messages_events(model, text):
     """The Messages API's stream events for one text answer."""
-    start = {**message(model, text), "content": [], "stop_reason": None}
+    return messages_stream(
+        model,
+        {"type": "text", "text": ""},
+        {"type": "text_delta", "text": text},
+        "end_turn",
+    )
+
+
+def messages_stream(model, block, delta, stop_reason):
+    """The Messages API's stream events for one content block, its one delta, and the stop."""
+    start = {**message(model, ""), "content": [], "stop_reason": None}
     return [
         {"type": "message_start", "message": start},
-        {
-            "type": "content_block_start",
-            "index": 0,
-            "content_block": {"type": "text", "text": ""},
-        },
-        {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "text_delta", "text": text},
-        },
+        {"type": "content_block_start", "index": 0, "content_block": block},
+        {"type": "content_block_delta", "index": 0, "delta": delta},
         {"type": "content_block_stop", "index": 0},
         {
             "type": "message_delta",
-            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
             "usage": {"output_tokens": 2},
         },
         {"type": "message_stop"},
