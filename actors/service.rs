@@ -841,6 +841,7 @@ impl Subagents {
                 content,
                 delivery: options.delivery,
                 token: options.cancel,
+                trace: tracing::Span::current(),
             })
         });
         // Its own task: once the manager admitted the report, the delivery and its

@@ -5,7 +5,9 @@
 //! A turn's span is the child of the span its claimed message was sent from: a one-shot
 //! child's first turn runs under the delegating `subagent` tool call (or whatever span was
 //! current where `Subagents::start` was called), a continuable child's epoch under the span of
-//! the start or follow-up that opened it, cold resume included. A host that installs a
+//! the start or follow-up that opened it, cold resume included; a parent's turn woken by a
+//! child's report runs under the child's `report` call, and one woken by a settled notice
+//! under the call that opened the settled epoch. A delegation tree is one trace. A host that installs a
 //! subscriber recording INFO spans of target `subagents::trace` (for example
 //! `tracing-opentelemetry`, which names each span from its `otel.name`) sees the whole tree;
 //! without one, the spans are disabled at their call sites and cost a check each.

@@ -28,14 +28,20 @@ fn tool_call(spans: &[CapturedSpan], name: &str, nth: usize) -> usize {
         .unwrap_or_else(|| panic!("no call {nth} of {name} in {spans:#?}"))
 }
 
-/// The agent id of the one `invoke_agent` span directly below `index`.
-fn delegated_turn(spans: &[CapturedSpan], index: usize) -> String {
-    let turns: Vec<usize> = children(spans, index)
+/// The agent ids of the `invoke_agent` spans directly below `index`, in the order they opened.
+fn turns_below(spans: &[CapturedSpan], index: usize) -> Vec<String> {
+    children(spans, index)
         .into_iter()
         .filter(|&at| spans[at].name == "invoke_agent")
-        .collect();
+        .map(|at| spans[at].fields["gen_ai.agent.id"].clone())
+        .collect()
+}
+
+/// The agent id of the one `invoke_agent` span directly below `index`.
+fn delegated_turn(spans: &[CapturedSpan], index: usize) -> String {
+    let turns = turns_below(spans, index);
     assert_eq!(turns.len(), 1, "one child turn under {:?}", spans[index]);
-    spans[turns[0]].fields["gen_ai.agent.id"].clone()
+    turns[0].clone()
 }
 
 /// The root above `index`.
@@ -79,12 +85,21 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
     for (at, id) in ids.iter().enumerate() {
         assert!(!ids[at + 1..].contains(id), "distinct agents: {ids:?}");
     }
-    for call in [spawn, fork, continuable] {
-        assert_eq!(root_of(&spans, call), 0, "one trace: {spans:#?}");
+    // One trace: the parent's later turns, woken by the continuable child's report and settled
+    // notice, continue the trace of the call the message came from.
+    for at in 0..spans.len() {
+        assert_eq!(root_of(&spans, at), 0, "one trace: {spans:#?}");
     }
-    // The follow-up's epoch sits under the `send_message` call that sent it.
+    // The follow-up's epoch sits under the `send_message` call that sent it, and so does the
+    // parent turn its settled notice woke; the turn the child's report woke sits under the
+    // child's `report` call.
     let followup = tool_call(&spans, "send_message", 0);
-    assert_eq!(delegated_turn(&spans, followup), child);
+    assert_eq!(
+        turns_below(&spans, followup),
+        [child.clone(), parent.clone()]
+    );
+    let report = tool_call(&spans, "report", 0);
+    assert_eq!(turns_below(&spans, report), [parent.clone()]);
 
     // The attribute names are the conventions'; a model call records its model and usage.
     let chat = (0..spans.len())

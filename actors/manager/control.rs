@@ -216,6 +216,9 @@ pub(crate) struct ReportFrom {
     pub(crate) content: Vec<ContentBlock>,
     pub(crate) delivery: ReportDelivery,
     pub(crate) token: CancellationToken,
+    /// The span the report was sent from (the child's `report` call): a parent turn it wakes
+    /// continues that trace.
+    pub(crate) trace: tracing::Span,
 }
 
 impl Handler<ReportFrom> for ContinuationManager {
@@ -256,6 +259,14 @@ impl Handler<ReportFrom> for ContinuationManager {
                 return Ok(self.report_remote(remote, child, message, kind));
             }
         };
-        self.post_report(child, &captured, message, msg.delivery, false, ctx)
+        self.post_report(
+            child,
+            &captured,
+            message,
+            msg.delivery,
+            false,
+            msg.trace,
+            ctx,
+        )
     }
 }

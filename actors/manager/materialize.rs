@@ -217,6 +217,7 @@ impl Handler<Install> for ContinuationManager {
             run_id: RunId::new(),
             provider: provider.into_boxed_str(),
             budget,
+            epoch_trace: None,
         });
         self.events.emit(&SubagentEvent::Start(resident.run(id)));
         // Resumed: what it was handed over with is its own to run again.

@@ -270,6 +270,9 @@ struct Resident {
     provider: Box<str>,
     /// The child's budget and spending, shared with its agent's turn driver.
     budget: BudgetMeter,
+    /// The span this epoch's opening message was sent from, while a subscriber records spans:
+    /// the settled notice continues that trace in the parent. Boxed: most records have none.
+    epoch_trace: Option<Box<tracing::Span>>,
 }
 
 impl Resident {
@@ -630,6 +633,9 @@ impl ContinuationManager {
         resident.accepted.insert(id);
         resident.armed = true;
         resident.announced = true;
+        if !trace.is_none() {
+            resident.epoch_trace = Some(Box::new(trace.clone()));
+        }
         let accepted = resident.agent.post(
             message,
             PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),

@@ -39,7 +39,12 @@ impl ContinuationManager {
         let message = Message::user(content, source);
         match &resident.parent {
             ParentLink::Local(parent) => {
-                Some(self.post_settled_notice(child, parent, message, false, ctx))
+                let trace = resident
+                    .epoch_trace
+                    .as_deref()
+                    .cloned()
+                    .unwrap_or_else(Span::none);
+                Some(self.post_settled_notice(child, parent, message, false, trace, ctx))
             }
             ParentLink::Remote(remote) => {
                 // A node that leaves hands its children of remote parents over (see
@@ -67,6 +72,7 @@ impl ContinuationManager {
         captured: &AgentRef,
         message: Message,
         may_repeat: bool,
+        trace: Span,
         ctx: &mut Context<Self>,
     ) -> BoxFuture<'static, ()> {
         let parent_lineage = self.lineage_of(captured);
@@ -91,7 +97,7 @@ impl ContinuationManager {
                 PostTarget::TurnOrStep
             };
             // Posted now, in mailbox order behind whatever the manager sent it before.
-            let accepted = parent.post(message.clone(), target, None, may_repeat, Span::none());
+            let accepted = parent.post(message.clone(), target, None, may_repeat, trace);
             (parent, accepted)
         });
         let parent = captured.id();
@@ -135,6 +141,7 @@ impl ContinuationManager {
         message: Message,
         delivery: ReportDelivery,
         may_repeat: bool,
+        trace: Span,
         ctx: &mut Context<Self>,
     ) -> Result<BoxFuture<'static, Result<MessageId>>> {
         let id = message.id;
@@ -161,14 +168,14 @@ impl ContinuationManager {
                             format!("the parent of continuable child {child} is not live"),
                         )
                     })?;
-                    live.post(message, target, None, may_repeat, Span::none())
+                    live.post(message, target, None, may_repeat, trace)
                         .await
                         .map_err(|error| parent_refused(child, &error))
                 }
                 .boxed());
             }
         };
-        let accepted = parent.post(message, target, None, may_repeat, Span::none());
+        let accepted = parent.post(message, target, None, may_repeat, trace);
         let manager = ctx.address();
         let parent_id = parent.id();
         Ok(async move {

@@ -817,7 +817,8 @@ impl ContinuationManager {
         let reason = crate::stop_reason::StopReason::Other("node-stopped".into());
         let (content, source) = settled_notice(child, &reason, None, None);
         let message = Message::user(content, source);
-        let delivery = self.post_settled_notice(child, parent, message, false, ctx);
+        let delivery =
+            self.post_settled_notice(child, parent, message, false, tracing::Span::none(), ctx);
         tokio::spawn(delivery);
     }
 }

@@ -296,7 +296,14 @@ impl Handler<PlacedNotice> for ContinuationManager {
                 let id = message.id;
                 // Its node may ask again under the notice's id (an answer it did not get in
                 // time): the parent answers with the first acceptance.
-                let delivery = self.post_settled_notice(child, &captured, message, true, ctx);
+                let delivery = self.post_settled_notice(
+                    child,
+                    &captured,
+                    message,
+                    true,
+                    tracing::Span::none(),
+                    ctx,
+                );
                 self.forget_remote(child, sender.node, ctx);
                 // Answered once delivered (or stored for a parent that is away).
                 Ok(async move {
@@ -305,9 +312,15 @@ impl Handler<PlacedNotice> for ContinuationManager {
                 }
                 .boxed())
             }
-            NoticeKind::Report(delivery) => {
-                self.post_report(child, &captured, message, delivery, true, ctx)
-            }
+            NoticeKind::Report(delivery) => self.post_report(
+                child,
+                &captured,
+                message,
+                delivery,
+                true,
+                tracing::Span::none(),
+                ctx,
+            ),
         }
     }
 }
