@@ -16,6 +16,10 @@ use subagents::{
     FlushPolicy, MessageSource, Runtime, SessionEvent, SpawnInProcess, SubagentError, Tool,
     ToolOutput, TurnEndReason,
 };
+use tracing::Instrument as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::Layer as _;
 
 /// The binary runs on mimalloc: under many concurrent children glibc's allocator spent a third of
 /// a load run in `malloc`/`free` and fragmented the heap (`perf record` on `subagents load`).
@@ -28,6 +32,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Export the runtime's spans (one trace per delegation tree) to this OpenTelemetry
+    /// collector over OTLP/HTTP (`/v1/traces` is appended); `OTEL_EXPORTER_OTLP_ENDPOINT` does
+    /// the same, and `OTEL_EXPORTER_OTLP_PROTOCOL=http/json` sends JSON instead of protobuf.
+    #[arg(long, global = true, value_name = "URL")]
+    otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -224,13 +233,23 @@ fn main() -> ExitCode {
         (_, None) => tracing_subscriber::EnvFilter::new("error,subagents::model::openai=warn"),
         (_, Some(_)) => tracing_subscriber::EnvFilter::from_default_env(),
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let telemetry = match cli::telemetry::Telemetry::start(cli.otlp_endpoint.as_deref()) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            report(&error);
+            return ExitCode::from(2);
+        }
+    };
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colours only for a person at a terminal: a log file or a pipe gets plain text.
         .with_ansi(std::io::stderr().is_terminal())
         // A closed stderr (`2>&1 | head`) must not turn every later log line into a panic.
         .log_internal_errors(false)
+        .with_filter(filter);
+    tracing_subscriber::registry()
+        .with(log)
+        .with(telemetry.as_ref().map(cli::telemetry::Telemetry::layer))
         .init();
     let outcome = match cli.command {
         Command::Demo(args) => DemoPlan::from_args(args)
@@ -470,8 +489,14 @@ async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
         .model("tour", subagents::tour::TourModel)
         .build()?;
     subagents::tour::install_tour(&rt).await?;
-    let (parent, transcript) =
-        subagents::tour::run_tour(&rt, std::time::Duration::from_secs(30)).await?;
+    let (parent, transcript) = subagents::tour::run_tour(&rt, std::time::Duration::from_secs(30))
+        // The tour's root: its parent's turns and every delegation below form one trace.
+        .instrument(tracing::info_span!(
+            target: "subagents::trace",
+            "demo",
+            otel.name = "subagents demo"
+        ))
+        .await?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "parent {parent} in {}", plan.store)?;
     for line in &transcript {

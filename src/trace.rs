@@ -7,10 +7,13 @@
 //! current where `Subagents::start` was called), a continuable child's epoch under the span of
 //! the start or follow-up that opened it, cold resume included; a parent's turn woken by a
 //! child's report runs under the child's `report` call, and one woken by a settled notice
-//! under the call that opened the settled epoch. A delegation tree is one trace. A host that installs a
-//! subscriber recording INFO spans of target `subagents::trace` (for example
-//! `tracing-opentelemetry`, which names each span from its `otel.name`) sees the whole tree;
-//! without one, the spans are disabled at their call sites and cost a check each.
+//! under the call that opened the settled epoch. A delegation tree is one trace.
+//!
+//! The spans are INFO spans of target `subagents::trace`. A host that installs a subscriber
+//! recording them (for example `tracing-opentelemetry`, which names each span from its
+//! `otel.name`) sees the whole tree; `subagents load`, `demo`, `node` and `acp-agent` export
+//! them over OTLP with `--otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`. Without a
+//! subscriber they are disabled at their call sites and cost a check each.
 //!
 //! Content is never recorded: no prompt, output or tool argument is an attribute.
 
@@ -37,13 +40,15 @@ pub(crate) fn turn_span(sent_from: Option<&Span>, agent: SessionId, turn: u64) -
 /// The span of one model call of the current turn, to `model` through `provider`; its usage
 /// and finish reason are recorded by [`record_response`].
 pub(crate) fn chat_span(provider: &str, model: &str, step: u64) -> Span {
+    // A route without a model name (a scripted model) names the span after the operation.
+    let named = !model.is_empty();
     tracing::info_span!(
         "chat",
-        otel.name = %format_args!("chat {model}"),
+        otel.name = %format_args!("chat{}{model}", if named { " " } else { "" }),
         otel.kind = "client",
         gen_ai.operation.name = "chat",
         gen_ai.provider.name = provider,
-        gen_ai.request.model = model,
+        gen_ai.request.model = named.then_some(model),
         subagents.step = step,
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,

@@ -99,14 +99,16 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
         [child.clone(), parent.clone()]
     );
     let report = tool_call(&spans, "report", 0);
-    assert_eq!(turns_below(&spans, report), [parent.clone()]);
+    assert_eq!(turns_below(&spans, report), std::slice::from_ref(&parent));
 
     // The attribute names are the conventions'; a model call records its model and usage.
     let chat = (0..spans.len())
         .find(|&at| spans[at].name == "chat")
         .unwrap();
     assert_eq!(spans[chat].fields["gen_ai.operation.name"], "chat");
-    assert!(spans[chat].fields.contains_key("gen_ai.request.model"));
+    // The tour's model route has a provider and no model name.
+    assert_eq!(spans[chat].fields["gen_ai.provider.name"], "tour");
+    assert!(!spans[chat].fields.contains_key("gen_ai.request.model"));
     assert!(spans[chat]
         .fields
         .contains_key("gen_ai.response.finish_reasons"));
@@ -122,4 +124,167 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
             assert!(!value.contains(TOUR_PROMPT), "content in {span:?}");
         }
     }
+}
+
+/// Each request a [`Collector`] received: its path and its body.
+type Received = std::sync::Mutex<Vec<(String, Vec<u8>)>>;
+
+/// An OTLP/HTTP collector on 127.0.0.1 for one test: answers every request `200` and keeps
+/// each request's path and body.
+struct Collector {
+    port: u16,
+    received: std::sync::Arc<Received>,
+}
+
+impl Collector {
+    fn start() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = std::sync::Arc::default();
+        let kept = std::sync::Arc::clone(&received);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let kept = std::sync::Arc::clone(&kept);
+                std::thread::spawn(move || serve(stream, &kept));
+            }
+        });
+        Self { port, received }
+    }
+
+    /// Every span exported, decoded from OTLP's JSON encoding.
+    fn spans(&self) -> Vec<serde_json::Value> {
+        let received = self.received.lock().unwrap();
+        let mut spans = Vec::new();
+        for (path, body) in received.iter() {
+            assert_eq!(path, "/v1/traces");
+            let export: serde_json::Value = serde_json::from_slice(body).unwrap();
+            for resource in export["resourceSpans"].as_array().unwrap() {
+                for scope in resource["scopeSpans"].as_array().unwrap() {
+                    spans.extend(scope["spans"].as_array().unwrap().iter().cloned());
+                }
+            }
+        }
+        spans
+    }
+}
+
+/// Answers the HTTP/1.1 requests of one connection until it closes.
+fn serve(stream: std::net::TcpStream, kept: &Received) {
+    use std::io::{BufRead as _, Read as _, Write as _};
+    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = request_line
+            .split(' ')
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        let mut length = 0;
+        loop {
+            let mut header = String::new();
+            reader.read_line(&mut header).unwrap();
+            if header.trim().is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        kept.lock().unwrap().push((path, body));
+        writer
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .unwrap();
+    }
+}
+
+/// The value of attribute `key` of an exported span, as text.
+fn attribute(span: &serde_json::Value, key: &str) -> Option<String> {
+    span["attributes"]
+        .as_array()?
+        .iter()
+        .find(|attribute| attribute["key"] == key)
+        .map(|attribute| {
+            let value = &attribute["value"];
+            value["stringValue"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| value.to_string())
+        })
+}
+
+// The narrated demo exported to a collector: one trace, each child's turn under the tool call
+// that delegated to it, the conventions' attribute names, and no content.
+#[test]
+fn the_demo_exports_its_delegation_tree_as_one_trace_over_otlp() {
+    let collector = Collector::start();
+    let demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["demo", "--store", "memory", "--otlp-endpoint"])
+        .arg(format!("http://127.0.0.1:{}", collector.port))
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .output()
+        .unwrap();
+    assert!(demo.status.success(), "{demo:?}");
+    // The process exported what it batched before it exited.
+    let spans = collector.spans();
+    let traces: std::collections::BTreeSet<&str> = spans
+        .iter()
+        .map(|span| span["traceId"].as_str().unwrap())
+        .collect();
+    assert_eq!(traces.len(), 1, "one trace: {traces:?}");
+    let by_id = |id: &str| {
+        spans
+            .iter()
+            .find(|span| span["spanId"] == id)
+            .unwrap_or_else(|| panic!("no span {id}"))
+    };
+    let named = |name: &str| -> Vec<&serde_json::Value> {
+        spans.iter().filter(|span| span["name"] == name).collect()
+    };
+    assert_eq!(named("subagents demo").len(), 1);
+    for tool in [
+        "subagent",
+        "subagent_fork",
+        "subagent_continuable",
+        "send_message",
+    ] {
+        let calls = named(&format!("execute_tool {tool}"));
+        assert_eq!(calls.len(), 1, "{tool}");
+        assert_eq!(
+            attribute(calls[0], "gen_ai.tool.name").as_deref(),
+            Some(tool)
+        );
+        assert!(attribute(calls[0], "gen_ai.tool.call.id").is_some());
+        // A child's turn (and, for the follow-up, the parent turn its notice woke) runs
+        // under the call.
+        let below: Vec<&serde_json::Value> = named("invoke_agent")
+            .into_iter()
+            .filter(|turn| turn["parentSpanId"] == calls[0]["spanId"])
+            .collect();
+        assert!(!below.is_empty(), "a turn under {tool}");
+        // The call is in a turn of the parent agent.
+        let caller = by_id(calls[0]["parentSpanId"].as_str().unwrap());
+        assert_eq!(caller["name"], "invoke_agent");
+        assert!(attribute(below[0], "gen_ai.agent.id") != attribute(caller, "gen_ai.agent.id"));
+    }
+    let chat = named("chat")[0];
+    assert_eq!(
+        attribute(chat, "gen_ai.operation.name").as_deref(),
+        Some("chat")
+    );
+    assert!(
+        attribute(chat, "gen_ai.usage.input_tokens").is_some()
+            || attribute(chat, "gen_ai.response.finish_reasons").is_some()
+    );
+    // No content: the prompt is nowhere in what was exported.
+    let exported = format!("{spans:?}");
+    assert!(!exported.contains(TOUR_PROMPT));
 }

@@ -259,14 +259,7 @@ impl Handler<ReportFrom> for ContinuationManager {
                 return Ok(self.report_remote(remote, child, message, kind));
             }
         };
-        self.post_report(
-            child,
-            &captured,
-            message,
-            msg.delivery,
-            false,
-            msg.trace,
-            ctx,
-        )
+        let origin = super::parent::ReportOrigin::Local(msg.trace);
+        self.post_report(child, &captured, message, msg.delivery, origin, ctx)
     }
 }

@@ -18,6 +18,14 @@ use tracing::Span;
 /// the parent's residency, so a bound this size is only a guard against a livelock.
 const NOTICE_ATTEMPTS: usize = 16;
 
+/// Where a report to post came from.
+pub(super) enum ReportOrigin {
+    /// A resident child of this node, reporting from within this span (its `report` call).
+    Local(Span),
+    /// A child on a peer node, whose report may be asked again under its id.
+    Peer,
+}
+
 impl ContinuationManager {
     /// Delivers the settled notice for a finished epoch to the child's durable parent: the
     /// delivery to a local parent session is answered as a future, which the epoch's disposal
@@ -131,19 +139,22 @@ impl ContinuationManager {
 
     /// Posts `child`'s report to its local parent: the parent's resident Activation when it
     /// has one (a waking report counts as accepted work there), else the exact agent it was
-    /// materialized under while that lives, else the parent session's live agent. With
-    /// `may_repeat` (a report asked again under its id), a report the parent already accepted
-    /// is answered with that acceptance.
+    /// materialized under while that lives, else the parent session's live agent. A report a
+    /// peer node asks again under its id, which the parent already accepted, is answered with
+    /// that acceptance.
     pub(super) fn post_report(
         &mut self,
         child: SessionId,
         captured: &AgentRef,
         message: Message,
         delivery: ReportDelivery,
-        may_repeat: bool,
-        trace: Span,
+        origin: ReportOrigin,
         ctx: &mut Context<Self>,
     ) -> Result<BoxFuture<'static, Result<MessageId>>> {
+        let (may_repeat, trace) = match origin {
+            ReportOrigin::Local(trace) => (false, trace),
+            ReportOrigin::Peer => (true, Span::none()),
+        };
         let id = message.id;
         let target = match delivery {
             ReportDelivery::Quiet => PostTarget::Inbox(InboxTarget::NextStep, Wake::Quiet),

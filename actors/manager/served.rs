@@ -317,8 +317,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
                 &captured,
                 message,
                 delivery,
-                true,
-                tracing::Span::none(),
+                super::parent::ReportOrigin::Peer,
                 ctx,
             ),
         }

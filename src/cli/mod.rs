@@ -9,4 +9,5 @@ pub(crate) mod node;
 pub(crate) mod plot;
 pub(crate) mod replay;
 pub(crate) mod store;
+pub(crate) mod telemetry;
 pub(crate) mod tree;
