@@ -15,6 +15,10 @@
 //! them over OTLP with `--otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`. Without a
 //! subscriber they are disabled at their call sites and cost a check each.
 //!
+//! Across processes the trace travels as W3C trace context: [`current_traceparent`] is what the
+//! ACP and SDK providers send in a prompt's `_meta` (and the Codex and Claude Code providers
+//! set as `TRACEPARENT`), and [`continue_remote`] is how `subagents acp-agent` continues it.
+//!
 //! Content is never recorded: no prompt, output or tool argument is an attribute.
 
 use tracing::Span;
@@ -95,4 +99,30 @@ pub(crate) fn tool_span(name: &str, call_id: &str) -> Span {
         gen_ai.tool.name = name,
         gen_ai.tool.call.id = call_id,
     )
+}
+
+/// The W3C `traceparent` of the current span, when an OpenTelemetry layer
+/// (`tracing-opentelemetry`) records it: what a child in another process continues.
+pub fn current_traceparent() -> Option<String> {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let mut carrier = std::collections::HashMap::new();
+    opentelemetry_sdk::propagation::TraceContextPropagator::new()
+        .inject_context(&Span::current().context(), &mut carrier);
+    carrier.remove("traceparent")
+}
+
+/// Makes `span` continue the trace a W3C `traceparent` from another process names; a value
+/// that does not parse leaves `span` where it was.
+pub fn continue_remote(span: &Span, traceparent: &str) {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let carrier =
+        std::collections::HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    let remote = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+    if remote.span().span_context().is_valid() {
+        // Refused only for a span already started or not recorded: nothing to continue then.
+        let _ = span.set_parent(remote);
+    }
 }

@@ -288,3 +288,53 @@ fn the_demo_exports_its_delegation_tree_as_one_trace_over_otlp() {
     let exported = format!("{spans:?}");
     assert!(!exported.contains(TOUR_PROMPT));
 }
+
+// Issue #19 item 2: a child in another process continues the delegating trace, through the
+// W3C `traceparent` in the ACP prompt's `_meta`.
+#[test]
+fn a_child_in_another_process_continues_the_delegating_trace() {
+    let collector = Collector::start();
+    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    let config = serde_json::json!({
+        "command": env!("CARGO_BIN_EXE_subagents"),
+        "args": ["--store", "memory", "--otlp-endpoint", endpoint],
+        // The child inherits no OTEL_* variable: the host passes what it wants.
+        "env": {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "ACP_AGENT_TEXT": "traced"},
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let delegated = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "delegate",
+            "--provider",
+            "sdk",
+            "--otlp-endpoint",
+            &endpoint,
+            "--cwd",
+        ])
+        .arg(dir.path())
+        .arg("--config")
+        .arg(config.to_string())
+        .arg("go")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .output()
+        .unwrap();
+    assert!(delegated.status.success(), "{delegated:?}");
+    // Both processes exported before they exited (the child first: its run was disposed).
+    let spans = collector.spans();
+    let named = |name: &str| -> Vec<&serde_json::Value> {
+        spans.iter().filter(|span| span["name"] == name).collect()
+    };
+    let root = named("subagents delegate");
+    assert_eq!(root.len(), 1, "{spans:#?}");
+    let served = named("session/prompt");
+    assert_eq!(
+        served.len(),
+        1,
+        "the child's side of the prompt: {spans:#?}"
+    );
+    assert_eq!(served[0]["traceId"], root[0]["traceId"]);
+    assert_eq!(served[0]["parentSpanId"], root[0]["spanId"]);
+    let turn = named("invoke_agent");
+    assert_eq!(turn.len(), 1, "{spans:#?}");
+    assert_eq!(turn[0]["parentSpanId"], served[0]["spanId"]);
+}

@@ -331,9 +331,12 @@ async fn start_run(
     let (started_tx, started_rx) = oneshot::channel();
     let (answer_tx, answer_rx) = oneshot::channel();
     let too_long = Arc::new(AtomicBool::new(false));
+    // The delegating span's W3C trace context, for the agent to continue (`_meta`).
+    let traceparent = request.trace.in_scope(crate::trace::current_traceparent);
     let session = Session {
         prefix,
         cwd,
+        traceparent,
         prompt: request
             .prompt
             .iter()
@@ -480,6 +483,8 @@ fn harness_stop_reason(stop: &str) -> StopReason {
 struct Session {
     prefix: &'static str,
     cwd: PathBuf,
+    /// The delegating span's `traceparent`, sent in the prompt's `_meta` when there is one.
+    traceparent: Option<String>,
     prompt: Vec<AcpBlock>,
     permission: AcpPermission,
     partial: PartialOutput,
@@ -608,6 +613,7 @@ async fn drive(
     let Session {
         prefix,
         cwd,
+        traceparent,
         prompt,
         local,
         started,
@@ -628,15 +634,21 @@ async fn drive(
         return;
     }
     // Sent untyped so that a stop reason newer than this crate's schema still maps.
-    let prompted =
-        match UntypedMessage::new("session/prompt", PromptRequest::new(id.clone(), prompt)) {
-            Ok(request) => request,
-            Err(error) => {
-                tracing::debug!(%error, "{prefix}: session/prompt could not be built");
-                let _ = answer.send(Err(FailureLine::new(product, "prompt", "invalid-request")));
-                return;
-            }
-        };
+    // W3C trace context travels in `_meta`, as ACP reserves it for such metadata.
+    let meta = traceparent.map(|traceparent| {
+        serde_json::Map::from_iter([("traceparent".to_owned(), traceparent.into())])
+    });
+    let prompted = match UntypedMessage::new(
+        "session/prompt",
+        PromptRequest::new(id.clone(), prompt).meta(meta),
+    ) {
+        Ok(request) => request,
+        Err(error) => {
+            tracing::debug!(%error, "{prefix}: session/prompt could not be built");
+            let _ = answer.send(Err(FailureLine::new(product, "prompt", "invalid-request")));
+            return;
+        }
+    };
     cancel.prompt_pending.store(true, Ordering::Release);
     let prompted = cx.send_request(prompted).block_task();
     tokio::pin!(prompted);

@@ -26,7 +26,7 @@ use crate::out_of_process::launch::{publish, Teardown};
 use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read, FRAME_TOO_LONG};
 use crate::out_of_process::{
     child_env, dispose_grace, no_parent_cwd, positive_bytes, require_non_empty, task_texts,
-    usable_cwd, ChildProcess, CwdLabel, PartialOutput, ProcessSpec, StderrMode,
+    usable_cwd, with_trace_context, ChildProcess, CwdLabel, PartialOutput, ProcessSpec, StderrMode,
 };
 use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
@@ -344,12 +344,15 @@ async fn start_run(
     let process = ChildProcess::spawn(&ProcessSpec {
         argv: settings.argv.clone(),
         cwd,
-        env: child_env(
-            std::env::vars_os(),
-            CLAUDE_CODE_ENV
-                .into_iter()
-                .chain(settings.inherit_env.iter().map(String::as_str)),
-            &settings.env,
+        env: with_trace_context(
+            child_env(
+                std::env::vars_os(),
+                CLAUDE_CODE_ENV
+                    .into_iter()
+                    .chain(settings.inherit_env.iter().map(String::as_str)),
+                &settings.env,
+            ),
+            &request.trace,
         ),
         stderr: StderrMode::Inherit,
         grace: settings.grace,

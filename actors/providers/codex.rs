@@ -27,7 +27,8 @@ use crate::out_of_process::launch::{publish, Teardown};
 use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read, FRAME_TOO_LONG};
 use crate::out_of_process::{
     child_env, dispose_grace, no_parent_cwd, positive_bytes, require_non_empty, task_texts,
-    usable_cwd, ChildProcess, CwdLabel, ExitOutcome, PartialOutput, ProcessSpec, StderrMode,
+    usable_cwd, with_trace_context, ChildProcess, CwdLabel, ExitOutcome, PartialOutput,
+    ProcessSpec, StderrMode,
 };
 use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
 use crate::stop_reason::StopReason;
@@ -237,12 +238,15 @@ async fn start_run(
     let process = ChildProcess::spawn(&ProcessSpec {
         argv: settings.argv.clone(),
         cwd: cwd.clone(),
-        env: child_env(
-            std::env::vars_os(),
-            CODEX_ENV
-                .into_iter()
-                .chain(settings.inherit_env.iter().map(String::as_str)),
-            &settings.env,
+        env: with_trace_context(
+            child_env(
+                std::env::vars_os(),
+                CODEX_ENV
+                    .into_iter()
+                    .chain(settings.inherit_env.iter().map(String::as_str)),
+                &settings.env,
+            ),
+            &request.trace,
         ),
         stderr: StderrMode::Piped,
         grace: settings.grace,

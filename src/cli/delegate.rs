@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use subagents::testing::ScriptedModel;
 use subagents::{
@@ -111,7 +112,14 @@ pub(crate) async fn run(args: DelegateArgs, out: &mut impl std::io::Write) -> Re
         .store(MemoryStore::new())
         .model("scripted", ScriptedModel::new())
         .build()?;
-    let outcome = delegate(&rt, &args, cwd).await;
+    // The delegation's root span: the child continues its trace, in its own process too.
+    let outcome = delegate(&rt, &args, cwd)
+        .instrument(tracing::info_span!(
+            target: "subagents::trace",
+            "delegate",
+            otel.name = "subagents delegate"
+        ))
+        .await;
     let shutdown = rt.shutdown().await;
     let line = match outcome {
         Ok(result) => json!({ "result": result }),

@@ -50,6 +50,22 @@ pub fn child_env<'a>(
     env.into_iter().collect()
 }
 
+/// Adds `TRACEPARENT`, the OpenTelemetry convention for handing a child process its trace
+/// context, for the delegating `span` when a layer records it; a value the host's overlay set
+/// stays.
+pub(crate) fn with_trace_context(
+    mut env: Vec<(OsString, OsString)>,
+    span: &tracing::Span,
+) -> Vec<(OsString, OsString)> {
+    if env.iter().any(|(name, _)| name == "TRACEPARENT") {
+        return env;
+    }
+    if let Some(traceparent) = span.in_scope(crate::trace::current_traceparent) {
+        env.push(("TRACEPARENT".into(), traceparent.into()));
+    }
+    env
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +139,27 @@ mod tests {
                 "PATH=/bin",
             ]
         );
+    }
+
+    // Issue #19: a product child is handed its delegating span's trace context, the way
+    // OpenTelemetry hands one to a child process, and a value the host set stays.
+    #[test]
+    fn a_recorded_delegating_span_hands_the_child_its_traceparent() {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("delegation");
+            let env = with_trace_context(Vec::new(), &span);
+            let traceparent = span.in_scope(crate::trace::current_traceparent).unwrap();
+            assert_eq!(env, [("TRACEPARENT".into(), traceparent.clone().into())]);
+            assert!(traceparent.starts_with("00-") && traceparent.len() == 55, "{traceparent}");
+            let set = vec![("TRACEPARENT".into(), "00-host".into())];
+            assert_eq!(with_trace_context(set.clone(), &span), set);
+        });
+        // Nothing records spans here: nothing is added.
+        assert!(with_trace_context(Vec::new(), &tracing::info_span!("unrecorded")).is_empty());
     }
 }

@@ -25,6 +25,7 @@ pub use config::{
     grace_ms, no_parent_cwd, positive_bytes, positive_finite, require_non_empty, resolve_child_cwd,
     usable_cwd, validate_configured_cwd, CwdLabel, MAX_GRACE_MS,
 };
+pub(crate) use env::with_trace_context;
 pub use env::{child_env, is_credential_name, BASE_ENV};
 pub use ndjson::DEFAULT_MAX_FRAME_BYTES;
 pub use process::{ChildProcess, ExitOutcome, ProcessSpec, StderrMode};

@@ -31,6 +31,7 @@ use agent_client_protocol::{v1, Agent, ByteStreams, Client, Handled, UntypedMess
 use tokio::sync::mpsc;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use subagents::content::text_of;
 use subagents::session::fold::final_assistant_output;
@@ -416,6 +417,21 @@ async fn prompt(
     }
     let id = request.session_id.0.to_string();
     let prompt = prompt_text(&request)?;
+    // The turn continues the client's trace when its `_meta` names one (W3C `traceparent`).
+    let served = tracing::info_span!(
+        target: "subagents::trace",
+        "acp_prompt",
+        otel.name = "session/prompt",
+        otel.kind = "server",
+    );
+    if let Some(traceparent) = request
+        .meta
+        .as_ref()
+        .and_then(|meta| meta.get("traceparent"))
+        .and_then(serde_json::Value::as_str)
+    {
+        subagents::trace::continue_remote(&served, traceparent);
+    }
     // A cancel that arrives while the prompt waits (a scripted delay) ends it `cancelled`
     // before its turn starts, as ACP requires. Sessions' prompts run at once, one at a time
     // in each session (its prompt is claimed at dispatch).
@@ -462,6 +478,7 @@ async fn prompt(
         return cancelled();
     }
     let (turn, reason) = run_turn(&server.rt, session, prompt, cancel, script)
+        .instrument(served)
         .await
         .map_err(internal)?;
     if !script.hang {
