@@ -155,7 +155,10 @@ mod tests {
             let env = with_trace_context(Vec::new(), &span);
             let traceparent = span.in_scope(crate::trace::current_traceparent).unwrap();
             assert_eq!(env, [("TRACEPARENT".into(), traceparent.clone().into())]);
-            assert!(traceparent.starts_with("00-") && traceparent.len() == 55, "{traceparent}");
+            assert!(
+                traceparent.starts_with("00-") && traceparent.len() == 55,
+                "{traceparent}"
+            );
             let set = vec![("TRACEPARENT".into(), "00-host".into())];
             assert_eq!(with_trace_context(set.clone(), &span), set);
         });
