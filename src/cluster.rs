@@ -55,6 +55,9 @@ pub(crate) enum RemoteOp {
         /// Whether the child may have accepted the message already (a retry).
         #[serde(default)]
         may_repeat: bool,
+        /// The sender's W3C trace context: the epoch it opens continues that trace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
     },
     /// Interrupt a child's turn under its parent's authority (inbox kept).
     Interrupt {
@@ -112,6 +115,9 @@ pub(crate) struct RemoteStart {
     /// shared store (the seed itself never travels).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) seed: Option<crate::session::SeedReference>,
+    /// The starting caller's W3C trace context: the child's first epoch continues that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) traceparent: Option<String>,
 }
 
 /// How a node answered a follow-up.

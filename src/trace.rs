@@ -17,7 +17,8 @@
 //!
 //! Across processes the trace travels as W3C trace context: [`current_traceparent`] is what the
 //! ACP and SDK providers send in a prompt's `_meta` (and the Codex and Claude Code providers
-//! set as `TRACEPARENT`), and [`continue_remote`] is how `subagents acp-agent` continues it.
+//! set as `TRACEPARENT`), and a [`served_span`] continues it: `subagents acp-agent` serving a
+//! prompt, a cluster node serving a placed start or a follow-up from its peer.
 //!
 //! Content is never recorded: no prompt, output or tool argument is an attribute.
 
@@ -101,6 +102,18 @@ pub(crate) fn tool_span(name: &str, call_id: &str) -> Span {
     )
 }
 
+/// The span of a request served for another process or node (`otel.name` `name`, kind
+/// server), continuing the caller's trace when `traceparent` names one; none otherwise, so a
+/// request from an untraced caller adds nothing.
+pub fn served_span(name: &str, traceparent: Option<&str>) -> Span {
+    let Some(traceparent) = traceparent else {
+        return Span::none();
+    };
+    let span = tracing::info_span!("served", otel.name = name, otel.kind = "server");
+    continue_remote(&span, traceparent);
+    span
+}
+
 /// The W3C `traceparent` of the current span, when an OpenTelemetry layer
 /// (`tracing-opentelemetry`) records it: what a child in another process continues.
 pub fn current_traceparent() -> Option<String> {
@@ -114,7 +127,7 @@ pub fn current_traceparent() -> Option<String> {
 
 /// Makes `span` continue the trace a W3C `traceparent` from another process names; a value
 /// that does not parse leaves `span` where it was.
-pub fn continue_remote(span: &Span, traceparent: &str) {
+fn continue_remote(span: &Span, traceparent: &str) {
     use opentelemetry::propagation::TextMapPropagator as _;
     use opentelemetry::trace::TraceContextExt as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;

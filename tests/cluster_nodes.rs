@@ -27,9 +27,20 @@ impl NodeProcess {
     /// Starts a node named `name` on `url` with `extra` flags (a node time-to-live of 1.5 s
     /// unless they set one) and waits until it serves.
     pub(crate) fn start(url: &str, name: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(url, name, extra, &[])
+    }
+
+    /// [`NodeProcess::start`] with `env` set in the node's environment.
+    pub(crate) fn start_with_env(
+        url: &str,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let stderr = tempfile::NamedTempFile::new().unwrap();
         let mut process = Command::new(env!("CARGO_BIN_EXE_subagents"))
             .args(["node", "--store", url, "--name", name])
+            .envs(env.iter().copied())
             .args(if extra.contains(&"--node-ttl-ms") {
                 &[][..]
             } else {
@@ -162,7 +173,7 @@ pub(crate) fn read(url: &str, child: SessionId) -> Vec<subagents::SessionEvent> 
 
 /// Polls another process's progress in the store until `holds` (bounded: the other process
 /// announces nothing this test can wait on).
-fn until_stored(
+pub(crate) fn until_stored(
     url: &str,
     children: &[SessionId],
     what: &str,
@@ -205,7 +216,8 @@ pub(crate) fn one_turn_at_a_time(events: &[subagents::SessionEvent]) -> bool {
     true
 }
 
-fn completed(events: &[subagents::SessionEvent]) -> usize {
+/// How many of `events`' turns completed.
+pub(crate) fn completed(events: &[subagents::SessionEvent]) -> usize {
     turn_ends(events)
         .iter()
         .filter(|reason| **reason == TurnEndReason::Completed)

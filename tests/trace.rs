@@ -7,6 +7,7 @@ use std::time::Duration;
 use subagents::tour::{run_tour, TOUR_PROMPT};
 use tracing::Instrument as _;
 
+use crate::cluster_nodes::{completed, until_stored, NodeProcess};
 use crate::support::{CapturedSpan, SpanCapture};
 use crate::tour::tour_runtime;
 
@@ -337,4 +338,85 @@ fn a_child_in_another_process_continues_the_delegating_trace() {
     let turn = named("invoke_agent");
     assert_eq!(turn.len(), 1, "{spans:#?}");
     assert_eq!(turn[0]["parentSpanId"], served[0]["spanId"]);
+}
+
+// Issue #19 item 2: a start placed on another cluster node and a follow-up served there
+// continue the trace of the node that sent them (the delivery carries its `traceparent`).
+#[test]
+fn a_start_and_a_follow_up_served_by_another_node_continue_the_senders_trace() {
+    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
+    let collector = Collector::start();
+    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    let json = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")];
+    let mut b = NodeProcess::start_with_env(&url, "b", &["--otlp-endpoint", &endpoint], &json);
+    let mut a = NodeProcess::start_with_env(
+        &url,
+        "a",
+        &[
+            "--otlp-endpoint",
+            &endpoint,
+            "--drive",
+            "1",
+            "--children",
+            "1",
+            "--followups",
+            "1",
+            "--place-on",
+            &b.id.clone(),
+        ],
+        &json,
+    );
+    let round = a.lines_until("round 1");
+    assert_eq!(
+        round
+            .iter()
+            .filter(|line| line.starts_with("accepted "))
+            .count(),
+        1,
+        "{round:?}"
+    );
+    let child: subagents::SessionId = round
+        .iter()
+        .find_map(|line| line.strip_prefix("child "))
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The follow-up's turn has run on B (its start's turn, then this one).
+    until_stored(&url, &[child], "the follow-up's turn on B", |logs| {
+        completed(&logs[0]) == 2
+    });
+    a.tell("quit");
+    assert!(a.wait().success(), "{}", a.errors());
+    b.signal("-TERM");
+    assert!(b.wait().success(), "{}", b.errors());
+    // Each node exported what it batched before it exited.
+    let spans = collector.spans();
+    let named = |name: &str| -> Vec<&serde_json::Value> {
+        spans.iter().filter(|span| span["name"] == name).collect()
+    };
+    let drive = named("subagents node drive");
+    assert_eq!(drive.len(), 1, "{spans:#?}");
+    for served in ["serve start", "serve follow-up"] {
+        let on_b = named(served);
+        assert_eq!(on_b.len(), 1, "{served}: {spans:#?}");
+        assert_eq!(on_b[0]["traceId"], drive[0]["traceId"], "{served}");
+        assert_eq!(on_b[0]["parentSpanId"], drive[0]["spanId"], "{served}");
+    }
+    // The child's first epoch runs on B under the start B served.
+    let turns: Vec<&serde_json::Value> = named("invoke_agent")
+        .into_iter()
+        .filter(|turn| attribute(turn, "gen_ai.agent.id") == Some(child.to_string()))
+        .collect();
+    assert_eq!(turns.len(), 2, "the child's two turns: {spans:#?}");
+    let start = &named("serve start")[0]["spanId"];
+    assert!(
+        turns.iter().any(|turn| turn["parentSpanId"] == *start),
+        "{spans:#?}"
+    );
+    // Its follow-up's turn (on B, or on A after B answered that the child had settled and A
+    // resumed it) is in the same trace.
+    for turn in turns {
+        assert_eq!(turn["traceId"], drive[0]["traceId"], "{turn:#}");
+    }
 }

@@ -340,6 +340,7 @@ async fn ask_followup(
         message: delivery.message.clone(),
         raise: delivery.raise,
         may_repeat: delivery.may_repeat,
+        traceparent: delivery.trace.in_scope(crate::trace::current_traceparent),
     };
     cluster.ask_served(node, child, &op).await
 }

@@ -103,8 +103,7 @@ impl ContinuationManager {
             cwd: start.cwd.clone().map(Into::into),
             provider: start.provider.clone(),
             prompt: start.prompt.clone(),
-            // A peer's trace does not cross nodes yet.
-            trace: tracing::Span::none(),
+            trace: crate::trace::served_span("serve start", start.traceparent.as_deref()),
         };
         Ok((fresh, guard))
     }
@@ -415,6 +414,7 @@ async fn serve(
             message,
             raise,
             may_repeat,
+            traceparent,
         } => {
             authorize(cluster, parent, sender).await?;
             let raise = raise.map(budget::normalize).transpose()?;
@@ -427,8 +427,7 @@ async fn serve(
                         message,
                         raise,
                         may_repeat,
-                        // A peer's trace does not cross nodes yet.
-                        trace: tracing::Span::none(),
+                        trace: crate::trace::served_span("serve follow-up", traceparent.as_deref()),
                     },
                 })
                 .await

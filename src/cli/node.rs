@@ -28,6 +28,7 @@
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use subagents::model::OpenAiAdapter;
 use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
@@ -287,7 +288,17 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     say(format_args!("node {node} {}", plan.name))?;
     let driven = async {
         match &plan.drive {
-            Some(drive) => drive_forest(&rt, drive, &plan.model_name, node).await,
+            // The drive's root span: its starts and follow-ups, on whichever node they run,
+            // form one trace.
+            Some(drive) => {
+                drive_forest(&rt, drive, &plan.model_name, node)
+                    .instrument(tracing::info_span!(
+                        target: "subagents::trace",
+                        "drive",
+                        otel.name = "subagents node drive"
+                    ))
+                    .await
+            }
             None => std::future::pending().await,
         }
     };

@@ -418,20 +418,12 @@ async fn prompt(
     let id = request.session_id.0.to_string();
     let prompt = prompt_text(&request)?;
     // The turn continues the client's trace when its `_meta` names one (W3C `traceparent`).
-    let served = tracing::info_span!(
-        target: "subagents::trace",
-        "acp_prompt",
-        otel.name = "session/prompt",
-        otel.kind = "server",
-    );
-    if let Some(traceparent) = request
+    let traceparent = request
         .meta
         .as_ref()
         .and_then(|meta| meta.get("traceparent"))
-        .and_then(serde_json::Value::as_str)
-    {
-        subagents::trace::continue_remote(&served, traceparent);
-    }
+        .and_then(serde_json::Value::as_str);
+    let served = subagents::trace::served_span("session/prompt", traceparent);
     // A cancel that arrives while the prompt waits (a scripted delay) ends it `cancelled`
     // before its turn starts, as ACP requires. Sessions' prompts run at once, one at a time
     // in each session (its prompt is claimed at dispatch).
