@@ -19,6 +19,12 @@ const ENDPOINT_VARIABLES: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
 
+/// The variables that choose the protocol, as the OpenTelemetry SDK reads them.
+const PROTOCOL_VARIABLES: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+];
+
 /// The span exporter while it runs: dropping it exports what is still batched.
 pub(crate) struct Telemetry {
     provider: SdkTracerProvider,
@@ -38,6 +44,14 @@ impl Telemetry {
             return Ok(None);
         }
         let mut builder = SpanExporter::builder().with_http();
+        // Protobuf unless the standard variables ask for JSON (with both built in, the SDK's
+        // own default would be JSON, which not every collector takes).
+        let protocol_named = PROTOCOL_VARIABLES
+            .iter()
+            .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()));
+        if !protocol_named {
+            builder = builder.with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+        }
         if let Some(endpoint) = endpoint {
             builder =
                 builder.with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')));
