@@ -216,6 +216,17 @@ pub(crate) fn one_turn_at_a_time(events: &[subagents::SessionEvent]) -> bool {
     true
 }
 
+/// The first child a driving node placed, from its `child <root> <child> <node>` lines.
+pub(crate) fn first_child(lines: &[String]) -> SessionId {
+    lines
+        .iter()
+        .find_map(|line| line.strip_prefix("child "))
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .expect("a placed child")
+        .parse()
+        .expect("a session id")
+}
+
 /// How many of `events`' turns completed.
 pub(crate) fn completed(events: &[subagents::SessionEvent]) -> usize {
     turn_ends(events)
@@ -413,14 +424,7 @@ fn a_paused_node_that_wakes_past_its_membership_is_fenced_out_and_faults() {
             &place_on,
         ],
     );
-    let first = a.lines_until("round 1");
-    let child: SessionId = first
-        .iter()
-        .find_map(|line| line.strip_prefix("child "))
-        .and_then(|rest| rest.split_whitespace().nth(1))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let child = first_child(&a.lines_until("round 1"));
     until_stored(&url, &[child], "the child's first turn on C", |logs| {
         logs[0]
             .iter()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use subagents::tour::{run_tour, TOUR_PROMPT};
 use tracing::Instrument as _;
 
-use crate::cluster_nodes::{completed, until_stored, NodeProcess};
+use crate::cluster_nodes::{completed, first_child, until_stored, NodeProcess};
 use crate::support::{CapturedSpan, SpanCapture};
 use crate::tour::tour_runtime;
 
@@ -375,13 +375,7 @@ fn a_start_and_a_follow_up_served_by_another_node_continue_the_senders_trace() {
         1,
         "{round:?}"
     );
-    let child: subagents::SessionId = round
-        .iter()
-        .find_map(|line| line.strip_prefix("child "))
-        .and_then(|rest| rest.split_whitespace().nth(1))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let child = first_child(&round);
     // The follow-up's turn has run on B (its start's turn, then this one).
     until_stored(&url, &[child], "the follow-up's turn on B", |logs| {
         completed(&logs[0]) == 2
