@@ -71,6 +71,10 @@ pub(crate) enum RemoteOp {
         child: SessionId,
         message: Message,
         kind: NoticeKind,
+        /// The W3C trace context of the epoch or report call: the parent's turn it wakes
+        /// continues that trace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
     },
     /// Release a child placed by a parent on the sender (its parent is being released).
     Release { parent: SessionId, child: SessionId },

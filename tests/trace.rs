@@ -413,4 +413,24 @@ fn a_start_and_a_follow_up_served_by_another_node_continue_the_senders_trace() {
     for turn in turns {
         assert_eq!(turn["traceId"], drive[0]["traceId"], "{turn:#}");
     }
+    // B's settled notice reaches the root on A in that trace too, and so does the root's turn
+    // it wakes.
+    let notices = named("serve notice");
+    assert!(!notices.is_empty(), "{spans:#?}");
+    for notice in notices {
+        assert_eq!(notice["traceId"], drive[0]["traceId"]);
+    }
+    let root = round
+        .iter()
+        .find_map(|line| line.strip_prefix("child "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap();
+    let woken: Vec<&serde_json::Value> = named("invoke_agent")
+        .into_iter()
+        .filter(|turn| attribute(turn, "gen_ai.agent.id").as_deref() == Some(root))
+        .collect();
+    assert!(!woken.is_empty(), "the notices woke the root: {spans:#?}");
+    for turn in woken {
+        assert_eq!(turn["traceId"], drive[0]["traceId"], "{turn:#}");
+    }
 }

@@ -256,7 +256,8 @@ impl Handler<ReportFrom> for ContinuationManager {
             ParentLink::Local(agent) => agent.clone(),
             ParentLink::Remote(remote) => {
                 let kind = crate::cluster::NoticeKind::Report(msg.delivery);
-                return Ok(self.report_remote(remote, child, message, kind));
+                let traceparent = msg.trace.in_scope(crate::trace::current_traceparent);
+                return Ok(self.report_remote(remote, child, message, (kind, traceparent)));
             }
         };
         let origin = super::parent::ReportOrigin::Local(msg.trace);

@@ -22,8 +22,9 @@ const NOTICE_ATTEMPTS: usize = 16;
 pub(super) enum ReportOrigin {
     /// A resident child of this node, reporting from within this span (its `report` call).
     Local(Span),
-    /// A child on a peer node, whose report may be asked again under its id.
-    Peer,
+    /// A child on a peer node, whose report may be asked again under its id, continuing the
+    /// trace the peer sent with it.
+    Peer(Span),
 }
 
 impl ContinuationManager {
@@ -62,7 +63,11 @@ impl ContinuationManager {
                 } else {
                     crate::cluster::NoticeKind::Settled
                 };
-                Some(self.notify_remote(remote, child, message, kind))
+                let traceparent = resident
+                    .epoch_trace
+                    .as_deref()
+                    .and_then(|trace| trace.in_scope(crate::trace::current_traceparent));
+                Some(self.notify_remote(remote, child, message, (kind, traceparent)))
             }
         }
     }
@@ -153,7 +158,7 @@ impl ContinuationManager {
     ) -> Result<BoxFuture<'static, Result<MessageId>>> {
         let (may_repeat, trace) = match origin {
             ReportOrigin::Local(trace) => (false, trace),
-            ReportOrigin::Peer => (true, Span::none()),
+            ReportOrigin::Peer(trace) => (true, trace),
         };
         let id = message.id;
         let target = match delivery {

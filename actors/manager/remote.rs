@@ -467,7 +467,7 @@ impl ContinuationManager {
         remote: &RemoteParent,
         child: SessionId,
         message: Message,
-        kind: NoticeKind,
+        (kind, traceparent): (NoticeKind, Option<String>),
     ) -> BoxFuture<'static, ()> {
         let Some(cluster) = self.cluster.clone() else {
             return futures::future::ready(()).boxed();
@@ -479,7 +479,15 @@ impl ContinuationManager {
             let mut lookups = 0;
             let told_parent = loop {
                 lookups += 1;
-                match tell_parent(&cluster, parent, node, child, message.clone(), kind).await {
+                let told = tell_parent(
+                    &cluster,
+                    (parent, node),
+                    child,
+                    message.clone(),
+                    kind,
+                    traceparent.clone(),
+                );
+                match told.await {
                     // No node has the parent live: its stored inbox keeps the notice.
                     Err(error)
                         if matches!(
@@ -517,13 +525,13 @@ impl ContinuationManager {
         remote: &RemoteParent,
         child: SessionId,
         message: Message,
-        kind: NoticeKind,
+        (kind, traceparent): (NoticeKind, Option<String>),
     ) -> BoxFuture<'static, Result<MessageId>> {
         let cluster = self.cluster.clone();
         let (parent, node) = (remote.id, remote.node);
         async move {
             let cluster = cluster.ok_or_else(|| SubagentError::bug("a remote parent without a cluster"))?;
-            tell_parent(&cluster, parent, node, child, message, kind)
+            tell_parent(&cluster, (parent, node), child, message, kind, traceparent)
                 .await
                 .map_err(|error| match error.code() {
                     ErrorCode::SessionLeased => SubagentError::new(
@@ -548,17 +556,18 @@ const NOTICE_ATTEMPTS: u32 = 5;
 /// once that node stopped, on the node holding the parent now; a passing fault is retried.
 async fn tell_parent(
     cluster: &ClusterLink,
-    parent: SessionId,
-    mut node: NodeId,
+    (parent, mut node): (SessionId, NodeId),
     child: SessionId,
     message: Message,
     kind: NoticeKind,
+    traceparent: Option<String>,
 ) -> Result<MessageId> {
     let op = RemoteOp::Notify {
         parent,
         child,
         message,
         kind,
+        traceparent,
     };
     let mut attempt = 1;
     loop {

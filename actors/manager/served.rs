@@ -235,6 +235,8 @@ struct PlacedNotice {
     child: SessionId,
     message: Message,
     kind: NoticeKind,
+    /// The span the notice or report is served in (continuing its sender's trace).
+    trace: tracing::Span,
 }
 
 impl Handler<PlacedNotice> for ContinuationManager {
@@ -248,6 +250,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
             child,
             message,
             kind,
+            trace,
         } = msg;
         // Each epoch's notice is heard once: an epoch accounted as ended with its node
         // (`node-stopped`) was heard of already, and a late notice from that incarnation of
@@ -295,14 +298,8 @@ impl Handler<PlacedNotice> for ContinuationManager {
                 let id = message.id;
                 // Its node may ask again under the notice's id (an answer it did not get in
                 // time): the parent answers with the first acceptance.
-                let delivery = self.post_settled_notice(
-                    child,
-                    &captured,
-                    message,
-                    true,
-                    tracing::Span::none(),
-                    ctx,
-                );
+                let delivery =
+                    self.post_settled_notice(child, &captured, message, true, trace, ctx);
                 self.forget_remote(child, sender.node, ctx);
                 // Answered once delivered (or stored for a parent that is away).
                 Ok(async move {
@@ -316,7 +313,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
                 &captured,
                 message,
                 delivery,
-                super::parent::ReportOrigin::Peer,
+                super::parent::ReportOrigin::Peer(trace),
                 ctx,
             ),
         }
@@ -471,6 +468,7 @@ async fn serve(
             child,
             message,
             kind,
+            traceparent,
         } => {
             // Only the child's node speaks for it: after its release nobody holds it, and
             // while it runs its node does; once this node resumed it, its former node's
@@ -504,6 +502,7 @@ async fn serve(
                     child,
                     message,
                     kind,
+                    trace: crate::trace::served_span("serve notice", traceparent.as_deref()),
                 })
                 .await
                 .map_err(SubagentError::from)??;
