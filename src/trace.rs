@@ -15,7 +15,7 @@
 //! them over OTLP with `--otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`. Without a
 //! subscriber they are disabled at their call sites and cost a check each.
 //!
-//! Across processes the trace travels as W3C trace context: [`current_traceparent`] is what the
+//! Across processes the trace travels as W3C trace context: [`traceparent_of`] is what the
 //! ACP and SDK providers send in a prompt's `_meta` (and the Codex and Claude Code providers
 //! set as `TRACEPARENT`), and a [`served_span`] continues it: `subagents acp-agent` serving a
 //! prompt, a cluster node serving a placed start or a follow-up from its peer.
@@ -114,14 +114,18 @@ pub fn served_span(name: &str, traceparent: Option<&str>) -> Span {
     span
 }
 
-/// The W3C `traceparent` of the current span, when an OpenTelemetry layer
-/// (`tracing-opentelemetry`) records it: what a child in another process continues.
-pub fn current_traceparent() -> Option<String> {
+/// The W3C `traceparent` of `span`, when an OpenTelemetry layer (`tracing-opentelemetry`)
+/// records it: what a child in another process or on another node continues. `None` for a
+/// span nothing records (and then at the cost of a check).
+pub fn traceparent_of(span: &Span) -> Option<String> {
     use opentelemetry::propagation::TextMapPropagator as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if span.is_disabled() {
+        return None;
+    }
     let mut carrier = std::collections::HashMap::new();
     opentelemetry_sdk::propagation::TraceContextPropagator::new()
-        .inject_context(&Span::current().context(), &mut carrier);
+        .inject_context(&span.context(), &mut carrier);
     carrier.remove("traceparent")
 }
 

@@ -256,7 +256,7 @@ impl Handler<ReportFrom> for ContinuationManager {
             ParentLink::Local(agent) => agent.clone(),
             ParentLink::Remote(remote) => {
                 let kind = crate::cluster::NoticeKind::Report(msg.delivery);
-                let traceparent = msg.trace.in_scope(crate::trace::current_traceparent);
+                let traceparent = crate::trace::traceparent_of(&msg.trace);
                 return Ok(self.report_remote(remote, child, message, (kind, traceparent)));
             }
         };

@@ -388,7 +388,7 @@ impl Handler<StartContinuable> for ContinuationManager {
                     provider,
                     prompt,
                     seed,
-                    traceparent: trace.in_scope(crate::trace::current_traceparent),
+                    traceparent: crate::trace::traceparent_of(&trace),
                 };
                 return remote::place(manager, placement, parent, start).await;
             }

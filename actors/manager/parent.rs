@@ -66,7 +66,7 @@ impl ContinuationManager {
                 let traceparent = resident
                     .epoch_trace
                     .as_deref()
-                    .and_then(|trace| trace.in_scope(crate::trace::current_traceparent));
+                    .and_then(crate::trace::traceparent_of);
                 Some(self.notify_remote(remote, child, message, (kind, traceparent)))
             }
         }

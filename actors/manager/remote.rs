@@ -340,7 +340,7 @@ async fn ask_followup(
         message: delivery.message.clone(),
         raise: delivery.raise,
         may_repeat: delivery.may_repeat,
-        traceparent: delivery.trace.in_scope(crate::trace::current_traceparent),
+        traceparent: crate::trace::traceparent_of(&delivery.trace),
     };
     cluster.ask_served(node, child, &op).await
 }

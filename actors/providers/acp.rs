@@ -332,7 +332,7 @@ async fn start_run(
     let (answer_tx, answer_rx) = oneshot::channel();
     let too_long = Arc::new(AtomicBool::new(false));
     // The delegating span's W3C trace context, for the agent to continue (`_meta`).
-    let traceparent = request.trace.in_scope(crate::trace::current_traceparent);
+    let traceparent = crate::trace::traceparent_of(&request.trace);
     let session = Session {
         prefix,
         cwd,

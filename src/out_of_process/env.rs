@@ -60,7 +60,7 @@ pub(crate) fn with_trace_context(
     if env.iter().any(|(name, _)| name == "TRACEPARENT") {
         return env;
     }
-    if let Some(traceparent) = span.in_scope(crate::trace::current_traceparent) {
+    if let Some(traceparent) = crate::trace::traceparent_of(span) {
         env.push(("TRACEPARENT".into(), traceparent.into()));
     }
     env
@@ -153,7 +153,7 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             let span = tracing::info_span!("delegation");
             let env = with_trace_context(Vec::new(), &span);
-            let traceparent = span.in_scope(crate::trace::current_traceparent).unwrap();
+            let traceparent = crate::trace::traceparent_of(&span).unwrap();
             assert_eq!(env, [("TRACEPARENT".into(), traceparent.clone().into())]);
             assert!(
                 traceparent.starts_with("00-") && traceparent.len() == 55,
