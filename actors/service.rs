@@ -26,6 +26,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use futures::future::BoxFuture;
 use futures::TryStreamExt;
+use tracing::Instrument as _;
 
 use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
@@ -872,8 +873,9 @@ impl Subagents {
         &self,
         parents: &[AgentRef],
     ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        let span = crate::trace::drain_span(parents.len());
         let request = self.manager.send(DrainDescendants(parents.to_vec()));
-        async move { request.await.map_err(SubagentError::from)? }
+        async move { request.await.map_err(SubagentError::from)? }.instrument(span)
     }
 
     /// The manager-wide drain run by [`crate::Runtime::shutdown`].

@@ -102,6 +102,16 @@ pub(crate) fn tool_span(name: &str, call_id: &str) -> Span {
     )
 }
 
+/// The span of a drain of the continuable descendants of `parents` parents, under the span
+/// current where it was asked for.
+pub(crate) fn drain_span(parents: usize) -> Span {
+    tracing::info_span!(
+        "drain",
+        otel.name = "drain",
+        subagents.drain.parents = parents
+    )
+}
+
 /// The span of a request served for another process or node (`otel.name` `name`, kind
 /// server), continuing the caller's trace when `traceparent` names one; none otherwise, so a
 /// request from an untraced caller adds nothing.

@@ -59,9 +59,13 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
     let rt = tour_runtime().await;
     let demo = tracing::info_span!(target: "subagents::trace", "demo");
     let (parent, _) = run_tour(&rt, Duration::from_secs(30))
-        .instrument(demo)
+        .instrument(demo.clone())
         .await
         .unwrap();
+    // A drain asked for within the trace is a span of it.
+    let live = rt.agents().get(parent).await.unwrap();
+    let drained = demo.in_scope(|| rt.subagents().drain_continuable_descendants(&[live]));
+    drained.await.unwrap();
     rt.shutdown().await.unwrap();
     let spans = capture.spans();
     let parent = parent.to_string();
@@ -119,6 +123,11 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
         spans[first_turn].fields["gen_ai.operation.name"],
         "invoke_agent"
     );
+    let drain = (0..spans.len())
+        .find(|&at| spans[at].name == "drain")
+        .unwrap();
+    assert_eq!(spans[drain].parent, Some(0));
+    assert_eq!(spans[drain].fields["subagents.drain.parents"], "1");
     // No content: neither the prompt nor any answer is an attribute.
     for span in &spans {
         for value in span.fields.values() {
