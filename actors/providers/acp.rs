@@ -236,11 +236,7 @@ fn describe(error: &agent_client_protocol::Error) -> String {
         Some(data) => format!("{} ({data})", error.message),
     };
     if said.len() > AGENT_TEXT_LOGGED {
-        let mut cut = AGENT_TEXT_LOGGED;
-        while !said.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        said.truncate(cut);
+        crate::seam::result::truncate_at_char(&mut said, AGENT_TEXT_LOGGED);
         said.push('…');
     }
     said

@@ -1,7 +1,7 @@
 //! Provides the allow-listed environment an out-of-process child starts with.
 
 use std::collections::BTreeMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 
 /// The names a child inherits from this process whenever they are set: where it runs, who
 /// runs it and how it prints. None of them carries a credential; anything else reaches a child
@@ -12,16 +12,6 @@ pub const BASE_ENV: [&str; 10] = [
 
 /// The prefix of the locale categories (`LC_ALL`, `LC_CTYPE`, ...), inherited with the base set.
 const LOCALE_PREFIX: &str = "LC_";
-
-/// Whether `name` looks like a credential: it contains `KEY`, `PASSWORD`, `SECRET` or `TOKEN`,
-/// in any case. (No longer what decides a child's environment, which is an allow-list; kept
-/// for hosts that screen their own overlays.)
-pub fn is_credential_name(name: &OsStr) -> bool {
-    let upper = name.to_string_lossy().to_ascii_uppercase();
-    ["KEY", "PASSWORD", "SECRET", "TOKEN"]
-        .iter()
-        .any(|word| upper.contains(word))
-}
 
 /// The child's environment, an allow-list: from `ambient`, the [`BASE_ENV`] names, the
 /// `LC_*` locale categories and the names in `inherit` (a product's documented ones and the

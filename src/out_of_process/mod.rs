@@ -26,7 +26,7 @@ pub use config::{
     usable_cwd, validate_configured_cwd, CwdLabel, MAX_GRACE_MS,
 };
 pub(crate) use env::with_trace_context;
-pub use env::{child_env, is_credential_name, BASE_ENV};
+pub use env::{child_env, BASE_ENV};
 pub use ndjson::DEFAULT_MAX_FRAME_BYTES;
 pub use process::{ChildProcess, ExitOutcome, ProcessSpec, StderrMode};
 pub use settle::{out_of_process_run, settle_attempt, PartialOutput};

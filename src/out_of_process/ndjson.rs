@@ -4,13 +4,13 @@
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{ChildStdin, ChildStdout};
 
 /// The longest line a product provider reads by default (`maxFrameBytes`): 16 MiB.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 << 20;
 
 /// The failure category of a line longer than `maxFrameBytes`, for every provider.
 pub(crate) const FRAME_TOO_LONG: &str = "frame-too-long";
-use tokio::process::{ChildStdin, ChildStdout};
 
 /// Writes one frame a line to the child's stdin. A write that blocks (a child that stopped
 /// reading) is bounded by the run's teardown, which aborts the session task.

@@ -66,11 +66,19 @@ fn bounded_diagnostic(mut text: String) -> String {
     if text.len() <= SubagentResult::DIAGNOSTIC_LIMIT {
         return text;
     }
-    let mut end = SubagentResult::DIAGNOSTIC_LIMIT - MARK.len();
+    truncate_at_char(&mut text, SubagentResult::DIAGNOSTIC_LIMIT - MARK.len());
+    text.push_str(MARK);
+    text
+}
+
+/// Cuts `text` to at most `limit` bytes, at a character boundary.
+pub(crate) fn truncate_at_char(text: &mut String, limit: usize) {
+    if text.len() <= limit {
+        return;
+    }
+    let mut end = limit;
     while !text.is_char_boundary(end) {
         end -= 1;
     }
     text.truncate(end);
-    text.push_str(MARK);
-    text
 }
