@@ -728,26 +728,34 @@ impl Subagents {
         let chosen_id = options.message_id;
         // Taken here, in the caller's context: the task below runs detached from it.
         let trace = tracing::Span::current();
+        let metrics = self.agents.env().metrics.clone();
         own_task(async move {
-            let mut message = Message::user(content, source);
-            if let Some(id) = chosen_id {
-                message.id = id;
+            let routed = async {
+                let mut message = Message::user(content, source);
+                if let Some(id) = chosen_id {
+                    message.id = id;
+                }
+                let delivery = Delivery {
+                    message,
+                    raise: checked?,
+                    may_repeat: chosen_id.is_some(),
+                    trace,
+                };
+                route_followup(
+                    &manager,
+                    cluster.as_ref(),
+                    &parent,
+                    child_id,
+                    &delivery,
+                    &token,
+                )
+                .await
             }
-            let delivery = Delivery {
-                message,
-                raise: checked?,
-                may_repeat: chosen_id.is_some(),
-                trace,
-            };
-            route_followup(
-                &manager,
-                cluster.as_ref(),
-                &parent,
-                child_id,
-                &delivery,
-                &token,
-            )
-            .await
+            .await;
+            if let Some(metrics) = metrics {
+                metrics.followup(&routed);
+            }
+            routed
         })
     }
 
@@ -875,7 +883,16 @@ impl Subagents {
     ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
         let span = crate::trace::drain_span(parents.len());
         let request = self.manager.send(DrainDescendants(parents.to_vec()));
-        async move { request.await.map_err(SubagentError::from)? }.instrument(span)
+        let metrics = self.agents.env().metrics.clone();
+        async move {
+            let began = metrics.as_ref().map(|_| std::time::Instant::now());
+            let drained = request.await.map_err(SubagentError::from)?;
+            if let (Some(metrics), Some(began)) = (metrics, began) {
+                metrics.drain(&drained, began);
+            }
+            drained
+        }
+        .instrument(span)
     }
 
     /// The manager-wide drain run by [`crate::Runtime::shutdown`].

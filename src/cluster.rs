@@ -33,6 +33,7 @@ use crate::content::{ContentBlock, Message};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::{AgentOptions, Budget, DelegatedPolicy};
 use crate::ids::{MessageId, SessionId};
+use crate::metrics::Metrics;
 use crate::seam::ReportDelivery;
 use crate::session::CancelCause;
 use crate::store::{NodeIncarnation, NodeMembership};
@@ -78,6 +79,19 @@ pub(crate) enum RemoteOp {
     },
     /// Release a child placed by a parent on the sender (its parent is being released).
     Release { parent: SessionId, child: SessionId },
+}
+
+impl RemoteOp {
+    /// The operation's name, as metrics record it.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Start(_) => "start",
+            Self::Followup { .. } => "follow-up",
+            Self::Interrupt { .. } => "interrupt",
+            Self::Notify { .. } => "notify",
+            Self::Release { .. } => "release",
+        }
+    }
 }
 
 /// Which message a child sends its remote parent.
@@ -140,6 +154,7 @@ pub(crate) enum FollowupAnswer {
 pub(crate) struct ClusterLink {
     membership: Arc<NodeMembership>,
     notices: tokio_util::task::TaskTracker,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Held by every handle of a cluster node's runtime. The delivery server and the manager keep
@@ -164,10 +179,11 @@ impl Drop for NodeGuard {
 const LAST_NOTICES: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl ClusterLink {
-    pub(crate) fn new(membership: Arc<NodeMembership>) -> Self {
+    pub(crate) fn new(membership: Arc<NodeMembership>, metrics: Option<Arc<Metrics>>) -> Self {
         Self {
             membership,
             notices: tokio_util::task::TaskTracker::new(),
+            metrics,
         }
     }
 
@@ -254,10 +270,18 @@ impl ClusterLink {
         let payload = serde_json::to_value(op).map_err(|error| {
             SubagentError::bug(format!("a cluster operation did not encode: {error}"))
         })?;
+        let in_flight = self
+            .metrics
+            .as_deref()
+            .map(|metrics| metrics.delivery(op.name()));
         let served = self
             .membership
             .deliver_served(node, session, &payload)
-            .await?;
+            .await;
+        if let Some(in_flight) = in_flight {
+            in_flight.answered(&served);
+        }
+        let served = served?;
         let answer = serde_json::from_value(served.value).map_err(|error| {
             SubagentError::new(
                 ErrorCode::StoreCorrupt,

@@ -120,6 +120,7 @@ pub mod host;
 pub mod ids;
 pub mod jobs;
 pub mod load;
+pub mod metrics;
 pub mod model;
 pub mod out_of_process;
 pub mod projection;

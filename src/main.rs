@@ -32,9 +32,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Export the runtime's spans (one trace per delegation tree) to this OpenTelemetry
-    /// collector over OTLP/HTTP (`/v1/traces` is appended); `OTEL_EXPORTER_OTLP_ENDPOINT` does
-    /// the same, and `OTEL_EXPORTER_OTLP_PROTOCOL=http/json` sends JSON instead of protobuf.
+    /// Export the runtime's spans (one trace per delegation tree) and metrics to this
+    /// OpenTelemetry collector over OTLP/HTTP (`/v1/traces` and `/v1/metrics` are appended);
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` does the same, and `OTEL_EXPORTER_OTLP_PROTOCOL=http/json`
+    /// sends JSON instead of protobuf.
     #[arg(long, global = true, value_name = "URL")]
     otlp_endpoint: Option<String>,
 }
@@ -233,7 +234,9 @@ fn main() -> ExitCode {
         (_, None) => tracing_subscriber::EnvFilter::new("error,subagents::model::openai=warn"),
         (_, Some(_)) => tracing_subscriber::EnvFilter::from_default_env(),
     };
-    let telemetry = match cli::telemetry::Telemetry::start(cli.otlp_endpoint.as_deref()) {
+    let prometheus = matches!(&cli.command, Command::Node(node) if node.metrics_addr.is_some());
+    let telemetry = match cli::telemetry::Telemetry::start(cli.otlp_endpoint.as_deref(), prometheus)
+    {
         Ok(telemetry) => telemetry,
         Err(error) => {
             report(&error);
@@ -249,7 +252,11 @@ fn main() -> ExitCode {
         .with_filter(filter);
     tracing_subscriber::registry()
         .with(log)
-        .with(telemetry.as_ref().map(cli::telemetry::Telemetry::layer))
+        .with(
+            telemetry
+                .as_ref()
+                .and_then(cli::telemetry::Telemetry::layer),
+        )
         .init();
     let outcome = match cli.command {
         Command::Demo(args) => DemoPlan::from_args(args)
@@ -406,7 +413,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
         Drill::Burst(turns) => (1..=turns).for_each(|turn| model.push_all(scripted_turn(turn))),
     }
     let store = plan.store.open_with(false, plan.lease_ttl).await?;
-    let builder = Runtime::builder()
+    let builder = cli::telemetry::metered(Runtime::builder())
         .shared_store(store)
         .tool(word_count_tool());
     let builder = match plan.model {
@@ -484,7 +491,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
 /// starts a continuable child, sends it a follow-up, hears its report and its settled notice,
 /// and lists its agents. The store is left behind for `subagents tree`.
 async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
-    let rt = Runtime::builder()
+    let rt = cli::telemetry::metered(Runtime::builder())
         .shared_store(plan.store.open_with(false, plan.lease_ttl).await?)
         .model("tour", subagents::tour::TourModel)
         .build()?;
@@ -517,7 +524,7 @@ async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
 /// holds until the process is killed.
 async fn run_forest(plan: DemoPlan) -> Result<(), Failure> {
     let model = ScriptedModel::new();
-    let rt = Runtime::builder()
+    let rt = cli::telemetry::metered(Runtime::builder())
         .shared_store(plan.store.open_with(false, plan.lease_ttl).await?)
         .model("scripted", model.clone())
         .build()?;

@@ -15,8 +15,10 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::EventBus;
 use crate::host::{AgentEnv, AgentEvent, DelegationPolicy, PreStepHook, PromptSection};
 use crate::jobs::Jobs;
+use crate::metrics::Metrics;
 use crate::model::{LlmAdapter, ModelRouter};
 use crate::projection::ProjectionRegistry;
+use crate::store::metered::MeteredStore;
 use crate::store::{LeaseHolder, NodeMembership, SessionPersistence, SharedStore};
 use crate::tools::{Tool, ToolRegistry};
 
@@ -35,6 +37,7 @@ pub struct RuntimeBuilder {
     without_projection_cache: bool,
     holder: Option<LeaseHolder>,
     cluster: Option<Arc<NodeMembership>>,
+    meter: Option<opentelemetry::metrics::Meter>,
 }
 
 impl RuntimeBuilder {
@@ -150,6 +153,17 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Records the runtime's metrics ([`crate::metrics`]: children resident, Activations
+    /// starting and settling, follow-ups by outcome, cold resumes, drains, store latencies,
+    /// lease takeovers, cluster deliveries) with `meter`, for example
+    /// `opentelemetry::global::meter("subagents")` after the host installed its meter
+    /// provider. Without one the runtime records no metrics and reads no clock for them.
+    #[must_use]
+    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.meter = Some(meter);
+        self
+    }
+
     /// Starts the runtime's actors on the current arbiter.
     ///
     /// # Errors
@@ -180,19 +194,31 @@ impl RuntimeBuilder {
         for tool in self.tools {
             tools.register(tool)?;
         }
+        let metrics = self
+            .meter
+            .as_ref()
+            .map(|meter| Arc::new(Metrics::new(meter)));
+        // A metered runtime's store is timed where the runtime calls it.
+        let store = match (self.store, &metrics) {
+            (Some(store), Some(metrics)) => Some(MeteredStore::wrap(store, Arc::clone(metrics))),
+            (store, _) => store,
+        };
         let env = Arc::new(AgentEnv {
             models: self.models,
             tools,
             sections: self.sections,
             events: EventBus::new(),
-            store: self.store,
+            store,
             variables: self.variables,
             delegation: self.delegation,
             pre_step: self.pre_step,
             projections: (!self.without_projections).then(ProjectionRegistry::with_seam_units),
             projection_cache: !self.without_projection_cache,
+            metrics: metrics.clone(),
         });
-        let cluster = self.cluster.map(ClusterLink::new);
+        let cluster = self
+            .cluster
+            .map(|membership| ClusterLink::new(membership, metrics));
         let agents = Agents::start(
             Arc::clone(&env),
             (self.workers > 1).then(|| Arc::new(WorkerPool::new(self.workers))),

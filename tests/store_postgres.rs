@@ -80,12 +80,14 @@ fn a_lease_expires_unless_renewed_and_its_late_writer_is_fenced_out() {
         Some(Duration::from_millis(300)),
         "a networked lease must be renewed"
     );
+    assert!(!lease.taken_over, "a free lease is no takeover");
     // Another process (a store that never saw this holder) is refused while the lease lives.
     let other_process = block_on(PostgresStore::connect(&url)).unwrap();
     let refused = block_on(other_process.acquire_lease(id, LeaseHolder::new())).unwrap_err();
     assert_eq!(refused.code(), ErrorCode::SessionLeased, "still held");
     let taken = acquire_once_expired(&other_process, id);
     assert!(taken.epoch > lease.epoch);
+    assert!(taken.taken_over, "an expired lease is taken over");
     let late = block_on(store.append(id, 0, notes(0, 1), Some(lease.epoch))).unwrap_err();
     assert_eq!(
         late.code(),

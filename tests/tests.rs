@@ -56,6 +56,8 @@ mod jobs;
 mod listing;
 /// The load harness: a small scenario verifies and reports; a broken scenario is refused.
 mod load;
+/// The metrics a runtime records with a meter, read back as Prometheus text and over OTLP.
+mod metrics;
 /// The scripted model and the block assembler.
 mod model;
 /// The OpenAI-compatible adapter against a scripted local server; one turn through the runtime.

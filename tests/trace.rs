@@ -141,13 +141,13 @@ type Received = std::sync::Mutex<Vec<(String, Vec<u8>)>>;
 
 /// An OTLP/HTTP collector on 127.0.0.1 for one test: answers every request `200` and keeps
 /// each request's path and body.
-struct Collector {
-    port: u16,
+pub(crate) struct Collector {
+    pub(crate) port: u16,
     received: std::sync::Arc<Received>,
 }
 
 impl Collector {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let received = std::sync::Arc::default();
@@ -163,19 +163,41 @@ impl Collector {
     }
 
     /// Every span exported, decoded from OTLP's JSON encoding.
-    fn spans(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn spans(&self) -> Vec<serde_json::Value> {
+        self.exported("/v1/traces", "resourceSpans", "scopeSpans", "spans")
+    }
+
+    /// Every metric exported (one entry per export of each), decoded from OTLP's JSON encoding.
+    pub(crate) fn metrics(&self) -> Vec<serde_json::Value> {
+        self.exported("/v1/metrics", "resourceMetrics", "scopeMetrics", "metrics")
+    }
+
+    /// The items of every export posted to `path`.
+    fn exported(
+        &self,
+        path: &str,
+        resources: &str,
+        scopes: &str,
+        items: &str,
+    ) -> Vec<serde_json::Value> {
         let received = self.received.lock().unwrap();
-        let mut spans = Vec::new();
-        for (path, body) in received.iter() {
-            assert_eq!(path, "/v1/traces");
+        let mut exported = Vec::new();
+        for (posted, body) in received.iter() {
+            assert!(
+                ["/v1/traces", "/v1/metrics"].contains(&posted.as_str()),
+                "{posted}"
+            );
+            if posted != path {
+                continue;
+            }
             let export: serde_json::Value = serde_json::from_slice(body).unwrap();
-            for resource in export["resourceSpans"].as_array().unwrap() {
-                for scope in resource["scopeSpans"].as_array().unwrap() {
-                    spans.extend(scope["spans"].as_array().unwrap().iter().cloned());
+            for resource in export[resources].as_array().unwrap() {
+                for scope in resource[scopes].as_array().unwrap() {
+                    exported.extend(scope[items].as_array().unwrap().iter().cloned());
                 }
             }
         }
-        spans
+        exported
     }
 }
 

@@ -6,6 +6,7 @@ use super::materialize::{
 };
 use super::*;
 use crate::seam::child_run::recorded_policy;
+use std::time::Instant;
 
 /// How a follow-up was routed.
 pub(crate) enum Routed {
@@ -93,12 +94,17 @@ impl Handler<Followup> for ContinuationManager {
             registry: Arc::clone(&self.setup),
             lineage,
         };
+        let metrics = self.agents.env().metrics.clone();
         Box::pin(async move {
             let _guard = guard;
-            let id = resume
+            let began = metrics.as_ref().map(|_| Instant::now());
+            let resumed = resume
                 .run(msg.parent, msg.child, msg.delivery, msg.token)
-                .await?;
-            Ok(Routed::Accepted(id))
+                .await;
+            if let (Some(metrics), Some(began)) = (metrics, began) {
+                metrics.cold_resume(&resumed, began);
+            }
+            Ok(Routed::Accepted(resumed?))
         })
     }
 }

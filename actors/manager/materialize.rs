@@ -223,6 +223,9 @@ impl Handler<Install> for ContinuationManager {
         // Resumed: what it was handed over with is its own to run again.
         self.parked.remove(&id);
         self.residents.insert(id, resident);
+        if let Some(metrics) = self.metrics() {
+            metrics.residency(Residency::Resident);
+        }
         Ok(())
     }
 }
@@ -280,6 +283,9 @@ impl Handler<Finished> for ContinuationManager {
         let Some(resident) = self.residents.remove(&msg.child) else {
             return MessageResult((Ok(()), None));
         };
+        if let Some(metrics) = self.metrics() {
+            metrics.residency(Residency::Settled);
+        }
         if self.residents.is_empty() {
             self.activity = None;
         }

@@ -91,6 +91,7 @@ use crate::host::{
     CreateAgent, ResumeAgent, SetupCommit,
 };
 use crate::ids::{MessageId, RunId, SessionId};
+use crate::metrics::{Metrics, Residency};
 use crate::seam::budget;
 use crate::seam::child_run::{child_options, ChildComposition};
 use crate::seam::continuable::{
@@ -486,6 +487,11 @@ impl ContinuationManager {
 
     /// `agent`, then its ancestors as far as they can be read without waiting: the header's
     /// direct parent, then resident Activations' recorded ancestry.
+    /// The runtime's metrics, when it records them.
+    fn metrics(&self) -> Option<&Metrics> {
+        self.agents.env().metrics.as_deref()
+    }
+
     fn lineage_of(&self, agent: &AgentRef) -> Vec<SessionId> {
         if let Some(resident) = self.residents.get(&agent.id()) {
             if resident.agent == *agent {
@@ -556,6 +562,9 @@ impl ContinuationManager {
     ) -> MaterializationGuard {
         self.next_materialization += 1;
         let id = self.next_materialization;
+        if let Some(metrics) = self.metrics() {
+            metrics.residency(Residency::Starting);
+        }
         let (done, over) = signal();
         if let Some(child) = resuming {
             self.resuming.insert(child, over.clone());
@@ -680,6 +689,9 @@ impl ContinuationManager {
         let resident = self.residents.get_mut(&child)?;
         if let Some(disposal) = &resident.disposal {
             return Some(disposal.clone());
+        }
+        if let Some(metrics) = &self.agents.env().metrics {
+            metrics.residency(Residency::Settling);
         }
         // A node leaving the cluster hands a child of a parent on another node over: its
         // accepted, unclaimed follow-ups stay in its log for the resume that comes next.
@@ -865,7 +877,11 @@ impl Handler<MaterializationOver> for ContinuationManager {
     type Result = ();
 
     fn handle(&mut self, msg: MaterializationOver, _: &mut Context<Self>) {
-        self.materializations.remove(&msg.id);
+        if self.materializations.remove(&msg.id).is_some() {
+            if let Some(metrics) = self.metrics() {
+                metrics.residency(Residency::Started);
+            }
+        }
         if let Some(child) = msg.resuming {
             self.resuming.remove(&child);
             // A resume that ended without submitting leaves nothing running to interrupt.

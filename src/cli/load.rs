@@ -238,7 +238,13 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     let bar = progress(&counters, scenario.total_children().unwrap_or(0));
     let stop = subagents::CancellationToken::new();
     let interrupts = actix::spawn(stop_on_interrupt(stop.clone(), bar.clone()));
-    let report = subagents::load::run_until(&scenario, Arc::clone(&counters), stop).await;
+    let report = subagents::load::run_metered(
+        &scenario,
+        Arc::clone(&counters),
+        stop,
+        super::telemetry::meter(),
+    )
+    .await;
     interrupts.abort();
     bar.finish_and_clear();
     let report = report.inspect_err(|_| {

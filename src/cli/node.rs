@@ -23,7 +23,8 @@
 //! `interrupted <k>` once every child was asked to stop (after round `k`), and
 //! `interrupt-refused <child> <CODE> <message>` per refusal; `draining <root>` as a drain
 //! begins, `drain-failed <k> <CODE> <message>` if it fails and `drained <k>` once it is over;
-//! `left <id>` after a graceful leave.
+//! `left <id>` after a graceful leave. With `--metrics-addr`, `metrics <addr>` follows the
+//! `node` line: the Prometheus endpoint listens there.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -104,6 +105,10 @@ pub(crate) struct NodeArgs {
     /// never send the same text.
     #[arg(long, value_name = "TEXT")]
     label: Option<String>,
+    /// Serve the node's metrics in Prometheus's text format at `http://ADDR/metrics` (port 0
+    /// picks a free port; the `metrics <addr>` line says which).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// The model (the scripted model by default).
     #[command(flatten)]
     model: ModelArgs,
@@ -135,6 +140,7 @@ struct NodePlan {
     drive: Option<Drive>,
     model: ModelPlan,
     model_name: String,
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl NodePlan {
@@ -220,12 +226,32 @@ impl NodePlan {
             report: args.report,
             drive,
             model,
+            metrics_addr: args.metrics_addr,
             model_name: args
                 .model
                 .model_name
                 .unwrap_or_else(|| "scripted-node".into()),
         })
     }
+}
+
+/// Serves the node's metrics at `addr` (see [`super::telemetry::serve_prometheus`]) and
+/// answers the address it listens on.
+async fn metrics_endpoint(addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Failure> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|error| {
+        SubagentError::new(
+            ErrorCode::InvalidArgs,
+            format!("the metrics endpoint cannot listen on {addr}: {error}"),
+        )
+    })?;
+    let bound = listener.local_addr().map_err(|error| {
+        SubagentError::new(
+            ErrorCode::InvalidArgs,
+            format!("the metrics endpoint's address is unknown: {error}"),
+        )
+    })?;
+    tokio::spawn(super::telemetry::serve_prometheus(listener));
+    Ok(bound)
 }
 
 /// Prints one line and flushes it: a test reads the lines as they come. A failure is the
@@ -241,6 +267,11 @@ fn say(line: std::fmt::Arguments<'_>) -> Result<(), Failure> {
 /// Runs the node until it is told to leave (or is declared dead: an error).
 pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     let plan = NodePlan::from_args(args)?;
+    // Before the node joins: an address it cannot listen on leaves nothing behind.
+    let metrics = match plan.metrics_addr {
+        Some(addr) => Some(metrics_endpoint(addr).await?),
+        None => None,
+    };
     let mut config = PostgresConfig::new(plan.url.clone());
     if let Some(ttl) = plan.node_ttl {
         config.node_ttl = ttl;
@@ -254,7 +285,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     let lost = membership.lost();
     // Held for the process's life: a held turn waits at it until the process ends.
     let hold = Gate::new();
-    let builder = Runtime::builder()
+    let builder = super::telemetry::metered(Runtime::builder())
         .shared_store(store)
         .lease_holder(holder)
         .cluster(membership);
@@ -286,6 +317,9 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     // Listened for from now on, whatever the node is doing when one comes.
     let signalled = signals()?;
     say(format_args!("node {node} {}", plan.name))?;
+    if let Some(bound) = metrics {
+        say(format_args!("metrics {bound}"))?;
+    }
     let driven = async {
         match &plan.drive {
             // The drive's root span: its starts and follow-ups, on whichever node they run,

@@ -1,100 +1,337 @@
-//! OpenTelemetry export of the runtime's spans ([`subagents::trace`]) over OTLP/HTTP, when
-//! `--otlp-endpoint` or the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
-//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) names a collector. Protobuf by default;
-//! `OTEL_EXPORTER_OTLP_PROTOCOL=http/json` sends JSON. Spans are exported in batches from a
-//! thread of the SDK's own, off the actors' threads; the rest of the standard `OTEL_*`
-//! variables (headers, timeout, service name) apply as the OpenTelemetry SDK reads them.
+//! OpenTelemetry export of the runtime's spans ([`subagents::trace`]) and metrics
+//! ([`subagents::metrics`]) over OTLP/HTTP, when `--otlp-endpoint` or the standard
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` (or the per-signal `…_TRACES_ENDPOINT` / `…_METRICS_ENDPOINT`)
+//! names a collector; and the metrics in Prometheus's text format, for `subagents node
+//! --metrics-addr`. Protobuf by default; `OTEL_EXPORTER_OTLP_PROTOCOL=http/json` sends JSON.
+//! Spans are exported in batches and metrics every `OTEL_METRIC_EXPORT_INTERVAL` ms (60 s by
+//! default), from threads of the SDK's own, off the actors' threads; the rest of the standard
+//! `OTEL_*` variables (headers, timeout, service name) apply as the OpenTelemetry SDK reads
+//! them. Both are exported a last time at exit.
 
+use std::sync::OnceLock;
+
+use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{SpanExporter, WithExportConfig as _};
+use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig as _};
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing_subscriber::Layer;
 
-use subagents::{ErrorCode, SubagentError};
+use subagents::{ErrorCode, RuntimeBuilder, SubagentError};
 
-/// The variables that name a collector, as the OpenTelemetry SDK reads them.
-const ENDPOINT_VARIABLES: [&str; 2] = [
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-];
+/// The exported signals, and the standard variables that configure each.
+#[derive(Clone, Copy)]
+enum Signal {
+    Traces,
+    Metrics,
+}
 
-/// The variables that choose the protocol, as the OpenTelemetry SDK reads them.
-const PROTOCOL_VARIABLES: [&str; 2] = [
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-    "OTEL_EXPORTER_OTLP_PROTOCOL",
-];
+impl Signal {
+    /// The collector's path for the signal, appended to `--otlp-endpoint`.
+    fn path(self) -> &'static str {
+        match self {
+            Self::Traces => "/v1/traces",
+            Self::Metrics => "/v1/metrics",
+        }
+    }
 
-/// The span exporter while it runs: dropping it exports what is still batched.
+    /// The variables that name a collector, as the OpenTelemetry SDK reads them.
+    fn endpoint_variables(self) -> [&'static str; 2] {
+        match self {
+            Self::Traces => [
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ],
+            Self::Metrics => [
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ],
+        }
+    }
+
+    /// The variables that choose the protocol, as the OpenTelemetry SDK reads them.
+    fn protocol_variables(self) -> [&'static str; 2] {
+        match self {
+            Self::Traces => [
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            ],
+            Self::Metrics => [
+                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            ],
+        }
+    }
+
+    /// Whether the signal is exported: `--otlp-endpoint` or its variables name a collector.
+    fn exported(self, endpoint: Option<&str>) -> bool {
+        endpoint.is_some() || any_set(&self.endpoint_variables())
+    }
+
+    /// The exporter's endpoint when `--otlp-endpoint` names it (otherwise the variables do).
+    fn endpoint(self, endpoint: Option<&str>) -> Option<String> {
+        endpoint.map(|base| format!("{}{}", base.trim_end_matches('/'), self.path()))
+    }
+
+    /// Protobuf unless the standard variables ask for JSON (with both built in, the SDK's own
+    /// default would be JSON, which not every collector takes).
+    fn protocol(self) -> Option<opentelemetry_otlp::Protocol> {
+        (!any_set(&self.protocol_variables())).then_some(opentelemetry_otlp::Protocol::HttpBinary)
+    }
+}
+
+fn any_set(names: &[&str]) -> bool {
+    names
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()))
+}
+
+/// What a command records its runtime's metrics with, once [`Telemetry::start`] set it up.
+static METRICS: OnceLock<Metrics> = OnceLock::new();
+
+/// The process's meter, and the registry a Prometheus endpoint reads.
+struct Metrics {
+    meter: Meter,
+    prometheus: Option<prometheus::Registry>,
+}
+
+/// The exporters while they run: dropping them exports what is still batched.
 pub(crate) struct Telemetry {
-    provider: SdkTracerProvider,
+    traces: Option<SdkTracerProvider>,
+    metrics: Option<SdkMeterProvider>,
 }
 
 impl Telemetry {
-    /// Starts exporting when `endpoint` (a collector's base URL, `/v1/traces` appended) or the
-    /// standard variables name a collector; `None` when nothing does.
+    /// Starts exporting spans and metrics when `endpoint` (a collector's base URL, the
+    /// signal's path appended) or the standard variables name a collector, and records
+    /// metrics for a Prometheus endpoint when `prometheus` is set; `None` when nothing is
+    /// exported.
     ///
     /// # Errors
-    /// `INVALID_CONFIG` for an endpoint or protocol the exporter cannot use.
-    pub(crate) fn start(endpoint: Option<&str>) -> Result<Option<Self>, SubagentError> {
-        let named_by_environment = ENDPOINT_VARIABLES
-            .iter()
-            .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()));
-        if endpoint.is_none() && !named_by_environment {
+    /// `INVALID_CONFIG` for an endpoint or protocol an exporter cannot use.
+    pub(crate) fn start(
+        endpoint: Option<&str>,
+        prometheus: bool,
+    ) -> Result<Option<Self>, SubagentError> {
+        let traces = Signal::Traces.exported(endpoint);
+        let metrics = Signal::Metrics.exported(endpoint);
+        if !traces && !metrics && !prometheus {
             return Ok(None);
         }
-        let mut builder = SpanExporter::builder().with_http();
-        // Protobuf unless the standard variables ask for JSON (with both built in, the SDK's
-        // own default would be JSON, which not every collector takes).
-        let protocol_named = PROTOCOL_VARIABLES
-            .iter()
-            .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()));
-        if !protocol_named {
-            builder = builder.with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
-        }
-        if let Some(endpoint) = endpoint {
-            builder =
-                builder.with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')));
-        }
-        let exporter = builder.build().map_err(|error| {
-            SubagentError::new(
-                ErrorCode::InvalidConfig,
-                format!("the OTLP exporter cannot start: {error}"),
-            )
-        })?;
-        let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "subagents".to_owned());
-        let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
-            .with_resource(Resource::builder().with_service_name(service).build())
+        let resource = Resource::builder()
+            .with_service_name(service_name())
             .build();
-        Ok(Some(Self { provider }))
+        let traces = traces
+            .then(|| span_provider(endpoint, resource.clone()))
+            .transpose()?;
+        let metrics = (metrics || prometheus)
+            .then(|| meter_provider(endpoint.filter(|_| metrics), metrics, prometheus, resource))
+            .transpose()?;
+        Ok(Some(Self { traces, metrics }))
     }
 
     /// The layer that hands the runtime's spans to the exporter (only those: a command's own
-    /// log lines are not spans).
-    pub(crate) fn layer<S>(&self) -> impl Layer<S>
+    /// log lines are not spans); none when spans are not exported.
+    pub(crate) fn layer<S>(&self) -> Option<impl Layer<S>>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
+        let provider = self.traces.as_ref()?;
         // Only the conventions' attributes: the source location, thread, target and
         // busy/idle times the layer adds by default cost a tenth of a load run's throughput.
-        tracing_opentelemetry::layer()
-            .with_location(false)
-            .with_threads(false)
-            .with_target(false)
-            .with_tracked_inactivity(false)
-            .with_tracer(self.provider.tracer("subagents"))
-            .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
-                metadata.is_span() && metadata.target() == "subagents::trace"
-            }))
+        Some(
+            tracing_opentelemetry::layer()
+                .with_location(false)
+                .with_threads(false)
+                .with_target(false)
+                .with_tracked_inactivity(false)
+                .with_tracer(provider.tracer("subagents"))
+                .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
+                    metadata.is_span() && metadata.target() == "subagents::trace"
+                })),
+        )
     }
 }
 
 impl Drop for Telemetry {
     fn drop(&mut self) {
         // Exports what is still batched; a collector that is gone loses it, and says so.
-        if let Err(error) = self.provider.shutdown() {
-            tracing::warn!(%error, "the last spans were not exported");
+        if let Some(traces) = &self.traces {
+            if let Err(error) = traces.shutdown() {
+                tracing::warn!(%error, "the last spans were not exported");
+            }
+        }
+        if let Some(metrics) = &self.metrics {
+            if let Err(error) = metrics.shutdown() {
+                tracing::warn!(%error, "the last metrics were not exported");
+            }
         }
     }
+}
+
+/// `builder`, recording its runtime's metrics when this process exports them.
+pub(crate) fn metered(builder: RuntimeBuilder) -> RuntimeBuilder {
+    match METRICS.get() {
+        Some(metrics) => builder.meter(metrics.meter.clone()),
+        None => builder,
+    }
+}
+
+/// The process's meter, when it exports metrics.
+pub(crate) fn meter() -> Option<Meter> {
+    METRICS.get().map(|metrics| metrics.meter.clone())
+}
+
+/// The metrics in Prometheus's text exposition format, when [`Telemetry::start`] was asked for
+/// them.
+pub(crate) fn prometheus_text() -> Option<Result<String, SubagentError>> {
+    use prometheus::Encoder as _;
+    let registry = METRICS.get()?.prometheus.as_ref()?;
+    let mut text = Vec::new();
+    let bug = |error: &dyn std::fmt::Display| {
+        SubagentError::new(
+            ErrorCode::ReportableBug,
+            format!("the metrics did not encode: {error}"),
+        )
+    };
+    let encoded = prometheus::TextEncoder::new()
+        .encode(&registry.gather(), &mut text)
+        .map_err(|error| bug(&error))
+        .and_then(|()| String::from_utf8(text).map_err(|error| bug(&error)));
+    Some(encoded)
+}
+
+fn service_name() -> String {
+    std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "subagents".to_owned())
+}
+
+fn invalid(what: &str, error: impl std::fmt::Display) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::InvalidConfig,
+        format!("the OTLP {what} exporter cannot start: {error}"),
+    )
+}
+
+fn span_provider(
+    endpoint: Option<&str>,
+    resource: Resource,
+) -> Result<SdkTracerProvider, SubagentError> {
+    let mut builder = SpanExporter::builder().with_http();
+    if let Some(protocol) = Signal::Traces.protocol() {
+        builder = builder.with_protocol(protocol);
+    }
+    if let Some(endpoint) = Signal::Traces.endpoint(endpoint) {
+        builder = builder.with_endpoint(endpoint);
+    }
+    let exporter = builder.build().map_err(|error| invalid("span", error))?;
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
+}
+
+/// The meter provider: an OTLP reader when `otlp`, a Prometheus registry when `prometheus`;
+/// sets [`METRICS`].
+fn meter_provider(
+    endpoint: Option<&str>,
+    otlp: bool,
+    prometheus: bool,
+    resource: Resource,
+) -> Result<SdkMeterProvider, SubagentError> {
+    let mut provider = SdkMeterProvider::builder().with_resource(resource);
+    if otlp {
+        let mut builder = MetricExporter::builder().with_http();
+        if let Some(protocol) = Signal::Metrics.protocol() {
+            builder = builder.with_protocol(protocol);
+        }
+        if let Some(endpoint) = Signal::Metrics.endpoint(endpoint) {
+            builder = builder.with_endpoint(endpoint);
+        }
+        let exporter = builder.build().map_err(|error| invalid("metric", error))?;
+        provider = provider.with_reader(PeriodicReader::builder(exporter).build());
+    }
+    let registry = prometheus.then(prometheus::Registry::new);
+    if let Some(registry) = &registry {
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .build()
+            .map_err(|error| invalid("Prometheus", error))?;
+        provider = provider.with_reader(exporter);
+    }
+    let provider = provider.build();
+    let _ = METRICS.set(Metrics {
+        meter: provider.meter("subagents"),
+        prometheus: registry,
+    });
+    Ok(provider)
+}
+
+/// Serves the metrics in Prometheus's text format at `GET /metrics` on `listener`, one task
+/// per connection, until the process ends.
+pub(crate) async fn serve_prometheus(listener: tokio::net::TcpListener) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of descriptors, most likely: wait for some to close rather than spin.
+                tracing::warn!(%error, "the metrics endpoint could not accept a connection");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|request| async move {
+                Ok::<_, std::convert::Infallible>(scrape(&request))
+            });
+            let served = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            if let Err(error) = served {
+                tracing::debug!(%error, "a metrics connection ended with an error");
+            }
+        });
+    }
+}
+
+/// The answer to one request of the metrics endpoint.
+fn scrape<B>(
+    request: &hyper::Request<B>,
+) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>> {
+    let (status, content_type, body) = match (request.method(), request.uri().path()) {
+        (&hyper::Method::GET, "/metrics") => match prometheus_text() {
+            Some(Ok(text)) => (
+                hyper::StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text,
+            ),
+            Some(Err(error)) => (
+                hyper::StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain; charset=utf-8",
+                error.to_string(),
+            ),
+            None => (
+                hyper::StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                "this process records no metrics\n".to_owned(),
+            ),
+        },
+        (_, "/metrics") => (
+            hyper::StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "GET /metrics\n".to_owned(),
+        ),
+        _ => (
+            hyper::StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "the metrics are at /metrics\n".to_owned(),
+        ),
+    };
+    let mut response = hyper::Response::new(http_body_util::Full::new(body.into()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    response
 }

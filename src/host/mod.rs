@@ -164,6 +164,8 @@ pub struct AgentEnv {
     pub projections: Option<Arc<ProjectionRegistry>>,
     /// Whether delegated children's projection checkpoints are cached in the store.
     pub projection_cache: bool,
+    /// The runtime's metrics, when it was built with a meter.
+    pub(crate) metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// The policy a delegating parent hands to its children, captured synchronously at delegation.

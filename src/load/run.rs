@@ -538,6 +538,20 @@ pub async fn run_until(
     counters: Arc<LoadCounters>,
     stop: CancellationToken,
 ) -> Result<LoadReport> {
+    run_metered(scenario, counters, stop, None).await
+}
+
+/// [`run_until`], every node's runtime recording its metrics ([`crate::metrics`]) with `meter`
+/// when one is given.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_metered(
+    scenario: &Scenario,
+    counters: Arc<LoadCounters>,
+    stop: CancellationToken,
+    meter: Option<opentelemetry::metrics::Meter>,
+) -> Result<LoadReport> {
     scenario.validate()?;
     let floors = super::report::Floors::measure(scenario.store == LoadStore::Sled).await;
     let rss_before = rss_bytes();
@@ -549,7 +563,17 @@ pub async fn run_until(
     // Weak: the tools live in the runtime, and `Shared` holds the runtime.
     let shared_slot: SharedSlot = Arc::default();
     let mut nodes = Vec::new();
-    let mut builder = build_node(scenario, &opened.store, &shared_slot, 0, workers);
+    let metered = |builder: crate::RuntimeBuilder| match &meter {
+        Some(meter) => builder.meter(meter.clone()),
+        None => builder,
+    };
+    let mut builder = metered(build_node(
+        scenario,
+        &opened.store,
+        &shared_slot,
+        0,
+        workers,
+    ));
     if let Some(store) = &opened.cluster {
         let (holder, membership) = join(store, "load-0").await?;
         nodes.push(holder.id());
@@ -565,7 +589,7 @@ pub async fn run_until(
             let (holder, membership) = join(&store, &format!("load-{node}")).await?;
             nodes.push(holder.id());
             let store: SharedStore = store;
-            let peer = build_node(scenario, &store, &shared_slot, node, workers)
+            let peer = metered(build_node(scenario, &store, &shared_slot, node, workers))
                 .lease_holder(holder)
                 .cluster(membership)
                 .build()?;

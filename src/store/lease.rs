@@ -87,6 +87,10 @@ pub struct Lease {
     /// How long the lease lasts unrenewed; `None` when it lasts until released or until the
     /// holder is gone (the embedded stores' default).
     pub ttl: Option<Duration>,
+    /// Whether the grant took the lease over from another holder whose lease had lapsed
+    /// (expired unrenewed, its holder gone, or its node declared dead) rather than finding it
+    /// free or the asker's own.
+    pub taken_over: bool,
 }
 
 /// One held lease, as an embedded store records it: 16 bytes, as a table holds one for every
@@ -136,6 +140,7 @@ impl LeaseTable {
         stored_epoch: u64,
     ) -> Result<Lease> {
         let now = Instant::now();
+        let mut taken_over = false;
         if let Some(held) = self.held.get(&id) {
             let unexpired = self.expiries.get(&id).is_none_or(|at| *at > now);
             let other = held.live_holder().is_some_and(|live| live != holder.id());
@@ -145,6 +150,7 @@ impl LeaseTable {
                     format!("session {id} is live in another runtime (its lease is held)"),
                 ));
             }
+            taken_over = held.live_holder() != Some(holder.id());
         }
         let epoch = stored_epoch
             .checked_add(1)
@@ -162,6 +168,7 @@ impl LeaseTable {
         Ok(Lease {
             epoch: LeaseEpoch(epoch),
             ttl: self.ttl,
+            taken_over,
         })
     }
 
@@ -229,6 +236,7 @@ mod tests {
         let id = SessionId::new();
         let first = LeaseHolder::new();
         let lease = table.acquire(id, &first, 0).expect("a free lease");
+        assert!(!lease.taken_over, "a free lease is no takeover");
         let second = LeaseHolder::new();
         assert_eq!(
             table
@@ -241,10 +249,15 @@ mod tests {
         let again = table
             .acquire(id, &first.clone(), lease.epoch.0)
             .expect("a clone of the holder is the same holder");
+        assert!(!again.taken_over, "a holder's own lease is no takeover");
         drop(first);
         let taken = table
             .acquire(id, &second, again.epoch.0)
             .expect("a gone holder holds nothing");
         assert!(taken.epoch > again.epoch);
+        assert!(taken.taken_over, "a gone holder's lease is taken over");
+        table.release(id, taken.epoch);
+        let released = table.acquire(id, &second, taken.epoch.0).unwrap();
+        assert!(!released.taken_over, "a released lease is free");
     }
 }

@@ -26,6 +26,7 @@ pub(crate) mod faults;
 mod group_flush;
 pub mod lease;
 mod memory;
+pub(crate) mod metered;
 mod postgres;
 mod sled_store;
 

@@ -106,12 +106,16 @@ pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
             let model = ScriptedModel::new();
             // A long session would otherwise keep a copy of every request's whole history.
             model.set_recording(false);
-            let builder = Runtime::builder().model("scripted", model.clone());
+            let builder =
+                crate::cli::telemetry::metered(Runtime::builder()).model("scripted", model.clone());
             (builder, Some(model))
         }
         ModelPlan::OpenAi(config) => {
             let adapter = subagents::model::OpenAiAdapter::new(config)?;
-            (Runtime::builder().model("openai", adapter), None)
+            (
+                crate::cli::telemetry::metered(Runtime::builder()).model("openai", adapter),
+                None,
+            )
         }
     };
     let builder = builder.shared_store(args.store.open(false).await?);

@@ -153,7 +153,11 @@ impl LeaseBook {
     pub(super) fn lease_terms(&self, holder: uuid::Uuid, epoch: LeaseEpoch) -> LeaseTerms {
         match self.member_incarnation(holder) {
             Some(incarnation) => LeaseTerms {
-                lease: Lease { epoch, ttl: None },
+                lease: Lease {
+                    epoch,
+                    ttl: None,
+                    taken_over: false,
+                },
                 row_ttl: self.node_ttl.as_secs_f64(),
                 incarnation: Some(incarnation),
             },
@@ -161,6 +165,7 @@ impl LeaseBook {
                 lease: Lease {
                     epoch,
                     ttl: Some(self.lease_ttl),
+                    taken_over: false,
                 },
                 row_ttl: self.lease_ttl.as_secs_f64(),
                 incarnation: None,

@@ -235,7 +235,7 @@ fn grant_one(
         .checked_add(1)
         .ok_or_else(|| SubagentError::bug("lease epoch overflow"))?;
     let holder = request.holder.id();
-    let terms = book.lease_terms(holder, LeaseEpoch(seq_value(epoch)?));
+    let mut terms = book.lease_terms(holder, LeaseEpoch(seq_value(epoch)?));
     if let Some((other, incarnation, live)) = session.lease {
         // A node's own lease, unless another incarnation of the node took it (this process
         // was paused, and a new one joined under its id).
@@ -246,6 +246,7 @@ fn grant_one(
                 format!("session {id} is live in another runtime (its lease is held)"),
             ));
         }
+        terms.lease.taken_over = !ours;
     }
     session.epoch = epoch;
     session.lease = Some((holder, terms.incarnation, true));
