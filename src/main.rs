@@ -38,6 +38,11 @@ struct Cli {
     /// sends JSON instead of protobuf.
     #[arg(long, global = true, value_name = "URL")]
     otlp_endpoint: Option<String>,
+    /// Record content on the exported spans: each model call's prompt and output, each tool
+    /// call's arguments and result (off by default: they may hold what a trace backend should
+    /// not keep).
+    #[arg(long, global = true)]
+    trace_content: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -234,6 +239,7 @@ fn main() -> ExitCode {
         (_, None) => tracing_subscriber::EnvFilter::new("error,subagents::model::openai=warn"),
         (_, Some(_)) => tracing_subscriber::EnvFilter::from_default_env(),
     };
+    cli::telemetry::trace_content(cli.trace_content);
     let prometheus = matches!(&cli.command, Command::Node(node) if node.metrics_addr.is_some());
     let telemetry = match cli::telemetry::Telemetry::start(cli.otlp_endpoint.as_deref(), prometheus)
     {
@@ -413,7 +419,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
         Drill::Burst(turns) => (1..=turns).for_each(|turn| model.push_all(scripted_turn(turn))),
     }
     let store = plan.store.open_with(false, plan.lease_ttl).await?;
-    let builder = cli::telemetry::metered(Runtime::builder())
+    let builder = cli::telemetry::instrumented(Runtime::builder())
         .shared_store(store)
         .tool(word_count_tool());
     let builder = match plan.model {
@@ -491,7 +497,7 @@ async fn run_demo(plan: DemoPlan) -> Result<(), Failure> {
 /// starts a continuable child, sends it a follow-up, hears its report and its settled notice,
 /// and lists its agents. The store is left behind for `subagents tree`.
 async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
-    let rt = cli::telemetry::metered(Runtime::builder())
+    let rt = cli::telemetry::instrumented(Runtime::builder())
         .shared_store(plan.store.open_with(false, plan.lease_ttl).await?)
         .model("tour", subagents::tour::TourModel)
         .build()?;
@@ -524,7 +530,7 @@ async fn run_tour_demo(plan: DemoPlan) -> Result<(), Failure> {
 /// holds until the process is killed.
 async fn run_forest(plan: DemoPlan) -> Result<(), Failure> {
     let model = ScriptedModel::new();
-    let rt = cli::telemetry::metered(Runtime::builder())
+    let rt = cli::telemetry::instrumented(Runtime::builder())
         .shared_store(plan.store.open_with(false, plan.lease_ttl).await?)
         .model("scripted", model.clone())
         .build()?;

@@ -38,6 +38,7 @@ pub struct RuntimeBuilder {
     holder: Option<LeaseHolder>,
     cluster: Option<Arc<NodeMembership>>,
     meter: Option<opentelemetry::metrics::Meter>,
+    trace_content: bool,
 }
 
 impl RuntimeBuilder {
@@ -164,6 +165,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Records content on the runtime's spans ([`crate::trace`]): each model call's system
+    /// prompt, input and output messages, and each tool call's arguments and result, as the
+    /// OpenTelemetry GenAI conventions name them. Off by default, as the conventions advise:
+    /// turn it on only where the trace backend may keep what agents read and write.
+    #[must_use]
+    pub fn trace_content(mut self, record: bool) -> Self {
+        self.trace_content = record;
+        self
+    }
+
     /// Starts the runtime's actors on the current arbiter.
     ///
     /// # Errors
@@ -215,6 +226,7 @@ impl RuntimeBuilder {
             projections: (!self.without_projections).then(ProjectionRegistry::with_seam_units),
             projection_cache: !self.without_projection_cache,
             metrics: metrics.clone(),
+            trace_content: self.trace_content,
         });
         let cluster = self
             .cluster

@@ -20,12 +20,19 @@
 //! set as `TRACEPARENT`), and a [`served_span`] continues it: `subagents acp-agent` serving a
 //! prompt, a cluster node serving a placed start or a follow-up from its peer.
 //!
-//! Content is never recorded: no prompt, output or tool argument is an attribute.
+//! Content is recorded only when the host opts in ([`crate::RuntimeBuilder::trace_content`],
+//! `--trace-content` on the command line), as the conventions advise, since prompts, outputs
+//! and tool arguments may hold what a trace backend should not keep: then a `chat` span
+//! carries `gen_ai.system_instructions`, `gen_ai.input.messages` and
+//! `gen_ai.output.messages`, and an `execute_tool` span `gen_ai.tool.call.arguments` and
+//! `gen_ai.tool.call.result`, in the conventions' JSON shapes. By default none of them is an
+//! attribute.
 
 use tracing::Span;
 
+use crate::content::{ContentBlock, Role};
 use crate::ids::SessionId;
-use crate::model::FinishReason;
+use crate::model::{FinishReason, GenerateRequest};
 use crate::session::TokenUsage;
 
 /// The span of turn `turn` of agent `agent`, under `sent_from` (the span its first claimed
@@ -58,7 +65,112 @@ pub(crate) fn chat_span(provider: &str, model: &str, step: u64) -> Span {
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,
         gen_ai.response.finish_reasons = tracing::field::Empty,
+        gen_ai.system_instructions = tracing::field::Empty,
+        gen_ai.input.messages = tracing::field::Empty,
+        gen_ai.output.messages = tracing::field::Empty,
     )
+}
+
+/// Records a model call's system prompt and input messages on its `chat` span (content: only
+/// when the host opted in).
+pub(crate) fn record_request(span: &Span, request: &GenerateRequest) {
+    if span.is_disabled() {
+        return;
+    }
+    if let Some(system) = &request.system {
+        let parts = serde_json::json!([{"type": "text", "content": system}]);
+        span.record("gen_ai.system_instructions", parts.to_string());
+    }
+    let messages: Vec<serde_json::Value> = request
+        .messages
+        .messages()
+        .map(|message| conventional_message(message.role, &message.content, None))
+        .collect();
+    span.record(
+        "gen_ai.input.messages",
+        serde_json::Value::from(messages).to_string(),
+    );
+}
+
+/// Records a model call's output message on its `chat` span (content: only when the host
+/// opted in).
+pub(crate) fn record_output(span: &Span, content: &[ContentBlock], finish: Option<&FinishReason>) {
+    if span.is_disabled() {
+        return;
+    }
+    let message = conventional_message(Role::Assistant, content, finish.map(finish_reason));
+    span.record(
+        "gen_ai.output.messages",
+        serde_json::json!([message]).to_string(),
+    );
+}
+
+/// A message in the conventions' JSON shape: a role and its parts; a user-role message that
+/// answers tool calls has the role `tool`.
+fn conventional_message(
+    role: Role,
+    content: &[ContentBlock],
+    finish_reason: Option<&str>,
+) -> serde_json::Value {
+    let answers_tools = content
+        .iter()
+        .any(|block| matches!(block, ContentBlock::ToolResult { .. }));
+    let role = match role {
+        Role::Assistant => "assistant",
+        Role::User if answers_tools => "tool",
+        Role::User => "user",
+    };
+    let mut message = serde_json::json!({
+        "role": role,
+        "parts": content.iter().map(conventional_part).collect::<Vec<_>>(),
+    });
+    if let Some(reason) = finish_reason {
+        message["finish_reason"] = reason.into();
+    }
+    message
+}
+
+/// A content block as one of the conventions' message parts.
+fn conventional_part(block: &ContentBlock) -> serde_json::Value {
+    match block {
+        ContentBlock::Text { text } => serde_json::json!({"type": "text", "content": text}),
+        ContentBlock::Reasoning { text } => {
+            serde_json::json!({"type": "reasoning", "content": text})
+        }
+        ContentBlock::ToolCall {
+            id,
+            name,
+            arguments,
+        } => serde_json::json!({
+            "type": "tool_call",
+            "id": id.as_str(),
+            "name": name,
+            "arguments": arguments_value(arguments),
+        }),
+        ContentBlock::ToolResult {
+            tool_call_id,
+            content,
+            ..
+        } => serde_json::json!({
+            "type": "tool_call_response",
+            "id": tool_call_id.as_str(),
+            "response": text_of(content),
+        }),
+    }
+}
+
+/// A tool call's arguments as JSON when they parse, as the raw text the model wrote otherwise.
+fn arguments_value(arguments: &str) -> serde_json::Value {
+    serde_json::from_str(arguments).unwrap_or_else(|_| arguments.into())
+}
+
+/// The text of a tool's answer.
+fn text_of(content: &[ContentBlock]) -> String {
+    content
+        .iter()
+        .filter_map(ContentBlock::as_text)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Records a model call's token usage and finish reason on its `chat` span.
@@ -99,7 +211,25 @@ pub(crate) fn tool_span(name: &str, call_id: &str) -> Span {
         gen_ai.operation.name = "execute_tool",
         gen_ai.tool.name = name,
         gen_ai.tool.call.id = call_id,
+        gen_ai.tool.call.arguments = tracing::field::Empty,
+        gen_ai.tool.call.result = tracing::field::Empty,
     )
+}
+
+/// Records a tool call's arguments on its `execute_tool` span (content: only when the host
+/// opted in).
+pub(crate) fn record_tool_arguments(span: &Span, arguments: &str) {
+    if !span.is_disabled() {
+        span.record("gen_ai.tool.call.arguments", arguments);
+    }
+}
+
+/// Records what a tool answered on its `execute_tool` span (content: only when the host opted
+/// in).
+pub(crate) fn record_tool_result(span: &Span, content: &[ContentBlock]) {
+    if !span.is_disabled() {
+        span.record("gen_ai.tool.call.result", text_of(content));
+    }
 }
 
 /// The span of a drain of the continuable descendants of `parents` parents, under the span

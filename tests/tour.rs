@@ -15,9 +15,15 @@ fn position(transcript: &[String], what: &str, holds: impl Fn(&str) -> bool) -> 
 
 /// A runtime on the tour's model with the tour's providers and tools installed.
 pub async fn tour_runtime() -> Runtime {
+    tour_runtime_with(false).await
+}
+
+/// The tour's runtime, recording content on its spans when `trace_content`.
+pub async fn tour_runtime_with(trace_content: bool) -> Runtime {
     let rt = Runtime::builder()
         .store(MemoryStore::new())
         .model("tour", TourModel)
+        .trace_content(trace_content)
         .build()
         .unwrap();
     install_tour(&rt).await.unwrap();

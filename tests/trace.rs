@@ -9,7 +9,7 @@ use tracing::Instrument as _;
 
 use crate::cluster_nodes::{completed, first_child, until_stored, NodeProcess};
 use crate::support::{CapturedSpan, SpanCapture};
-use crate::tour::tour_runtime;
+use crate::tour::{tour_runtime, tour_runtime_with};
 
 /// The spans below `index`, children first-level only.
 fn children(spans: &[CapturedSpan], index: usize) -> Vec<usize> {
@@ -134,6 +134,101 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
             assert!(!value.contains(TOUR_PROMPT), "content in {span:?}");
         }
     }
+}
+
+// Issue #19 item 1: with content opted in, a model call carries its input and output messages
+// and a tool call its arguments and result, in the GenAI conventions' JSON shapes.
+#[actix_rt::test]
+async fn with_content_opted_in_model_and_tool_calls_carry_their_messages() {
+    let capture = SpanCapture::start();
+    let rt = tour_runtime_with(true).await;
+    let demo = tracing::info_span!(target: "subagents::trace", "demo");
+    run_tour(&rt, Duration::from_secs(30))
+        .instrument(demo)
+        .await
+        .unwrap();
+    rt.shutdown().await.unwrap();
+    let spans = capture.spans();
+    let json = |at: usize, field: &str| -> serde_json::Value {
+        let value = spans[at]
+            .fields
+            .get(field)
+            .unwrap_or_else(|| panic!("no {field} on {:?}", spans[at]));
+        serde_json::from_str(value).unwrap_or_else(|error| panic!("{field}: {error}: {value}"))
+    };
+    // The parent's first model call: the tour's prompt in, the delegating calls out.
+    let chat = (0..spans.len())
+        .find(|&at| spans[at].name == "chat")
+        .unwrap();
+    let input = json(chat, "gen_ai.input.messages");
+    assert_eq!(input[0]["role"], "user", "{input:#}");
+    assert_eq!(input[0]["parts"][0]["type"], "text");
+    assert_eq!(input[0]["parts"][0]["content"], TOUR_PROMPT);
+    let output = json(chat, "gen_ai.output.messages");
+    assert_eq!(output[0]["role"], "assistant", "{output:#}");
+    assert_eq!(output[0]["finish_reason"], "tool_calls");
+    let calls: Vec<&serde_json::Value> = output[0]["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|part| part["type"] == "tool_call")
+        .collect();
+    assert!(!calls.is_empty(), "{output:#}");
+    assert!(calls[0]["arguments"].is_object(), "{output:#}");
+    // The spawn delegation's call: its arguments as the model wrote them, the child's answer
+    // as its result.
+    let spawn = tool_call(&spans, "subagent", 0);
+    let arguments = json(spawn, "gen_ai.tool.call.arguments");
+    assert!(arguments.is_object(), "{arguments}");
+    assert!(!spans[spawn].fields["gen_ai.tool.call.result"].is_empty());
+    // A later model call of the parent reads the tool's answer back with the role `tool`.
+    let answered = (0..spans.len())
+        .filter(|&at| spans[at].name == "chat")
+        .map(|at| json(at, "gen_ai.input.messages"))
+        .find(|input| {
+            input
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|message| message["role"] == "tool")
+        });
+    let answered = answered.expect("a model call after a tool call");
+    let response = answered
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|message| message["role"] == "tool")
+        .unwrap();
+    assert_eq!(response["parts"][0]["type"], "tool_call_response");
+}
+
+// Issue #19 item 1: `--trace-content` is the command line's opt-in.
+#[test]
+fn the_demo_exports_content_only_when_asked() {
+    let collector = Collector::start();
+    let demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "demo",
+            "--store",
+            "memory",
+            "--trace-content",
+            "--otlp-endpoint",
+        ])
+        .arg(format!("http://127.0.0.1:{}", collector.port))
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .output()
+        .unwrap();
+    assert!(demo.status.success(), "{demo:?}");
+    let spans = collector.spans();
+    let inputs: Vec<String> = spans
+        .iter()
+        .filter(|span| span["name"] == "chat")
+        .map(|chat| attribute(chat, "gen_ai.input.messages").expect("its input messages"))
+        .collect();
+    assert!(
+        inputs.iter().any(|input| input.contains(TOUR_PROMPT)),
+        "the parent's prompt: {inputs:#?}"
+    );
 }
 
 /// Each request a [`Collector`] received: its path and its body.

@@ -108,7 +108,7 @@ pub(crate) async fn run(args: DelegateArgs, out: &mut impl std::io::Write) -> Re
         })?,
     };
     // The parent never runs a turn: the scripted model is only there to complete the runtime.
-    let rt = super::telemetry::metered(Runtime::builder())
+    let rt = super::telemetry::instrumented(Runtime::builder())
         .store(MemoryStore::new())
         .model("scripted", ScriptedModel::new())
         .build()?;

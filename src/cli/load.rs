@@ -238,11 +238,11 @@ pub(crate) async fn run(args: LoadArgs, out: &mut impl Write) -> Result<(), Fail
     let bar = progress(&counters, scenario.total_children().unwrap_or(0));
     let stop = subagents::CancellationToken::new();
     let interrupts = actix::spawn(stop_on_interrupt(stop.clone(), bar.clone()));
-    let report = subagents::load::run_metered(
+    let report = subagents::load::run_configured(
         &scenario,
         Arc::clone(&counters),
         stop,
-        super::telemetry::meter(),
+        super::telemetry::instrumented,
     )
     .await;
     interrupts.abort();

@@ -285,7 +285,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     let lost = membership.lost();
     // Held for the process's life: a held turn waits at it until the process ends.
     let hold = Gate::new();
-    let builder = super::telemetry::metered(Runtime::builder())
+    let builder = super::telemetry::instrumented(Runtime::builder())
         .shared_store(store)
         .lease_holder(holder)
         .cluster(membership);

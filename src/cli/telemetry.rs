@@ -8,6 +8,7 @@
 //! `OTEL_*` variables (headers, timeout, service name) apply as the OpenTelemetry SDK reads
 //! them. Both are exported a last time at exit.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use opentelemetry::metrics::{Meter, MeterProvider as _};
@@ -170,17 +171,23 @@ impl Drop for Telemetry {
     }
 }
 
-/// `builder`, recording its runtime's metrics when this process exports them.
-pub(crate) fn metered(builder: RuntimeBuilder) -> RuntimeBuilder {
+/// Whether the runtimes this process builds record content on their spans
+/// (`--trace-content`).
+static TRACE_CONTENT: AtomicBool = AtomicBool::new(false);
+
+/// Makes the runtimes this process builds record content on their spans.
+pub(crate) fn trace_content(record: bool) {
+    TRACE_CONTENT.store(record, Ordering::Relaxed);
+}
+
+/// `builder`, recording its runtime's metrics when this process exports them, and content on
+/// its spans with `--trace-content`.
+pub(crate) fn instrumented(builder: RuntimeBuilder) -> RuntimeBuilder {
+    let builder = builder.trace_content(TRACE_CONTENT.load(Ordering::Relaxed));
     match METRICS.get() {
         Some(metrics) => builder.meter(metrics.meter.clone()),
         None => builder,
     }
-}
-
-/// The process's meter, when it exports metrics.
-pub(crate) fn meter() -> Option<Meter> {
-    METRICS.get().map(|metrics| metrics.meter.clone())
 }
 
 /// The metrics in Prometheus's text exposition format, when [`Telemetry::start`] was asked for

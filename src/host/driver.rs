@@ -429,9 +429,10 @@ fn run_step(
             .models
             .route(ctx.options.provider.as_deref())
             .map_err(Fault::failed)?;
+        let chat = crate::trace::chat_span(&provider, &ctx.options.model, step);
         let mut stream = {
             let visible = ctx.scope.tools().visible(&ctx.env.tools);
-            adapter.stream(GenerateRequest {
+            let request = GenerateRequest {
                 provider: provider.clone(),
                 model: ctx.options.model.clone(),
                 messages: ctx.log.history(),
@@ -447,10 +448,13 @@ fn run_step(
                 max_tokens: ctx.options.max_tokens,
                 session_id: Some(ctx.agent()),
                 cancel: ctx.cancel.token.clone(),
-            })
+            };
+            if ctx.env.trace_content {
+                crate::trace::record_request(&chat, &request);
+            }
+            adapter.stream(request)
         };
         let mut streamed = Streamed::default();
-        let chat = crate::trace::chat_span(&provider, &ctx.options.model, step);
         let received = async {
             loop {
                 // Matched as a temporary: only the chunk outlives this statement, so a turn
@@ -493,6 +497,10 @@ fn run_step(
         .instrument(chat.clone())
         .await;
         crate::trace::record_response(&chat, streamed.usage.as_deref(), streamed.finish.as_deref());
+        if ctx.env.trace_content {
+            let output = streamed.assembler.blocks();
+            crate::trace::record_output(&chat, &output, streamed.finish.as_deref());
+        }
         received?;
         // The request (and its history snapshot) goes with the stream, before the history grows:
         // the log then extends its history in place instead of copying it.
@@ -660,7 +668,19 @@ async fn run_tools(
         let results: Vec<ToolExecutionResult> =
             stream::iter(dispatched.iter().map(|(_, tool_ctx, arguments)| {
                 let span = crate::trace::tool_span(&tool_ctx.name, tool_ctx.call_id.as_str());
-                tools::execute(layer, &ctx.env.tools, tool_ctx.clone(), arguments).instrument(span)
+                let content = ctx.env.trace_content;
+                if content {
+                    crate::trace::record_tool_arguments(&span, arguments);
+                }
+                let recorded = span.clone();
+                tools::execute(layer, &ctx.env.tools, tool_ctx.clone(), arguments)
+                    .map(move |result| {
+                        if content {
+                            crate::trace::record_tool_result(&recorded, &result.content);
+                        }
+                        result
+                    })
+                    .instrument(span)
             }))
             .buffered(MAX_PARALLEL_TOOL_CALLS)
             .collect()

@@ -166,6 +166,8 @@ pub struct AgentEnv {
     pub projection_cache: bool,
     /// The runtime's metrics, when it was built with a meter.
     pub(crate) metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Whether spans record content (prompts, outputs, tool arguments and results).
+    pub(crate) trace_content: bool,
 }
 
 /// The policy a delegating parent hands to its children, captured synchronously at delegation.

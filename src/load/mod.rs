@@ -17,6 +17,6 @@ pub use report::{
     actor_round_trip, ChildCounts, Floors, FollowupCounts, Latencies, LatencySummary, LoadReport,
     Memory, Sample, Throughput,
 };
-pub use run::{rss_bytes, run, run_metered, run_until, LoadCounters};
+pub use run::{rss_bytes, run, run_configured, run_until, LoadCounters};
 pub use scenario::{in_share, share_count, Latency, LoadFlush, LoadStore, Scenario};
 pub use verify::{Check, Persisted};

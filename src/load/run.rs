@@ -538,19 +538,20 @@ pub async fn run_until(
     counters: Arc<LoadCounters>,
     stop: CancellationToken,
 ) -> Result<LoadReport> {
-    run_metered(scenario, counters, stop, None).await
+    run_configured(scenario, counters, stop, std::convert::identity).await
 }
 
-/// [`run_until`], every node's runtime recording its metrics ([`crate::metrics`]) with `meter`
-/// when one is given.
+/// [`run_until`], every node's runtime assembled by the run and then passed through
+/// `configure` before it is built: a host's meter ([`crate::RuntimeBuilder::meter`]) or
+/// content tracing ([`crate::RuntimeBuilder::trace_content`]).
 ///
 /// # Errors
 /// As [`run`].
-pub async fn run_metered(
+pub async fn run_configured(
     scenario: &Scenario,
     counters: Arc<LoadCounters>,
     stop: CancellationToken,
-    meter: Option<opentelemetry::metrics::Meter>,
+    configure: fn(crate::RuntimeBuilder) -> crate::RuntimeBuilder,
 ) -> Result<LoadReport> {
     scenario.validate()?;
     let floors = super::report::Floors::measure(scenario.store == LoadStore::Sled).await;
@@ -563,11 +564,7 @@ pub async fn run_metered(
     // Weak: the tools live in the runtime, and `Shared` holds the runtime.
     let shared_slot: SharedSlot = Arc::default();
     let mut nodes = Vec::new();
-    let metered = |builder: crate::RuntimeBuilder| match &meter {
-        Some(meter) => builder.meter(meter.clone()),
-        None => builder,
-    };
-    let mut builder = metered(build_node(
+    let mut builder = configure(build_node(
         scenario,
         &opened.store,
         &shared_slot,
@@ -589,7 +586,7 @@ pub async fn run_metered(
             let (holder, membership) = join(&store, &format!("load-{node}")).await?;
             nodes.push(holder.id());
             let store: SharedStore = store;
-            let peer = metered(build_node(scenario, &store, &shared_slot, node, workers))
+            let peer = configure(build_node(scenario, &store, &shared_slot, node, workers))
                 .lease_holder(holder)
                 .cluster(membership)
                 .build()?;

@@ -106,14 +106,14 @@ pub(crate) async fn run(args: AcpAgentArgs) -> Result<(), SubagentError> {
             let model = ScriptedModel::new();
             // A long session would otherwise keep a copy of every request's whole history.
             model.set_recording(false);
-            let builder =
-                crate::cli::telemetry::metered(Runtime::builder()).model("scripted", model.clone());
+            let builder = crate::cli::telemetry::instrumented(Runtime::builder())
+                .model("scripted", model.clone());
             (builder, Some(model))
         }
         ModelPlan::OpenAi(config) => {
             let adapter = subagents::model::OpenAiAdapter::new(config)?;
             (
-                crate::cli::telemetry::metered(Runtime::builder()).model("openai", adapter),
+                crate::cli::telemetry::instrumented(Runtime::builder()).model("openai", adapter),
                 None,
             )
         }
