@@ -728,6 +728,7 @@ impl Subagents {
         let chosen_id = options.message_id;
         // Taken here, in the caller's context: the task below runs detached from it.
         let trace = tracing::Span::current();
+        let sent_from = trace.clone();
         let metrics = self.agents.env().metrics.clone();
         own_task(async move {
             let routed = async {
@@ -755,6 +756,7 @@ impl Subagents {
             if let Some(metrics) = metrics {
                 metrics.followup(&routed);
             }
+            crate::trace::followup_event(&sent_from, child_id, &routed);
             routed
         })
     }
@@ -781,6 +783,17 @@ impl Subagents {
     /// headers; for a child on another node, what that node answered, or `STORE_IO` when it
     /// could not be asked.
     pub async fn interrupt(&self, target: SessionId, authority: InterruptAuthority) -> Result<()> {
+        let answer = self.route_interrupt(target, authority).await;
+        crate::trace::interrupt_event(target, &answer);
+        answer
+    }
+
+    /// [`Subagents::interrupt`], to wherever the target is.
+    async fn route_interrupt(
+        &self,
+        target: SessionId,
+        authority: InterruptAuthority,
+    ) -> Result<()> {
         let routed = self
             .manager
             .send(Interrupt {
@@ -844,18 +857,24 @@ impl Subagents {
         content: Vec<ContentBlock>,
         options: ReportOptions,
     ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
+        let sent_from = tracing::Span::current();
+        let child_id = child.id();
         let request = require_content("a report", &content).map(|()| {
             self.manager.send(ReportFrom {
                 child: child.clone(),
                 content,
                 delivery: options.delivery,
                 token: options.cancel,
-                trace: tracing::Span::current(),
+                trace: sent_from.clone(),
             })
         });
         // Its own task: once the manager admitted the report, the delivery and its
         // compensation run to the end even if the caller stops waiting.
-        own_task(async move { request?.await.map_err(SubagentError::from)??.await })
+        own_task(async move {
+            let answer = async { request?.await.map_err(SubagentError::from)??.await }.await;
+            crate::trace::report_event(&sent_from, child_id, &answer);
+            answer
+        })
     }
 
     /// Registers a setup contribution installed into every later continuable child's

@@ -6,8 +6,14 @@
 //! child's first turn runs under the delegating `subagent` tool call (or whatever span was
 //! current where `Subagents::start` was called), a continuable child's epoch under the span of
 //! the start or follow-up that opened it, cold resume included; a parent's turn woken by a
-//! child's report runs under the child's `report` call, and one woken by a settled notice
-//! under the call that opened the settled epoch. A delegation tree is one trace.
+//! child's report runs under the child's `report` call. An epoch's end is a `settled` span
+//! under the call that opened the epoch (joined by its OpenTelemetry context: that call
+//! returned long before, and its span ends when it returns), and the parent's turn its
+//! settled notice wakes runs under it. A cold resume is a `cold_resume` span under the
+//! follow-up's call, linked to the `settled` span of the epoch it resumes from when this
+//! runtime saw that epoch end. Follow-ups, interrupts and reports are events (`followup`,
+//! `interrupt`, `report`) on the span they were sent from, with their outcome and, refused,
+//! their `error.type`; a drain is a `drain` span. A delegation tree is one trace.
 //!
 //! The spans are INFO spans of target `subagents::trace`. A host that installs a subscriber
 //! recording them (for example `tracing-opentelemetry`, which names each span from its
@@ -30,8 +36,11 @@
 
 use tracing::Span;
 
+use opentelemetry::trace::SpanContext;
+
 use crate::content::{ContentBlock, Role};
-use crate::ids::SessionId;
+use crate::error::Result;
+use crate::ids::{MessageId, SessionId};
 use crate::model::{FinishReason, GenerateRequest};
 use crate::session::TokenUsage;
 
@@ -242,6 +251,132 @@ pub(crate) fn drain_span(parents: usize) -> Span {
     )
 }
 
+/// The OpenTelemetry context of `span`, when an OpenTelemetry layer records it: what a later
+/// span continues once `span` itself has ended (a settled notice continues the call that
+/// opened its epoch). Holding it, unlike holding the span, does not keep the span open.
+pub(crate) fn span_context(span: &Span) -> Option<SpanContext> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if span.is_disabled() {
+        return None;
+    }
+    let context = span.context().span().span_context().clone();
+    context.is_valid().then_some(context)
+}
+
+/// The span of a continuable child's settlement, under the call that opened its epoch
+/// (`epoch`, by context: that call has long returned); the settled notice is sent from it, so
+/// the parent's turn it wakes continues the epoch's trace. None when nothing records spans.
+pub(crate) fn settled_span(child: SessionId, epoch: Option<&SpanContext>) -> Span {
+    let Some(epoch) = epoch else {
+        return Span::none();
+    };
+    let span = tracing::info_span!(
+        parent: None,
+        "settled",
+        otel.name = "settled",
+        gen_ai.agent.id = %child,
+    );
+    continue_context(&span, epoch);
+    span
+}
+
+/// The span of a cold resume of `child` under `sent_from` (the span the follow-up that found
+/// it absent was sent from), linked to the span of the settlement it resumes from when this
+/// runtime saw it.
+pub(crate) fn cold_resume_span(
+    sent_from: &Span,
+    child: SessionId,
+    settled: Option<SpanContext>,
+) -> Span {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let span = tracing::info_span!(
+        parent: sent_from.id(),
+        "cold_resume",
+        otel.name = "cold_resume",
+        gen_ai.agent.id = %child,
+    );
+    if let Some(settled) = settled {
+        span.add_link(settled);
+    }
+    span
+}
+
+/// Marks a follow-up's answer on the span it was sent from.
+pub(crate) fn followup_event(sent_from: &Span, child: SessionId, answer: &Result<MessageId>) {
+    if sent_from.is_disabled() {
+        return;
+    }
+    match answer {
+        Ok(message) => tracing::event!(
+            name: "followup",
+            parent: sent_from,
+            tracing::Level::INFO,
+            subagents.child = %child,
+            subagents.message.id = %message,
+            subagents.outcome = "accepted",
+        ),
+        Err(error) => tracing::event!(
+            name: "followup",
+            parent: sent_from,
+            tracing::Level::INFO,
+            subagents.child = %child,
+            subagents.outcome = "refused",
+            error.type = error.code().as_str(),
+        ),
+    }
+}
+
+/// Marks an interrupt's answer on the span current where it was asked for.
+pub(crate) fn interrupt_event(target: SessionId, answer: &Result<()>) {
+    let current = Span::current();
+    if current.is_disabled() {
+        return;
+    }
+    match answer {
+        Ok(()) => tracing::event!(
+            name: "interrupt",
+            parent: &current,
+            tracing::Level::INFO,
+            subagents.child = %target,
+            subagents.outcome = "accepted",
+        ),
+        Err(error) => tracing::event!(
+            name: "interrupt",
+            parent: &current,
+            tracing::Level::INFO,
+            subagents.child = %target,
+            subagents.outcome = "refused",
+            error.type = error.code().as_str(),
+        ),
+    }
+}
+
+/// Marks a report's answer on the span it was sent from.
+pub(crate) fn report_event(sent_from: &Span, child: SessionId, answer: &Result<MessageId>) {
+    if sent_from.is_disabled() {
+        return;
+    }
+    match answer {
+        Ok(message) => tracing::event!(
+            name: "report",
+            parent: sent_from,
+            tracing::Level::INFO,
+            subagents.child = %child,
+            subagents.message.id = %message,
+            subagents.outcome = "accepted",
+        ),
+        Err(error) => tracing::event!(
+            name: "report",
+            parent: sent_from,
+            tracing::Level::INFO,
+            subagents.child = %child,
+            subagents.outcome = "refused",
+            error.type = error.code().as_str(),
+        ),
+    }
+}
+
 /// The span of a request served for another process or node (`otel.name` `name`, kind
 /// server), continuing the caller's trace when `traceparent` names one; none otherwise, so a
 /// request from an untraced caller adds nothing.
@@ -258,15 +393,28 @@ pub fn served_span(name: &str, traceparent: Option<&str>) -> Span {
 /// records it: what a child in another process or on another node continues. `None` for a
 /// span nothing records (and then at the cost of a check).
 pub fn traceparent_of(span: &Span) -> Option<String> {
+    span_context(span).and_then(|context| traceparent_of_context(&context))
+}
+
+/// The W3C `traceparent` of a span by its context.
+pub(crate) fn traceparent_of_context(context: &SpanContext) -> Option<String> {
     use opentelemetry::propagation::TextMapPropagator as _;
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-    if span.is_disabled() {
-        return None;
-    }
+    use opentelemetry::trace::TraceContextExt as _;
     let mut carrier = std::collections::HashMap::new();
-    opentelemetry_sdk::propagation::TraceContextPropagator::new()
-        .inject_context(&span.context(), &mut carrier);
+    opentelemetry_sdk::propagation::TraceContextPropagator::new().inject_context(
+        &opentelemetry::Context::new().with_remote_span_context(context.clone()),
+        &mut carrier,
+    );
     carrier.remove("traceparent")
+}
+
+/// Makes `span` a child of the span `parent` names (one that has ended, or one in another
+/// process).
+fn continue_context(span: &Span, parent: &SpanContext) {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    // Refused only for a span already started or not recorded: nothing to continue then.
+    let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(parent.clone()));
 }
 
 /// Makes `span` continue the trace a W3C `traceparent` from another process names; a value

@@ -551,8 +551,7 @@ impl Drop for Warnings {
 }
 
 /// Installs the test binary's one global subscriber: WARN events to the emitting thread's
-/// [`Warnings`] capture, and the runtime's spans (target `subagents::trace`) to its
-/// [`SpanCapture`].
+/// [`Warnings`] capture. (A [`SpanCapture`] installs a subscriber of its own on its thread.)
 fn install_subscriber() {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::Layer as _;
@@ -562,125 +561,124 @@ fn install_subscriber() {
             .with_ansi(false)
             .with_writer(|| ThreadCapture)
             .with_filter(tracing_subscriber::filter::LevelFilter::WARN);
-        let spans = SpanRecorder.with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
-            metadata.is_span() && metadata.target() == "subagents::trace"
-        }));
-        let subscriber = tracing_subscriber::registry().with(warnings).with(spans);
+        let subscriber = tracing_subscriber::registry().with(warnings);
         tracing::subscriber::set_global_default(subscriber)
             .expect("no other global subscriber in the test binary");
     });
 }
 
-/// One span recorded by a [`SpanCapture`]: its name, its fields as text, and its parent's
-/// index in the capture (`None` for a root).
+/// One span as OpenTelemetry exported it from a [`SpanCapture`]: its name (the first word of
+/// its OpenTelemetry name: `execute_tool`, `invoke_agent`, …), its parent's index in the
+/// capture (`None` for a root), its attributes as text, its events and its links.
 #[derive(Debug, Clone)]
 pub struct CapturedSpan {
     pub name: String,
     pub parent: Option<usize>,
     pub fields: std::collections::BTreeMap<String, String>,
+    pub span_id: opentelemetry::trace::SpanId,
+    pub trace_id: opentelemetry::trace::TraceId,
+    pub start: std::time::SystemTime,
+    pub end: std::time::SystemTime,
+    /// Each event: its name and attributes as text.
+    pub events: Vec<(String, std::collections::BTreeMap<String, String>)>,
+    /// The span ids each link names.
+    pub links: Vec<opentelemetry::trace::SpanId>,
 }
 
-thread_local! {
-    /// The span capture of this thread, while one lives.
-    static SPANS: std::cell::RefCell<Option<Arc<Mutex<Vec<CapturedSpan>>>>> =
-        const { std::cell::RefCell::new(None) };
+/// The spans an in-test OpenTelemetry pipeline exported, as each ended.
+#[derive(Debug, Clone, Default)]
+struct KeptSpans(Arc<Mutex<Vec<opentelemetry_sdk::trace::SpanData>>>);
+
+impl opentelemetry_sdk::trace::SpanExporter for KeptSpans {
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.lock().unwrap().extend(batch);
+        Ok(())
+    }
 }
 
-/// Records the spans this thread opens (with target `subagents::trace`) while it lives.
+/// Exports the runtime's spans (target `subagents::trace`) recorded on this thread, through
+/// `tracing-opentelemetry` as a host would, into memory while it lives. The test's actix system
+/// runs every actor and spawned task on this thread (no worker pool is configured).
 pub struct SpanCapture {
-    spans: Arc<Mutex<Vec<CapturedSpan>>>,
+    kept: KeptSpans,
+    _provider: opentelemetry_sdk::trace::SdkTracerProvider,
+    _default: tracing::subscriber::DefaultGuard,
 }
 
 impl SpanCapture {
     pub fn start() -> Self {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::Layer as _;
         install_subscriber();
-        let spans = Arc::new(Mutex::new(Vec::new()));
-        SPANS.with(|capture| *capture.borrow_mut() = Some(Arc::clone(&spans)));
-        Self { spans }
-    }
-
-    /// Every span recorded so far, in the order they opened.
-    pub fn spans(&self) -> Vec<CapturedSpan> {
-        self.spans.lock().unwrap().clone()
-    }
-}
-
-impl Drop for SpanCapture {
-    fn drop(&mut self) {
-        SPANS.with(|capture| capture.borrow_mut().take());
-    }
-}
-
-/// A span's index in its thread's capture, kept in the registry's extensions (the registry
-/// reuses the ids of closed spans).
-struct CaptureIndex(usize);
-
-/// Collects a span's fields as text.
-struct FieldText<'a>(&'a mut std::collections::BTreeMap<String, String>);
-
-impl tracing::field::Visit for FieldText<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-/// The layer behind [`SpanCapture`].
-struct SpanRecorder;
-
-impl<S> tracing_subscriber::Layer<S> for SpanRecorder
-where
-    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
-{
-    fn on_new_span(
-        &self,
-        attrs: &tracing::span::Attributes<'_>,
-        id: &tracing::span::Id,
-        ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        let Some(capture) = SPANS.with(|capture| capture.borrow().clone()) else {
-            return;
-        };
-        let Some(span) = ctx.span(id) else { return };
-        let parent = span.parent().and_then(|parent| {
-            parent
-                .extensions()
-                .get::<CaptureIndex>()
-                .map(|index| index.0)
-        });
-        let mut fields = std::collections::BTreeMap::new();
-        attrs.record(&mut FieldText(&mut fields));
-        let mut spans = capture.lock().unwrap();
-        span.extensions_mut().insert(CaptureIndex(spans.len()));
-        spans.push(CapturedSpan {
-            name: attrs.metadata().name().to_owned(),
-            parent,
-            fields,
-        });
-    }
-
-    fn on_record(
-        &self,
-        id: &tracing::span::Id,
-        values: &tracing::span::Record<'_>,
-        ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        let Some(capture) = SPANS.with(|capture| capture.borrow().clone()) else {
-            return;
-        };
-        let Some(index) = ctx
-            .span(id)
-            .and_then(|span| span.extensions().get::<CaptureIndex>().map(|index| index.0))
-        else {
-            return;
-        };
-        let mut spans = capture.lock().unwrap();
-        if let Some(span) = spans.get_mut(index) {
-            values.record(&mut FieldText(&mut span.fields));
+        let kept = KeptSpans::default();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_simple_exporter(kept.clone())
+            .build();
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("test"))
+            .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
+                metadata.target() == "subagents::trace"
+            }));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        Self {
+            kept,
+            _provider: provider,
+            _default: tracing::subscriber::set_default(subscriber),
         }
+    }
+
+    /// Every span exported so far (each once it ended), in the order they started.
+    pub fn spans(&self) -> Vec<CapturedSpan> {
+        fn text(value: &opentelemetry::Value) -> String {
+            match value {
+                opentelemetry::Value::String(text) => text.as_str().to_owned(),
+                other => other.to_string(),
+            }
+        }
+        let mut exported = self.kept.0.lock().unwrap().clone();
+        exported.sort_by_key(|span| span.start_time);
+        let index: std::collections::HashMap<opentelemetry::trace::SpanId, usize> = exported
+            .iter()
+            .enumerate()
+            .map(|(at, span)| (span.span_context.span_id(), at))
+            .collect();
+        exported
+            .iter()
+            .map(|span| CapturedSpan {
+                name: span.name.split(' ').next().unwrap_or_default().to_owned(),
+                parent: index.get(&span.parent_span_id).copied(),
+                fields: span
+                    .attributes
+                    .iter()
+                    .map(|attribute| (attribute.key.to_string(), text(&attribute.value)))
+                    .collect(),
+                span_id: span.span_context.span_id(),
+                trace_id: span.span_context.trace_id(),
+                start: span.start_time,
+                end: span.end_time,
+                events: span
+                    .events
+                    .iter()
+                    .map(|event| {
+                        let attributes = event
+                            .attributes
+                            .iter()
+                            .map(|attribute| (attribute.key.to_string(), text(&attribute.value)))
+                            .collect();
+                        (event.name.to_string(), attributes)
+                    })
+                    .collect(),
+                links: span
+                    .links
+                    .iter()
+                    .map(|link| link.span_context.span_id())
+                    .collect(),
+            })
+            .collect()
     }
 }
 

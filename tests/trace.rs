@@ -67,6 +67,7 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
     let drained = demo.in_scope(|| rt.subagents().drain_continuable_descendants(&[live]));
     drained.await.unwrap();
     rt.shutdown().await.unwrap();
+    drop(demo);
     let spans = capture.spans();
     let parent = parent.to_string();
 
@@ -94,17 +95,61 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
     // notice, continue the trace of the call the message came from.
     for at in 0..spans.len() {
         assert_eq!(root_of(&spans, at), 0, "one trace: {spans:#?}");
+        assert_eq!(spans[at].trace_id, spans[0].trace_id);
     }
-    // The follow-up's epoch sits under the `send_message` call that sent it, and so does the
-    // parent turn its settled notice woke; the turn the child's report woke sits under the
-    // child's `report` call.
+    // The follow-up's epoch sits under the `send_message` call that sent it; the parent turn
+    // its settled notice woke sits under the epoch's `settled` span, below that call; the turn
+    // the child's report woke sits under the child's `report` call.
     let followup = tool_call(&spans, "send_message", 0);
+    assert_eq!(turns_below(&spans, followup), std::slice::from_ref(&child));
+    let settled_below = |call: usize| -> Vec<usize> {
+        children(&spans, call)
+            .into_iter()
+            .filter(|&at| spans[at].name == "settled")
+            .collect()
+    };
+    let [second_settled] = settled_below(followup)[..] else {
+        panic!("one settlement under the follow-up: {spans:#?}")
+    };
+    assert_eq!(spans[second_settled].fields["gen_ai.agent.id"], child);
     assert_eq!(
-        turns_below(&spans, followup),
-        [child.clone(), parent.clone()]
+        turns_below(&spans, second_settled),
+        std::slice::from_ref(&parent)
     );
     let report = tool_call(&spans, "report", 0);
     assert_eq!(turns_below(&spans, report), std::slice::from_ref(&parent));
+    // The follow-up and the report are events on the spans they were sent from.
+    let event = |at: usize, name: &str| {
+        spans[at]
+            .events
+            .iter()
+            .find(|(event, _)| event == name)
+            .map(|(_, attributes)| attributes.clone())
+            .unwrap_or_else(|| panic!("no {name} event on {:?}", spans[at]))
+    };
+    assert_eq!(event(followup, "followup")["subagents.child"], child);
+    assert_eq!(event(followup, "followup")["subagents.outcome"], "accepted");
+    assert_eq!(event(report, "report")["subagents.outcome"], "accepted");
+    // The first epoch settled under the call that started it, and the follow-up found the
+    // child absent: its cold resume, under the follow-up's call, links to that settlement.
+    let [first_settled] = settled_below(continuable)[..] else {
+        panic!("one settlement under the start: {spans:#?}")
+    };
+    let resume = children(&spans, followup)
+        .into_iter()
+        .find(|&at| spans[at].name == "cold_resume")
+        .unwrap_or_else(|| panic!("a cold resume under the follow-up: {spans:#?}"));
+    assert_eq!(spans[resume].links, [spans[first_settled].span_id]);
+    // A delegating call's span ends when the call returns, not when the epoch it opened
+    // settles.
+    for (call, settled) in [(continuable, first_settled), (followup, second_settled)] {
+        assert!(
+            spans[call].end <= spans[settled].start,
+            "{:?} outlived its call: {:?}",
+            spans[call],
+            spans[settled]
+        );
+    }
 
     // The attribute names are the conventions'; a model call records its model and usage.
     let chat = (0..spans.len())
@@ -559,4 +604,61 @@ fn a_start_and_a_follow_up_served_by_another_node_continue_the_senders_trace() {
     for turn in woken {
         assert_eq!(turn["traceId"], drive[0]["traceId"], "{turn:#}");
     }
+}
+
+// Issue #19 item 1: an interrupt is an event on the span it was asked from, accepted or
+// refused with its code.
+#[actix_rt::test]
+async fn an_interrupt_is_an_event_on_the_span_it_was_asked_from() {
+    let capture = SpanCapture::start();
+    let model =
+        subagents::testing::ScriptedModel::repeating(subagents::testing::ScriptStep::text("ok"));
+    let gate = subagents::testing::Gate::new();
+    model.push(subagents::testing::ScriptStep::text("held").gated(&gate));
+    let rt = crate::support::seam_runtime_on(
+        subagents::Runtime::builder().model("scripted", model),
+        std::sync::Arc::new(subagents::MemoryStore::new()),
+    )
+    .await;
+    let parent = crate::support::root(&rt).await;
+    let child = crate::support::start_continuable(&rt, parent.agent(), "task")
+        .await
+        .child_id;
+    gate.reached().await;
+    let host = tracing::info_span!(target: "subagents::trace", "host");
+    let asked = |parent_session_id| {
+        rt.subagents()
+            .interrupt(
+                child,
+                subagents::InterruptAuthority::User { parent_session_id },
+            )
+            .instrument(host.clone())
+    };
+    let stranger = subagents::SessionId::new();
+    assert_eq!(
+        asked(stranger).await.unwrap_err().code(),
+        subagents::ErrorCode::Unauthorized
+    );
+    asked(parent.agent().id()).await.unwrap();
+    drop(host);
+    rt.shutdown().await.unwrap();
+    let spans = capture.spans();
+    let host = spans.iter().find(|span| span.name == "host").unwrap();
+    let interrupts: Vec<(&str, &str)> = host
+        .events
+        .iter()
+        .filter(|(name, _)| name == "interrupt")
+        .map(|(_, attributes)| {
+            assert_eq!(attributes["subagents.child"], child.to_string());
+            (
+                attributes["subagents.outcome"].as_str(),
+                attributes.get("error.type").map_or("", String::as_str),
+            )
+        })
+        .collect();
+    assert_eq!(
+        interrupts,
+        [("refused", "UNAUTHORIZED"), ("accepted", "")],
+        "{host:?}"
+    );
 }

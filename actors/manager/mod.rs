@@ -273,7 +273,7 @@ struct Resident {
     budget: BudgetMeter,
     /// The span this epoch's opening message was sent from, while a subscriber records spans:
     /// the settled notice continues that trace in the parent. Boxed: most records have none.
-    epoch_trace: Option<Box<tracing::Span>>,
+    epoch_trace: Option<Box<opentelemetry::trace::SpanContext>>,
 }
 
 impl Resident {
@@ -323,6 +323,9 @@ impl Resident {
     }
 }
 
+/// How many settlement span contexts a manager keeps for cold resumes to link to.
+const SETTLED_TRACES_KEPT: usize = 65_536;
+
 /// The continuation manager actor.
 pub(crate) struct ContinuationManager {
     agents: Agents,
@@ -342,6 +345,10 @@ pub(crate) struct ContinuationManager {
     /// shutdown waits for them, so none is cut off by the registry closing.
     notices: HashMap<u64, Signal>,
     next_notice: u64,
+    /// The settlement spans of children that settled here, by context, while spans are
+    /// recorded: a cold resume links to the one it resumes from (at most
+    /// [`SETTLED_TRACES_KEPT`], so a long run with tracing on stays bounded).
+    settled_traces: HashMap<SessionId, opentelemetry::trace::SpanContext>,
     closing: HashMap<SessionId, ClosingScope>,
     draining: bool,
     /// Set when the runtime shuts down as a node of a cluster (it leaves): its children of
@@ -440,12 +447,25 @@ impl ContinuationManager {
             interrupts: HashMap::new(),
             notices: HashMap::new(),
             next_notice: 0,
+            settled_traces: HashMap::new(),
             owners: HashMap::new(),
             closing: HashMap::new(),
             draining: false,
             leaving: false,
             next_materialization: 0,
             releases: Arc::new(tokio::sync::Semaphore::new(RELEASES_AT_ONCE)),
+        }
+    }
+
+    /// Keeps the context of `child`'s settlement span for the cold resume that may follow;
+    /// past [`SETTLED_TRACES_KEPT`] the oldest are forgotten wholesale (their resumes go
+    /// unlinked).
+    fn remember_settled(&mut self, child: SessionId, settled: &tracing::Span) {
+        if let Some(context) = crate::trace::span_context(settled) {
+            if self.settled_traces.len() >= SETTLED_TRACES_KEPT {
+                self.settled_traces.clear();
+            }
+            self.settled_traces.insert(child, context);
         }
     }
 
@@ -642,8 +662,10 @@ impl ContinuationManager {
         resident.accepted.insert(id);
         resident.armed = true;
         resident.announced = true;
-        if !trace.is_none() {
-            resident.epoch_trace = Some(Box::new(trace.clone()));
+        // Its context, not the span: the call that opened the epoch returns long before the
+        // epoch settles, and a held span would stay open until then.
+        if let Some(context) = crate::trace::span_context(&trace) {
+            resident.epoch_trace = Some(Box::new(context));
         }
         let accepted = resident.agent.post(
             message,

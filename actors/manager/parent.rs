@@ -36,6 +36,7 @@ impl ContinuationManager {
         &mut self,
         resident: &Resident,
         terminal: &Terminal,
+        settled: Span,
         ctx: &mut Context<Self>,
     ) -> Option<BoxFuture<'static, ()>> {
         let child = resident.agent.id();
@@ -48,12 +49,7 @@ impl ContinuationManager {
         let message = Message::user(content, source);
         match &resident.parent {
             ParentLink::Local(parent) => {
-                let trace = resident
-                    .epoch_trace
-                    .as_deref()
-                    .cloned()
-                    .unwrap_or_else(Span::none);
-                Some(self.post_settled_notice(child, parent, message, false, trace, ctx))
+                Some(self.post_settled_notice(child, parent, message, false, settled, ctx))
             }
             ParentLink::Remote(remote) => {
                 // A node that leaves hands its children of remote parents over (see
@@ -63,10 +59,7 @@ impl ContinuationManager {
                 } else {
                     crate::cluster::NoticeKind::Settled
                 };
-                let traceparent = resident
-                    .epoch_trace
-                    .as_deref()
-                    .and_then(crate::trace::traceparent_of);
+                let traceparent = crate::trace::traceparent_of(&settled);
                 Some(self.notify_remote(remote, child, message, (kind, traceparent)))
             }
         }

@@ -132,8 +132,9 @@ impl Telemetry {
         Ok(Some(Self { traces, metrics }))
     }
 
-    /// The layer that hands the runtime's spans to the exporter (only those: a command's own
-    /// log lines are not spans); none when spans are not exported.
+    /// The layer that hands the runtime's spans and their events (follow-ups, interrupts,
+    /// reports) to the exporter (only those: a command's own log lines are not exported); none
+    /// when spans are not exported.
     pub(crate) fn layer<S>(&self) -> Option<impl Layer<S>>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
@@ -149,7 +150,7 @@ impl Telemetry {
                 .with_tracked_inactivity(false)
                 .with_tracer(provider.tracer("subagents"))
                 .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
-                    metadata.is_span() && metadata.target() == "subagents::trace"
+                    metadata.target() == "subagents::trace"
                 })),
         )
     }
