@@ -65,6 +65,9 @@ pub(crate) enum RemoteOp {
         parent: SessionId,
         child: SessionId,
         cause: CancelCause,
+        /// The W3C trace context of the span the interrupt was asked from.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
     },
     /// A child's settled notice or report, for its parent resident on the target.
     Notify {

@@ -662,3 +662,54 @@ async fn an_interrupt_is_an_event_on_the_span_it_was_asked_from() {
         "{host:?}"
     );
 }
+
+// Issue #19 item 2: an interrupt of a child on another node is served there in the trace of
+// the span it was asked from.
+#[test]
+fn an_interrupt_served_by_another_node_continues_the_senders_trace() {
+    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
+    let collector = Collector::start();
+    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    let json = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")];
+    // B holds every turn, so the child is mid-turn on B when A interrupts it.
+    let mut b =
+        NodeProcess::start_with_env(&url, "b", &["--otlp-endpoint", &endpoint, "--hold"], &json);
+    let mut a = NodeProcess::start_with_env(
+        &url,
+        "a",
+        &[
+            "--otlp-endpoint",
+            &endpoint,
+            "--drive",
+            "1",
+            "--children",
+            "1",
+            "--place-on",
+            &b.id.clone(),
+        ],
+        &json,
+    );
+    a.lines_until("round 1");
+    a.tell("interrupt");
+    let interrupted = a.lines_until("interrupted 1");
+    assert!(
+        !interrupted
+            .iter()
+            .any(|line| line.starts_with("interrupt-refused")),
+        "{interrupted:?}"
+    );
+    a.tell("quit");
+    assert!(a.wait().success(), "{}", a.errors());
+    b.signal("-TERM");
+    assert!(b.wait().success(), "{}", b.errors());
+    let spans = collector.spans();
+    let named = |name: &str| -> Vec<&serde_json::Value> {
+        spans.iter().filter(|span| span["name"] == name).collect()
+    };
+    let drive = named("subagents node drive");
+    assert_eq!(drive.len(), 1, "{spans:#?}");
+    let served = named("serve interrupt");
+    assert_eq!(served.len(), 1, "{spans:#?}");
+    assert_eq!(served[0]["traceId"], drive[0]["traceId"]);
+    assert_eq!(served[0]["parentSpanId"], drive[0]["spanId"]);
+}

@@ -357,6 +357,7 @@ pub(crate) async fn ask_interrupt(
         parent,
         child,
         cause,
+        traceparent: crate::trace::traceparent_of(&tracing::Span::current()),
     };
     unless_gone(cluster.ask::<()>(node, child, &op).await)
 }

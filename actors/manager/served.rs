@@ -6,6 +6,7 @@
 //! authorized by the parent's record of where it placed the child.
 
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use super::control::header_of;
 use super::materialize::{create_and_install, FreshChild};
@@ -435,17 +436,23 @@ async fn serve(
             parent,
             child,
             cause,
+            traceparent,
         } => {
-            authorize(cluster, parent, sender).await?;
-            manager
-                .send(PlacedInterrupt {
-                    parent,
-                    child,
-                    cause,
-                })
-                .await
-                .map_err(SubagentError::from)??;
-            Ok(Value::Null)
+            let served = crate::trace::served_span("serve interrupt", traceparent.as_deref());
+            async {
+                authorize(cluster, parent, sender).await?;
+                manager
+                    .send(PlacedInterrupt {
+                        parent,
+                        child,
+                        cause,
+                    })
+                    .await
+                    .map_err(SubagentError::from)??;
+                Ok(Value::Null)
+            }
+            .instrument(served)
+            .await
         }
         RemoteOp::Release { parent, child } => {
             authorize(cluster, parent, sender).await?;
