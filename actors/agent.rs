@@ -51,6 +51,7 @@ use crate::ids::{FastHashMap, MessageId, SessionId};
 use crate::session::{
     CancelCause, EventKind, InboxTarget, SessionHeader, SessionLog, SessionLogView, TurnEndReason,
 };
+use crate::trace::SentFrom;
 
 /// Whether a send starts (or continues) processing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +130,7 @@ pub struct AgentActor {
     /// The span each pending message was sent from, while a subscriber records spans: the turn
     /// that claims a message continues its sender's trace (see [`crate::trace`]). Boxed and
     /// made on the first such message: every resident child carries this field.
-    trace_parents: Option<Box<FastHashMap<MessageId, tracing::Span>>>,
+    trace_parents: Option<Box<FastHashMap<MessageId, SentFrom>>>,
 }
 
 /// What a caller waits for the agent to do.
@@ -249,7 +250,7 @@ impl AgentActor {
         message: Message,
         target: InboxTarget,
         wake: Wake,
-        trace: tracing::Span,
+        trace: SentFrom,
         ctx: &mut Context<Self>,
     ) -> Result<MessageId> {
         let (id, next) = self.insert(message, target, wake, trace)?;
@@ -257,8 +258,8 @@ impl AgentActor {
         Ok(id)
     }
 
-    /// The span message `id` was sent from, forgotten once asked for (it was claimed).
-    fn sent_from(&mut self, id: MessageId) -> Option<tracing::Span> {
+    /// Where message `id` was sent from, forgotten once asked for (it was claimed).
+    fn sent_from(&mut self, id: MessageId) -> Option<SentFrom> {
         self.trace_parents.as_mut()?.remove(&id)
     }
 
@@ -268,7 +269,7 @@ impl AgentActor {
         message: Message,
         target: InboxTarget,
         wake: Wake,
-        trace: tracing::Span,
+        trace: SentFrom,
     ) -> Result<(MessageId, Next)> {
         if let Some(refusal) = self.state.refusal(self.id) {
             return Err(refusal);
@@ -277,7 +278,9 @@ impl AgentActor {
         let id = message.id;
         self.inbox.insert(&self.log, target, message)?;
         if !trace.is_none() {
-            self.trace_parents.get_or_insert_default().insert(id, trace);
+            self.trace_parents
+                .get_or_insert_default()
+                .insert(id, trace.detached());
         }
         self.emit(AgentEventKind::InboxInserted {
             message: id,
@@ -335,8 +338,8 @@ impl AgentActor {
                 turn,
             });
             self.notify(Activity::Claimed(message.id));
-            if let Some(span) = self.sent_from(message.id) {
-                sent_from.get_or_insert(span);
+            if let Some(sender) = self.sent_from(message.id) {
+                sent_from.get_or_insert(sender);
             }
         }
         let span = crate::trace::turn_span(sent_from.as_ref(), self.id, turn);
@@ -519,8 +522,8 @@ pub(crate) struct Deliver {
     /// would be: a one-shot run's prompt waits for its turn this way, in one message.
     pub(crate) idle: Option<oneshot::Sender<()>>,
     pub(crate) by: SentBy,
-    /// The span it was sent from: the turn that claims it continues that trace.
-    pub(crate) trace: tracing::Span,
+    /// Where it was sent from: the turn that claims it continues that trace.
+    pub(crate) trace: SentFrom,
 }
 
 impl Handler<Deliver> for AgentActor {
@@ -564,9 +567,9 @@ pub(crate) struct Post {
     /// Whether this message may have been accepted before: then an id this agent already
     /// accepted is answered with that acceptance, and nothing is inserted again.
     pub(crate) may_repeat: bool,
-    /// The span it was sent from (a follow-up's caller): the turn that claims it continues
-    /// that trace.
-    pub(crate) trace: tracing::Span,
+    /// Where it was sent from (a follow-up's caller): the turn that claims it continues that
+    /// trace.
+    pub(crate) trace: SentFrom,
     pub(crate) reply: oneshot::Sender<Result<MessageId>>,
 }
 
@@ -729,7 +732,7 @@ impl Handler<QueueContext> for AgentActor {
                 message,
                 InboxTarget::NextStep,
                 Wake::Quiet,
-                tracing::Span::none(),
+                SentFrom::default(),
                 ctx,
             ) {
                 tracing::warn!(session_id = %self.id, %error, "dropped a tool context message");
@@ -946,7 +949,7 @@ impl AgentRef {
                 wake,
                 idle,
                 by,
-                trace: tracing::Span::current(),
+                trace: tracing::Span::current().into(),
             })
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))?
@@ -1075,7 +1078,7 @@ impl AgentRef {
         target: PostTarget,
         raise: Option<BudgetRaise>,
         may_repeat: bool,
-        trace: tracing::Span,
+        trace: SentFrom,
     ) -> impl std::future::Future<Output = Result<MessageId>> + Send + 'static {
         let (reply, accepted) = oneshot::channel();
         let id = self.id;

@@ -6,14 +6,19 @@
 //! child's first turn runs under the delegating `subagent` tool call (or whatever span was
 //! current where `Subagents::start` was called), a continuable child's epoch under the span of
 //! the start or follow-up that opened it, cold resume included; a parent's turn woken by a
-//! child's report runs under the child's `report` call. An epoch's end is a `settled` span
-//! under the call that opened the epoch (joined by its OpenTelemetry context: that call
-//! returned long before, and its span ends when it returns), and the parent's turn its
-//! settled notice wakes runs under it. A cold resume is a `cold_resume` span under the
-//! follow-up's call, linked to the `settled` span of the epoch it resumes from when this
-//! runtime saw that epoch end. Follow-ups, interrupts and reports are events (`followup`,
-//! `interrupt`, `report`) on the span they were sent from, with their outcome and, refused,
-//! their `error.type`; a drain is a `drain` span. A delegation tree is one trace.
+//! child's report runs under the child's `report` call, and one woken by a settled notice
+//! under the call that opened the settled epoch. The first turn of a cold resume links to the
+//! call that opened the epoch it resumes from, when this runtime saw that epoch end.
+//! Follow-ups, interrupts and reports are events (`followup`, `interrupt`, `report`) on the
+//! span they were sent from, with their outcome and, refused, their `error.type`; a drain is
+//! a `drain` span. A delegation tree is one trace.
+//!
+//! Where an OpenTelemetry layer records the spans (`tracing-opentelemetry`), a message keeps
+//! only its sender's span context and the turn joins that context, so the sender's span ends
+//! when the sender is done (a `tracing` span stays open while anything holds it or a span
+//! below it lives, and a continuable child's epoch outlives the call that opened it). Under
+//! any other subscriber the turn is the `tracing` child of the sender's span, kept with the
+//! message until a turn claims it; the settled notice's turn then starts a trace of its own.
 //!
 //! The spans are INFO spans of target `subagents::trace`. A host that installs a subscriber
 //! recording them (for example `tracing-opentelemetry`, which names each span from its
@@ -44,18 +49,28 @@ use crate::ids::{MessageId, SessionId};
 use crate::model::{FinishReason, GenerateRequest};
 use crate::session::TokenUsage;
 
-/// The span of turn `turn` of agent `agent`, under `sent_from` (the span its first claimed
+/// The span of turn `turn` of agent `agent`, under `sent_from` (where its first claimed
 /// message was sent from), or a root of its own.
-pub(crate) fn turn_span(sent_from: Option<&Span>, agent: SessionId, turn: u64) -> Span {
-    tracing::info_span!(
-        parent: sent_from.and_then(Span::id),
+pub(crate) fn turn_span(sent_from: Option<&SentFrom>, agent: SessionId, turn: u64) -> Span {
+    let span = tracing::info_span!(
+        parent: sent_from.and_then(|sent_from| sent_from.span.id()),
         "invoke_agent",
         otel.name = "invoke_agent",
         gen_ai.operation.name = "invoke_agent",
         gen_ai.agent.id = %agent,
         gen_ai.conversation.id = %agent,
         subagents.turn = turn,
-    )
+    );
+    if let Some(contexts) = sent_from.and_then(|sent_from| sent_from.contexts.as_deref()) {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        if let Some(ended) = &contexts.ended {
+            continue_context(&span, ended);
+        }
+        if let Some(resumes) = &contexts.resumes {
+            span.add_link(resumes.clone());
+        }
+    }
+    span
 }
 
 /// The span of one model call of the current turn, to `model` through `provider`; its usage
@@ -264,42 +279,86 @@ pub(crate) fn span_context(span: &Span) -> Option<SpanContext> {
     context.is_valid().then_some(context)
 }
 
-/// The span of a continuable child's settlement, under the call that opened its epoch
-/// (`epoch`, by context: that call has long returned); the settled notice is sent from it, so
-/// the parent's turn it wakes continues the epoch's trace. None when nothing records spans.
-pub(crate) fn settled_span(child: SessionId, epoch: Option<&SpanContext>) -> Span {
-    let Some(epoch) = epoch else {
-        return Span::none();
-    };
-    let span = tracing::info_span!(
-        parent: None,
-        "settled",
-        otel.name = "settled",
-        gen_ai.agent.id = %child,
-    );
-    continue_context(&span, epoch);
-    span
+/// Where a message was sent from, kept with it until a turn claims it: the sender's span
+/// while it lives, or the context of one that has ended (a settled notice comes from the
+/// call that opened the epoch, long returned); and, for the message a cold resume delivers,
+/// the epoch it resumes from, which the turn links to. Holding a context, unlike holding a
+/// span, does not keep the span open.
+#[derive(Debug)]
+pub(crate) struct SentFrom {
+    span: Span,
+    /// Boxed: most messages carry neither.
+    contexts: Option<Box<SentContexts>>,
 }
 
-/// The span of a cold resume of `child` under `sent_from` (the span the follow-up that found
-/// it absent was sent from), linked to the span of the settlement it resumes from when this
-/// runtime saw it.
-pub(crate) fn cold_resume_span(
-    sent_from: &Span,
-    child: SessionId,
-    settled: Option<SpanContext>,
-) -> Span {
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-    let span = tracing::info_span!(
-        parent: sent_from.id(),
-        "cold_resume",
-        otel.name = "cold_resume",
-        gen_ai.agent.id = %child,
-    );
-    if let Some(settled) = settled {
-        span.add_link(settled);
+#[derive(Debug, Default)]
+struct SentContexts {
+    ended: Option<SpanContext>,
+    resumes: Option<SpanContext>,
+}
+
+impl Default for SentFrom {
+    /// From nowhere traced.
+    fn default() -> Self {
+        Span::none().into()
     }
-    span
+}
+
+impl From<Span> for SentFrom {
+    fn from(span: Span) -> Self {
+        Self {
+            span,
+            contexts: None,
+        }
+    }
+}
+
+impl SentFrom {
+    /// Sent from a span that has ended, known by its context (none: from nowhere traced).
+    pub(crate) fn ended(context: Option<&SpanContext>) -> Self {
+        Self {
+            span: Span::none(),
+            contexts: context.map(|context| {
+                Box::new(SentContexts {
+                    ended: Some(context.clone()),
+                    resumes: None,
+                })
+            }),
+        }
+    }
+
+    /// The same, with the turn that claims it linked to `resumes` (the epoch a cold resume
+    /// resumes from).
+    pub(crate) fn resuming(mut self, resumes: Option<SpanContext>) -> Self {
+        if let Some(resumes) = resumes {
+            self.contexts.get_or_insert_default().resumes = Some(resumes);
+        }
+        self
+    }
+
+    /// Keeps only the context of a span an OpenTelemetry layer records, so that holding the
+    /// message does not hold its sender's span open (a `tracing` span stays open while
+    /// anything holds it, or while a span below it lives: a turn parented on it by `tracing`
+    /// would keep a follow-up's call open until the turn ends). A span nothing records that
+    /// way is kept: the turn is then its `tracing` child, as any subscriber sees it.
+    pub(crate) fn detached(self) -> Self {
+        match span_context(&self.span) {
+            Some(context) => {
+                let mut contexts = self.contexts.unwrap_or_default();
+                contexts.ended = Some(context);
+                Self {
+                    span: Span::none(),
+                    contexts: Some(contexts),
+                }
+            }
+            None => self,
+        }
+    }
+
+    /// Whether nothing traced sent it: nothing to keep.
+    pub(crate) fn is_none(&self) -> bool {
+        self.span.is_none() && self.contexts.is_none()
+    }
 }
 
 /// Marks a follow-up's answer on the span it was sent from.

@@ -577,7 +577,6 @@ pub struct CapturedSpan {
     pub fields: std::collections::BTreeMap<String, String>,
     pub span_id: opentelemetry::trace::SpanId,
     pub trace_id: opentelemetry::trace::TraceId,
-    pub start: std::time::SystemTime,
     pub end: std::time::SystemTime,
     /// Each event: its name and attributes as text.
     pub events: Vec<(String, std::collections::BTreeMap<String, String>)>,
@@ -658,7 +657,6 @@ impl SpanCapture {
                     .collect(),
                 span_id: span.span_context.span_id(),
                 trace_id: span.span_context.trace_id(),
-                start: span.start_time,
                 end: span.end_time,
                 events: span
                     .events

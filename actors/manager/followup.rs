@@ -8,8 +8,6 @@ use super::*;
 use crate::seam::child_run::recorded_policy;
 use std::time::Instant;
 
-use tracing::Instrument as _;
-
 /// How a follow-up was routed.
 pub(crate) enum Routed {
     /// Accepted with this id.
@@ -97,17 +95,11 @@ impl Handler<Followup> for ContinuationManager {
             lineage,
         };
         let metrics = self.agents.env().metrics.clone();
-        let span = crate::trace::cold_resume_span(
-            &msg.delivery.trace,
-            msg.child,
-            self.settled_traces.remove(&msg.child),
-        );
         Box::pin(async move {
             let _guard = guard;
             let began = metrics.as_ref().map(|_| Instant::now());
             let resumed = resume
                 .run(msg.parent, msg.child, msg.delivery, msg.token)
-                .instrument(span)
                 .await;
             if let (Some(metrics), Some(began)) = (metrics, began) {
                 metrics.cold_resume(&resumed, began);

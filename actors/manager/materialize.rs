@@ -290,10 +290,9 @@ impl Handler<Finished> for ContinuationManager {
             self.activity = None;
         }
         let terminal = msg.terminal;
-        let settled = crate::trace::settled_span(msg.child, resident.epoch_trace.as_deref());
-        self.remember_settled(msg.child, &settled);
+        self.remember_settled(msg.child, resident.epoch_trace.as_deref());
         let notice = if resident.announced {
-            self.notify_settlement(&resident, &terminal, settled, ctx)
+            self.notify_settlement(&resident, &terminal, ctx)
                 .map(|delivery| self.track_notice(delivery, ctx))
         } else {
             None

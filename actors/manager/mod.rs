@@ -106,6 +106,7 @@ use crate::seam::{
 };
 use crate::session::{CancelCause, InboxTarget, SessionLog};
 use crate::store::NodeIncarnation;
+use crate::trace::SentFrom;
 
 /// Something in flight that others wait for; resolves when it is over, whatever its outcome.
 pub(crate) type Signal = Shared<BoxFuture<'static, ()>>;
@@ -345,8 +346,9 @@ pub(crate) struct ContinuationManager {
     /// shutdown waits for them, so none is cut off by the registry closing.
     notices: HashMap<u64, Signal>,
     next_notice: u64,
-    /// The settlement spans of children that settled here, by context, while spans are
-    /// recorded: a cold resume links to the one it resumes from (at most
+    /// The contexts of the calls that opened the epochs of children that settled here, while
+    /// spans are recorded: the first turn of a cold resume links to the epoch it resumes from
+    /// (at most
     /// [`SETTLED_TRACES_KEPT`], so a long run with tracing on stays bounded).
     settled_traces: HashMap<SessionId, opentelemetry::trace::SpanContext>,
     closing: HashMap<SessionId, ClosingScope>,
@@ -457,11 +459,16 @@ impl ContinuationManager {
         }
     }
 
-    /// Keeps the context of `child`'s settlement span for the cold resume that may follow;
+    /// Keeps the context of the call that opened `child`'s settled epoch, for the cold resume
+    /// that may follow to link to;
     /// past [`SETTLED_TRACES_KEPT`] the oldest are forgotten wholesale (their resumes go
     /// unlinked).
-    fn remember_settled(&mut self, child: SessionId, settled: &tracing::Span) {
-        if let Some(context) = crate::trace::span_context(settled) {
+    fn remember_settled(
+        &mut self,
+        child: SessionId,
+        settled: Option<&opentelemetry::trace::SpanContext>,
+    ) {
+        if let Some(context) = settled.cloned() {
             if self.settled_traces.len() >= SETTLED_TRACES_KEPT {
                 self.settled_traces.clear();
             }
@@ -619,6 +626,9 @@ impl ContinuationManager {
         if token.is_cancelled() {
             return Err(cancelled());
         }
+        // A child that settled here and is submitted to again was cold-resumed: the turn its
+        // message opens links to the epoch it resumes from.
+        let resumes = self.settled_traces.remove(&child);
         let lineage = self.caller_lineage(child, parent);
         self.assert_admitting(&lineage)?;
         let resident = self.residents.get_mut(&child).ok_or_else(|| {
@@ -672,7 +682,7 @@ impl ContinuationManager {
             PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
             raise,
             may_repeat,
-            trace,
+            SentFrom::from(trace).resuming(resumes),
         );
         // An interrupt that came while this child was being resumed reaches the turn the
         // message just opened (or parks it, when the turn has not claimed it yet).

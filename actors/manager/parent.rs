@@ -36,7 +36,6 @@ impl ContinuationManager {
         &mut self,
         resident: &Resident,
         terminal: &Terminal,
-        settled: Span,
         ctx: &mut Context<Self>,
     ) -> Option<BoxFuture<'static, ()>> {
         let child = resident.agent.id();
@@ -49,7 +48,9 @@ impl ContinuationManager {
         let message = Message::user(content, source);
         match &resident.parent {
             ParentLink::Local(parent) => {
-                Some(self.post_settled_notice(child, parent, message, false, settled, ctx))
+                // From the call that opened the epoch, by its context: that call has returned.
+                let sent_from = SentFrom::ended(resident.epoch_trace.as_deref());
+                Some(self.post_settled_notice(child, parent, message, false, sent_from, ctx))
             }
             ParentLink::Remote(remote) => {
                 // A node that leaves hands its children of remote parents over (see
@@ -59,7 +60,10 @@ impl ContinuationManager {
                 } else {
                     crate::cluster::NoticeKind::Settled
                 };
-                let traceparent = crate::trace::traceparent_of(&settled);
+                let traceparent = resident
+                    .epoch_trace
+                    .as_deref()
+                    .and_then(crate::trace::traceparent_of_context);
                 Some(self.notify_remote(remote, child, message, (kind, traceparent)))
             }
         }
@@ -78,7 +82,7 @@ impl ContinuationManager {
         captured: &AgentRef,
         message: Message,
         may_repeat: bool,
-        trace: Span,
+        trace: SentFrom,
         ctx: &mut Context<Self>,
     ) -> BoxFuture<'static, ()> {
         let parent_lineage = self.lineage_of(captured);
@@ -177,14 +181,14 @@ impl ContinuationManager {
                             format!("the parent of continuable child {child} is not live"),
                         )
                     })?;
-                    live.post(message, target, None, may_repeat, trace)
+                    live.post(message, target, None, may_repeat, trace.into())
                         .await
                         .map_err(|error| parent_refused(child, &error))
                 }
                 .boxed());
             }
         };
-        let accepted = parent.post(message, target, None, may_repeat, trace);
+        let accepted = parent.post(message, target, None, may_repeat, trace.into());
         let manager = ctx.address();
         let parent_id = parent.id();
         Ok(async move {
@@ -245,7 +249,7 @@ async fn deliver_to_parent_session(
                         PostTarget::TurnOrStep,
                         None,
                         may_repeat,
-                        Span::none(),
+                        SentFrom::default(),
                     )
                     .await
                 {

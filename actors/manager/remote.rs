@@ -829,7 +829,7 @@ impl ContinuationManager {
         let (content, source) = settled_notice(child, &reason, None, None);
         let message = Message::user(content, source);
         let delivery =
-            self.post_settled_notice(child, parent, message, false, tracing::Span::none(), ctx);
+            self.post_settled_notice(child, parent, message, false, SentFrom::default(), ctx);
         tokio::spawn(delivery);
     }
 }

@@ -300,7 +300,7 @@ impl Handler<PlacedNotice> for ContinuationManager {
                 // Its node may ask again under the notice's id (an answer it did not get in
                 // time): the parent answers with the first acceptance.
                 let delivery =
-                    self.post_settled_notice(child, &captured, message, true, trace, ctx);
+                    self.post_settled_notice(child, &captured, message, true, trace.into(), ctx);
                 self.forget_remote(child, sender.node, ctx);
                 // Answered once delivered (or stored for a parent that is away).
                 Ok(async move {
