@@ -7,20 +7,22 @@
 //! | `subagents.children.resident` | up-down counter | continuable children resident now (one live Activation each) |
 //! | `subagents.activations.starting` | up-down counter | Activations being materialized now (a start or a cold resume) |
 //! | `subagents.activations.settling` | up-down counter | Activations tearing down now (between their epoch's end and the settled notice) |
-//! | `subagents.followups` | counter | follow-ups answered, by `subagents.outcome` (`accepted`, `refused`) and, refused, `error.type` (the `ErrorCode`) |
-//! | `subagents.cold_resumes` | counter | cold resumes of absent children, by outcome and `error.type` |
+//! | `subagents.followups` | counter | follow-ups answered: accepted, or refused with `error.type` (the `ErrorCode`) |
+//! | `subagents.cold_resumes` | counter | cold resumes of absent children (failed ones with `error.type`) |
 //! | `subagents.cold_resume.duration` | histogram (s) | from the follow-up that found the child absent to its acceptance |
-//! | `subagents.drains` | counter | `drain_continuable_descendants` calls, by outcome and `error.type` |
+//! | `subagents.drains` | counter | `drain_continuable_descendants` calls (failed ones with `error.type`) |
 //! | `subagents.drain.duration` | histogram (s) | each drain, until every descendant is released |
-//! | `subagents.store.append.duration` | histogram (s) | each append to the session store, by outcome |
+//! | `subagents.store.append.duration` | histogram (s) | each append to the session store (failed ones with `error.type`) |
 //! | `subagents.store.flush.duration` | histogram (s) | each flush (a durability point: an fsync, a commit) |
 //! | `subagents.lease.takeovers` | counter | session leases granted over a lapsed holder (expired, gone, or its node declared dead) |
 //! | `subagents.cluster.deliveries.in_flight` | up-down counter | operations sent to another node and not yet answered |
-//! | `subagents.cluster.delivery.duration` | histogram (s) | from sending an operation to its answer, by `subagents.operation` and outcome |
+//! | `subagents.cluster.delivery.duration` | histogram (s) | from sending an operation to its answer, by `subagents.operation` (`start`, `follow-up`, `interrupt`, `notify`, `release`); unanswered ones with `error.type` (an `ErrorCode`, or `ABANDONED` when the sender stopped waiting) |
 //!
-//! The names follow OpenTelemetry's conventions (dotted, `error.type` for a failure's code,
-//! seconds for durations); a Prometheus exporter writes them with underscores and suffixes
-//! (`subagents_followups_total`, `subagents_store_append_duration_seconds_bucket`).
+//! The names follow OpenTelemetry's conventions (dotted, `error.type` on a failure only, its
+//! code, seconds for durations); a Prometheus exporter writes them with underscores and
+//! suffixes (`subagents_followups_total`, `subagents_store_append_duration_seconds_bucket`,
+//! `error_type`). A success carries no attribute, the cheapest measurement the SDK makes: a
+//! metered store records one per append.
 
 use std::time::Instant;
 
@@ -36,8 +38,8 @@ const LATENCY_BOUNDARIES: [f64; 18] = [
     1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// The attribute naming an operation's outcome.
-const OUTCOME: &str = "subagents.outcome";
+/// The attribute naming a failure's code.
+const ERROR_TYPE: &str = "error.type";
 
 /// The attribute naming the operation a delivery carried.
 const OPERATION: &str = "subagents.operation";
@@ -249,24 +251,22 @@ impl Drop for DeliveryInFlight<'_> {
             self.metrics.delivery_duration.record(
                 self.began.elapsed().as_secs_f64(),
                 &[
-                    KeyValue::new(OUTCOME, "abandoned"),
                     KeyValue::new(OPERATION, self.operation),
+                    KeyValue::new(ERROR_TYPE, "ABANDONED"),
                 ],
             );
         }
     }
 }
 
-/// Records with the outcome attributes of `answer` (accepted, or refused with its error
-/// code) and `extra`, built on the stack: a metered store records one per append.
+/// Records with `extra` and, for a failed `answer`, its error code as `error.type`; a success
+/// without `extra` carries no attribute. Built on the stack.
 fn with_outcome<T>(answer: &Result<T>, extra: Option<KeyValue>, record: impl FnOnce(&[KeyValue])) {
-    let code = |error: &SubagentError| KeyValue::new("error.type", error.code().as_str());
+    let code = |error: &SubagentError| KeyValue::new(ERROR_TYPE, error.code().as_str());
     match (answer, extra) {
-        (Ok(_), None) => record(&[KeyValue::new(OUTCOME, "accepted")]),
-        (Ok(_), Some(extra)) => record(&[KeyValue::new(OUTCOME, "accepted"), extra]),
-        (Err(error), None) => record(&[KeyValue::new(OUTCOME, "refused"), code(error)]),
-        (Err(error), Some(extra)) => {
-            record(&[KeyValue::new(OUTCOME, "refused"), code(error), extra]);
-        }
+        (Ok(_), None) => record(&[]),
+        (Ok(_), Some(extra)) => record(&[extra]),
+        (Err(error), None) => record(&[code(error)]),
+        (Err(error), Some(extra)) => record(&[extra, code(error)]),
     }
 }
