@@ -15,7 +15,7 @@ use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig as _};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use tracing_subscriber::Layer;
 
@@ -87,6 +87,10 @@ fn any_set(names: &[&str]) -> bool {
         .iter()
         .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()))
 }
+
+/// How many finished spans wait for export before more are dropped (unless
+/// `OTEL_BSP_MAX_QUEUE_SIZE` says): two seconds of a load run's spans, tens of MiB at most.
+const SPAN_QUEUE: usize = 65_536;
 
 /// What a command records its runtime's metrics with, once [`Telemetry::start`] set it up.
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -233,8 +237,18 @@ fn span_provider(
         builder = builder.with_endpoint(endpoint);
     }
     let exporter = builder.build().map_err(|error| invalid("span", error))?;
+    // The SDK's default queue (2,048 spans) is under a tenth of a second of a load run's
+    // spans (about 30,000/s): a burst the exporter's thread falls behind on would overflow
+    // it, and what overflows is dropped, a trace with holes. The standard variable decides.
+    let mut batching = BatchConfigBuilder::default();
+    if std::env::var_os("OTEL_BSP_MAX_QUEUE_SIZE").is_none() {
+        batching = batching.with_max_queue_size(SPAN_QUEUE);
+    }
+    let processor = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(batching.build())
+        .build();
     Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
+        .with_span_processor(processor)
         .with_resource(resource)
         .build())
 }
