@@ -361,78 +361,51 @@ impl SentFrom {
     }
 }
 
+/// An event `$name` on `$parent` recording a call's answer about `$child`: accepted (with
+/// the id of the message it sent, when it sent one), or refused with its code.
+macro_rules! answered {
+    ($name:literal, $parent:expr, $child:expr, $answer:expr) => {
+        match $answer {
+            Ok(message) => tracing::event!(
+                name: $name,
+                parent: $parent,
+                tracing::Level::INFO,
+                subagents.child = %$child,
+                subagents.message.id = message.map(tracing::field::display),
+                subagents.outcome = "accepted",
+            ),
+            Err(error) => tracing::event!(
+                name: $name,
+                parent: $parent,
+                tracing::Level::INFO,
+                subagents.child = %$child,
+                subagents.outcome = "refused",
+                error.type = error.code().as_str(),
+            ),
+        }
+    };
+}
+
 /// Marks a follow-up's answer on the span it was sent from.
 pub(crate) fn followup_event(sent_from: &Span, child: SessionId, answer: &Result<MessageId>) {
-    if sent_from.is_disabled() {
-        return;
-    }
-    match answer {
-        Ok(message) => tracing::event!(
-            name: "followup",
-            parent: sent_from,
-            tracing::Level::INFO,
-            subagents.child = %child,
-            subagents.message.id = %message,
-            subagents.outcome = "accepted",
-        ),
-        Err(error) => tracing::event!(
-            name: "followup",
-            parent: sent_from,
-            tracing::Level::INFO,
-            subagents.child = %child,
-            subagents.outcome = "refused",
-            error.type = error.code().as_str(),
-        ),
+    if !sent_from.is_disabled() {
+        answered!("followup", sent_from, child, answer.as_ref().map(Some));
     }
 }
 
 /// Marks an interrupt's answer on the span current where it was asked for.
 pub(crate) fn interrupt_event(target: SessionId, answer: &Result<()>) {
     let current = Span::current();
-    if current.is_disabled() {
-        return;
-    }
-    match answer {
-        Ok(()) => tracing::event!(
-            name: "interrupt",
-            parent: &current,
-            tracing::Level::INFO,
-            subagents.child = %target,
-            subagents.outcome = "accepted",
-        ),
-        Err(error) => tracing::event!(
-            name: "interrupt",
-            parent: &current,
-            tracing::Level::INFO,
-            subagents.child = %target,
-            subagents.outcome = "refused",
-            error.type = error.code().as_str(),
-        ),
+    if !current.is_disabled() {
+        let answer = answer.as_ref().map(|()| None::<&MessageId>);
+        answered!("interrupt", &current, target, answer);
     }
 }
 
 /// Marks a report's answer on the span it was sent from.
 pub(crate) fn report_event(sent_from: &Span, child: SessionId, answer: &Result<MessageId>) {
-    if sent_from.is_disabled() {
-        return;
-    }
-    match answer {
-        Ok(message) => tracing::event!(
-            name: "report",
-            parent: sent_from,
-            tracing::Level::INFO,
-            subagents.child = %child,
-            subagents.message.id = %message,
-            subagents.outcome = "accepted",
-        ),
-        Err(error) => tracing::event!(
-            name: "report",
-            parent: sent_from,
-            tracing::Level::INFO,
-            subagents.child = %child,
-            subagents.outcome = "refused",
-            error.type = error.code().as_str(),
-        ),
+    if !sent_from.is_disabled() {
+        answered!("report", sent_from, child, answer.as_ref().map(Some));
     }
 }
 

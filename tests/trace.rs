@@ -587,11 +587,12 @@ fn a_start_and_a_follow_up_served_by_another_node_continue_the_senders_trace() {
     }
 }
 
-// Issue #19 item 1: an interrupt is an event on the span it was asked from, accepted or
-// refused with its code.
-#[actix_rt::test]
-async fn an_interrupt_is_an_event_on_the_span_it_was_asked_from() {
-    let capture = SpanCapture::start();
+/// A runtime whose first model call holds at the returned gate, and a root parent on it.
+async fn held_first_turn() -> (
+    subagents::Runtime,
+    subagents::AgentHandle,
+    subagents::testing::Gate,
+) {
     let model =
         subagents::testing::ScriptedModel::repeating(subagents::testing::ScriptStep::text("ok"));
     let gate = subagents::testing::Gate::new();
@@ -602,6 +603,15 @@ async fn an_interrupt_is_an_event_on_the_span_it_was_asked_from() {
     )
     .await;
     let parent = crate::support::root(&rt).await;
+    (rt, parent, gate)
+}
+
+// Issue #19 item 1: an interrupt is an event on the span it was asked from, accepted or
+// refused with its code.
+#[actix_rt::test]
+async fn an_interrupt_is_an_event_on_the_span_it_was_asked_from() {
+    let capture = SpanCapture::start();
+    let (rt, parent, gate) = held_first_turn().await;
     let child = crate::support::start_continuable(&rt, parent.agent(), "task")
         .await
         .child_id;
@@ -701,16 +711,7 @@ fn an_interrupt_served_by_another_node_continues_the_senders_trace() {
 #[actix_rt::test]
 async fn a_start_calls_span_ends_while_the_epoch_it_opened_runs_on() {
     let capture = SpanCapture::start();
-    let model =
-        subagents::testing::ScriptedModel::repeating(subagents::testing::ScriptStep::text("ok"));
-    let gate = subagents::testing::Gate::new();
-    model.push(subagents::testing::ScriptStep::text("held").gated(&gate));
-    let rt = crate::support::seam_runtime_on(
-        subagents::Runtime::builder().model("scripted", model),
-        std::sync::Arc::new(subagents::MemoryStore::new()),
-    )
-    .await;
-    let parent = crate::support::root(&rt).await;
+    let (rt, parent, gate) = held_first_turn().await;
     let host = tracing::info_span!(target: "subagents::trace", "host");
     let child = crate::support::start_continuable(&rt, parent.agent(), "task")
         .instrument(host.clone())
