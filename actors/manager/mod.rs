@@ -628,7 +628,9 @@ impl ContinuationManager {
         }
         // A child that settled here and is submitted to again was cold-resumed: the turn its
         // message opens links to the epoch it resumes from.
-        let resumes = self.settled_traces.remove(&child);
+        let resumes = (!self.settled_traces.is_empty())
+            .then(|| self.settled_traces.remove(&child))
+            .flatten();
         let lineage = self.caller_lineage(child, parent);
         self.assert_admitting(&lineage)?;
         let resident = self.residents.get_mut(&child).ok_or_else(|| {
