@@ -901,7 +901,10 @@ impl Subagents {
         parents: &[AgentRef],
     ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
         let span = crate::trace::drain_span(parents.len());
-        let request = self.manager.send(DrainDescendants(parents.to_vec()));
+        let request = self.manager.send(DrainDescendants {
+            parents: parents.to_vec(),
+            trace: span.clone(),
+        });
         let metrics = self.agents.env().metrics.clone();
         async move {
             let began = metrics.as_ref().map(|_| std::time::Instant::now());

@@ -81,7 +81,13 @@ pub(crate) enum RemoteOp {
         traceparent: Option<String>,
     },
     /// Release a child placed by a parent on the sender (its parent is being released).
-    Release { parent: SessionId, child: SessionId },
+    Release {
+        parent: SessionId,
+        child: SessionId,
+        /// The W3C trace context of the drain or the parent's epoch that releases it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
+    },
 }
 
 impl RemoteOp {

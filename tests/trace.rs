@@ -654,23 +654,17 @@ async fn an_interrupt_is_an_event_on_the_span_it_was_asked_from() {
     );
 }
 
-// Issue #19 item 2: an interrupt of a child on another node is served there in the trace of
-// the span it was asked from.
-#[test]
-fn an_interrupt_served_by_another_node_continues_the_senders_trace() {
-    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
-    let collector = Collector::start();
-    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+/// Two nodes exporting to `endpoint`: B holds every turn, and A drives one root whose one
+/// child is placed on B (mid-turn there once A's `round 1` line is read).
+fn driving_a_child_held_on_b(url: &str, endpoint: &str) -> (NodeProcess, NodeProcess) {
     let json = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")];
-    // B holds every turn, so the child is mid-turn on B when A interrupts it.
-    let mut b =
-        NodeProcess::start_with_env(&url, "b", &["--otlp-endpoint", &endpoint, "--hold"], &json);
-    let mut a = NodeProcess::start_with_env(
-        &url,
+    let b = NodeProcess::start_with_env(url, "b", &["--otlp-endpoint", endpoint, "--hold"], &json);
+    let a = NodeProcess::start_with_env(
+        url,
         "a",
         &[
             "--otlp-endpoint",
-            &endpoint,
+            endpoint,
             "--drive",
             "1",
             "--children",
@@ -681,6 +675,17 @@ fn an_interrupt_served_by_another_node_continues_the_senders_trace() {
         &json,
     );
     a.lines_until("round 1");
+    (a, b)
+}
+
+// Issue #19 item 2: an interrupt of a child on another node is served there in the trace of
+// the span it was asked from.
+#[test]
+fn an_interrupt_served_by_another_node_continues_the_senders_trace() {
+    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
+    let collector = Collector::start();
+    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    let (mut a, mut b) = driving_a_child_held_on_b(&url, &endpoint);
     a.tell("interrupt");
     let interrupted = a.lines_until("interrupted 1");
     assert!(
@@ -739,4 +744,34 @@ async fn a_start_calls_span_ends_while_the_epoch_it_opened_runs_on() {
         .unwrap();
     assert_eq!(turn.trace_id, host.trace_id);
     assert!(host.end <= turn.end);
+}
+
+// Issue #19 item 2: a drain's releases of children on another node are served there in the
+// drain's trace.
+#[test]
+fn a_drains_release_served_by_another_node_continues_the_drains_trace() {
+    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
+    let collector = Collector::start();
+    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    let (mut a, mut b) = driving_a_child_held_on_b(&url, &endpoint);
+    a.tell("drain");
+    let drained = a.lines_until("drained 1");
+    assert!(
+        !drained.iter().any(|line| line.starts_with("drain-failed")),
+        "{drained:?}"
+    );
+    a.tell("quit");
+    assert!(a.wait().success(), "{}", a.errors());
+    b.signal("-TERM");
+    assert!(b.wait().success(), "{}", b.errors());
+    let spans = collector.spans();
+    let named = |name: &str| -> Vec<&serde_json::Value> {
+        spans.iter().filter(|span| span["name"] == name).collect()
+    };
+    let drain = named("drain");
+    assert_eq!(drain.len(), 1, "{spans:#?}");
+    let served = named("serve release");
+    assert_eq!(served.len(), 1, "{spans:#?}");
+    assert_eq!(served[0]["traceId"], drain[0]["traceId"]);
+    assert_eq!(served[0]["parentSpanId"], drain[0]["spanId"]);
 }

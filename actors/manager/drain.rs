@@ -46,14 +46,19 @@ impl ContinuationManager {
 /// Closes admission below the exact live parents and disposes their continuable descendants.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
-pub(crate) struct DrainDescendants(pub(crate) Vec<AgentRef>);
+pub(crate) struct DrainDescendants {
+    pub(crate) parents: Vec<AgentRef>,
+    /// The drain's span: the releases it sends other nodes continue its trace.
+    pub(crate) trace: tracing::Span,
+}
 
 impl Handler<DrainDescendants> for ContinuationManager {
     type Result = ResponseFuture<Result<()>>;
 
     fn handle(&mut self, msg: DrainDescendants, ctx: &mut Context<Self>) -> Self::Result {
         // Stale copies are ignored: they cannot close a live same-id agent's forest.
-        let roots: Vec<AgentRef> = msg.0.into_iter().filter(AgentRef::is_alive).collect();
+        let roots: Vec<AgentRef> = msg.parents.into_iter().filter(AgentRef::is_alive).collect();
+        let traceparent = crate::trace::traceparent_of(&msg.trace);
         let root_ids: Vec<SessionId> = roots.iter().map(AgentRef::id).collect();
         for root in roots {
             self.closing
@@ -98,7 +103,7 @@ impl Handler<DrainDescendants> for ContinuationManager {
                     .filter(|m| m.lineage.contains(root))
                     .map(|m| m.over.clone())
                     .collect(),
-                branches: self.release_remote_below(Some(&[*root]), ctx),
+                branches: self.release_remote_below(Some(&[*root]), traceparent.as_deref(), ctx),
             })
             .collect();
         // Children no node holds below a root (handed over, or left by a stopped node): their
@@ -245,7 +250,7 @@ impl Handler<DrainRoots> for ContinuationManager {
             .collect();
         placed.sort_unstable();
         for (child, parent) in placed {
-            if let Some(release) = self.release_remote(child, ctx) {
+            if let Some(release) = self.release_remote(child, None, ctx) {
                 let share = share_of(parent, &mut shares);
                 shares[share].branches.push(release);
             }

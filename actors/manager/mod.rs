@@ -745,11 +745,16 @@ impl ContinuationManager {
         // must exist before any other work is opened.
         let (done, over) = signal();
         resident.disposal = Some(over.map(|()| Ok(())).boxed().shared());
+        // A child placed on another node is released in the trace of this child's epoch.
+        let traceparent = resident
+            .epoch_trace
+            .as_deref()
+            .and_then(crate::trace::traceparent_of_context);
         let children: Vec<Disposal> = owned
             .into_iter()
             .filter_map(|owned| {
                 self.open_disposal(owned, ctx)
-                    .or_else(|| self.release_remote(owned, ctx))
+                    .or_else(|| self.release_remote(owned, traceparent.as_deref(), ctx))
             })
             .collect();
         let manager = ctx.address();

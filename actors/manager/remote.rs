@@ -157,7 +157,11 @@ pub(super) fn release_unrecorded(
             if known.contains(&child) || holder.node == cluster.node() {
                 continue;
             }
-            let op = RemoteOp::Release { parent, child };
+            let op = RemoteOp::Release {
+                parent,
+                child,
+                traceparent: None,
+            };
             match cluster.ask::<bool>(holder.node, child, &op).await {
                 // Its node stopped meanwhile: it holds nothing any more.
                 Err(error) if error.code() != ErrorCode::SessionLeased => return Err(error),
@@ -383,6 +387,7 @@ impl ContinuationManager {
     pub(super) fn release_remote(
         &mut self,
         child: SessionId,
+        traceparent: Option<&str>,
         ctx: &Context<Self>,
     ) -> Option<Disposal> {
         let cluster = self.cluster.clone()?;
@@ -393,11 +398,16 @@ impl ContinuationManager {
             return Some(release.clone());
         }
         let (node, parent, starting) = (record.node, record.parent.id(), record.starting.clone());
+        let traceparent = traceparent.map(str::to_owned);
         let release: Disposal = async move {
             if let Some(starting) = starting {
                 starting.await;
             }
-            let op = RemoteOp::Release { parent, child };
+            let op = RemoteOp::Release {
+                parent,
+                child,
+                traceparent,
+            };
             // Not released there (its node stopped, or the node does not hold it: it settled
             // there, or was restarted since): what the child accepted and did not run may wait
             // in its log, and the release discards it from here, as it would have there. An
@@ -434,6 +444,7 @@ impl ContinuationManager {
     pub(super) fn release_remote_below(
         &mut self,
         roots: Option<&[SessionId]>,
+        traceparent: Option<&str>,
         ctx: &Context<Self>,
     ) -> Vec<Disposal> {
         let mut children: Vec<SessionId> = self
@@ -451,7 +462,7 @@ impl ContinuationManager {
         children.sort_unstable();
         children
             .into_iter()
-            .filter_map(|child| self.release_remote(child, ctx))
+            .filter_map(|child| self.release_remote(child, traceparent, ctx))
             .collect()
     }
 

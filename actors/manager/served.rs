@@ -454,21 +454,30 @@ async fn serve(
             .instrument(served)
             .await
         }
-        RemoteOp::Release { parent, child } => {
-            authorize(cluster, parent, sender).await?;
-            let release = manager
-                .send(PlacedRelease { parent, child })
-                .await
-                .map_err(SubagentError::from)??;
-            // Answered whether the child was resident here.
-            let Some(release) = release else {
-                return encode_answer(&false);
-            };
-            // The child's release may wait on releases on other nodes: this delivery holds no
-            // serving slot meanwhile.
-            crate::store::deliveries::yield_slot();
-            release.await?;
-            encode_answer(&true)
+        RemoteOp::Release {
+            parent,
+            child,
+            traceparent,
+        } => {
+            let served = crate::trace::served_span("serve release", traceparent.as_deref());
+            async {
+                authorize(cluster, parent, sender).await?;
+                let release = manager
+                    .send(PlacedRelease { parent, child })
+                    .await
+                    .map_err(SubagentError::from)??;
+                // Answered whether the child was resident here.
+                let Some(release) = release else {
+                    return encode_answer(&false);
+                };
+                // The child's release may wait on releases on other nodes: this delivery holds
+                // no serving slot meanwhile.
+                crate::store::deliveries::yield_slot();
+                release.await?;
+                encode_answer(&true)
+            }
+            .instrument(served)
+            .await
         }
         RemoteOp::Notify {
             parent,
