@@ -348,8 +348,7 @@ pub(crate) struct ContinuationManager {
     next_notice: u64,
     /// The contexts of the calls that opened the epochs of children that settled here, while
     /// spans are recorded: the first turn of a cold resume links to the epoch it resumes from
-    /// (at most
-    /// [`SETTLED_TRACES_KEPT`], so a long run with tracing on stays bounded).
+    /// (at most [`SETTLED_TRACES_KEPT`], so a long run with tracing on stays bounded).
     settled_traces: HashMap<SessionId, opentelemetry::trace::SpanContext>,
     closing: HashMap<SessionId, ClosingScope>,
     draining: bool,
@@ -460,9 +459,8 @@ impl ContinuationManager {
     }
 
     /// Keeps the context of the call that opened `child`'s settled epoch, for the cold resume
-    /// that may follow to link to;
-    /// past [`SETTLED_TRACES_KEPT`] the oldest are forgotten wholesale (their resumes go
-    /// unlinked).
+    /// that may follow to link to; past [`SETTLED_TRACES_KEPT`] all kept so far are forgotten
+    /// at once (their resumes go unlinked).
     fn remember_settled(
         &mut self,
         child: SessionId,
