@@ -374,13 +374,7 @@ fn a_node_serves_its_metrics_in_prometheus_text() {
 #[test]
 fn the_demo_exports_its_metrics_over_otlp() {
     let collector = Collector::start();
-    let demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args(["demo", "--store", "memory", "--otlp-endpoint"])
-        .arg(format!("http://127.0.0.1:{}", collector.port))
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
-        .output()
-        .unwrap();
-    assert!(demo.status.success(), "{demo:?}");
+    collector.demo(&[]);
     let metrics = collector.metrics();
     let named = |name: &str| {
         metrics

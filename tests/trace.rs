@@ -232,19 +232,7 @@ async fn with_content_opted_in_model_and_tool_calls_carry_their_messages() {
 #[test]
 fn the_demo_exports_content_only_when_asked() {
     let collector = Collector::start();
-    let demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args([
-            "demo",
-            "--store",
-            "memory",
-            "--trace-content",
-            "--otlp-endpoint",
-        ])
-        .arg(format!("http://127.0.0.1:{}", collector.port))
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
-        .output()
-        .unwrap();
-    assert!(demo.status.success(), "{demo:?}");
+    collector.demo(&["--trace-content"]);
     let spans = collector.spans();
     let inputs: Vec<String> = spans
         .iter()
@@ -281,6 +269,20 @@ impl Collector {
             }
         });
         Self { port, received }
+    }
+
+    /// Runs `subagents demo --store memory` with `extra` flags, exporting OTLP JSON here, and
+    /// waits for it to succeed (it exports what it batched before it exits).
+    pub(crate) fn demo(&self, extra: &[&str]) {
+        let demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+            .args(["demo", "--store", "memory"])
+            .args(extra)
+            .arg("--otlp-endpoint")
+            .arg(format!("http://127.0.0.1:{}", self.port))
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+            .output()
+            .unwrap();
+        assert!(demo.status.success(), "{demo:?}");
     }
 
     /// Every span exported, decoded from OTLP's JSON encoding.
@@ -379,13 +381,7 @@ fn attribute(span: &serde_json::Value, key: &str) -> Option<String> {
 #[test]
 fn the_demo_exports_its_delegation_tree_as_one_trace_over_otlp() {
     let collector = Collector::start();
-    let demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args(["demo", "--store", "memory", "--otlp-endpoint"])
-        .arg(format!("http://127.0.0.1:{}", collector.port))
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
-        .output()
-        .unwrap();
-    assert!(demo.status.success(), "{demo:?}");
+    collector.demo(&[]);
     // The process exported what it batched before it exited.
     let spans = collector.spans();
     let traces: std::collections::BTreeSet<&str> = spans
@@ -678,22 +674,15 @@ fn driving_a_child_held_on_b(url: &str, endpoint: &str) -> (NodeProcess, NodePro
     (a, b)
 }
 
-// Issue #19 item 2: an interrupt of a child on another node is served there in the trace of
-// the span it was asked from.
-#[test]
-fn an_interrupt_served_by_another_node_continues_the_senders_trace() {
-    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
-    let collector = Collector::start();
-    let endpoint = format!("http://127.0.0.1:{}", collector.port);
-    let (mut a, mut b) = driving_a_child_held_on_b(&url, &endpoint);
-    a.tell("interrupt");
-    let interrupted = a.lines_until("interrupted 1");
-    assert!(
-        !interrupted
-            .iter()
-            .any(|line| line.starts_with("interrupt-refused")),
-        "{interrupted:?}"
-    );
+/// Stops both nodes, then checks that B served exactly one `served` span, directly under A's
+/// one `sender` span, in its trace.
+fn served_under(
+    mut a: NodeProcess,
+    mut b: NodeProcess,
+    collector: &Collector,
+    sender: &str,
+    served: &str,
+) {
     a.tell("quit");
     assert!(a.wait().success(), "{}", a.errors());
     b.signal("-TERM");
@@ -702,12 +691,30 @@ fn an_interrupt_served_by_another_node_continues_the_senders_trace() {
     let named = |name: &str| -> Vec<&serde_json::Value> {
         spans.iter().filter(|span| span["name"] == name).collect()
     };
-    let drive = named("subagents node drive");
-    assert_eq!(drive.len(), 1, "{spans:#?}");
-    let served = named("serve interrupt");
+    let (sent, served) = (named(sender), named(served));
+    assert_eq!(sent.len(), 1, "{spans:#?}");
     assert_eq!(served.len(), 1, "{spans:#?}");
-    assert_eq!(served[0]["traceId"], drive[0]["traceId"]);
-    assert_eq!(served[0]["parentSpanId"], drive[0]["spanId"]);
+    assert_eq!(served[0]["traceId"], sent[0]["traceId"]);
+    assert_eq!(served[0]["parentSpanId"], sent[0]["spanId"]);
+}
+
+// Issue #19 item 2: an interrupt of a child on another node is served there in the trace of
+// the span it was asked from.
+#[test]
+fn an_interrupt_served_by_another_node_continues_the_senders_trace() {
+    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
+    let collector = Collector::start();
+    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    let (mut a, b) = driving_a_child_held_on_b(&url, &endpoint);
+    a.tell("interrupt");
+    let interrupted = a.lines_until("interrupted 1");
+    assert!(
+        !interrupted
+            .iter()
+            .any(|line| line.starts_with("interrupt-refused")),
+        "{interrupted:?}"
+    );
+    served_under(a, b, &collector, "subagents node drive", "serve interrupt");
 }
 
 // Issue #19 item 1: the span a continuable start was called from ends when its caller is done
@@ -729,7 +736,7 @@ async fn a_start_calls_span_ends_while_the_epoch_it_opened_runs_on() {
         .iter()
         .find(|span| span.name == "host")
         .unwrap_or_else(|| panic!("the host's span ended: {spans:#?}"));
-    // The held turn is still open, and already a child of the host's span.
+    // The held turn is still open: nothing of it is exported yet.
     assert!(!spans
         .iter()
         .any(|span| span.fields.get("gen_ai.agent.id") == Some(&child.to_string())));
@@ -753,25 +760,12 @@ fn a_drains_release_served_by_another_node_continues_the_drains_trace() {
     let url = crate::support::postgres::postgres_or_skip!().fresh_database();
     let collector = Collector::start();
     let endpoint = format!("http://127.0.0.1:{}", collector.port);
-    let (mut a, mut b) = driving_a_child_held_on_b(&url, &endpoint);
+    let (mut a, b) = driving_a_child_held_on_b(&url, &endpoint);
     a.tell("drain");
     let drained = a.lines_until("drained 1");
     assert!(
         !drained.iter().any(|line| line.starts_with("drain-failed")),
         "{drained:?}"
     );
-    a.tell("quit");
-    assert!(a.wait().success(), "{}", a.errors());
-    b.signal("-TERM");
-    assert!(b.wait().success(), "{}", b.errors());
-    let spans = collector.spans();
-    let named = |name: &str| -> Vec<&serde_json::Value> {
-        spans.iter().filter(|span| span["name"] == name).collect()
-    };
-    let drain = named("drain");
-    assert_eq!(drain.len(), 1, "{spans:#?}");
-    let served = named("serve release");
-    assert_eq!(served.len(), 1, "{spans:#?}");
-    assert_eq!(served[0]["traceId"], drain[0]["traceId"]);
-    assert_eq!(served[0]["parentSpanId"], drain[0]["spanId"]);
+    served_under(a, b, &collector, "drain", "serve release");
 }
