@@ -127,6 +127,9 @@ pub struct AgentActor {
     /// Set when the release hands the session over (its node leaves the cluster): what is
     /// pending stays in the log, unclaimed, for whoever resumes the session next.
     handing_over: bool,
+    /// Set once this incarnation opened a turn: its first turn links back to the last one the
+    /// session ran before it was resumed (see [`crate::trace::link_resumed`]).
+    opened_a_turn: bool,
     /// The span each pending message was sent from, while a subscriber records spans: the turn
     /// that claims a message continues its sender's trace (see [`crate::trace`]). Boxed and
     /// made on the first such message: every resident child carries this field.
@@ -189,6 +192,7 @@ impl AgentActor {
             identity,
             releasing: false,
             handing_over: false,
+            opened_a_turn: false,
             trace_parents: None,
             id: log.id(),
             log,
@@ -343,6 +347,9 @@ impl AgentActor {
             }
         }
         let span = crate::trace::turn_span(sent_from.as_ref(), self.id, turn);
+        if !std::mem::replace(&mut self.opened_a_turn, true) {
+            crate::trace::link_resumed(&span, &self.log);
+        }
         let cancel = TurnCancel::new();
         self.state.turn_started(turn, cancel.clone());
         // One address for both (each `ctx.address()` allocates a sender).

@@ -53,6 +53,7 @@ fn turn(seq: u64, turn: u64) -> Vec<Arc<SessionEvent>> {
         EventKind::TurnEnd {
             turn,
             reason: TurnEndReason::Completed,
+            traceparent: None,
         },
     ]
     .into_iter()

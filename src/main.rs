@@ -657,7 +657,7 @@ fn wire_name(value: &impl serde::Serialize, field: &str) -> String {
 fn describe(event: &SessionEvent) -> String {
     let detail = match &event.kind {
         EventKind::TurnStart { turn } => format!("turn {turn}"),
-        EventKind::TurnEnd { turn, reason } => {
+        EventKind::TurnEnd { turn, reason, .. } => {
             format!("turn {turn}: {}", wire_name(reason, "kind"))
         }
         EventKind::StepStart { turn, step } | EventKind::StepEnd { turn, step } => {

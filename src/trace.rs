@@ -7,8 +7,9 @@
 //! current where `Subagents::start` was called), a continuable child's epoch under the span of
 //! the start or follow-up that opened it, cold resume included; a parent's turn woken by a
 //! child's report runs under the child's `report` call, and one woken by a settled notice
-//! under the call that opened the settled epoch. The first turn of a cold resume links to the
-//! call that opened the epoch it resumes from, when this runtime saw that epoch end.
+//! under the call that opened the settled epoch. The first turn of a resumed session (a
+//! continuable child's cold resume, on any node or after a restart) links to the last turn it
+//! ran before, whose `turn/end` keeps that turn's `traceparent`.
 //! Follow-ups, interrupts and reports are events (`followup`, `interrupt`, `report`) on the
 //! span they were sent from, with their outcome and, refused, their `error.type`; a drain is
 //! a `drain` span. A delegation tree is one trace.
@@ -52,25 +53,48 @@ use crate::session::TokenUsage;
 /// The span of turn `turn` of agent `agent`, under `sent_from` (where its first claimed
 /// message was sent from), or a root of its own.
 pub(crate) fn turn_span(sent_from: Option<&SentFrom>, agent: SessionId, turn: u64) -> Span {
+    // Written out once, on the stack: a `%agent` field would format it once per field.
+    let mut id = uuid::Uuid::encode_buffer();
+    let id: &str = agent.as_uuid().hyphenated().encode_lower(&mut id);
     let span = tracing::info_span!(
         parent: sent_from.and_then(|sent_from| sent_from.span.id()),
         "invoke_agent",
         otel.name = "invoke_agent",
         gen_ai.operation.name = "invoke_agent",
-        gen_ai.agent.id = %agent,
-        gen_ai.conversation.id = %agent,
-        subagents.turn = turn,
+        gen_ai.agent.id = id,
+        gen_ai.conversation.id = id,
+        subagents.turn = integer(turn),
     );
-    if let Some(contexts) = sent_from.and_then(|sent_from| sent_from.contexts.as_deref()) {
-        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        if let Some(ended) = &contexts.ended {
-            continue_context(&span, ended);
-        }
-        if let Some(resumes) = &contexts.resumes {
-            span.add_link(resumes.clone());
-        }
+    if let Some(ended) = sent_from.and_then(|sent_from| sent_from.ended.as_deref()) {
+        continue_context(&span, ended);
     }
     span
+}
+
+/// Links `span`, the first turn of this incarnation of the session `log` records, to the last
+/// turn the session ran before it, by the `traceparent` that turn's `turn/end` keeps: a cold
+/// resume links back to the epoch it resumes from, wherever that epoch ran. A fresh session
+/// has no such turn (a fork's seed is its parent's), and a span nothing records links to
+/// nothing, at the cost of a check.
+pub(crate) fn link_resumed(span: &Span, log: &crate::session::SessionLog) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if span_context(span).is_none() {
+        return;
+    }
+    let last = log.with_own_events(|events| {
+        events
+            .filter_map(|event| match &event.kind {
+                crate::session::EventKind::TurnEnd {
+                    traceparent: Some(traceparent),
+                    ..
+                } => Some(traceparent.clone()),
+                _ => None,
+            })
+            .last()
+    });
+    if let Some(context) = last.as_deref().and_then(remote_context) {
+        span.add_link(context);
+    }
 }
 
 /// The span of one model call of the current turn, to `model` through `provider`; its usage
@@ -78,14 +102,19 @@ pub(crate) fn turn_span(sent_from: Option<&SentFrom>, agent: SessionId, turn: u6
 pub(crate) fn chat_span(provider: &str, model: &str, step: u64) -> Span {
     // A route without a model name (a scripted model) names the span after the operation.
     let named = !model.is_empty();
+    let name = if named {
+        std::borrow::Cow::Owned(format!("chat {model}"))
+    } else {
+        std::borrow::Cow::Borrowed("chat")
+    };
     tracing::info_span!(
         "chat",
-        otel.name = %format_args!("chat{}{model}", if named { " " } else { "" }),
+        otel.name = &*name,
         otel.kind = "client",
         gen_ai.operation.name = "chat",
         gen_ai.provider.name = provider,
         gen_ai.request.model = named.then_some(model),
-        subagents.step = step,
+        subagents.step = integer(step),
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,
         gen_ai.response.finish_reasons = tracing::field::Empty,
@@ -203,16 +232,38 @@ pub(crate) fn record_response(
     usage: Option<&TokenUsage>,
     finish: Option<&FinishReason>,
 ) {
-    if span.is_disabled() {
+    use tracing::field::Value;
+    let Some(fields) = span.metadata().map(tracing::Metadata::fields) else {
         return;
-    }
-    if let Some(usage) = usage {
-        span.record("gen_ai.usage.input_tokens", usage.input_tokens);
-        span.record("gen_ai.usage.output_tokens", usage.output_tokens);
-    }
-    if let Some(finish) = finish {
-        span.record("gen_ai.response.finish_reasons", finish_reason(finish));
-    }
+    };
+    let (Some(input), Some(output), Some(reasons)) = (
+        fields.field("gen_ai.usage.input_tokens"),
+        fields.field("gen_ai.usage.output_tokens"),
+        fields.field("gen_ai.response.finish_reasons"),
+    ) else {
+        return;
+    };
+    let input_tokens = usage.map(|usage| integer(usage.input_tokens));
+    let output_tokens = usage.map(|usage| integer(usage.output_tokens));
+    let finish = finish.map(finish_reason);
+    // One record for the three: each record is a trip through every layer.
+    span.record_all(&fields.value_set(&[
+        (
+            &input,
+            input_tokens.as_ref().map(|tokens| tokens as &dyn Value),
+        ),
+        (
+            &output,
+            output_tokens.as_ref().map(|tokens| tokens as &dyn Value),
+        ),
+        (&reasons, finish.as_ref().map(|finish| finish as &dyn Value)),
+    ]));
+}
+
+/// A count as a signed integer, the type OpenTelemetry has: an unsigned field would reach the
+/// exporter as text (the layer writes any type it has no conversion for out with `Debug`).
+fn integer(count: impl TryInto<i64>) -> i64 {
+    count.try_into().unwrap_or(i64::MAX)
 }
 
 /// The conventions' finish reason of `finish` (`stop`, `tool_calls`, `length`,
@@ -262,7 +313,7 @@ pub(crate) fn drain_span(parents: usize) -> Span {
     tracing::info_span!(
         "drain",
         otel.name = "drain",
-        subagents.drain.parents = parents
+        subagents.drain.parents = integer(parents),
     )
 }
 
@@ -281,20 +332,13 @@ pub(crate) fn span_context(span: &Span) -> Option<SpanContext> {
 
 /// Where a message was sent from, kept with it until a turn claims it: the sender's span
 /// while it lives, or the context of one that has ended (a settled notice comes from the
-/// call that opened the epoch, long returned); and, for the message a cold resume delivers,
-/// the epoch it resumes from, which the turn links to. Holding a context, unlike holding a
-/// span, does not keep the span open.
+/// call that opened the epoch, long returned). Holding a context, unlike holding a span,
+/// does not keep the span open.
 #[derive(Debug)]
 pub(crate) struct SentFrom {
     span: Span,
-    /// Boxed: most messages carry neither.
-    contexts: Option<Box<SentContexts>>,
-}
-
-#[derive(Debug, Default)]
-struct SentContexts {
-    ended: Option<SpanContext>,
-    resumes: Option<SpanContext>,
+    /// Boxed: most messages carry none.
+    ended: Option<Box<SpanContext>>,
 }
 
 impl Default for SentFrom {
@@ -306,10 +350,7 @@ impl Default for SentFrom {
 
 impl From<Span> for SentFrom {
     fn from(span: Span) -> Self {
-        Self {
-            span,
-            contexts: None,
-        }
+        Self { span, ended: None }
     }
 }
 
@@ -318,22 +359,8 @@ impl SentFrom {
     pub(crate) fn ended(context: Option<&SpanContext>) -> Self {
         Self {
             span: Span::none(),
-            contexts: context.map(|context| {
-                Box::new(SentContexts {
-                    ended: Some(context.clone()),
-                    resumes: None,
-                })
-            }),
+            ended: context.map(|context| Box::new(context.clone())),
         }
-    }
-
-    /// The same, with the turn that claims it linked to `resumes` (the epoch a cold resume
-    /// resumes from).
-    pub(crate) fn resuming(mut self, resumes: Option<SpanContext>) -> Self {
-        if let Some(resumes) = resumes {
-            self.contexts.get_or_insert_default().resumes = Some(resumes);
-        }
-        self
     }
 
     /// Keeps only the context of a span an OpenTelemetry layer records, so that holding the
@@ -343,21 +370,17 @@ impl SentFrom {
     /// way is kept: the turn is then its `tracing` child, as any subscriber sees it.
     pub(crate) fn detached(self) -> Self {
         match span_context(&self.span) {
-            Some(context) => {
-                let mut contexts = self.contexts.unwrap_or_default();
-                contexts.ended = Some(context);
-                Self {
-                    span: Span::none(),
-                    contexts: Some(contexts),
-                }
-            }
+            Some(context) => Self {
+                span: Span::none(),
+                ended: Some(Box::new(context)),
+            },
             None => self,
         }
     }
 
     /// Whether nothing traced sent it: nothing to keep.
     pub(crate) fn is_none(&self) -> bool {
-        self.span.is_none() && self.contexts.is_none()
+        self.span.is_none() && self.ended.is_none()
     }
 }
 
@@ -428,16 +451,28 @@ pub fn traceparent_of(span: &Span) -> Option<String> {
     span_context(span).and_then(|context| traceparent_of_context(&context))
 }
 
-/// The W3C `traceparent` of a span by its context.
+/// The W3C `traceparent` of a span by its context (version `00`, as the SDK's propagator
+/// writes it; written out directly, since every turn's `turn/end` keeps one).
 pub(crate) fn traceparent_of_context(context: &SpanContext) -> Option<String> {
+    context.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            context.trace_id(),
+            context.span_id(),
+            context.trace_flags().to_u8()
+        )
+    })
+}
+
+/// The context a W3C `traceparent` names, when it parses.
+fn remote_context(traceparent: &str) -> Option<SpanContext> {
     use opentelemetry::propagation::TextMapPropagator as _;
     use opentelemetry::trace::TraceContextExt as _;
-    let mut carrier = std::collections::HashMap::new();
-    opentelemetry_sdk::propagation::TraceContextPropagator::new().inject_context(
-        &opentelemetry::Context::new().with_remote_span_context(context.clone()),
-        &mut carrier,
-    );
-    carrier.remove("traceparent")
+    let carrier =
+        std::collections::HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    let remote = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+    let context = remote.span().span_context().clone();
+    context.is_valid().then_some(context)
 }
 
 /// Makes `span` a child of the span `parent` names (one that has ended, or one in another
@@ -452,14 +487,44 @@ fn continue_context(span: &Span, parent: &SpanContext) {
 /// Makes `span` continue the trace a W3C `traceparent` from another process names; a value
 /// that does not parse leaves `span` where it was.
 fn continue_remote(span: &Span, traceparent: &str) {
+    if let Some(remote) = remote_context(traceparent) {
+        continue_context(span, &remote);
+    }
+}
+
+#[cfg(test)]
+mod tests {
     use opentelemetry::propagation::TextMapPropagator as _;
-    use opentelemetry::trace::TraceContextExt as _;
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-    let carrier =
-        std::collections::HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
-    let remote = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
-    if remote.span().span_context().is_valid() {
-        // Refused only for a span already started or not recorded: nothing to continue then.
-        let _ = span.set_parent(remote);
+    use opentelemetry::trace::{SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState};
+
+    use super::*;
+
+    #[test]
+    fn a_traceparent_is_written_as_the_sdks_propagator_writes_it_and_reads_back() {
+        let context = SpanContext::new(
+            TraceId::from(0x0af7_6519_16cd_43dd_8448_eb21_1c80_319c_u128),
+            SpanId::from(0xb7ad_6b71_6920_3331_u64),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        );
+        let written = traceparent_of_context(&context).unwrap();
+        assert_eq!(
+            written,
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        );
+        let mut carrier = std::collections::HashMap::new();
+        opentelemetry_sdk::propagation::TraceContextPropagator::new().inject_context(
+            &opentelemetry::Context::new().with_remote_span_context(context.clone()),
+            &mut carrier,
+        );
+        assert_eq!(carrier.get("traceparent"), Some(&written));
+        let read = remote_context(&written).unwrap();
+        assert_eq!(
+            (read.trace_id(), read.span_id(), read.trace_flags()),
+            (context.trace_id(), context.span_id(), context.trace_flags())
+        );
+        assert!(remote_context("00-not-a-traceparent").is_none());
+        assert!(traceparent_of_context(&SpanContext::empty_context()).is_none());
     }
 }

@@ -281,6 +281,7 @@ async fn stored_pair(
     log.append(EventKind::TurnEnd {
         turn: 1,
         reason: subagents::TurnEndReason::Completed,
+        traceparent: None,
     })
     .unwrap();
     let parent = log.header();

@@ -357,6 +357,7 @@ fn completed_turn(turn: u64, inside: Vec<EventKind>) -> Vec<EventKind> {
     kinds.push(EventKind::TurnEnd {
         turn,
         reason: TurnEndReason::Completed,
+        traceparent: None,
     });
     kinds
 }

@@ -33,6 +33,7 @@ fn turn_end(seq: u64, time: u64) -> SessionEvent {
         EventKind::TurnEnd {
             turn: 1,
             reason: TurnEndReason::Completed,
+            traceparent: None,
         },
     )
 }

@@ -46,6 +46,7 @@ fn completed_turn(log: &SessionLog, turn: u64, answer: &str) {
         EventKind::TurnEnd {
             turn,
             reason: TurnEndReason::Completed,
+            traceparent: None,
         },
     ] {
         log.append(kind).unwrap();
@@ -123,6 +124,7 @@ fn every_kind_writes_the_data_its_tagged_form_holds_and_reads_back() {
             reason: TurnEndReason::Aborted {
                 reason: CancelCause::User,
             },
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
         },
         EventKind::EndSeed {},
     ];
@@ -255,7 +257,8 @@ fn steps_and_assistant_events_sit_inside_their_turn() {
     assert!(
         log.append(EventKind::TurnEnd {
             turn: 1,
-            reason: TurnEndReason::Completed
+            reason: TurnEndReason::Completed,
+            traceparent: None,
         })
         .is_err(),
         "open step"
@@ -264,6 +267,7 @@ fn steps_and_assistant_events_sit_inside_their_turn() {
     log.append(EventKind::TurnEnd {
         turn: 1,
         reason: TurnEndReason::Completed,
+        traceparent: None,
     })
     .unwrap();
     assert!(log.is_balanced());
@@ -413,6 +417,7 @@ fn fold_consumed_work_takes_the_last_turn_that_stepped_or_failed_a_claim() {
         reason: TurnEndReason::Aborted {
             reason: CancelCause::User,
         },
+        traceparent: None,
     })
     .unwrap();
     // Turn 3 claims nothing and completes without a step: it consumed no work.
@@ -420,6 +425,7 @@ fn fold_consumed_work_takes_the_last_turn_that_stepped_or_failed_a_claim() {
     log.append(EventKind::TurnEnd {
         turn: 3,
         reason: TurnEndReason::Completed,
+        traceparent: None,
     })
     .unwrap();
     let work = fold_consumed_work(log.events());
@@ -600,7 +606,8 @@ fn crash_repair_closes_open_calls_the_step_and_the_turn() {
         closers[3],
         EventKind::TurnEnd {
             turn: 1,
-            reason: TurnEndReason::Interrupted
+            reason: TurnEndReason::Interrupted,
+            traceparent: None,
         }
     );
     for closer in closers {

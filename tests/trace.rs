@@ -120,7 +120,7 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
     assert_eq!(event(followup, "followup")["subagents.outcome"], "accepted");
     assert_eq!(event(report, "report")["subagents.outcome"], "accepted");
     // The first epoch settled and the follow-up found the child absent: the turn its cold
-    // resume opened links to the call that opened the epoch it resumes from.
+    // resume opened links to the last turn of the epoch it resumes from.
     let turn_of = |call: usize| {
         children(&spans, call)
             .into_iter()
@@ -130,7 +130,18 @@ async fn the_tours_delegations_nest_each_childs_turn_under_the_tool_call_that_ma
             .unwrap_or_else(|| panic!("the child's turn under {:?}", spans[call]))
     };
     let (first_epoch, resumed) = (turn_of(continuable), turn_of(followup));
-    assert_eq!(spans[resumed].links, [spans[continuable].span_id]);
+    let before: u64 = spans[resumed].fields["subagents.turn"]
+        .parse::<u64>()
+        .unwrap()
+        - 1;
+    let last_before = (0..spans.len())
+        .find(|&at| {
+            spans[at].name == "invoke_agent"
+                && spans[at].fields["gen_ai.agent.id"] == child
+                && spans[at].fields["subagents.turn"] == before.to_string()
+        })
+        .unwrap();
+    assert_eq!(spans[resumed].links, [spans[last_before].span_id]);
     assert!(spans[first_epoch].links.is_empty());
     // The attribute names are the conventions'; a model call records its model and usage.
     let chat = (0..spans.len())
@@ -376,6 +387,19 @@ fn attribute(span: &serde_json::Value, key: &str) -> Option<String> {
         })
 }
 
+/// The value of attribute `key` of an exported span, when it is an integer (OTLP/JSON writes
+/// one as a decimal string under `intValue`).
+fn integer(span: &serde_json::Value, key: &str) -> Option<i64> {
+    let value = span["attributes"]
+        .as_array()?
+        .iter()
+        .find(|attribute| attribute["key"] == key)?;
+    let value = &value["value"]["intValue"];
+    value
+        .as_i64()
+        .or_else(|| value.as_str().and_then(|text| text.parse().ok()))
+}
+
 // The narrated demo exported to a collector: one trace, each child's turn under the tool call
 // that delegated to it, the conventions' attribute names, and no content.
 #[test]
@@ -433,6 +457,24 @@ fn the_demo_exports_its_delegation_tree_as_one_trace_over_otlp() {
         attribute(chat, "gen_ai.usage.input_tokens").is_some()
             || attribute(chat, "gen_ai.response.finish_reasons").is_some()
     );
+    // Counts are integers, as the conventions type them, not their text.
+    let counted = named("chat")
+        .into_iter()
+        .filter(|chat| integer(chat, "gen_ai.usage.input_tokens").is_some())
+        .count();
+    assert!(counted > 0, "a model call with its usage");
+    for span in &spans {
+        for key in [
+            "gen_ai.usage.input_tokens",
+            "gen_ai.usage.output_tokens",
+            "subagents.turn",
+            "subagents.step",
+        ] {
+            if attribute(span, key).is_some() {
+                assert!(integer(span, key).is_some(), "{key} on {span}");
+            }
+        }
+    }
     // No content: the prompt is nowhere in what was exported.
     let exported = format!("{spans:?}");
     assert!(!exported.contains(TOUR_PROMPT));
@@ -768,4 +810,77 @@ fn a_drains_release_served_by_another_node_continues_the_drains_trace() {
         "{drained:?}"
     );
     served_under(a, b, &collector, "drain", "serve release");
+}
+
+// Issue #19 item 1: a cold resume in a runtime other than the one that saw the epoch end (a
+// restarted process, another node) links back to the epoch it resumes from: the link is the
+// `traceparent` stored with the turn that ended it. Before, it lived in the memory of the
+// runtime that saw the epoch settle, and this resume had no link.
+#[actix_rt::test]
+async fn a_cold_resume_after_a_restart_links_back_to_the_epoch_it_resumes_from() {
+    use std::sync::Arc;
+    use subagents::testing::{ScriptStep, ScriptedModel};
+    use subagents::{EventScope, MemoryStore, ResumeAgent, Runtime, SessionPersistence};
+
+    use crate::support::{
+        followup_child, released, root, seam_runtime_on, settled, start_continuable, SeamRecorder,
+    };
+
+    async fn runtime_on(store: Arc<dyn SessionPersistence>) -> Runtime {
+        let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+        seam_runtime_on(Runtime::builder().model("scripted", model), store).await
+    }
+
+    let capture = SpanCapture::start();
+    let store: Arc<dyn SessionPersistence> = Arc::new(MemoryStore::new());
+    let first = runtime_on(Arc::clone(&store)).await;
+    let parent = root(&first).await;
+    let parent_id = parent.agent().id();
+    let recorder = SeamRecorder::new(&first, EventScope::Key(parent_id));
+    let child = start_continuable(&first, parent.agent(), "child task")
+        .await
+        .child_id;
+    settled(&recorder, child, 1).await;
+    released(&first, child).await;
+    parent.dispose().await.unwrap();
+    first.shutdown().await.unwrap();
+
+    let second = runtime_on(Arc::clone(&store)).await;
+    let parent = second
+        .agents()
+        .resume(ResumeAgent::new(parent_id))
+        .await
+        .unwrap();
+    let recorder = SeamRecorder::new(&second, EventScope::Key(parent_id));
+    followup_child(&second, parent.agent(), child, "continue")
+        .await
+        .unwrap();
+    settled(&recorder, child, 1).await;
+    second.shutdown().await.unwrap();
+
+    let spans = capture.spans();
+    let turn = |number: &str| {
+        spans
+            .iter()
+            .find(|span| {
+                span.name == "invoke_agent"
+                    && span.fields["gen_ai.agent.id"] == child.to_string()
+                    && span.fields["subagents.turn"] == number
+            })
+            .unwrap_or_else(|| panic!("the child's turn {number}: {spans:#?}"))
+    };
+    let (before, resumed) = (turn("1"), turn("2"));
+    assert_eq!(resumed.links, [before.span_id]);
+    assert!(before.links.is_empty());
+    // The stored link is the ended turn's own context.
+    let stored = store.read_from(child, 0).await.unwrap();
+    let traceparents: Vec<String> = stored
+        .iter()
+        .filter_map(|event| match &event.kind {
+            subagents::EventKind::TurnEnd { traceparent, .. } => traceparent.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(traceparents.len(), 2, "each turn keeps its traceparent");
+    assert!(traceparents[0].contains(&before.span_id.to_string()));
 }

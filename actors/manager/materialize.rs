@@ -290,7 +290,6 @@ impl Handler<Finished> for ContinuationManager {
             self.activity = None;
         }
         let terminal = msg.terminal;
-        self.remember_settled(msg.child, resident.epoch_trace.as_deref());
         let notice = if resident.announced {
             self.notify_settlement(&resident, &terminal, ctx)
                 .map(|delivery| self.track_notice(delivery, ctx))

@@ -324,9 +324,6 @@ impl Resident {
     }
 }
 
-/// How many settlement span contexts a manager keeps for cold resumes to link to.
-const SETTLED_TRACES_KEPT: usize = 65_536;
-
 /// The continuation manager actor.
 pub(crate) struct ContinuationManager {
     agents: Agents,
@@ -346,10 +343,6 @@ pub(crate) struct ContinuationManager {
     /// shutdown waits for them, so none is cut off by the registry closing.
     notices: HashMap<u64, Signal>,
     next_notice: u64,
-    /// The contexts of the calls that opened the epochs of children that settled here, while
-    /// spans are recorded: the first turn of a cold resume links to the epoch it resumes from
-    /// (at most [`SETTLED_TRACES_KEPT`], so a long run with tracing on stays bounded).
-    settled_traces: HashMap<SessionId, opentelemetry::trace::SpanContext>,
     closing: HashMap<SessionId, ClosingScope>,
     draining: bool,
     /// Set when the runtime shuts down as a node of a cluster (it leaves): its children of
@@ -448,29 +441,12 @@ impl ContinuationManager {
             interrupts: HashMap::new(),
             notices: HashMap::new(),
             next_notice: 0,
-            settled_traces: HashMap::new(),
             owners: HashMap::new(),
             closing: HashMap::new(),
             draining: false,
             leaving: false,
             next_materialization: 0,
             releases: Arc::new(tokio::sync::Semaphore::new(RELEASES_AT_ONCE)),
-        }
-    }
-
-    /// Keeps the context of the call that opened `child`'s settled epoch, for the cold resume
-    /// that may follow to link to; past [`SETTLED_TRACES_KEPT`] all kept so far are forgotten
-    /// at once (their resumes go unlinked).
-    fn remember_settled(
-        &mut self,
-        child: SessionId,
-        settled: Option<&opentelemetry::trace::SpanContext>,
-    ) {
-        if let Some(context) = settled.cloned() {
-            if self.settled_traces.len() >= SETTLED_TRACES_KEPT {
-                self.settled_traces.clear();
-            }
-            self.settled_traces.insert(child, context);
         }
     }
 
@@ -624,11 +600,6 @@ impl ContinuationManager {
         if token.is_cancelled() {
             return Err(cancelled());
         }
-        // A child that settled here and is submitted to again was cold-resumed: the turn its
-        // message opens links to the epoch it resumes from.
-        let resumes = (!self.settled_traces.is_empty())
-            .then(|| self.settled_traces.remove(&child))
-            .flatten();
         let lineage = self.caller_lineage(child, parent);
         self.assert_admitting(&lineage)?;
         let resident = self.residents.get_mut(&child).ok_or_else(|| {
@@ -682,7 +653,7 @@ impl ContinuationManager {
             PostTarget::Inbox(InboxTarget::NextTurn, Wake::Wake),
             raise,
             may_repeat,
-            SentFrom::from(trace).resuming(resumes),
+            SentFrom::from(trace),
         );
         // An interrupt that came while this child was being resumed reaches the turn the
         // message just opened (or parks it, when the turn has not claimed it yet).

@@ -146,12 +146,15 @@ impl Telemetry {
         let provider = self.traces.as_ref()?;
         // Only the conventions' attributes: the source location, thread, target and
         // busy/idle times the layer adds by default cost a tenth of a load run's throughput.
+        // Nothing in this process reads OpenTelemetry's current context (the runtime reads a
+        // span's own), so entering a span need not make its context current.
         Some(
             tracing_opentelemetry::layer()
                 .with_location(false)
                 .with_threads(false)
                 .with_target(false)
                 .with_tracked_inactivity(false)
+                .with_context_activation(false)
                 .with_tracer(provider.tracer("subagents"))
                 .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
                     metadata.target() == "subagents::trace"

@@ -300,6 +300,7 @@ mod tests {
                 EventKind::TurnEnd {
                     turn: 1,
                     reason: TurnEndReason::Completed,
+                    traceparent: None,
                 },
             ),
             // A turn that never stepped: its time counts, the turn does not.
@@ -312,6 +313,7 @@ mod tests {
                     reason: TurnEndReason::Aborted {
                         reason: CancelCause::User,
                     },
+                    traceparent: None,
                 },
             ),
             // A crash-repaired turn is charged up to its last event before the repair.
@@ -323,6 +325,7 @@ mod tests {
                 EventKind::TurnEnd {
                     turn: 3,
                     reason: TurnEndReason::Interrupted,
+                    traceparent: None,
                 },
             ),
         ];
@@ -341,6 +344,7 @@ mod tests {
                 reason: TurnEndReason::BudgetExhausted {
                     limit: BudgetLimit::WallTime,
                 },
+                traceparent: None,
             },
         );
         let wire = serde_json::to_string(&event).unwrap();

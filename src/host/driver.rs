@@ -267,7 +267,11 @@ fn close_turn(ctx: &TurnContext, turn: u64, reason: TurnEndReason) {
     let closers = dangling
         .into_iter()
         .filter(|kind| !matches!(kind, EventKind::TurnEnd { .. }))
-        .chain(std::iter::once(EventKind::TurnEnd { turn, reason }));
+        .chain(std::iter::once(EventKind::TurnEnd {
+            turn,
+            reason,
+            traceparent: crate::trace::traceparent_of(&tracing::Span::current()),
+        }));
     for closer in closers {
         if let Err(error) = ctx.log.append(closer) {
             tracing::error!(session_id = %ctx.agent(), turn, %error, "could not close the turn");
@@ -494,7 +498,6 @@ fn run_step(
             }
             Ok(())
         }
-        .instrument(chat.clone())
         .await;
         crate::trace::record_response(&chat, streamed.usage.as_deref(), streamed.finish.as_deref());
         if ctx.env.trace_content {

@@ -182,6 +182,11 @@ pub enum EventKind {
         turn: u64,
         /// How it ended.
         reason: TurnEndReason,
+        /// The W3C `traceparent` of the turn's span, when an OpenTelemetry layer recorded it:
+        /// the first turn of a later resume links back to it, on whichever node or process
+        /// that resume runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
     },
     /// A step begins; numbers start at 1 within a turn.
     #[serde(rename = "step/start")]

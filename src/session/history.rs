@@ -295,6 +295,7 @@ mod tests {
             EventKind::TurnEnd {
                 turn,
                 reason: crate::session::TurnEndReason::Completed,
+                traceparent: None,
             },
         ))
     }

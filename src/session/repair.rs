@@ -82,6 +82,7 @@ pub fn interrupted_turn_closers_after<E: AsRef<SessionEvent>>(
     closers.push(EventKind::TurnEnd {
         turn,
         reason: TurnEndReason::Interrupted,
+        traceparent: None,
     });
     closers
 }

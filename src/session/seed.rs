@@ -360,6 +360,7 @@ mod tests {
             EventKind::TurnEnd {
                 turn: 1,
                 reason: crate::session::TurnEndReason::Completed,
+                traceparent: None,
             },
         ]
         .into_iter()

@@ -143,6 +143,7 @@ pub(super) fn settled_log(descriptor: Value) -> Vec<EventKind> {
         EventKind::TurnEnd {
             turn: 1,
             reason: TurnEndReason::Completed,
+            traceparent: None,
         },
     ]
 }
