@@ -81,16 +81,12 @@ pub(crate) fn link_resumed(span: &Span, log: &crate::session::SessionLog) {
     if span_context(span).is_none() {
         return;
     }
-    let last = log.with_own_events(|events| {
-        events
-            .filter_map(|event| match &event.kind {
-                crate::session::EventKind::TurnEnd {
-                    traceparent: Some(traceparent),
-                    ..
-                } => Some(traceparent.clone()),
-                _ => None,
-            })
-            .last()
+    let last = log.last_of_own(|event| match &event.kind {
+        crate::session::EventKind::TurnEnd {
+            traceparent: Some(traceparent),
+            ..
+        } => Some(traceparent.clone()),
+        _ => None,
     });
     if let Some(context) = last.as_deref().and_then(remote_context) {
         span.add_link(context);

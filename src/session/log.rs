@@ -327,6 +327,18 @@ impl SessionLog {
         read(&mut own)
     }
 
+    /// What `pick` finds in the last of the log's own events (its seed left out) it finds
+    /// anything in, searched from the end: a resume looks back this way once, however long
+    /// the log has grown.
+    pub(crate) fn last_of_own<R>(
+        &self,
+        pick: impl FnMut(&Arc<SessionEvent>) -> Option<R>,
+    ) -> Option<R> {
+        let state = self.lock();
+        let seed = usize::try_from(state.header.seed_len()).unwrap_or(usize::MAX);
+        state.events.iter_from(seed).rev().find_map(pick)
+    }
+
     /// Runs `read` over the events and this log's memo of type `T` (created on first use, and
     /// replaced if another type was left there), under one lock: the memo always matches the
     /// events `read` sees. `read` must not touch this log.
