@@ -270,3 +270,84 @@ fn with_outcome<T>(answer: &Result<T>, extra: Option<KeyValue>, record: impl FnO
         (Err(error), Some(extra)) => record(&[extra, code(error)]),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::metrics::MeterProvider as _;
+
+    use super::*;
+    use crate::error::ErrorCode;
+
+    /// The Prometheus text of what `record` recorded in a fresh runtime's metrics.
+    fn scraped(record: impl FnOnce(&Metrics)) -> String {
+        use prometheus::Encoder as _;
+        let registry = prometheus::Registry::new();
+        let reader = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .build()
+            .unwrap();
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(reader)
+            .build();
+        record(&Metrics::new(&provider.meter("subagents")));
+        let mut text = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&registry.gather(), &mut text)
+            .unwrap();
+        String::from_utf8(text).unwrap()
+    }
+
+    /// The value of series `name` with exactly the labels `labels` (`key="value"` each, in any
+    /// order: the exporter writes them in the order they were recorded).
+    fn value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+        let mut wanted: Vec<&str> = labels.to_vec();
+        wanted.push(r#"otel_scope_name="subagents""#);
+        wanted.sort_unstable();
+        text.lines().find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (named, labelled) = series.split_once('{')?;
+            let mut found: Vec<&str> = labelled.strip_suffix('}')?.split(',').collect();
+            found.sort_unstable();
+            (named == name && found == wanted).then(|| value.parse().ok())?
+        })
+    }
+
+    #[test]
+    fn a_delivery_dropped_unanswered_is_recorded_abandoned_and_leaves_none_in_flight() {
+        let text = scraped(|metrics| {
+            let answered = metrics.delivery("start");
+            let dropped = metrics.delivery("follow-up");
+            let refused = metrics.delivery("interrupt");
+            answered.answered(&Ok(()));
+            refused.answered::<()>(&Err(SubagentError::new(ErrorCode::Unauthorized, "no")));
+            drop(dropped);
+        });
+        let count = |labels: &[&str]| {
+            value(
+                &text,
+                "subagents_cluster_delivery_duration_seconds_count",
+                labels,
+            )
+        };
+        let abandoned = [
+            r#"subagents_operation="follow-up""#,
+            r#"error_type="ABANDONED""#,
+        ];
+        assert_eq!(count(&abandoned), Some(1.0), "{text}");
+        let refused = [
+            r#"subagents_operation="interrupt""#,
+            r#"error_type="UNAUTHORIZED""#,
+        ];
+        assert_eq!(count(&refused), Some(1.0), "{text}");
+        assert_eq!(
+            count(&[r#"subagents_operation="start""#]),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(&text, "subagents_cluster_deliveries_in_flight", &[]),
+            Some(0.0),
+            "{text}"
+        );
+    }
+}

@@ -122,11 +122,12 @@ async fn a_continuable_lifecycle_moves_the_gauges_and_counts_each_operation() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let gate = Gate::new();
     model.push(ScriptStep::text("held").gated(&gate));
+    let faults = Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())));
     let rt = seam_runtime_on(
         Runtime::builder()
             .model("scripted", model)
             .meter(meter.meter()),
-        Arc::new(MemoryStore::new()),
+        faults.clone(),
     )
     .await;
     let parent = root(&rt).await;
@@ -146,7 +147,15 @@ async fn a_continuable_lifecycle_moves_the_gauges_and_counts_each_operation() {
         resident(&meter.scrape()) == (1.0, 0.0, 0.0)
     })
     .await;
+    // Its teardown waits to release its lease: the child is settling, and still resident.
+    faults.hold(StoreOperation::ReleaseLease);
     gate.release();
+    faults.held_calls(1).await;
+    eventually("the child settling", || {
+        resident(&meter.scrape()) == (1.0, 0.0, 1.0)
+    })
+    .await;
+    faults.release(StoreOperation::ReleaseLease);
     settled(&recorder, child, 1).await;
     released(&rt, child).await;
     assert_eq!(resident(&meter.scrape()), (0.0, 0.0, 0.0));
