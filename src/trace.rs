@@ -74,11 +74,11 @@ pub(crate) fn turn_span(sent_from: Option<&SentFrom>, agent: SessionId, turn: u6
 /// Links `span`, the first turn of this incarnation of the session `log` records, to the last
 /// turn the session ran before it, by the `traceparent` that turn's `turn/end` keeps: a cold
 /// resume links back to the epoch it resumes from, wherever that epoch ran. A fresh session
-/// has no such turn (a fork's seed is its parent's), and a span nothing records links to
-/// nothing, at the cost of a check.
+/// has no such turn (a fork's seed is its parent's), and a log written while nothing recorded
+/// spans keeps none: both cost one look at the log's end.
 pub(crate) fn link_resumed(span: &Span, log: &crate::session::SessionLog) {
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-    if span_context(span).is_none() {
+    if span.is_disabled() {
         return;
     }
     let last = log.last_of_own(|event| match &event.kind {
