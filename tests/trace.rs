@@ -812,6 +812,31 @@ fn a_drains_release_served_by_another_node_continues_the_drains_trace() {
     served_under(a, b, &collector, "drain", "serve release");
 }
 
+// Issue #19 item 3: OTLP goes over HTTP. A protocol this build does not speak (`grpc`, or a
+// misspelling) is refused by name before the command runs; before, the exporter quietly sent
+// HTTP to the port the user had chosen for gRPC.
+#[test]
+fn an_otlp_protocol_other_than_http_is_refused_before_the_command_runs() {
+    let collector = Collector::start();
+    for (variable, value) in [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobof"),
+    ] {
+        let demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+            .args(["demo", "--store", "memory", "--otlp-endpoint"])
+            .arg(format!("http://127.0.0.1:{}", collector.port))
+            .env(variable, value)
+            .output()
+            .unwrap();
+        assert_eq!(demo.status.code(), Some(2), "{demo:?}");
+        let stderr = String::from_utf8_lossy(&demo.stderr);
+        assert!(stderr.contains("INVALID_CONFIG"), "{stderr}");
+        assert!(stderr.contains(&format!("{variable}={value}")), "{stderr}");
+        assert!(demo.stdout.is_empty(), "the demo did not run: {demo:?}");
+    }
+    assert!(collector.spans().is_empty() && collector.metrics().is_empty());
+}
+
 // Issue #19 item 1: a cold resume in a runtime other than the one that saw the epoch end (a
 // restarted process, another node) links back to the epoch it resumes from: the link is the
 // `traceparent` stored with the turn that ended it. Before, it lived in the memory of the

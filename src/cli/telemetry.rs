@@ -77,8 +77,30 @@ impl Signal {
 
     /// Protobuf unless the standard variables ask for JSON (with both built in, the SDK's own
     /// default would be JSON, which not every collector takes).
-    fn protocol(self) -> Option<opentelemetry_otlp::Protocol> {
-        (!any_set(&self.protocol_variables())).then_some(opentelemetry_otlp::Protocol::HttpBinary)
+    ///
+    /// # Errors
+    /// `INVALID_CONFIG` for any other protocol, `grpc` included: this build exports over HTTP
+    /// only, and would otherwise send HTTP to whatever port the user chose for gRPC.
+    fn protocol(self) -> Result<opentelemetry_otlp::Protocol, SubagentError> {
+        use opentelemetry_otlp::Protocol;
+        let asked = self.protocol_variables().into_iter().find_map(|name| {
+            std::env::var(name)
+                .ok()
+                .filter(|value| !value.is_empty())
+                .map(|value| (name, value))
+        });
+        match asked.as_ref().map(|(name, value)| (*name, value.as_str())) {
+            None | Some((_, "http/protobuf")) => Ok(Protocol::HttpBinary),
+            Some((_, "http/json")) => Ok(Protocol::HttpJson),
+            Some((name, value)) => Err(SubagentError::new(
+                ErrorCode::InvalidConfig,
+                format!(
+                    "{name}={value}: this build exports OTLP over HTTP only, as `http/protobuf` \
+                     (the default) or `http/json`, to a collector's HTTP port (4318 by \
+                     convention)"
+                ),
+            )),
+        }
     }
 }
 
@@ -233,9 +255,7 @@ fn span_provider(
     resource: Resource,
 ) -> Result<SdkTracerProvider, SubagentError> {
     let mut builder = SpanExporter::builder().with_http();
-    if let Some(protocol) = Signal::Traces.protocol() {
-        builder = builder.with_protocol(protocol);
-    }
+    builder = builder.with_protocol(Signal::Traces.protocol()?);
     if let Some(endpoint) = Signal::Traces.endpoint(endpoint) {
         builder = builder.with_endpoint(endpoint);
     }
@@ -267,9 +287,7 @@ fn meter_provider(
     let mut provider = SdkMeterProvider::builder().with_resource(resource);
     if otlp {
         let mut builder = MetricExporter::builder().with_http();
-        if let Some(protocol) = Signal::Metrics.protocol() {
-            builder = builder.with_protocol(protocol);
-        }
+        builder = builder.with_protocol(Signal::Metrics.protocol()?);
         if let Some(endpoint) = Signal::Metrics.endpoint(endpoint) {
             builder = builder.with_endpoint(endpoint);
         }
