@@ -282,6 +282,45 @@ impl Collector {
         Self { port, received }
     }
 
+    /// The same over TLS, with the certificate chain and key in the PEM files `certificate`
+    /// and `key`.
+    pub(crate) fn start_tls(certificate: &str, key: &str) -> Self {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = CertificateDer::pem_file_iter(certificate)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(key).unwrap();
+        let config = std::sync::Arc::new(
+            rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap(),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = std::sync::Arc::default();
+        let kept = std::sync::Arc::clone(&received);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let kept = std::sync::Arc::clone(&kept);
+                let connection = rustls::ServerConnection::new(std::sync::Arc::clone(&config));
+                // A client that does not trust the certificate ends the handshake: nothing
+                // is kept from it.
+                std::thread::spawn(move || {
+                    serve(rustls::StreamOwned::new(connection.unwrap(), stream), &kept);
+                });
+            }
+        });
+        Self { port, received }
+    }
+
     /// Runs `subagents demo --store memory` with `extra` flags, exporting OTLP JSON here, and
     /// waits for it to succeed (it exports what it batched before it exits).
     pub(crate) fn demo(&self, extra: &[&str]) {
@@ -336,10 +375,9 @@ impl Collector {
 }
 
 /// Answers the HTTP/1.1 requests of one connection until it closes.
-fn serve(stream: std::net::TcpStream, kept: &Received) {
-    use std::io::{BufRead as _, Read as _, Write as _};
-    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
-    let mut writer = stream;
+fn serve(stream: impl std::io::Read + std::io::Write, kept: &Received) {
+    use std::io::{BufRead as _, Read as _};
+    let mut reader = std::io::BufReader::new(stream);
     loop {
         let mut request_line = String::new();
         if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
@@ -366,9 +404,11 @@ fn serve(stream: std::net::TcpStream, kept: &Received) {
         let mut body = vec![0; length];
         reader.read_exact(&mut body).unwrap();
         kept.lock().unwrap().push((path, body));
+        let writer = reader.get_mut();
         writer
             .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
             .unwrap();
+        writer.flush().unwrap();
     }
 }
 
@@ -835,6 +875,62 @@ fn an_otlp_protocol_other_than_http_is_refused_before_the_command_runs() {
         assert!(demo.stdout.is_empty(), "the demo did not run: {demo:?}");
     }
     assert!(collector.spans().is_empty() && collector.metrics().is_empty());
+}
+
+// Issue #19 item 3: an `https://` collector whose certificate a private authority signed is
+// trusted through `OTEL_EXPORTER_OTLP_CERTIFICATE`, and only then; a file holding no
+// certificate is refused by name before the command runs.
+#[test]
+fn the_demo_exports_over_tls_to_a_collector_whose_authority_it_is_told_to_trust() {
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/otlp_tls");
+    let demo = |collector: &Collector, certificate: Option<&str>| {
+        let mut demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"));
+        demo.args(["demo", "--store", "memory", "--otlp-endpoint"])
+            .arg(format!("https://127.0.0.1:{}", collector.port))
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json");
+        if let Some(file) = certificate {
+            demo.env(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                format!("{fixtures}/{file}"),
+            );
+        }
+        demo.output().unwrap()
+    };
+    let tls = || {
+        Collector::start_tls(
+            &format!("{fixtures}/cert.pem"),
+            &format!("{fixtures}/key.pem"),
+        )
+    };
+
+    let trusted = tls();
+    let run = demo(&trusted, Some("ca.pem"));
+    assert!(run.status.success(), "{run:?}");
+    assert!(
+        trusted
+            .spans()
+            .iter()
+            .any(|span| span["name"] == "subagents demo"),
+        "the demo's trace arrived over TLS"
+    );
+    assert!(!trusted.metrics().is_empty());
+
+    // Without the authority the collector's certificate is not trusted: the demo runs, and
+    // nothing is exported.
+    let untrusted = tls();
+    let run = demo(&untrusted, None);
+    assert!(run.status.success(), "{run:?}");
+    assert!(untrusted.spans().is_empty() && untrusted.metrics().is_empty());
+
+    let refused = demo(&untrusted, Some("key.pem"));
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("INVALID_CONFIG"), "{stderr}");
+    assert!(
+        stderr.contains("OTEL_EXPORTER_OTLP_CERTIFICATE="),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no PEM certificate"), "{stderr}");
 }
 
 // Issue #19 item 1: a cold resume in a runtime other than the one that saw the epoch end (a

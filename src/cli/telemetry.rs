@@ -4,16 +4,20 @@
 //! names a collector; and the metrics in Prometheus's text format, for `subagents node
 //! --metrics-addr`. Protobuf by default; `OTEL_EXPORTER_OTLP_PROTOCOL=http/json` sends JSON.
 //! Spans are exported in batches and metrics every `OTEL_METRIC_EXPORT_INTERVAL` ms (60 s by
-//! default), from threads of the SDK's own, off the actors' threads; the rest of the standard
-//! `OTEL_*` variables (headers, timeout, service name) apply as the OpenTelemetry SDK reads
-//! them. Both are exported a last time at exit.
+//! default), from threads of the SDK's own, off the actors' threads. An `https://` collector
+//! whose certificate a private authority signed is trusted through
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the per-signal variable), a PEM file. The rest of the
+//! standard `OTEL_*` variables (headers, timeout, service name) apply as the OpenTelemetry SDK
+//! reads them. Both are exported a last time at exit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig as _};
+use opentelemetry_otlp::{
+    MetricExporter, SpanExporter, WithExportConfig as _, WithHttpConfig as _,
+};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
@@ -67,7 +71,7 @@ impl Signal {
 
     /// Whether the signal is exported: `--otlp-endpoint` or its variables name a collector.
     fn exported(self, endpoint: Option<&str>) -> bool {
-        endpoint.is_some() || any_set(&self.endpoint_variables())
+        endpoint.is_some() || first_set(self.endpoint_variables()).is_some()
     }
 
     /// The exporter's endpoint when `--otlp-endpoint` names it (otherwise the variables do).
@@ -83,12 +87,7 @@ impl Signal {
     /// only, and would otherwise send HTTP to whatever port the user chose for gRPC.
     fn protocol(self) -> Result<opentelemetry_otlp::Protocol, SubagentError> {
         use opentelemetry_otlp::Protocol;
-        let asked = self.protocol_variables().into_iter().find_map(|name| {
-            std::env::var(name)
-                .ok()
-                .filter(|value| !value.is_empty())
-                .map(|value| (name, value))
-        });
+        let asked = first_set(self.protocol_variables());
         match asked.as_ref().map(|(name, value)| (*name, value.as_str())) {
             None | Some((_, "http/protobuf")) => Ok(Protocol::HttpBinary),
             Some((_, "http/json")) => Ok(Protocol::HttpJson),
@@ -102,12 +101,88 @@ impl Signal {
             )),
         }
     }
+
+    /// The variables that name a PEM file of certificates to trust (a collector whose
+    /// certificate a private authority signed), as the specification names them.
+    fn certificate_variables(self) -> [&'static str; 2] {
+        match self {
+            Self::Traces => [
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            ],
+            Self::Metrics => [
+                "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            ],
+        }
+    }
+
+    /// The variables that bound one export's wait, in milliseconds.
+    fn timeout_variables(self) -> [&'static str; 2] {
+        match self {
+            Self::Traces => [
+                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ],
+            Self::Metrics => [
+                "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ],
+        }
+    }
+
+    /// An HTTP client that trusts the certificates the certificate variables name, besides
+    /// the usual roots, and waits as long as the timeout variables say (10 s by default, the
+    /// SDK's own); `None` when no certificate is named, and the SDK's own client serves.
+    ///
+    /// # Errors
+    /// `INVALID_CONFIG` for a file that cannot be read or holds no certificate, or a timeout
+    /// that is not a number of milliseconds.
+    fn http_client(self) -> Result<Option<reqwest_otlp::blocking::Client>, SubagentError> {
+        let Some((name, path)) = first_set(self.certificate_variables()) else {
+            return Ok(None);
+        };
+        let refused = |why: String| {
+            SubagentError::new(ErrorCode::InvalidConfig, format!("{name}={path}: {why}"))
+        };
+        let pem = std::fs::read(&path).map_err(|error| refused(error.to_string()))?;
+        let certificates = reqwest_otlp::Certificate::from_pem_bundle(&pem)
+            .map_err(|error| refused(error.to_string()))?;
+        if certificates.is_empty() {
+            return Err(refused("the file holds no PEM certificate".to_owned()));
+        }
+        let timeout = match first_set(self.timeout_variables()) {
+            None => std::time::Duration::from_secs(10),
+            Some((variable, value)) => value
+                .parse()
+                .map(std::time::Duration::from_millis)
+                .map_err(|_| {
+                    SubagentError::new(
+                        ErrorCode::InvalidConfig,
+                        format!("{variable}={value}: not a number of milliseconds"),
+                    )
+                })?,
+        };
+        certificates
+            .into_iter()
+            .fold(
+                reqwest_otlp::blocking::Client::builder().timeout(timeout),
+                reqwest_otlp::blocking::ClientBuilder::add_root_certificate,
+            )
+            .build()
+            .map(Some)
+            .map_err(|error| refused(error.to_string()))
+    }
 }
 
-fn any_set(names: &[&str]) -> bool {
-    names
-        .iter()
-        .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()))
+/// The first of `names` set to something, with its value.
+fn first_set(names: [&'static str; 2]) -> Option<(&'static str, String)> {
+    names.into_iter().find_map(|name| {
+        std::env::var(name)
+            .ok()
+            .filter(|value| !value.is_empty())
+            .map(|value| (name, value))
+    })
 }
 
 /// How many finished spans wait for export before more are dropped (unless
@@ -146,6 +221,9 @@ impl Telemetry {
         if !traces && !metrics && !prometheus {
             return Ok(None);
         }
+        // The exporters' HTTP client speaks TLS through rustls, which needs its cryptography
+        // chosen for the process; one chosen already (by a host) stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let resource = Resource::builder()
             .with_service_name(service_name())
             .build();
@@ -256,6 +334,9 @@ fn span_provider(
 ) -> Result<SdkTracerProvider, SubagentError> {
     let mut builder = SpanExporter::builder().with_http();
     builder = builder.with_protocol(Signal::Traces.protocol()?);
+    if let Some(client) = Signal::Traces.http_client()? {
+        builder = builder.with_http_client(client);
+    }
     if let Some(endpoint) = Signal::Traces.endpoint(endpoint) {
         builder = builder.with_endpoint(endpoint);
     }
@@ -288,6 +369,9 @@ fn meter_provider(
     if otlp {
         let mut builder = MetricExporter::builder().with_http();
         builder = builder.with_protocol(Signal::Metrics.protocol()?);
+        if let Some(client) = Signal::Metrics.http_client()? {
+            builder = builder.with_http_client(client);
+        }
         if let Some(endpoint) = Signal::Metrics.endpoint(endpoint) {
             builder = builder.with_endpoint(endpoint);
         }
