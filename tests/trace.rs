@@ -268,18 +268,7 @@ pub(crate) struct Collector {
 
 impl Collector {
     pub(crate) fn start() -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let received = std::sync::Arc::default();
-        let kept = std::sync::Arc::clone(&received);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { return };
-                let kept = std::sync::Arc::clone(&kept);
-                std::thread::spawn(move || serve(stream, &kept));
-            }
-        });
-        Self { port, received }
+        Self::answering(serve)
     }
 
     /// The same over TLS, with the certificate chain and key in the PEM files `certificate`
@@ -302,20 +291,27 @@ impl Collector {
             .with_single_cert(chain, key)
             .unwrap(),
         );
+        // A client that does not trust the certificate ends the handshake: nothing is kept
+        // from it.
+        Self::answering(move |stream, kept| {
+            let connection = rustls::ServerConnection::new(std::sync::Arc::clone(&config));
+            serve(rustls::StreamOwned::new(connection.unwrap(), stream), kept);
+        })
+    }
+
+    /// A collector on a free port of 127.0.0.1, each connection answered by `answer` on a
+    /// thread of its own.
+    fn answering(answer: impl Fn(std::net::TcpStream, &Received) + Send + Sync + 'static) -> Self {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let received = std::sync::Arc::default();
         let kept = std::sync::Arc::clone(&received);
+        let answer = std::sync::Arc::new(answer);
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
-                let kept = std::sync::Arc::clone(&kept);
-                let connection = rustls::ServerConnection::new(std::sync::Arc::clone(&config));
-                // A client that does not trust the certificate ends the handshake: nothing
-                // is kept from it.
-                std::thread::spawn(move || {
-                    serve(rustls::StreamOwned::new(connection.unwrap(), stream), &kept);
-                });
+                let (kept, answer) = (std::sync::Arc::clone(&kept), std::sync::Arc::clone(&answer));
+                std::thread::spawn(move || answer(stream, &kept));
             }
         });
         Self { port, received }
