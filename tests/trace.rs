@@ -272,29 +272,51 @@ impl Collector {
     }
 
     /// The same over TLS, with the certificate chain and key in the PEM files `certificate`
-    /// and `key`.
-    pub(crate) fn start_tls(certificate: &str, key: &str) -> Self {
+    /// and `key`; when `clients` names a PEM file of authorities, only a client presenting a
+    /// certificate one of them signed is answered (mutual TLS).
+    pub(crate) fn start_tls(certificate: &str, key: &str, clients: Option<&str>) -> Self {
         use rustls::pki_types::pem::PemObject as _;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let chain = CertificateDer::pem_file_iter(certificate)
-            .unwrap()
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
-        let key = PrivateKeyDer::from_pem_file(key).unwrap();
-        let config = std::sync::Arc::new(
-            rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
+        use std::sync::Arc;
+        let pems = |file: &str| {
+            CertificateDer::pem_file_iter(file)
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap()
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .unwrap(),
+            .unwrap();
+        let config = match clients {
+            None => config.with_no_client_auth(),
+            Some(authorities) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for authority in pems(authorities) {
+                    roots.add(authority).unwrap();
+                }
+                config.with_client_cert_verifier(
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(
+                        Arc::new(roots),
+                        provider,
+                    )
+                    .build()
+                    .unwrap(),
+                )
+            }
+        };
+        let config = Arc::new(
+            config
+                .with_single_cert(
+                    pems(certificate),
+                    PrivateKeyDer::from_pem_file(key).unwrap(),
+                )
+                .unwrap(),
         );
-        // A client that does not trust the certificate ends the handshake: nothing is kept
-        // from it.
+        // A client that does not trust the certificate, or is not trusted, ends the
+        // handshake: nothing is kept from it.
         Self::answering(move |stream, kept| {
-            let connection = rustls::ServerConnection::new(std::sync::Arc::clone(&config));
+            let connection = rustls::ServerConnection::new(Arc::clone(&config));
             serve(rustls::StreamOwned::new(connection.unwrap(), stream), kept);
         })
     }
@@ -874,59 +896,94 @@ fn an_otlp_protocol_other_than_http_is_refused_before_the_command_runs() {
 }
 
 // Issue #19 item 3: an `https://` collector whose certificate a private authority signed is
-// trusted through `OTEL_EXPORTER_OTLP_CERTIFICATE`, and only then; a file holding no
-// certificate is refused by name before the command runs.
+// trusted through `OTEL_EXPORTER_OTLP_CERTIFICATE`, and only then; one that asks for a client
+// certificate gets the one `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `…_CLIENT_KEY` name; a
+// file holding nothing of its kind, or half a client identity, is refused by name before the
+// command runs.
 #[test]
 fn the_demo_exports_over_tls_to_a_collector_whose_authority_it_is_told_to_trust() {
     let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/otlp_tls");
-    let demo = |collector: &Collector, certificate: Option<&str>| {
+    let file = |name: &str| format!("{fixtures}/{name}");
+    let demo = |collector: &Collector, files: &[(&str, &str)]| {
         let mut demo = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"));
         demo.args(["demo", "--store", "memory", "--otlp-endpoint"])
             .arg(format!("https://127.0.0.1:{}", collector.port))
             .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json");
-        if let Some(file) = certificate {
-            demo.env(
-                "OTEL_EXPORTER_OTLP_CERTIFICATE",
-                format!("{fixtures}/{file}"),
-            );
+        for (variable, name) in files {
+            demo.env(variable, file(name));
         }
         demo.output().unwrap()
     };
-    let tls = || {
-        Collector::start_tls(
-            &format!("{fixtures}/cert.pem"),
-            &format!("{fixtures}/key.pem"),
-        )
-    };
-
-    let trusted = tls();
-    let run = demo(&trusted, Some("ca.pem"));
-    assert!(run.status.success(), "{run:?}");
-    assert!(
-        trusted
+    let exported = |collector: &Collector| {
+        collector
             .spans()
             .iter()
-            .any(|span| span["name"] == "subagents demo"),
-        "the demo's trace arrived over TLS"
-    );
+            .any(|span| span["name"] == "subagents demo")
+    };
+    let collector = |clients: Option<&str>| {
+        Collector::start_tls(
+            &file("server.pem"),
+            &file("server-key.pem"),
+            clients.map(file).as_deref(),
+        )
+    };
+    let authority = ("OTEL_EXPORTER_OTLP_CERTIFICATE", "ca.pem");
+    let identity = [
+        ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "client.pem"),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "client-key.pem"),
+    ];
+
+    let trusted = collector(None);
+    let run = demo(&trusted, &[authority]);
+    assert!(run.status.success(), "{run:?}");
+    assert!(exported(&trusted), "the demo's trace arrived over TLS");
     assert!(!trusted.metrics().is_empty());
 
     // Without the authority the collector's certificate is not trusted: the demo runs, and
     // nothing is exported.
-    let untrusted = tls();
-    let run = demo(&untrusted, None);
+    let untrusted = collector(None);
+    let run = demo(&untrusted, &[]);
     assert!(run.status.success(), "{run:?}");
     assert!(untrusted.spans().is_empty() && untrusted.metrics().is_empty());
 
-    let refused = demo(&untrusted, Some("key.pem"));
-    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(stderr.contains("INVALID_CONFIG"), "{stderr}");
+    // A collector that asks for a client certificate gets the one named, and nothing from a
+    // client without one.
+    let mutual = collector(Some("ca.pem"));
+    let run = demo(&mutual, &[authority, identity[0], identity[1]]);
+    assert!(run.status.success(), "{run:?}");
     assert!(
-        stderr.contains("OTEL_EXPORTER_OTLP_CERTIFICATE="),
-        "{stderr}"
+        exported(&mutual),
+        "the demo's trace arrived over mutual TLS"
     );
-    assert!(stderr.contains("no PEM certificate"), "{stderr}");
+    let anonymous = collector(Some("ca.pem"));
+    let run = demo(&anonymous, &[authority]);
+    assert!(run.status.success(), "{run:?}");
+    assert!(anonymous.spans().is_empty());
+
+    for (files, says) in [
+        (
+            vec![("OTEL_EXPORTER_OTLP_CERTIFICATE", "server-key.pem")],
+            "OTEL_EXPORTER_OTLP_CERTIFICATE=",
+        ),
+        (
+            vec![authority, identity[0]],
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE is set alone",
+        ),
+        (
+            vec![("OTEL_EXPORTER_OTLP_CERTIFICATE", "missing.pem")],
+            "missing.pem",
+        ),
+    ] {
+        let refused = demo(&untrusted, &files);
+        assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("INVALID_CONFIG"), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(
+            refused.stdout.is_empty(),
+            "the demo did not run: {refused:?}"
+        );
+    }
 }
 
 // Issue #19 item 1: a cold resume in a runtime other than the one that saw the epoch end (a

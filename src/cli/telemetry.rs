@@ -6,7 +6,8 @@
 //! Spans are exported in batches and metrics every `OTEL_METRIC_EXPORT_INTERVAL` ms (60 s by
 //! default), from threads of the SDK's own, off the actors' threads. An `https://` collector
 //! whose certificate a private authority signed is trusted through
-//! `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the per-signal variable), a PEM file. The rest of the
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the per-signal variable), a PEM file, and one that asks
+//! for a client certificate gets `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `…_CLIENT_KEY`. The rest of the
 //! standard `OTEL_*` variables (headers, timeout, service name) apply as the OpenTelemetry SDK
 //! reads them. Both are exported a last time at exit.
 
@@ -41,37 +42,30 @@ impl Signal {
         }
     }
 
-    /// The variables that name a collector, as the OpenTelemetry SDK reads them.
-    fn endpoint_variables(self) -> [&'static str; 2] {
-        match self {
-            Self::Traces => [
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
-            ],
-            Self::Metrics => [
-                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
-            ],
-        }
-    }
-
-    /// The variables that choose the protocol, as the OpenTelemetry SDK reads them.
-    fn protocol_variables(self) -> [&'static str; 2] {
-        match self {
-            Self::Traces => [
-                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-            ],
-            Self::Metrics => [
-                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-            ],
-        }
+    /// The first of the standard variables for `setting` (`ENDPOINT`, `PROTOCOL`, …) that is
+    /// set, with its value: the signal's own (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) before the
+    /// shared one (`OTEL_EXPORTER_OTLP_ENDPOINT`), as the OpenTelemetry SDK reads them.
+    fn setting(self, setting: &str) -> Option<(String, String)> {
+        let signal = match self {
+            Self::Traces => "TRACES",
+            Self::Metrics => "METRICS",
+        };
+        [
+            format!("OTEL_EXPORTER_OTLP_{signal}_{setting}"),
+            format!("OTEL_EXPORTER_OTLP_{setting}"),
+        ]
+        .into_iter()
+        .find_map(|name| {
+            let value = std::env::var(&name)
+                .ok()
+                .filter(|value| !value.is_empty())?;
+            Some((name, value))
+        })
     }
 
     /// Whether the signal is exported: `--otlp-endpoint` or its variables name a collector.
     fn exported(self, endpoint: Option<&str>) -> bool {
-        endpoint.is_some() || first_set(self.endpoint_variables()).is_some()
+        endpoint.is_some() || self.setting("ENDPOINT").is_some()
     }
 
     /// The exporter's endpoint when `--otlp-endpoint` names it (otherwise the variables do).
@@ -87,8 +81,8 @@ impl Signal {
     /// only, and would otherwise send HTTP to whatever port the user chose for gRPC.
     fn protocol(self) -> Result<opentelemetry_otlp::Protocol, SubagentError> {
         use opentelemetry_otlp::Protocol;
-        let asked = first_set(self.protocol_variables());
-        match asked.as_ref().map(|(name, value)| (*name, value.as_str())) {
+        let asked = self.setting("PROTOCOL");
+        match asked.as_ref().map(|(name, value)| (name, value.as_str())) {
             None | Some((_, "http/protobuf")) => Ok(Protocol::HttpBinary),
             Some((_, "http/json")) => Ok(Protocol::HttpJson),
             Some((name, value)) => Err(SubagentError::new(
@@ -102,87 +96,92 @@ impl Signal {
         }
     }
 
-    /// The variables that name a PEM file of certificates to trust (a collector whose
-    /// certificate a private authority signed), as the specification names them.
-    fn certificate_variables(self) -> [&'static str; 2] {
-        match self {
-            Self::Traces => [
-                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
-                "OTEL_EXPORTER_OTLP_CERTIFICATE",
-            ],
-            Self::Metrics => [
-                "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
-                "OTEL_EXPORTER_OTLP_CERTIFICATE",
-            ],
-        }
-    }
-
-    /// The variables that bound one export's wait, in milliseconds.
-    fn timeout_variables(self) -> [&'static str; 2] {
-        match self {
-            Self::Traces => [
-                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-                "OTEL_EXPORTER_OTLP_TIMEOUT",
-            ],
-            Self::Metrics => [
-                "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
-                "OTEL_EXPORTER_OTLP_TIMEOUT",
-            ],
-        }
-    }
-
-    /// An HTTP client that trusts the certificates the certificate variables name, besides
-    /// the usual roots, and waits as long as the timeout variables say (10 s by default, the
-    /// SDK's own); `None` when no certificate is named, and the SDK's own client serves.
+    /// An HTTP client for a collector the standard TLS variables configure: the authorities
+    /// `…_CERTIFICATE` names trusted besides the system's roots, and the client certificate
+    /// and key `…_CLIENT_CERTIFICATE` and `…_CLIENT_KEY` name presented (mutual TLS), each a
+    /// PEM file; it waits as long as `…_TIMEOUT` says (10 s by default, the SDK's own).
+    /// `None` when none is set, and the SDK's own client serves.
     ///
     /// # Errors
-    /// `INVALID_CONFIG` for a file that cannot be read or holds no certificate, or a timeout
-    /// that is not a number of milliseconds.
+    /// `INVALID_CONFIG` for a file that cannot be read or holds nothing of its kind, a client
+    /// certificate without its key or the other way round, or a timeout that is not a number
+    /// of milliseconds.
     fn http_client(self) -> Result<Option<reqwest_otlp::blocking::Client>, SubagentError> {
-        let Some((name, path)) = first_set(self.certificate_variables()) else {
+        let authorities = self.setting("CERTIFICATE");
+        let identity = (
+            self.setting("CLIENT_CERTIFICATE"),
+            self.setting("CLIENT_KEY"),
+        );
+        if authorities.is_none() && matches!(identity, (None, None)) {
             return Ok(None);
-        };
-        let refused = |why: String| {
-            SubagentError::new(ErrorCode::InvalidConfig, format!("{name}={path}: {why}"))
-        };
-        let pem = std::fs::read(&path).map_err(|error| refused(error.to_string()))?;
-        let certificates = reqwest_otlp::Certificate::from_pem_bundle(&pem)
-            .map_err(|error| refused(error.to_string()))?;
-        if certificates.is_empty() {
-            return Err(refused("the file holds no PEM certificate".to_owned()));
         }
-        let timeout = match first_set(self.timeout_variables()) {
-            None => std::time::Duration::from_secs(10),
-            Some((variable, value)) => value
-                .parse()
-                .map(std::time::Duration::from_millis)
-                .map_err(|_| {
-                    SubagentError::new(
-                        ErrorCode::InvalidConfig,
-                        format!("{variable}={value}: not a number of milliseconds"),
+        let mut client = reqwest_otlp::blocking::Client::builder().timeout(self.timeout()?);
+        if let Some((name, path)) = &authorities {
+            let certificates = reqwest_otlp::Certificate::from_pem_bundle(&read(name, path)?)
+                .map_err(|error| unusable(name, path, error))?;
+            if certificates.is_empty() {
+                return Err(unusable(name, path, "the file holds no PEM certificate"));
+            }
+            for certificate in certificates {
+                client = client.add_root_certificate(certificate);
+            }
+        }
+        match &identity {
+            (None, None) => {}
+            (Some((certificate, certificate_path)), Some((key, key_path))) => {
+                let mut pem = read(certificate, certificate_path)?;
+                pem.push(b'\n');
+                pem.extend(read(key, key_path)?);
+                let identity = reqwest_otlp::Identity::from_pem(&pem).map_err(|error| {
+                    unusable(
+                        certificate,
+                        certificate_path,
+                        format!("with {key}: {error}"),
                     )
-                })?,
-        };
-        certificates
-            .into_iter()
-            .fold(
-                reqwest_otlp::blocking::Client::builder().timeout(timeout),
-                reqwest_otlp::blocking::ClientBuilder::add_root_certificate,
+                })?;
+                client = client.identity(identity);
+            }
+            (Some((name, _)), None) | (None, Some((name, _))) => {
+                return Err(SubagentError::new(
+                    ErrorCode::InvalidConfig,
+                    format!("{name} is set alone: a client certificate needs its key, and a key its certificate"),
+                ));
+            }
+        }
+        let built = client.build().map_err(|error| {
+            SubagentError::new(
+                ErrorCode::InvalidConfig,
+                format!("the OTLP exporter's HTTP client cannot start: {error}"),
             )
-            .build()
-            .map(Some)
-            .map_err(|error| refused(error.to_string()))
+        })?;
+        Ok(Some(built))
+    }
+
+    /// How long one export waits, as `…_TIMEOUT` says in milliseconds (10 s by default).
+    fn timeout(self) -> Result<std::time::Duration, SubagentError> {
+        let Some((name, value)) = self.setting("TIMEOUT") else {
+            return Ok(std::time::Duration::from_secs(10));
+        };
+        value
+            .parse()
+            .map(std::time::Duration::from_millis)
+            .map_err(|_| {
+                SubagentError::new(
+                    ErrorCode::InvalidConfig,
+                    format!("{name}={value}: not a number of milliseconds"),
+                )
+            })
     }
 }
 
-/// The first of `names` set to something, with its value.
-fn first_set(names: [&'static str; 2]) -> Option<(&'static str, String)> {
-    names.into_iter().find_map(|name| {
-        std::env::var(name)
-            .ok()
-            .filter(|value| !value.is_empty())
-            .map(|value| (name, value))
-    })
+/// The bytes of the file variable `name` names.
+fn read(name: &str, path: &str) -> Result<Vec<u8>, SubagentError> {
+    std::fs::read(path).map_err(|error| unusable(name, path, error))
+}
+
+/// The file `path` that variable `name` names cannot be used, for `why`.
+fn unusable(name: &str, path: &str, why: impl std::fmt::Display) -> SubagentError {
+    SubagentError::new(ErrorCode::InvalidConfig, format!("{name}={path}: {why}"))
 }
 
 /// How many finished spans wait for export before more are dropped (unless
