@@ -430,6 +430,11 @@ fn serve(stream: impl std::io::Read + std::io::Write, kept: &Received) {
     }
 }
 
+/// The exported spans named `name`, in the order they were exported.
+fn named<'a>(spans: &'a [serde_json::Value], name: &str) -> Vec<&'a serde_json::Value> {
+    spans.iter().filter(|span| span["name"] == name).collect()
+}
+
 /// The value of attribute `key` of an exported span, as text.
 fn attribute(span: &serde_json::Value, key: &str) -> Option<String> {
     span["attributes"]
@@ -477,9 +482,7 @@ fn the_demo_exports_its_delegation_tree_as_one_trace_over_otlp() {
             .find(|span| span["spanId"] == id)
             .unwrap_or_else(|| panic!("no span {id}"))
     };
-    let named = |name: &str| -> Vec<&serde_json::Value> {
-        spans.iter().filter(|span| span["name"] == name).collect()
-    };
+    let named = |name: &str| named(&spans, name);
     assert_eq!(named("subagents demo").len(), 1);
     for tool in [
         "subagent",
@@ -570,9 +573,7 @@ fn a_child_in_another_process_continues_the_delegating_trace() {
     assert!(delegated.status.success(), "{delegated:?}");
     // Both processes exported before they exited (the child first: its run was disposed).
     let spans = collector.spans();
-    let named = |name: &str| -> Vec<&serde_json::Value> {
-        spans.iter().filter(|span| span["name"] == name).collect()
-    };
+    let named = |name: &str| named(&spans, name);
     let root = named("subagents delegate");
     assert_eq!(root.len(), 1, "{spans:#?}");
     let served = named("session/prompt");
@@ -634,9 +635,7 @@ fn a_start_and_a_follow_up_served_by_another_node_continue_the_senders_trace() {
     assert!(b.wait().success(), "{}", b.errors());
     // Each node exported what it batched before it exited.
     let spans = collector.spans();
-    let named = |name: &str| -> Vec<&serde_json::Value> {
-        spans.iter().filter(|span| span["name"] == name).collect()
-    };
+    let named = |name: &str| named(&spans, name);
     let drive = named("subagents node drive");
     assert_eq!(drive.len(), 1, "{spans:#?}");
     for served in ["serve start", "serve follow-up"] {
@@ -788,9 +787,7 @@ fn served_under(
     b.signal("-TERM");
     assert!(b.wait().success(), "{}", b.errors());
     let spans = collector.spans();
-    let named = |name: &str| -> Vec<&serde_json::Value> {
-        spans.iter().filter(|span| span["name"] == name).collect()
-    };
+    let named = |name: &str| named(&spans, name);
     let (sent, served) = (named(sender), named(served));
     assert_eq!(sent.len(), 1, "{spans:#?}");
     assert_eq!(served.len(), 1, "{spans:#?}");

@@ -7,9 +7,9 @@
 //! default), from threads of the SDK's own, off the actors' threads. An `https://` collector
 //! whose certificate a private authority signed is trusted through
 //! `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the per-signal variable), a PEM file, and one that asks
-//! for a client certificate gets `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `…_CLIENT_KEY`. The rest of the
-//! standard `OTEL_*` variables (headers, timeout, service name) apply as the OpenTelemetry SDK
-//! reads them. Both are exported a last time at exit.
+//! for a client certificate gets `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `…_CLIENT_KEY`.
+//! The rest of the standard `OTEL_*` variables (headers, timeout, service name) apply as the
+//! OpenTelemetry SDK reads them. Both are exported a last time at exit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -144,7 +144,10 @@ impl Signal {
             (Some((name, _)), None) | (None, Some((name, _))) => {
                 return Err(SubagentError::new(
                     ErrorCode::InvalidConfig,
-                    format!("{name} is set alone: a client certificate needs its key, and a key its certificate"),
+                    format!(
+                        "{name} is set alone: a client certificate needs its key, and a key \
+                         its certificate"
+                    ),
                 ));
             }
         }
