@@ -1,28 +1,73 @@
-//! Provides [`WorkerPool`]: the arbiters (threads) agents are spread over, round-robin.
+//! Provides [`WorkerPool`]: the arbiters (threads) agents are spread over, by measured load.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::error::{ErrorCode, Result, SubagentError};
 
-/// How many agents a started worker takes for each one the building arbiter takes. Measured on
-/// 2 cores with 1,000 and 4,000 one-shot runs in flight: an even split left the building
-/// arbiter at 60% of the samples and the worker idle a third of the time; a third of the
-/// agents on the building arbiter was best; a quarter was slower at 1,000.
-const STARTED_WORKER_SHARE: usize = 2;
+/// How many agents a started worker takes for each one the building arbiter takes while the
+/// building arbiter keeps up: its largest share. Measured on 2 cores with 1,000 and 4,000
+/// one-shot runs in flight: an even split left the building arbiter at 60% of the samples and
+/// the worker idle a third of the time; a third of the agents on the building arbiter was best;
+/// a quarter was slower at 1,000. When the host's own work saturates the building arbiter (the
+/// load harness), a smaller share is faster, so the pool lowers it while that thread is busier.
+const STARTED_WORKER_SHARE: u64 = 2;
 
-/// Arbiters agents are spread over, round-robin (see [`crate::RuntimeBuilder::workers`]): the
-/// arbiter that built the runtime and the worker threads started beside it, so a pool of `n` keeps
-/// `n` threads busy, not `n + 1` (the building arbiter runs the delegation API's actors and the
-/// host's own work, and would otherwise compete with every worker for the cores). For the same
-/// reason a started worker takes [`STARTED_WORKER_SHARE`] agents for each one the building arbiter
-/// takes.
+/// The fixed-point 1 of the building arbiter's share of placements.
+const SHARE_ONE: u64 = 1 << 16;
+
+/// How often placements sample how busy the arbiters' threads are: often enough to follow a run
+/// that lasts a second, rarely enough that a probe is noise beside the agents it places.
+const SAMPLE_PERIOD: Duration = Duration::from_millis(10);
+
+/// A thread busy this share of the time (per mille of its wall time running or waiting to run)
+/// is saturated.
+const SATURATED: u64 = 900;
+
+/// How much busier one thread must be than another before agents move between them, per mille:
+/// less, and the share would chase noise.
+const MARGIN: u64 = 100;
+
+/// Arbiters agents are spread over (see [`crate::RuntimeBuilder::workers`]): the arbiter that
+/// built the runtime and the worker threads started beside it, so a pool of `n` keeps `n` threads
+/// busy, not `n + 1`. The building arbiter also runs the delegation API's actors and the host's
+/// own work, so it takes a smaller share of the agents than a started worker, and a smaller one
+/// still while its thread is saturated and busier than the workers': every [`SAMPLE_PERIOD`] a
+/// placement posts a probe to each arbiter, which reads how long its thread ran or waited to run. The started
+/// workers share the rest round-robin.
 pub(crate) struct WorkerPool {
     /// The worker threads this pool started (and stops).
     started: Vec<actix::Arbiter>,
-    /// The rotation agents are placed by: the building arbiter once, then each started one
-    /// [`STARTED_WORKER_SHARE`] times.
-    arbiters: Vec<actix::ArbiterHandle>,
-    next: AtomicUsize,
+    building: Arc<ArbiterLoad>,
+    workers: Vec<Arc<ArbiterLoad>>,
+    /// The building arbiter's share of placements, out of [`SHARE_ONE`].
+    building_share: AtomicU64,
+    /// The building arbiter's largest share: [`STARTED_WORKER_SHARE`] for each started worker.
+    most: u64,
+    /// Placements made; the share picks which of them stay on the building arbiter.
+    placed: AtomicU64,
+    /// Placements made on the started workers, which take turns.
+    worker_turn: AtomicUsize,
+    /// What the pool's clock counts from.
+    epoch: Instant,
+    /// When the arbiters were last sampled (microseconds since `epoch`).
+    sampled: AtomicU64,
+}
+
+/// One arbiter and how busy its thread was between its last two probes.
+struct ArbiterLoad {
+    handle: actix::ArbiterHandle,
+    /// Per mille of the wall time between the last two probes that the thread ran or waited to
+    /// run: above 1,000 would be more work than one core does.
+    busy: AtomicU64,
+    /// [`thread_demand`] at the last probe (nanoseconds).
+    probed_demand: AtomicU64,
+    /// When the last probe ran (microseconds since the pool's epoch), 0 before the first.
+    probed_at: AtomicU64,
+    /// Whether a probe is posted and not yet run: one at a time, so a busy arbiter is not
+    /// flooded.
+    waiting: AtomicBool,
 }
 
 /// File descriptors one started worker holds (its event loop and wakers). Measured on Linux
@@ -56,25 +101,88 @@ impl WorkerPool {
         }
     }
 
-    /// A pool of `count` arbiters: the current one and `count - 1` new threads.
+    /// A pool of `count` arbiters (at least 2): the current one and `count - 1` new threads.
     pub(crate) fn new(count: usize) -> Self {
-        let started: Vec<actix::Arbiter> = (1..count).map(|_| actix::Arbiter::new()).collect();
-        let arbiters =
-            std::iter::once(actix::Arbiter::current())
-                .chain(started.iter().flat_map(|arbiter| {
-                    std::iter::repeat_n(arbiter.handle(), STARTED_WORKER_SHARE)
-                }))
-                .collect();
+        let started: Vec<actix::Arbiter> =
+            (1..count.max(2)).map(|_| actix::Arbiter::new()).collect();
+        let workers: Vec<Arc<ArbiterLoad>> = started
+            .iter()
+            .map(|arbiter| ArbiterLoad::new(arbiter.handle()))
+            .collect();
+        let rotation = 1 + STARTED_WORKER_SHARE * workers.len() as u64;
+        let most = SHARE_ONE.div_ceil(rotation);
         Self {
             started,
-            arbiters,
-            next: AtomicUsize::new(0),
+            building: ArbiterLoad::new(actix::Arbiter::current()),
+            workers,
+            building_share: AtomicU64::new(most),
+            most,
+            placed: AtomicU64::new(0),
+            worker_turn: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            sampled: AtomicU64::new(0),
         }
     }
 
+    /// The arbiter the next agent goes to.
     pub(crate) fn next(&self) -> actix::ArbiterHandle {
-        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.arbiters.len();
-        self.arbiters[index].clone()
+        self.sample();
+        // The share spreads its placements evenly over each run of `SHARE_ONE`: this one stays
+        // when the share's running total crosses a whole number here.
+        let placed = self.placed.fetch_add(1, Ordering::Relaxed) % SHARE_ONE;
+        let share = self.building_share.load(Ordering::Relaxed);
+        if (placed + 1) * share / SHARE_ONE > placed * share / SHARE_ONE {
+            return self.building.handle.clone();
+        }
+        let turn = self.worker_turn.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        self.workers[turn].handle.clone()
+    }
+
+    /// The building arbiter's current share of placements, out of [`SHARE_ONE`].
+    #[cfg(test)]
+    fn building_share(&self) -> u64 {
+        self.building_share.load(Ordering::Relaxed)
+    }
+
+    /// Once a [`SAMPLE_PERIOD`] (the first placement past it does it): rebalances the building
+    /// arbiter's share from how busy the threads were and posts the next probes.
+    fn sample(&self) {
+        let now = self.now();
+        let sampled = self.sampled.load(Ordering::Relaxed);
+        if now.saturating_sub(sampled) < micros(SAMPLE_PERIOD)
+            || self
+                .sampled
+                .compare_exchange(sampled, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let building = self.building.busy.load(Ordering::Relaxed);
+        let workers = self
+            .workers
+            .iter()
+            .map(|worker| worker.busy.load(Ordering::Relaxed))
+            .sum::<u64>()
+            / self.workers.len() as u64;
+        let share = self.building_share.load(Ordering::Relaxed);
+        let rebalanced = rebalanced(share, self.most, building, workers);
+        if rebalanced != share {
+            self.building_share.store(rebalanced, Ordering::Relaxed);
+            tracing::trace!(
+                building_busy_per_mille = building,
+                workers_busy_per_mille = workers,
+                share = rebalanced as f64 / SHARE_ONE as f64,
+                "placement rebalanced"
+            );
+        }
+        for arbiter in std::iter::once(&self.building).chain(&self.workers) {
+            arbiter.probe(self.epoch);
+        }
+    }
+
+    /// Microseconds since the pool's epoch.
+    fn now(&self) -> u64 {
+        micros(self.epoch.elapsed())
     }
 
     /// Stops the worker threads this pool started (after every agent on them was released);
@@ -84,6 +192,95 @@ impl WorkerPool {
             arbiter.stop();
         }
     }
+}
+
+impl ArbiterLoad {
+    fn new(handle: actix::ArbiterHandle) -> Arc<Self> {
+        Arc::new(Self {
+            handle,
+            busy: AtomicU64::new(0),
+            probed_demand: AtomicU64::new(0),
+            probed_at: AtomicU64::new(0),
+            waiting: AtomicBool::new(false),
+        })
+    }
+
+    /// Posts a probe that measures how busy the thread was since the last one, unless one is
+    /// still waiting.
+    fn probe(self: &Arc<Self>, epoch: Instant) {
+        if self.waiting.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let arbiter = Arc::clone(self);
+        let posted = self.handle.spawn_fn(move || arbiter.measure(epoch));
+        if !posted {
+            // A stopped arbiter takes no probe (and no agent); nothing waits.
+            self.waiting.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// On the arbiter's own thread: the time the thread wanted the CPU since the last
+    /// measurement (ran or waited to run), over the wall time. A window shorter than half a
+    /// sample period is left to grow: the kernel counts waits at whole switches.
+    fn measure(&self, epoch: Instant) {
+        let now = micros(epoch.elapsed()).max(1);
+        let last_at = self.probed_at.load(Ordering::Relaxed);
+        if last_at == 0 || now - last_at >= micros(SAMPLE_PERIOD) / 2 {
+            let demand = thread_demand();
+            let last_demand = self.probed_demand.swap(demand, Ordering::Relaxed);
+            self.probed_at.store(now, Ordering::Relaxed);
+            if last_at != 0 {
+                // Nanoseconds per microsecond of wall time is per mille.
+                let busy = (demand.saturating_sub(last_demand) / (now - last_at)).min(1_000);
+                self.busy.store(busy, Ordering::Relaxed);
+            }
+        }
+        self.waiting.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Nanoseconds the calling thread has run (its CPU time) or waited to run (Linux's
+/// `/proc/thread-self/schedstat`, where it can be read). The wait counts because a thread that
+/// shares its core with others is as saturated as one that has the core to itself, only slower.
+fn thread_demand() -> u64 {
+    use std::os::unix::fs::FileExt;
+    thread_local! {
+        /// This thread's schedstat, opened once (procfs names the thread at open).
+        static SCHEDSTAT: Option<std::fs::File> = std::fs::File::open("/proc/thread-self/schedstat").ok();
+    }
+    let waited = SCHEDSTAT
+        .with(|file| {
+            let mut buffer = [0u8; 96];
+            let read = file.as_ref()?.read_at(&mut buffer, 0).ok()?;
+            let text = std::str::from_utf8(&buffer[..read]).ok()?;
+            // "<ran> <waited> <timeslices>", nanoseconds.
+            text.split_ascii_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .unwrap_or(0);
+    let ran = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    u64::try_from(ran.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(ran.tv_nsec).unwrap_or(0))
+        .saturating_add(waited)
+}
+
+/// The building arbiter's next share, from how busy its thread and the started workers' were
+/// (their mean), per mille: a quarter less while it is saturated and busier than the workers by
+/// more than [`MARGIN`], back up by a sixteenth of the most while the workers are busier by more
+/// than that, and unchanged between the two (so it settles instead of swinging).
+fn rebalanced(share: u64, most: u64, building: u64, workers: u64) -> u64 {
+    if building >= SATURATED && building > workers + MARGIN {
+        share - share / 4
+    } else if workers > building + MARGIN {
+        (share + most / 16).min(most)
+    } else {
+        share
+    }
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -128,6 +325,72 @@ mod tests {
                 .all(|thread| *thread == building || *thread == worker),
             "two threads in all: {threads:?}"
         );
+        pool.stop();
+    }
+
+    #[test]
+    fn the_share_falls_while_the_building_arbiter_is_saturated_and_busier_and_recovers_after() {
+        let most = SHARE_ONE / 3;
+        // Saturated and busier than the workers: a quarter less each time.
+        assert_eq!(rebalanced(most, most, 1_000, 400), most - most / 4);
+        assert_eq!(rebalanced(most, most, SATURATED, 0), most - most / 4);
+        // Saturated, but so are the workers: moving agents there helps nobody.
+        assert_eq!(rebalanced(most / 2, most, 1_000, 950), most / 2);
+        // Busier but not saturated: it keeps up, so it keeps its agents.
+        assert_eq!(rebalanced(most / 2, most, 800, 100), most / 2);
+        // Within the margin: it settles.
+        assert_eq!(rebalanced(most / 2, most, 500, 550), most / 2);
+        // The workers busier by more than the margin: back up by a sixteenth, never past the most.
+        assert_eq!(rebalanced(most / 2, most, 500, 700), most / 2 + most / 16);
+        assert_eq!(rebalanced(most, most, 0, 1_000), most);
+    }
+
+    /// Keeps this thread busy for `period` (a stand-in for agents' work).
+    fn work_for(period: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < period {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Keeps the current arbiter busy in slices of a few milliseconds until `stop` is set,
+    /// yielding between slices as agents' turns do.
+    fn keep_busy(stop: Arc<AtomicBool>) {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        work_for(Duration::from_millis(3));
+        let _ = actix::Arbiter::current().spawn_fn(move || keep_busy(stop));
+    }
+
+    #[actix::test]
+    async fn placements_move_off_a_saturated_building_arbiter_and_return_when_the_workers_are_busier(
+    ) {
+        let pool = WorkerPool::new(2);
+        let most = pool.building_share();
+        // Bounded: the share falls by a quarter every sample, so 12 samples take it below a
+        // quarter; a pool that does not follow the load never gets there.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // This (the building) arbiter saturated, the worker idle.
+        while pool.building_share() >= most / 4 && Instant::now() < deadline {
+            let _ = pool.next();
+            work_for(Duration::from_millis(3));
+            actix_rt::task::yield_now().await;
+        }
+        let lowered = pool.building_share();
+        assert!(lowered < most / 4, "{lowered} of {most}");
+
+        // Now the worker is the busy one and this arbiter idles between placements.
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = Arc::clone(&stop);
+        assert!(pool.workers[0].handle.spawn_fn(move || keep_busy(busy)));
+        while pool.building_share() < most && Instant::now() < deadline {
+            let _ = pool.next();
+            // Time passing is what is measured here, not an ordering.
+            actix_rt::time::sleep(Duration::from_millis(2)).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(pool.building_share(), most, "back to the most");
         pool.stop();
     }
 }

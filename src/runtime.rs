@@ -114,11 +114,13 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Spreads agents over `count` threads (actix arbiters), round-robin, to use more than one
-    /// core: the current arbiter (the one that builds the runtime) and `count - 1` worker
-    /// threads started beside it, so one per core is `count` = the number of cores. The
-    /// registry, the service and the providers always run on the current arbiter, so it takes
-    /// one agent for every two a started worker takes. The default, 0 or 1, runs every agent on
+    /// Spreads agents over `count` threads (actix arbiters) to use more than one core: the
+    /// current arbiter (the one that builds the runtime) and `count - 1` worker threads started
+    /// beside it, so one per core is `count` = the number of cores. The registry, the service and
+    /// the providers always run on the current arbiter, so it takes at most one agent for every
+    /// two a started worker takes, and fewer while its thread is saturated and busier than the
+    /// workers' (measured every 10 ms from each thread's run and run-queue time); the started
+    /// workers take the rest in turn. The default, 0 or 1, runs every agent on
     /// the current arbiter, which keeps a test's scheduling on one thread. [`RuntimeBuilder::build`]
     /// refuses (`INVALID_ARGS`) more workers than the process's file-descriptor limit holds.
     #[must_use]
