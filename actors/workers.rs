@@ -34,7 +34,8 @@ const MARGIN: u64 = 100;
 /// busy, not `n + 1`. The building arbiter also runs the delegation API's actors and the host's
 /// own work, so it takes a smaller share of the agents than a started worker, and a smaller one
 /// still while its thread is saturated and busier than the workers': every [`SAMPLE_PERIOD`] a
-/// placement posts a probe to each arbiter, which reads how long its thread ran or waited to run. The started
+/// placement posts a probe to each arbiter, which reads how long its thread ran or waited to run.
+/// Without Linux's per-thread scheduler counts the share stays at its most. The started
 /// workers share the rest round-robin.
 pub(crate) struct WorkerPool {
     /// The worker threads this pool started (and stops).
@@ -55,11 +56,11 @@ pub(crate) struct WorkerPool {
     sampled: AtomicU64,
 }
 
-/// One arbiter and how busy its thread was between its last two probes.
+/// One arbiter and how busy its thread has been lately.
 struct ArbiterLoad {
     handle: actix::ArbiterHandle,
-    /// Per mille of the wall time between the last two probes that the thread ran or waited to
-    /// run: above 1,000 would be more work than one core does.
+    /// Per mille of the wall time that the thread ran or waited to run, averaged over the last
+    /// few measurements (see [`ArbiterLoad::measure`]).
     busy: AtomicU64,
     /// [`thread_demand`] at the last probe (nanoseconds).
     probed_demand: AtomicU64,
@@ -220,49 +221,51 @@ impl ArbiterLoad {
     }
 
     /// On the arbiter's own thread: the time the thread wanted the CPU since the last
-    /// measurement (ran or waited to run), over the wall time. A window shorter than half a
-    /// sample period is left to grow: the kernel counts waits at whole switches.
+    /// measurement (ran or waited to run), over the wall time, averaged with the measurements
+    /// before. The kernel brings a running thread's count up to date only at its clock tick (4 ms
+    /// at 250 Hz), so a window shorter than half a sample period is left to grow, one window may
+    /// read high or low by a tick, and the average evens that out: a tick missed in one window
+    /// is counted in the next. Where the count cannot be read the thread reads idle, and the
+    /// share stays at its most.
     fn measure(&self, epoch: Instant) {
         let now = micros(epoch.elapsed()).max(1);
         let last_at = self.probed_at.load(Ordering::Relaxed);
         if last_at == 0 || now - last_at >= micros(SAMPLE_PERIOD) / 2 {
-            let demand = thread_demand();
-            let last_demand = self.probed_demand.swap(demand, Ordering::Relaxed);
-            self.probed_at.store(now, Ordering::Relaxed);
-            if last_at != 0 {
-                // Nanoseconds per microsecond of wall time is per mille.
-                let busy = (demand.saturating_sub(last_demand) / (now - last_at)).min(1_000);
-                self.busy.store(busy, Ordering::Relaxed);
+            if let Some(demand) = thread_demand() {
+                let last_demand = self.probed_demand.swap(demand, Ordering::Relaxed);
+                self.probed_at.store(now, Ordering::Relaxed);
+                if last_at != 0 {
+                    // Nanoseconds per microsecond of wall time is per mille.
+                    let window = demand.saturating_sub(last_demand) / (now - last_at);
+                    let busy = self.busy.load(Ordering::Relaxed);
+                    self.busy.store(busy.midpoint(window), Ordering::Relaxed);
+                }
             }
         }
         self.waiting.store(false, Ordering::Relaxed);
     }
 }
 
-/// Nanoseconds the calling thread has run (its CPU time) or waited to run (Linux's
-/// `/proc/thread-self/schedstat`, where it can be read). The wait counts because a thread that
-/// shares its core with others is as saturated as one that has the core to itself, only slower.
-fn thread_demand() -> u64 {
+/// Nanoseconds the calling thread has run or waited to run, from Linux's
+/// `/proc/thread-self/schedstat`, or `None` where that cannot be read. The wait counts because a
+/// thread that shares its core with others is as saturated as one that has the core to itself,
+/// only slower.
+fn thread_demand() -> Option<u64> {
     use std::os::unix::fs::FileExt;
     thread_local! {
         /// This thread's schedstat, opened once (procfs names the thread at open).
         static SCHEDSTAT: Option<std::fs::File> = std::fs::File::open("/proc/thread-self/schedstat").ok();
     }
-    let waited = SCHEDSTAT
-        .with(|file| {
-            let mut buffer = [0u8; 96];
-            let read = file.as_ref()?.read_at(&mut buffer, 0).ok()?;
-            let text = std::str::from_utf8(&buffer[..read]).ok()?;
-            // "<ran> <waited> <timeslices>", nanoseconds.
-            text.split_ascii_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .unwrap_or(0);
-    let ran = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    u64::try_from(ran.tv_sec)
-        .unwrap_or(0)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(u64::try_from(ran.tv_nsec).unwrap_or(0))
-        .saturating_add(waited)
+    SCHEDSTAT.with(|file| {
+        let mut buffer = [0u8; 96];
+        let read = file.as_ref()?.read_at(&mut buffer, 0).ok()?;
+        let text = std::str::from_utf8(&buffer[..read]).ok()?;
+        // "<ran> <waited> <timeslices>", nanoseconds.
+        let mut fields = text.split_ascii_whitespace().map(str::parse::<u64>);
+        let ran = fields.next()?.ok()?;
+        let waited = fields.next()?.ok()?;
+        Some(ran.saturating_add(waited))
+    })
 }
 
 /// The building arbiter's next share, from how busy its thread and the started workers' were
