@@ -65,7 +65,7 @@ impl Handler<DrainDescendants> for ContinuationManager {
                 .entry(root.id())
                 .or_insert_with(|| ClosingScope {
                     root,
-                    members: HashSet::new(),
+                    members: FastHashSet::default(),
                 });
         }
         // Strict descendants only: a continuable root itself survives.
@@ -80,7 +80,7 @@ impl Handler<DrainDescendants> for ContinuationManager {
             .map(|(id, resident)| (resident.ancestry.len(), *id))
             .collect();
         targets.sort_unstable();
-        let target_ids: HashSet<SessionId> = targets.iter().map(|(_, id)| *id).collect();
+        let target_ids: FastHashSet<SessionId> = targets.iter().map(|(_, id)| *id).collect();
         for (_, target) in &targets {
             let ancestry = self.residents[target].ancestry.clone();
             for root in &root_ids {
@@ -126,7 +126,7 @@ impl Handler<DrainDescendants> for ContinuationManager {
         // Children this node placed before it was restarted under its id, of which this
         // process has no record: found by their leases and released on their nodes.
         if let Some(cluster) = self.cluster.clone() {
-            let known: HashSet<SessionId> = self
+            let known: FastHashSet<SessionId> = self
                 .remote_children
                 .keys()
                 .chain(self.residents.keys())

@@ -70,7 +70,7 @@ pub(crate) use materialize::{Delivery, StartContinuable};
 pub(crate) use remote::{ask_interrupt, route_followup};
 pub(crate) use served::delivery_handler;
 
-use std::collections::{HashMap, HashSet};
+use crate::ids::{FastHashMap, FastHashSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -144,7 +144,7 @@ struct OwnerRecord {
 struct ClosingScope {
     root: AgentRef,
     /// The drained Activations and their lineages.
-    members: HashSet<SessionId>,
+    members: FastHashSet<SessionId>,
 }
 
 /// A resident child's durable direct parent: an agent of this runtime, or one resident on
@@ -250,14 +250,10 @@ struct Resident {
     /// Whether the parent is itself a resident Activation, which then owns this one.
     owned_by_parent: bool,
     /// The resident children this Activation owns (boxed: most children own none, and a
-    /// million resident children would each carry an empty set).
-    #[expect(
-        clippy::box_collection,
-        reason = "a thin optional pointer: most records never own a child"
-    )]
-    owned: Option<Box<HashSet<SessionId>>>,
+    /// million resident children would each carry an empty set): a thin optional pointer.
+    owned: Option<Box<FastHashSet<SessionId>>>,
     /// Waking sends the agent has not yet claimed or discarded.
-    accepted: HashSet<MessageId>,
+    accepted: FastHashSet<MessageId>,
     /// Whether the agent is running, as its activity last said.
     busy: bool,
     /// Whether a message was ever submitted (before that, an idle agent is not settled).
@@ -319,7 +315,7 @@ impl Resident {
     fn forget_accepted(&mut self, id: &MessageId) {
         self.accepted.remove(id);
         if self.accepted.is_empty() {
-            self.accepted = HashSet::new();
+            self.accepted = FastHashSet::default();
         }
     }
 }
@@ -332,18 +328,18 @@ pub(crate) struct ContinuationManager {
     setup: Arc<SetupRegistry>,
     /// Boxed: a bucket holds a pointer, not a whole record, so a map grown for a million
     /// children does not pay the record's size for every empty bucket.
-    residents: HashMap<SessionId, Box<Resident>>,
-    materializations: HashMap<u64, Materialization>,
+    residents: FastHashMap<SessionId, Box<Resident>>,
+    materializations: FastHashMap<u64, Materialization>,
     /// Children whose cold resume is in flight: another delivery waits for it.
-    resuming: HashMap<SessionId, Signal>,
+    resuming: FastHashMap<SessionId, Signal>,
     /// Authorized interrupts of children whose cold resume is in flight: each reaches the
     /// turn its resume opens, as the resume submits its message.
-    interrupts: HashMap<SessionId, CancelCause>,
+    interrupts: FastHashMap<SessionId, CancelCause>,
     /// Settled notices on their way to a parent session whose child's record is gone already:
     /// shutdown waits for them, so none is cut off by the registry closing.
-    notices: HashMap<u64, Signal>,
+    notices: FastHashMap<u64, Signal>,
     next_notice: u64,
-    closing: HashMap<SessionId, ClosingScope>,
+    closing: FastHashMap<SessionId, ClosingScope>,
     draining: bool,
     /// Set when the runtime shuts down as a node of a cluster (it leaves): its children of
     /// parents on other nodes are handed over, not discarded.
@@ -356,20 +352,20 @@ pub(crate) struct ContinuationManager {
     /// Dropped when no child is resident, so the manager never keeps its own address alive.
     activity: Option<ActivityObserver>,
     /// The ownership nodes of host-owned parents (see [`OwnerNode`]).
-    owners: HashMap<SessionId, OwnerRecord>,
+    owners: FastHashMap<SessionId, OwnerRecord>,
     /// This runtime's cluster, when it joined one.
     cluster: Option<ClusterLink>,
     /// Children this runtime's parents placed on other nodes.
-    remote_children: HashMap<SessionId, RemoteChild>,
+    remote_children: FastHashMap<SessionId, RemoteChild>,
     /// Placed children whose epoch on a node was accounted as ended with that node
     /// (`node-stopped`), by the node incarnation it ended with: a late notice from there is
     /// that epoch's second. Cleared when the child is placed (or found) on a node again.
-    ended_with_node: HashMap<SessionId, NodeIncarnation>,
+    ended_with_node: FastHashMap<SessionId, NodeIncarnation>,
     /// Placed children no node holds now, by parent (handed over by a node that left, or
     /// left behind by one that stopped): what they accepted and did not run waits in their
     /// logs for the next follow-up, which resumes them. A drain of their lineage, which
     /// refuses that follow-up, discards it instead (`remote::discard_parked`).
-    parked: HashMap<SessionId, AgentRef>,
+    parked: FastHashMap<SessionId, AgentRef>,
     /// Whether a look for stopped nodes is in flight.
     sweeping: bool,
     /// The timer that looks for stopped nodes, armed only while a child is placed elsewhere: a
@@ -425,24 +421,24 @@ impl ContinuationManager {
     ) -> Self {
         Self {
             cluster,
-            remote_children: HashMap::new(),
-            ended_with_node: HashMap::new(),
-            parked: HashMap::new(),
+            remote_children: FastHashMap::default(),
+            ended_with_node: FastHashMap::default(),
+            parked: FastHashMap::default(),
             sweeping: false,
             sweep: None,
             agents,
             service,
             events,
             setup,
-            residents: HashMap::new(),
+            residents: FastHashMap::default(),
             activity: None,
-            materializations: HashMap::new(),
-            resuming: HashMap::new(),
-            interrupts: HashMap::new(),
-            notices: HashMap::new(),
+            materializations: FastHashMap::default(),
+            resuming: FastHashMap::default(),
+            interrupts: FastHashMap::default(),
+            notices: FastHashMap::default(),
             next_notice: 0,
-            owners: HashMap::new(),
-            closing: HashMap::new(),
+            owners: FastHashMap::default(),
+            closing: FastHashMap::default(),
             draining: false,
             leaving: false,
             next_materialization: 0,
@@ -846,7 +842,7 @@ impl Handler<AgentActivity> for ContinuationManager {
             Activity::Idle => resident.busy = false,
             // Accepted work a faulted agent holds will never be claimed: it no longer keeps
             // the Activation resident, so the child settles (its teardown reports the fault).
-            Activity::Faulted => resident.accepted = HashSet::new(),
+            Activity::Faulted => resident.accepted = FastHashSet::default(),
         }
         self.evaluate(msg.child, ctx);
     }

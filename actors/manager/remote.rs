@@ -150,7 +150,7 @@ pub(super) fn discard_parked(agents: Agents, child: SessionId) -> Disposal {
 pub(super) fn release_unrecorded(
     cluster: ClusterLink,
     parent: SessionId,
-    known: HashSet<SessionId>,
+    known: FastHashSet<SessionId>,
 ) -> Disposal {
     async move {
         for (child, holder) in cluster.membership().held_children(parent).await? {
@@ -787,7 +787,7 @@ impl ContinuationManager {
 /// (it was restarted under its id), will send no notice.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct NodesLive(HashMap<NodeId, Option<uuid::Uuid>>);
+struct NodesLive(std::collections::HashMap<NodeId, Option<uuid::Uuid>>);
 
 impl Handler<NodesLive> for ContinuationManager {
     type Result = ();

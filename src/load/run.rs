@@ -8,7 +8,7 @@
 //! children below the last level delegate their own children from their own turn, through the
 //! `delegate` tool.
 
-use std::collections::HashMap;
+use crate::ids::FastHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Instant;
@@ -66,14 +66,14 @@ impl LoadCounters {
 #[derive(Default)]
 struct Lifecycle {
     /// Each child's ended epochs, for waiters.
-    epochs: Mutex<HashMap<SessionId, watch::Sender<u64>>>,
+    epochs: Mutex<FastHashMap<SessionId, watch::Sender<u64>>>,
     /// Each run id's `subagent/start` and `subagent/end` counts.
-    runs: Mutex<HashMap<RunId, (u32, u32)>>,
+    runs: Mutex<FastHashMap<RunId, (u32, u32)>>,
     /// The most children in flight at once ([`LoadCounters::in_flight`]).
     peak: AtomicU64,
     /// Each child's started epochs, when the run follows children across nodes (a follow-up
     /// that began no epoch joined the one running, wherever it ran).
-    starts: Option<Mutex<HashMap<SessionId, u64>>>,
+    starts: Option<Mutex<FastHashMap<SessionId, u64>>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -840,6 +840,6 @@ struct PendingReopen {
     pairs: std::collections::HashSet<(SessionId, SessionId)>,
 }
 
-fn lifecycle_runs(lifecycle: &Lifecycle) -> HashMap<RunId, (u32, u32)> {
+fn lifecycle_runs(lifecycle: &Lifecycle) -> FastHashMap<RunId, (u32, u32)> {
     lock(&lifecycle.runs).clone()
 }

@@ -131,7 +131,7 @@ fn reports_in(events: &[Arc<SessionEvent>]) -> u64 {
 pub(crate) async fn verify(
     rt: &Runtime,
     peers: &[Runtime],
-    runs: &HashMap<RunId, (u32, u32)>,
+    runs: &crate::ids::FastHashMap<RunId, (u32, u32)>,
     created: &[Created],
     accepted: &[(SessionId, MessageId, u64)],
     roots: &[SessionId],

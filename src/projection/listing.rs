@@ -26,7 +26,7 @@
 //! Cancellation is checked before any read, between reads and after the last one: a listing
 //! that observed its token fire is `CANCELLED`, never a partial or diagnosed result.
 
-use std::collections::{HashMap, HashSet};
+use crate::ids::{FastHashMap, FastHashSet};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -198,11 +198,11 @@ pub(crate) struct Listing {
     store: Option<SharedStore>,
     cache: bool,
     cancel: CancellationToken,
-    records: HashMap<SessionId, Record>,
+    records: FastHashMap<SessionId, Record>,
     /// Each session's children (any origin), in (created-at, id) order.
-    index: HashMap<SessionId, Vec<SessionId>>,
+    index: FastHashMap<SessionId, Vec<SessionId>>,
     /// Ids that some `origin: subagent` session names as its parent.
-    parents: HashSet<SessionId>,
+    parents: FastHashSet<SessionId>,
 }
 
 impl Listing {
@@ -220,7 +220,7 @@ impl Listing {
             )
         })?;
         check(&cancel)?;
-        let mut records = HashMap::new();
+        let mut records = FastHashMap::default();
         if let Some(store) = &env.store {
             let listed = tokio::select! {
                 () = cancel.cancelled() => return Err(cancelled()),
@@ -262,14 +262,14 @@ impl Listing {
             .filter(|record| record.is_candidate())
             .filter_map(|record| record.header.parent_session)
             .collect();
-        let mut index: HashMap<SessionId, Vec<SessionId>> = HashMap::new();
+        let mut index: FastHashMap<SessionId, Vec<SessionId>> = FastHashMap::default();
         for record in records.values() {
             if let Some(parent) = record.header.parent_session {
                 index.entry(parent).or_default().push(record.header.id);
             }
         }
         for children in index.values_mut() {
-            children.sort_by_key(|id| (records.get(id).map(|r| r.header.created_at), *id));
+            children.sort_by_cached_key(|id| (records.get(id).map(|r| r.header.created_at), *id));
         }
         Ok(Self {
             registry,
@@ -313,7 +313,7 @@ impl Listing {
         // Iterative, with a visited set: a corrupt parent cycle or a very deep chain of
         // ordinary sessions can neither loop nor exhaust the stack.
         let mut order: Vec<(&Record, SessionId, u64)> = Vec::new();
-        let mut visited: HashSet<SessionId> = HashSet::from([root]);
+        let mut visited: FastHashSet<SessionId> = FastHashSet::from_iter([root]);
         let mut stack: Vec<(SessionId, u64)> = vec![(root, 0)];
         while let Some((node, depth)) = stack.pop() {
             for child in self.children_of(node).rev() {
@@ -359,7 +359,7 @@ impl Listing {
     /// no parent, or whose parent is not in the corpus, oldest first (by their own creation,
     /// or, for a parent the store does not hold, its oldest child's), then by id.
     pub(crate) fn roots(&self) -> Vec<SessionId> {
-        let mut roots: HashMap<SessionId, u64> = HashMap::new();
+        let mut roots: FastHashMap<SessionId, u64> = FastHashMap::default();
         for record in self.records.values() {
             let header = &record.header;
             let root = match header.parent_session {

@@ -1,7 +1,9 @@
 //! Provides [`MemoryStore`]: an in-memory [`SessionPersistence`] for tests and load runs that
 //! need no disk. It upholds every guarantee of [`SessionPersistence`] except surviving the process.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use crate::ids::{FastHashMap, FastHashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::future::{self, BoxFuture};
@@ -33,13 +35,13 @@ struct MemoryState {
     /// Projection cache rows as their JSON bytes, as a persistent store keeps them: a row held
     /// as a `Value` tree takes several times its encoding, and a store holds one for every
     /// continuable child it has seen released.
-    cache: HashMap<(String, SessionId), Box<[u8]>>,
+    cache: FastHashMap<(String, SessionId), Box<[u8]>>,
     leases: LeaseTable,
     /// How many stored sessions' seeds reference each session: a session a seed references
     /// stays readable while that seed's session is stored.
-    referenced: HashMap<SessionId, usize>,
+    referenced: FastHashMap<SessionId, usize>,
     /// One-shot sessions disposed while still referenced, dropped once the last reference is.
-    disposed: HashSet<SessionId>,
+    disposed: FastHashSet<SessionId>,
 }
 
 impl MemoryState {
