@@ -450,24 +450,60 @@ pub fn traceparent_of(span: &Span) -> Option<String> {
 /// The W3C `traceparent` of a span by its context (version `00`, as the SDK's propagator
 /// writes it; written out directly, since every turn's `turn/end` keeps one).
 pub(crate) fn traceparent_of_context(context: &SpanContext) -> Option<String> {
-    context.is_valid().then(|| {
-        format!(
-            "00-{}-{}-{:02x}",
-            context.trace_id(),
-            context.span_id(),
-            context.trace_flags().to_u8()
-        )
-    })
+    if !context.is_valid() {
+        return None;
+    }
+    let mut written = String::with_capacity(TRACEPARENT_LENGTH);
+    written.push_str("00-");
+    push_hex(&mut written, &context.trace_id().to_bytes());
+    written.push('-');
+    push_hex(&mut written, &context.span_id().to_bytes());
+    written.push('-');
+    push_hex(&mut written, &[context.trace_flags().to_u8()]);
+    Some(written)
 }
 
-/// The context a W3C `traceparent` names, when it parses.
+/// The length of a version-`00` `traceparent`: `00-` and 32, 16 and 2 hex digits with their dashes.
+const TRACEPARENT_LENGTH: usize = 55;
+
+/// Appends `bytes` as lowercase hex, as W3C Trace Context writes ids.
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+}
+
+/// The context a W3C `traceparent` names, when it is one: a version other than `ff` (and for
+/// `00`, nothing after the flags), a 32-digit trace id and a 16-digit span id that are not all
+/// zeros, and two digits of flags (of which only "sampled" is kept), every digit lowercase hex.
+/// Read directly rather than through the SDK's propagator, which builds a carrier map for each
+/// read and does not check the ids' lengths.
 fn remote_context(traceparent: &str) -> Option<SpanContext> {
-    use opentelemetry::propagation::TextMapPropagator as _;
-    use opentelemetry::trace::TraceContextExt as _;
-    let carrier =
-        std::collections::HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
-    let remote = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
-    let context = remote.span().span_context().clone();
+    use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+    /// `field` as a number, when it is exactly `digits` lowercase hex digits.
+    fn hex(field: &str, digits: usize) -> Option<u128> {
+        let lowercase_hex = |byte: &u8| matches!(byte, b'0'..=b'9' | b'a'..=b'f');
+        (field.len() == digits && field.bytes().all(|byte| lowercase_hex(&byte)))
+            .then(|| u128::from_str_radix(field, 16).ok())
+            .flatten()
+    }
+    let mut fields = traceparent.trim().split('-');
+    let version = hex(fields.next()?, 2)?;
+    let trace_id = hex(fields.next()?, 32)?;
+    let span_id = u64::try_from(hex(fields.next()?, 16)?).ok()?;
+    let flags = u8::try_from(hex(fields.next()?, 2)?).ok()?;
+    if version == 0xff || (version == 0 && fields.next().is_some()) {
+        return None;
+    }
+    let context = SpanContext::new(
+        TraceId::from(trace_id),
+        SpanId::from(span_id),
+        TraceFlags::new(flags) & TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
     context.is_valid().then_some(context)
 }
 
@@ -522,5 +558,60 @@ mod tests {
         );
         assert!(remote_context("00-not-a-traceparent").is_none());
         assert!(traceparent_of_context(&SpanContext::empty_context()).is_none());
+    }
+
+    /// What the SDK's propagator reads from `traceparent`: (trace id, span id, flags).
+    fn read_by_the_sdk(traceparent: &str) -> Option<(TraceId, SpanId, TraceFlags)> {
+        let carrier =
+            std::collections::HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+        let read = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+        let context = read.span().span_context().clone();
+        context
+            .is_valid()
+            .then(|| (context.trace_id(), context.span_id(), context.trace_flags()))
+    }
+
+    #[test]
+    fn a_traceparent_is_read_as_the_sdk_reads_it_and_refused_where_w3c_refuses_it() {
+        let ids = "0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331";
+        // Read alike: plain, unsampled, unknown flags (zeroed), padded, and a later version with
+        // more fields after the flags.
+        for agreed in [
+            format!("00-{ids}-01"),
+            format!("00-{ids}-00"),
+            format!("00-{ids}-ff"),
+            format!("  00-{ids}-01 "),
+            format!("cc-{ids}-01-what-comes-later"),
+        ] {
+            let ours = remote_context(&agreed)
+                .map(|context| (context.trace_id(), context.span_id(), context.trace_flags()));
+            assert!(ours.is_some(), "{agreed}");
+            assert_eq!(ours, read_by_the_sdk(&agreed), "{agreed}");
+        }
+        // Refused alike: version ff, version 00 with more fields, uppercase, ids of zeros, not
+        // hex, too few fields.
+        for refused in [
+            format!("ff-{ids}-01"),
+            format!("00-{ids}-01-more"),
+            format!("00-{}-01", ids.to_uppercase()),
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01".to_owned(),
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01".to_owned(),
+            format!("00-{ids}-zz"),
+            format!("00-{ids}"),
+            String::new(),
+        ] {
+            assert!(remote_context(&refused).is_none(), "{refused}");
+            assert!(read_by_the_sdk(&refused).is_none(), "{refused}");
+        }
+        // Refused here though the SDK reads them: ids and fields of the wrong length, and a
+        // signed number, none of which W3C Trace Context allows.
+        for malformed in [
+            "00-af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
+            "0-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-1",
+            "00-+af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ] {
+            assert!(remote_context(malformed).is_none(), "{malformed}");
+        }
     }
 }
