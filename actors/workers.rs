@@ -71,9 +71,10 @@ struct ArbiterLoad {
     waiting: AtomicBool,
 }
 
-/// File descriptors one started worker holds (its event loop and wakers). Measured on Linux
-/// under a limit of 1,024 descriptors: 230 workers started and 256 did not.
-const DESCRIPTORS_PER_WORKER: u64 = 4;
+/// File descriptors one started worker holds: its event loop and wakers (4; measured on Linux
+/// under a limit of 1,024 descriptors, 230 workers started and 256 did not) and the scheduler
+/// counts its probes read ([`thread_demand`]).
+const DESCRIPTORS_PER_WORKER: u64 = 5;
 
 /// Descriptors left for everything else a process holds (the store, sockets, the terminal).
 const DESCRIPTORS_RESERVED: u64 = 64;
