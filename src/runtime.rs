@@ -117,10 +117,12 @@ impl RuntimeBuilder {
     /// Spreads agents over `count` threads (actix arbiters) to use more than one core: the
     /// current arbiter (the one that builds the runtime) and `count - 1` worker threads started
     /// beside it, so one per core is `count` = the number of cores. The registry, the service and
-    /// the providers always run on the current arbiter, so it takes at most one agent for every
-    /// two a started worker takes, and fewer while its thread is saturated and busier than the
-    /// workers' (measured every 10 ms from each thread's run and run-queue time); the started
-    /// workers take the rest in turn. The default, 0 or 1, runs every agent on
+    /// the providers always run on the current arbiter, so it starts with one agent for every
+    /// two a started worker takes; then, measured every 10 ms from each thread's run and
+    /// run-queue time, it takes fewer while its thread is saturated and busier than the
+    /// workers', and more, up to every agent, while it has room (a few children in flight run
+    /// fastest beside their caller). The started workers take the rest in turn. The default,
+    /// 0 or 1, runs every agent on
     /// the current arbiter, which keeps a test's scheduling on one thread. [`RuntimeBuilder::build`]
     /// refuses (`INVALID_ARGS`) more workers than the process's file-descriptor limit holds.
     #[must_use]
