@@ -85,10 +85,10 @@ pub(crate) fn link_resumed(span: &Span, log: &crate::session::SessionLog) {
         crate::session::EventKind::TurnEnd {
             traceparent: Some(traceparent),
             ..
-        } => Some(traceparent.clone()),
+        } => remote_context(traceparent),
         _ => None,
     });
-    if let Some(context) = last.as_deref().and_then(remote_context) {
+    if let Some(context) = last {
         span.add_link(context);
     }
 }

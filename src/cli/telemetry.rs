@@ -16,9 +16,7 @@ use std::sync::OnceLock;
 
 use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{
-    MetricExporter, SpanExporter, WithExportConfig as _, WithHttpConfig as _,
-};
+use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
@@ -168,6 +166,26 @@ impl Signal {
                 ErrorCode::InvalidConfig,
                 format!("the OTLP exporter's HTTP client cannot start: {error}"),
             )
+        })
+    }
+
+    /// `builder`, the signal's HTTP exporter, with its protocol, its HTTP client and, when
+    /// `--otlp-endpoint` names the collector, its endpoint (otherwise the SDK reads the
+    /// variables).
+    ///
+    /// # Errors
+    /// `INVALID_CONFIG` as [`Signal::protocol`] and [`Signal::http_client`] say.
+    fn configure<B: WithExportConfig + WithHttpConfig>(
+        self,
+        builder: B,
+        endpoint: Option<&str>,
+    ) -> Result<B, SubagentError> {
+        let builder = builder
+            .with_protocol(self.protocol()?)
+            .with_http_client(self.http_client(endpoint)?);
+        Ok(match self.endpoint(endpoint) {
+            Some(endpoint) => builder.with_endpoint(endpoint),
+            None => builder,
         })
     }
 
@@ -352,13 +370,10 @@ fn span_provider(
     endpoint: Option<&str>,
     resource: Resource,
 ) -> Result<SdkTracerProvider, SubagentError> {
-    let mut builder = SpanExporter::builder().with_http();
-    builder = builder.with_protocol(Signal::Traces.protocol()?);
-    builder = builder.with_http_client(Signal::Traces.http_client(endpoint)?);
-    if let Some(endpoint) = Signal::Traces.endpoint(endpoint) {
-        builder = builder.with_endpoint(endpoint);
-    }
-    let exporter = builder.build().map_err(|error| invalid("span", error))?;
+    let exporter = Signal::Traces
+        .configure(SpanExporter::builder().with_http(), endpoint)?
+        .build()
+        .map_err(|error| invalid("span", error))?;
     // The SDK's default queue (2,048 spans) is under a tenth of a second of a load run's
     // spans (about 30,000/s): a burst the exporter's thread falls behind on would overflow
     // it, and what overflows is dropped, a trace with holes. The standard variable decides.
@@ -385,13 +400,10 @@ fn meter_provider(
 ) -> Result<SdkMeterProvider, SubagentError> {
     let mut provider = SdkMeterProvider::builder().with_resource(resource);
     if otlp {
-        let mut builder = MetricExporter::builder().with_http();
-        builder = builder.with_protocol(Signal::Metrics.protocol()?);
-        builder = builder.with_http_client(Signal::Metrics.http_client(endpoint)?);
-        if let Some(endpoint) = Signal::Metrics.endpoint(endpoint) {
-            builder = builder.with_endpoint(endpoint);
-        }
-        let exporter = builder.build().map_err(|error| invalid("metric", error))?;
+        let exporter = Signal::Metrics
+            .configure(MetricExporter::builder().with_http(), endpoint)?
+            .build()
+            .map_err(|error| invalid("metric", error))?;
         provider = provider.with_reader(PeriodicReader::builder(exporter).build());
     }
     let registry = prometheus.then(prometheus::Registry::new);
