@@ -119,6 +119,7 @@ pub mod events;
 pub mod host;
 pub mod ids;
 pub mod jobs;
+mod json;
 pub mod load;
 pub mod metrics;
 pub mod model;

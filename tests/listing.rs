@@ -393,6 +393,33 @@ async fn cache_identity(
         .expect("the cache record is written");
 }
 
+// A store that writes only values (as a host's own store may) still takes the runtime's
+// encoded checkpoint records: the default decodes them, and refuses bytes that are not JSON
+// with `INVALID_PROJECTION`, writing nothing.
+#[actix_rt::test]
+async fn a_store_without_encoded_rows_decodes_them_and_refuses_what_is_not_json() {
+    let store = ProbeStore::new();
+    let id = SessionId::new();
+    store
+        .cache_put_encoded(CHECKPOINT_RECORD, id, br#"{"rows": {}}"#.to_vec(), None)
+        .await
+        .expect("an encoded row is written");
+    assert_eq!(
+        store.cache_get(CHECKPOINT_RECORD, id).await.unwrap(),
+        Some(json!({"rows": {}}))
+    );
+    let refused = store
+        .cache_put_encoded(CHECKPOINT_RECORD, id, b"{rows".to_vec(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::InvalidProjection);
+    assert_eq!(
+        store.cache_get(CHECKPOINT_RECORD, id).await.unwrap(),
+        Some(json!({"rows": {}})),
+        "the refused row changed nothing"
+    );
+}
+
 /// Waits until `id` is no longer live.
 async fn released(rt: &Runtime, id: SessionId) {
     within("the child's release", async {

@@ -80,6 +80,63 @@ fn fold(unit: &dyn ProjectionUnit, events: &[SessionEvent]) -> Value {
     unit.view(&state).unwrap()
 }
 
+/// The states a fold may meet: the unit's own, in each shape it writes, and foreign ones (a
+/// checkpoint row written by another build, a state a host unit of the same key left).
+fn initial_states() -> Vec<Value> {
+    vec![
+        SubagentTimingUnit.init(),
+        json!({"descriptorSeen": true, "settledMs": 40}),
+        json!({"descriptorSeen": false, "settledMs": 0, "pendingTurnStart": 7}),
+        json!({"descriptorSeen": true, "settledMs": 3, "active": {"since": 5, "through": 9}}),
+        // Decodes, but is not as the unit writes it.
+        json!({"descriptorSeen": true, "settledMs": 3, "extra": 1}),
+        json!({"descriptorSeen": true, "settledMs": 3, "pendingTurnStart": null}),
+        json!({"descriptorSeen": true, "settledMs": 3, "active": {"since": 5, "through": 9, "x": 0}}),
+        // Does not decode.
+        json!({"descriptorSeen": true, "settledMs": "many"}),
+        json!({"active": {"since": 5}}),
+        json!({"active": 5}),
+        json!([1, 2]),
+        Value::Null,
+    ]
+}
+
+/// An event of one of the kinds the timing unit tells apart, at `time`.
+fn timing_event(kind: u8, seq: u64, time: u64) -> SessionEvent {
+    match kind % 4 {
+        0 => turn_start(seq, time),
+        1 => turn_end(seq, time),
+        2 => descriptor(seq, time),
+        _ => unrelated(seq, time),
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+    /// The timing unit folds any events from any state to the same state, and says the same
+    /// about what changed, whether it folds by copies or in place (as the registry folds).
+    #[test]
+    fn the_timing_unit_folds_the_same_in_place_and_by_copies(
+        initial in 0..12usize,
+        events in proptest::collection::vec((0..4u8, 0..50u64), 0..24),
+    ) {
+        let unit = SubagentTimingUnit;
+        let mut state = initial_states()[initial].clone();
+        let mut in_place = state.clone();
+        for (seq, (kind, time)) in events.into_iter().enumerate() {
+            let event = timing_event(kind, seq as u64, time);
+            let next = unit.apply(&state, &event);
+            let changed = unit.apply_in_place(&mut in_place, &event);
+            proptest::prop_assert_eq!(changed, next.is_some(), "whether {:?} changed the state", event);
+            if let Some(next) = next {
+                state = next;
+            }
+            proptest::prop_assert_eq!(&in_place, &state, "the state in place after {:?}", event);
+        }
+    }
+}
+
 // TIME-01 (adapted: the seam cannot be unloaded; "after unload" is a runtime without projections)
 #[actix_rt::test]
 async fn the_seam_units_register_with_the_projection_registry() {

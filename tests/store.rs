@@ -421,10 +421,31 @@ fn a_checkpoint_write_is_fenced_by_the_lease_epoch() {
         ))
         .unwrap_err();
         assert_eq!(stale.code(), ErrorCode::LeaseLost, "{name}");
+        // The runtime's checkpoints arrive encoded: fenced the same way.
+        let stale = block_on(store.cache_put_encoded(
+            "checkpoint",
+            id,
+            br#"{"by": "old, encoded"}"#.to_vec(),
+            Some(old.epoch),
+        ))
+        .unwrap_err();
+        assert_eq!(stale.code(), ErrorCode::LeaseLost, "{name}: encoded");
         assert_eq!(
             block_on(store.cache_get("checkpoint", id)).unwrap(),
             Some(serde_json::json!({"by": "new"})),
             "{name}: the newer holder's row stands"
+        );
+        block_on(store.cache_put_encoded(
+            "checkpoint",
+            id,
+            br#"{"by": "new, encoded"}"#.to_vec(),
+            Some(new.epoch),
+        ))
+        .unwrap_or_else(|error| panic!("{name}: the holder writes encoded: {error}"));
+        assert_eq!(
+            block_on(store.cache_get("checkpoint", id)).unwrap(),
+            Some(serde_json::json!({"by": "new, encoded"})),
+            "{name}: an encoded row reads back as the value it encodes"
         );
         let missing = SessionId::new();
         assert!(

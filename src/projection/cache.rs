@@ -12,7 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::{CheckpointRow, ProjectionRegistry};
 use crate::host::AgentEnv;
@@ -23,27 +24,57 @@ use crate::store::SharedStore;
 /// The store key under which a session's checkpoint record lives (one record per session).
 pub const CHECKPOINT_RECORD: &str = "checkpoint";
 
-/// The record: the session lifecycle it belongs to, and one row per unit.
-fn encode(header: &SessionHeader, rows: Vec<CheckpointRow>) -> Value {
-    // Built by moving the states in: `json!` would serialize each of them into a copy.
-    let rows: Map<String, Value> = rows
-        .into_iter()
-        .map(|row| {
-            let fields = Map::from_iter([
-                ("ver".to_owned(), Value::from(row.version)),
-                ("seq".to_owned(), Value::from(row.seq)),
-                ("val".to_owned(), row.state),
-            ]);
-            (row.key, Value::Object(fields))
-        })
-        .collect();
-    Value::Object(Map::from_iter([
-        (
-            "identity".to_owned(),
-            json!({"createdAt": header.created_at, "cwd": header.cwd}),
-        ),
-        ("rows".to_owned(), Value::Object(rows)),
-    ]))
+/// The record: the session lifecycle it belongs to, and one row per unit, encoded as the
+/// store keeps it. Written straight from the rows: building the record as a JSON value first
+/// cost more than the rest of a child's last checkpoint.
+fn encode(header: &SessionHeader, rows: &[CheckpointRow]) -> crate::Result<Vec<u8>> {
+    #[derive(Serialize)]
+    struct Record<'a> {
+        identity: Lifecycle<'a>,
+        rows: Rows<'a>,
+    }
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Lifecycle<'a> {
+        created_at: u64,
+        cwd: &'a Option<std::path::PathBuf>,
+    }
+    struct Rows<'a>(&'a [CheckpointRow]);
+    impl Serialize for Rows<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            #[derive(Serialize)]
+            struct Row<'a> {
+                ver: u32,
+                seq: u64,
+                val: &'a Value,
+            }
+            serializer.collect_map(self.0.iter().map(|row| {
+                let fields = Row {
+                    ver: row.version,
+                    seq: row.seq,
+                    val: &row.state,
+                };
+                (&row.key, fields)
+            }))
+        }
+    }
+    let record = Record {
+        identity: Lifecycle {
+            created_at: header.created_at,
+            cwd: &header.cwd,
+        },
+        rows: Rows(rows),
+    };
+    serde_json::to_vec(&record).map_err(|error| {
+        crate::SubagentError::new(
+            crate::ErrorCode::InvalidProjection,
+            format!(
+                "session {}: the checkpoint record does not encode: {error}",
+                header.id
+            ),
+        )
+        .with_source(error)
+    })
 }
 
 /// The rows of a record, when it belongs to `header`'s lifecycle; a row that does not decode
@@ -109,15 +140,15 @@ pub(crate) async fn write_rows(
         return;
     };
     let header = log.header();
-    match store
-        .cache_put(
-            CHECKPOINT_RECORD,
-            header.id,
-            encode(&header, rows),
-            Some(lease),
-        )
-        .await
-    {
+    let written = match encode(&header, &rows) {
+        Ok(record) => {
+            store
+                .cache_put_encoded(CHECKPOINT_RECORD, header.id, record, Some(lease))
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    match written {
         Ok(()) => registry.checkpoint_landed(log, seq),
         Err(error) => {
             tracing::warn!(session_id = %header.id, %error, "projection checkpoint write failed");

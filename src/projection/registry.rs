@@ -8,7 +8,7 @@
 //! Every unit runs contained: a unit that panics, or whose view fails, fails the snapshot of
 //! that one session (a listing then diagnoses that child `corrupt`), never the caller.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -114,7 +114,8 @@ struct Cell {
 /// The cells of one live log, by unit key (the log's memo).
 #[derive(Default)]
 struct Cells {
-    by_key: HashMap<String, Cell>,
+    /// A list, not a map: a registry holds a few units, and this is searched on every fold.
+    by_key: Vec<(String, Cell)>,
     /// The seq of the last checkpoint handed out for writing.
     checkpointed: Option<u64>,
     /// When it was handed out.
@@ -182,6 +183,31 @@ fn seq_of(folded: usize) -> Option<u64> {
     folded
         .checked_sub(1)
         .and_then(|last| u64::try_from(last).ok())
+}
+
+impl Cells {
+    fn get(&self, key: &str) -> Option<&Cell> {
+        self.by_key
+            .iter()
+            .find(|(cell_key, _)| cell_key == key)
+            .map(|(_, cell)| cell)
+    }
+
+    /// The cell of `unit`, fresh when it has none or one of another state version.
+    fn of(&mut self, unit: &dyn ProjectionUnit) -> &mut Cell {
+        let index = match self.by_key.iter().position(|(key, _)| key == unit.key()) {
+            Some(index) => index,
+            None => {
+                self.by_key.push((unit.key().to_owned(), fresh_cell(unit)));
+                self.by_key.len() - 1
+            }
+        };
+        let cell = &mut self.by_key[index].1;
+        if cell.version != unit.state_version() {
+            *cell = fresh_cell(unit);
+        }
+        cell
+    }
 }
 
 impl ProjectionRegistry {
@@ -280,15 +306,9 @@ impl ProjectionRegistry {
         log.with_memo(|cells: &mut Cells, events| {
             cells
                 .by_key
-                .retain(|key, _| units.iter().any(|unit| unit.key() == key));
+                .retain(|(key, _)| units.iter().any(|unit| unit.key() == key));
             for unit in units {
-                let cell = cells
-                    .by_key
-                    .entry(unit.key().to_owned())
-                    .or_insert_with(|| fresh_cell(unit.as_ref()));
-                if cell.version != unit.state_version() {
-                    *cell = fresh_cell(unit.as_ref());
-                }
+                let cell = cells.of(unit.as_ref());
                 if cell.failed || cell.folded >= events.len() {
                     continue;
                 }
@@ -320,7 +340,6 @@ impl ProjectionRegistry {
                 .filter(|unit| unit.visible())
                 .map(|unit| {
                     let state = cells
-                        .by_key
                         .get(unit.key())
                         .filter(|cell| !cell.failed)
                         .map(|cell| cell.state.clone());

@@ -7,9 +7,10 @@
 //! its own start. A turn that ends before it started adds nothing.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::ProjectionUnit;
+use crate::json::{field, field_mut};
 use crate::seam::descriptor::DESCRIPTOR_EVENT;
 use crate::session::{EventKind, SessionEvent};
 
@@ -37,7 +38,7 @@ pub struct SubagentTiming {
 }
 
 /// The fold state: the view plus what the fold needs before the descriptor.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct TimingState {
     descriptor_seen: bool,
@@ -51,7 +52,7 @@ struct TimingState {
 impl TimingState {
     fn next(&self, event: &SessionEvent) -> Option<Self> {
         let time = event.time;
-        let mut next = self.clone();
+        let mut next = *self;
         match &event.kind {
             EventKind::TurnStart { .. } if self.descriptor_seen => {
                 next.active = Some(ActiveSpan {
@@ -98,6 +99,69 @@ impl TimingState {
     }
 }
 
+impl TimingState {
+    /// Whether `fields`, which decode to `self`, are exactly what serializing `self` writes:
+    /// having decoded, they are unless they hold more keys than its fields.
+    fn is_written_as(&self, fields: &Map<String, Value>) -> bool {
+        let keys =
+            2 + usize::from(self.pending_turn_start.is_some()) + usize::from(self.active.is_some());
+        let span_written = self.active.is_none()
+            || field(fields, "active")
+                .and_then(Value::as_object)
+                .is_some_and(|span| span.len() == 2);
+        fields.len() == keys && span_written
+    }
+
+    /// Writes into `fields` (which encode `current`) what differs in `self`, as its
+    /// serialization would have it: an absent optional field is no key at all.
+    fn write_changes(&self, current: &Self, fields: &mut Map<String, Value>) {
+        if self.descriptor_seen != current.descriptor_seen {
+            set_field(fields, "descriptorSeen", self.descriptor_seen.into());
+        }
+        if self.settled_ms != current.settled_ms {
+            set_field(fields, "settledMs", self.settled_ms.into());
+        }
+        if self.pending_turn_start != current.pending_turn_start {
+            match self.pending_turn_start {
+                Some(time) => set_field(fields, "pendingTurnStart", time.into()),
+                None => {
+                    fields.remove("pendingTurnStart");
+                }
+            }
+        }
+        if self.active != current.active {
+            match self.active {
+                Some(active) => match field_mut(fields, "active").and_then(Value::as_object_mut) {
+                    Some(span) => {
+                        set_field(span, "since", active.since.into());
+                        set_field(span, "through", active.through.into());
+                    }
+                    None => {
+                        let span = Map::from_iter([
+                            ("since".to_owned(), Value::from(active.since)),
+                            ("through".to_owned(), Value::from(active.through)),
+                        ]);
+                        fields.insert("active".to_owned(), Value::Object(span));
+                    }
+                },
+                None => {
+                    fields.remove("active");
+                }
+            }
+        }
+    }
+}
+
+/// Sets `key` in `fields` to `value`, allocating the key only when it is new.
+fn set_field(fields: &mut Map<String, Value>, key: &str, value: Value) {
+    match field_mut(fields, key) {
+        Some(slot) => *slot = value,
+        None => {
+            fields.insert(key.to_owned(), value);
+        }
+    }
+}
+
 /// Whether `event` opens or closes a turn or describes the child: the events that change the
 /// timing state beyond an open turn's `through`.
 fn is_boundary(event: &SessionEvent) -> bool {
@@ -111,11 +175,17 @@ fn is_boundary(event: &SessionEvent) -> bool {
 /// Moves an open turn's `through` to `event`'s time, on the JSON where it is (this runs for
 /// every event of a child, so the state is not decoded); whether anything changed.
 fn moved_through(state: &mut Value, event: &SessionEvent) -> bool {
-    let Some(through) = state
-        .get_mut("active")
-        .filter(|active| active.is_object())
-        .map(|active| &mut active["through"])
+    let Some(active) = state
+        .as_object_mut()
+        .and_then(|fields| field_mut(fields, "active"))
+        .and_then(Value::as_object_mut)
     else {
+        return false;
+    };
+    if field_mut(active, "through").is_none() {
+        active.insert("through".to_owned(), Value::Null);
+    }
+    let Some(through) = field_mut(active, "through") else {
         return false;
     };
     if through.as_u64() == Some(event.time) {
@@ -132,6 +202,26 @@ fn at_boundary(state: &Value, event: &SessionEvent) -> Option<Value> {
     let current = TimingState::deserialize(state).unwrap_or_default();
     let next = current.next(event)?;
     serde_json::to_value(next).ok()
+}
+
+/// Moves `state` past a boundary event where it is, writing only the fields that change: every
+/// child's turn start and end pass here, and re-encoding the whole state for each cost more
+/// than the rest of the fold. A foreign state is restarted from scratch, as [`at_boundary`]
+/// does, and a state that decodes but is not as this unit writes it (a field it does not
+/// know, a `null` optional) is written whole, so both end in the same state; whether
+/// anything changed.
+fn at_boundary_in_place(state: &mut Value, event: &SessionEvent) -> bool {
+    let decoded = TimingState::deserialize(&*state).ok();
+    let Some(next) = decoded.unwrap_or_default().next(event) else {
+        return false;
+    };
+    match (decoded, state.as_object_mut()) {
+        (Some(current), Some(fields)) if current.is_written_as(fields) => {
+            next.write_changes(&current, fields);
+        }
+        _ => *state = serde_json::to_value(next).unwrap_or(Value::Null),
+    }
+    true
 }
 
 /// Folds turn boundaries after the descriptor into [`SubagentTiming`].
@@ -163,13 +253,7 @@ impl ProjectionUnit for SubagentTimingUnit {
         if !is_boundary(event) {
             return moved_through(state, event);
         }
-        match at_boundary(state, event) {
-            Some(next) => {
-                *state = next;
-                true
-            }
-            None => false,
-        }
+        at_boundary_in_place(state, event)
     }
 
     fn view(&self, state: &Value) -> crate::Result<Value> {

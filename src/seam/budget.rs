@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::{Budget, BudgetLimit, BudgetSpent};
 use crate::ids::SessionId;
+use crate::json::field;
 use crate::session::{EventKind, SessionEvent};
 
 /// The event type a raising follow-up appends to the child's log.
@@ -88,7 +89,7 @@ pub(crate) fn from_json(map: &Map<String, Value>, also: &[&str]) -> Result<Budge
         return Err(invalid(&format!("budget has unknown field \"{unknown}\"")));
     }
     let limit = |key: &str| -> Result<Option<u64>> {
-        match map.get(key) {
+        match field(map, key) {
             None => Ok(None),
             Some(value) => value
                 .as_u64()
@@ -138,7 +139,7 @@ pub(crate) fn current<E: Borrow<SessionEvent>>(
     let Value::Object(map) = &payload else {
         return Err(invalid("a budget event must be an object"));
     };
-    if map.get("version").and_then(Value::as_u64) != Some(BUDGET_EVENT_VERSION) {
+    if field(map, "version").and_then(Value::as_u64) != Some(BUDGET_EVENT_VERSION) {
         tracing::debug!("budget event of another version is skipped");
         return Ok(recorded);
     }

@@ -20,6 +20,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::Budget;
+use crate::json::field;
 use crate::seam::budget;
 use crate::session::{EventKind, SessionEvent};
 use crate::tools::ToolFilter;
@@ -180,7 +181,7 @@ impl SubagentDescriptor {
             .get("version")
             .and_then(Value::as_f64)
             .ok_or_else(|| invalid("version must be a number"))?;
-        let budgeted = match map.get("version").and_then(Value::as_u64) {
+        let budgeted = match field(map, "version").and_then(Value::as_u64) {
             Some(SUBAGENT_DESCRIPTOR_VERSION) => false,
             Some(BUDGETED_DESCRIPTOR_VERSION) => true,
             _ => {
@@ -188,7 +189,7 @@ impl SubagentDescriptor {
                 return Ok(None);
             }
         };
-        let mode = match map.get("mode").and_then(Value::as_str) {
+        let mode = match field(map, "mode").and_then(Value::as_str) {
             Some("one-shot") => DelegationMode::OneShot,
             Some("continuable") => DelegationMode::Continuable,
             _ => return Err(invalid("mode must be \"one-shot\" or \"continuable\"")),
@@ -216,8 +217,10 @@ impl SubagentDescriptor {
             agent_provider: optional_string(map, "agentProvider")?,
             agent_model: optional_string(map, "agentModel")?,
             persona: optional_string(map, "persona")?,
-            tool_filter: map.get("toolFilter").map(parse_tool_filter).transpose()?,
-            budget: map.get("budget").map(parse_budget).transpose()?,
+            tool_filter: field(map, "toolFilter")
+                .map(parse_tool_filter)
+                .transpose()?,
+            budget: field(map, "budget").map(parse_budget).transpose()?,
         }))
     }
 
@@ -251,7 +254,7 @@ fn required_string(map: &Map<String, Value>, key: &str) -> Result<String> {
 }
 
 fn optional_string(map: &Map<String, Value>, key: &str) -> Result<Option<String>> {
-    match map.get(key) {
+    match field(map, key) {
         None => Ok(None),
         Some(Value::String(value)) => Ok(Some(value.clone())),
         Some(_) => Err(invalid(&format!("{key} must be a string"))),
@@ -275,7 +278,7 @@ fn parse_tool_filter(value: &Value) -> Result<ToolFilter> {
         )));
     }
     let names = |key: &str| -> Result<Option<BTreeSet<String>>> {
-        match map.get(key) {
+        match field(map, key) {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()

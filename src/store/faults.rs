@@ -354,6 +354,19 @@ impl SessionPersistence for FaultInjectingStore {
         row: Value,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
+        match super::codec::encode_cache_row(unit, id, &row) {
+            Ok(row) => self.cache_put_encoded(unit, id, row, lease),
+            Err(error) => Box::pin(future::ready(Err(error))),
+        }
+    }
+
+    fn cache_put_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Vec<u8>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
         self.cache_puts
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -362,7 +375,9 @@ impl SessionPersistence for FaultInjectingStore {
         self.injected(StoreOperation::CachePut, Some(id))
             .unwrap_or_else(|| {
                 self.gated(StoreOperation::CachePut, move || {
-                    Box::pin(async move { self.inner.cache_put(&unit, id, row, lease).await })
+                    Box::pin(
+                        async move { self.inner.cache_put_encoded(&unit, id, row, lease).await },
+                    )
                 })
             })
     }

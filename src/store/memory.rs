@@ -318,7 +318,20 @@ impl SessionPersistence for MemoryStore {
         row: Value,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        let stored = encode_cache_row(unit, id, &row).and_then(|bytes| {
+        match encode_cache_row(unit, id, &row) {
+            Ok(bytes) => self.cache_put_encoded(unit, id, bytes, lease),
+            Err(error) => Box::pin(future::ready(Err(error))),
+        }
+    }
+
+    fn cache_put_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Vec<u8>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        let stored = (|| {
             let mut state = self.lock();
             if let Some(LeaseEpoch(epoch)) = lease {
                 let session = state.sessions.get(&id).ok_or_else(|| not_found(id))?;
@@ -328,9 +341,9 @@ impl SessionPersistence for MemoryStore {
             }
             state
                 .cache
-                .insert((unit.to_owned(), id), bytes.into_boxed_slice());
+                .insert((unit.to_owned(), id), row.into_boxed_slice());
             Ok(())
-        });
+        })();
         Box::pin(future::ready(stored))
     }
 }

@@ -147,6 +147,16 @@ impl SessionPersistence for MeteredStore {
         self.inner.cache_put(unit, id, row, lease)
     }
 
+    fn cache_put_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Vec<u8>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        self.inner.cache_put_encoded(unit, id, row, lease)
+    }
+
     fn one_shot_disposed(&self, id: SessionId) {
         self.inner.one_shot_disposed(id);
     }

@@ -337,6 +337,30 @@ pub trait SessionPersistence: Send + Sync + 'static {
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>>;
 
+    /// [`cache_put`](Self::cache_put) of a row already encoded as JSON: the runtime's
+    /// checkpoints are encoded straight from their parts, which costs less than building them
+    /// as a value first. By default the row is decoded and written by `cache_put`; the crate's
+    /// stores keep the bytes as they are.
+    ///
+    /// # Errors
+    /// As `cache_put`; `INVALID_PROJECTION` for bytes that are not JSON.
+    fn cache_put_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Vec<u8>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        match serde_json::from_slice(&row) {
+            Ok(row) => self.cache_put(unit, id, row, lease),
+            Err(error) => Box::pin(futures::future::ready(Err(SubagentError::new(
+                ErrorCode::InvalidProjection,
+                format!("session {id}: the {unit} cache row is not JSON: {error}"),
+            )
+            .with_source(error)))),
+        }
+    }
+
     /// Told that the one-shot child `id` was disposed: the runtime never reads or writes its
     /// session again. A store keeps it by default, so it can still be listed and inspected; a
     /// store built to let such sessions go (see [`MemoryStore::forgetting_one_shots`]) drops

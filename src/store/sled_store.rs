@@ -685,7 +685,20 @@ impl SessionPersistence for SledStore {
         row: Value,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        let outcome = encode_cache_row(unit, id, &row).and_then(|bytes| {
+        match encode_cache_row(unit, id, &row) {
+            Ok(bytes) => self.cache_put_encoded(unit, id, bytes, lease),
+            Err(error) => Box::pin(future::ready(Err(error))),
+        }
+    }
+
+    fn cache_put_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Vec<u8>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        let outcome = (|| {
             // Under the writer lock, as an append: a fenced row lands only under the current
             // epoch.
             let _writing = lease.map(|_| self.write_lock());
@@ -695,10 +708,10 @@ impl SessionPersistence for SledStore {
                 }
             }
             self.cache
-                .insert(cache_key(unit, id), bytes)
+                .insert(cache_key(unit, id), row)
                 .map(drop)
                 .map_err(|e| SubagentError::store_io("writing the projection cache", e))
-        });
+        })();
         Box::pin(future::ready(outcome))
     }
 }

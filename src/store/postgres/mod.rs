@@ -1105,10 +1105,22 @@ impl SessionPersistence for PostgresStore {
         row: Value,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
+        match encode_cache_row(unit, id, &row) {
+            Ok(bytes) => self.cache_put_encoded(unit, id, bytes, lease),
+            Err(error) => Box::pin(futures::future::ready(Err(error))),
+        }
+    }
+
+    fn cache_put_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Vec<u8>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
         let unit = unit.to_owned();
         Box::pin(async move {
-            let bytes = encode_cache_row(&unit, id, &row)?;
-            let (unit, bytes) = (&unit, &bytes);
+            let (unit, bytes) = (&unit, &row);
             self.reconnecting("writing the projection cache", |_| async move {
                 let client = self.client().await?;
                 let failed = || io(format!("writing the {unit} cache of session {id}"));
