@@ -97,9 +97,7 @@ impl TimingState {
         }
         Some(next)
     }
-}
 
-impl TimingState {
     /// Whether `fields`, which decode to `self`, are exactly what serializing `self` writes:
     /// having decoded, they are unless they hold more keys than its fields.
     fn is_written_as(&self, fields: &Map<String, Value>) -> bool {
