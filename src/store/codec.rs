@@ -28,6 +28,22 @@ pub(crate) fn encode_cache_row(
     })
 }
 
+/// A store's `cache_put`: the row encoded, then written as
+/// [`SessionPersistence::cache_put_encoded`](super::SessionPersistence::cache_put_encoded)
+/// writes the rows the runtime encodes itself.
+pub(crate) fn put_value_row<'a, S: super::SessionPersistence + ?Sized>(
+    store: &'a S,
+    unit: &str,
+    id: SessionId,
+    row: &serde_json::Value,
+    lease: Option<super::LeaseEpoch>,
+) -> futures::future::BoxFuture<'a, Result<()>> {
+    match encode_cache_row(unit, id, row) {
+        Ok(bytes) => store.cache_put_encoded(unit, id, bytes, lease),
+        Err(error) => Box::pin(futures::future::ready(Err(error))),
+    }
+}
+
 /// Decodes a stored projection cache row.
 ///
 /// # Errors

@@ -354,10 +354,7 @@ impl SessionPersistence for FaultInjectingStore {
         row: Value,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        match super::codec::encode_cache_row(unit, id, &row) {
-            Ok(row) => self.cache_put_encoded(unit, id, row, lease),
-            Err(error) => Box::pin(future::ready(Err(error))),
-        }
+        super::codec::put_value_row(self, unit, id, &row, lease)
     }
 
     fn cache_put_encoded(

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
-use super::codec::{decode_cache_row, encode_cache_row};
+use super::codec::{decode_cache_row, put_value_row};
 use super::lease::{lease_lost, LeaseTable};
 use super::{
     check_append, check_contiguous, not_found, Lease, LeaseEpoch, LeaseHolder, ListedSession,
@@ -318,10 +318,7 @@ impl SessionPersistence for MemoryStore {
         row: Value,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        match encode_cache_row(unit, id, &row) {
-            Ok(bytes) => self.cache_put_encoded(unit, id, bytes, lease),
-            Err(error) => Box::pin(future::ready(Err(error))),
-        }
+        put_value_row(self, unit, id, &row, lease)
     }
 
     fn cache_put_encoded(

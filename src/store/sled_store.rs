@@ -34,8 +34,7 @@ use futures::future::{self, BoxFuture, FutureExt};
 use serde_json::Value;
 
 use super::codec::{
-    assemble, before_the_stored_log, decode_cache_row, decode_header, encode_batch,
-    encode_cache_row,
+    assemble, before_the_stored_log, decode_cache_row, decode_header, encode_batch, put_value_row,
 };
 use super::group_flush::GroupFlush;
 use super::lease::LeaseTable;
@@ -685,10 +684,7 @@ impl SessionPersistence for SledStore {
         row: Value,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        match encode_cache_row(unit, id, &row) {
-            Ok(bytes) => self.cache_put_encoded(unit, id, bytes, lease),
-            Err(error) => Box::pin(future::ready(Err(error))),
-        }
+        put_value_row(self, unit, id, &row, lease)
     }
 
     fn cache_put_encoded(

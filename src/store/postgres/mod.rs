@@ -43,7 +43,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_postgres::NoTls;
 
-use super::codec::{decode_cache_row, decode_header, encode_batch, encode_cache_row};
+use super::codec::{decode_cache_row, decode_header, encode_batch, put_value_row};
 use super::lease::{lease_expired, lease_lost, Lease, LeaseEpoch, LeaseHolder};
 use super::{
     check_append, check_contiguous, not_found, ListedSession, SessionPersistence, StoredSession,
@@ -1105,10 +1105,7 @@ impl SessionPersistence for PostgresStore {
         row: Value,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        match encode_cache_row(unit, id, &row) {
-            Ok(bytes) => self.cache_put_encoded(unit, id, bytes, lease),
-            Err(error) => Box::pin(futures::future::ready(Err(error))),
-        }
+        put_value_row(self, unit, id, &row, lease)
     }
 
     fn cache_put_encoded(
