@@ -198,15 +198,7 @@ impl Handler<Install> for ContinuationManager {
             self.owner_node(agent.id(), ctx).residents += 1;
         }
         child.observe(self.activity_observer(ctx), budget.clone());
-        // Beside its child: a teardown's work (the child's last flush, its checkpoint, its
-        // release) then runs on the child's thread, so a drain spreads over the workers
-        // instead of queueing on the manager's.
-        let activation = match handle.arbiter().cloned() {
-            Some(arbiter) => {
-                Activation::start_in_arbiter(&arbiter, move |_| Activation::new(handle, boundary))
-            }
-            None => Activation::new(handle, boundary).start(),
-        };
+        let activation = Activation::new(handle, boundary).start();
         let mut ancestry = Vec::with_capacity(lineage.len() + 1);
         ancestry.push(id);
         ancestry.extend(lineage);
