@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use subagents::projection::{ProjectionUnit, CHECKPOINT_RECORD, IDENTITY_UNIT, TIMING_UNIT};
 use subagents::seam::DelegationMode;
 use subagents::session::SessionOrigin;
-use subagents::store::{ListedSession, OwnEvents, StoredSession};
+use subagents::store::{EncodedRow, ListedSession, OwnEvents, StoredSession};
 use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     AgentHandle, AgentScope, CancellationToken, ContinuableStartSpec, CreateAgent, ErrorCode,
@@ -394,30 +394,23 @@ async fn cache_identity(
 }
 
 // A store that writes only values (as a host's own store may) still takes the runtime's
-// encoded checkpoint records: the default decodes them, and refuses bytes that are not JSON
-// with `INVALID_PROJECTION`, writing nothing.
+// encoded checkpoint records: the default decodes them. Bytes that are not JSON never reach a
+// store: they are refused with `INVALID_PROJECTION` before they are a row.
 #[actix_rt::test]
-async fn a_store_without_encoded_rows_decodes_them_and_refuses_what_is_not_json() {
+async fn a_store_without_encoded_rows_decodes_them_and_bytes_that_are_not_json_are_no_row() {
     let store = ProbeStore::new();
     let id = SessionId::new();
+    let row = EncodedRow::from_json(br#"{"rows": {}}"#.to_vec()).expect("JSON");
     store
-        .cache_put_encoded(CHECKPOINT_RECORD, id, br#"{"rows": {}}"#.to_vec(), None)
+        .cache_put_encoded(CHECKPOINT_RECORD, id, row, None)
         .await
         .expect("an encoded row is written");
     assert_eq!(
         store.cache_get(CHECKPOINT_RECORD, id).await.unwrap(),
         Some(json!({"rows": {}}))
     );
-    let refused = store
-        .cache_put_encoded(CHECKPOINT_RECORD, id, b"{rows".to_vec(), None)
-        .await
-        .unwrap_err();
+    let refused = EncodedRow::from_json(b"{rows".to_vec()).unwrap_err();
     assert_eq!(refused.code(), ErrorCode::InvalidProjection);
-    assert_eq!(
-        store.cache_get(CHECKPOINT_RECORD, id).await.unwrap(),
-        Some(json!({"rows": {}})),
-        "the refused row changed nothing"
-    );
 }
 
 /// Waits until `id` is no longer live.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use proptest::prelude::*;
 use subagents::content::Message;
-use subagents::store::{LeaseEpoch, LeaseHolder, ListedSession, PostgresStore};
+use subagents::store::{EncodedRow, LeaseEpoch, LeaseHolder, ListedSession, PostgresStore};
 use subagents::testing::{FaultInjectingStore, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     ContentBlock, CreateAgent, ErrorCode, EventKind, MemoryStore, MessageSource, Runtime,
@@ -425,7 +425,7 @@ fn a_checkpoint_write_is_fenced_by_the_lease_epoch() {
         let stale = block_on(store.cache_put_encoded(
             "checkpoint",
             id,
-            br#"{"by": "old, encoded"}"#.to_vec(),
+            EncodedRow::from_json(br#"{"by": "old, encoded"}"#.to_vec()).unwrap(),
             Some(old.epoch),
         ))
         .unwrap_err();
@@ -438,7 +438,7 @@ fn a_checkpoint_write_is_fenced_by_the_lease_epoch() {
         block_on(store.cache_put_encoded(
             "checkpoint",
             id,
-            br#"{"by": "new, encoded"}"#.to_vec(),
+            EncodedRow::from_json(br#"{"by": "new, encoded"}"#.to_vec()).unwrap(),
             Some(new.epoch),
         ))
         .unwrap_or_else(|error| panic!("{name}: the holder writes encoded: {error}"));

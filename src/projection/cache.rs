@@ -19,7 +19,7 @@ use super::{CheckpointRow, ProjectionRegistry};
 use crate::host::AgentEnv;
 use crate::seam::descriptor::DESCRIPTOR_EVENT;
 use crate::session::{EventKind, SessionHeader, SessionLog, SessionOrigin};
-use crate::store::SharedStore;
+use crate::store::{EncodedRow, SharedStore};
 
 /// The store key under which a session's checkpoint record lives (one record per session).
 pub const CHECKPOINT_RECORD: &str = "checkpoint";
@@ -27,7 +27,7 @@ pub const CHECKPOINT_RECORD: &str = "checkpoint";
 /// The record: the session lifecycle it belongs to, and one row per unit, encoded as the
 /// store keeps it. Written straight from the rows: building the record as a JSON value first
 /// cost more than the rest of a child's last checkpoint.
-fn encode(header: &SessionHeader, rows: &[CheckpointRow]) -> crate::Result<Vec<u8>> {
+fn encode(header: &SessionHeader, rows: &[CheckpointRow]) -> crate::Result<EncodedRow> {
     #[derive(Serialize)]
     struct Record<'a> {
         identity: Lifecycle<'a>,
@@ -65,15 +65,15 @@ fn encode(header: &SessionHeader, rows: &[CheckpointRow]) -> crate::Result<Vec<u
         },
         rows: Rows(rows),
     };
-    serde_json::to_vec(&record).map_err(|error| {
+    EncodedRow::encode(&record).map_err(|error| {
         crate::SubagentError::new(
             crate::ErrorCode::InvalidProjection,
             format!(
-                "session {}: the checkpoint record does not encode: {error}",
-                header.id
+                "session {}, its checkpoint record: {}",
+                header.id,
+                error.message()
             ),
         )
-        .with_source(error)
     })
 }
 

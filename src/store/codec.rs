@@ -10,24 +10,6 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
 
-/// Encodes a projection cache row.
-///
-/// # Errors
-/// `INVALID_PROJECTION` when the row does not encode.
-pub(crate) fn encode_cache_row(
-    unit: &str,
-    id: SessionId,
-    row: &serde_json::Value,
-) -> Result<Vec<u8>> {
-    serde_json::to_vec(row).map_err(|e| {
-        SubagentError::new(
-            ErrorCode::InvalidProjection,
-            format!("session {id}: the {unit} cache row does not encode: {e}"),
-        )
-        .with_source(e)
-    })
-}
-
 /// A store's `cache_put`: the row encoded, then written as
 /// [`SessionPersistence::cache_put_encoded`](super::SessionPersistence::cache_put_encoded)
 /// writes the rows the runtime encodes itself.
@@ -38,9 +20,12 @@ pub(crate) fn put_value_row<'a, S: super::SessionPersistence + ?Sized>(
     row: &serde_json::Value,
     lease: Option<super::LeaseEpoch>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
-    match encode_cache_row(unit, id, row) {
-        Ok(bytes) => store.cache_put_encoded(unit, id, bytes, lease),
-        Err(error) => Box::pin(futures::future::ready(Err(error))),
+    match super::EncodedRow::encode(row) {
+        Ok(row) => store.cache_put_encoded(unit, id, row, lease),
+        Err(error) => Box::pin(futures::future::ready(Err(SubagentError::new(
+            ErrorCode::InvalidProjection,
+            format!("session {id}, the {unit} cache row: {}", error.message()),
+        )))),
     }
 }
 

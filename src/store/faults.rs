@@ -11,8 +11,8 @@ use futures::future::{self, BoxFuture};
 use serde_json::Value;
 
 use super::{
-    Lease, LeaseEpoch, LeaseHolder, ListedSession, OwnEvents, SessionPersistence, SharedStore,
-    StoredSession,
+    EncodedRow, Lease, LeaseEpoch, LeaseHolder, ListedSession, OwnEvents, SessionPersistence,
+    SharedStore, StoredSession,
 };
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -361,7 +361,7 @@ impl SessionPersistence for FaultInjectingStore {
         &self,
         unit: &str,
         id: SessionId,
-        row: Vec<u8>,
+        row: EncodedRow,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
         self.cache_puts

@@ -12,8 +12,8 @@ use serde_json::Value;
 use super::codec::{decode_cache_row, put_value_row};
 use super::lease::{lease_lost, LeaseTable};
 use super::{
-    check_append, check_contiguous, not_found, Lease, LeaseEpoch, LeaseHolder, ListedSession,
-    SessionPersistence,
+    check_append, check_contiguous, not_found, EncodedRow, Lease, LeaseEpoch, LeaseHolder,
+    ListedSession, SessionPersistence,
 };
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -325,7 +325,7 @@ impl SessionPersistence for MemoryStore {
         &self,
         unit: &str,
         id: SessionId,
-        row: Vec<u8>,
+        row: EncodedRow,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
         let stored = (|| {
@@ -338,7 +338,7 @@ impl SessionPersistence for MemoryStore {
             }
             state
                 .cache
-                .insert((unit.to_owned(), id), row.into_boxed_slice());
+                .insert((unit.to_owned(), id), row.into_bytes().into_boxed_slice());
             Ok(())
         })();
         Box::pin(future::ready(stored))

@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 use super::{
-    Lease, LeaseEpoch, LeaseHolder, ListedSession, OwnEvents, SessionPersistence, SharedStore,
-    StoredSession,
+    EncodedRow, Lease, LeaseEpoch, LeaseHolder, ListedSession, OwnEvents, SessionPersistence,
+    SharedStore, StoredSession,
 };
 use crate::error::Result;
 use crate::ids::SessionId;
@@ -151,7 +151,7 @@ impl SessionPersistence for MeteredStore {
         &self,
         unit: &str,
         id: SessionId,
-        row: Vec<u8>,
+        row: EncodedRow,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
         self.inner.cache_put_encoded(unit, id, row, lease)

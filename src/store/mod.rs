@@ -22,6 +22,7 @@
 //! with a holder, an expiry and an epoch column.
 
 mod codec;
+mod encoded_row;
 pub(crate) mod faults;
 mod group_flush;
 pub mod lease;
@@ -41,6 +42,7 @@ use crate::session::{
     interrupted_turn_closers_after, EventKind, LogShape, SeedReference, SessionEvent, SessionHeader,
 };
 
+pub use encoded_row::EncodedRow;
 pub use lease::{Lease, LeaseEpoch, LeaseHolder};
 pub use memory::MemoryStore;
 pub use postgres::{
@@ -337,27 +339,26 @@ pub trait SessionPersistence: Send + Sync + 'static {
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>>;
 
-    /// [`cache_put`](Self::cache_put) of a row already encoded as JSON: the runtime's
-    /// checkpoints are encoded straight from their parts, which costs less than building them
-    /// as a value first. By default the row is decoded and written by `cache_put`; the crate's
-    /// stores keep the bytes as they are.
+    /// [`cache_put`](Self::cache_put) of a row already encoded: the runtime's checkpoints are
+    /// encoded straight from their parts, which costs less than building them as a value
+    /// first. By default the row is decoded and written by `cache_put`; the crate's stores
+    /// keep the bytes as they are.
     ///
     /// # Errors
-    /// As `cache_put`; `INVALID_PROJECTION` for bytes that are not JSON.
+    /// As `cache_put`.
     fn cache_put_encoded(
         &self,
         unit: &str,
         id: SessionId,
-        row: Vec<u8>,
+        row: EncodedRow,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        match serde_json::from_slice(&row) {
+        match codec::decode_cache_row(unit, id, row.as_bytes()) {
             Ok(row) => self.cache_put(unit, id, row, lease),
-            Err(error) => Box::pin(futures::future::ready(Err(SubagentError::new(
-                ErrorCode::InvalidProjection,
-                format!("session {id}: the {unit} cache row is not JSON: {error}"),
-            )
-            .with_source(error)))),
+            // An encoded row is JSON: a decoder that disagrees is this crate's fault.
+            Err(error) => Box::pin(futures::future::ready(Err(SubagentError::bug(
+                error.message(),
+            )))),
         }
     }
 

@@ -39,8 +39,8 @@ use super::codec::{
 use super::group_flush::GroupFlush;
 use super::lease::LeaseTable;
 use super::{
-    check_append, check_contiguous, not_found, Lease, LeaseEpoch, LeaseHolder, ListedSession,
-    SessionPersistence,
+    check_append, check_contiguous, not_found, EncodedRow, Lease, LeaseEpoch, LeaseHolder,
+    ListedSession, SessionPersistence,
 };
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -691,7 +691,7 @@ impl SessionPersistence for SledStore {
         &self,
         unit: &str,
         id: SessionId,
-        row: Vec<u8>,
+        row: EncodedRow,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
         let outcome = (|| {
@@ -704,7 +704,7 @@ impl SessionPersistence for SledStore {
                 }
             }
             self.cache
-                .insert(cache_key(unit, id), row)
+                .insert(cache_key(unit, id), row.into_bytes())
                 .map(drop)
                 .map_err(|e| SubagentError::store_io("writing the projection cache", e))
         })();

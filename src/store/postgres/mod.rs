@@ -45,6 +45,7 @@ use tokio_postgres::NoTls;
 
 use super::codec::{decode_cache_row, decode_header, encode_batch, put_value_row};
 use super::lease::{lease_expired, lease_lost, Lease, LeaseEpoch, LeaseHolder};
+use super::EncodedRow;
 use super::{
     check_append, check_contiguous, not_found, ListedSession, SessionPersistence, StoredSession,
 };
@@ -1112,12 +1113,13 @@ impl SessionPersistence for PostgresStore {
         &self,
         unit: &str,
         id: SessionId,
-        row: Vec<u8>,
+        row: EncodedRow,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
         let unit = unit.to_owned();
         Box::pin(async move {
-            let (unit, bytes) = (&unit, &row);
+            let bytes = row.into_bytes();
+            let (unit, bytes) = (&unit, &bytes);
             self.reconnecting("writing the projection cache", |_| async move {
                 let client = self.client().await?;
                 let failed = || io(format!("writing the {unit} cache of session {id}"));
