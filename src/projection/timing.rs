@@ -180,17 +180,17 @@ fn moved_through(state: &mut Value, event: &SessionEvent) -> bool {
     else {
         return false;
     };
-    if field_mut(active, "through").is_none() {
-        active.insert("through".to_owned(), Value::Null);
+    match field_mut(active, "through") {
+        Some(through) if through.as_u64() == Some(event.time) => false,
+        Some(through) => {
+            *through = Value::from(event.time);
+            true
+        }
+        None => {
+            active.insert("through".to_owned(), Value::from(event.time));
+            true
+        }
     }
-    let Some(through) = field_mut(active, "through") else {
-        return false;
-    };
-    if through.as_u64() == Some(event.time) {
-        return false;
-    }
-    *through = Value::from(event.time);
-    true
 }
 
 /// The state after a boundary event, decoded and re-encoded; a foreign state is restarted
