@@ -122,9 +122,9 @@ impl RuntimeBuilder {
     /// run-queue time, it takes fewer while its thread is saturated and busier than the
     /// workers', and more, up to every agent, while it has room (a few children in flight run
     /// fastest beside their caller). The started workers take the rest in turn. The default,
-    /// 0 or 1, runs every agent on
-    /// the current arbiter, which keeps a test's scheduling on one thread. [`RuntimeBuilder::build`]
-    /// refuses (`INVALID_ARGS`) more workers than the process's file-descriptor limit holds.
+    /// 0 or 1, runs every agent on the current arbiter, which keeps a test's scheduling on one
+    /// thread. [`RuntimeBuilder::build`] refuses (`INVALID_ARGS`) more workers than the
+    /// process's file-descriptor limit holds.
     #[must_use]
     pub fn workers(mut self, count: usize) -> Self {
         self.workers = count;

@@ -70,7 +70,6 @@ pub(crate) use materialize::{Delivery, StartContinuable};
 pub(crate) use remote::{ask_interrupt, route_followup};
 pub(crate) use served::delivery_handler;
 
-use crate::ids::{FastHashMap, FastHashSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -90,7 +89,7 @@ use crate::host::{
     AgentHandle, AgentOptions, AgentScope, Budget, BudgetMeter, BudgetRaise, BudgetSpent,
     CreateAgent, ResumeAgent, SetupCommit,
 };
-use crate::ids::{MessageId, RunId, SessionId};
+use crate::ids::{FastHashMap, FastHashSet, MessageId, RunId, SessionId};
 use crate::metrics::{Metrics, Residency};
 use crate::seam::budget;
 use crate::seam::child_run::{child_options, ChildComposition};

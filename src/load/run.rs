@@ -8,7 +8,6 @@
 //! children below the last level delegate their own children from their own turn, through the
 //! `delegate` tool.
 
-use crate::ids::FastHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Instant;
@@ -29,7 +28,7 @@ use crate::content::{ContentBlock, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::{EventScope, Subscription};
 use crate::host::{AgentOptions, Budget, CreateAgent, FlushPolicy};
-use crate::ids::{MessageId, RunId, SessionId};
+use crate::ids::{FastHashMap, MessageId, RunId, SessionId};
 use crate::seam::{
     ContinuableStartSpec, DelegationMode, FollowupOptions, InterruptAuthority, ReportDelivery,
     ReportOptions, SubagentEvent, SubagentStartRequest,

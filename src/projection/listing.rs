@@ -26,7 +26,6 @@
 //! Cancellation is checked before any read, between reads and after the last one: a listing
 //! that observed its token fire is `CANCELLED`, never a partial or diagnosed result.
 
-use crate::ids::{FastHashMap, FastHashSet};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -40,7 +39,7 @@ use super::ProjectionRegistry;
 use crate::actors::agent::AgentRef;
 use crate::actors::agents::Agents;
 use crate::error::{ErrorCode, Result, SubagentError};
-use crate::ids::SessionId;
+use crate::ids::{FastHashMap, FastHashSet, SessionId};
 use crate::seam::DelegationMode;
 use crate::session::{SessionHeader, SessionOrigin};
 use crate::store::{ListedSession, SharedStore};
