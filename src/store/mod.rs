@@ -29,6 +29,7 @@ pub mod lease;
 mod memory;
 pub(crate) mod metered;
 mod postgres;
+mod recent_logs;
 mod sled_store;
 
 use std::sync::Arc;

@@ -38,6 +38,7 @@ use super::codec::{
 };
 use super::group_flush::GroupFlush;
 use super::lease::LeaseTable;
+use super::recent_logs::{RecentLogs, RECENT_LOG_BYTES};
 use super::{
     check_append, check_contiguous, not_found, EncodedRow, Lease, LeaseEpoch, LeaseHolder,
     ListedSession, SessionPersistence,
@@ -59,6 +60,8 @@ pub struct SledStore {
     writing: Arc<Mutex<LeaseTable>>,
     /// Durability flushes, one at a time and shared.
     flushes: Arc<GroupFlush>,
+    /// The sessions created most recently, kept decoded (updated under the writer lock).
+    recent: Arc<Mutex<RecentLogs>>,
 }
 
 const LOCK_RETRY: Duration = Duration::from_millis(5);
@@ -213,6 +216,7 @@ impl SledStore {
             cache: tree("projection_cache")?,
             writing: Arc::default(),
             flushes: Arc::default(),
+            recent: Arc::new(Mutex::new(RecentLogs::new(RECENT_LOG_BYTES))),
             db,
         })
     }
@@ -224,9 +228,18 @@ impl SledStore {
         self.writing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The recently created sessions this store holds decoded.
+    fn recent(&self) -> MutexGuard<'_, RecentLogs> {
+        // Every change is whole before the lock is let go: a panic cannot leave one half-done.
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The session's head. A head without its header is what a crash left of an uncommitted
     /// creation (the header is written last): that session does not exist.
     fn read_head(&self, id: SessionId) -> Result<Head> {
+        if let Some((next_seq, lease)) = self.recent().head(id) {
+            return Ok(Head { next_seq, lease });
+        }
         if !self
             .headers
             .contains_key(id.as_bytes())
@@ -243,6 +256,9 @@ impl SledStore {
     }
 
     fn read_header(&self, id: SessionId) -> Result<SessionHeader> {
+        if let Some(header) = self.recent().header(id) {
+            return Ok(header);
+        }
         let bytes = self
             .headers
             .get(id.as_bytes())
@@ -368,7 +384,10 @@ impl SledStore {
         };
         match writes() {
             Ok(written) => {
-                if !written {
+                if written {
+                    let bytes = encoded.as_ref().map_or(0, Vec::len) + header_bytes.len();
+                    self.recent().created(header, events, bytes, epoch);
+                } else {
                     tracing::debug!(session_id = %id, "creation stopped at a failpoint");
                 }
                 Ok(lease)
@@ -487,6 +506,7 @@ impl SessionPersistence for SledStore {
             };
             let count =
                 u64::try_from(events.len()).map_err(|_| SubagentError::bug("batch too long"))?;
+            let bytes = encoded.len();
             let _writing = self.write_lock();
             let head = self.read_head(id)?;
             check_append(id, expected_next_seq, head.next_seq, lease, head.lease)?;
@@ -499,6 +519,8 @@ impl SessionPersistence for SledStore {
             self.heads
                 .insert(id.as_bytes(), &Head { next_seq, ..head }.encode())
                 .map_err(io("committing an append"))?;
+            self.recent()
+                .appended(id, expected_next_seq, &events, bytes);
             Ok(())
         })();
         Box::pin(future::ready(outcome))
@@ -526,6 +548,11 @@ impl SessionPersistence for SledStore {
                     )
                 })
         })
+    }
+
+    fn one_shot_disposed(&self, id: SessionId) {
+        // Never read again by the runtime: its place among the recent logs goes to others.
+        self.recent().forget(id);
     }
 
     fn size_on_disk(&self) -> Option<u64> {
@@ -591,6 +618,9 @@ impl SessionPersistence for SledStore {
         from_seq: u64,
         before_seq: u64,
     ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
+        if let Some(events) = self.recent().read(id, from_seq, before_seq) {
+            return Box::pin(future::ready(Ok(events)));
+        }
         let outcome = (|| {
             // The head is the commit point: events at or past it are an unfinished append.
             let next_seq = self.read_head(id)?.next_seq.min(before_seq);
@@ -651,6 +681,7 @@ impl SessionPersistence for SledStore {
                 leases.release(id, lease.epoch);
                 return Err(SubagentError::store_io("acquiring a lease", error));
             }
+            self.recent().leased(id, lease.epoch.0);
             Ok(lease)
         })();
         Box::pin(future::ready(outcome))
@@ -786,6 +817,8 @@ mod tests {
         let id = SessionId::new();
         block_on(store.create(SessionHeader::new(id), seed())).unwrap();
         store.heads.remove(id.as_bytes()).unwrap();
+        // Damage is found on disk: as a store opened afterwards, which holds nothing decoded.
+        store.recent().forget(id);
         let listed = block_on(store.list()).unwrap();
         assert!(matches!(
             &listed[..],
