@@ -142,80 +142,66 @@ pub enum MessageSource {
     Other(Box<Value>),
 }
 
-/// The serde shape of the known sources.
-#[derive(Serialize, Deserialize)]
+/// The serde shape of the known sources, as written (borrowed from the source).
+#[derive(Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
-enum KnownSource {
+enum KnownSource<'a> {
     User,
     Model {
-        provider: String,
-        model: String,
+        provider: &'a str,
+        model: &'a str,
     },
     #[serde(rename_all = "camelCase")]
     Tool {
-        call_id: CallId,
+        call_id: &'a CallId,
     },
     Plugin {
-        plugin: String,
+        plugin: &'a str,
     },
     #[serde(rename_all = "camelCase")]
     Coordinator {
-        form: RelayForm,
+        form: &'static str,
         sender_session_id: SessionId,
     },
     #[serde(rename_all = "camelCase")]
     SubagentReport {
-        form: RelayForm,
+        form: &'static str,
         sender_session_id: SessionId,
     },
     #[serde(rename_all = "camelCase")]
     SubagentSettled {
-        form: NoticeForm,
-        summary: String,
+        form: &'static str,
+        summary: &'a str,
         sender_session_id: SessionId,
     },
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum RelayForm {
-    Relay,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum NoticeForm {
-    Notice,
-}
+/// The `form` of a relayed message's source.
+const RELAY: &str = "relay";
+/// The `form` of a settled notice's source.
+const NOTICE: &str = "notice";
 
 impl Serialize for MessageSource {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let known = match self {
             Self::User => KnownSource::User,
-            Self::Model { provider, model } => KnownSource::Model {
-                provider: provider.to_string(),
-                model: model.to_string(),
-            },
-            Self::Tool { call_id } => KnownSource::Tool {
-                call_id: call_id.clone(),
-            },
-            Self::Plugin { plugin } => KnownSource::Plugin {
-                plugin: plugin.clone(),
-            },
+            Self::Model { provider, model } => KnownSource::Model { provider, model },
+            Self::Tool { call_id } => KnownSource::Tool { call_id },
+            Self::Plugin { plugin } => KnownSource::Plugin { plugin },
             Self::CoordinatorRelay { sender_session_id } => KnownSource::Coordinator {
-                form: RelayForm::Relay,
+                form: RELAY,
                 sender_session_id: *sender_session_id,
             },
             Self::SubagentReportRelay { sender_session_id } => KnownSource::SubagentReport {
-                form: RelayForm::Relay,
+                form: RELAY,
                 sender_session_id: *sender_session_id,
             },
             Self::SubagentSettledNotice {
                 summary,
                 sender_session_id,
             } => KnownSource::SubagentSettled {
-                form: NoticeForm::Notice,
-                summary: summary.clone(),
+                form: NOTICE,
+                summary,
                 sender_session_id: *sender_session_id,
             },
             Self::Other(value) => return value.serialize(serializer),
@@ -226,33 +212,132 @@ impl Serialize for MessageSource {
 
 impl<'de> Deserialize<'de> for MessageSource {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = Value::deserialize(deserializer)?;
-        let Ok(known) = serde_json::from_value::<KnownSource>(value.clone()) else {
-            return Ok(Self::Other(Box::new(value)));
-        };
-        Ok(match known {
-            KnownSource::User => Self::User,
-            KnownSource::Model { provider, model } => Self::Model {
-                provider: provider.into(),
-                model: model.into(),
-            },
-            KnownSource::Tool { call_id } => Self::Tool { call_id },
-            KnownSource::Plugin { plugin } => Self::Plugin { plugin },
-            KnownSource::Coordinator {
-                sender_session_id, ..
-            } => Self::CoordinatorRelay { sender_session_id },
-            KnownSource::SubagentReport {
-                sender_session_id, ..
-            } => Self::SubagentReportRelay { sender_session_id },
-            KnownSource::SubagentSettled {
-                summary,
-                sender_session_id,
-                ..
-            } => Self::SubagentSettledNotice {
-                summary,
-                sender_session_id,
-            },
+        Ok(match deserializer.deserialize_any(RawSourceVisitor)? {
+            RawSource::Fields(fields) => Self::known(&fields).unwrap_or_else(|| {
+                // A repeated field keeps its last value, as in any JSON object read here.
+                Self::Other(Box::new(Value::Object(fields.into_iter().collect())))
+            }),
+            RawSource::Other(value) => Self::Other(Box::new(value)),
         })
+    }
+}
+
+impl MessageSource {
+    /// The known source `fields` spell (the last of a repeated field counts; others are
+    /// ignored), or `None` for any other shape, which is kept verbatim.
+    fn known(fields: &[(String, Value)]) -> Option<Self> {
+        let field = |name: &str| {
+            fields
+                .iter()
+                .rev()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value)
+        };
+        let text = |name: &str| field(name)?.as_str();
+        let form = |expected: &str| (text("form")? == expected).then_some(());
+        let sender = || SessionId::deserialize(field("senderSessionId")?).ok();
+        Some(match text("kind")? {
+            "user" => Self::User,
+            "model" => Self::Model {
+                provider: text("provider")?.into(),
+                model: text("model")?.into(),
+            },
+            "tool" => Self::Tool {
+                call_id: CallId::new(text("callId")?),
+            },
+            "plugin" => Self::Plugin {
+                plugin: text("plugin")?.to_owned(),
+            },
+            "coordinator" => {
+                form(RELAY)?;
+                Self::CoordinatorRelay {
+                    sender_session_id: sender()?,
+                }
+            }
+            "subagent-report" => {
+                form(RELAY)?;
+                Self::SubagentReportRelay {
+                    sender_session_id: sender()?,
+                }
+            }
+            "subagent-settled" => {
+                form(NOTICE)?;
+                Self::SubagentSettledNotice {
+                    summary: text("summary")?.to_owned(),
+                    sender_session_id: sender()?,
+                }
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// A source as read: an object's fields in order (a list, not a map: a source has a few, and
+/// a map would hash every key on every message read), or any other JSON value.
+enum RawSource {
+    Fields(Vec<(String, Value)>),
+    Other(Value),
+}
+
+struct RawSourceVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RawSourceVisitor {
+    type Value = RawSource;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("a message source")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawSource, A::Error> {
+        let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(4));
+        while let Some(field) = map.next_entry::<String, Value>()? {
+            fields.push(field);
+        }
+        Ok(RawSource::Fields(fields))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<RawSource, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(item) = seq.next_element::<Value>()? {
+            items.push(item);
+        }
+        Ok(RawSource::Other(Value::Array(items)))
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<RawSource, E> {
+        Ok(RawSource::Other(Value::Bool(value)))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<RawSource, E> {
+        Ok(RawSource::Other(Value::from(value)))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<RawSource, E> {
+        Ok(RawSource::Other(Value::from(value)))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<RawSource, E> {
+        Ok(RawSource::Other(Value::from(value)))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<RawSource, E> {
+        Ok(RawSource::Other(Value::from(value)))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<RawSource, E> {
+        Ok(RawSource::Other(Value::String(value)))
+    }
+
+    fn visit_unit<E>(self) -> Result<RawSource, E> {
+        Ok(RawSource::Other(Value::Null))
+    }
+
+    fn visit_none<E>(self) -> Result<RawSource, E> {
+        Ok(RawSource::Other(Value::Null))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<RawSource, D::Error> {
+        deserializer.deserialize_any(self)
     }
 }
 

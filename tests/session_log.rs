@@ -204,6 +204,82 @@ fn an_envelope_reads_the_same_in_any_field_order() {
     }
 }
 
+/// A source is read without a JSON map in between: each known shape still reads as itself,
+/// every other value (a known kind with a missing or mistyped field or the wrong form, or no
+/// object at all) is kept verbatim, extra fields are ignored and a repeated field keeps its last
+/// value, as when a source was read through a `serde_json::Value`.
+#[test]
+fn message_sources_read_as_their_json_says_without_a_map_in_between() {
+    let sender = SessionId::new();
+    for known in [
+        MessageSource::User,
+        MessageSource::Model {
+            provider: "load".into(),
+            model: "m".into(),
+        },
+        MessageSource::Tool {
+            call_id: CallId::new("c1"),
+        },
+        MessageSource::Plugin {
+            plugin: "runtime-context".into(),
+        },
+        MessageSource::CoordinatorRelay {
+            sender_session_id: sender,
+        },
+        MessageSource::SubagentReportRelay {
+            sender_session_id: sender,
+        },
+        MessageSource::SubagentSettledNotice {
+            summary: "done \"quoted\"".into(),
+            sender_session_id: sender,
+        },
+    ] {
+        let text = serde_json::to_string(&known).unwrap();
+        assert_eq!(
+            serde_json::from_str::<MessageSource>(&text).unwrap(),
+            known,
+            "{text}"
+        );
+        let value = serde_json::to_value(&known).unwrap();
+        assert_eq!(
+            serde_json::from_value::<MessageSource>(value).unwrap(),
+            known
+        );
+    }
+    for verbatim in [
+        json!({"kind": "model", "provider": 1, "model": "m"}),
+        json!({"kind": "model", "provider": "p"}),
+        json!({"kind": "coordinator", "form": "notice", "senderSessionId": sender}),
+        json!({"kind": "subagent-report", "form": "relay", "senderSessionId": "not-an-id"}),
+        json!({"kind": 7}),
+        json!({"provider": "p", "model": "m"}),
+        json!("user"),
+        json!(["user"]),
+        json!(null),
+        json!(3),
+    ] {
+        let read: MessageSource = serde_json::from_str(&verbatim.to_string()).unwrap();
+        assert_eq!(read, MessageSource::Other(Box::new(verbatim.clone())));
+        assert_eq!(serde_json::to_value(&read).unwrap(), verbatim);
+    }
+    let read = |text: &str| serde_json::from_str::<MessageSource>(text).unwrap();
+    let plugin = |plugin: &str| MessageSource::Plugin {
+        plugin: plugin.into(),
+    };
+    assert_eq!(
+        read(r#"{"kind":"plugin","plugin":"a","extra":[1]}"#),
+        plugin("a")
+    );
+    assert_eq!(
+        read(r#"{"kind":"plugin","plugin":"a","plugin":"b"}"#),
+        plugin("b")
+    );
+    assert_eq!(
+        read(r#"{"kind":"webhook","url":"x","url":"y"}"#),
+        MessageSource::Other(Box::new(json!({"kind": "webhook", "url": "y"})))
+    );
+}
+
 #[test]
 fn unknown_message_sources_are_kept_verbatim() {
     let raw = json!({"kind": "webhook", "url": "x"});
