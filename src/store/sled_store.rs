@@ -761,6 +761,153 @@ mod tests {
         ))]
     }
 
+    /// What the recent logs answer is what the rows say: random creates, appends (stale ones
+    /// too, fenced or not), lease grants, disposals and reads on a store whose recent logs
+    /// hold only a few sessions, each read also made on a clone of the store that holds none
+    /// (the same database), so evictions, refused appends and moved leases are all compared.
+    mod recent_logs_agree_with_the_rows {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Create {
+                session: usize,
+                seeded: u64,
+            },
+            Append {
+                session: usize,
+                count: u64,
+                stale: bool,
+                fenced: bool,
+            },
+            Lease {
+                session: usize,
+            },
+            Disposed {
+                session: usize,
+            },
+            Read {
+                session: usize,
+                from: u64,
+                len: u64,
+            },
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            let session = 0..4usize;
+            prop_oneof![
+                (session.clone(), 0..3u64)
+                    .prop_map(|(session, seeded)| Op::Create { session, seeded }),
+                (
+                    session.clone(),
+                    1..4u64,
+                    proptest::bool::weighted(0.2),
+                    any::<bool>()
+                )
+                    .prop_map(|(session, count, stale, fenced)| Op::Append {
+                        session,
+                        count,
+                        stale,
+                        fenced
+                    }),
+                session.clone().prop_map(|session| Op::Lease { session }),
+                session.clone().prop_map(|session| Op::Disposed { session }),
+                (session, 0..12u64, 0..12u64).prop_map(|(session, from, len)| Op::Read {
+                    session,
+                    from,
+                    len
+                }),
+            ]
+        }
+
+        fn events(from: u64, count: u64) -> Vec<Arc<SessionEvent>> {
+            (from..from + count)
+                .map(|seq| {
+                    Arc::new(SessionEvent::new(
+                        seq,
+                        EventKind::TurnStart { turn: seq + 1 },
+                    ))
+                })
+                .collect()
+        }
+
+        /// The store's state as it answers for one session: header, head, own log.
+        type Answers = (
+            Result<SessionHeader>,
+            Result<(u64, u64)>,
+            Result<Vec<Arc<SessionEvent>>>,
+        );
+
+        fn answers(store: &SledStore, id: SessionId) -> Answers {
+            (
+                store.read_header(id),
+                store.read_head(id).map(|head| (head.next_seq, head.lease)),
+                block_on(store.read_stored(id, 0, u64::MAX)),
+            )
+        }
+
+        fn same<T: PartialEq + std::fmt::Debug>(held: &Result<T>, rows: &Result<T>) {
+            match (held, rows) {
+                (Ok(held), Ok(rows)) => assert_eq!(held, rows),
+                (Err(held), Err(rows)) => assert_eq!(held.code(), rows.code()),
+                _ => panic!("held {held:?}, rows {rows:?}"),
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+            #[test]
+            fn under_any_history(ops in proptest::collection::vec(op(), 1..40)) {
+                let rows = SledStore::temporary().unwrap();
+                // Room for about two sessions' logs: most histories evict.
+                let store = SledStore { recent: Arc::new(Mutex::new(RecentLogs::new(900))), ..rows.clone() };
+                let rows = SledStore { recent: Arc::new(Mutex::new(RecentLogs::new(0))), ..rows };
+                let ids: Vec<SessionId> = (0..4).map(|_| SessionId::new()).collect();
+                let holder = LeaseHolder::new();
+                let mut next = [None::<u64>; 4];
+                let mut lease = [None::<LeaseEpoch>; 4];
+                for op in ops {
+                    match op {
+                        Op::Create { session, seeded } => {
+                            let created = block_on(store.create(SessionHeader::new(ids[session]), events(0, seeded)));
+                            prop_assert_eq!(created.is_ok(), next[session].is_none());
+                            next[session].get_or_insert(seeded);
+                        }
+                        Op::Append { session, count, stale, fenced } => {
+                            let at = next[session].unwrap_or(0) + u64::from(stale);
+                            let fence = if fenced { lease[session] } else { None };
+                            let appended = block_on(store.append(ids[session], at, events(at, count), fence));
+                            if appended.is_ok() {
+                                next[session] = Some(at + count);
+                            }
+                            prop_assert_eq!(appended.is_ok(), next[session].is_some() && !stale);
+                        }
+                        Op::Lease { session } => {
+                            if let Ok(granted) = block_on(store.acquire_lease(ids[session], holder.clone())) {
+                                lease[session] = Some(granted.epoch);
+                            }
+                        }
+                        Op::Disposed { session } => store.one_shot_disposed(ids[session]),
+                        Op::Read { session, from, len } => {
+                            let id = ids[session];
+                            let held = block_on(store.read_stored(id, from, from + len));
+                            same(&held, &block_on(rows.read_stored(id, from, from + len)));
+                        }
+                    }
+                    for id in &ids {
+                        let (header, head, log) = answers(&store, *id);
+                        let (row_header, row_head, row_log) = answers(&rows, *id);
+                        same(&header, &row_header);
+                        same(&head, &row_head);
+                        same(&log, &row_log);
+                    }
+                }
+            }
+        }
+    }
+
     // A reader's bounded page cache reads back everything written with the default one.
     #[test]
     fn a_store_reopened_with_a_small_cache_reads_the_same_sessions() {
