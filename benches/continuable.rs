@@ -44,6 +44,9 @@ mod floors;
 #[path = "support/live_bytes.rs"]
 mod live_bytes;
 
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 /// The bench runs on mimalloc, as the `subagents` binary does, counting live heap bytes for
 /// the scale pass.
 #[global_allocator]

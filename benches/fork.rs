@@ -8,9 +8,12 @@
 //! are printed once per size (`stored bytes per child`), from the child's own stored events.
 //! Run with `cargo bench --bench fork`.
 
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 /// The bench runs on mimalloc, as the `subagents` binary does.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::MiMalloc = allocator::MiMalloc;
 
 #[path = "support/process.rs"]
 mod process;

@@ -18,6 +18,9 @@ mod live_bytes;
 #[path = "support/parent.rs"]
 mod parent;
 
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 /// The bench runs on mimalloc, as the `subagents` binary does, counting live heap bytes.
 #[global_allocator]
 static ALLOCATOR: live_bytes::Counting = live_bytes::Counting;

@@ -28,9 +28,12 @@ mod ended;
 #[path = "support/floors.rs"]
 mod floors;
 
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 /// The bench runs on mimalloc, as the `subagents` binary does.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::MiMalloc = allocator::MiMalloc;
 
 #[path = "support/process.rs"]
 mod process;

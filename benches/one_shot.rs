@@ -9,10 +9,13 @@
 //! A run here is: `start` → `result` → `dispose`. Run with `cargo bench --bench one_shot`.
 //! The memory an in-flight child holds is measured by `cargo bench --bench in_flight_memory`.
 
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 /// The bench runs on mimalloc, as the `subagents` binary does: glibc's allocator fragments
 /// badly under tens of thousands of short-lived children.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::MiMalloc = allocator::MiMalloc;
 
 #[path = "support/process.rs"]
 mod process;

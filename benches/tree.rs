@@ -28,6 +28,9 @@ mod live_bytes;
 #[path = "support/process.rs"]
 mod process;
 
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 /// The bench runs on mimalloc, as the `subagents` binary does, counting what is live.
 #[global_allocator]
 static ALLOCATOR: live_bytes::Counting = live_bytes::Counting;

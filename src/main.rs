@@ -3,6 +3,7 @@
 //! Exit codes: 0 on success (and when standard output is closed early, as by `| head`); 2 on any
 //! error, whose cause chain is printed once to stderr, for a person to read.
 
+mod allocator;
 mod cli;
 
 use std::io::{IsTerminal, Write};
@@ -24,7 +25,7 @@ use tracing_subscriber::Layer as _;
 /// The binary runs on mimalloc: under many concurrent children glibc's allocator spent a third of
 /// a load run in `malloc`/`free` and fragmented the heap (`perf record` on `subagents load`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::MiMalloc = allocator::MiMalloc;
 
 /// Delegate work from an agent to child agents.
 #[derive(Debug, Parser)]

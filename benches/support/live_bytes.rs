@@ -42,24 +42,24 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         grew(layout.size());
         // SAFETY: the caller upholds `alloc`'s contract, which is mimalloc's.
-        unsafe { mimalloc::MiMalloc.alloc(layout) }
+        unsafe { crate::allocator::MiMalloc.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         grew(layout.size());
         // SAFETY: as for `alloc`.
-        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        unsafe { crate::allocator::MiMalloc.alloc_zeroed(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         // SAFETY: `ptr` came from this allocator with `layout`.
-        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+        unsafe { crate::allocator::MiMalloc.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as for `dealloc`, and `new_size` is the caller's.
-        let moved = unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) };
+        let moved = unsafe { crate::allocator::MiMalloc.realloc(ptr, layout, new_size) };
         if !moved.is_null() {
             grew(new_size);
             LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
