@@ -193,11 +193,12 @@ impl RecentLogs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::session::EventKind;
 
-    fn events(from: u64, count: u64) -> Vec<Arc<SessionEvent>> {
+    /// Turn starts at seqs `from..from + count`: events the store takes without reading them.
+    pub(in crate::store) fn events(from: u64, count: u64) -> Vec<Arc<SessionEvent>> {
         (from..from + count)
             .map(|seq| {
                 Arc::new(SessionEvent::new(

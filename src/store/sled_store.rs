@@ -769,6 +769,7 @@ mod tests {
         use proptest::prelude::*;
 
         use super::*;
+        use crate::store::recent_logs::tests::events;
 
         #[derive(Debug, Clone)]
         enum Op {
@@ -820,17 +821,6 @@ mod tests {
                     len
                 }),
             ]
-        }
-
-        fn events(from: u64, count: u64) -> Vec<Arc<SessionEvent>> {
-            (from..from + count)
-                .map(|seq| {
-                    Arc::new(SessionEvent::new(
-                        seq,
-                        EventKind::TurnStart { turn: seq + 1 },
-                    ))
-                })
-                .collect()
         }
 
         /// The store's state as it answers for one session: header, head, own log.
