@@ -22,7 +22,9 @@
 //!   only below the head, so a crash between the two loses that batch whole and nothing else.
 //!
 //! Within this process a writer lock makes compare-and-append atomic (it also guards the lease
-//! table); sled's directory lock keeps other processes out. sled itself writes its log to the OS
+//! table); sled's directory lock keeps other processes out. The sessions the store created most
+//! recently are also kept decoded ([`RecentLogs`]), mirrored under that lock after each committed
+//! write, so reading one back, or checking an append against its head, reads no row. sled itself writes its log to the OS
 //! every 500 ms; [`SessionPersistence::flush`] (an fsync of the whole database) is the
 //! durability point.
 
