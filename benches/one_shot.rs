@@ -59,19 +59,35 @@ fn floors(c: &mut Criterion, system: &SystemRunner) {
     group.finish();
 }
 
-fn stores() -> Vec<(&'static str, Arc<dyn SessionPersistence>)> {
-    vec![
-        ("memory", Arc::new(MemoryStore::new())),
+/// The stores each load runs on, by name.
+const STORES: [&str; 3] = ["memory", "memory-forgetting", "sled"];
+
+/// A fresh store named `name` (see [`STORES`]).
+fn store(name: &str) -> Arc<dyn SessionPersistence> {
+    match name {
+        "memory" => Arc::new(MemoryStore::new()),
         // Lets each disposed child go: the store stays the size of what is in flight.
-        (
-            "memory-forgetting",
-            Arc::new(MemoryStore::forgetting_one_shots()),
-        ),
-        (
-            "sled",
-            Arc::new(SledStore::temporary().expect("sled store")),
-        ),
-    ]
+        "memory-forgetting" => Arc::new(MemoryStore::forgetting_one_shots()),
+        _ => Arc::new(SledStore::temporary().expect("sled store")),
+    }
+}
+
+/// Runs `body` against a fresh runtime on a fresh store named `store_name`, then shuts the
+/// runtime down. Each benchmark gets its own: a store that keeps every child (`memory`) would
+/// otherwise hold every child of every benchmark before it until the process ends, which
+/// outgrew this machine's 24 GiB in one `cargo bench --bench one_shot`.
+fn on_fresh_runtime(
+    system: &SystemRunner,
+    store_name: &str,
+    body: impl FnOnce(&Runtime, &AgentHandle),
+) {
+    let (rt, parent) = system.block_on(setup(
+        store(store_name),
+        ScriptedModel::repeating(ScriptStep::text("done")),
+    ));
+    body(&rt, &parent);
+    drop(parent);
+    system.block_on(rt.shutdown()).expect("shutdown");
 }
 
 fn sequential(c: &mut Criterion, system: &SystemRunner) {
@@ -80,14 +96,12 @@ fn sequential(c: &mut Criterion, system: &SystemRunner) {
         .measurement_time(Duration::from_secs(4))
         .sample_size(30)
         .throughput(Throughput::Elements(1));
-    for (store_name, store) in stores() {
-        let (rt, parent) = system.block_on(setup(
-            store,
-            ScriptedModel::repeating(ScriptStep::text("done")),
-        ));
+    for store_name in STORES {
         for provider in ["spawn", "fork"] {
-            group.bench_function(BenchmarkId::new(provider, store_name), |b| {
-                b.iter(|| system.block_on(one_run(&rt, &parent, provider)));
+            on_fresh_runtime(system, store_name, |rt, parent| {
+                group.bench_function(BenchmarkId::new(provider, store_name), |b| {
+                    b.iter(|| system.block_on(one_run(rt, parent, provider)));
+                });
             });
         }
     }
@@ -99,20 +113,18 @@ fn in_flight(c: &mut Criterion, system: &SystemRunner) {
     group
         .measurement_time(Duration::from_secs(6))
         .sample_size(10);
-    for (store_name, store) in stores() {
-        let (rt, parent) = system.block_on(setup(
-            store,
-            ScriptedModel::repeating(ScriptStep::text("done")),
-        ));
+    for store_name in STORES {
         for n in [100usize, 1_000, 4_000, 10_000] {
             group.throughput(Throughput::Elements(u64::try_from(n).expect("small")));
             for provider in ["spawn", "fork"] {
-                group.bench_function(
-                    BenchmarkId::new(format!("{provider}/{store_name}"), n),
-                    |b| {
-                        b.iter(|| system.block_on(many_runs(&rt, &parent, provider, n)));
-                    },
-                );
+                on_fresh_runtime(system, store_name, |rt, parent| {
+                    group.bench_function(
+                        BenchmarkId::new(format!("{provider}/{store_name}"), n),
+                        |b| {
+                            b.iter(|| system.block_on(many_runs(rt, parent, provider, n)));
+                        },
+                    );
+                });
             }
         }
     }
