@@ -17,44 +17,69 @@ use std::sync::Arc;
 pub(crate) const SHORT: usize = 256;
 
 /// A sequence of `T`, oldest first, clone-on-write: clones share the items, and a clone that
-/// is changed copies a short vector once, or a tree's path to the change. One pointer wide:
-/// every live session holds two.
+/// is changed copies a short vector once, or a tree's path to the change. One pointer wide,
+/// and an empty one allocates nothing: every live session holds two, and most also hold an
+/// empty seed.
 #[derive(Clone)]
-pub(crate) struct SharedSeq<T: Clone>(Arc<Repr<T>>);
+pub(crate) struct SharedSeq<T: Clone>(Option<Arc<Repr<T>>>);
 
+/// Four words: the tree is boxed, so a short sequence (the common case) does not pay for it.
 #[derive(Clone)]
 enum Repr<T: Clone> {
     /// Up to [`SHORT`] items.
     Short(Vec<T>),
     /// More.
-    Long(imbl::Vector<T>),
+    Long(Box<imbl::Vector<T>>),
 }
 
 impl<T: Clone> Default for SharedSeq<T> {
     fn default() -> Self {
-        Self(Arc::new(Repr::Short(Vec::new())))
+        Self(None)
     }
 }
 
 impl<T: Clone> SharedSeq<T> {
-    pub(crate) fn len(&self) -> usize {
-        match &*self.0 {
-            Repr::Short(items) => items.len(),
-            Repr::Long(items) => items.len(),
+    /// The items as a slice when they are short (an empty sequence is short).
+    fn short(&self) -> Option<&[T]> {
+        match self.0.as_deref() {
+            None => Some(&[]),
+            Some(Repr::Short(items)) => Some(items),
+            Some(Repr::Long(_)) => None,
         }
     }
 
+    /// The tree, when the items moved into one.
+    fn long(&self) -> Option<&imbl::Vector<T>> {
+        match self.0.as_deref() {
+            Some(Repr::Long(items)) => Some(items),
+            _ => None,
+        }
+    }
+
+    /// The representation to change in place (copied first when shared).
+    fn repr_mut(&mut self) -> &mut Repr<T> {
+        Arc::make_mut(
+            self.0
+                .get_or_insert_with(|| Arc::new(Repr::Short(Vec::new()))),
+        )
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.long()
+            .map_or_else(|| self.short().map_or(0, <[T]>::len), imbl::Vector::len)
+    }
+
     pub(crate) fn get(&self, index: usize) -> Option<&T> {
-        match &*self.0 {
-            Repr::Short(items) => items.get(index),
-            Repr::Long(items) => items.get(index),
+        match self.long() {
+            Some(items) => items.get(index),
+            None => self.short().and_then(|items| items.get(index)),
         }
     }
 
     pub(crate) fn last(&self) -> Option<&T> {
-        match &*self.0 {
-            Repr::Short(items) => items.last(),
-            Repr::Long(items) => items.last(),
+        match self.long() {
+            Some(items) => items.last(),
+            None => self.short().and_then(<[T]>::last),
         }
     }
 
@@ -62,9 +87,9 @@ impl<T: Clone> SharedSeq<T> {
     pub(crate) fn iter_range(&self, start: usize, end: usize) -> Iter<'_, T> {
         let end = end.min(self.len());
         let start = start.min(end);
-        Iter(match &*self.0 {
-            Repr::Short(items) => IterInner::Short(items[start..end].iter()),
-            Repr::Long(items) => IterInner::Long(items.focus().narrow(start..end).into_iter()),
+        Iter(match self.long() {
+            Some(items) => IterInner::Long(items.focus().narrow(start..end).into_iter()),
+            None => IterInner::Short(self.short().unwrap_or(&[])[start..end].iter()),
         })
     }
 
@@ -73,23 +98,24 @@ impl<T: Clone> SharedSeq<T> {
         if len >= self.len() {
             return self.clone();
         }
-        Self(Arc::new(match &*self.0 {
-            Repr::Short(items) => Repr::Short(items[..len].to_vec()),
-            Repr::Long(items) if len <= SHORT => {
-                Repr::Short(items.iter().take(len).cloned().collect())
-            }
-            Repr::Long(items) => Repr::Long(items.take(len)),
-        }))
+        if len == 0 {
+            return Self::default();
+        }
+        Self(Some(Arc::new(match self.long() {
+            None => Repr::Short(self.short().unwrap_or(&[])[..len].to_vec()),
+            Some(items) if len <= SHORT => Repr::Short(items.iter().take(len).cloned().collect()),
+            Some(items) => Repr::Long(Box::new(items.take(len))),
+        })))
     }
 
     pub(crate) fn push(&mut self, item: T) {
-        let repr = Arc::make_mut(&mut self.0);
+        let repr = self.repr_mut();
         match repr {
             Repr::Short(items) if items.len() < SHORT => items.push(item),
             Repr::Short(items) => {
                 let mut long: imbl::Vector<T> = std::mem::take(items).into_iter().collect();
                 long.push_back(item);
-                *repr = Repr::Long(long);
+                *repr = Repr::Long(Box::new(long));
             }
             Repr::Long(items) => items.push_back(item),
         }
@@ -100,7 +126,7 @@ impl<T: Clone> SharedSeq<T> {
     pub(crate) fn splice(&mut self, start: usize, end: usize, item: T) {
         let start = start.min(self.len());
         let end = end.clamp(start, self.len());
-        match Arc::make_mut(&mut self.0) {
+        match self.repr_mut() {
             Repr::Short(items) => {
                 items.splice(start..end, [item]);
             }
@@ -114,11 +140,14 @@ impl<T: Clone> SharedSeq<T> {
 
 impl<T: Clone> From<Vec<T>> for SharedSeq<T> {
     fn from(items: Vec<T>) -> Self {
-        Self(Arc::new(if items.len() <= SHORT {
+        if items.is_empty() {
+            return Self::default();
+        }
+        Self(Some(Arc::new(if items.len() <= SHORT {
             Repr::Short(items)
         } else {
-            Repr::Long(items.into_iter().collect())
-        }))
+            Repr::Long(Box::new(items.into_iter().collect()))
+        })))
     }
 }
 
@@ -191,11 +220,11 @@ mod tests {
     #[test]
     fn a_sequence_moves_into_a_tree_past_a_short_one_and_cuts_back_to_one() {
         let mut short = seq(SHORT);
-        assert!(matches!(*short.0, Repr::Short(_)));
+        assert!(matches!(short.0.as_deref(), Some(Repr::Short(_))));
         let snapshot = short.clone();
         short.push(SHORT);
         assert!(
-            matches!(*short.0, Repr::Long(_)),
+            matches!(short.0.as_deref(), Some(Repr::Long(_))),
             "one more moves it into a tree"
         );
         assert_eq!(
@@ -204,13 +233,41 @@ mod tests {
             "a clone never changes under later pushes"
         );
         assert_eq!(items(&short), (0..=SHORT).collect::<Vec<_>>());
-        assert!(matches!(*short.prefix(SHORT).0, Repr::Short(_)));
+        assert!(matches!(
+            short.prefix(SHORT).0.as_deref(),
+            Some(Repr::Short(_))
+        ));
         assert_eq!(short.prefix(SHORT), snapshot);
         let long = seq(1000);
         let cut = long.prefix(700);
-        assert!(matches!(*cut.0, Repr::Long(_)));
+        assert!(matches!(cut.0.as_deref(), Some(Repr::Long(_))));
         assert_eq!(items(&cut), (0..700).collect::<Vec<_>>());
         assert_eq!(long.prefix(5000), long);
+    }
+
+    #[test]
+    fn an_empty_sequence_holds_nothing_and_a_short_one_no_tree() {
+        let empty = SharedSeq::<usize>::default();
+        assert!(empty.0.is_none(), "an empty sequence allocates nothing");
+        assert!(SharedSeq::<usize>::from(Vec::new()).0.is_none());
+        assert!(seq(5).prefix(0).0.is_none(), "nor does an empty prefix");
+        assert_eq!(empty.len(), 0);
+        assert_eq!(empty.get(0), None);
+        assert_eq!(empty.last(), None);
+        assert_eq!(empty.iter_range(0, 9).count(), 0);
+        assert_eq!(empty.prefix(3), empty);
+        let mut pushed = empty.clone();
+        pushed.push(7);
+        assert_eq!(items(&pushed), [7]);
+        assert!(
+            empty.0.is_none(),
+            "a clone's push leaves the original empty"
+        );
+        let mut spliced = SharedSeq::default();
+        spliced.splice(4, 9, 1);
+        assert_eq!(items(&spliced), [1], "a splice into nothing inserts");
+        // The tree is boxed: a short sequence's shared part is a vector and a tag, not a tree.
+        assert!(std::mem::size_of::<Repr<Arc<u64>>>() <= 4 * std::mem::size_of::<usize>());
     }
 
     #[test]
