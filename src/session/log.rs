@@ -854,6 +854,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answered_barrier_leaves_no_buffer_behind() {
+        let store = faulting_store();
+        let (log, _) = attached(&store).await;
+        note(&log);
+        log.flush().await.unwrap();
+        let barriers = log
+            .lock()
+            .write_behind
+            .as_ref()
+            .map(|wb| wb.barriers.capacity());
+        assert_eq!(
+            barriers,
+            Some(0),
+            "a resident log keeps no room for barriers it no longer has"
+        );
+    }
+
+    #[tokio::test]
     async fn close_writes_the_tail_and_releases_the_lease() {
         let store = faulting_store();
         let (log, _) = attached(&store).await;

@@ -544,4 +544,8 @@ fn answer_barriers(
             None => index += 1,
         }
     }
+    if barriers.is_empty() {
+        // A resident child waits on no barrier for most of its life: it keeps no buffer.
+        *barriers = Vec::new();
+    }
 }
