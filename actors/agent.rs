@@ -363,10 +363,8 @@ impl AgentActor {
                 Arc::clone(&self.options),
                 self.identity.1.clone(),
             ),
-            log: self.log.clone(),
             env: Arc::clone(&self.env),
             scope: Arc::clone(&self.scope),
-            options: Arc::clone(&self.options),
             cancel,
             inbox: Arc::new(address),
             budget: self.budget.clone(),
@@ -375,11 +373,15 @@ impl AgentActor {
         ctx.spawn(
             driver
                 .into_actor(self)
-                .map(move |reason, actor, ctx| actor.turn_finished(turn, reason, ctx)),
+                .map(|reason, actor, ctx| actor.turn_finished(reason, ctx)),
         );
     }
 
-    fn turn_finished(&mut self, turn: u64, reason: TurnEndReason, ctx: &mut Context<Self>) {
+    /// The running turn ended. Its number is the state's (it stays running until here), not
+    /// captured by the driver's continuation: every resident child holds that continuation
+    /// boxed with the turn's future, at the top of its allocation class.
+    fn turn_finished(&mut self, reason: TurnEndReason, ctx: &mut Context<Self>) {
+        let turn = self.state.turn().unwrap_or_else(|| self.log.last_turn());
         tracing::debug!(session_id = %self.id, turn, ?reason, "turn ended");
         if !self.releasing {
             crate::projection::cache::checkpoint_after_turn(&self.env, &self.log);

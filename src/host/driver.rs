@@ -111,13 +111,14 @@ impl TurnCancel {
 }
 
 /// Everything one turn needs.
+///
+/// The agent's log and options are reached through `caller`, which holds both: a held turn
+/// keeps its context for its whole life, and every resident child holds a turn.
 pub(crate) struct TurnContext {
     /// The agent's exact reference, handed to its tool calls.
     pub caller: AgentRef,
-    pub log: SessionLog,
     pub env: Arc<AgentEnv>,
     pub scope: Arc<AgentScope>,
-    pub options: Arc<AgentOptions>,
     pub cancel: TurnCancel,
     pub inbox: Arc<dyn InboxPort>,
     /// The agent's budget, when it has one.
@@ -153,27 +154,37 @@ impl TurnContext {
         self.caller.id()
     }
 
+    /// The agent's log.
+    pub(crate) fn log(&self) -> &SessionLog {
+        self.caller.log().inner()
+    }
+
+    /// The agent's options.
+    fn options(&self) -> &AgentOptions {
+        self.caller.options()
+    }
+
     fn append(&self, kind: EventKind) -> Result<u64, Fault> {
         self.append_with_sources(kind, Vec::new())
     }
 
     fn append_with_sources(&self, kind: EventKind, sources: Vec<u64>) -> Result<u64, Fault> {
         self.check_fault()?;
-        self.log
+        self.log()
             .append_with_sources(kind, sources)
             .map_err(|error| Fault::failed(LlmFailure::new("UNKNOWN", error.to_string())))
     }
 
     /// A faulted log ends the turn: nothing more it does could be made durable.
     fn check_fault(&self) -> Result<(), Fault> {
-        match self.log.is_faulted() {
+        match self.log().is_faulted() {
             true => Err(Fault::failed(self.fault_failure())),
             false => Ok(()),
         }
     }
 
     fn fault_failure(&self) -> LlmFailure {
-        let error = self.log.fault();
+        let error = self.log().fault();
         let (code, message) = error.map_or_else(
             || ("STORE_IO".to_owned(), "a durable write failed".to_owned()),
             |error| (error.code().as_str().to_owned(), error.message().to_owned()),
@@ -186,11 +197,11 @@ impl TurnContext {
 
     /// Waits for room in the write-behind queue (backpressure); a fault ends the turn.
     async fn reserve(&self) -> Result<(), Fault> {
-        if self.log.has_room() {
+        if self.log().has_room() {
             return Ok(());
         }
         // Boxed: the queue is rarely full, and a held turn's state should not carry the wait.
-        Box::pin(self.log.reserve())
+        Box::pin(self.log().reserve())
             .await
             .map_err(|_| Fault::failed(self.fault_failure()))
     }
@@ -236,7 +247,7 @@ pub(crate) fn run_turn(
         }
         let reason = match outcome {
             // A faulted log ends the turn with the fault, whatever else happened.
-            _ if ctx.log.is_faulted() => TurnEndReason::Error {
+            _ if ctx.log().is_faulted() => TurnEndReason::Error {
                 error: ctx.fault_failure(),
             },
             // A failure that follows a cancel is the cancel's doing.
@@ -258,8 +269,8 @@ pub(crate) fn run_turn(
 /// Appends what closes the turn: results for open calls and `step/end` if a fault left them
 /// open (the crash-repair closers, minus their `turn/end`), then `turn/end` with `reason`.
 fn close_turn(ctx: &TurnContext, turn: u64, reason: TurnEndReason) {
-    let dangling = if ctx.log.has_open_step() {
-        ctx.log
+    let dangling = if ctx.log().has_open_step() {
+        ctx.log()
             .with_events(|events| interrupted_turn_closers(events))
     } else {
         Vec::new()
@@ -273,7 +284,7 @@ fn close_turn(ctx: &TurnContext, turn: u64, reason: TurnEndReason) {
             traceparent: crate::trace::traceparent_of(&tracing::Span::current()),
         }));
     for closer in closers {
-        if let Err(error) = ctx.log.append(closer) {
+        if let Err(error) = ctx.log().append(closer) {
             tracing::error!(session_id = %ctx.agent(), turn, %error, "could not close the turn");
         }
     }
@@ -344,7 +355,7 @@ fn drive(
                 agent: ctx.agent(),
                 turn,
                 step: step + 1,
-                log: &ctx.log,
+                log: ctx.log(),
             };
             let messages = match ctx.scope.pre_step(
                 &ctx.env.pre_step,
@@ -385,9 +396,9 @@ fn drive(
             // way to a release, the disposal does): a throttled checkpoint here would be a second
             // one beside it, and a drain cancels a million turns at once.
             if !ctx.cancel.is_cancelled() {
-                crate::projection::cache::checkpoint_if_due(&ctx.env, &ctx.log);
+                crate::projection::cache::checkpoint_if_due(&ctx.env, ctx.log());
             }
-            if ctx.options.flush == FlushPolicy::EveryStep && ctx.log.flush().await.is_err() {
+            if ctx.options().flush == FlushPolicy::EveryStep && ctx.log().flush().await.is_err() {
                 // The log is faulted; the turn ends with the fault.
                 return Err(Fault::failed(ctx.fault_failure()));
             }
@@ -407,7 +418,7 @@ fn drive(
                     agent: ctx.agent(),
                     turn,
                     step: step + 1,
-                    log: &ctx.log,
+                    log: ctx.log(),
                 };
                 entering = ctx.scope.turn_stopping(&stopping);
                 if entering.is_empty() {
@@ -431,15 +442,15 @@ fn run_step(
         let (provider, adapter) = ctx
             .env
             .models
-            .route(ctx.options.provider.as_deref())
+            .route(ctx.options().provider.as_deref())
             .map_err(Fault::failed)?;
-        let chat = crate::trace::chat_span(&provider, &ctx.options.model, step);
+        let chat = crate::trace::chat_span(&provider, &ctx.options().model, step);
         let mut stream = {
             let visible = ctx.scope.tools().visible(&ctx.env.tools);
             let request = GenerateRequest {
                 provider: provider.clone(),
-                model: ctx.options.model.clone(),
-                messages: ctx.log.history(),
+                model: ctx.options().model.clone(),
+                messages: ctx.log().history(),
                 system: assemble_system_prompt(
                     &ctx.env.sections,
                     ctx.scope.sections(),
@@ -449,7 +460,7 @@ fn run_step(
                         .collect::<Vec<_>>(),
                 ),
                 tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
-                max_tokens: ctx.options.max_tokens,
+                max_tokens: ctx.options().max_tokens,
                 session_id: Some(ctx.agent()),
                 cancel: ctx.cancel.token.clone(),
             };
@@ -568,7 +579,7 @@ fn conclude_step(
             streamed.assembler.blocks()
         }
     };
-    let message = Message::assistant(content, provider, &ctx.options.model);
+    let message = Message::assistant(content, provider, &ctx.options().model);
     let calls: Vec<(CallId, String, String)> = message
         .content
         .iter()
@@ -622,8 +633,8 @@ fn record_interrupted(
             .default_provider()
             .unwrap_or_default()
             .to_owned();
-        let provider = ctx.options.provider.clone().unwrap_or(provider);
-        let message = Message::assistant(assembler.text_blocks(), &provider, &ctx.options.model);
+        let provider = ctx.options().provider.clone().unwrap_or(provider);
+        let message = Message::assistant(assembler.text_blocks(), &provider, &ctx.options().model);
         let appended = ctx.append_with_sources(
             EventKind::AssistantMessage {
                 turn,
