@@ -209,7 +209,7 @@ impl Handler<Install> for ContinuationManager {
             ancestry,
             owned_by_parent,
             owned: None,
-            accepted: FastHashSet::default(),
+            accepted: None,
             busy: false,
             armed: false,
             announced: false,

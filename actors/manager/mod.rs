@@ -251,8 +251,10 @@ struct Resident {
     /// The resident children this Activation owns (boxed: most children own none, and a
     /// million resident children would each carry an empty set): a thin optional pointer.
     owned: Option<Box<FastHashSet<SessionId>>>,
-    /// Waking sends the agent has not yet claimed or discarded.
-    accepted: FastHashSet<MessageId>,
+    /// Waking sends the agent has not yet claimed or discarded (boxed, and absent when there
+    /// are none: a resident child waits with none, and the record keeps to a smaller
+    /// allocation class).
+    accepted: Option<Box<FastHashSet<MessageId>>>,
     /// Whether the agent is running, as its activity last said.
     busy: bool,
     /// Whether a message was ever submitted (before that, an idle agent is not settled).
@@ -309,12 +311,26 @@ impl Resident {
         }
     }
 
-    /// Forgets an accepted send. The set lets go of its buffer once empty: a resident child
-    /// holds none between sends, and there may be a million of them.
+    /// Counts a waking send until the agent claims or discards it.
+    fn accept(&mut self, id: MessageId) {
+        self.accepted.get_or_insert_default().insert(id);
+    }
+
+    /// Whether a waking send is still unclaimed.
+    fn has_accepted(&self) -> bool {
+        self.accepted
+            .as_ref()
+            .is_some_and(|accepted| !accepted.is_empty())
+    }
+
+    /// Forgets an accepted send. The set goes once empty: a resident child holds none between
+    /// sends, and there may be a million of them.
     fn forget_accepted(&mut self, id: &MessageId) {
-        self.accepted.remove(id);
-        if self.accepted.is_empty() {
-            self.accepted = FastHashSet::default();
+        if let Some(accepted) = &mut self.accepted {
+            accepted.remove(id);
+            if accepted.is_empty() {
+                self.accepted = None;
+            }
         }
     }
 }
@@ -635,7 +651,7 @@ impl ContinuationManager {
             record: budget::budget_event(&budget),
         });
         let id = message.id;
-        resident.accepted.insert(id);
+        resident.accept(id);
         resident.armed = true;
         resident.announced = true;
         // Its context, not the span: the call that opened the epoch returns long before the
@@ -672,7 +688,7 @@ impl ContinuationManager {
             resident.armed
                 && resident.disposal.is_none()
                 && !resident.busy
-                && resident.accepted.is_empty()
+                && !resident.has_accepted()
                 && resident.owns_none()
         });
         if settled {
@@ -841,7 +857,7 @@ impl Handler<AgentActivity> for ContinuationManager {
             Activity::Idle => resident.busy = false,
             // Accepted work a faulted agent holds will never be claimed: it no longer keeps
             // the Activation resident, so the child settles (its teardown reports the fault).
-            Activity::Faulted => resident.accepted = FastHashSet::default(),
+            Activity::Faulted => resident.accepted = None,
         }
         self.evaluate(msg.child, ctx);
     }
@@ -903,9 +919,12 @@ mod footprint {
     fn per_child_records_stay_within_their_allocation_classes() {
         // An event lives in an `Arc` (two counts, 16 bytes): 192 bytes in all.
         assert!(size_of::<crate::session::SessionEvent>() <= 176);
-        // Boxed in the manager's map: mimalloc's 320-byte class.
-        assert!(size_of::<super::Resident>() <= 320);
+        // Boxed in the manager's map: mimalloc's 256-byte class.
+        assert!(size_of::<super::Resident>() <= 256);
         // Inside the actor's task with actix's context and tokio's header: a 768-byte cell.
         assert!(size_of::<crate::actors::agent::AgentActor>() <= 328);
+        // Held by a running turn's future, which the actor boxes with its continuation: 768
+        // bytes in all, the top of that class.
+        assert!(size_of::<crate::host::driver::TurnContext>() <= 112);
     }
 }

@@ -92,7 +92,7 @@ impl ContinuationManager {
         let recipient = match self.residents.get_mut(&captured.id()) {
             Some(parent) if !closing && parent.disposal.is_none() => {
                 // Counted before the send, so the parent cannot look settled meanwhile.
-                parent.accepted.insert(message.id);
+                parent.accept(message.id);
                 Some((parent.agent.clone(), true, false))
             }
             Some(parent) => Some((parent.agent.clone(), false, true)),
@@ -164,7 +164,7 @@ impl ContinuationManager {
         };
         let (parent, counted) = match (self.residents.get_mut(&captured.id()), delivery) {
             (Some(parent), ReportDelivery::Wakeup) if parent.disposal.is_none() => {
-                parent.accepted.insert(id);
+                parent.accept(id);
                 (parent.agent.clone(), true)
             }
             (Some(parent), _) => (parent.agent.clone(), false),
