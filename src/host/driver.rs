@@ -155,7 +155,7 @@ impl TurnContext {
     }
 
     /// The agent's log.
-    pub(crate) fn log(&self) -> &SessionLog {
+    fn log(&self) -> &SessionLog {
         self.caller.log().inner()
     }
 

@@ -863,7 +863,7 @@ mod tests {
             .lock()
             .write_behind
             .as_ref()
-            .map(|wb| wb.barriers.capacity());
+            .map(|write_behind| write_behind.barriers.capacity());
         assert_eq!(
             barriers,
             Some(0),

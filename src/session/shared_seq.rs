@@ -38,21 +38,18 @@ impl<T: Clone> Default for SharedSeq<T> {
     }
 }
 
-impl<T: Clone> SharedSeq<T> {
-    /// The items as a slice when they are short (an empty sequence is short).
-    fn short(&self) -> Option<&[T]> {
-        match self.0.as_deref() {
-            None => Some(&[]),
-            Some(Repr::Short(items)) => Some(items),
-            Some(Repr::Long(_)) => None,
-        }
-    }
+/// A sequence's items as they are held.
+enum View<'a, T: Clone> {
+    Short(&'a [T]),
+    Long(&'a imbl::Vector<T>),
+}
 
-    /// The tree, when the items moved into one.
-    fn long(&self) -> Option<&imbl::Vector<T>> {
+impl<T: Clone> SharedSeq<T> {
+    fn view(&self) -> View<'_, T> {
         match self.0.as_deref() {
-            Some(Repr::Long(items)) => Some(items),
-            _ => None,
+            None => View::Short(&[]),
+            Some(Repr::Short(items)) => View::Short(items),
+            Some(Repr::Long(items)) => View::Long(items),
         }
     }
 
@@ -65,21 +62,23 @@ impl<T: Clone> SharedSeq<T> {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.long()
-            .map_or_else(|| self.short().map_or(0, <[T]>::len), imbl::Vector::len)
+        match self.view() {
+            View::Short(items) => items.len(),
+            View::Long(items) => items.len(),
+        }
     }
 
     pub(crate) fn get(&self, index: usize) -> Option<&T> {
-        match self.long() {
-            Some(items) => items.get(index),
-            None => self.short().and_then(|items| items.get(index)),
+        match self.view() {
+            View::Short(items) => items.get(index),
+            View::Long(items) => items.get(index),
         }
     }
 
     pub(crate) fn last(&self) -> Option<&T> {
-        match self.long() {
-            Some(items) => items.last(),
-            None => self.short().and_then(<[T]>::last),
+        match self.view() {
+            View::Short(items) => items.last(),
+            View::Long(items) => items.last(),
         }
     }
 
@@ -87,9 +86,9 @@ impl<T: Clone> SharedSeq<T> {
     pub(crate) fn iter_range(&self, start: usize, end: usize) -> Iter<'_, T> {
         let end = end.min(self.len());
         let start = start.min(end);
-        Iter(match self.long() {
-            Some(items) => IterInner::Long(items.focus().narrow(start..end).into_iter()),
-            None => IterInner::Short(self.short().unwrap_or(&[])[start..end].iter()),
+        Iter(match self.view() {
+            View::Short(items) => IterInner::Short(items[start..end].iter()),
+            View::Long(items) => IterInner::Long(items.focus().narrow(start..end).into_iter()),
         })
     }
 
@@ -101,10 +100,12 @@ impl<T: Clone> SharedSeq<T> {
         if len == 0 {
             return Self::default();
         }
-        Self(Some(Arc::new(match self.long() {
-            None => Repr::Short(self.short().unwrap_or(&[])[..len].to_vec()),
-            Some(items) if len <= SHORT => Repr::Short(items.iter().take(len).cloned().collect()),
-            Some(items) => Repr::Long(Box::new(items.take(len))),
+        Self(Some(Arc::new(match self.view() {
+            View::Short(items) => Repr::Short(items[..len].to_vec()),
+            View::Long(items) if len <= SHORT => {
+                Repr::Short(items.iter().take(len).cloned().collect())
+            }
+            View::Long(items) => Repr::Long(Box::new(items.take(len))),
         })))
     }
 
