@@ -557,6 +557,43 @@ async fn a_continuable_child_records_the_policy_captured_at_delegation_once() {
     );
 }
 
+// A resumed child whose policy did not change states its runtime context once in its whole
+// log: the snapshot its model history still holds counts as sent (upstream's runtime-context
+// projection restores it from the log, and adds one only when the text changed). Before, every
+// cold resume appended the same text again, and the model saw it once per epoch.
+#[actix_rt::test]
+async fn an_unchanged_runtime_context_enters_a_resumed_childs_log_once() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime_from(Runtime::builder().model("scripted", model.clone())).await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let started = start_continuable(&rt, parent.agent(), "go").await;
+    settled_once(&recorder, started.child_id).await;
+    for (epochs, text) in [(2, "more"), (3, "again")] {
+        followup_child(&rt, parent.agent(), started.child_id, text)
+            .await
+            .unwrap();
+        settled(&recorder, started.child_id, epochs).await;
+    }
+    let contexts = runtime_contexts(&persisted(&rt, started.child_id).await);
+    assert_eq!(contexts.len(), 1, "{contexts:?}");
+    assert!(contexts[0].contains("You are a delegated subagent"));
+    let requests: Vec<_> = model
+        .requests()
+        .into_iter()
+        .filter(|request| request.session_id == Some(started.child_id))
+        .collect();
+    assert_eq!(requests.len(), 3, "one model call an epoch");
+    for request in requests {
+        let stated = request
+            .messages
+            .iter()
+            .filter(|message| message.text().contains("You are a delegated subagent"))
+            .count();
+        assert_eq!(stated, 1, "every epoch's model call sees the context once");
+    }
+}
+
 /// The runtime-context messages that entered a log, in order.
 fn runtime_contexts(events: &[subagents::SessionEvent]) -> Vec<String> {
     events

@@ -349,7 +349,7 @@ fn drive(
             }
             // Runtime context rides along with real input only; it never opens a step by itself.
             if !entering.is_empty() {
-                entering.extend(ctx.scope.runtime_context_message());
+                entering.extend(ctx.scope.runtime_context_message_after(ctx.log()));
             }
             let pre_step = PreStep {
                 agent: ctx.agent(),

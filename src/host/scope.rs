@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::content::Message;
+use crate::content::{ContentBlock, Message, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::{CallId, SessionId};
 use crate::session::SessionLog;
@@ -118,6 +118,11 @@ struct SentContexts {
     /// Never zero, so an absent one costs no more room than one that is present.
     version: NonZeroU64,
     fingerprint: u64,
+}
+
+/// Whether `message` is a runtime-context snapshot (see [`AgentScope::context`]).
+fn is_runtime_context(message: &Message) -> bool {
+    matches!(&message.source, MessageSource::Plugin { plugin } if plugin == RUNTIME_CONTEXT_PLUGIN)
 }
 
 /// A fingerprint of a rendered runtime-context text: equal texts have equal fingerprints, and
@@ -308,6 +313,27 @@ impl AgentScope {
     /// The runtime-context message for the next step, if the rendered contexts changed since
     /// the last one this agent saw.
     pub fn runtime_context_message(&self) -> Option<Message> {
+        self.next_runtime_context(|_| false)
+    }
+
+    /// As [`AgentScope::runtime_context_message`], where what the agent saw includes, at its
+    /// first step, the last runtime context its log's model history still holds: a resumed
+    /// child states an unchanged context once in its whole log, not again every epoch.
+    pub(crate) fn runtime_context_message_after(&self, log: &SessionLog) -> Option<Message> {
+        self.next_runtime_context(|text| {
+            log.history()
+                .messages()
+                .rev()
+                .find(|message| is_runtime_context(message))
+                .is_some_and(|retained| {
+                    matches!(&retained.content[..], [ContentBlock::Text { text: held }] if held == text)
+                })
+        })
+    }
+
+    /// The next runtime-context message; `retained` says whether a text was already seen
+    /// before this scope sent anything.
+    fn next_runtime_context(&self, retained: impl FnOnce(&str) -> bool) -> Option<Message> {
         let mut sent = self
             .sent_contexts
             .lock()
@@ -318,7 +344,10 @@ impl AgentScope {
         }
         let text = render_contexts(&self.contexts)?;
         let fingerprint = fingerprint(&text);
-        let unchanged = sent.is_some_and(|sent| sent.fingerprint == fingerprint);
+        let unchanged = match *sent {
+            Some(sent) => sent.fingerprint == fingerprint,
+            None => retained(&text),
+        };
         *sent = Some(SentContexts {
             version: self.contexts_version,
             fingerprint,
@@ -328,8 +357,8 @@ impl AgentScope {
         }
         // The header tells the model this is standing context, not a request.
         Some(Message::user(
-            vec![crate::content::ContentBlock::text(text)],
-            crate::content::MessageSource::Plugin {
+            vec![ContentBlock::text(text)],
+            MessageSource::Plugin {
                 plugin: RUNTIME_CONTEXT_PLUGIN.to_owned(),
             },
         ))
