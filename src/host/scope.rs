@@ -317,14 +317,18 @@ impl AgentScope {
     }
 
     /// As [`AgentScope::runtime_context_message`], where what the agent saw includes, at its
-    /// first step, the last runtime context its log's model history still holds: a resumed
-    /// child states an unchanged context once in its whole log, not again every epoch.
+    /// first step, the last runtime context its own model history still holds: a resumed
+    /// child states an unchanged context once in its whole log, not again every epoch. Only
+    /// the agent's own part is searched: a fork's inherited prefix is its parent's, and
+    /// searching it would make a fork's first step cost its parent's length.
     pub(crate) fn runtime_context_message_after(&self, log: &SessionLog) -> Option<Message> {
         self.next_runtime_context(|text| {
+            let own_from = log.seed_len();
             log.history()
-                .messages()
+                .iter()
                 .rev()
-                .find(|message| is_runtime_context(message))
+                .take_while(|entry| entry.seq() >= own_from)
+                .find(|entry| is_runtime_context(entry))
                 .is_some_and(|retained| {
                     matches!(&retained.content[..], [ContentBlock::Text { text: held }] if held == text)
                 })
@@ -505,10 +509,70 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::{EventKind, SessionEvent, SessionHeader};
     use crate::tools::ToolRegistry;
 
     fn scope() -> AgentScope {
         AgentScope::new(Arc::new(ToolRegistry::new()))
+    }
+
+    /// A scope stating one context.
+    fn stating(text: &'static str) -> AgentScope {
+        let mut scope = scope();
+        scope.context(PromptSection::new("policy", 1.0, text));
+        scope
+    }
+
+    /// A turn whose one step entered `message`, from `seq` on.
+    fn turn_entering(seq: u64, message: Message) -> Vec<SessionEvent> {
+        let kinds = [
+            EventKind::TurnStart { turn: 1 },
+            EventKind::StepStart { turn: 1, step: 1 },
+            EventKind::UserMessage(message),
+            EventKind::StepEnd { turn: 1, step: 1 },
+            EventKind::TurnEnd {
+                turn: 1,
+                reason: crate::session::TurnEndReason::Completed,
+                traceparent: None,
+            },
+        ];
+        kinds
+            .into_iter()
+            .zip(seq..)
+            .map(|(kind, seq)| SessionEvent::new(seq, kind))
+            .collect()
+    }
+
+    // A snapshot the agent's own history holds counts as sent (a resumed child states an
+    // unchanged context once); one in a fork's inherited prefix is its parent's, and is
+    // neither searched (a fork's first step would cost its parent's length) nor counted.
+    #[test]
+    fn only_a_snapshot_in_the_agents_own_history_counts_as_sent() {
+        let snapshot = stating("read only")
+            .runtime_context_message()
+            .expect("a snapshot");
+        let mut header = SessionHeader::new(SessionId::new());
+        header.seed_length = Some(5);
+        let forked = SessionLog::new(header, turn_entering(0, snapshot.clone())).unwrap();
+        assert!(
+            stating("read only")
+                .runtime_context_message_after(&forked)
+                .is_some(),
+            "the parent's snapshot is not the child's"
+        );
+        let resumed = SessionLog::new(SessionHeader::new(SessionId::new()), Vec::new()).unwrap();
+        for event in turn_entering(0, snapshot) {
+            resumed.append(event.kind).unwrap();
+        }
+        assert!(stating("read only")
+            .runtime_context_message_after(&resumed)
+            .is_none());
+        assert!(
+            stating("read write")
+                .runtime_context_message_after(&resumed)
+                .is_some(),
+            "a changed context is stated"
+        );
     }
 
     fn sent_text(scope: &AgentScope) -> Option<String> {

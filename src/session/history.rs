@@ -147,6 +147,11 @@ impl HistoryEntry {
     fn of(event: &Arc<SessionEvent>) -> Option<Self> {
         surface_message(event).map(|_| Self(Arc::clone(event)))
     }
+
+    /// The seq of the log event that carries the message.
+    pub(crate) fn seq(&self) -> u64 {
+        self.0.seq
+    }
 }
 
 impl Deref for HistoryEntry {

@@ -192,6 +192,11 @@ impl SessionLog {
         lock_state(&self.inner)
     }
 
+    /// The seed length: the seqs below it are inherited (a fork's parent prefix).
+    pub(crate) fn seed_len(&self) -> u64 {
+        self.lock().header.seed_len()
+    }
+
     /// The session id.
     pub fn id(&self) -> SessionId {
         self.lock().header.id
