@@ -20,6 +20,7 @@ use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig, WithHtt
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
+use tracing_subscriber::filter::FilterFn;
 use tracing_subscriber::Layer;
 
 use subagents::{ErrorCode, RuntimeBuilder, SubagentError};
@@ -287,11 +288,20 @@ impl Telemetry {
                 .with_tracked_inactivity(false)
                 .with_context_activation(false)
                 .with_tracer(provider.tracer("subagents"))
-                .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
-                    metadata.target() == "subagents::trace"
-                })),
+                .with_filter(exported_spans()),
         )
     }
+}
+
+/// The runtime's spans and their events, all at `INFO` (`subagents::trace`).
+///
+/// The level hint matters beyond this layer: the subscriber's hint is the level the `log`
+/// facade is bridged at. Without one it is `TRACE`, and every `log::trace!` of a dependency
+/// (sled logs each page write) would be dispatched to the layers to be refused: a sixth of
+/// what exporting cost a load run.
+fn exported_spans() -> FilterFn<impl Fn(&tracing::Metadata<'_>) -> bool> {
+    tracing_subscriber::filter::filter_fn(|metadata| metadata.target() == "subagents::trace")
+        .with_max_level_hint(tracing::Level::INFO)
 }
 
 impl Drop for Telemetry {
@@ -494,6 +504,21 @@ fn scrape<B>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exporting_spans_bridges_the_log_facade_at_info_only() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let telemetry = Telemetry {
+            traces: Some(SdkTracerProvider::builder().build()),
+            metrics: None,
+        };
+        let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+        // `init` bridges `log` at this level: `None` would be `TRACE`.
+        assert_eq!(
+            tracing::Subscriber::max_level_hint(&subscriber),
+            Some(tracing::level_filters::LevelFilter::INFO)
+        );
+    }
 
     #[test]
     fn only_an_https_collector_is_reached_over_tls() {
