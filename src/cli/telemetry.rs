@@ -297,8 +297,8 @@ impl Telemetry {
 ///
 /// The level hint matters beyond this layer: the subscriber's hint is the level the `log`
 /// facade is bridged at. Without one it is `TRACE`, and every `log::trace!` of a dependency
-/// (sled logs each page write) would be dispatched to the layers to be refused: a sixth of
-/// what exporting cost a load run.
+/// (sled's write and flush paths have many) is dispatched to the layers only to be refused: a
+/// third of what exporting cost the main job.
 fn exported_spans() -> FilterFn<impl Fn(&tracing::Metadata<'_>) -> bool> {
     tracing_subscriber::filter::filter_fn(|metadata| metadata.target() == "subagents::trace")
         .with_max_level_hint(tracing::Level::INFO)
