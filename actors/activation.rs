@@ -75,11 +75,28 @@ pub(crate) struct Activation {
 }
 
 impl Activation {
-    pub(crate) fn new(handle: AgentHandle, boundary: usize) -> Self {
+    fn new(handle: AgentHandle, boundary: usize) -> Self {
         Self {
             handle: Some(handle),
             boundary,
         }
+    }
+
+    /// Starts the Activation of `handle`'s epoch (from log length `boundary`) on its child's
+    /// worker, so the teardown (the final flush, the capture, the release with its checkpoint)
+    /// runs beside the child and not on the manager's thread: a drain on two workers, or a
+    /// load run settling tens of thousands of epochs, then spreads it over both. When the
+    /// worker has stopped (the system is shutting down), it starts on the calling arbiter, as
+    /// every Activation did before.
+    pub(crate) fn start_beside(handle: AgentHandle, boundary: usize) -> Addr<Self> {
+        if let Some(worker) = handle.arbiter().cloned() {
+            let beside = handle.clone();
+            let activation = Self::start_in_arbiter(&worker, move |_| Self::new(beside, boundary));
+            if activation.connected() {
+                return activation;
+            }
+        }
+        Self::new(handle, boundary).start()
     }
 }
 

@@ -534,7 +534,7 @@ impl Agents {
         }
         let agent = AgentRef::new(id, incarnation, &addr, log, options, self.clone());
         // The handle takes the actor's one strong address (a clone would allocate a sender).
-        let handle = AgentHandle::new(agent, addr);
+        let handle = AgentHandle::new(agent, addr, arbiter);
         let publish = Publish {
             handle: handle.clone(),
             owner: owner_exact,

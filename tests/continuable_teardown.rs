@@ -14,8 +14,9 @@ use subagents::{
 };
 
 use crate::support::{
-    ends_of, eventually, faulty, followup_child, notices, persisted, root, seam_runtime,
-    seam_runtime_from, settled, start_continuable, text, within, SeamRecorder,
+    ends_of, eventually, faulty, followup_child, notices, persisted, released, root, seam_runtime,
+    seam_runtime_from, settled, start_continuable, start_under, text, within, SeamRecorder,
+    CHILD_ROUTE,
 };
 
 /// Waits until `child` settled once; its `subagent/end`.
@@ -716,4 +717,90 @@ async fn a_host_owned_parent_has_an_ownership_node_while_it_has_children() {
     second.release();
     settled(&recorder, other.child_id, 1).await;
     assert_eq!(nodes().await, 0, "no parent has a resident child");
+}
+
+// An Activation starts beside its child on the runtime's workers, so its teardown runs on the
+// child's thread: every epoch still settles with its answer and its parent's notice, absent
+// children cold-resume, and a drain releases children held mid-turn on either thread.
+#[actix_rt::test]
+async fn continuable_children_on_two_workers_settle_resume_and_drain() {
+    const CHILDREN: usize = 24;
+    let child_model = ScriptedModel::repeating(ScriptStep::text("child ok"));
+    let rt = seam_runtime_from(
+        Runtime::builder()
+            .model(
+                "scripted",
+                ScriptedModel::repeating(ScriptStep::text("noted")),
+            )
+            .model(CHILD_ROUTE, child_model.clone())
+            .workers(2),
+    )
+    .await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let mut children = Vec::with_capacity(CHILDREN);
+    for index in 0..CHILDREN {
+        children.push(start_under(&rt, parent.agent(), &format!("child {index}"), "task").await);
+    }
+    for &child in &children {
+        settled(&recorder, child, 1).await;
+        released(&rt, child).await;
+        followup_child(&rt, parent.agent(), child, "more")
+            .await
+            .expect("the absent child is resumed");
+    }
+    for &child in &children {
+        settled(&recorder, child, 2).await;
+        let ends = ends_of(&recorder, child);
+        assert!(
+            ends.iter()
+                .all(|end| end.stop_reason == StopReason::Completed
+                    && end.last_assistant_message == Some(text("child ok"))),
+            "both epochs of {child} answered"
+        );
+    }
+    eventually("every epoch's notice in the parent's log", || {
+        notices(parent.agent()).len() == 2 * CHILDREN
+    })
+    .await;
+
+    // A third epoch of every child, each held at its model call, then drained.
+    let gates: Vec<Gate> = (0..CHILDREN).map(|_| Gate::new()).collect();
+    child_model.push_all(
+        gates
+            .iter()
+            .map(|gate| ScriptStep::text("held").gated(gate)),
+    );
+    for &child in &children {
+        released(&rt, child).await;
+        followup_child(&rt, parent.agent(), child, "again")
+            .await
+            .expect("the absent child is resumed");
+    }
+    for gate in &gates {
+        gate.reached().await;
+    }
+    assert_eq!(
+        subagents::testing::resident_count(rt.subagents()).await,
+        CHILDREN
+    );
+    within(
+        "the drain",
+        rt.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .expect("every held child is released");
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
+    assert_eq!(rt.agents().list().await.len(), 1, "only the parent is live");
+    for &child in &children {
+        settled(&recorder, child, 3).await;
+        let turns = persisted(&rt, child)
+            .await
+            .iter()
+            .filter(|event| matches!(event.kind, EventKind::TurnEnd { .. }))
+            .count();
+        assert_eq!(turns, 3, "{child}'s drained turn is closed in its log");
+    }
+    rt.shutdown().await.expect("the workers stop");
 }

@@ -198,7 +198,7 @@ impl Handler<Install> for ContinuationManager {
             self.owner_node(agent.id(), ctx).residents += 1;
         }
         child.observe(self.activity_observer(ctx), budget.clone());
-        let activation = Activation::new(handle, boundary).start();
+        let activation = Activation::start_beside(handle, boundary);
         let mut ancestry = Vec::with_capacity(lineage.len() + 1);
         ancestry.push(id);
         ancestry.extend(lineage);

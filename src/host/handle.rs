@@ -123,6 +123,8 @@ struct HandleShared {
     /// The one strong address of the agent's actor: it runs while an owning handle (the
     /// registry's copy included) exists. References hold it weakly.
     actor: Addr<AgentActor>,
+    /// The worker the actor runs on; `None` when it runs on the arbiter that started it.
+    arbiter: Option<actix::ArbiterHandle>,
     disposal: OnceTask,
 }
 
@@ -146,14 +148,20 @@ impl std::fmt::Debug for AgentHandle {
 }
 
 impl AgentHandle {
-    /// A handle owning `actor`. It reaches the registry through the agent's runtime (a handle
-    /// of its own would allocate a sender for every agent).
-    pub(crate) fn new(agent: AgentRef, actor: Addr<AgentActor>) -> Self {
+    /// A handle owning `actor`, which runs on `arbiter` (`None`: the arbiter that started it).
+    /// It reaches the registry through the agent's runtime (a handle of its own would allocate
+    /// a sender for every agent).
+    pub(crate) fn new(
+        agent: AgentRef,
+        actor: Addr<AgentActor>,
+        arbiter: Option<actix::ArbiterHandle>,
+    ) -> Self {
         Self {
             agent,
             shared: Arc::new(HandleShared {
                 ownership: Ownership::default(),
                 actor,
+                arbiter,
                 disposal: OnceTask::default(),
             }),
         }
@@ -167,6 +175,11 @@ impl AgentHandle {
     /// The actor's one strong address.
     pub(crate) fn actor(&self) -> &Addr<AgentActor> {
         &self.shared.actor
+    }
+
+    /// The worker the agent's actor runs on; `None` when it runs on the arbiter that started it.
+    pub(crate) fn arbiter(&self) -> Option<&actix::ArbiterHandle> {
+        self.shared.arbiter.as_ref()
     }
 
     /// Whether disposal has begun.
