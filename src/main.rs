@@ -223,8 +223,8 @@ impl From<std::io::Error> for Failure {
 /// on its arenas, and the way a runtime of many small agents allocates and returns memory made
 /// the kernel zero 2 MiB pages again and again: page zeroing was a fifth of a 100,000-child
 /// drain's samples, and `load --roots 1 --children 20000` took 0.91× the wall time and a third of
-/// the system time with them off (sled 0.92×; measured with `farm-bench` against
-/// `MIMALLOC_ALLOW_THP=0`). Best effort: a kernel without the setting changes nothing.
+/// the system time with them off (sled 0.92×; whole processes timed in alternated pairs
+/// against `MIMALLOC_ALLOW_THP=0`). Best effort: a kernel without the setting changes nothing.
 fn without_transparent_huge_pages() {
     let _ = rustix::thread::disable_transparent_huge_pages(true);
 }
