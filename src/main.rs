@@ -242,14 +242,18 @@ fn main() -> ExitCode {
     };
     cli::telemetry::trace_content(cli.trace_content);
     let prometheus = matches!(&cli.command, Command::Node(node) if node.metrics_addr.is_some());
-    let telemetry = match cli::telemetry::Telemetry::start(cli.otlp_endpoint.as_deref(), prometheus)
-    {
-        Ok(telemetry) => telemetry,
-        Err(error) => {
-            report(&error);
-            return ExitCode::from(2);
-        }
+    let volume = match &cli.command {
+        Command::Load(_) | Command::Node(_) => cli::telemetry::SpanVolume::Heavy,
+        _ => cli::telemetry::SpanVolume::Light,
     };
+    let telemetry =
+        match cli::telemetry::Telemetry::start(cli.otlp_endpoint.as_deref(), prometheus, volume) {
+            Ok(telemetry) => telemetry,
+            Err(error) => {
+                report(&error);
+                return ExitCode::from(2);
+            }
+        };
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colours only for a person at a terminal: a log file or a pipe gets plain text.

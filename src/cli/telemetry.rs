@@ -217,9 +217,33 @@ fn unusable(name: &str, path: &str, why: impl std::fmt::Display) -> SubagentErro
     SubagentError::new(ErrorCode::InvalidConfig, format!("{name}={path}: {why}"))
 }
 
-/// How many finished spans wait for export before more are dropped (unless
-/// `OTEL_BSP_MAX_QUEUE_SIZE` says): two seconds of a load run's spans, tens of MiB at most.
+/// How many finished spans of a [`SpanVolume::Heavy`] command wait for export before more are
+/// dropped (unless `OTEL_BSP_MAX_QUEUE_SIZE` says): two seconds of a load run's spans. The
+/// SDK allocates and touches the whole queue at start, about 26 MiB.
 const SPAN_QUEUE: usize = 65_536;
+
+/// How many spans a command makes, which sizes its export queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SpanVolume {
+    /// A load run or a cluster node: tens of thousands of spans a second, in bursts the
+    /// export thread can fall behind on.
+    Heavy,
+    /// One agent or one delegation at a time (`acp-agent`, `demo`, `delegate`, …): the SDK's
+    /// default queue (2,048 spans) holds seconds of them, and an `acp-agent` process per
+    /// out-of-process child does not each hold [`SPAN_QUEUE`]'s 26 MiB.
+    Light,
+}
+
+impl SpanVolume {
+    /// The export queue's size; `None` leaves it to the SDK (its default, or
+    /// `OTEL_BSP_MAX_QUEUE_SIZE` when `configured`).
+    fn queue(self, configured: bool) -> Option<usize> {
+        match self {
+            Self::Heavy if !configured => Some(SPAN_QUEUE),
+            Self::Heavy | Self::Light => None,
+        }
+    }
+}
 
 /// What a command records its runtime's metrics with, once [`Telemetry::start`] set it up.
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -247,6 +271,7 @@ impl Telemetry {
     pub(crate) fn start(
         endpoint: Option<&str>,
         prometheus: bool,
+        volume: SpanVolume,
     ) -> Result<Option<Self>, SubagentError> {
         let traces = Signal::Traces.exported(endpoint);
         let metrics = Signal::Metrics.exported(endpoint);
@@ -260,7 +285,7 @@ impl Telemetry {
             .with_service_name(service_name())
             .build();
         let traces = traces
-            .then(|| span_provider(endpoint, resource.clone()))
+            .then(|| span_provider(endpoint, resource.clone(), volume))
             .transpose()?;
         let metrics = (metrics || prometheus)
             .then(|| meter_provider(endpoint.filter(|_| metrics), metrics, prometheus, resource))
@@ -379,6 +404,7 @@ fn invalid(what: &str, error: impl std::fmt::Display) -> SubagentError {
 fn span_provider(
     endpoint: Option<&str>,
     resource: Resource,
+    volume: SpanVolume,
 ) -> Result<SdkTracerProvider, SubagentError> {
     let exporter = Signal::Traces
         .configure(SpanExporter::builder().with_http(), endpoint)?
@@ -388,8 +414,9 @@ fn span_provider(
     // spans (about 30,000/s): a burst the exporter's thread falls behind on would overflow
     // it, and what overflows is dropped, a trace with holes. The standard variable decides.
     let mut batching = BatchConfigBuilder::default();
-    if std::env::var_os("OTEL_BSP_MAX_QUEUE_SIZE").is_none() {
-        batching = batching.with_max_queue_size(SPAN_QUEUE);
+    let configured = std::env::var_os("OTEL_BSP_MAX_QUEUE_SIZE").is_some();
+    if let Some(queue) = volume.queue(configured) {
+        batching = batching.with_max_queue_size(queue);
     }
     let processor = BatchSpanProcessor::builder(exporter)
         .with_batch_config(batching.build())
@@ -518,6 +545,14 @@ mod tests {
             tracing::Subscriber::max_level_hint(&subscriber),
             Some(tracing::level_filters::LevelFilter::INFO)
         );
+    }
+
+    #[test]
+    fn only_a_heavy_command_holds_the_large_span_queue_unless_the_variable_says() {
+        assert_eq!(SpanVolume::Heavy.queue(false), Some(SPAN_QUEUE));
+        assert_eq!(SpanVolume::Heavy.queue(true), None, "the variable decides");
+        assert_eq!(SpanVolume::Light.queue(false), None, "the SDK's default");
+        assert_eq!(SpanVolume::Light.queue(true), None);
     }
 
     #[test]
