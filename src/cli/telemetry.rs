@@ -264,7 +264,7 @@ impl Telemetry {
     /// Starts exporting spans and metrics when `endpoint` (a collector's base URL, the
     /// signal's path appended) or the standard variables name a collector, and records
     /// metrics for a Prometheus endpoint when `prometheus` is set; `None` when nothing is
-    /// exported.
+    /// exported. `volume` sizes the queue spans wait in for export.
     ///
     /// # Errors
     /// `INVALID_CONFIG` for an endpoint or protocol an exporter cannot use.
