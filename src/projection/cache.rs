@@ -15,6 +15,8 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::native::FoldState;
+use super::registry::StateRow;
 use super::{CheckpointRow, ProjectionRegistry};
 use crate::host::AgentEnv;
 use crate::seam::descriptor::DESCRIPTOR_EVENT;
@@ -27,7 +29,7 @@ pub const CHECKPOINT_RECORD: &str = "checkpoint";
 /// The record: the session lifecycle it belongs to, and one row per unit, encoded as the
 /// store keeps it. Written straight from the rows: building the record as a JSON value first
 /// cost more than the rest of a child's last checkpoint.
-fn encode(header: &SessionHeader, rows: &[CheckpointRow]) -> crate::Result<EncodedRow> {
+fn encode(header: &SessionHeader, rows: &[StateRow]) -> crate::Result<EncodedRow> {
     #[derive(Serialize)]
     struct Record<'a> {
         identity: Lifecycle<'a>,
@@ -39,14 +41,14 @@ fn encode(header: &SessionHeader, rows: &[CheckpointRow]) -> crate::Result<Encod
         created_at: u64,
         cwd: &'a Option<std::path::PathBuf>,
     }
-    struct Rows<'a>(&'a [CheckpointRow]);
+    struct Rows<'a>(&'a [StateRow]);
     impl Serialize for Rows<'_> {
         fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
             #[derive(Serialize)]
             struct Row<'a> {
                 ver: u32,
                 seq: u64,
-                val: &'a Value,
+                val: &'a FoldState,
             }
             serializer.collect_map(self.0.iter().map(|row| {
                 let fields = Row {
@@ -121,11 +123,11 @@ pub(crate) async fn cached_rows(
 
 /// Writes `log`'s checkpoint record, fail-soft: a failed write is logged and the cache is left
 /// as it was (a later listing refolds). A write overtaken by a newer checkpoint is dropped.
-pub(crate) async fn write_rows(
+async fn write_rows(
     registry: &ProjectionRegistry,
     store: &SharedStore,
     log: &SessionLog,
-    rows: Vec<CheckpointRow>,
+    rows: Vec<StateRow>,
 ) {
     let Some(seq) = rows.first().map(|row| row.seq) else {
         return;

@@ -55,21 +55,28 @@ impl ProjectionUnit for SubagentIdentityUnit {
     }
 
     fn apply(&self, _state: &Value, event: &SessionEvent) -> Option<Value> {
-        let EventKind::Extension { event_type, data } = &event.kind else {
-            return None;
-        };
-        if event_type != DESCRIPTOR_EVENT {
-            return None;
-        }
-        let identity = match SubagentDescriptor::from_json(data) {
-            Ok(Some(descriptor)) => json!(SubagentIdentity {
-                mode: descriptor.mode,
-                label: descriptor.label,
-                seq: event.seq,
-            }),
-            // Malformed and unknown-version descriptors are deliberately undistinguished.
-            Ok(None) | Err(_) => Value::Null,
-        };
-        Some(identity)
+        identity_after(event)
+            .map(|identity| identity.map_or(Value::Null, |identity| json!(identity)))
     }
+}
+
+/// The identity after `event`: `None` when `event` is no descriptor (the identity stays), the
+/// null sentinel (`Some(None)`) for a malformed or unknown-version one.
+pub(super) fn identity_after(event: &SessionEvent) -> Option<Option<SubagentIdentity>> {
+    let EventKind::Extension { event_type, data } = &event.kind else {
+        return None;
+    };
+    if event_type != DESCRIPTOR_EVENT {
+        return None;
+    }
+    let identity = match SubagentDescriptor::from_json(data) {
+        Ok(Some(descriptor)) => Some(SubagentIdentity {
+            mode: descriptor.mode,
+            label: descriptor.label,
+            seq: event.seq,
+        }),
+        // Malformed and unknown-version descriptors are deliberately undistinguished.
+        Ok(None) | Err(_) => None,
+    };
+    Some(identity)
 }

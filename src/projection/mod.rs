@@ -8,6 +8,7 @@
 pub(crate) mod cache;
 mod identity;
 pub(crate) mod listing;
+mod native;
 mod registry;
 mod timing;
 mod unit;

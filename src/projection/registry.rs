@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::native::{FoldState, Native};
 use super::ProjectionUnit;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::session::header::now_ms;
@@ -42,10 +43,35 @@ pub struct CheckpointRow {
     pub state: Value,
 }
 
+/// One unit's state as of one event, as a checkpoint hands it to the store: the fold state
+/// itself, written straight into the record (no JSON value is built for it).
+pub(super) struct StateRow {
+    pub(super) key: String,
+    pub(super) version: u32,
+    pub(super) seq: u64,
+    pub(super) state: FoldState,
+}
+
+impl From<StateRow> for CheckpointRow {
+    fn from(row: StateRow) -> Self {
+        Self {
+            state: row.state.to_json(),
+            key: row.key,
+            version: row.version,
+            seq: row.seq,
+        }
+    }
+}
+
 struct Registered {
     unit: Arc<dyn ProjectionUnit>,
     registrations: usize,
+    /// Which built-in unit this is, when the registry folds it decoded.
+    native: Option<Native>,
 }
+
+/// A registered unit as a fold takes it.
+type Folded = (Arc<dyn ProjectionUnit>, Option<Native>);
 
 /// The registered projection units. Cheap to share; units are called without any lock held.
 #[derive(Default)]
@@ -104,7 +130,7 @@ impl Drop for ProjectionRegistration {
 /// A unit's watermark cell on one live log.
 struct Cell {
     version: u32,
-    state: Value,
+    state: FoldState,
     /// How many events are folded into `state`.
     folded: usize,
     /// Set once the unit panicked on this log: its state can no longer be trusted.
@@ -131,38 +157,24 @@ fn unit_failed(unit: &dyn ProjectionUnit, what: &str) -> SubagentError {
     )
 }
 
-/// Applies `events` to `state` with `unit`, contained: `None` when the unit panicked.
-fn fold_events(
-    unit: &dyn ProjectionUnit,
-    mut state: Value,
-    events: impl IntoIterator<Item = impl AsRef<SessionEvent>>,
-) -> Option<Value> {
-    catch_unwind(AssertUnwindSafe(|| {
-        for event in events {
-            unit.apply_in_place(&mut state, event.as_ref());
-        }
-        state
-    }))
-    .ok()
-}
-
 /// A cell at the unit's initial state; a unit whose `init` panics gets a failed cell.
-fn fresh_cell(unit: &dyn ProjectionUnit) -> Cell {
-    let init = catch_unwind(AssertUnwindSafe(|| unit.init()));
+fn fresh_cell(unit: &dyn ProjectionUnit, native: Option<Native>) -> Cell {
+    let init = FoldState::init(unit, native);
     Cell {
         version: unit.state_version(),
-        failed: init.is_err(),
-        state: init.unwrap_or(Value::Null),
+        failed: init.is_none(),
+        state: init.unwrap_or_default(),
         folded: 0,
     }
 }
 
-fn view_of(unit: &dyn ProjectionUnit, state: &Value) -> Result<Value> {
+/// The unit's view of `state`, contained.
+pub(super) fn view_of(unit: &dyn ProjectionUnit, state: &Value) -> Result<Value> {
     catch_unwind(AssertUnwindSafe(|| unit.view(state)))
         .unwrap_or_else(|_| Err(unit_failed(unit, "its view panicked")))
 }
 
-fn rows_of(cells: &Cells, len: usize) -> Vec<CheckpointRow> {
+fn rows_of(cells: &Cells, len: usize) -> Vec<StateRow> {
     let Some(seq) = seq_of(len) else {
         return Vec::new();
     };
@@ -170,7 +182,7 @@ fn rows_of(cells: &Cells, len: usize) -> Vec<CheckpointRow> {
         .by_key
         .iter()
         .filter(|(_, cell)| !cell.failed)
-        .map(|(key, cell)| CheckpointRow {
+        .map(|(key, cell)| StateRow {
             key: key.clone(),
             version: cell.version,
             seq,
@@ -194,17 +206,18 @@ impl Cells {
     }
 
     /// The cell of `unit`, fresh when it has none or one of another state version.
-    fn of(&mut self, unit: &dyn ProjectionUnit) -> &mut Cell {
+    fn of(&mut self, unit: &dyn ProjectionUnit, native: Option<Native>) -> &mut Cell {
         let index = match self.by_key.iter().position(|(key, _)| key == unit.key()) {
             Some(index) => index,
             None => {
-                self.by_key.push((unit.key().to_owned(), fresh_cell(unit)));
+                self.by_key
+                    .push((unit.key().to_owned(), fresh_cell(unit, native)));
                 self.by_key.len() - 1
             }
         };
         let cell = &mut self.by_key[index].1;
         if cell.version != unit.state_version() {
-            *cell = fresh_cell(unit);
+            *cell = fresh_cell(unit, native);
         }
         cell
     }
@@ -216,15 +229,19 @@ impl ProjectionRegistry {
         Arc::new(Self::default())
     }
 
-    /// A registry with the delegation API's two units: the subagent identity and its timing.
+    /// A registry with the delegation API's two units: the subagent identity and its timing
+    /// (both folded on their decoded states: see [`FoldState`]).
     pub fn with_seam_units() -> Arc<Self> {
         let registry = Self::new();
-        for unit in [
-            Arc::new(super::SubagentIdentityUnit) as Arc<dyn ProjectionUnit>,
-            Arc::new(super::SubagentTimingUnit),
+        for (unit, native) in [
+            (
+                Arc::new(super::SubagentIdentityUnit) as Arc<dyn ProjectionUnit>,
+                Native::Identity,
+            ),
+            (Arc::new(super::SubagentTimingUnit), Native::Timing),
         ] {
             // Two distinct keys into an empty registry cannot conflict.
-            if let Ok(registration) = registry.register(unit) {
+            if let Ok(registration) = registry.register_as(unit, Some(native)) {
                 registration.keep();
             }
         }
@@ -244,6 +261,14 @@ impl ProjectionRegistry {
         self: &Arc<Self>,
         unit: Arc<dyn ProjectionUnit>,
     ) -> Result<ProjectionRegistration> {
+        self.register_as(unit, None)
+    }
+
+    fn register_as(
+        self: &Arc<Self>,
+        unit: Arc<dyn ProjectionUnit>,
+        native: Option<Native>,
+    ) -> Result<ProjectionRegistration> {
         let key = unit.key().to_owned();
         let mut units = self.lock();
         match units.iter_mut().find(|entry| entry.unit.key() == key) {
@@ -261,6 +286,7 @@ impl ProjectionRegistry {
             None => units.push(Registered {
                 unit,
                 registrations: 1,
+                native,
             }),
         }
         Ok(ProjectionRegistration {
@@ -287,6 +313,14 @@ impl ProjectionRegistry {
             .collect()
     }
 
+    /// The registered units with how each folds, in registration order.
+    fn folded(&self) -> Vec<Folded> {
+        self.lock()
+            .iter()
+            .map(|entry| (Arc::clone(&entry.unit), entry.native))
+            .collect()
+    }
+
     /// The registered unit under `key`.
     pub fn unit(&self, key: &str) -> Option<Arc<dyn ProjectionUnit>> {
         self.lock()
@@ -300,20 +334,20 @@ impl ProjectionRegistry {
     fn with_cells<R>(
         &self,
         log: &SessionLog,
-        units: &[Arc<dyn ProjectionUnit>],
+        units: &[Folded],
         read: impl FnOnce(&mut Cells, usize) -> R,
     ) -> R {
         log.with_memo(|cells: &mut Cells, events| {
             cells
                 .by_key
-                .retain(|(key, _)| units.iter().any(|unit| unit.key() == key));
-            for unit in units {
-                let cell = cells.of(unit.as_ref());
+                .retain(|(key, _)| units.iter().any(|(unit, _)| unit.key() == key));
+            for (unit, native) in units {
+                let cell = cells.of(unit.as_ref(), *native);
                 if cell.failed || cell.folded >= events.len() {
                     continue;
                 }
                 let state = std::mem::take(&mut cell.state);
-                match fold_events(unit.as_ref(), state, events.iter_from(cell.folded)) {
+                match state.fold(unit.as_ref(), events.iter_from(cell.folded)) {
                     Some(state) => {
                         cell.state = state;
                         cell.folded = events.len();
@@ -333,12 +367,12 @@ impl ProjectionRegistry {
     pub fn snapshot(&self, log: &SessionLogView) -> Result<ProjectionSnapshot> {
         let log = log.inner();
         // One list for the fold and the read: a unit registered in between cannot look failed.
-        let units = self.units();
+        let units = self.folded();
         let states = self.with_cells(log, &units, |cells, len| {
-            let states: Vec<(Arc<dyn ProjectionUnit>, Option<Value>)> = units
+            let states: Vec<(Arc<dyn ProjectionUnit>, Option<FoldState>)> = units
                 .iter()
-                .filter(|unit| unit.visible())
-                .map(|unit| {
+                .filter(|(unit, _)| unit.visible())
+                .map(|(unit, _)| {
                     let state = cells
                         .get(unit.key())
                         .filter(|cell| !cell.failed)
@@ -352,7 +386,7 @@ impl ProjectionRegistry {
         let mut values = BTreeMap::new();
         for (unit, state) in states {
             let state = state.ok_or_else(|| unit_failed(unit.as_ref(), "its fold panicked"))?;
-            values.insert(unit.key().to_owned(), view_of(unit.as_ref(), &state)?);
+            values.insert(unit.key().to_owned(), state.view(unit.as_ref())?);
         }
         Ok(ProjectionSnapshot {
             as_of_seq: seq_of(len),
@@ -363,18 +397,23 @@ impl ProjectionRegistry {
     /// Every unit's state on a live log, as checkpoint rows (none for an empty log, and none
     /// for a unit that failed on it).
     pub fn checkpoint(&self, log: &SessionLogView) -> Vec<CheckpointRow> {
-        self.with_cells(log.inner(), &self.units(), |cells, len| rows_of(cells, len))
+        self.with_cells(log.inner(), &self.folded(), |cells, len| {
+            rows_of(cells, len)
+        })
+        .into_iter()
+        .map(CheckpointRow::from)
+        .collect()
     }
 
     /// As [`ProjectionRegistry::checkpoint`], but empty when the log has not grown since the
     /// last rows this returned: a turn end and the disposal right after it write once.
-    pub(crate) fn fresh_checkpoint(&self, log: &SessionLog) -> Vec<CheckpointRow> {
+    pub(super) fn fresh_checkpoint(&self, log: &SessionLog) -> Vec<StateRow> {
         self.handed_out(log, false)
     }
 
     /// Every unit's state on a log being disposed, marked as the newest checkpoint; empty when
     /// the store already took a checkpoint of the whole log (the turn end's, usually).
-    pub(crate) fn final_checkpoint(&self, log: &SessionLog) -> Vec<CheckpointRow> {
+    pub(super) fn final_checkpoint(&self, log: &SessionLog) -> Vec<StateRow> {
         self.handed_out(log, true)
     }
 
@@ -388,8 +427,8 @@ impl ProjectionRegistry {
     /// The rows to write, marked as the newest checkpoint handed out; empty when the store
     /// holds a checkpoint of the whole log, or when `always` is false and the log has not grown
     /// since the last one handed out (which may still be on its way to the store).
-    fn handed_out(&self, log: &SessionLog, always: bool) -> Vec<CheckpointRow> {
-        self.with_cells(log, &self.units(), |cells, len| {
+    fn handed_out(&self, log: &SessionLog, always: bool) -> Vec<StateRow> {
+        self.with_cells(log, &self.folded(), |cells, len| {
             let last = seq_of(len);
             if last.is_none() || cells.landed == last || (!always && cells.checkpointed == last) {
                 return Vec::new();
@@ -435,12 +474,11 @@ impl ProjectionRegistry {
     /// When any visible unit panicked or cannot render its view.
     pub fn fold(&self, events: &[Arc<SessionEvent>]) -> Result<ProjectionSnapshot> {
         let mut values = BTreeMap::new();
-        for unit in self.units().iter().filter(|unit| unit.visible()) {
-            let state = catch_unwind(AssertUnwindSafe(|| unit.init()))
-                .ok()
-                .and_then(|init| fold_events(unit.as_ref(), init, events))
+        for (unit, native) in self.folded().iter().filter(|(unit, _)| unit.visible()) {
+            let state = FoldState::init(unit.as_ref(), *native)
+                .and_then(|init| init.fold(unit.as_ref(), events))
                 .ok_or_else(|| unit_failed(unit.as_ref(), "its fold panicked"))?;
-            values.insert(unit.key().to_owned(), view_of(unit.as_ref(), &state)?);
+            values.insert(unit.key().to_owned(), state.view(unit.as_ref())?);
         }
         Ok(ProjectionSnapshot {
             as_of_seq: seq_of(events.len()),

@@ -40,7 +40,7 @@ pub struct SubagentTiming {
 /// The fold state: the view plus what the fold needs before the descriptor.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct TimingState {
+pub(super) struct TimingState {
     descriptor_seen: bool,
     settled_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -50,7 +50,16 @@ struct TimingState {
 }
 
 impl TimingState {
-    fn next(&self, event: &SessionEvent) -> Option<Self> {
+    /// The view of this state.
+    pub(super) fn view(&self) -> SubagentTiming {
+        SubagentTiming {
+            settled_ms: self.settled_ms,
+            active: self.active,
+        }
+    }
+
+    /// The state after `event`, or `None` when `event` leaves it as it is.
+    pub(super) fn next(&self, event: &SessionEvent) -> Option<Self> {
         let time = event.time;
         let mut next = *self;
         match &event.kind {
@@ -261,10 +270,7 @@ impl ProjectionUnit for SubagentTimingUnit {
                 format!("subagentTiming state does not decode: {error}"),
             )
         })?;
-        serde_json::to_value(SubagentTiming {
-            settled_ms: state.settled_ms,
-            active: state.active,
-        })
-        .map_err(|error| crate::SubagentError::bug(format!("timing view: {error}")))
+        serde_json::to_value(state.view())
+            .map_err(|error| crate::SubagentError::bug(format!("timing view: {error}")))
     }
 }
