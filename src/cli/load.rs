@@ -90,7 +90,7 @@ pub(crate) struct LoadArgs {
     verbose: bool,
     /// Also draw the run's timeline into this file, SVG or PNG by its extension: children in
     /// flight, epochs settled and follow-ups accepted per second, and the resident set over
-    /// time, the drain shaded.
+    /// time, the listing and the drain after the growth shaded.
     #[arg(long, value_name = "FILE.svg|FILE.png")]
     plot: Option<PathBuf>,
 }

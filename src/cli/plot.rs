@@ -1,6 +1,6 @@
 //! `subagents load --plot FILE`: the run's timeline as a picture, SVG or PNG by the file's
 //! extension. Four panels over one time axis — children in flight, epochs settled per second,
-//! follow-ups accepted per second, the resident set — with the drain shaded, under a title
+//! follow-ups accepted per second, the resident set — with the listing and the drain after the growth shaded, under a title
 //! that names the scenario. A stretch in which the sampler missed its turns is left blank
 //! rather than bridged by a line.
 
@@ -35,7 +35,7 @@ impl PlotFormat {
 /// The picture's size in pixels.
 const SIZE: (u32, u32) = (1100, 1000);
 
-/// The shade of the drain phase.
+/// The shade of what follows the growth: the forest's listing and the drain.
 const DRAIN_SHADE: RGBColor = RGBColor(225, 225, 225);
 
 /// A rate is taken over at least this fraction of the run (see [`Timeline::rates`]).
@@ -88,7 +88,11 @@ where
     let title = format!("subagents load: {}", report.scenario_headline());
     let body = root.titled(&title, ("sans-serif", 15)).map_err(failed)?;
     let timeline = Timeline::new(&report.timeline);
-    let drain = (report.elapsed_s, report.elapsed_s + report.drain_s);
+    // After it grew, the forest is listed (for the reopening check), then drained.
+    let drain = (
+        report.elapsed_s,
+        report.elapsed_s + report.listing_s + report.drain_s,
+    );
     let end = timeline.end().max(drain.1).max(0.01);
     let panels = [
         Panel {
@@ -149,7 +153,7 @@ where
             .map_err(failed)?;
         chart
             .draw_series(std::iter::once(Text::new(
-                "drain",
+                "listing, drain",
                 (drain.0, top * 0.97),
                 ("sans-serif", 12),
             )))

@@ -245,7 +245,10 @@ pub struct LoadReport {
     pub interrupted: bool,
     /// The growing phase (start of the first child to the last settlement), seconds.
     pub elapsed_s: f64,
-    /// The final drain (shutdown), seconds.
+    /// Listing the grown forest (every root's descendants) right after it grew, for the
+    /// reopening check, seconds.
+    pub listing_s: f64,
+    /// The final drain (shutdown), after the listing, seconds.
     pub drain_s: f64,
     /// Children created.
     pub children: ChildCounts,
@@ -274,6 +277,7 @@ pub(crate) struct Measured<'a> {
     pub(crate) scenario: Scenario,
     pub(crate) stopped_early: bool,
     pub(crate) elapsed: Duration,
+    pub(crate) listing: Duration,
     pub(crate) drain: Duration,
     pub(crate) created: &'a [Created],
     pub(crate) accepted: usize,
@@ -324,6 +328,7 @@ impl LoadReport {
             passed: measured.checks.iter().all(|check| check.passed),
             interrupted: measured.stopped_early,
             elapsed_s: measured.elapsed.as_secs_f64(),
+            listing_s: measured.listing.as_secs_f64(),
             drain_s: measured.drain.as_secs_f64(),
             children: ChildCounts {
                 one_shot,
@@ -514,12 +519,13 @@ impl fmt::Display for LoadReport {
         )?;
         writeln!(
             f,
-            "children: {} = {} one-shot + {} continuable, grown in {:.2} s; drain (releasing \
-             what is still live) {}",
+            "children: {} = {} one-shot + {} continuable, grown in {:.2} s; listed in {}; drain \
+             (releasing what is still live) {}",
             grouped(self.children.total),
             grouped(self.children.one_shot),
             grouped(self.children.continuable),
             self.elapsed_s,
+            human_us(whole(self.listing_s * 1e6)),
             human_us(whole(self.drain_s * 1e6)),
         )?;
         let sent = self.followups.accepted + self.followups.refused_by_budget;

@@ -773,9 +773,13 @@ async fn grow(
     // Taken, not copied: at a million children each record is held once.
     let created = std::mem::take(&mut *lock(&shared.created));
     let accepted = std::mem::take(&mut *lock(&shared.accepted));
-    let drain_began = Instant::now();
+    // Listed for the reopening check (the same forest after it), and timed on its own: at a
+    // million children the listing takes seconds, the drain that follows milliseconds.
+    let listing_began = Instant::now();
     // Only the listing's shape is kept through the drain, not a million listed entries.
     let listed_before = super::verify::shape(&super::verify::list_forest(rt, &root_ids).await?);
+    let listing = listing_began.elapsed();
+    let drain_began = Instant::now();
     let shutdown = shut_down(shared).await;
     let drain = drain_began.elapsed();
     // Sampled through the drain too: the plot shows what releasing the forest costs.
@@ -810,6 +814,7 @@ async fn grow(
         scenario: scenario.clone(),
         stopped_early: shared.stop.is_cancelled(),
         elapsed,
+        listing,
         drain,
         created: &created,
         accepted: accepted.len(),
