@@ -113,7 +113,7 @@ impl FoldState {
             Self::Json(state) => view_of(unit, state),
             // The identity unit's view is its state.
             Self::Identity(identity) => Ok(encoded(identity.as_ref())),
-            Self::Timing(timing) => Ok(encoded(&timing.view())),
+            Self::Timing(timing) => Ok(encoded(timing.view())),
         }
     }
 }
