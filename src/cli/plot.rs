@@ -1,7 +1,7 @@
 //! `subagents load --plot FILE`: the run's timeline as a picture, SVG or PNG by the file's
 //! extension. Four panels over one time axis — children in flight, epochs settled per second,
-//! follow-ups accepted per second, the resident set — with the listing and the drain after the growth shaded, under a title
-//! that names the scenario. A stretch in which the sampler missed its turns is left blank
+//! follow-ups accepted per second, the resident set — with the listing and the drain after the
+//! growth shaded, under a title that names the scenario. A stretch in which the sampler missed its turns is left blank
 //! rather than bridged by a line.
 
 use std::path::Path;

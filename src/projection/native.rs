@@ -3,7 +3,7 @@
 //!
 //! # Why
 //! A unit's state is plain JSON, so any unit can be checkpointed and restored. Folding the
-//! built-in units on that JSON cost more than the rest of a child's teardown: every event moved
+//! built-in units on that JSON cost more than the rest of a child's release: every event moved
 //! a field found by name in a map, every turn boundary decoded and re-encoded the timing state,
 //! and a fresh cell built its JSON before the first event. Every continuable epoch folds its
 //! log at its turn end and again at its release, so the registry keeps these two states as

@@ -229,8 +229,10 @@ impl ProjectionRegistry {
         Arc::new(Self::default())
     }
 
-    /// A registry with the delegation API's two units: the subagent identity and its timing
-    /// (both folded on their decoded states: see [`FoldState`]).
+    /// A registry with the delegation API's two units: the subagent identity and its timing.
+    /// On a live log this registry keeps both states decoded, as the structs their JSON
+    /// encodes, and writes JSON only for a checkpoint row or a view (the same JSON their own
+    /// folds reach).
     pub fn with_seam_units() -> Arc<Self> {
         let registry = Self::new();
         for (unit, native) in [
