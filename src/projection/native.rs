@@ -112,7 +112,7 @@ impl FoldState {
         match self {
             Self::Json(state) => view_of(unit, state),
             // The identity unit's view is its state.
-            Self::Identity(identity) => Ok(encoded(identity.as_ref())),
+            Self::Identity(_) => Ok(self.to_json()),
             Self::Timing(timing) => Ok(encoded(timing.view())),
         }
     }
