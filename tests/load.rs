@@ -105,6 +105,10 @@ fn load_help_shows_the_scenarios_defaults() {
         ("--nodes", defaults.nodes.to_string()),
         ("--in-flight", defaults.in_flight.to_string()),
         ("--seed", defaults.seed.to_string()),
+        (
+            "--store-cache-mib",
+            subagents::load::DEFAULT_STORE_CACHE_MIB.to_string(),
+        ),
     ] {
         let at = help.find(&format!("{flag} <")).expect(flag);
         let described = &help[at..];
@@ -265,6 +269,31 @@ fn a_broken_scenario_file_is_refused_naming_the_field() {
     std::fs::write(&no_window, r#"{"in_flight": 0}"#).unwrap();
     let error = Scenario::from_file(&no_window).unwrap_err();
     assert!(error.message().contains("in_flight"), "{error}");
+
+    let no_cache = dir.path().join("cache.json");
+    std::fs::write(&no_cache, r#"{"store-cache-mib": 0}"#).unwrap();
+    let error = Scenario::from_file(&no_cache).unwrap_err();
+    assert!(error.message().contains("store_cache_mib"), "{error}");
+
+    // The page cache is sled's: a run on memory has none to size.
+    let not_sled = dir.path().join("cache_on_memory.json");
+    std::fs::write(&not_sled, r#"{"store": "memory", "store_cache_mib": 64}"#).unwrap();
+    let error = Scenario::from_file(&not_sled).unwrap_err();
+    assert!(
+        error.message().contains("only to the sled store"),
+        "{error}"
+    );
+
+    // Unset, a run asks sled for the default cache; set, for what it names.
+    assert_eq!(
+        Scenario::default().store_cache_bytes(),
+        subagents::load::DEFAULT_STORE_CACHE_MIB << 20
+    );
+    let sized = Scenario {
+        store_cache_mib: Some(64),
+        ..Scenario::default()
+    };
+    assert_eq!(sized.store_cache_bytes(), 64 << 20);
 
     let no_url = dir.path().join("postgres.json");
     std::fs::write(&no_url, r#"{"store": "postgres"}"#).unwrap();
@@ -527,6 +556,11 @@ fn the_cli_prints_json_draws_the_plot_and_refuses_a_bad_flag_by_name() {
     for (args, named) in [
         (&["--children", "0"][..], "`--children`"),
         (&["--in-flight", "0"][..], "`--in-flight`"),
+        (&["--store-cache-mib", "0"][..], "`--store-cache-mib`"),
+        (
+            &["--store", "memory", "--store-cache-mib", "64"][..],
+            "`--store-cache-mib`",
+        ),
         (&["--roots", "-1"][..], "'--roots <ROOTS>'"),
         (&["--workers", "100000"][..], "`--workers`"),
         (&["--plot", "run.jpg"][..], "name a `.svg` or `.png` file"),

@@ -67,6 +67,10 @@ pub(crate) struct LoadArgs {
     /// The sled directory, as `--store DIR` [default: .subagents].
     #[arg(long, value_name = "DIR")]
     store_dir: Option<PathBuf>,
+    /// The sled store's page cache in MiB: sled's own default (1 GiB) grows a large run's
+    /// memory without making it faster [default: 256].
+    #[arg(long, value_name = "MIB", allow_negative_numbers = true)]
+    store_cache_mib: Option<u64>,
     /// When the root agents flush (children follow their own rules: one-shot children add no
     /// checkpoint, every continuable epoch ends with a flush) [default: on-request].
     #[arg(long, value_enum)]
@@ -161,6 +165,9 @@ impl LoadArgs {
         }
         if self.store_dir.is_some() {
             scenario.store_dir.clone_from(&self.store_dir);
+        }
+        if self.store_cache_mib.is_some() {
+            scenario.store_cache_mib = self.store_cache_mib;
         }
         // The command's store is every command's default (the library's scenario keeps a
         // temporary directory): `subagents tree` then shows the run's forest.

@@ -18,5 +18,7 @@ pub use report::{
     Memory, Sample, Throughput,
 };
 pub use run::{rss_bytes, run, run_configured, run_until, LoadCounters};
-pub use scenario::{in_share, share_count, Latency, LoadFlush, LoadStore, Scenario};
+pub use scenario::{
+    in_share, share_count, Latency, LoadFlush, LoadStore, Scenario, DEFAULT_STORE_CACHE_MIB,
+};
 pub use verify::{Check, Persisted};

@@ -61,11 +61,19 @@ impl LoadCounters {
     }
 }
 
+/// A child's ended epochs: counted, and watched through a channel only while a task waits for
+/// them (a channel per child costs a few hundred bytes, a million children's a few hundred
+/// MB).
+enum Ended {
+    Counted(u64),
+    Watched(watch::Sender<u64>),
+}
+
 /// The lifecycle events of the run, as the delegation API emitted them.
 #[derive(Default)]
 struct Lifecycle {
-    /// Each child's ended epochs, for waiters.
-    epochs: Mutex<FastHashMap<SessionId, watch::Sender<u64>>>,
+    /// The ended epochs of each child the run still follows (see [`Lifecycle::forget`]).
+    epochs: Mutex<FastHashMap<SessionId, Ended>>,
     /// Each run id's `subagent/start` and `subagent/end` counts.
     runs: Mutex<FastHashMap<RunId, (u32, u32)>>,
     /// The most children in flight at once ([`LoadCounters::in_flight`]).
@@ -80,11 +88,35 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Lifecycle {
+    /// A receiver of `child`'s ended epochs, watched from now on.
     fn epochs_of(&self, child: SessionId) -> watch::Receiver<u64> {
-        lock(&self.epochs)
-            .entry(child)
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe()
+        let mut epochs = lock(&self.epochs);
+        let ended = epochs.entry(child).or_insert(Ended::Counted(0));
+        match ended {
+            Ended::Watched(sender) => sender.subscribe(),
+            Ended::Counted(count) => {
+                let (sender, receiver) = watch::channel(*count);
+                *ended = Ended::Watched(sender);
+                receiver
+            }
+        }
+    }
+
+    /// Stops watching `child`'s epochs once no task waits for them.
+    fn unwatch(&self, child: SessionId) {
+        if let Some(ended) = lock(&self.epochs).get_mut(&child) {
+            let unwatched = match ended {
+                Ended::Watched(sender) if sender.receiver_count() == 0 => *sender.borrow(),
+                _ => return,
+            };
+            *ended = Ended::Counted(unwatched);
+        }
+    }
+
+    /// Forgets `child`'s epochs: its task waits for none any more. (An epoch that ends later,
+    /// an interrupted child's, is counted again, and nobody waits for it.)
+    fn forget(&self, child: SessionId) {
+        lock(&self.epochs).remove(&child);
     }
 
     fn observe(&self, event: &SubagentEvent, counters: &LoadCounters) {
@@ -100,10 +132,13 @@ impl Lifecycle {
             SubagentEvent::End(end) => {
                 lock(&self.runs).entry(end.info.run_id).or_default().1 += 1;
                 counters.settled.fetch_add(1, Ordering::Relaxed);
-                lock(&self.epochs)
+                match lock(&self.epochs)
                     .entry(end.info.id)
-                    .or_insert_with(|| watch::channel(0).0)
-                    .send_modify(|epochs| *epochs += 1);
+                    .or_insert(Ended::Counted(0))
+                {
+                    Ended::Counted(count) => *count += 1,
+                    Ended::Watched(sender) => sender.send_modify(|epochs| *epochs += 1),
+                }
             }
             _ => {}
         }
@@ -120,11 +155,14 @@ impl Lifecycle {
     /// Waits until `child` has ended `epochs` epochs.
     async fn settled(&self, child: SessionId, epochs: u64) -> Result<()> {
         let mut ended = self.epochs_of(child);
-        ended
+        let waited = ended
             .wait_for(|ended| *ended >= epochs)
             .await
             .map(drop)
-            .map_err(|_| SubagentError::bug("the lifecycle record closed during the run"))
+            .map_err(|_| SubagentError::bug("the lifecycle record closed during the run"));
+        drop(ended);
+        self.unwatch(child);
+        waited
     }
 }
 
@@ -279,6 +317,7 @@ impl Shared {
         let result = run.result().await;
         self.one_shot_latency.record(began.elapsed());
         run.dispose().await?;
+        self.lifecycle.forget(run.id());
         result.map(drop)
     }
 
@@ -354,6 +393,7 @@ impl Shared {
             self.lifecycle.settled(child, epochs).await?;
             self.followup_settle_latency.record(began.elapsed());
         }
+        self.lifecycle.forget(child);
         Ok(())
     }
 
@@ -507,7 +547,10 @@ async fn open_store(scenario: &Scenario) -> Result<RunStore> {
                 }
             };
             Ok(RunStore {
-                store: Arc::new(SledStore::open(&dir)?),
+                store: Arc::new(SledStore::open_with_cache_capacity(
+                    &dir,
+                    scenario.store_cache_bytes(),
+                )?),
                 cluster: None,
                 reopen: Some(Reopen::Sled(dir.clone())),
                 _temporary: temporary,

@@ -76,7 +76,10 @@ impl SledStore {
     /// How long [`SledStore::open`] waits for a busy directory lock.
     pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 
-    /// Opens (or creates) the store in directory `path`.
+    /// Opens (or creates) the store in directory `path`, with sled's own page cache (1 GiB,
+    /// which sled overshoots: a process that writes many sessions and reads back mostly recent
+    /// ones may bound its memory with [`SledStore::open_with_cache_capacity`], as
+    /// `subagents load` does with 256 MiB).
     ///
     /// sled holds an exclusive file lock on the directory. A store dropped in this process
     /// releases it only once sled's background flusher has stopped, so `open` retries a busy
