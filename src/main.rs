@@ -18,6 +18,7 @@ use subagents::{
     ToolOutput, TurnEndReason,
 };
 use tracing::Instrument as _;
+use tracing_subscriber::filter::FilterExt as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
@@ -232,14 +233,23 @@ fn without_transparent_huge_pages() {
 fn main() -> ExitCode {
     without_transparent_huge_pages();
     let cli = Cli::parse();
-    // Without RUST_LOG: errors only, and a model call's retries and the waits before them (a
-    // person watching a command against a real endpoint would otherwise see a hang); the
-    // history checker logs nothing, since it injects store faults on purpose.
+    // Without RUST_LOG: errors only, a model call's retries and the waits before them (a
+    // person watching a command against a real endpoint would otherwise see a hang), and the
+    // OpenTelemetry SDK's warnings (spans dropped from a full export queue, with their count);
+    // the history checker logs nothing, since it injects store faults on purpose.
     let filter = match (&cli.command, std::env::var_os("RUST_LOG")) {
         (Command::Check(_), None) => tracing_subscriber::EnvFilter::new("off"),
-        (_, None) => tracing_subscriber::EnvFilter::new("error,subagents::model::openai=warn"),
+        (_, None) => tracing_subscriber::EnvFilter::new(
+            "error,subagents::model::openai=warn,opentelemetry_sdk=warn",
+        ),
         (_, Some(_)) => tracing_subscriber::EnvFilter::from_default_env(),
     };
+    // A failed span export is told once and counted at exit (`cli::span_loss`), not once a
+    // batch, as the SDK would.
+    let filter = filter.and(tracing_subscriber::filter::filter_fn(|metadata| {
+        !(metadata.target() == "opentelemetry_sdk"
+            && metadata.name() == "BatchSpanProcessor.ExportError")
+    }));
     cli::telemetry::trace_content(cli.trace_content);
     let prometheus = matches!(&cli.command, Command::Node(node) if node.metrics_addr.is_some());
     let volume = match &cli.command {

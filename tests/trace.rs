@@ -351,6 +351,12 @@ impl Collector {
             .output()
             .unwrap();
         assert!(demo.status.success(), "{demo:?}");
+        // A collector that takes every span hears nothing about lost ones.
+        let stderr = String::from_utf8_lossy(&demo.stderr);
+        assert!(
+            !stderr.contains("OTLP collector") && !stderr.contains("Dropp"),
+            "{stderr}"
+        );
     }
 
     /// Every span exported, decoded from OTLP's JSON encoding.
@@ -890,6 +896,58 @@ fn an_otlp_protocol_other_than_http_is_refused_before_the_command_runs() {
         assert!(demo.stdout.is_empty(), "the demo did not run: {demo:?}");
     }
     assert!(collector.spans().is_empty() && collector.metrics().is_empty());
+}
+
+// Issue #19 item 3: spans that do not reach the collector are said, not lost in silence.
+// Before, a run pointed at a port nothing listens on printed nothing, and a person looked at an
+// empty trace viewer. Now the collector is named once (not once a batch) and the run goes on
+// and passes; spans dropped from a full export queue (one span here, while the exporter
+// retries the first batch) are counted by the SDK's own warning.
+#[test]
+fn spans_that_do_not_reach_the_collector_are_said_once_and_the_run_goes_on() {
+    // A port nothing listens on: bound, then released.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let collector = format!("http://127.0.0.1:{closed}");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args([
+            "load",
+            "--store",
+            "memory",
+            "--roots",
+            "1",
+            "--children",
+            "20",
+        ])
+        .arg("--otlp-endpoint")
+        .arg(&collector)
+        .env("OTEL_BSP_MAX_QUEUE_SIZE", "1")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{run:?}");
+    assert!(String::from_utf8_lossy(&run.stdout).contains("verification passed"));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let told: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("spans are not reaching the OTLP collector"))
+        .collect();
+    assert_eq!(told.len(), 1, "told once: {stderr}");
+    assert!(
+        told[0].contains(&format!("{collector}/v1/traces")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("BatchSpanProcessor.SpanDroppingStarted"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("BatchSpanProcessor.ExportError"),
+        "{stderr}"
+    );
 }
 
 // Issue #19 item 3: an `https://` collector whose certificate a private authority signed is

@@ -8,6 +8,7 @@ pub(crate) mod model;
 pub(crate) mod node;
 pub(crate) mod plot;
 pub(crate) mod replay;
+mod span_loss;
 pub(crate) mod store;
 pub(crate) mod telemetry;
 pub(crate) mod tree;

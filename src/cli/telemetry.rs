@@ -25,6 +25,8 @@ use tracing_subscriber::Layer;
 
 use subagents::{ErrorCode, RuntimeBuilder, SubagentError};
 
+use super::span_loss::LossReporting;
+
 /// The exported signals, and the standard variables that configure each.
 #[derive(Clone, Copy)]
 enum Signal {
@@ -70,6 +72,22 @@ impl Signal {
     /// The exporter's endpoint when `--otlp-endpoint` names it (otherwise the variables do).
     fn endpoint(self, endpoint: Option<&str>) -> Option<String> {
         endpoint.map(|base| format!("{}{}", base.trim_end_matches('/'), self.path()))
+    }
+
+    /// Where the signal is sent, as a log line names it: `--otlp-endpoint` with the signal's
+    /// path, else the signal's own variable, else the shared one with the path, else the
+    /// SDK's default.
+    fn collector(self, endpoint: Option<&str>) -> String {
+        if let Some(url) = self.endpoint(endpoint) {
+            return url;
+        }
+        match self.setting("ENDPOINT") {
+            Some((name, url)) if name == "OTEL_EXPORTER_OTLP_ENDPOINT" => {
+                format!("{}{}", url.trim_end_matches('/'), self.path())
+            }
+            Some((_, url)) => url,
+            None => format!("http://localhost:4318{}", self.path()),
+        }
     }
 
     /// Protobuf unless the standard variables ask for JSON (with both built in, the SDK's own
@@ -418,6 +436,7 @@ fn span_provider(
     if let Some(queue) = volume.queue(configured) {
         batching = batching.with_max_queue_size(queue);
     }
+    let exporter = LossReporting::new(exporter, Signal::Traces.collector(endpoint));
     let processor = BatchSpanProcessor::builder(exporter)
         .with_batch_config(batching.build())
         .build();

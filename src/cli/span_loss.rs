@@ -1,0 +1,111 @@
+//! Provides [`LossReporting`]: a span exporter that says when spans do not reach the
+//! collector, on stderr through the command's log: once when the first batch fails (the
+//! collector is unreachable, refuses, or times out), and at exit with how many spans were lost
+//! and how many were exported.
+//!
+//! # Why
+//! The SDK's batch processor keeps an export's failure to itself (or, with its internal logs
+//! on, writes a line per failed batch: thousands in a long load run). A person who pointed
+//! `--otlp-endpoint` at the wrong port saw an empty trace viewer and a run that said nothing.
+//! Spans the processor drops before they reach the exporter (its queue full) are the SDK's own
+//! to count: it warns at the first drop and at exit with the total.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+use opentelemetry_sdk::Resource;
+
+/// `exporter`, counting what it exported and what it lost, and saying so.
+#[derive(Debug)]
+pub(crate) struct LossReporting<E> {
+    exporter: E,
+    /// Where the spans go, as the log names it.
+    collector: String,
+    exported: AtomicU64,
+    lost: AtomicU64,
+    /// Whether the first failure was told.
+    told: AtomicBool,
+}
+
+impl<E> LossReporting<E> {
+    /// Wraps `exporter`, which sends to `collector` (a URL, or a description of where the
+    /// standard variables point).
+    pub(crate) fn new(exporter: E, collector: String) -> Self {
+        Self {
+            exporter,
+            collector,
+            exported: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            told: AtomicBool::new(false),
+        }
+    }
+
+    /// Counts an export of `spans` spans that ended in `result`, and tells the first failure.
+    fn count(&self, spans: u64, result: &OTelSdkResult) {
+        match result {
+            Ok(()) => {
+                self.exported.fetch_add(spans, Ordering::Relaxed);
+            }
+            Err(error) => {
+                self.lost.fetch_add(spans, Ordering::Relaxed);
+                if !self.told.swap(true, Ordering::Relaxed) {
+                    tracing::error!(
+                        collector = %self.collector,
+                        %error,
+                        "spans are not reaching the OTLP collector (the run goes on; the spans \
+                         lost are counted at exit)"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Tells, once the exporter is done, how many spans were lost, if any.
+    fn tell_losses(&self) {
+        let lost = self.lost.load(Ordering::Relaxed);
+        if lost > 0 {
+            tracing::error!(
+                collector = %self.collector,
+                lost,
+                exported = self.exported.load(Ordering::Relaxed),
+                "spans were not exported to the OTLP collector"
+            );
+        }
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for LossReporting<E> {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        let spans = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        let export = self.exporter.export(batch);
+        async move {
+            let result = export.await;
+            self.count(spans, &result);
+            result
+        }
+    }
+
+    // The batch processor exports what it still holds before it shuts its exporter down, with
+    // `shutdown` (which the OTLP exporter implements, not `shutdown_with_timeout`): both are
+    // forwarded as they were called.
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.tell_losses();
+        self.exporter.shutdown_with_timeout(timeout)
+    }
+
+    fn shutdown(&self) -> OTelSdkResult {
+        self.tell_losses();
+        self.exporter.shutdown()
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.exporter.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.exporter.set_resource(resource);
+    }
+}
