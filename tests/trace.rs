@@ -913,16 +913,7 @@ fn spans_that_do_not_reach_the_collector_are_said_once_and_the_run_goes_on() {
         .port();
     let collector = format!("http://127.0.0.1:{closed}");
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
-        .args([
-            "load",
-            "--store",
-            "memory",
-            "--roots",
-            "1",
-            "--children",
-            "20",
-        ])
-        .arg("--otlp-endpoint")
+        .args("load --store memory --roots 1 --children 20 --otlp-endpoint".split(' '))
         .arg(&collector)
         .env("OTEL_BSP_MAX_QUEUE_SIZE", "1")
         .env_remove("RUST_LOG")
