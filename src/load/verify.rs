@@ -107,6 +107,36 @@ pub(crate) struct Verified {
     pub(crate) listed: Option<HashSet<(SessionId, SessionId)>>,
 }
 
+/// The events of a root's log the verification reads at once.
+const ROOT_PAGE: u64 = 65_536;
+
+/// The accepted follow-ups, counted by their fates in the children's logs.
+#[derive(Default)]
+struct FollowupTally {
+    /// Claimed or discarded exactly once.
+    settled: u64,
+    /// Every other, described.
+    wrong: Vec<String>,
+    /// From each claimed follow-up's acceptance to the turn that claimed it.
+    turn_start: LatencyRecorder,
+}
+
+impl FollowupTally {
+    /// Counts the follow-up `id` sent to `child` at `accepted_at` (epoch milliseconds) by its
+    /// `fate`.
+    fn account(&mut self, child: SessionId, id: MessageId, accepted_at: u64, fate: MessageFate) {
+        if fate.claimed + fate.discarded == 1 {
+            self.settled += 1;
+        } else {
+            self.wrong.push(format!("{id} of {child}: {fate:?}"));
+        }
+        if let Some(claimed_at) = fate.claimed_at {
+            self.turn_start
+                .record_micros(claimed_at.saturating_sub(accepted_at).saturating_mul(1000));
+        }
+    }
+}
+
 /// How many report relays were inserted into a log's inbox.
 fn reports_in(events: &[Arc<SessionEvent>]) -> u64 {
     let count = events
@@ -176,43 +206,51 @@ pub(crate) async fn verify(
         ),
     ));
 
-    let mut settled = 0;
-    let mut wrong = Vec::new();
-    // Every child's stored log, read once: its length and its inbox fates. A fork's seed is
-    // its parent's log, read on its own; here it is only checked (`read_own`).
-    let mut logs: HashMap<SessionId, HashMap<MessageId, MessageFate>> = HashMap::new();
-    let turn_start = LatencyRecorder::default();
+    let mut tally = FollowupTally::default();
+    // The follow-ups accepted, by child: each child's log is read once, its inbox fates taken
+    // for these and dropped, so a million children's fates are never held at once.
+    let mut followups: HashMap<SessionId, Vec<(MessageId, u64)>> = HashMap::new();
+    for (child, id, accepted_at) in accepted {
+        followups
+            .entry(*child)
+            .or_default()
+            .push((*id, *accepted_at));
+    }
+    let mut read = 0u64;
     let mut unreadable = Vec::new();
     if let Some(store) = rt.store() {
+        // A fork's seed is its parent's log, read on its own; here it is only checked
+        // (`read_own`).
         for created in created {
-            match store.read_own(created.id).await {
-                Ok(own) => {
-                    let own_len = u64::try_from(own.events.len()).unwrap_or(u64::MAX);
-                    let inline_seed = own
-                        .header
-                        .seed_len()
-                        .saturating_sub(own.header.first_stored_seq());
-                    persisted.events += inline_seed.saturating_add(own_len);
-                    logs.insert(created.id, message_fates(&own.events));
+            let own = match store.read_own(created.id).await {
+                Ok(own) => own,
+                Err(error) => {
+                    unreadable.push(format!("{}: {error}", created.id));
+                    continue;
                 }
-                Err(error) => unreadable.push(format!("{}: {error}", created.id)),
+            };
+            read += 1;
+            let own_len = u64::try_from(own.events.len()).unwrap_or(u64::MAX);
+            let inline_seed = own
+                .header
+                .seed_len()
+                .saturating_sub(own.header.first_stored_seq());
+            persisted.events += inline_seed.saturating_add(own_len);
+            let Some(sent) = followups.remove(&created.id) else {
+                continue;
+            };
+            let fates = message_fates(&own.events);
+            for (id, accepted_at) in sent {
+                let fate = fates.get(&id).copied().unwrap_or_default();
+                tally.account(created.id, id, accepted_at, fate);
             }
         }
         persisted.bytes_on_disk = store.size_on_disk();
-        for (child, id, accepted_at) in accepted {
-            let fate = logs
-                .get(child)
-                .and_then(|fates| fates.get(id))
-                .copied()
-                .unwrap_or_default();
-            if fate.claimed + fate.discarded == 1 {
-                settled += 1;
-            } else {
-                wrong.push(format!("{id} of {child}: {fate:?}"));
-            }
-            if let Some(claimed_at) = fate.claimed_at {
-                turn_start
-                    .record_micros(claimed_at.saturating_sub(*accepted_at).saturating_mul(1000));
+        // A follow-up to a child the run did not create, or whose log could not be read, has
+        // no fate.
+        for (child, sent) in followups {
+            for (id, accepted_at) in sent {
+                tally.account(child, id, accepted_at, MessageFate::default());
             }
         }
     }
@@ -221,7 +259,7 @@ pub(crate) async fn verify(
         unreadable.is_empty(),
         format!(
             "{} logs, {} events{}",
-            logs.len(),
+            read,
             persisted.events,
             unreadable
                 .first()
@@ -231,11 +269,13 @@ pub(crate) async fn verify(
     ));
     checks.push(check(
         "every accepted follow-up was claimed or discarded exactly once",
-        wrong.is_empty(),
+        tally.wrong.is_empty(),
         format!(
-            "{} accepted, {settled} accounted for{}",
+            "{} accepted, {} accounted for{}",
             accepted.len(),
-            wrong
+            tally.settled,
+            tally
+                .wrong
                 .first()
                 .map(|first| format!("; first wrong: {first}"))
                 .unwrap_or_default()
@@ -243,11 +283,21 @@ pub(crate) async fn verify(
     ));
 
     // Every report sent reached its parent's log once (roots are in the store after the drain).
+    // A root that heard a million settled notices has millions of events: they are read a
+    // page at a time, not held at once. (A root has no seed to resolve.)
     let mut delivered = 0u64;
     if let Some(store) = rt.store() {
         for root in roots {
-            if let Ok(events) = store.read_from(*root, 0).await {
-                delivered += reports_in(&events);
+            let mut from = 0;
+            while let Ok(page) = store
+                .read_stored(*root, from, from.saturating_add(ROOT_PAGE))
+                .await
+            {
+                if page.is_empty() {
+                    break;
+                }
+                delivered += reports_in(&page);
+                from = from.saturating_add(u64::try_from(page.len()).unwrap_or(u64::MAX));
             }
         }
     }
@@ -283,7 +333,7 @@ pub(crate) async fn verify(
     Verified {
         checks,
         persisted,
-        followup_to_turn_start: turn_start.summary(),
+        followup_to_turn_start: tally.turn_start.summary(),
         listed,
     }
 }
@@ -363,4 +413,33 @@ async fn list_reopened(store: crate::store::SharedStore, roots: &[SessionId]) ->
     let forest = list_forest(&reopened, roots).await;
     reopened.shutdown().await?;
     forest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_follow_up_is_settled_only_when_claimed_or_discarded_exactly_once() {
+        let child = SessionId::new();
+        let mut tally = FollowupTally::default();
+        let fate = |claimed, discarded, claimed_at| MessageFate {
+            claimed,
+            discarded,
+            claimed_at,
+        };
+        tally.account(child, MessageId::new(), 1_000, fate(1, 0, Some(1_004)));
+        tally.account(child, MessageId::new(), 1_000, fate(0, 1, None));
+        let twice = MessageId::new();
+        tally.account(child, twice, 1_000, fate(2, 0, Some(1_002)));
+        let lost = MessageId::new();
+        tally.account(child, lost, 1_000, MessageFate::default());
+        assert_eq!(tally.settled, 2);
+        assert_eq!(tally.wrong.len(), 2);
+        assert!(tally.wrong[0].starts_with(&format!("{twice} of {child}")));
+        assert!(tally.wrong[1].starts_with(&format!("{lost} of {child}")));
+        // Each claim's delay, in microseconds: 4 ms and 2 ms.
+        let delays = tally.turn_start.summary();
+        assert_eq!(delays.count, 2);
+    }
 }
