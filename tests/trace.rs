@@ -941,6 +941,46 @@ fn spans_that_do_not_reach_the_collector_are_said_once_and_the_run_goes_on() {
     );
 }
 
+// Issue #19 item 3: at exit the batch processor exports every batch it still holds within a
+// five-second deadline, and the OTLP exporter retries each failed batch with backoff. Before,
+// the main job pointed at a closed port queued a few thousand spans, spent the whole deadline
+// retrying them batch after batch, and exited without ever saying how many spans were lost.
+// Now a collector that failed the last export is not tried again once the exit has begun: the
+// loss is counted and said.
+#[test]
+fn a_run_whose_collector_is_gone_says_at_exit_how_many_spans_it_lost() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args("load --store memory --otlp-endpoint".split(' '))
+        .arg(format!("http://127.0.0.1:{closed}"))
+        .env_remove("RUST_LOG")
+        .env_remove("OTEL_BSP_MAX_QUEUE_SIZE")
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{run:?}");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !stderr.contains("BatchSpanProcessor.Shutdown.Timeout"),
+        "the exit waited out the deadline: {stderr}"
+    );
+    let said = stderr
+        .lines()
+        .find(|line| line.contains("spans were not exported to the OTLP collector"))
+        .unwrap_or_else(|| panic!("the loss is said: {stderr}"));
+    let lost: u64 = said
+        .split_once("lost=")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("a count: {said}"));
+    // The main job's thousand children record a span for each turn, model call and tool call.
+    assert!(lost > 1_000, "{said}");
+    assert!(said.contains("exported=0"), "{said}");
+}
+
 // Issue #19 item 3: an `https://` collector whose certificate a private authority signed is
 // trusted through `OTEL_EXPORTER_OTLP_CERTIFICATE`, and only then; one that asks for a client
 // certificate gets the one `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `…_CLIENT_KEY` name; a

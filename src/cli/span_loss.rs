@@ -9,14 +9,39 @@
 //! `--otlp-endpoint` at the wrong port saw an empty trace viewer and a run that said nothing.
 //! Spans the processor drops before they reach the exporter (its queue full) are the SDK's own
 //! to count: it warns at the first drop and at exit with the total.
+//!
+//! # Why a failing collector is not tried again at exit
+//! The OTLP exporter retries a failed batch with backoff (about three quarters of a second when
+//! the port is closed). At exit the processor exports every batch it still holds, one after
+//! another, within a five-second deadline: a run with a few thousand spans queued for a
+//! collector that is gone waited the whole deadline, and its exporter never got to say how
+//! many spans were lost. Once the process has begun to exit ([`Exiting::begin`]), a batch
+//! meant for a collector whose last export failed is counted lost without being sent; one that
+//! answered last is still tried.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
+
+/// Whether the process has begun to exit; shared by the exporter and whoever shuts it down.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Exiting(Arc<AtomicBool>);
+
+impl Exiting {
+    /// Marks the exit begun: a collector whose last export failed is not tried again.
+    pub(crate) fn begin(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn begun(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 /// `exporter`, counting what it exported and what it lost, and saying so.
 #[derive(Debug)]
@@ -28,23 +53,30 @@ pub(crate) struct LossReporting<E> {
     lost: AtomicU64,
     /// Whether the first failure was told.
     told: AtomicBool,
+    /// Whether the last export failed.
+    failing: AtomicBool,
+    exiting: Exiting,
 }
 
 impl<E> LossReporting<E> {
     /// Wraps `exporter`, which sends to `collector` (a URL, or a description of where the
-    /// standard variables point).
-    pub(crate) fn new(exporter: E, collector: String) -> Self {
+    /// standard variables point); from `exiting`'s start on, a failing collector is not tried
+    /// again.
+    pub(crate) fn new(exporter: E, collector: String, exiting: Exiting) -> Self {
         Self {
             exporter,
             collector,
             exported: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             told: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
+            exiting,
         }
     }
 
     /// Counts an export of `spans` spans that ended in `result`, and tells the first failure.
     fn count(&self, spans: u64, result: &OTelSdkResult) {
+        self.failing.store(result.is_err(), Ordering::Relaxed);
         match result {
             Ok(()) => {
                 self.exported.fetch_add(spans, Ordering::Relaxed);
@@ -80,9 +112,16 @@ impl<E> LossReporting<E> {
 impl<E: SpanExporter> SpanExporter for LossReporting<E> {
     fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
         let spans = u64::try_from(batch.len()).unwrap_or(u64::MAX);
-        let export = self.exporter.export(batch);
+        let abandoned = self.exiting.begun() && self.failing.load(Ordering::Relaxed);
+        let export = (!abandoned).then(|| self.exporter.export(batch));
         async move {
-            let result = export.await;
+            let result = match export {
+                Some(export) => export.await,
+                None => Err(OTelSdkError::InternalFailure(
+                    "not sent: the collector failed the last export and the process is exiting"
+                        .to_owned(),
+                )),
+            };
             self.count(spans, &result);
             result
         }

@@ -25,7 +25,7 @@ use tracing_subscriber::Layer;
 
 use subagents::{ErrorCode, RuntimeBuilder, SubagentError};
 
-use super::span_loss::LossReporting;
+use super::span_loss::{Exiting, LossReporting};
 
 /// The exported signals, and the standard variables that configure each.
 #[derive(Clone, Copy)]
@@ -276,6 +276,8 @@ struct Metrics {
 pub(crate) struct Telemetry {
     traces: Option<SdkTracerProvider>,
     metrics: Option<SdkMeterProvider>,
+    /// Begun when this is dropped, before the providers shut down.
+    exiting: Exiting,
 }
 
 impl Telemetry {
@@ -302,13 +304,18 @@ impl Telemetry {
         let resource = Resource::builder()
             .with_service_name(service_name())
             .build();
+        let exiting = Exiting::default();
         let traces = traces
-            .then(|| span_provider(endpoint, resource.clone(), volume))
+            .then(|| span_provider(endpoint, resource.clone(), volume, exiting.clone()))
             .transpose()?;
         let metrics = (metrics || prometheus)
             .then(|| meter_provider(endpoint.filter(|_| metrics), metrics, prometheus, resource))
             .transpose()?;
-        Ok(Some(Self { traces, metrics }))
+        Ok(Some(Self {
+            traces,
+            metrics,
+            exiting,
+        }))
     }
 
     /// The layer that hands the runtime's spans and their events (follow-ups, interrupts,
@@ -350,6 +357,7 @@ fn exported_spans() -> FilterFn<impl Fn(&tracing::Metadata<'_>) -> bool> {
 impl Drop for Telemetry {
     fn drop(&mut self) {
         // Exports what is still batched; a collector that is gone loses it, and says so.
+        self.exiting.begin();
         if let Some(traces) = &self.traces {
             if let Err(error) = traces.shutdown() {
                 tracing::warn!(%error, "the last spans were not exported");
@@ -423,6 +431,7 @@ fn span_provider(
     endpoint: Option<&str>,
     resource: Resource,
     volume: SpanVolume,
+    exiting: Exiting,
 ) -> Result<SdkTracerProvider, SubagentError> {
     let exporter = Signal::Traces
         .configure(SpanExporter::builder().with_http(), endpoint)?
@@ -436,7 +445,7 @@ fn span_provider(
     if let Some(queue) = volume.queue(configured) {
         batching = batching.with_max_queue_size(queue);
     }
-    let exporter = LossReporting::new(exporter, Signal::Traces.collector(endpoint));
+    let exporter = LossReporting::new(exporter, Signal::Traces.collector(endpoint), exiting);
     let processor = BatchSpanProcessor::builder(exporter)
         .with_batch_config(batching.build())
         .build();
@@ -456,8 +465,11 @@ fn meter_provider(
 ) -> Result<SdkMeterProvider, SubagentError> {
     let mut provider = SdkMeterProvider::builder().with_resource(resource);
     if otlp {
+        // A failed metrics export is not retried: the next one carries the same cumulative
+        // totals, and at exit a collector that is gone then costs no backoff.
         let exporter = Signal::Metrics
             .configure(MetricExporter::builder().with_http(), endpoint)?
+            .with_retry_policy(opentelemetry_otlp::RetryPolicy::disabled())
             .build()
             .map_err(|error| invalid("metric", error))?;
         provider = provider.with_reader(PeriodicReader::builder(exporter).build());
