@@ -148,3 +148,59 @@ impl<E: SpanExporter> SpanExporter for LossReporting<E> {
         self.exporter.set_resource(resource);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use futures::executor::block_on;
+
+    use super::*;
+
+    /// An exporter that answers every export with `fails`, counting the calls it got.
+    #[derive(Debug, Default)]
+    struct Collector {
+        fails: AtomicBool,
+        calls: AtomicUsize,
+    }
+
+    impl SpanExporter for &Collector {
+        async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            if self.fails.load(Ordering::Relaxed) {
+                Err(OTelSdkError::InternalFailure("refused".to_owned()))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[test]
+    fn at_exit_only_a_collector_that_failed_the_last_export_is_not_tried_again() {
+        let collector = Collector::default();
+        let exiting = Exiting::default();
+        let exporter = LossReporting::new(&collector, "a collector".to_owned(), exiting.clone());
+        let calls = || collector.calls.load(Ordering::Relaxed);
+
+        // Before the exit, a failing collector is still tried at every batch.
+        collector.fails.store(true, Ordering::Relaxed);
+        assert!(block_on(exporter.export(Vec::new())).is_err());
+        assert!(block_on(exporter.export(Vec::new())).is_err());
+        assert_eq!(calls(), 2);
+
+        // One that answered its last export is tried at exit too.
+        collector.fails.store(false, Ordering::Relaxed);
+        assert!(block_on(exporter.export(Vec::new())).is_ok());
+        exiting.begin();
+        assert!(block_on(exporter.export(Vec::new())).is_ok());
+        assert_eq!(calls(), 4);
+
+        // Once it fails at exit, the batches after are lost without being sent.
+        collector.fails.store(true, Ordering::Relaxed);
+        assert!(block_on(exporter.export(Vec::new())).is_err());
+        assert_eq!(calls(), 5);
+        let abandoned = block_on(exporter.export(Vec::new())).unwrap_err();
+        assert!(abandoned.to_string().contains("not sent"), "{abandoned}");
+        assert_eq!(calls(), 5);
+    }
+}

@@ -569,6 +569,7 @@ mod tests {
         let telemetry = Telemetry {
             traces: Some(SdkTracerProvider::builder().build()),
             metrics: None,
+            exiting: Exiting::default(),
         };
         let subscriber = tracing_subscriber::registry().with(telemetry.layer());
         // `init` bridges `log` at this level: `None` would be `TRACE`.
