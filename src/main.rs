@@ -230,6 +230,34 @@ fn without_transparent_huge_pages() {
     let _ = rustix::thread::disable_transparent_huge_pages(true);
 }
 
+/// What the command's log shows without `RUST_LOG` (see `main`).
+const DEFAULT_LOG: &str = "error,subagents::model::openai=warn,opentelemetry_sdk=warn";
+
+/// The command's log on stderr, showing what `filter` enables, less the SDK's once-a-batch
+/// export error: a failed span export is told once and counted at exit (`cli::span_loss`).
+///
+/// The layer's level hint stays `filter`'s: the subscriber bridges the `log` facade at the
+/// most verbose hint of its layers, and a filter with none counts as `TRACE`, so every
+/// `log::trace!` on sled's write and flush paths would reach the layers only to be refused.
+fn log_layer<S>(filter: tracing_subscriber::EnvFilter) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let once_a_batch = tracing_subscriber::filter::filter_fn(|metadata| {
+        !(metadata.target() == "opentelemetry_sdk"
+            && metadata.name() == "BatchSpanProcessor.ExportError")
+    })
+    // It removes one event of its own and hints nothing: `filter`'s hint is the layer's.
+    .with_max_level_hint(tracing::level_filters::LevelFilter::TRACE);
+    tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: a log file or a pipe gets plain text.
+        .with_ansi(std::io::stderr().is_terminal())
+        // A closed stderr (`2>&1 | head`) must not turn every later log line into a panic.
+        .log_internal_errors(false)
+        .with_filter(filter.and(once_a_batch))
+}
+
 fn main() -> ExitCode {
     without_transparent_huge_pages();
     let cli = Cli::parse();
@@ -239,17 +267,9 @@ fn main() -> ExitCode {
     // the history checker logs nothing, since it injects store faults on purpose.
     let filter = match (&cli.command, std::env::var_os("RUST_LOG")) {
         (Command::Check(_), None) => tracing_subscriber::EnvFilter::new("off"),
-        (_, None) => tracing_subscriber::EnvFilter::new(
-            "error,subagents::model::openai=warn,opentelemetry_sdk=warn",
-        ),
+        (_, None) => tracing_subscriber::EnvFilter::new(DEFAULT_LOG),
         (_, Some(_)) => tracing_subscriber::EnvFilter::from_default_env(),
     };
-    // A failed span export is told once and counted at exit (`cli::span_loss`), not once a
-    // batch, as the SDK would.
-    let filter = filter.and(tracing_subscriber::filter::filter_fn(|metadata| {
-        !(metadata.target() == "opentelemetry_sdk"
-            && metadata.name() == "BatchSpanProcessor.ExportError")
-    }));
     cli::telemetry::trace_content(cli.trace_content);
     let prometheus = matches!(&cli.command, Command::Node(node) if node.metrics_addr.is_some());
     let volume = match &cli.command {
@@ -264,15 +284,8 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-    let log = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        // Colours only for a person at a terminal: a log file or a pipe gets plain text.
-        .with_ansi(std::io::stderr().is_terminal())
-        // A closed stderr (`2>&1 | head`) must not turn every later log line into a panic.
-        .log_internal_errors(false)
-        .with_filter(filter);
     tracing_subscriber::registry()
-        .with(log)
+        .with(log_layer(filter))
         .with(
             telemetry
                 .as_ref()
@@ -714,6 +727,30 @@ fn describe(event: &SessionEvent) -> String {
 
 #[cfg(test)]
 mod tests {
+    use tracing::level_filters::LevelFilter;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    // The log's filter once lost its level hint (a filter without one, combined with it, hints
+    // nothing), and the `log` facade was bridged at `TRACE`: sled's trace records were all
+    // dispatched to the layers only to be refused.
+    #[test]
+    fn the_log_bridges_the_log_facade_at_its_filters_level() {
+        for (directives, level) in [
+            (super::DEFAULT_LOG, LevelFilter::WARN),
+            ("info", LevelFilter::INFO),
+            ("off", LevelFilter::OFF),
+        ] {
+            let subscriber = tracing_subscriber::registry().with(super::log_layer(
+                tracing_subscriber::EnvFilter::new(directives),
+            ));
+            assert_eq!(
+                tracing::Subscriber::max_level_hint(&subscriber),
+                Some(level),
+                "{directives}"
+            );
+        }
+    }
+
     #[test]
     fn the_process_runs_without_transparent_huge_pages() {
         super::without_transparent_huge_pages();
