@@ -71,7 +71,12 @@ impl Signal {
 
     /// The exporter's endpoint when `--otlp-endpoint` names it (otherwise the variables do).
     fn endpoint(self, endpoint: Option<&str>) -> Option<String> {
-        endpoint.map(|base| format!("{}{}", base.trim_end_matches('/'), self.path()))
+        endpoint.map(|base| self.under(base))
+    }
+
+    /// The signal's URL under a collector's base URL.
+    fn under(self, base: &str) -> String {
+        format!("{}{}", base.trim_end_matches('/'), self.path())
     }
 
     /// Where the signal is sent, as a log line names it: `--otlp-endpoint` with the signal's
@@ -82,9 +87,7 @@ impl Signal {
             return url;
         }
         match self.setting("ENDPOINT") {
-            Some((name, url)) if name == "OTEL_EXPORTER_OTLP_ENDPOINT" => {
-                format!("{}{}", url.trim_end_matches('/'), self.path())
-            }
+            Some((name, url)) if name == "OTEL_EXPORTER_OTLP_ENDPOINT" => self.under(&url),
             Some((_, url)) => url,
             None => format!("http://localhost:4318{}", self.path()),
         }

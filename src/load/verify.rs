@@ -438,8 +438,10 @@ mod tests {
         assert_eq!(tally.wrong.len(), 2);
         assert!(tally.wrong[0].starts_with(&format!("{twice} of {child}")));
         assert!(tally.wrong[1].starts_with(&format!("{lost} of {child}")));
-        // Each claim's delay, in microseconds: 4 ms and 2 ms.
+        // Each claim's delay: 4 ms and 2 ms (the recorder keeps three significant digits).
         let delays = tally.turn_start.summary();
         assert_eq!(delays.count, 2);
+        assert!((1_990..=2_010).contains(&delays.p50_us), "{delays:?}");
+        assert!((3_990..=4_010).contains(&delays.max_us), "{delays:?}");
     }
 }
