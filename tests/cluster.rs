@@ -17,7 +17,7 @@ use subagents::{
 use crate::support::postgres::postgres_or_skip;
 use crate::support::{
     delivered, eventually, followup_child, notices, persisted, root, seam_runtime_on, settled,
-    text, turn_ends, SeamRecorder,
+    text, turn_ends, within, SeamRecorder,
 };
 
 /// A store whose nodes go silent after 2 s (short enough for a test to outlive a node).
@@ -696,6 +696,77 @@ pub(crate) fn inserted<E: std::borrow::Borrow<subagents::SessionEvent>>(
         .flatten()
         .map(|message| message.text())
         .collect()
+}
+
+// A follow-up is answered once durable wherever its child is resident: in a cluster, one
+// accepted on the caller's own node waits for the store as one accepted on another node does.
+// Before, it was answered at acceptance, and a driving node killed right after answering lost
+// follow-ups to the children it had cold-resumed (the fault campaign's seed 9022).
+#[actix_rt::test]
+async fn in_a_cluster_a_followup_to_a_child_on_the_callers_own_node_is_answered_once_durable() {
+    let url = postgres_or_skip!().fresh_database();
+    let (_, model, gate) = held_child_models();
+    let (a, _) = node(&url, "a", &model).await;
+    let parent = root(&a).await;
+    let child = a
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "local",
+            parent.agent(),
+            text("first"),
+        ))
+        .await
+        .unwrap()
+        .child_id;
+    gate.reached().await;
+    // Another connection holds the child's session row: its next append waits for it.
+    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{child}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let sent = tokio::spawn(a.subagents().followup(
+        parent.agent(),
+        child,
+        text("second"),
+        subagents::FollowupOptions::new(MessageSource::User),
+    ));
+    let resident = a.agents().get(child).await.unwrap();
+    eventually("the follow-up is accepted", || {
+        inserted(&resident.log().events()).contains(&"second".to_owned())
+    })
+    .await;
+    // Bounded poll of the server (nothing announces a blocked statement): the append waits.
+    within("the child's append to wait for the row", async {
+        while count(
+            &url,
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+        )
+        .await
+            == 0
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(
+        !sent.is_finished(),
+        "answered while the accepted follow-up is not in the store"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+    sent.await.unwrap().unwrap();
+    assert!(
+        inserted(&persisted(&a, child).await).contains(&"second".to_owned()),
+        "the answered follow-up is in the store"
+    );
+    gate.release();
+    a.shutdown().await.unwrap();
 }
 
 /// Runs `sql` on the cluster's database.

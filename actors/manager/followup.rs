@@ -68,8 +68,20 @@ impl Handler<Followup> for ContinuationManager {
                 });
             }
             let parent = ParentLink::Local(msg.parent);
+            // In a cluster, answered once durable, as a node answers a follow-up to a child it
+            // holds for another (see `served.rs`): what an answer means cannot depend on where
+            // the child happens to be resident. A driving node killed right after answering
+            // follow-ups to children it had cold-resumed (their own node had been paused past
+            // its time-to-live) lost them after its caller was told they were accepted.
+            let durable = self.cluster.is_some().then(|| resident.agent.log().clone());
             let accepted = self.submit(msg.child, &parent, msg.delivery, &msg.token, ctx);
-            return Box::pin(async move { Ok(Routed::Accepted(accepted?.await?)) });
+            return Box::pin(async move {
+                let id = accepted?.await?;
+                if let Some(log) = durable {
+                    log.flush().await?;
+                }
+                Ok(Routed::Accepted(id))
+            });
         }
         if let Some(resuming) = self.resuming.get(&msg.child).cloned() {
             return Box::pin(async move {
@@ -95,6 +107,7 @@ impl Handler<Followup> for ContinuationManager {
             lineage,
         };
         let metrics = self.agents.env().metrics.clone();
+        let durable = self.cluster.is_some().then(|| self.agents.clone());
         Box::pin(async move {
             let _guard = guard;
             let began = metrics.as_ref().map(|_| Instant::now());
@@ -104,7 +117,16 @@ impl Handler<Followup> for ContinuationManager {
             if let (Some(metrics), Some(began)) = (metrics, began) {
                 metrics.cold_resume(&resumed, began);
             }
-            Ok(Routed::Accepted(resumed?))
+            let id = resumed?;
+            // Durable before the answer in a cluster, as above; a child that settled meanwhile
+            // was drained into the store by its disposal.
+            if let Some(child) = match durable {
+                Some(agents) => agents.get(msg.child).await,
+                None => None,
+            } {
+                child.log().flush().await?;
+            }
+            Ok(Routed::Accepted(id))
         })
     }
 }
