@@ -76,11 +76,17 @@ impl NodeProcess {
         node
     }
 
-    /// The node's next line (safety net: 60 s).
+    /// The node's next line (safety net: 60 s). A node that ended without it fails the test
+    /// with what it wrote to stderr.
     pub(crate) fn next_line(&self) -> String {
         self.lines
             .recv_timeout(Duration::from_secs(60))
-            .expect("the node printed its next line (safety net: 60 s)")
+            .unwrap_or_else(|error| {
+                panic!(
+                    "the node printed its next line (safety net: 60 s): {error}; its stderr:\n{}",
+                    self.errors()
+                )
+            })
     }
 
     /// Every line up to and including `last`.
