@@ -386,6 +386,13 @@ impl AgentActor {
         if !self.releasing {
             crate::projection::cache::checkpoint_after_turn(&self.env, &self.log);
         }
+        if let Some(keep) = self.options.resident_events {
+            if let Some(projections) = &self.env.projections {
+                projections.fold_live(&self.log);
+            }
+            self.log
+                .page_out(usize::try_from(keep.get()).unwrap_or(usize::MAX));
+        }
         self.emit(AgentEventKind::TurnEnded { turn, reason });
         let next = self.state.turn_finished(self.inbox.has_next_turn());
         self.apply(next, ctx);

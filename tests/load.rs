@@ -191,6 +191,27 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
     }
 }
 
+// Roots that page out their settled events (a window of 16, far below what they append, and
+// forks of them among their children) still verify on every embedded store: every report in
+// their stored logs, every follow-up run once, the forest listed and reopened.
+#[actix_rt::test]
+async fn roots_that_page_out_their_logs_verify_with_forks_of_them() {
+    for store in [LoadStore::Memory, LoadStore::Sled] {
+        let scenario = Scenario {
+            roots: 2,
+            children: 60,
+            fork_share: 0.5,
+            resident_events: 16,
+            store,
+            ..Scenario::default()
+        };
+        let report = run_to_end(&scenario).await;
+        assert!(report.passed, "{store:?}: {report}");
+        assert_eq!(report.children.total, 120);
+        assert_eq!(report.children.one_shot, 60);
+    }
+}
+
 #[actix_rt::test]
 async fn a_scenario_spread_over_two_cluster_nodes_verifies() {
     let url = crate::support::postgres::postgres_or_skip!().fresh_database();

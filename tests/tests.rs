@@ -66,6 +66,8 @@ mod openai;
 mod out_of_process;
 /// Ownership: edges, retiring owners, child-first disposal and shutdown, drop safety.
 mod ownership;
+/// A long-lived agent that pages out its settled events (issue #16).
+mod paging;
 /// Session projections: the timing and identity units, the registry's cells.
 mod projection;
 /// The ACP provider against the reference peer, `subagents acp-agent`.

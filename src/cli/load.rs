@@ -75,6 +75,10 @@ pub(crate) struct LoadArgs {
     /// checkpoint, every continuable epoch ends with a flush) [default: on-request].
     #[arg(long, value_enum)]
     flush: Option<LoadFlush>,
+    /// The roots page out their settled events beyond this many, once the store has them (0:
+    /// each root keeps its whole log in memory) [default: 4096].
+    #[arg(long, value_name = "EVENTS")]
+    resident_events: Option<u32>,
     /// Threads agents run on, the harness's own among them, at most 256 [default: one per
     /// core].
     #[arg(long, allow_negative_numbers = true)]
@@ -146,6 +150,7 @@ impl LoadArgs {
             budget_share,
             latency,
             flush,
+            resident_events,
             workers,
             in_flight,
             nodes,

@@ -32,15 +32,16 @@ use tracing::Instrument as _;
 
 use crate::actors::agent::AgentRef;
 use crate::content::{ContentBlock, Message};
+use crate::error::{ErrorCode, SubagentError};
 use crate::host::scope::{
     assemble_system_prompt, AgentScope, PreStep, PreStepDecision, ToolResultSeen,
 };
 use crate::host::{AgentEnv, AgentOptions, BudgetLimit, BudgetMeter, FlushPolicy};
 use crate::ids::{CallId, SessionId};
-use crate::model::{FinishReason, GenerateRequest, StreamChunk};
+use crate::model::{FinishReason, GenerateRequest, LlmAdapter, StreamChunk};
 use crate::session::{
-    interrupted_turn_closers, CancelCause, EventKind, LlmFailure, SessionLog, TokenUsage,
-    TurnEndReason,
+    interrupted_turn_closers_after, CancelCause, EventKind, History, LlmFailure, LogShape,
+    SessionLog, TokenUsage, TurnEndReason,
 };
 use crate::tools::{self, Concurrency, ToolCtx, ToolExecutionResult};
 
@@ -270,8 +271,18 @@ pub(crate) fn run_turn(
 /// open (the crash-repair closers, minus their `turn/end`), then `turn/end` with `reason`.
 fn close_turn(ctx: &TurnContext, turn: u64, reason: TurnEndReason) {
     let dangling = if ctx.log().has_open_step() {
-        ctx.log()
-            .with_events(|events| interrupted_turn_closers(events))
+        // From the open turn's start on: what came before is settled (and may be paged out).
+        ctx.log().with_events(|events| {
+            let start = events
+                .iter()
+                .rev()
+                .find(|event| matches!(event.kind, EventKind::TurnStart { turn: open } if open == turn))
+                .map_or(0, |event| usize::try_from(event.seq).unwrap_or(usize::MAX));
+            interrupted_turn_closers_after(
+                LogShape::after_turn(turn.saturating_sub(1)),
+                events.iter_from(start),
+            )
+        })
     } else {
         Vec::new()
     };
@@ -429,6 +440,30 @@ fn drive(
     }
 }
 
+/// The history a model call gets: the one the log holds, unless the log paged out entries the
+/// adapter reads (it reads the whole history, or more of the newest entries than are held),
+/// which are then read back from the store (see [`crate::session::history`]).
+async fn history_for(ctx: &TurnContext, adapter: &dyn LlmAdapter) -> Result<History, Fault> {
+    let history = ctx.log().history();
+    let held = history.first_resident().map(|first| history.len() - first);
+    let covered = history.is_complete()
+        || held
+            .zip(adapter.history_window())
+            .is_some_and(|(held, window)| held >= window.min(history.len()));
+    if covered {
+        return Ok(history);
+    }
+    let read_back = match &ctx.env.store {
+        Some(store) => ctx.log().complete_history(store.as_ref()).await,
+        None => Err(SubagentError::new(
+            ErrorCode::StoreIo,
+            "the log paged out events and the runtime has no store to read them back from",
+        )),
+    };
+    read_back
+        .map_err(|error| Fault::failed(LlmFailure::new(error.code().as_str(), error.message())))
+}
+
 #[expect(
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments twice in the turn's state"
@@ -445,12 +480,13 @@ fn run_step(
             .route(ctx.options().provider.as_deref())
             .map_err(Fault::failed)?;
         let chat = crate::trace::chat_span(&provider, &ctx.options().model, step);
+        let messages = history_for(ctx, adapter.as_ref()).await?;
         let mut stream = {
             let visible = ctx.scope.tools().visible(&ctx.env.tools);
             let request = GenerateRequest {
                 provider: provider.clone(),
                 model: ctx.options().model.clone(),
-                messages: ctx.log().history(),
+                messages,
                 system: assemble_system_prompt(
                     &ctx.env.sections,
                     ctx.scope.sections(),

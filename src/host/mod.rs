@@ -59,6 +59,14 @@ pub struct AgentOptions {
     pub subagent_depth: u64,
     /// When the agent flushes its log on its own.
     pub flush: FlushPolicy,
+    /// Page out the log's settled events beyond this many (a long-lived agent's bounded
+    /// working set): at each turn's end, the events the store already has, before the newest
+    /// this many and before the last turn's end, leave memory with the history entries they
+    /// carry. A model call then reads the history back from the store unless the model reads
+    /// only the newest entries ([`crate::LlmAdapter::history_window`]). `None` (the default)
+    /// keeps the whole log in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_events: Option<std::num::NonZeroU32>,
 }
 
 /// Whether an agent is running a turn.

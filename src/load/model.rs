@@ -81,6 +81,10 @@ impl LoadModel {
     }
 }
 
+/// How many of the newest history entries the model reads: the last message and the runtime
+/// context after it.
+const HISTORY_WINDOW: usize = 8;
+
 /// The answer to `request`: a delegation for a directive in the last message (runtime context
 /// left out) when it is a user's, else text.
 fn answer(request: &GenerateRequest) -> Vec<StreamChunk> {
@@ -88,6 +92,7 @@ fn answer(request: &GenerateRequest) -> Vec<StreamChunk> {
         .messages
         .messages()
         .rev()
+        .take(HISTORY_WINDOW)
         .find(|message| !matches!(message.source, MessageSource::Plugin { .. }));
     let text = last
         .filter(|message| message.role == Role::User)
@@ -111,6 +116,10 @@ fn answer(request: &GenerateRequest) -> Vec<StreamChunk> {
 }
 
 impl LlmAdapter for LoadModel {
+    fn history_window(&self) -> Option<usize> {
+        Some(HISTORY_WINDOW)
+    }
+
     fn stream(
         &self,
         request: GenerateRequest,

@@ -795,6 +795,7 @@ async fn grow(
             .agents()
             .create(CreateAgent::new().options(AgentOptions {
                 flush,
+                resident_events: std::num::NonZeroU32::new(scenario.resident_events),
                 ..AgentOptions::default()
             }))
             .await?;

@@ -193,6 +193,11 @@ pub struct Scenario {
     pub nodes: u64,
     /// When the root agents flush (children follow their own rules; see [`LoadFlush`]).
     pub flush: LoadFlush,
+    /// The roots page out their settled events beyond this many
+    /// ([`crate::AgentOptions::resident_events`]), so a root that settles a million children
+    /// holds a bounded log; 0 keeps each root's whole log in memory.
+    #[serde(alias = "resident-events")]
+    pub resident_events: u32,
     /// Threads agents run on, the harness's own among them (0: one per core; at most 256).
     pub workers: usize,
     /// The most direct children of the roots in flight at once, across the run (a child's
@@ -224,12 +229,17 @@ impl Default for Scenario {
             store_cache_mib: None,
             nodes: 1,
             flush: LoadFlush::OnRequest,
+            resident_events: DEFAULT_RESIDENT_EVENTS,
             workers: 0,
             in_flight: 10_000,
             seed: 1,
         }
     }
 }
+
+/// How many of its newest events a root keeps in memory, unless the scenario says otherwise:
+/// a few turns' worth (a root's turn is about ten events), paged out in steps of this many.
+pub const DEFAULT_RESIDENT_EVENTS: u32 = 4096;
 
 /// The most cluster nodes a run starts.
 const MAX_NODES: u64 = 16;

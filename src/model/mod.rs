@@ -175,6 +175,15 @@ pub trait LlmAdapter: Send + Sync + 'static {
         &self,
         request: GenerateRequest,
     ) -> BoxStream<'static, Result<StreamChunk, LlmFailure>>;
+
+    /// How many of the newest history entries this adapter reads, beside the history's
+    /// length: `None` (the default) when it reads the whole history. An agent that pages its
+    /// log out ([`crate::AgentOptions::resident_events`]) hands a model with a window the
+    /// entries it holds when they cover the window, instead of reading the paged-out history
+    /// back from the store before every call.
+    fn history_window(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Routes a request to an adapter by provider name; the first registered adapter is the default.

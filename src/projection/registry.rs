@@ -150,6 +150,18 @@ struct Cells {
     landed: Option<u64>,
 }
 
+impl crate::session::LogMemo for Cells {
+    /// A log that pages out its events keeps those a unit has not folded yet.
+    fn read_through(&self) -> usize {
+        self.by_key
+            .iter()
+            .filter(|(_, cell)| !cell.failed)
+            .map(|(_, cell)| cell.folded)
+            .min()
+            .unwrap_or(usize::MAX)
+    }
+}
+
 fn unit_failed(unit: &dyn ProjectionUnit, what: &str) -> SubagentError {
     SubagentError::new(
         ErrorCode::StoreCorrupt,
@@ -348,6 +360,12 @@ impl ProjectionRegistry {
                 if cell.failed || cell.folded >= events.len() {
                     continue;
                 }
+                if cell.folded < events.first_resident() {
+                    // A unit registered after the log paged out events it never folded: its
+                    // live view cannot be had from memory (a cold read folds the stored log).
+                    cell.failed = true;
+                    continue;
+                }
                 let state = std::mem::take(&mut cell.state);
                 match state.fold(unit.as_ref(), events.iter_from(cell.folded)) {
                     Some(state) => {
@@ -359,6 +377,12 @@ impl ProjectionRegistry {
             }
             read(cells, events.len())
         })
+    }
+
+    /// Folds every registered unit over what `log` appended since the last fold: before the
+    /// log pages out its settled events, so that none is dropped before a unit folded it.
+    pub(crate) fn fold_live(&self, log: &SessionLog) {
+        self.with_cells(log, &self.folded(), |_, _| ());
     }
 
     /// The views of a live session's visible units, folding only what was appended since the
@@ -387,7 +411,12 @@ impl ProjectionRegistry {
         let (states, len) = states;
         let mut values = BTreeMap::new();
         for (unit, state) in states {
-            let state = state.ok_or_else(|| unit_failed(unit.as_ref(), "its fold panicked"))?;
+            let state = state.ok_or_else(|| {
+                unit_failed(
+                    unit.as_ref(),
+                    "its fold panicked, or the log paged out events it had not folded",
+                )
+            })?;
             values.insert(unit.key().to_owned(), state.view(unit.as_ref())?);
         }
         Ok(ProjectionSnapshot {

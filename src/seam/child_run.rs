@@ -80,6 +80,8 @@ pub(crate) fn child_options(
         subagent_depth: depth,
         // A one-shot child adds no durability checkpoint of its own, whatever its parent does.
         flush: crate::host::FlushPolicy::default(),
+        // A child's log is short-lived: it is not paged out, whatever its parent does.
+        resident_events: None,
     }
 }
 

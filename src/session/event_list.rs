@@ -4,20 +4,43 @@
 //! them: a long log is a persistent vector (an RRB tree of 64-event chunks) whose prefix shares
 //! every whole chunk, O(log n) however long the parent's log grows; a short one (most
 //! children's) stays a plain vector, cheaper to copy whole than to keep as a tree.
+//!
+//! # Paged out
+//! A long-lived agent that pages its log ([`crate::AgentOptions::resident_events`]) drops the
+//! settled events it has written to the store from memory: the list then holds the events from
+//! [`EventList::first_resident`] on, and knows where the rest lies in the store (the first
+//! events of one stored log: its own, or the parent's a fork child inherited them from). Every
+//! index is a seq all the same: [`EventList::len`] counts the paged-out events, and
+//! [`EventList::get`] finds none below the first resident one.
 use std::sync::Arc;
 
+use crate::ids::SessionId;
 use crate::session::event::SessionEvent;
 use crate::session::shared_seq::{Iter, SharedSeq};
+
+/// Where a list's paged-out events lie: the first `len` events of `session`'s stored log (seed
+/// included, as [`crate::SessionPersistence::read_between`] resolves it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PagedPrefix {
+    /// The stored log that holds them.
+    pub(crate) session: SessionId,
+    /// How many they are: the seq of the first resident event.
+    pub(crate) len: usize,
+}
 
 /// A session's events, seq 0 first. Cloning and [`EventList::prefix`] cost O(log n) pointer
 /// copies (at most a short log's length) and share the events instead of copying them.
 #[derive(Clone, Default, PartialEq)]
-pub struct EventList(SharedSeq<Arc<SessionEvent>>);
+pub struct EventList {
+    resident: SharedSeq<Arc<SessionEvent>>,
+    /// Boxed: almost no list pages, and every live log and seed holds one.
+    paged: Option<Box<PagedPrefix>>,
+}
 
 impl EventList {
-    /// The number of events.
+    /// The number of events, paged out or not: the next seq.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.first_resident() + self.resident.len()
     }
 
     /// Whether the list holds no events.
@@ -25,61 +48,112 @@ impl EventList {
         self.len() == 0
     }
 
-    /// The event at `index` (its seq, for a whole log), if there is one.
+    /// The seq of the first event held in memory: 0 unless the log pages out its settled
+    /// events, which are then read from the store.
+    pub fn first_resident(&self) -> usize {
+        self.paged.as_ref().map_or(0, |paged| paged.len)
+    }
+
+    /// Where the paged-out events lie in the store, if any are.
+    pub(crate) fn paged(&self) -> Option<PagedPrefix> {
+        self.paged.as_deref().copied()
+    }
+
+    /// The event of seq `index`, if the list holds it in memory.
     pub fn get(&self, index: usize) -> Option<&Arc<SessionEvent>> {
-        self.0.get(index)
+        self.resident.get(index.checked_sub(self.first_resident())?)
     }
 
-    /// The last event, if any.
+    /// The last event, if any is held in memory.
     pub fn last(&self) -> Option<&Arc<SessionEvent>> {
-        self.0.last()
+        self.resident.last()
     }
 
-    /// The events in order.
+    /// The events held in memory, in order: every event, unless a prefix is paged out.
     pub fn iter(&self) -> Iter<'_, Arc<SessionEvent>> {
-        self.0.iter_range(0, usize::MAX)
+        self.iter_range(0, usize::MAX)
     }
 
-    /// The events from `index` on, in order (none when `index` is past the end).
+    /// The events held in memory from seq `index` on, in order (none when `index` is past the
+    /// end).
     pub fn iter_from(&self, index: usize) -> Iter<'_, Arc<SessionEvent>> {
-        self.0.iter_range(index, usize::MAX)
+        self.iter_range(index, usize::MAX)
     }
 
-    /// The events in `[start, end)`, clamped to the list, in order.
+    /// The events held in memory with seqs in `[start, end)`, clamped to the list, in order.
     pub fn iter_range(&self, start: usize, end: usize) -> Iter<'_, Arc<SessionEvent>> {
-        self.0.iter_range(start, end)
+        let first = self.first_resident();
+        self.resident
+            .iter_range(start.saturating_sub(first), end.saturating_sub(first))
     }
 
-    /// The first `len` events (all of them, when there are fewer), sharing them with this list.
+    /// The first `len` events (all of them, when there are fewer), sharing them with this list
+    /// (and, for those paged out, their place in the store).
     pub fn prefix(&self, len: usize) -> Self {
-        Self(self.0.prefix(len))
+        let first = self.first_resident();
+        if len <= first {
+            return Self {
+                resident: SharedSeq::default(),
+                paged: self
+                    .paged
+                    .as_ref()
+                    .filter(|_| len > 0)
+                    .map(|paged| Box::new(PagedPrefix { len, ..**paged })),
+            };
+        }
+        Self {
+            resident: self.resident.prefix(len - first),
+            paged: self.paged.clone(),
+        }
     }
 
-    /// A vector of the events in `[start, end)` (clamped), sharing each event.
+    /// A vector of the events held in memory with seqs in `[start, end)` (clamped), sharing
+    /// each event.
     pub fn to_vec_range(&self, start: usize, end: usize) -> Vec<Arc<SessionEvent>> {
         self.iter_range(start, end).cloned().collect()
     }
 
-    /// A vector of every event, sharing each event.
+    /// A vector of the events held in memory, sharing each event.
     pub fn to_vec(&self) -> Vec<Arc<SessionEvent>> {
         self.iter().cloned().collect()
     }
 
     /// Appends `event` at the end.
     pub(crate) fn push(&mut self, event: Arc<SessionEvent>) {
-        self.0.push(event);
+        self.resident.push(event);
+    }
+
+    /// Drops the events below seq `below` from memory: they are the first events of
+    /// `session`'s stored log. Nothing changes when they are already paged out.
+    pub(crate) fn page_out(&mut self, below: usize, session: SessionId) {
+        let first = self.first_resident();
+        let below = below.min(self.len());
+        if below <= first {
+            return;
+        }
+        self.resident = self.resident.suffix(below - first);
+        self.paged = Some(Box::new(PagedPrefix {
+            session,
+            len: below,
+        }));
     }
 }
 
 impl std::fmt::Debug for EventList {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(paged) = &self.paged {
+            write!(f, "[{} paged out of {}] ", paged.len, paged.session)?;
+        }
         f.debug_list().entries(self.iter()).finish()
     }
 }
 
 impl From<Vec<Arc<SessionEvent>>> for EventList {
     fn from(events: Vec<Arc<SessionEvent>>) -> Self {
-        Self(events.into())
+        Self {
+            resident: events.into(),
+            paged: None,
+        }
     }
 }
 
@@ -130,5 +204,33 @@ mod tests {
         assert_eq!(seqs(parent.iter_range(999, 5000)), [999, 1000]);
         assert_eq!(seqs(parent.iter_range(7, 3)), Vec::<u64>::new());
         assert_eq!(parent.prefix(5000), parent);
+    }
+
+    #[test]
+    fn a_paged_out_prefix_keeps_every_index_a_seq() {
+        let session = SessionId::new();
+        let mut log = list(1000);
+        log.page_out(600, session);
+        assert_eq!(log.len(), 1000, "the paged-out events still count");
+        assert_eq!(log.first_resident(), 600);
+        assert_eq!(log.get(599), None, "a paged-out event is not in memory");
+        assert_eq!(log.get(600).map(|event| event.seq), Some(600));
+        assert_eq!(seqs(log.iter()).first(), Some(&600));
+        assert_eq!(seqs(log.iter_range(10, 602)), [600, 601]);
+        assert_eq!(seqs(log.iter_range(10, 20)), Vec::<u64>::new());
+        log.push(Arc::new(SessionEvent::new(1000, EventKind::EndSeed {})));
+        assert_eq!(log.len(), 1001);
+        log.page_out(500, session);
+        assert_eq!(log.first_resident(), 600, "paging out is never undone");
+
+        // A fork's prefix keeps where the paged-out part lies.
+        let fork = log.prefix(700);
+        assert_eq!((fork.len(), fork.first_resident()), (700, 600));
+        assert_eq!(fork.paged(), log.paged());
+        let inside = log.prefix(300);
+        assert_eq!((inside.len(), inside.first_resident()), (300, 300));
+        assert_eq!(inside.iter().count(), 0);
+        assert_eq!(inside.paged().map(|paged| paged.session), Some(session));
+        assert_eq!(log.prefix(0), EventList::default());
     }
 }

@@ -15,6 +15,14 @@
 //! completed turn. The projection remembers where that turn ended, so the child takes the
 //! parent's entries cut there (sharing them) instead of folding the inherited events again.
 //!
+//! # Paged out
+//! An agent that pages its log ([`crate::AgentOptions::resident_events`]) drops the oldest
+//! entries with the events that carry them: the history then knows how many entries came
+//! before the ones it holds ([`History::first_resident`]), and the turn driver reads the whole
+//! history back from the store before a model call, unless the model says it reads only the
+//! newest entries ([`crate::LlmAdapter::history_window`]). A `replace` that splices over
+//! entries both paged out and kept leaves the history unknown until it is read back.
+//!
 //! # Why entries share their events
 //! A [`HistoryEntry`] points at the log event that carries its message instead of copying the
 //! message: the history of a held child then costs a pointer per message, not a second copy of
@@ -25,13 +33,44 @@ use std::sync::Arc;
 
 use crate::content::{Message, MessageSource, Role};
 use crate::ids::MessageId;
+use crate::session::event_list::EventList;
 use crate::session::shared_seq::{Iter, SharedSeq};
 use crate::session::{EventKind, SessionEvent, SurfaceOp};
 
 /// A snapshot of a session's model history, oldest first. Cheap to clone (it shares its
 /// entries); a sequence of [`HistoryEntry`], each of which reads as its [`Message`].
+///
+/// A paged-out history ([`History::is_complete`] false) holds only its newest entries; every
+/// index still counts from the oldest entry.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct History(SharedSeq<HistoryEntry>);
+pub struct History {
+    entries: SharedSeq<HistoryEntry>,
+    paged: Paged,
+}
+
+/// Which of a history's entries are not held in memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Paged {
+    /// None: the history is whole.
+    #[default]
+    Nothing,
+    /// The first this many.
+    Prefix(usize),
+    /// Not known without reading the log back (a `replace` spliced over paged-out entries
+    /// and kept ones); no entry is held.
+    Unknown,
+}
+
+impl Paged {
+    /// How many entries come before the held ones, when that is known.
+    fn prefix(self) -> Option<usize> {
+        match self {
+            Self::Nothing => Some(0),
+            Self::Prefix(len) => Some(len),
+            Self::Unknown => None,
+        }
+    }
+}
 
 impl History {
     /// The history of `events`, folded from scratch.
@@ -43,37 +82,48 @@ impl History {
         projection.snapshot()
     }
 
-    /// The number of messages.
+    /// The number of messages, paged out or not (those held, when the history is unknown).
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.paged.prefix().unwrap_or(0) + self.entries.len()
     }
 
-    /// Whether the history holds no message.
+    /// Whether the history has no message.
     pub fn is_empty(&self) -> bool {
-        self.0.len() == 0
+        self.len() == 0
     }
 
-    /// The entry at `index`, oldest first.
+    /// Whether every entry is held: the history was not paged out (see the module docs).
+    pub fn is_complete(&self) -> bool {
+        self.paged == Paged::Nothing
+    }
+
+    /// The index of the first entry held in memory: 0 for a complete history, `None` for one
+    /// that is not known until read back from the store.
+    pub fn first_resident(&self) -> Option<usize> {
+        self.paged.prefix()
+    }
+
+    /// The entry at `index`, oldest first, if it is held.
     pub fn get(&self, index: usize) -> Option<&HistoryEntry> {
-        self.0.get(index)
+        self.entries.get(index.checked_sub(self.paged.prefix()?)?)
     }
 
-    /// The oldest entry.
+    /// The oldest entry, if it is held.
     pub fn first(&self) -> Option<&HistoryEntry> {
-        self.0.get(0)
+        self.get(0)
     }
 
     /// The newest entry.
     pub fn last(&self) -> Option<&HistoryEntry> {
-        self.0.last()
+        self.entries.last()
     }
 
-    /// The entries, oldest first.
+    /// The entries held, oldest first: all of them for a complete history.
     pub fn iter(&self) -> Iter<'_, HistoryEntry> {
-        self.0.iter_range(0, usize::MAX)
+        self.entries.iter_range(0, usize::MAX)
     }
 
-    /// The messages, oldest first.
+    /// The messages held, oldest first: all of them for a complete history.
     pub fn messages(&self) -> impl DoubleEndedIterator<Item = &Message> + ExactSizeIterator {
         self.iter().map(|entry| &**entry)
     }
@@ -85,13 +135,14 @@ impl std::ops::Index<usize> for History {
     /// The entry at `index`.
     ///
     /// # Panics
-    /// When `index` is out of range, as a slice does; [`History::get`] does not.
+    /// When `index` is out of range or paged out, as a slice's index would; [`History::get`]
+    /// does not.
     fn index(&self, index: usize) -> &HistoryEntry {
-        match self.0.get(index) {
+        match self.get(index) {
             Some(entry) => entry,
             None => panic!(
-                "history index {index} out of range for a history of {}",
-                self.0.len()
+                "history index {index} out of range or paged out for a history of {}",
+                self.len()
             ),
         }
     }
@@ -108,13 +159,14 @@ impl<'a> IntoIterator for &'a History {
 
 impl From<Vec<Message>> for History {
     fn from(messages: Vec<Message>) -> Self {
-        Self(
-            messages
+        Self {
+            entries: messages
                 .into_iter()
                 .map(HistoryEntry::from)
                 .collect::<Vec<_>>()
                 .into(),
-        )
+            paged: Paged::Nothing,
+        }
     }
 }
 
@@ -178,22 +230,60 @@ impl From<Message> for HistoryEntry {
     }
 }
 
+/// An entry count in four bytes, or none (`u32::MAX`): every live log holds a [`Projection`],
+/// and two of these keep it two words wide beside its entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Count(u32);
+
+impl Count {
+    const NONE: Self = Self(u32::MAX);
+
+    /// `count`, or none when it does not fit.
+    fn of(count: usize) -> Self {
+        u32::try_from(count)
+            .ok()
+            .filter(|&count| count != u32::MAX)
+            .map_or(Self::NONE, Self)
+    }
+
+    fn get(self) -> Option<usize> {
+        (self != Self::NONE).then_some(self.0 as usize)
+    }
+}
+
 /// The history a log keeps up to date as it appends.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Projection {
     entries: SharedSeq<HistoryEntry>,
+    /// How many entries came before those held (paged out with their events); none when the
+    /// history is unknown (see the module docs), or too long to count this way.
+    paged: Count,
     /// How many entries the history had when the last `turn/end` was folded in, while no
     /// `replace` has spliced over them since: the history a fork taken now inherits is those
-    /// entries. `None` before the first turn ends, or after such a splice.
-    through_last_turn: Option<u32>,
+    /// entries. None before the first turn ends, or after such a splice.
+    through_last_turn: Count,
+}
+
+impl Default for Projection {
+    fn default() -> Self {
+        Self {
+            entries: SharedSeq::default(),
+            paged: Count(0),
+            through_last_turn: Count::NONE,
+        }
+    }
 }
 
 impl Projection {
     /// A projection that starts from `history`, the history of a seed that ends a turn.
     pub(crate) fn starting_from(history: History) -> Self {
+        let paged = history.paged.prefix().map_or(Count::NONE, Count::of);
         Self {
-            through_last_turn: u32::try_from(history.len()).ok(),
-            entries: history.0,
+            through_last_turn: paged
+                .get()
+                .map_or(Count::NONE, |_| Count::of(history.len())),
+            entries: history.entries,
+            paged,
         }
     }
 
@@ -206,12 +296,54 @@ impl Projection {
         projection
     }
 
+    /// The projection of a seed's `events`: unknown when some are paged out (the fork of a
+    /// paged parent whose history did not come with it), until read back from the store.
+    pub(crate) fn of_list(events: &EventList) -> Self {
+        if events.first_resident() > 0 {
+            return Self {
+                paged: Count::NONE,
+                ..Self::default()
+            };
+        }
+        Self::of(events)
+    }
+
+    /// The history's paging, as a snapshot tells it.
+    fn paging(&self) -> Paged {
+        match self.paged.get() {
+            Some(0) => Paged::Nothing,
+            Some(len) => Paged::Prefix(len),
+            None => Paged::Unknown,
+        }
+    }
+
+    /// Drops the oldest entries carried by events below seq `below` (paged out of the log):
+    /// those before the first entry carried by a later event.
+    pub(crate) fn page_out(&mut self, below: u64) {
+        let Some(first) = self.paged.get() else {
+            return;
+        };
+        let dropped = self
+            .entries
+            .iter_range(0, usize::MAX)
+            .take_while(|entry| entry.seq() < below)
+            .count();
+        if dropped > 0 {
+            self.entries = self.entries.suffix(dropped);
+            self.paged = Count::of(first + dropped);
+        }
+    }
+
     /// Folds one event in: surface events in order, leaving out empty assistant messages; a
     /// `replace` surface op splices over the entries it names.
     pub(crate) fn push(&mut self, event: &Arc<SessionEvent>) {
+        // An unknown history stays so until the log installs the one read back.
+        let Some(first) = self.paged.get() else {
+            return;
+        };
         if matches!(event.kind, EventKind::TurnEnd { .. }) {
             // A history too long to count this way is folded again by its forks.
-            self.through_last_turn = u32::try_from(self.entries.len()).ok();
+            self.through_last_turn = Count::of(first + self.entries.len());
             return;
         }
         let Some(entry) = HistoryEntry::of(event) else {
@@ -220,14 +352,29 @@ impl Projection {
         match event.surface_op {
             Some(SurfaceOp::Replace { start, end }) => {
                 let start = usize::try_from(start).unwrap_or(usize::MAX);
-                let end = usize::try_from(end).unwrap_or(usize::MAX);
+                let end = usize::try_from(end).unwrap_or(usize::MAX).max(start);
                 if self
                     .through_last_turn
-                    .is_some_and(|through| start < through as usize)
+                    .get()
+                    .is_some_and(|through| start < through)
                 {
-                    self.through_last_turn = None;
+                    self.through_last_turn = Count::NONE;
                 }
-                self.entries.splice(start, end, entry);
+                if start >= first {
+                    self.entries.splice(start - first, end - first, entry);
+                } else if end >= first {
+                    // The paged-out entries before `start` stay the history's first ones.
+                    let kept = self.entries.suffix(end - first);
+                    self.entries = SharedSeq::from(vec![entry]);
+                    for entry in kept.iter_range(0, usize::MAX) {
+                        self.entries.push(entry.clone());
+                    }
+                    self.paged = Count::of(start);
+                } else {
+                    // Paged-out entries would follow the new one: not known from here.
+                    self.entries = SharedSeq::default();
+                    self.paged = Count::NONE;
+                }
             }
             _ => self.entries.push(entry),
         }
@@ -235,14 +382,21 @@ impl Projection {
 
     /// The history so far.
     pub(crate) fn snapshot(&self) -> History {
-        History(self.entries.clone())
+        History {
+            entries: self.entries.clone(),
+            paged: self.paging(),
+        }
     }
 
     /// The history as it was when the last turn ended (what a fork inherits), when the
     /// projection still holds it: O(log n), sharing the entries.
     pub(crate) fn through_last_turn(&self) -> Option<History> {
-        self.through_last_turn
-            .map(|through| History(self.entries.prefix(through as usize)))
+        let first = self.paged.get()?;
+        let through = self.through_last_turn.get()?;
+        Some(History {
+            entries: self.entries.prefix(through.checked_sub(first)?),
+            paged: self.paging(),
+        })
     }
 }
 
@@ -363,6 +517,77 @@ mod tests {
         let mut all = seed.to_vec();
         all.push(own);
         assert_eq!(child.snapshot(), History::of(&all));
+    }
+
+    #[test]
+    fn a_paged_out_history_keeps_its_length_and_its_newest_entries() {
+        let events: Vec<_> = (0..6).map(|seq| user(seq, &seq.to_string())).collect();
+        let mut projection = Projection::of(&events);
+        projection.push(&turn_end(6, 1));
+        projection.page_out(4);
+        let history = projection.snapshot();
+        assert_eq!(history.len(), 6, "the paged-out entries still count");
+        assert_eq!(history.first_resident(), Some(4));
+        assert!(!history.is_complete());
+        assert!(history.get(3).is_none());
+        assert_eq!(
+            history.get(4).map(|entry| entry.text()),
+            Some("4".to_owned())
+        );
+        assert_eq!(texts(&history), ["4", "5"]);
+        let through = projection.through_last_turn().expect("a turn ended");
+        assert_eq!(
+            (through.len(), texts(&through)),
+            (6, vec!["4".to_owned(), "5".to_owned()])
+        );
+
+        // A splice after the paged-out entries, then one over paged-out and kept entries.
+        projection.push(&replacing(7, "five", 5, 6));
+        assert_eq!(texts(&projection.snapshot()), ["4", "five"]);
+        projection.push(&replacing(8, "summary", 2, 5));
+        let history = projection.snapshot();
+        assert_eq!((history.len(), history.first_resident()), (4, Some(2)));
+        assert_eq!(texts(&history), ["summary", "five"]);
+        // One that keeps paged-out entries after the new one leaves the history unknown.
+        projection.push(&replacing(9, "lost", 0, 1));
+        assert_eq!(projection.snapshot().first_resident(), None, "unknown");
+        assert!(projection.through_last_turn().is_none());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        // Paged out anywhere, between any appends and splices, a known history holds the
+        // newest entries of the history folded whole, and counts the rest.
+        #[test]
+        fn a_paged_out_history_is_the_whole_ones_suffix(
+            steps in proptest::collection::vec((0..4u8, 0..12u32, 0..12u32), 1..40),
+        ) {
+            let mut events = Vec::new();
+            let mut projection = Projection::default();
+            for (seq, (kind, a, b)) in (0u64..).zip(steps) {
+                let event = match kind {
+                    0 => {
+                        let (start, end) = (a.min(b), a.max(b));
+                        replacing(seq, &format!("r{seq}"), start, end)
+                    }
+                    1 => {
+                        projection.page_out(u64::from(a).min(seq));
+                        continue;
+                    }
+                    _ => user(seq, &format!("m{seq}")),
+                };
+                projection.push(&event);
+                events.push(event);
+            }
+            let whole = History::of(&events);
+            let paged = projection.snapshot();
+            if let Some(first) = paged.first_resident() {
+                proptest::prop_assert_eq!(paged.len(), whole.len());
+                let newest: Vec<String> = whole.messages().skip(first).map(Message::text).collect();
+                proptest::prop_assert_eq!(texts(&paged), newest);
+            }
+        }
     }
 
     #[test]

@@ -54,7 +54,7 @@ use crate::store::{LeaseEpoch, SharedStore};
 /// One session's log. Cloning gives another handle to the same log.
 #[derive(Clone)]
 pub struct SessionLog {
-    inner: Arc<LogInner>,
+    pub(super) inner: Arc<LogInner>,
 }
 
 pub(super) struct LogInner {
@@ -84,7 +84,14 @@ pub(super) struct LogState {
     /// watermark cells), so it needs no registry of its own.
     /// Boxed twice: a thin pointer, where a trait object's is two words (the state of every
     /// live log sits within one allocation class, and most logs have no memo).
-    pub(super) memo: Option<Box<Box<dyn std::any::Any + Send>>>,
+    pub(super) memo: Option<Box<Box<dyn LogMemo>>>,
+}
+
+/// A reader's memo kept with a live log ([`SessionLog::with_memo`]).
+pub(crate) trait LogMemo: std::any::Any + Send {
+    /// The seq below which the memo has read every event it needs: a log that pages out its
+    /// events keeps those from here on.
+    fn read_through(&self) -> usize;
 }
 
 /// Whether the write-behind queue is full: as many events wait for the store as it may hold.
@@ -134,7 +141,7 @@ impl SessionLog {
             .is_some_and(|last| !matches!(last.kind, EventKind::EndSeed {}));
         let history = match history {
             Some(history) => Projection::starting_from(history),
-            None => Projection::of(&events),
+            None => Projection::of_list(&events),
         };
         let log = Self::from_parts(header, events, shape, history);
         if needs_marker {
@@ -237,7 +244,9 @@ impl SessionLog {
         self.lock().shape.open_step().is_some()
     }
 
-    /// A copy of every event.
+    /// A copy of every event held in memory: all of them, unless the log pages out its settled
+    /// events ([`crate::AgentOptions::resident_events`]), which the store then holds
+    /// ([`crate::SessionPersistence::read_from`] after [`SessionLog::drain`]).
     pub fn events(&self) -> Vec<SessionEvent> {
         self.lock()
             .events
@@ -246,7 +255,7 @@ impl SessionLog {
             .collect()
     }
 
-    /// A copy of the events from `seq` on.
+    /// A copy of the events from `seq` on held in memory (see [`SessionLog::events`]).
     pub fn events_from(&self, seq: u64) -> Vec<SessionEvent> {
         self.lock()
             .events
@@ -261,7 +270,14 @@ impl SessionLog {
         self.lock().history.snapshot()
     }
 
-    /// Runs `read` over the events without copying them. `read` must not touch this log.
+    /// The seq of the first event held in memory: 0 unless the log pages out its settled
+    /// events.
+    pub fn first_resident(&self) -> u64 {
+        u64::try_from(self.lock().events.first_resident()).unwrap_or(u64::MAX)
+    }
+
+    /// Runs `read` over the events held in memory (every event, unless the log pages out its
+    /// settled events) without copying them. `read` must not touch this log.
     pub fn with_events<R>(&self, read: impl FnOnce(&EventList) -> R) -> R {
         read(&self.lock().events)
     }
@@ -347,16 +363,22 @@ impl SessionLog {
     /// Runs `read` over the events and this log's memo of type `T` (created on first use, and
     /// replaced if another type was left there), under one lock: the memo always matches the
     /// events `read` sees. `read` must not touch this log.
-    pub(crate) fn with_memo<T: Default + Send + 'static, R>(
+    pub(crate) fn with_memo<T: LogMemo + Default, R>(
         &self,
         read: impl FnOnce(&mut T, &EventList) -> R,
     ) -> R {
         let mut state = self.lock();
         let LogState { events, memo, .. } = &mut *state;
-        if !memo.as_ref().is_some_and(|memo| memo.is::<T>()) {
+        if !memo
+            .as_deref()
+            .is_some_and(|memo| (&**memo as &dyn std::any::Any).is::<T>())
+        {
             *memo = Some(Box::new(Box::new(T::default())));
         }
-        match memo.as_mut().and_then(|memo| memo.downcast_mut::<T>()) {
+        match memo
+            .as_deref_mut()
+            .and_then(|memo| (&mut **memo as &mut dyn std::any::Any).downcast_mut::<T>())
+        {
             Some(memo) => read(memo, events),
             // Unreachable: the slot was just set to a `T`.
             None => read(&mut T::default(), events),

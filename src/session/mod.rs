@@ -9,6 +9,7 @@ pub mod header;
 pub mod history;
 pub mod invariants;
 pub mod log;
+mod paging;
 pub mod repair;
 pub mod seed;
 pub(crate) mod shared_seq;
@@ -27,6 +28,7 @@ pub use fold::{
 pub use header::{SeedReference, SessionHeader, SessionOrigin, SESSION_FORMAT_VERSION};
 pub use history::{History, HistoryEntry};
 pub use invariants::LogShape;
+pub(crate) use log::LogMemo;
 pub use log::SessionLog;
 pub use repair::{interrupted_turn_closers, interrupted_turn_closers_after};
 pub use seed::{check_lossless, validate_seed, Seed};

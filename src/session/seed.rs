@@ -54,19 +54,15 @@ impl Seed {
         let (events, history, parent, turn) =
             log.with_completed_turns(|header, events, history| {
                 let parent = header.seed_reference.as_deref().copied();
-                let Some((last, turn)) =
-                    events
-                        .iter()
-                        .enumerate()
-                        .rev()
-                        .find_map(|(index, event)| match event.kind {
-                            EventKind::TurnEnd { turn, .. } => Some((index, turn)),
-                            _ => None,
-                        })
-                else {
+                // By seq, not position: a paged-out log holds only its newest events.
+                let Some((last, turn)) = events.iter().rev().find_map(|event| match event.kind {
+                    EventKind::TurnEnd { turn, .. } => Some((event.seq, turn)),
+                    _ => None,
+                }) else {
                     return (EventList::default(), None, parent, 0);
                 };
-                (events.prefix(last + 1), history, parent, turn)
+                let len = usize::try_from(last).map_or(usize::MAX, |last| last + 1);
+                (events.prefix(len), history, parent, turn)
             });
         let Some(tail) = events.last() else {
             return Self::default();

@@ -109,6 +109,25 @@ impl<T: Clone> SharedSeq<T> {
         })))
     }
 
+    /// The items from `start` on (none when `start` is past the end), shared with this
+    /// sequence: what is left once a prefix is paged out.
+    pub(crate) fn suffix(&self, start: usize) -> Self {
+        if start == 0 {
+            return self.clone();
+        }
+        let len = self.len();
+        if start >= len {
+            return Self::default();
+        }
+        Self(Some(Arc::new(match self.view() {
+            View::Short(items) => Repr::Short(items[start..].to_vec()),
+            View::Long(items) if len - start <= SHORT => {
+                Repr::Short(items.iter().skip(start).cloned().collect())
+            }
+            View::Long(items) => Repr::Long(Box::new(items.skip(start))),
+        })))
+    }
+
     pub(crate) fn push(&mut self, item: T) {
         let repr = self.repr_mut();
         match repr {
@@ -244,6 +263,25 @@ mod tests {
         assert!(matches!(cut.0.as_deref(), Some(Repr::Long(_))));
         assert_eq!(items(&cut), (0..700).collect::<Vec<_>>());
         assert_eq!(long.prefix(5000), long);
+    }
+
+    #[test]
+    fn a_suffix_keeps_the_items_after_its_start_in_either_representation() {
+        for (len, start) in [(10, 3), (1000, 100), (1000, 900), (300, 0)] {
+            let whole = seq(len);
+            let rest = whole.suffix(start);
+            assert_eq!(items(&rest), (start..len).collect::<Vec<_>>());
+            assert_eq!(
+                matches!(rest.0.as_deref(), Some(Repr::Long(_))),
+                len - start > SHORT,
+                "a suffix as short as a short sequence is one"
+            );
+        }
+        assert!(
+            seq(10).suffix(10).0.is_none(),
+            "an empty suffix allocates nothing"
+        );
+        assert!(seq(10).suffix(99).0.is_none());
     }
 
     #[test]

@@ -50,12 +50,20 @@ impl SessionLogView {
         self.0.is_balanced()
     }
 
-    /// A copy of every event.
+    /// A copy of every event held in memory: all of them, unless the agent pages out its
+    /// settled events ([`crate::AgentOptions::resident_events`]), which the store then holds
+    /// ([`crate::SessionPersistence::read_from`] after [`SessionLogView::drain`]).
     pub fn events(&self) -> Vec<SessionEvent> {
         self.0.events()
     }
 
-    /// A copy of the events from `seq` on.
+    /// The seq of the first event held in memory: 0 unless the agent pages out its settled
+    /// events.
+    pub fn first_resident(&self) -> u64 {
+        self.0.first_resident()
+    }
+
+    /// A copy of the events from `seq` on held in memory (see [`SessionLogView::events`]).
     pub fn events_from(&self, seq: u64) -> Vec<SessionEvent> {
         self.0.events_from(seq)
     }
@@ -65,7 +73,8 @@ impl SessionLogView {
         self.0.history()
     }
 
-    /// Runs `read` over the events without copying them. `read` must not touch this log.
+    /// Runs `read` over the events held in memory (see [`SessionLogView::events`]) without
+    /// copying them. `read` must not touch this log.
     pub fn with_events<R>(&self, read: impl FnOnce(&crate::session::EventList) -> R) -> R {
         self.0.with_events(read)
     }

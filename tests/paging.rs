@@ -1,0 +1,207 @@
+//! A long-lived agent that pages out its settled events (issue #16): it holds a bounded part
+//! of its log in memory, the store holds all of it, a model that reads the whole history gets
+//! the whole history, one that reads the newest entries gets those, and a fork of the agent
+//! inherits its whole history.
+
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+
+use futures::stream::{self, BoxStream, StreamExt};
+use subagents::testing::{ScriptStep, ScriptedModel};
+use subagents::{
+    AgentHandle, AgentOptions, BlockType, ContinuableStartSpec, CreateAgent, EventScope,
+    FinishReason, GenerateRequest, History, LlmAdapter, LlmFailure, MemoryStore, Message, Runtime,
+    SessionPersistence, StreamChunk,
+};
+
+use crate::support::{run_prompt, seam_runtime_on, settled, text, SeamRecorder};
+
+/// How many of its newest events the paging agent keeps.
+const KEEP: u32 = 8;
+
+/// An agent on `rt` that pages out its settled events beyond [`KEEP`].
+async fn paging_agent(rt: &Runtime) -> AgentHandle {
+    rt.agents()
+        .create(CreateAgent::new().options(AgentOptions {
+            resident_events: NonZeroU32::new(KEEP),
+            ..AgentOptions::default()
+        }))
+        .await
+        .unwrap()
+}
+
+/// Runs `turns` prompts through `agent`, its log written to the store before each (a turn's
+/// end pages out only what the store has).
+async fn converse(agent: &AgentHandle, turns: u32) {
+    for turn in 1..=turns {
+        agent.agent().log().drain().await.unwrap();
+        run_prompt(agent.agent(), &format!("prompt {turn}")).await;
+    }
+}
+
+fn texts<'a>(messages: impl Iterator<Item = &'a Message>) -> Vec<String> {
+    messages.map(Message::text).collect()
+}
+
+#[actix_rt::test]
+async fn a_paging_agent_holds_a_bounded_log_and_its_model_sees_the_whole_history() {
+    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
+    let store = Arc::new(MemoryStore::new());
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        Arc::clone(&store) as Arc<dyn SessionPersistence>,
+    )
+    .await;
+    let agent = paging_agent(&rt).await;
+    converse(&agent, 40).await;
+    let log = agent.agent().log();
+    let held = log.with_events(|events| events.iter().count());
+    assert!(log.first_resident() > 0, "settled events were paged out");
+    assert!(
+        held < 4 * KEEP as usize,
+        "{held} events held of {}: the working set is bounded",
+        log.len()
+    );
+    let history = log.history();
+    let held_entries = history.len() - history.first_resident().expect("a known history");
+    assert!(
+        held_entries < 4 * KEEP as usize,
+        "{held_entries} history entries held: the one read back for the model is paged out again"
+    );
+    log.drain().await.unwrap();
+    let stored = store.read_from(agent.agent().id(), 0).await.unwrap();
+    assert_eq!(
+        stored.len() as u64,
+        log.len(),
+        "the store holds every event"
+    );
+    // The model reads the whole history: each call got it whole, read back from the store.
+    let requests = model.requests();
+    let last = requests.last().expect("the model was called");
+    assert!(last.messages.is_complete());
+    let before_last_answer = &stored[..stored
+        .iter()
+        .rposition(|event| matches!(event.kind, subagents::EventKind::AssistantMessage { .. }))
+        .unwrap()];
+    assert_eq!(
+        texts(last.messages.messages()),
+        texts(History::of(before_last_answer).messages())
+    );
+    assert_eq!(
+        last.messages.len(),
+        79,
+        "40 prompts and the 39 answers before the last"
+    );
+    agent.dispose().await.unwrap();
+}
+
+/// What a model call was handed: the history's length, and the index of its first held entry.
+type Handed = (usize, Option<usize>);
+
+/// A model that reads the two newest history entries, recording what it was handed.
+#[derive(Clone, Default)]
+struct Windowed {
+    seen: Arc<Mutex<Vec<Handed>>>,
+}
+
+impl LlmAdapter for Windowed {
+    fn stream(
+        &self,
+        request: GenerateRequest,
+    ) -> BoxStream<'static, Result<StreamChunk, LlmFailure>> {
+        let history = &request.messages;
+        self.seen
+            .lock()
+            .unwrap()
+            .push((history.len(), history.first_resident()));
+        stream::iter([
+            Ok(StreamChunk::BlockStart {
+                index: 0,
+                block_type: BlockType::Text,
+            }),
+            Ok(StreamChunk::TextDelta {
+                index: 0,
+                text: "answer".to_owned(),
+            }),
+            Ok(StreamChunk::Finish {
+                reason: FinishReason::Stop,
+            }),
+        ])
+        .boxed()
+    }
+
+    fn history_window(&self) -> Option<usize> {
+        Some(2)
+    }
+}
+
+#[actix_rt::test]
+async fn a_model_that_reads_the_newest_entries_gets_those_the_agent_holds() {
+    let model = Windowed::default();
+    let rt = seam_runtime_on(
+        Runtime::builder().model("windowed", model.clone()),
+        Arc::new(MemoryStore::new()),
+    )
+    .await;
+    let agent = paging_agent(&rt).await;
+    converse(&agent, 20).await;
+    let seen = model.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 20);
+    for (call, (len, first)) in seen.iter().enumerate() {
+        assert_eq!(*len, 2 * call + 1, "every call counts the whole history");
+        let first = first.expect("a known history");
+        assert!(len - first >= 2.min(*len), "the window is held: {seen:?}");
+    }
+    assert!(
+        seen.iter()
+            .any(|(_, first)| first.is_some_and(|first| first > 0)),
+        "later calls were handed the held entries alone, not a history read back"
+    );
+    agent.dispose().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_fork_of_a_paging_agent_inherits_its_whole_history() {
+    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
+    let store = Arc::new(MemoryStore::new());
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        Arc::clone(&store) as Arc<dyn SessionPersistence>,
+    )
+    .await;
+    let parent = paging_agent(&rt).await;
+    converse(&parent, 20).await;
+    assert!(parent.agent().log().first_resident() > 0);
+    parent.agent().log().drain().await.unwrap();
+    let inherited = History::of(store.read_from(parent.agent().id(), 0).await.unwrap());
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let child = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "fork",
+            "forked task",
+            parent.agent(),
+            text("forked task"),
+        ))
+        .await
+        .unwrap()
+        .child_id;
+    settled(&recorder, child, 1).await;
+    let first_call = model
+        .requests()
+        .into_iter()
+        .find(|request| request.session_id == Some(child))
+        .expect("the fork called its model");
+    assert!(first_call.messages.is_complete());
+    let seen = texts(first_call.messages.messages());
+    assert_eq!(
+        seen[..inherited.len()],
+        texts(inherited.messages())[..],
+        "the fork's model sees every inherited message, the paged-out ones read back"
+    );
+    assert!(
+        seen[inherited.len()..].contains(&"forked task".to_owned()),
+        "then its own prompt"
+    );
+    parent.dispose().await.unwrap();
+}
