@@ -192,17 +192,19 @@ async fn a_small_scenario_runs_verifies_and_reports_on_every_store() {
 }
 
 // Roots that page out their settled events (a window of 16, far below what they append, and
-// forks of them among their children) still verify on every embedded store: every report in
-// their stored logs, every follow-up run once, the forest listed and reopened.
+// forks of them among their children) still verify on every store: every report in their
+// stored logs, every follow-up run once, the forest listed (and reopened).
 #[actix_rt::test]
 async fn roots_that_page_out_their_logs_verify_with_forks_of_them() {
-    for store in [LoadStore::Memory, LoadStore::Sled] {
+    let postgres = crate::support::postgres::postgres_or_skip!().fresh_database();
+    for store in [LoadStore::Memory, LoadStore::Sled, LoadStore::Postgres] {
         let scenario = Scenario {
             roots: 2,
             children: 60,
             fork_share: 0.5,
             resident_events: 16,
             store,
+            store_url: (store == LoadStore::Postgres).then(|| postgres.clone()),
             ..Scenario::default()
         };
         let report = run_to_end(&scenario).await;

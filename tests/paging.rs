@@ -30,6 +30,18 @@ async fn paging_agent(rt: &Runtime) -> AgentHandle {
         .unwrap()
 }
 
+/// A runtime on a memory store (returned too, to read back) whose model answers "answer".
+async fn scripted_runtime() -> (Runtime, ScriptedModel, Arc<MemoryStore>) {
+    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
+    let store = Arc::new(MemoryStore::new());
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        Arc::clone(&store) as Arc<dyn SessionPersistence>,
+    )
+    .await;
+    (rt, model, store)
+}
+
 /// Runs `turns` prompts through `agent`, its log written to the store before each (a turn's
 /// end pages out only what the store has).
 async fn converse(agent: &AgentHandle, turns: u32) {
@@ -45,13 +57,7 @@ fn texts<'a>(messages: impl Iterator<Item = &'a Message>) -> Vec<String> {
 
 #[actix_rt::test]
 async fn a_paging_agent_holds_a_bounded_log_and_its_model_sees_the_whole_history() {
-    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
-    let store = Arc::new(MemoryStore::new());
-    let rt = seam_runtime_on(
-        Runtime::builder().model("scripted", model.clone()),
-        Arc::clone(&store) as Arc<dyn SessionPersistence>,
-    )
-    .await;
+    let (rt, model, store) = scripted_runtime().await;
     let agent = paging_agent(&rt).await;
     converse(&agent, 40).await;
     let log = agent.agent().log();
@@ -162,13 +168,7 @@ async fn a_model_that_reads_the_newest_entries_gets_those_the_agent_holds() {
 
 #[actix_rt::test]
 async fn a_fork_of_a_paging_agent_inherits_its_whole_history() {
-    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
-    let store = Arc::new(MemoryStore::new());
-    let rt = seam_runtime_on(
-        Runtime::builder().model("scripted", model.clone()),
-        Arc::clone(&store) as Arc<dyn SessionPersistence>,
-    )
-    .await;
+    let (rt, model, store) = scripted_runtime().await;
     let parent = paging_agent(&rt).await;
     converse(&parent, 20).await;
     assert!(parent.agent().log().first_resident() > 0);
