@@ -616,7 +616,38 @@ impl Handler<Post> for AgentActor {
                 let _ = msg.reply.send(Ok(msg.message.id));
                 return;
             }
+            // A settled message of an agent that pages out its log may have left memory: the
+            // store has it. The mailbox waits for the read, so later posts keep their order.
+            if let (Some(paged), Some(store)) = (self.log.paged_prefix(), self.env.store.clone()) {
+                let id = msg.message.id;
+                let before = u64::try_from(paged.len).unwrap_or(u64::MAX);
+                let read = async move {
+                    let events = store.read_between(paged.session, 0, before).await?;
+                    Ok::<_, SubagentError>(crate::host::inbox::inserts(&events, id))
+                };
+                ctx.wait(
+                    read.into_actor(self)
+                        .map(move |read, actor, ctx| match read {
+                            Ok(true) => {
+                                actor.notify(Activity::Repeated(id));
+                                let _ = msg.reply.send(Ok(id));
+                            }
+                            Ok(false) => actor.accept_post(msg, target, wake, ctx),
+                            Err(error) => {
+                                let _ = msg.reply.send(Err(error));
+                            }
+                        }),
+                );
+                return;
+            }
         }
+        self.accept_post(msg, target, wake, ctx);
+    }
+}
+
+impl AgentActor {
+    /// Inserts a posted message into the inbox and answers the poster.
+    fn accept_post(&mut self, msg: Post, target: InboxTarget, wake: Wake, ctx: &mut Context<Self>) {
         let outcome = self
             .insert(msg.message, target, wake, msg.trace)
             .map(|(id, next)| {

@@ -36,3 +36,26 @@ pub fn cancel_as_runtime(
 ) {
     agent.cancel_now(cause, inbox);
 }
+
+/// Posts `message` to `agent` as the runtime posts one it may have delivered before (a settled
+/// notice or a report asked again under its id): a message the agent accepted earlier is
+/// answered with that acceptance and not inserted again. A white-box test probe, as
+/// [`cancel_as_runtime`] is.
+///
+/// # Errors
+/// As the first delivery's: `AGENT_DISPOSED`, or the store's, reading back a log the agent
+/// paged out.
+pub async fn post_again(
+    agent: &crate::AgentRef,
+    message: crate::Message,
+) -> crate::Result<crate::ids::MessageId> {
+    agent
+        .post(
+            message,
+            crate::actors::agent::PostTarget::TurnOrStep,
+            None,
+            true,
+            crate::trace::SentFrom::default(),
+        )
+        .await
+}

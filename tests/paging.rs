@@ -7,14 +7,15 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, BoxStream, StreamExt};
-use subagents::testing::{ScriptStep, ScriptedModel};
+use subagents::testing::{post_again, Gate, ScriptStep, ScriptedModel};
 use subagents::{
     AgentHandle, AgentOptions, BlockType, ContinuableStartSpec, CreateAgent, EventScope,
-    FinishReason, GenerateRequest, History, LlmAdapter, LlmFailure, MemoryStore, Message, Runtime,
-    SessionPersistence, StreamChunk,
+    FinishReason, GenerateRequest, History, LlmAdapter, LlmFailure, MemoryStore, Message,
+    MessageSource, Runtime, SessionPersistence, StreamChunk, SubagentListEntry,
 };
+use tokio_util::sync::CancellationToken;
 
-use crate::support::{run_prompt, seam_runtime_on, settled, text, SeamRecorder};
+use crate::support::{run_prompt, seam_runtime_on, settled, text, within, SeamRecorder};
 
 /// How many of its newest events the paging agent keeps.
 const KEEP: u32 = 8;
@@ -203,5 +204,67 @@ async fn a_fork_of_a_paging_agent_inherits_its_whole_history() {
         seen[inherited.len()..].contains(&"forked task".to_owned()),
         "then its own prompt"
     );
+    parent.dispose().await.unwrap();
+}
+
+// A message the agent accepted long ago, its events since paged out, posted again under its id
+// (a settled notice or a report asked again) is answered with that acceptance and runs no
+// second turn: the store answers for what left memory.
+#[actix_rt::test]
+async fn a_message_posted_again_after_it_was_paged_out_is_not_accepted_twice() {
+    let (rt, model, _) = scripted_runtime().await;
+    let agent = paging_agent(&rt).await;
+    let first = Message::user(text("the first"), MessageSource::User);
+    agent.agent().followup_message(first.clone()).await.unwrap();
+    within("the first turn", agent.agent().when_idle()).await;
+    converse(&agent, 20).await;
+    assert!(
+        agent.agent().log().first_resident() > 8,
+        "the first message's events left memory"
+    );
+    let calls = model.requests().len();
+    let again = post_again(agent.agent(), first.clone()).await.unwrap();
+    assert_eq!(again, first.id, "answered with the first acceptance");
+    within("the agent to settle", agent.agent().when_idle()).await;
+    assert_eq!(model.requests().len(), calls, "no second turn ran it");
+    agent.dispose().await.unwrap();
+}
+
+// A continuable fork of a paging agent, live mid-turn, is listed by its identity: its
+// projections catch up on its inherited events from the store (they are paged out in memory)
+// instead of failing, which listed it `corrupt`.
+#[actix_rt::test]
+async fn a_live_fork_of_a_paging_agent_is_listed_by_its_identity() {
+    let (rt, model, _) = scripted_runtime().await;
+    let parent = paging_agent(&rt).await;
+    converse(&parent, 20).await;
+    assert!(parent.agent().log().first_resident() > 0);
+    let gate = Gate::new();
+    model.push(ScriptStep::text("held").gated(&gate));
+    let child = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "fork",
+            "forked task",
+            parent.agent(),
+            text("forked task"),
+        ))
+        .await
+        .unwrap()
+        .child_id;
+    gate.reached().await;
+    let listed = rt
+        .subagents()
+        .list_children(parent.agent().id(), CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            listed.as_slice(),
+            [SubagentListEntry::Child { id, label: Some(label), .. }] if *id == child && label == "forked task"
+        ),
+        "{listed:?}"
+    );
+    gate.release();
     parent.dispose().await.unwrap();
 }

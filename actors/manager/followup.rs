@@ -118,8 +118,9 @@ impl Handler<Followup> for ContinuationManager {
                 metrics.cold_resume(&resumed, began);
             }
             let id = resumed?;
-            // Durable before the answer in a cluster, as above; a child that settled meanwhile
-            // was drained into the store by its disposal.
+            // Durable before the answer in a cluster, as above. A child that settled meanwhile
+            // was written to the store by its disposal: that outlives this node, though only a
+            // flush forces it to the database's disk.
             if let Some(child) = match durable {
                 Some(agents) => agents.get(msg.child).await,
                 None => None,

@@ -466,6 +466,15 @@ impl Listing {
                 // Its creation may still be refused: a child is listed once it exists.
                 return Ok(Served::Omitted);
             }
+            if let Some(store) = &self.store {
+                if let Err(error) = self.registry.catch_up(agent.log(), store.as_ref()).await {
+                    tracing::debug!(session_id = %header.id, %error, "a live child's paged-out prefix could not be read");
+                    return Ok(Self::diagnostic(
+                        header,
+                        SubagentDiagnosticReason::Unavailable,
+                    ));
+                }
+            }
             return Ok(match self.registry.snapshot(agent.log()) {
                 Err(error) => {
                     tracing::debug!(session_id = %header.id, %error, "a live child's projection failed");

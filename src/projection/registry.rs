@@ -151,14 +151,20 @@ struct Cells {
 }
 
 impl crate::session::LogMemo for Cells {
-    /// A log that pages out its events keeps those a unit has not folded yet.
-    fn read_through(&self) -> usize {
+    /// A log that pages out its events keeps those a unit has not folded yet (one already
+    /// behind what the log holds catches up from the store: see
+    /// [`ProjectionRegistry::catch_up`]).
+    fn read_through(&self, first_resident: usize) -> usize {
         self.by_key
             .iter()
-            .filter(|(_, cell)| !cell.failed)
+            .filter(|(_, cell)| !cell.failed && cell.folded >= first_resident)
             .map(|(_, cell)| cell.folded)
             .min()
             .unwrap_or(usize::MAX)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }
 
@@ -193,7 +199,7 @@ fn rows_of(cells: &Cells, len: usize) -> Vec<StateRow> {
     cells
         .by_key
         .iter()
-        .filter(|(_, cell)| !cell.failed)
+        .filter(|(_, cell)| !cell.failed && cell.folded == len)
         .map(|(key, cell)| StateRow {
             key: key.clone(),
             version: cell.version,
@@ -361,9 +367,9 @@ impl ProjectionRegistry {
                     continue;
                 }
                 if cell.folded < events.first_resident() {
-                    // A unit registered after the log paged out events it never folded: its
-                    // live view cannot be had from memory (a cold read folds the stored log).
-                    cell.failed = true;
+                    // Behind what the log holds (a fork child whose inherited prefix is paged
+                    // out, or a unit registered after the log paged out): it waits for
+                    // `catch_up`, which reads the rest from the store.
                     continue;
                 }
                 let state = std::mem::take(&mut cell.state);
@@ -385,8 +391,61 @@ impl ProjectionRegistry {
         self.with_cells(log, &self.folded(), |_, _| ());
     }
 
+    /// Brings the cells of a live log that are behind what it holds in memory (its events
+    /// below [`crate::EventList::first_resident`] paged out, or inherited paged out by a fork)
+    /// up to date, reading the paged-out events from the store once. Nothing to do, and no
+    /// read, for a log that holds every event.
+    ///
+    /// # Errors
+    /// The store's.
+    pub(crate) async fn catch_up(
+        &self,
+        log: &SessionLogView,
+        store: &dyn crate::store::SessionPersistence,
+    ) -> Result<()> {
+        let log = log.inner();
+        let Some(paged) = log.paged_prefix() else {
+            return Ok(());
+        };
+        let units = self.folded();
+        let behind = self.with_cells(log, &units, |cells, _| {
+            cells
+                .by_key
+                .iter()
+                .any(|(_, cell)| !cell.failed && cell.folded < paged.len)
+        });
+        if !behind {
+            return Ok(());
+        }
+        let before = u64::try_from(paged.len).unwrap_or(u64::MAX);
+        let prefix = store.read_between(paged.session, 0, before).await?;
+        log.with_memo(|cells: &mut Cells, events| {
+            // Paged out further meanwhile: the next call reads again.
+            if events.first_resident() != paged.len || prefix.len() != paged.len {
+                return;
+            }
+            for (unit, native) in &units {
+                let cell = cells.of(unit.as_ref(), *native);
+                if cell.failed || cell.folded >= paged.len {
+                    continue;
+                }
+                let state = std::mem::take(&mut cell.state);
+                let unread = prefix[cell.folded..].iter().chain(events.iter());
+                match state.fold(unit.as_ref(), unread) {
+                    Some(state) => {
+                        cell.state = state;
+                        cell.folded = events.len();
+                    }
+                    None => cell.failed = true,
+                }
+            }
+        });
+        Ok(())
+    }
+
     /// The views of a live session's visible units, folding only what was appended since the
-    /// last call (no store read).
+    /// last call (no store read: a unit behind a paged-out log's held events has no view
+    /// until the listing catches it up from the store).
     ///
     /// # Errors
     /// When any visible unit panicked on this log or cannot render its view.
@@ -401,7 +460,7 @@ impl ProjectionRegistry {
                 .map(|(unit, _)| {
                     let state = cells
                         .get(unit.key())
-                        .filter(|cell| !cell.failed)
+                        .filter(|cell| !cell.failed && cell.folded == len)
                         .map(|cell| cell.state.clone());
                     (Arc::clone(unit), state)
                 })
@@ -482,10 +541,10 @@ impl ProjectionRegistry {
             let len = u64::try_from(events.len()).unwrap_or(u64::MAX);
             let since = cells.checkpointed.map_or(0, |seq| seq + 1);
             let grown = len.saturating_sub(since);
-            // Before the first checkpoint, the interval runs from the log's first event.
+            // Before the first checkpoint, the interval runs from the log's first event held.
             let waited = match cells.checkpointed_at {
                 Some(at) => at.elapsed(),
-                None => events.get(0).map_or(Duration::ZERO, |first| {
+                None => events.iter().next().map_or(Duration::ZERO, |first| {
                     Duration::from_millis(now_ms().saturating_sub(first.time))
                 }),
             };

@@ -91,7 +91,13 @@ pub(super) struct LogState {
 pub(crate) trait LogMemo: std::any::Any + Send {
     /// The seq below which the memo has read every event it needs: a log that pages out its
     /// events keeps those from here on.
-    fn read_through(&self) -> usize;
+    /// The memo's readers behind `first_resident` (the first event held) are left out: they
+    /// catch up from the store.
+    fn read_through(&self, first_resident: usize) -> usize;
+
+    /// The memo as `Any`, to find its type (trait upcasting needs a newer Rust than the
+    /// crate's minimum).
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
 /// Whether the write-behind queue is full: as many events wait for the store as it may hold.
@@ -276,6 +282,11 @@ impl SessionLog {
         u64::try_from(self.lock().events.first_resident()).unwrap_or(u64::MAX)
     }
 
+    /// Where the events this log paged out (or inherited paged out) lie in the store.
+    pub(crate) fn paged_prefix(&self) -> Option<crate::session::event_list::PagedPrefix> {
+        self.lock().events.paged()
+    }
+
     /// Runs `read` over the events held in memory (every event, unless the log pages out its
     /// settled events) without copying them. `read` must not touch this log.
     pub fn with_events<R>(&self, read: impl FnOnce(&EventList) -> R) -> R {
@@ -370,14 +381,14 @@ impl SessionLog {
         let mut state = self.lock();
         let LogState { events, memo, .. } = &mut *state;
         if !memo
-            .as_deref()
-            .is_some_and(|memo| (&**memo as &dyn std::any::Any).is::<T>())
+            .as_deref_mut()
+            .is_some_and(|memo| memo.as_any_mut().is::<T>())
         {
             *memo = Some(Box::new(Box::new(T::default())));
         }
         match memo
             .as_deref_mut()
-            .and_then(|memo| (&mut **memo as &mut dyn std::any::Any).downcast_mut::<T>())
+            .and_then(|memo| memo.as_any_mut().downcast_mut::<T>())
         {
             Some(memo) => read(memo, events),
             // Unreachable: the slot was just set to a `T`.

@@ -78,12 +78,16 @@ impl SessionLog {
                     ),
                 ));
             }
+            // Folded before the lock is taken: appends wait only for the events held.
+            let mut whole = Projection::of(&prefix);
             let mut state = lock_state(&self.inner);
             if state.events.paged() != Some(paged) {
                 // Paged out further meanwhile: read what is missing now.
                 continue;
             }
-            let whole = Projection::of(prefix.iter().chain(state.events.iter()));
+            for event in state.events.iter() {
+                whole.push(event);
+            }
             let history = whole.snapshot();
             state.history = whole;
             return Ok(history);
@@ -115,6 +119,6 @@ fn paging_point(state: &LogState, keep: usize) -> Option<usize> {
     let folded = state
         .memo
         .as_ref()
-        .map_or(usize::MAX, |memo| memo.read_through());
+        .map_or(usize::MAX, |memo| memo.read_through(first));
     Some((len - keep).min(written).min(turn_end).min(folded))
 }

@@ -139,11 +139,14 @@ impl Seed {
         self.events.is_empty()
     }
 
-    /// Where the store finds the seed, when it is stored by reference.
+    /// Where the store finds the seed, when it is stored by reference: unless the chain of
+    /// forks grew past [`MAX_SEED_LINKS`] and the seed is stored inline instead, which it can be
+    /// only while every event of it is in memory (a fork of an agent that paged out its log
+    /// keeps its reference, however long the chain).
     pub fn reference(&self) -> Option<&SeedReference> {
         self.prefix
             .as_ref()
-            .filter(|prefix| prefix.links <= MAX_SEED_LINKS)
+            .filter(|prefix| prefix.links <= MAX_SEED_LINKS || self.events.first_resident() > 0)
     }
 
     /// Where a child placed on another node reads this seed from the shared store: the

@@ -481,8 +481,9 @@ async fn prompt(
         let output = session.handle.agent().log().with_events(|events| {
             let start = events
                 .iter()
-                .rposition(|event| matches!(event.kind, EventKind::TurnStart { turn: started } if Some(started) == turn))
-                .unwrap_or(events.len());
+                .rev()
+                .find(|event| matches!(event.kind, EventKind::TurnStart { turn: started } if Some(started) == turn))
+                .map_or(events.len(), |event| usize::try_from(event.seq).unwrap_or(usize::MAX));
             text_of(&final_assistant_output(events.iter_from(start)))
         });
         if !output.is_empty() {
