@@ -43,6 +43,20 @@ async fn scripted_runtime() -> (Runtime, ScriptedModel, Arc<MemoryStore>) {
     (rt, model, store)
 }
 
+/// Starts a continuable `fork` child of `parent`, prompted "forked task"; its id.
+async fn start_fork(rt: &Runtime, parent: &AgentHandle) -> subagents::SessionId {
+    rt.subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "fork",
+            "forked task",
+            parent.agent(),
+            text("forked task"),
+        ))
+        .await
+        .unwrap()
+        .child_id
+}
+
 /// Runs `turns` prompts through `agent`, its log written to the store before each (a turn's
 /// end pages out only what the store has).
 async fn converse(agent: &AgentHandle, turns: u32) {
@@ -176,17 +190,7 @@ async fn a_fork_of_a_paging_agent_inherits_its_whole_history() {
     parent.agent().log().drain().await.unwrap();
     let inherited = History::of(store.read_from(parent.agent().id(), 0).await.unwrap());
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
-    let child = rt
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "fork",
-            "forked task",
-            parent.agent(),
-            text("forked task"),
-        ))
-        .await
-        .unwrap()
-        .child_id;
+    let child = start_fork(&rt, &parent).await;
     settled(&recorder, child, 1).await;
     let first_call = model
         .requests()
@@ -241,17 +245,7 @@ async fn a_live_fork_of_a_paging_agent_is_listed_by_its_identity() {
     assert!(parent.agent().log().first_resident() > 0);
     let gate = Gate::new();
     model.push(ScriptStep::text("held").gated(&gate));
-    let child = rt
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "fork",
-            "forked task",
-            parent.agent(),
-            text("forked task"),
-        ))
-        .await
-        .unwrap()
-        .child_id;
+    let child = start_fork(&rt, &parent).await;
     gate.reached().await;
     let listed = rt
         .subagents()
