@@ -686,8 +686,8 @@ impl Subagents {
     /// reason). It reaches the store behind the answer, with the child's other events: a
     /// crash of this process before that write, or before the store's next flush forces it to
     /// disk, loses it as it loses any unflushed event (see the README's durability section).
-    /// In a cluster it resolves once the acceptance is flushed, wherever the child is
-    /// resident: a node that answered and then died still has it.
+    /// In a cluster it resolves once the acceptance is stored, wherever the child is resident:
+    /// a node that answered and then died leaves it in the database.
     /// A child whose store write fails faults; once resumed, a turn whose record never
     /// reached the store may run again.
     ///

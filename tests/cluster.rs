@@ -698,12 +698,12 @@ pub(crate) fn inserted<E: std::borrow::Borrow<subagents::SessionEvent>>(
         .collect()
 }
 
-// A follow-up is answered once durable wherever its child is resident: in a cluster, one
+// A follow-up is answered once stored wherever its child is resident: in a cluster, one
 // accepted on the caller's own node waits for the store as one accepted on another node does.
 // Before, it was answered at acceptance, and a driving node killed right after answering lost
 // follow-ups to the children it had cold-resumed (the fault campaign's seed 9022).
 #[actix_rt::test]
-async fn in_a_cluster_a_followup_to_a_child_on_the_callers_own_node_is_answered_once_durable() {
+async fn in_a_cluster_a_followup_to_a_child_on_the_callers_own_node_is_answered_once_stored() {
     let url = postgres_or_skip!().fresh_database();
     let (_, model, gate) = held_child_models();
     let (a, _) = node(&url, "a", &model).await;
