@@ -68,16 +68,12 @@ impl Handler<Followup> for ContinuationManager {
                 });
             }
             let parent = ParentLink::Local(msg.parent);
-            // In a cluster, answered once stored (it then outlives this node), as a node answers
-            // a follow-up to a child it holds for another only once it is (flushed there too:
-            // see `served.rs`):
-            // what an answer means cannot depend on where the child happens to be resident. A
-            // driving node killed right after answering follow-ups to children it had
-            // cold-resumed (their own node had been paused past its time-to-live) lost them
-            // after its caller was told they were accepted. Stored, not flushed: the database
-            // keeps a commit its client died after, and waiting for each acceptance's
-            // synchronous commit raised the local acceptance p50 of `load --nodes 2` from
-            // 35-168 ms to 328-369 ms.
+            // In a cluster, answered once stored, as a node answers a follow-up it accepted for
+            // a parent on another node (see `served.rs`): what an answer means cannot depend on
+            // where the child is resident, and an answer must outlive the node that gave it (a
+            // driving node killed after answering lost follow-ups to children it had resumed).
+            // Stored, not flushed: the database keeps a commit whose client died, and a
+            // synchronous commit per acceptance doubled its latency again.
             let stored = self.cluster.is_some().then(|| resident.agent.log().clone());
             let accepted = self.submit(msg.child, &parent, msg.delivery, &msg.token, ctx);
             return Box::pin(async move {
@@ -125,11 +121,10 @@ impl Handler<Followup> for ContinuationManager {
             let id = resumed?;
             // Stored before the answer in a cluster, as above (a child that settled meanwhile
             // was stored by its disposal).
-            if let Some(child) = match stored {
-                Some(agents) => agents.get(msg.child).await,
-                None => None,
-            } {
-                child.log().drain().await?;
+            if let Some(agents) = stored {
+                if let Some(child) = agents.get(msg.child).await {
+                    child.log().drain().await?;
+                }
             }
             Ok(Routed::Accepted(id))
         })

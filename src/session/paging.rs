@@ -32,10 +32,9 @@ impl SessionLog {
     /// Drops from memory the settled events below the newest `keep` that the store already
     /// has, once at least `2 × keep` events are held, with the history entries they carry (and
     /// those a read-back history holds again: see [`SessionLog::complete_history`]). See the
-    /// module docs for what stays. Returns how many events it dropped.
-    pub(crate) fn page_out(&self, keep: usize) -> usize {
+    /// module docs for what stays.
+    pub(crate) fn page_out(&self, keep: usize) {
         let mut state = lock_state(&self.inner);
-        let first = state.events.first_resident();
         if let Some(below) = paging_point(&state, keep) {
             let id = state.header.id;
             state.events.page_out(below, id);
@@ -44,7 +43,6 @@ impl SessionLog {
         state
             .history
             .page_out(u64::try_from(first_resident).unwrap_or(u64::MAX));
-        first_resident - first
     }
 
     /// The whole model history: the one held, or, when it lost entries to paging out, the
