@@ -10,6 +10,7 @@ use subagents::check::{replay_command, run_schedule, CheckConfig, CheckStore, Sh
 /// broken promise and the commands that replay them.
 async fn check(first: u64, count: u64, ops: usize) {
     let mut failures = Vec::new();
+    let mut paged_out = 0;
     for seed in first..first + count {
         let config = CheckConfig {
             store: if seed % 2 == 0 {
@@ -27,6 +28,7 @@ async fn check(first: u64, count: u64, ops: usize) {
         let report = run_schedule(seed, &config, None)
             .await
             .expect("the check runs");
+        paged_out += report.paged_out;
         if !report.anomalies.is_empty() {
             failures.push(format!(
                 "schedule {seed}: {:?}\n  replay: {}",
@@ -36,6 +38,8 @@ async fn check(first: u64, count: u64, ops: usize) {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The promises were checked across page-outs too: some schedules' roots paged out.
+    assert!(paged_out > 0, "no root paged its log out");
 }
 
 // Every promise holds over the suite's share of schedules (seeds chosen apart from the CLI's

@@ -11,7 +11,7 @@ use subagents::testing::{post_again, Gate, ScriptStep, ScriptedModel};
 use subagents::{
     AgentHandle, AgentOptions, BlockType, ContinuableStartSpec, CreateAgent, EventScope,
     FinishReason, GenerateRequest, History, LlmAdapter, LlmFailure, MemoryStore, Message,
-    MessageSource, Runtime, SessionPersistence, StreamChunk, SubagentListEntry,
+    MessageSource, ResumeAgent, Runtime, SessionPersistence, StreamChunk, SubagentListEntry,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -214,6 +214,45 @@ async fn a_fork_of_a_paging_agent_inherits_its_whole_history() {
 // A message the agent accepted long ago, its events since paged out, posted again under its id
 // (a settled notice or a report asked again) is answered with that acceptance and runs no
 // second turn: the store answers for what left memory.
+// A resumed agent that pages holds its bounded working set from its resumption, not from its
+// first turn's end (a resumed root that settled many children stays idle until it hears one).
+#[actix_rt::test]
+async fn a_resumed_paging_agent_pages_out_what_it_loaded_at_once() {
+    let (rt, model, _) = scripted_runtime().await;
+    let whole = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let id = whole.agent().id();
+    converse(&whole, 20).await;
+    let len = whole.agent().log().len();
+    assert_eq!(whole.agent().log().first_resident(), 0, "nothing paged out");
+    whole.dispose().await.unwrap();
+
+    let resumed = rt
+        .agents()
+        .resume(ResumeAgent::new(id).options(AgentOptions {
+            resident_events: NonZeroU32::new(KEEP),
+            ..AgentOptions::default()
+        }))
+        .await
+        .unwrap();
+    let log = resumed.agent().log();
+    let held = log.with_events(|events| events.iter().count());
+    assert_eq!(log.len(), len, "the whole log was loaded");
+    assert!(
+        held < 2 * KEEP as usize,
+        "{held} of {len} events held before any turn ran"
+    );
+    // It goes on whole: the model is handed every entry, the paged-out ones read back.
+    run_prompt(resumed.agent(), "after the resume").await;
+    let handed = model.requests().last().unwrap().messages.clone();
+    assert!(handed.is_complete());
+    assert_eq!(
+        handed.len(),
+        41,
+        "20 prompts, their answers and the new prompt"
+    );
+    resumed.dispose().await.unwrap();
+}
+
 #[actix_rt::test]
 async fn a_message_posted_again_after_it_was_paged_out_is_not_accepted_twice() {
     let (rt, model, _) = scripted_runtime().await;

@@ -17,7 +17,7 @@ use crate::actors::agent::AgentRef;
 use crate::content::{ContentBlock, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::events::Subscription;
-use crate::host::{AgentHandle, Budget, CreateAgent, ResumeAgent};
+use crate::host::{AgentHandle, AgentOptions, Budget, CreateAgent, ResumeAgent};
 use crate::ids::SessionId;
 use crate::runtime::Runtime;
 use crate::seam::{
@@ -86,6 +86,8 @@ struct Ctx {
     rt: Runtime,
     book: SharedBook,
     model: CheckModel,
+    /// The roots' options, at creation and at every resume (their paging, say).
+    root_options: AgentOptions,
 }
 
 /// An operation's answer, or that the caller let go of it.
@@ -282,6 +284,8 @@ pub(crate) struct World {
     roots: Vec<Root>,
     background: Vec<tokio::task::JoinHandle<()>>,
     active: Vec<ActiveFault>,
+    /// The events the roots' logs had paged out of memory when their handles went.
+    paged_out: u64,
 }
 
 /// A runtime over `store` behind a fault injector, with the in-process providers.
@@ -305,6 +309,7 @@ impl World {
         model: CheckModel,
         book: SharedBook,
         roots: usize,
+        root_options: AgentOptions,
     ) -> Result<Self> {
         let mut backing = backing;
         let (store, _) = backing.open().await?;
@@ -312,7 +317,10 @@ impl World {
         let listening = book.listen(&rt);
         let mut made = Vec::with_capacity(roots);
         for _ in 0..roots {
-            let handle = rt.agents().create(CreateAgent::new()).await?;
+            let handle = rt
+                .agents()
+                .create(CreateAgent::new().options(root_options.clone()))
+                .await?;
             made.push(Root {
                 id: handle.agent().id(),
                 handle: Some(handle),
@@ -320,13 +328,19 @@ impl World {
             });
         }
         Ok(Self {
-            ctx: Ctx { rt, book, model },
+            ctx: Ctx {
+                rt,
+                book,
+                model,
+                root_options,
+            },
             backing,
             faults,
             _listening: listening,
             roots: made,
             background: Vec::new(),
             active: Vec::new(),
+            paged_out: 0,
         })
     }
 
@@ -517,6 +531,7 @@ impl World {
                     return Ok(());
                 };
                 if let Some(handle) = self.roots[index].handle.take() {
+                    self.paged_out += handle.agent().log().first_resident();
                     let agent = handle.agent().clone();
                     match tokio::time::timeout(DEADLINE, handle.dispose()).await {
                         Err(_) => self
@@ -667,7 +682,12 @@ impl World {
             return;
         }
         let id = self.roots[index].id;
-        let resumes = (0..racers.max(1)).map(|_| self.ctx.rt.agents().resume(ResumeAgent::new(id)));
+        let resumes = (0..racers.max(1)).map(|_| {
+            self.ctx
+                .rt
+                .agents()
+                .resume(ResumeAgent::new(id).options(self.ctx.root_options.clone()))
+        });
         let outcomes = match tokio::time::timeout(DEADLINE, join_all(resumes)).await {
             Ok(outcomes) => outcomes,
             Err(_) => {
@@ -766,6 +786,7 @@ impl World {
         }
         for root in &mut self.roots {
             if let Some(handle) = root.handle.take() {
+                self.paged_out += handle.agent().log().first_resident();
                 root.stale.push(handle.agent().clone());
             }
         }
@@ -807,7 +828,7 @@ impl World {
                     self.ctx
                         .rt
                         .agents()
-                        .resume(ResumeAgent::new(root.id))
+                        .resume(ResumeAgent::new(root.id).options(self.ctx.root_options.clone()))
                         .await?,
                 );
             }
@@ -816,11 +837,11 @@ impl World {
     }
 
     /// Closes the world: its runtime is shut down and dropped, so the store can be opened
-    /// again to read.
-    pub(crate) async fn close(mut self) -> Backing {
+    /// again to read. Answers the store's backing and the events the roots paged out.
+    pub(crate) async fn close(mut self) -> (Backing, u64) {
         self.shut_down().await;
         self.roots.clear();
-        self.backing
+        (self.backing, self.paged_out)
     }
 }
 

@@ -48,7 +48,7 @@ use serde::Serialize;
 pub use book::Anomaly;
 use book::SharedBook;
 use driver::{reader, Backing, World};
-pub use schedule::{schedule, Authority, LetGo, Op, Pick, Sender, Shape};
+pub use schedule::{roots_resident_events, schedule, Authority, LetGo, Op, Pick, Sender, Shape};
 
 use crate::error::Result;
 use crate::store::MemoryStore;
@@ -98,6 +98,12 @@ pub struct ScheduleReport {
     pub seed: u64,
     /// The store it ran on.
     pub store: CheckStore,
+    /// The settled events its roots kept in memory, when they paged the rest out
+    /// ([`roots_resident_events`]).
+    pub resident_events: Option<u32>,
+    /// The events its roots' logs paged out of memory (counted when each root's handle went:
+    /// a resumed root counts again what it pages out again).
+    pub paged_out: u64,
     /// The operations it ran (all of the schedule's, or the kept ones).
     pub ops: Vec<Op>,
     /// The kept operations' positions, when only some ran.
@@ -153,12 +159,17 @@ pub async fn run_schedule(
     };
     let book = SharedBook::default();
     let model = model::CheckModel::new(seed, config.max_latency);
-    let mut world = World::open(backing, model, book.clone(), config.roots).await?;
+    let resident_events = roots_resident_events(seed);
+    let root_options = crate::AgentOptions {
+        resident_events,
+        ..crate::AgentOptions::default()
+    };
+    let mut world = World::open(backing, model, book.clone(), config.roots, root_options).await?;
     for op in &ops {
         world.apply(op).await?;
     }
     let roots = world.root_ids();
-    let mut backing = world.close().await;
+    let (mut backing, paged_out) = world.close().await;
     let (reading, store, released) = reader(&mut backing).await?;
     // The runtime is gone: the book is the driver's alone now.
     let mut book = std::mem::take(&mut *book.lock());
@@ -174,6 +185,8 @@ pub async fn run_schedule(
     Ok(ScheduleReport {
         seed,
         store: config.store,
+        resident_events: resident_events.map(std::num::NonZeroU32::get),
+        paged_out,
         ops,
         kept: keep.map(<[usize]>::to_vec),
         children: book.children.len(),

@@ -205,6 +205,20 @@ impl Draws {
     }
 }
 
+/// How many settled events the roots of schedule `seed` keep in memory
+/// ([`crate::AgentOptions::resident_events`]): a third of the seeds page their roots' logs out
+/// after every turn that allows it (keeping 1, 2 or 3 events), so the promises are checked
+/// across page-outs too; the rest keep everything. Drawn apart from the operations, so a seed
+/// names the same operations with or without paging.
+pub fn roots_resident_events(seed: u64) -> Option<std::num::NonZeroU32> {
+    // A stream of its own: the schedule's operations draw from `Draws::new(seed)`.
+    let mut draws = Draws::new(mix(seed ^ 0x7061_6769_6e67));
+    match draws.below(3) {
+        0 => std::num::NonZeroU32::new(1 + u32::try_from(draws.below(3)).unwrap_or(0)),
+        _ => None,
+    }
+}
+
 /// What a schedule may contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
@@ -307,6 +321,21 @@ mod tests {
         let ops = schedule(7, shape);
         assert!(ops.iter().any(|op| matches!(op, Op::Start { .. })));
         assert!(ops.iter().any(|op| matches!(op, Op::Followup { .. })));
+    }
+
+    #[test]
+    fn a_third_of_the_seeds_page_their_roots_out() {
+        let paging = (0..3000u64)
+            .filter_map(roots_resident_events)
+            .map(std::num::NonZeroU32::get)
+            .collect::<Vec<_>>();
+        assert!(
+            (800..1200).contains(&paging.len()),
+            "{} of 3000",
+            paging.len()
+        );
+        assert!(paging.iter().all(|keep| (1..=3).contains(keep)));
+        assert_eq!(roots_resident_events(7), roots_resident_events(7));
     }
 
     #[test]

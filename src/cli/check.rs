@@ -87,11 +87,14 @@ pub(crate) async fn run(args: CheckArgs, out: &mut impl Write) -> Result<(), Fai
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let (mut failed, mut children, mut accepted) = (Vec::new(), 0, 0);
+    let (mut paging, mut paged_out) = (0, 0);
     for seed in args.seed..args.seed.saturating_add(args.schedules) {
         let config = args.config(seed);
         let report = run_schedule(seed, &config, args.keep.as_deref()).await?;
         children += report.children;
         accepted += report.accepted;
+        paging += usize::from(report.resident_events.is_some());
+        paged_out += report.paged_out;
         bar.inc(1);
         if report.anomalies.is_empty() {
             continue;
@@ -138,6 +141,8 @@ pub(crate) async fn run(args: CheckArgs, out: &mut impl Write) -> Result<(), Fai
                 "faults": !args.no_faults,
                 "children": children,
                 "accepted": accepted,
+                "pagingSchedules": paging,
+                "pagedOutEvents": paged_out,
                 "failedSchedules": failed.len(),
                 "anomalies": anomalies,
                 "elapsedMs": u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
@@ -146,7 +151,14 @@ pub(crate) async fn run(args: CheckArgs, out: &mut impl Write) -> Result<(), Fai
         )?;
     } else {
         for (report, replay) in &failed {
-            writeln!(out, "schedule {} ({:?}) broke:", report.seed, report.store)?;
+            match report.resident_events {
+                Some(keep) => writeln!(
+                    out,
+                    "schedule {} ({:?}, the roots paging out beyond {keep} events) broke:",
+                    report.seed, report.store
+                )?,
+                None => writeln!(out, "schedule {} ({:?}) broke:", report.seed, report.store)?,
+            }
             for anomaly in &report.anomalies {
                 writeln!(out, "  {}: {}", anomaly.property, anomaly.detail)?;
             }
@@ -154,12 +166,14 @@ pub(crate) async fn run(args: CheckArgs, out: &mut impl Write) -> Result<(), Fai
         }
         writeln!(
             out,
-            "{} schedules (seeds {}..{}, {} ops each{}): {} children, {} messages accepted, {} anomalies in {} schedules, {}",
+            "{} schedules (seeds {}..{}, {} ops each{}, {} with the roots paging out, {} events paged out): {} children, {} messages accepted, {} anomalies in {} schedules, {}",
             args.schedules,
             args.seed,
             args.seed.saturating_add(args.schedules),
             args.ops,
             if args.no_faults { ", no faults" } else { ", with faults" },
+            paging,
+            paged_out,
             children,
             accepted,
             anomalies,
