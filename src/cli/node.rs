@@ -105,6 +105,11 @@ pub(crate) struct NodeArgs {
     /// never send the same text.
     #[arg(long, value_name = "TEXT")]
     label: Option<String>,
+    /// Page the driven roots' settled events out of memory beyond this many, as
+    /// `AgentOptions::resident_events` (with `--drive`; grown and resumed roots alike): the
+    /// fault campaign checks its promises across page-outs too.
+    #[arg(long, value_name = "N")]
+    resident_events: Option<std::num::NonZeroU32>,
     /// Serve the node's metrics in Prometheus's text format at `http://ADDR/metrics` (port 0
     /// picks a free port; the `metrics <addr>` line says which).
     #[arg(long, value_name = "ADDR")]
@@ -126,6 +131,19 @@ struct Drive {
     drained: usize,
     /// Appended to each follow-up's text: ` (LABEL)`, or nothing.
     label: String,
+    /// The roots' paging ([`subagents::AgentOptions::resident_events`]).
+    resident_events: Option<std::num::NonZeroU32>,
+}
+
+impl Drive {
+    /// The options of the roots, grown or resumed: on `model_name`, paging as asked.
+    fn root_options(&self, model_name: &str) -> subagents::AgentOptions {
+        subagents::AgentOptions {
+            model: model_name.to_owned(),
+            resident_events: self.resident_events,
+            ..subagents::AgentOptions::default()
+        }
+    }
 }
 
 /// The checked flags.
@@ -194,6 +212,7 @@ impl NodePlan {
                     label: args
                         .label
                         .map_or_else(String::new, |label| format!(" ({label})")),
+                    resident_events: args.resident_events,
                 })
             }
             None => {
@@ -205,6 +224,7 @@ impl NodePlan {
                     (args.first_round.is_some(), "--first-round"),
                     (args.drained.is_some(), "--drained"),
                     (args.label.is_some(), "--label"),
+                    (args.resident_events.is_some(), "--resident-events"),
                 ] {
                     if given {
                         return Err(usage(format!("{flag} only applies with --drive")));
@@ -422,10 +442,7 @@ async fn grow_forest(
     model_name: &str,
     node: uuid::Uuid,
 ) -> Result<Forest, Failure> {
-    let options = subagents::AgentOptions {
-        model: model_name.to_owned(),
-        ..subagents::AgentOptions::default()
-    };
+    let options = drive.root_options(model_name);
     let mut roots: Vec<AgentHandle> = Vec::new();
     let mut children: Vec<(usize, SessionId)> = Vec::new();
     let mut placed = 0_usize;
@@ -464,11 +481,12 @@ async fn grow_forest(
 /// Resumes the roots of a forest grown before (by a process of this node that stopped), lists
 /// their children from the store (`child <root> <child> -` each: where a child runs now is
 /// its lease's business), and drains again the roots drained before.
-async fn resume_forest(rt: &Runtime, drive: &Drive) -> Result<Forest, Failure> {
+async fn resume_forest(rt: &Runtime, drive: &Drive, model_name: &str) -> Result<Forest, Failure> {
+    let options = drive.root_options(model_name);
     let mut roots: Vec<AgentHandle> = Vec::new();
     let mut children: Vec<(usize, SessionId)> = Vec::new();
     for id in &drive.resume_roots {
-        let root = resume_root(rt, *id).await?;
+        let root = resume_root(rt, *id, &options).await?;
         let listed = rt
             .subagents()
             .list_children(*id, subagents::CancellationToken::new())
@@ -504,10 +522,18 @@ async fn drain_root(rt: &Runtime, root: &AgentHandle, round: u32) -> Result<(), 
 
 /// Resumes root `id`, waiting out a peer that holds it for a moment (a child's node storing
 /// a settled notice in its inbox while no node had it live); bounded.
-async fn resume_root(rt: &Runtime, id: SessionId) -> Result<AgentHandle, SubagentError> {
+async fn resume_root(
+    rt: &Runtime,
+    id: SessionId,
+    options: &subagents::AgentOptions,
+) -> Result<AgentHandle, SubagentError> {
     let mut attempts = 0;
     loop {
-        match rt.agents().resume(ResumeAgent::new(id)).await {
+        match rt
+            .agents()
+            .resume(ResumeAgent::new(id).options(options.clone()))
+            .await
+        {
             Err(error) if error.code() == ErrorCode::SessionLeased && attempts < 50 => {
                 attempts += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -529,7 +555,7 @@ async fn drive_forest(
     let (roots, children) = if drive.resume_roots.is_empty() {
         grow_forest(rt, drive, model_name, node).await?
     } else {
-        resume_forest(rt, drive).await?
+        resume_forest(rt, drive, model_name).await?
     };
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut round = drive.first_round;

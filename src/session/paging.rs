@@ -38,6 +38,7 @@ impl SessionLog {
         if let Some(below) = paging_point(&state, keep) {
             let id = state.header.id;
             state.events.page_out(below, id);
+            tracing::trace!(session_id = %id, below, "paged out the settled events below");
         }
         let first_resident = state.events.first_resident();
         state
