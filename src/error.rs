@@ -93,7 +93,8 @@ pub enum ErrorCode {
     StoreConflict,
     /// A stored record cannot be decoded.
     StoreCorrupt,
-    /// The storage backend failed.
+    /// The storage backend failed, or did not answer within its deadline (a write's outcome
+    /// is then unknown: it may have committed unseen).
     StoreIo,
     /// An agent with that session id is already live.
     DuplicateAgent,

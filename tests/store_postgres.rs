@@ -1344,3 +1344,115 @@ fn terminated_backends_are_a_passing_fault() {
     let sent: i64 = query_value(&url, "SELECT count(*) FROM subagents_deliveries");
     assert_eq!(sent, 1, "sent once");
 }
+
+/// A store on a fresh database whose statements time out after `timeout` (and its url).
+fn fresh_with_statement_timeout(timeout: Duration) -> Option<(PostgresStore, String)> {
+    let url = postgres_or_skip!(None).fresh_database();
+    let mut config = PostgresConfig::new(url.clone());
+    config.statement_timeout = timeout;
+    Some((block_on(PostgresStore::connect_with(config)).unwrap(), url))
+}
+
+// A statement the server cannot finish (another connection holds the session's row) fails its
+// call within the statement timeout, cancelled by the server, which committed nothing: the
+// caller is not held until the lock is released, and the connection serves again.
+#[test]
+fn a_statement_the_server_cannot_finish_fails_within_the_statement_timeout() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+        return;
+    };
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+    let (holder, _) = block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let driven = tokio::spawn(connection);
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{id}' FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+        (client, driven)
+    });
+    let began = std::time::Instant::now();
+    let refused = block_on(within(
+        "the append to answer",
+        store.append(id, 0, notes(0, 1), None),
+    ))
+    .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::StoreIo, "{refused}");
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "answered after {:?}",
+        began.elapsed()
+    );
+    block_on(holder.batch_execute("ROLLBACK")).unwrap();
+    block_on(store.append(id, 0, notes(0, 1), None)).expect("the cancelled append stored nothing");
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 1);
+}
+
+// A server that stops answering without closing its connections (its processes stopped, as
+// a paused machine's are) fails a call once the deadline passes, instead of holding the
+// caller until it answers again; once it answers, the store serves again.
+#[test]
+fn a_server_that_stops_answering_fails_a_call_within_its_deadline() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+        return;
+    };
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
+    // Read once: the read's connection is open (and idle) before the server stops.
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
+    // Every server process of this database but the one asking (none of them is mid-call).
+    let backends: Vec<i32> = block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .query(
+                "SELECT pid FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    });
+    assert!(!backends.is_empty(), "the store holds connections");
+    let signal = |signal: &str| {
+        for pid in &backends {
+            let status = std::process::Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(status.success(), "kill {signal} {pid}");
+        }
+    };
+    signal("-STOP");
+    let began = std::time::Instant::now();
+    let answered = block_on(tokio::time::timeout(
+        Duration::from_secs(10),
+        store.read_from(id, 0),
+    ));
+    let waited = began.elapsed();
+    signal("-CONT");
+    let refused = answered
+        .expect("the read answered before the server did")
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::StoreIo, "{refused}");
+    assert!(waited >= Duration::from_millis(300), "waited {waited:?}");
+    let again = block_on(within(
+        "a read once the server answers",
+        store.read_from(id, 0),
+    ));
+    assert_eq!(again.unwrap().len(), 2, "the store serves again");
+}

@@ -32,6 +32,7 @@ use serde_json::{json, Value};
 use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
+use super::reconnect::within;
 use super::{io, uuid_of, NodeMembership, PostgresStore};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -181,7 +182,14 @@ pub(super) async fn listen(
     stop: CancellationToken,
 ) -> Result<()> {
     let config = store.pg_config.clone();
-    let mut listening = Listening::open(&config, node, &inbound, &stop).await?;
+    let deadline = store.call_deadline;
+    let opening = "opening the cluster listener";
+    let mut listening = within(
+        opening,
+        deadline,
+        Listening::open(&config, node, &inbound, &stop),
+    )
+    .await?;
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -197,7 +205,13 @@ pub(super) async fn listen(
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(backoff) => {}
                 }
-                match Listening::open(&config, node, &inbound, &stop).await {
+                match within(
+                    opening,
+                    deadline,
+                    Listening::open(&config, node, &inbound, &stop),
+                )
+                .await
+                {
                     Ok(listening) => break listening,
                     Err(error) => {
                         tracing::warn!(%node, %error, ?backoff, "the cluster listener could not listen again; retrying");
@@ -875,11 +889,11 @@ impl Server {
                 // With no room, or nothing claimed, anything pending is behind a busy session.
                 left_behind = !busy.is_empty();
                 if unclaim {
-                    match self
-                        .store
-                        .unclaim_lost(self.node, self.incarnation, &busy)
-                        .await
-                    {
+                    let unclaimed = self.store.bounded(
+                        "putting back lost claims",
+                        self.store.unclaim_lost(self.node, self.incarnation, &busy),
+                    );
+                    match unclaimed.await {
                         Ok(put_back) => {
                             unclaim = false;
                             if put_back > 0 {
@@ -894,7 +908,10 @@ impl Server {
                 if room > 0 && !unclaim {
                     let claimed = tokio::select! {
                         () = self.stop.cancelled() => return,
-                        claimed = self.store.claim_deliveries(self.node, self.incarnation, &busy, room) => claimed,
+                        claimed = self.store.bounded(
+                            "claiming deliveries",
+                            self.store.claim_deliveries(self.node, self.incarnation, &busy, room),
+                        ) => claimed,
                     };
                     match claimed {
                         Ok((claimed, more)) => {
@@ -923,10 +940,12 @@ impl Server {
                 let store = Arc::clone(&self.store);
                 let node = self.node;
                 tokio::spawn(async move {
-                    if let Err(error) = store.prune_deliveries().await {
+                    let pruned = store.bounded("pruning deliveries", store.prune_deliveries());
+                    if let Err(error) = pruned.await {
                         tracing::debug!(%node, %error, "pruning old deliveries failed");
                     }
-                    if let Err(error) = store.prune_dead_nodes().await {
+                    let pruned = store.bounded("pruning dead nodes", store.prune_dead_nodes());
+                    if let Err(error) = pruned.await {
                         tracing::debug!(%node, %error, "pruning dead nodes' rows failed");
                     }
                 });

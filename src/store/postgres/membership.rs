@@ -335,7 +335,11 @@ impl PostgresStore {
         let stop = CancellationToken::new();
         listen(self, node, Arc::clone(&inbound), stop.clone()).await?;
         let incarnation = uuid::Uuid::now_v7();
-        let written = match self.insert_member(node, name, ttl, incarnation).await {
+        let inserted = self.bounded(
+            "joining the cluster",
+            self.insert_member(node, name, ttl, incarnation),
+        );
+        let written = match inserted.await {
             Ok(Joining::Joined(written)) => written,
             Ok(refused) => {
                 stop.cancel();

@@ -297,6 +297,14 @@ pub struct PostgresConfig {
     /// cross-node ask waits longer. On expiry a delivery not yet taken is withdrawn, and the
     /// sender gets `NODE_UNRESPONSIVE`.
     pub delivery_deadline: Duration,
+    /// The longest a statement runs on the server (the connections' `statement_timeout`,
+    /// default 60 s) and, a second later, the longest a store call waits for the server's
+    /// answer: a server that stops answering without closing the connection (paused,
+    /// partitioned, stuck on its disk) fails the call with `STORE_IO` instead of holding its
+    /// caller forever. A write that timed out may still have committed, as one whose
+    /// connection was lost may: its log faults, as on any failed write, and a resume reads
+    /// what the store holds. Raise it for logs so long that reading one takes longer.
+    pub statement_timeout: Duration,
 }
 
 /// Never shows the connection string: it may hold a password.
@@ -310,6 +318,7 @@ impl std::fmt::Debug for PostgresConfig {
             .field("delivery_retention", &self.delivery_retention)
             .field("dead_node_retention", &self.dead_node_retention)
             .field("delivery_deadline", &self.delivery_deadline)
+            .field("statement_timeout", &self.statement_timeout)
             .finish()
     }
 }
@@ -325,9 +334,14 @@ impl PostgresConfig {
             delivery_retention: Duration::from_secs(300),
             dead_node_retention: Duration::from_secs(3600),
             delivery_deadline: Duration::from_secs(30),
+            statement_timeout: Duration::from_secs(60),
         }
     }
 }
+
+/// How much longer than its statements' server-side timeout a store call waits for an
+/// answer: the server's own cancellation (an error that names it) usually answers first.
+const CALL_GRACE: Duration = Duration::from_secs(1);
 
 /// How a [`PostgresStore`]'s reads and lease grants coalesced, since it opened
 /// ([`PostgresStore::batched_calls`]).
@@ -363,6 +377,9 @@ pub struct PostgresStore {
     delivery_retention: Duration,
     dead_node_retention: Duration,
     delivery_deadline: Duration,
+    /// The longest a call waits for the server's answer ([`PostgresConfig::statement_timeout`]
+    /// and [`CALL_GRACE`]).
+    call_deadline: Duration,
     /// The lease holders of this process, shared with the lease batches.
     book: Arc<LeaseBook>,
     /// Header and log reads, batched (see [`batch`]).
@@ -454,7 +471,9 @@ impl PostgresStore {
     /// As [`PostgresStore::connect`].
     pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
         let store = Self::pool(config)?;
-        store.migrate().await?;
+        store
+            .bounded("migrating the schema", store.migrate())
+            .await?;
         Ok(store)
     }
 
@@ -471,10 +490,28 @@ impl PostgresStore {
         // statement is prepared once per connection and planned once: the batched reads'
         // plan cost five times their execution when planned per call, and a generic plan of
         // these index lookups is the custom one.
-        pg.options("-c synchronous_commit=off -c plan_cache_mode=force_generic_plan");
+        // A statement the server cannot finish (a lock held elsewhere, say) is cancelled there
+        // as its caller stops waiting for it, so the connection is free again.
+        if config.statement_timeout.is_zero() {
+            return Err(SubagentError::new(
+                ErrorCode::InvalidConfig,
+                "the PostgreSQL statement timeout must be positive",
+            ));
+        }
+        pg.options(format!(
+            "-c synchronous_commit=off -c plan_cache_mode=force_generic_plan \
+             -c statement_timeout={}",
+            config.statement_timeout.as_millis().max(1)
+        ));
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(CONNECT_TIMEOUT);
         }
+        // A peer gone from the network (no reset ever comes) ends the connection once what
+        // was sent stays unacknowledged this long, so the pool opens a fresh one.
+        if pg.get_tcp_user_timeout().is_none() {
+            pg.tcp_user_timeout(config.statement_timeout);
+        }
+        let call_deadline = config.statement_timeout.saturating_add(CALL_GRACE);
         let runtime = store_runtime()?;
         let pool = open_pool(&pg, &runtime, config.pool_size)?;
         // The batches' own connections: a burst of reads and leases never queues behind the
@@ -486,9 +523,10 @@ impl PostgresStore {
             move |requests: Vec<ReadRequest>| {
                 let lane = lane.clone();
                 async move {
-                    let answered =
-                        reconnecting("reading sessions", |_| reads::read_many(&lane, &requests))
-                            .await;
+                    let answered = reconnecting("reading sessions", call_deadline, |_| {
+                        reads::read_many(&lane, &requests)
+                    })
+                    .await;
                     each_or_all(answered, requests.len())
                 }
             }
@@ -500,7 +538,7 @@ impl PostgresStore {
                 async move {
                     // A batch whose commit was lost may have granted its leases: granted again,
                     // each holder gets a newer epoch (its own lease), which fences nothing live.
-                    let answered = reconnecting("leasing sessions", |_| {
+                    let answered = reconnecting("leasing sessions", call_deadline, |_| {
                         leases::grant_many(&lane, &book, &requests)
                     })
                     .await;
@@ -516,6 +554,7 @@ impl PostgresStore {
             delivery_retention: config.delivery_retention,
             dead_node_retention: config.dead_node_retention,
             delivery_deadline: config.delivery_deadline,
+            call_deadline,
             book,
             reads,
             leases,
@@ -532,8 +571,12 @@ impl PostgresStore {
     /// schema of another version; as [`PostgresStore::connect`] otherwise.
     pub async fn connect_existing(url: &str) -> Result<Self> {
         let store = Self::pool(PostgresConfig::new(url))?;
-        let client = store.client().await?;
-        match schema_version(&client).await? {
+        let version = store
+            .bounded("reading the schema version", async {
+                schema_version(&*store.client().await?).await
+            })
+            .await?;
+        match version {
             Some(version) if version == known_version() => Ok(store),
             Some(version) => Err(SubagentError::new(
                 ErrorCode::StoreCorrupt,

@@ -8,6 +8,11 @@
 //! idempotent is retried as is; a call whose first attempt may have committed before its
 //! answer was lost is told so (`Attempt::after_loss`) and settles that ambiguity itself (an
 //! append finds its own batch stored, a creation its own header).
+//!
+//! Every attempt has a deadline ([`within`]): a server that stops answering without closing
+//! the connection (paused, partitioned, stuck on its disk) fails the call with `STORE_IO`
+//! instead of holding its caller forever. Such a call is not tried again: the server that did
+//! not answer it would not answer the next attempt sooner.
 
 use std::future::Future;
 use std::time::Duration;
@@ -68,19 +73,48 @@ pub(super) fn connection_lost(error: &SubagentError) -> bool {
 }
 
 impl PostgresStore {
-    /// Runs `call` until it answers anything but a lost connection (see [`reconnecting`]).
+    /// Runs `call` until it answers anything but a lost connection, each attempt within the
+    /// store's call deadline (see [`reconnecting`]).
     pub(super) async fn reconnecting<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
     where
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        reconnecting(what, call).await
+        reconnecting(what, self.call_deadline, call).await
+    }
+
+    /// `call` within the store's call deadline (see [`within`]), for a call that is not tried
+    /// again on a lost connection.
+    pub(super) async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        within(what, self.call_deadline, call).await
     }
 }
 
+/// `call`'s answer, or `STORE_IO` once `deadline` passed without one.
+pub(super) async fn within<T>(
+    what: &str,
+    deadline: Duration,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or_else(|_| {
+            tracing::warn!(?deadline, "{what}: PostgreSQL did not answer in time");
+            Err(SubagentError::new(
+                ErrorCode::StoreIo,
+                format!("{what}: PostgreSQL did not answer within {deadline:?}"),
+            ))
+        })
+}
+
 /// Runs `call` until it answers anything but a lost connection, waiting a bounded backoff
-/// between attempts, for at most [`RECONNECT_WITHIN`]; the last error past that.
-pub(super) async fn reconnecting<T, F, Fut>(what: &str, mut call: F) -> Result<T>
+/// between attempts, for at most [`RECONNECT_WITHIN`]; the last error past that. Each attempt
+/// waits at most `each` for its answer ([`within`]).
+pub(super) async fn reconnecting<T, F, Fut>(what: &str, each: Duration, mut call: F) -> Result<T>
 where
     F: FnMut(Attempt) -> Fut,
     Fut: Future<Output = Result<T>>,
@@ -89,7 +123,7 @@ where
     let mut backoff = BACKOFF;
     let mut attempt = Attempt { after_loss: false };
     loop {
-        match call(attempt).await {
+        match within(what, each, call(attempt)).await {
             Err(error) if connection_lost(&error) => {
                 if tokio::time::Instant::now() + backoff >= deadline {
                     return Err(error);
