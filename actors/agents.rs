@@ -43,6 +43,7 @@ use crate::actors::workers::WorkerPool;
 use crate::content::Message;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::handle::AgentHandle;
+use crate::host::inbox::InboxReplay;
 use crate::host::request::{CreateAgent, ResumeAgent};
 use crate::host::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
@@ -50,8 +51,8 @@ use crate::host::{
 use crate::ids::MessageId;
 use crate::ids::SessionId;
 use crate::session::log::{Attachment, CreationCommit, WriterIdle};
-use crate::session::{SessionHeader, SessionLog};
-use crate::store::{Lease, LeaseHolder, SharedStore};
+use crate::session::{PagedLoad, SessionHeader, SessionLog};
+use crate::store::{Lease, LeaseEpoch, LeaseHolder, SessionPersistence, SharedStore};
 
 /// The agents service: creates, resumes and finds agents. Cheap to clone (one pointer: every
 /// agent reference carries one, so its size is paid per resident child, several times over).
@@ -119,6 +120,54 @@ struct Staged {
     deferred: Option<CreationCommit>,
     /// The log whose prefix the session's seed references: written before the session is.
     seed_source: Option<SessionLog>,
+    /// The inbox of a log loaded paged out (replayed as it was read); `None`: replayed from
+    /// the log's own events.
+    inbox: Option<Inbox>,
+}
+
+/// How many events the resume of an agent that pages its log reads at a time.
+const LOAD_CHUNK: u64 = 4096;
+
+/// Session `id` as the resume of an agent that pages beyond `keep` events loads it: read a
+/// chunk at a time and folded as it comes ([`PagedLoad`]), so only the events a page-out
+/// keeps are ever held; an interrupted last turn closed durably under `lease`, as
+/// [`SessionPersistence::prepare`] closes it; the inbox replayed from its own events.
+async fn load_paged(
+    store: &dyn SessionPersistence,
+    id: SessionId,
+    lease: Option<LeaseEpoch>,
+    keep: std::num::NonZeroU32,
+) -> Result<(SessionLog, Inbox)> {
+    let header = store.header(id).await?;
+    let own_from = header.seed_len();
+    let mut load = PagedLoad::new(header, usize::try_from(keep.get()).unwrap_or(usize::MAX));
+    let mut inbox = InboxReplay::default();
+    let mut fold = |load: &mut PagedLoad, events: Vec<Arc<crate::session::SessionEvent>>| {
+        for event in events.iter().filter(|event| event.seq >= own_from) {
+            inbox.fold(event);
+        }
+        load.push(events)
+    };
+    loop {
+        let from = u64::try_from(load.len()).unwrap_or(u64::MAX);
+        let chunk = store
+            .read_between(id, from, from.saturating_add(LOAD_CHUNK))
+            .await?;
+        let whole = chunk.len() as u64 == LOAD_CHUNK;
+        fold(&mut load, chunk)?;
+        if !whole {
+            break;
+        }
+    }
+    let closers = load.closers();
+    if !closers.is_empty() {
+        let next = u64::try_from(load.len()).unwrap_or(u64::MAX);
+        tracing::info!(session_id = %id, repaired = closers.len(), "repairing an interrupted turn");
+        store.append(id, next, closers.clone(), lease).await?;
+        store.flush(id).await?;
+        fold(&mut load, closers)?;
+    }
+    Ok((load.finish(), inbox.finish()))
 }
 
 impl Agents {
@@ -219,6 +268,7 @@ impl Agents {
             // caller), which nothing else can want.
             deferred: request.deferred,
             seed_source,
+            inbox: None,
         })
     }
 
@@ -252,17 +302,25 @@ impl Agents {
             .await?;
         let lease = LeaseGuard::acquire(&store, request.id, &self.shared.holder).await?;
         let epoch = Some(lease.lease.epoch);
-        let stored = match request.inspected {
-            Some(inspected) => {
-                store
+        let (log, inbox) = match (request.inspected, request.options.resident_events) {
+            (Some(inspected), _) => {
+                let stored = store
                     .prepare_inspected(request.id, epoch, inspected)
-                    .await?
+                    .await?;
+                (SessionLog::from_stored(stored.header, stored.events)?, None)
             }
-            None => store.prepare(request.id, epoch).await?,
+            // A long-lived agent that pages its log is loaded paged out: its working set,
+            // never its whole transcript, is in memory.
+            (None, Some(keep)) => {
+                let (log, inbox) = load_paged(&*store, request.id, epoch, keep).await?;
+                (log, Some(inbox))
+            }
+            (None, None) => {
+                let stored = store.prepare(request.id, epoch).await?;
+                (SessionLog::from_stored(stored.header, stored.events)?, None)
+            }
         };
-        let stored_len =
-            u64::try_from(stored.events.len()).map_err(|_| SubagentError::bug("log too long"))?;
-        let log = SessionLog::from_stored(stored.header, stored.events)?;
+        let stored_len = log.len();
         let handle = self
             .clone()
             .publish(Staged {
@@ -278,6 +336,7 @@ impl Agents {
                 writer_idle: WriterIdle::Park,
                 deferred: None,
                 seed_source: None,
+                inbox,
             })
             .await?;
         reservation.keep();
@@ -396,6 +455,7 @@ impl Agents {
             writer_idle,
             deferred,
             seed_source,
+            inbox,
         } = staged;
         let commit = match setup {
             Some(setup) => setup.run(&mut scope, &log).await?,
@@ -462,11 +522,9 @@ impl Agents {
         if let Some(commit) = commit {
             commit();
         }
-        let header = log.header();
-        let inbox = log.with_events(|events| {
-            Inbox::replay(
-                events.iter_from(usize::try_from(header.seed_len()).unwrap_or(usize::MAX)),
-            )
+        let inbox = inbox.unwrap_or_else(|| {
+            let own = usize::try_from(log.header().seed_len()).unwrap_or(usize::MAX);
+            log.with_events(|events| Inbox::replay(events.iter_from(own)))
         });
         let disposers = scope.take_disposers();
         // One copy, shared by the actor and every reference to it.

@@ -7,11 +7,12 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, BoxStream, StreamExt};
-use subagents::testing::{post_again, Gate, ScriptStep, ScriptedModel};
+use subagents::testing::{post_again, FaultInjectingStore, Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    AgentHandle, AgentOptions, BlockType, ContinuableStartSpec, CreateAgent, EventScope,
-    FinishReason, GenerateRequest, History, LlmAdapter, LlmFailure, MemoryStore, Message,
-    MessageSource, ResumeAgent, Runtime, SessionPersistence, StreamChunk, SubagentListEntry,
+    AgentHandle, AgentOptions, BlockType, CancelCause, ContinuableStartSpec, CreateAgent,
+    EventScope, FinishReason, GenerateRequest, History, InboxPolicy, LlmAdapter, LlmFailure,
+    MemoryStore, Message, MessageSource, ResumeAgent, Runtime, SessionPersistence, StreamChunk,
+    SubagentListEntry,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -250,6 +251,174 @@ async fn a_resumed_paging_agent_pages_out_what_it_loaded_at_once() {
         41,
         "20 prompts, their answers and the new prompt"
     );
+    resumed.dispose().await.unwrap();
+}
+
+/// Options that page out beyond `keep` events.
+fn paging(keep: u32) -> AgentOptions {
+    AgentOptions {
+        resident_events: NonZeroU32::new(keep),
+        ..AgentOptions::default()
+    }
+}
+
+// A paging agent is resumed a chunk of its log at a time: however long its log, no read hands
+// the resume more than a chunk, so it never holds its whole transcript, and it goes on whole.
+#[actix_rt::test]
+async fn a_paging_agent_is_resumed_without_reading_its_whole_log_at_once() {
+    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
+    let store = Arc::new(FaultInjectingStore::new(
+        Arc::new(MemoryStore::new()) as Arc<dyn SessionPersistence>
+    ));
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        Arc::clone(&store) as Arc<dyn SessionPersistence>,
+    )
+    .await;
+    // It pages only once resumed: a paging agent reads its history back every turn.
+    let agent = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let id = agent.agent().id();
+    // Past one chunk (4,096 events): twelve events a turn.
+    converse(&agent, 400).await;
+    let len = agent.agent().log().len();
+    assert!(len > 4096, "{len} events");
+    agent.dispose().await.unwrap();
+
+    let resumed = rt
+        .agents()
+        .resume(ResumeAgent::new(id).options(paging(KEEP)))
+        .await
+        .unwrap();
+    let largest = store.largest_read(id);
+    assert!(
+        largest <= 4096,
+        "one read handed the resume {largest} of {len} events"
+    );
+    assert_eq!(resumed.agent().log().len(), len);
+    run_prompt(resumed.agent(), "after the resume").await;
+    let handed = model.requests().last().unwrap().messages.clone();
+    assert_eq!(
+        handed.len(),
+        801,
+        "400 prompts, their answers and the new prompt"
+    );
+    resumed.dispose().await.unwrap();
+}
+
+// What waited in the inbox when the agent's process died is replayed by a resume that pages
+// the event that queued it out: a follow-up queued during a turn that was then interrupted
+// (its queue kept) runs first once the resumed agent is woken.
+#[actix_rt::test]
+async fn a_paging_agent_resumed_runs_what_was_queued_before_its_last_turn_ended() {
+    let (rt, model, store) = scripted_runtime().await;
+    let agent = rt.agents().create(CreateAgent::new()).await.unwrap();
+    converse(&agent, 5).await;
+    let gate = Gate::new();
+    model.push(ScriptStep::text("held").gated(&gate));
+    agent
+        .agent()
+        .followup(text("the held turn"), MessageSource::User)
+        .await
+        .unwrap();
+    gate.reached().await;
+    agent
+        .agent()
+        .followup(text("queued before the end"), MessageSource::User)
+        .await
+        .unwrap();
+    agent
+        .agent()
+        .cancel(CancelCause::User, InboxPolicy::Keep)
+        .await
+        .unwrap();
+    within("the interrupted turn to end", agent.agent().when_idle()).await;
+    agent.agent().log().drain().await.unwrap();
+    // The log as the process left it when it died (a disposal would discard the queue): the
+    // same events, stored as another session.
+    let events = store.read_from(agent.agent().id(), 0).await.unwrap();
+    let queued_at = events
+        .iter()
+        .rfind(|event| matches!(event.kind, subagents::EventKind::InboxSpliced { .. }))
+        .unwrap()
+        .seq;
+    let died = subagents::SessionId::new();
+    store
+        .create(subagents::SessionHeader::new(died), events)
+        .await
+        .unwrap();
+
+    let resumed = rt
+        .agents()
+        .resume(ResumeAgent::new(died).options(paging(1)))
+        .await
+        .unwrap();
+    assert!(
+        resumed.agent().log().first_resident() > queued_at,
+        "the event that queued it is paged out"
+    );
+    let calls = model.requests().len();
+    resumed
+        .agent()
+        .followup(text("the wake"), MessageSource::User)
+        .await
+        .unwrap();
+    within("both turns", async {
+        while model.requests().len() < calls + 2 {
+            resumed.agent().when_idle().await;
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let prompts: Vec<String> = model.requests()[calls..]
+        .iter()
+        .map(|request| request.messages.messages().last().unwrap().text())
+        .collect();
+    assert_eq!(prompts, ["queued before the end", "the wake"]);
+    resumed.dispose().await.unwrap();
+    agent.dispose().await.unwrap();
+}
+
+// A resume that pages closes a turn the agent's process died in, durably, as any resume does:
+// the stored log ends balanced, and the agent goes on.
+#[actix_rt::test]
+async fn a_paging_agent_resumed_closes_the_turn_it_died_in() {
+    let (rt, _, store) = scripted_runtime().await;
+    let agent = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let id = agent.agent().id();
+    converse(&agent, 10).await;
+    let len = agent.agent().log().len();
+    agent.dispose().await.unwrap();
+    // The process died right after it opened turn 11.
+    store
+        .append(
+            id,
+            len,
+            vec![Arc::new(subagents::SessionEvent::new(
+                len,
+                subagents::EventKind::TurnStart { turn: 11 },
+            ))],
+            None,
+        )
+        .await
+        .unwrap();
+
+    let resumed = rt
+        .agents()
+        .resume(ResumeAgent::new(id).options(paging(2)))
+        .await
+        .unwrap();
+    assert!(resumed.agent().log().is_balanced());
+    let stored = store.read_from(id, 0).await.unwrap();
+    assert!(
+        matches!(
+            stored.last().unwrap().kind,
+            subagents::EventKind::TurnEnd { turn: 11, .. }
+        ),
+        "the interrupted turn is closed in the store: {:?}",
+        stored.last().unwrap().kind
+    );
+    run_prompt(resumed.agent(), "after the crash").await;
+    assert_eq!(resumed.agent().log().last_turn(), 12);
     resumed.dispose().await.unwrap();
 }
 

@@ -85,41 +85,48 @@ fn len_u64(len: usize) -> u64 {
     u64::try_from(len).unwrap_or(u64::MAX)
 }
 
-impl Inbox {
-    /// Rebuilds the pending lists from the splices in `events` (an agent's own events: from the
-    /// seed length on, so a fork prefix's parent splices are ignored).
-    pub fn replay<E: AsRef<SessionEvent>>(events: impl IntoIterator<Item = E>) -> Self {
-        let mut inbox = Self::default();
-        for event in events {
-            if let EventKind::InboxSpliced {
-                target,
-                start,
-                removed_count,
-                inserted,
-                ..
-            } = &event.as_ref().kind
-            {
-                let start = usize::try_from(*start).unwrap_or(usize::MAX);
-                let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
-                match target {
-                    InboxTarget::NextTurn => {
-                        let list = &mut inbox.next_turn;
-                        let start = start.min(list.len());
-                        let end = start.saturating_add(removed).min(list.len());
-                        list.drain(start..end);
-                        for (offset, message) in inserted.iter().enumerate() {
-                            list.insert((start + offset).min(list.len()), message.clone());
-                        }
-                    }
-                    InboxTarget::NextStep => {
-                        let list = &mut inbox.next_step;
-                        let start = start.min(list.len());
-                        let end = start.saturating_add(removed).min(list.len());
-                        list.splice(start..end, inserted.iter().cloned());
-                    }
+/// [`Inbox::replay`] a part at a time: the splices of an agent's own events, folded in order
+/// as they are read (a paging agent's log is loaded a chunk at a time).
+#[derive(Debug, Default)]
+pub(crate) struct InboxReplay(Inbox);
+
+impl InboxReplay {
+    /// Folds in the next own event (every other kind than a splice leaves the lists alone).
+    pub(crate) fn fold(&mut self, event: &SessionEvent) {
+        let EventKind::InboxSpliced {
+            target,
+            start,
+            removed_count,
+            inserted,
+            ..
+        } = &event.kind
+        else {
+            return;
+        };
+        let start = usize::try_from(*start).unwrap_or(usize::MAX);
+        let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
+        match target {
+            InboxTarget::NextTurn => {
+                let list = &mut self.0.next_turn;
+                let start = start.min(list.len());
+                let end = start.saturating_add(removed).min(list.len());
+                list.drain(start..end);
+                for (offset, message) in inserted.iter().enumerate() {
+                    list.insert((start + offset).min(list.len()), message.clone());
                 }
             }
+            InboxTarget::NextStep => {
+                let list = &mut self.0.next_step;
+                let start = start.min(list.len());
+                let end = start.saturating_add(removed).min(list.len());
+                list.splice(start..end, inserted.iter().cloned());
+            }
         }
+    }
+
+    /// The inbox the folded splices leave.
+    pub(crate) fn finish(self) -> Inbox {
+        let mut inbox = self.0;
         inbox.pending = inbox
             .next_step
             .iter()
@@ -127,6 +134,18 @@ impl Inbox {
             .map(|m| m.id)
             .collect();
         inbox
+    }
+}
+
+impl Inbox {
+    /// Rebuilds the pending lists from the splices in `events` (an agent's own events: from the
+    /// seed length on, so a fork prefix's parent splices are ignored).
+    pub fn replay<E: AsRef<SessionEvent>>(events: impl IntoIterator<Item = E>) -> Self {
+        let mut replay = InboxReplay::default();
+        for event in events {
+            replay.fold(event.as_ref());
+        }
+        replay.finish()
     }
 
     /// Whether message `id` is pending in either list.

@@ -19,13 +19,17 @@
 //! ([`crate::EventList::first_resident`]); the store has them, and a model call that needs the
 //! whole history reads them back ([`SessionLog::complete_history`]).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::session::event::{EventKind, SessionEvent};
+use crate::session::event_list::EventList;
 use crate::session::history::{History, Projection};
+use crate::session::invariants::LogShape;
 use crate::session::log::{lock_state, LogState};
-use crate::session::SessionLog;
+use crate::session::repair::interrupted_turn_closers_after;
+use crate::session::{SessionHeader, SessionLog};
 use crate::store::SessionPersistence;
 
 impl SessionLog {
@@ -120,4 +124,109 @@ fn paging_point(state: &LogState, keep: usize) -> Option<usize> {
         .as_ref()
         .map_or(usize::MAX, |memo| memo.read_through(first));
     Some((len - keep).min(written).min(turn_end).min(folded))
+}
+
+/// A paging agent's stored log loaded a part at a time ([`PagedLoad::push`]): each event folds
+/// into the log's shape and history as it is read, and only the events a page-out would keep
+/// stay in memory, so resuming a long-lived root costs its working set, not its transcript.
+pub(crate) struct PagedLoad {
+    header: SessionHeader,
+    keep: usize,
+    shape: LogShape,
+    history: Projection,
+    /// The events held: seqs from `first` on.
+    held: VecDeque<Arc<SessionEvent>>,
+    first: usize,
+    /// The seq and the turn of the last `turn/end` read.
+    last_turn_end: Option<(usize, u64)>,
+}
+
+impl PagedLoad {
+    /// A load of `header`'s session that keeps the newest `keep` events (and the last turn's
+    /// end on), as [`SessionLog::page_out`] does.
+    pub(crate) fn new(header: SessionHeader, keep: usize) -> Self {
+        Self {
+            header,
+            keep: keep.max(1),
+            shape: LogShape::default(),
+            history: Projection::default(),
+            held: VecDeque::new(),
+            first: 0,
+            last_turn_end: None,
+        }
+    }
+
+    /// How many events were read: the next seq.
+    pub(crate) fn len(&self) -> usize {
+        self.first + self.held.len()
+    }
+
+    /// Folds in the next stored events, their seqs following on, and drops from memory what a
+    /// page-out would.
+    ///
+    /// # Errors
+    /// `STORE_CORRUPT` when an event is out of sequence or breaks a log invariant.
+    pub(crate) fn push(&mut self, events: Vec<Arc<SessionEvent>>) -> Result<()> {
+        let id = self.header.id;
+        for event in events {
+            let seq = self.len();
+            if event.seq != u64::try_from(seq).unwrap_or(u64::MAX) {
+                return Err(SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    format!(
+                        "session {id}: stored event {} read where {seq} was due",
+                        event.seq
+                    ),
+                ));
+            }
+            self.shape.admit(&event).map_err(|e| {
+                SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    format!(
+                        "session {id}: stored log breaks an invariant: {}",
+                        e.message()
+                    ),
+                )
+            })?;
+            self.history.push(&event);
+            if let EventKind::TurnEnd { turn, .. } = &event.kind {
+                self.last_turn_end = Some((seq, *turn));
+            }
+            self.held.push_back(event);
+        }
+        // As `paging_point` decides, but for the store, which holds everything read.
+        if self.held.len() >= self.keep.saturating_mul(2) {
+            if let Some((turn_end, _)) = self.last_turn_end {
+                let below = (self.len() - self.keep).min(turn_end);
+                if below > self.first {
+                    self.held.drain(..below - self.first);
+                    self.first = below;
+                    self.history
+                        .page_out(u64::try_from(below).unwrap_or(u64::MAX));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The events that close an interrupted last turn, numbered from [`PagedLoad::len`]; none
+    /// for a log that ends between turns. Every event after the last `turn/end` is held.
+    pub(crate) fn closers(&self) -> Vec<Arc<SessionEvent>> {
+        let (shape, open_from) = match self.last_turn_end {
+            Some((seq, turn)) => (LogShape::after_turn(turn), seq + 1),
+            None => (LogShape::default(), 0),
+        };
+        let open = self.held.iter().skip(open_from.saturating_sub(self.first));
+        interrupted_turn_closers_after(shape, open)
+            .into_iter()
+            .zip(u64::try_from(self.len()).unwrap_or(u64::MAX)..)
+            .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
+            .collect()
+    }
+
+    /// The log, holding the events kept; the rest are in the store.
+    pub(crate) fn finish(self) -> SessionLog {
+        let events = EventList::paged_from(self.header.id, self.first, self.held.into());
+        SessionLog::from_parts(self.header, events, self.shape, self.history)
+    }
 }

@@ -57,8 +57,8 @@ pub struct FaultInjectingStore {
     flushes: AtomicUsize,
     /// Every projection cache row written: its unit and session, in order.
     cache_puts: Mutex<Vec<(String, SessionId)>>,
-    /// How many stored events were read of each session.
-    events_read: Mutex<HashMap<SessionId, usize>>,
+    /// How many stored events were read of each session, and the most one read returned.
+    events_read: Mutex<HashMap<SessionId, (usize, usize)>>,
 }
 
 /// Counts a held call dropped before it got through its hold.
@@ -157,12 +157,22 @@ impl FaultInjectingStore {
     /// How many stored events of `id` were read so far ([`SessionPersistence::read_stored`]
     /// through this store), so a test can tell what a reader had to decode.
     pub fn events_read(&self, id: SessionId) -> usize {
+        self.reads_of(id).0
+    }
+
+    /// The most stored events of `id` one read returned, so a test can tell how much of a
+    /// log its reader held at once.
+    pub fn largest_read(&self, id: SessionId) -> usize {
+        self.reads_of(id).1
+    }
+
+    fn reads_of(&self, id: SessionId) -> (usize, usize) {
         self.events_read
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&id)
             .copied()
-            .unwrap_or(0)
+            .unwrap_or_default()
     }
 
     /// How many flushes were asked for (armed or not).
@@ -287,12 +297,14 @@ impl SessionPersistence for FaultInjectingStore {
             .unwrap_or_else(|| {
                 Box::pin(async move {
                     let events = self.inner.read_stored(id, from_seq, before_seq).await?;
-                    *self
+                    let mut reads = self
                         .events_read
                         .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .entry(id)
-                        .or_default() += events.len();
+                        .unwrap_or_else(PoisonError::into_inner);
+                    let (total, largest) = reads.entry(id).or_default();
+                    *total += events.len();
+                    *largest = (*largest).max(events.len());
+                    drop(reads);
                     Ok(events)
                 })
             })
