@@ -622,8 +622,14 @@ impl Handler<Post> for AgentActor {
                 let id = msg.message.id;
                 let before = u64::try_from(paged.len).unwrap_or(u64::MAX);
                 let read = async move {
-                    let events = store.read_between(paged.session, 0, before).await?;
-                    Ok::<_, SubagentError>(crate::host::inbox::inserts(&events, id))
+                    let seed_end = store.header(paged.session).await?.first_stored_seq();
+                    let mut inserted = false;
+                    crate::store::read_chunked(&*store, paged.session, seed_end, before, |chunk| {
+                        inserted = crate::host::inbox::inserts(&chunk, id);
+                        Ok(!inserted)
+                    })
+                    .await?;
+                    Ok::<_, SubagentError>(inserted)
                 };
                 ctx.wait(
                     read.into_actor(self)

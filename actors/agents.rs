@@ -50,8 +50,9 @@ use crate::host::{
 };
 use crate::ids::MessageId;
 use crate::ids::SessionId;
+use crate::projection::ProjectionRegistry;
 use crate::session::log::{Attachment, CreationCommit, WriterIdle};
-use crate::session::{PagedLoad, SessionHeader, SessionLog};
+use crate::session::{SessionHeader, SessionLog};
 use crate::store::{Lease, LeaseEpoch, LeaseHolder, SessionPersistence, SharedStore};
 
 /// The agents service: creates, resumes and finds agents. Cheap to clone (one pointer: every
@@ -125,49 +126,57 @@ struct Staged {
     inbox: Option<Inbox>,
 }
 
-/// How many events the resume of an agent that pages its log reads at a time.
-const LOAD_CHUNK: u64 = 4096;
+/// The events a write into the inbox of a session that is away keeps of its log: only its
+/// inbox and its end are needed to append there.
+const STORED_INBOX_KEEP: std::num::NonZeroU32 = std::num::NonZeroU32::MIN;
 
-/// Session `id` as the resume of an agent that pages beyond `keep` events loads it: read a
-/// chunk at a time and folded as it comes ([`PagedLoad`]), so only the events a page-out
-/// keeps are ever held; an interrupted last turn closed durably under `lease`, as
-/// [`SessionPersistence::prepare`] closes it; the inbox replayed from its own events.
+/// Session `id` loaded paged out, keeping `keep` events (the resume of an agent that pages,
+/// or a write into the inbox of a session that is away): read a chunk at a time
+/// ([`crate::store::read_chunked`]), each chunk
+/// appended to the log, folded by every projection unit of `projections` and paged out as a
+/// turn's end pages out, so only the events a page-out keeps stay held; each event read is
+/// also shown to `each`. An interrupted last turn is closed durably under `lease`, as
+/// [`SessionPersistence::prepare`] closes it, and the inbox is replayed from the session's
+/// own events.
 async fn load_paged(
     store: &dyn SessionPersistence,
-    id: SessionId,
-    lease: Option<LeaseEpoch>,
+    projections: Option<&ProjectionRegistry>,
+    (id, lease): (SessionId, Option<LeaseEpoch>),
     keep: std::num::NonZeroU32,
+    mut each: impl FnMut(&crate::session::SessionEvent),
 ) -> Result<(SessionLog, Inbox)> {
     let header = store.header(id).await?;
-    let own_from = header.seed_len();
-    let mut load = PagedLoad::new(header, usize::try_from(keep.get()).unwrap_or(usize::MAX));
+    let (own_from, seed_end) = (header.seed_len(), header.first_stored_seq());
+    let keep = usize::try_from(keep.get()).unwrap_or(usize::MAX);
+    let log = SessionLog::from_stored(header, Vec::new())?;
     let mut inbox = InboxReplay::default();
-    let mut fold = |load: &mut PagedLoad, events: Vec<Arc<crate::session::SessionEvent>>| {
-        for event in events.iter().filter(|event| event.seq >= own_from) {
-            inbox.fold(event);
+    let mut fold = |events: Vec<Arc<crate::session::SessionEvent>>| {
+        for event in &events {
+            each(event);
+            if event.seq >= own_from {
+                inbox.fold(event);
+            }
         }
-        load.push(events)
+        log.extend_stored(events)?;
+        if let Some(projections) = projections {
+            projections.fold_live(&log);
+        }
+        log.page_out_loaded(keep);
+        Ok::<_, SubagentError>(())
     };
-    loop {
-        let from = u64::try_from(load.len()).unwrap_or(u64::MAX);
-        let chunk = store
-            .read_between(id, from, from.saturating_add(LOAD_CHUNK))
-            .await?;
-        let whole = chunk.len() as u64 == LOAD_CHUNK;
-        fold(&mut load, chunk)?;
-        if !whole {
-            break;
-        }
-    }
-    let closers = load.closers();
+    crate::store::read_chunked(store, id, seed_end, u64::MAX, |chunk| {
+        fold(chunk)?;
+        Ok(true)
+    })
+    .await?;
+    let closers = log.interrupted_turn_closers();
     if !closers.is_empty() {
-        let next = u64::try_from(load.len()).unwrap_or(u64::MAX);
         tracing::info!(session_id = %id, repaired = closers.len(), "repairing an interrupted turn");
-        store.append(id, next, closers.clone(), lease).await?;
+        store.append(id, log.len(), closers.clone(), lease).await?;
         store.flush(id).await?;
-        fold(&mut load, closers)?;
+        fold(closers)?;
     }
-    Ok((load.finish(), inbox.finish()))
+    Ok((log, inbox.finish()))
 }
 
 impl Agents {
@@ -312,7 +321,9 @@ impl Agents {
             // A long-lived agent that pages its log is loaded paged out: its working set,
             // never its whole transcript, is in memory.
             (None, Some(keep)) => {
-                let (log, inbox) = load_paged(&*store, request.id, epoch, keep).await?;
+                let projections = self.shared.env.projections.as_deref();
+                let (log, inbox) =
+                    load_paged(&*store, projections, (request.id, epoch), keep, |_| ()).await?;
                 (log, Some(inbox))
             }
             (None, None) => {
@@ -379,17 +390,24 @@ impl Agents {
         self.reserve((id, incarnation), Purpose::Write).await?;
         let lease = LeaseGuard::acquire(&store, id, &self.shared.holder).await?;
         let epoch = lease.lease.epoch;
-        let stored = store.prepare(id, Some(epoch)).await?;
-        let stored_len =
-            u64::try_from(stored.events.len()).map_err(|_| SubagentError::bug("log too long"))?;
-        let log = SessionLog::from_stored(stored.header, stored.events)?;
         let message_id = message.id;
+        // Loaded paged out: a long-lived parent that is away is written to without holding
+        // its whole transcript, whoever resumes it later.
+        let mut inserted = false;
+        let (log, mut inbox) = load_paged(
+            &*store,
+            None,
+            (id, Some(epoch)),
+            STORED_INBOX_KEEP,
+            |event| inserted = inserted || crate::host::inbox::inserts([event], message_id),
+        )
+        .await?;
+        let stored_len = log.len();
         // Stored again under its id (its sender did not hear the first answer): stored once.
-        if log.with_events(|events| crate::host::inbox::inserts(events, message_id)) {
+        if inserted {
             store.release_lease(id, lease.hand_over().epoch).await?;
             return Ok(message_id);
         }
-        let mut inbox = log.with_own_events(|own| Inbox::replay(own));
         inbox.insert(&log, crate::session::InboxTarget::NextTurn, message)?;
         let added = log.with_events(|events| {
             events.to_vec_range(

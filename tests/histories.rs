@@ -4,7 +4,9 @@
 //! `cargo test --release -- --ignored histories`) runs as many as `SUBAGENTS_CHECK_SCHEDULES`
 //! says (10,000 by default).
 
-use subagents::check::{replay_command, run_schedule, CheckConfig, CheckStore, Shape};
+use subagents::check::{
+    replay_command, roots_resident_events, run_schedule, CheckConfig, CheckStore, Shape,
+};
 
 /// Runs `count` schedules from seed `first` (memory and sled in turn) and fails with every
 /// broken promise and the commands that replay them.
@@ -38,8 +40,10 @@ async fn check(first: u64, count: u64, ops: usize) {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // The promises were checked across page-outs too: some schedules' roots paged out.
-    assert!(paged_out > 0, "no root paged its log out");
+    // The promises were checked across page-outs too, when some schedule's roots paged.
+    if (first..first + count).any(|seed| roots_resident_events(seed).is_some()) {
+        assert!(paged_out > 0, "no root paged its log out");
+    }
 }
 
 // Every promise holds over the suite's share of schedules (seeds chosen apart from the CLI's

@@ -212,9 +212,6 @@ async fn a_fork_of_a_paging_agent_inherits_its_whole_history() {
     parent.dispose().await.unwrap();
 }
 
-// A message the agent accepted long ago, its events since paged out, posted again under its id
-// (a settled notice or a report asked again) is answered with that acceptance and runs no
-// second turn: the store answers for what left memory.
 // A resumed agent that pages holds its bounded working set from its resumption, not from its
 // first turn's end (a resumed root that settled many children stays idle until it hears one).
 #[actix_rt::test]
@@ -282,6 +279,8 @@ async fn a_paging_agent_is_resumed_without_reading_its_whole_log_at_once() {
     converse(&agent, 400).await;
     let len = agent.agent().log().len();
     assert!(len > 4096, "{len} events");
+    let projections = rt.projections().unwrap();
+    let views = projections.snapshot(agent.agent().log()).unwrap();
     agent.dispose().await.unwrap();
 
     let resumed = rt
@@ -295,6 +294,13 @@ async fn a_paging_agent_is_resumed_without_reading_its_whole_log_at_once() {
         "one read handed the resume {largest} of {len} events"
     );
     assert_eq!(resumed.agent().log().len(), len);
+    assert!(resumed.agent().log().first_resident() > 0);
+    // Every projection unit folded each chunk before it was paged out.
+    assert_eq!(
+        projections.snapshot(resumed.agent().log()).unwrap(),
+        views,
+        "the resumed agent's projections are its log's"
+    );
     run_prompt(resumed.agent(), "after the resume").await;
     let handed = model.requests().last().unwrap().messages.clone();
     assert_eq!(
@@ -303,6 +309,69 @@ async fn a_paging_agent_is_resumed_without_reading_its_whole_log_at_once() {
         "400 prompts, their answers and the new prompt"
     );
     resumed.dispose().await.unwrap();
+}
+
+// A parent that is away hears its child settle without its log being read whole: the notice
+// is written into its stored inbox from its log read a chunk at a time, and waits there.
+#[actix_rt::test]
+async fn a_notice_to_a_parent_that_is_away_reads_its_log_a_chunk_at_a_time() {
+    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
+    // Read past the injector, so the test's own reads are not counted.
+    let inner = Arc::new(MemoryStore::new());
+    let store = Arc::new(FaultInjectingStore::new(
+        Arc::clone(&inner) as Arc<dyn SessionPersistence>
+    ));
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        Arc::clone(&store) as Arc<dyn SessionPersistence>,
+    )
+    .await;
+    let parent = rt.agents().create(CreateAgent::new()).await.unwrap();
+    let parent_id = parent.agent().id();
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent_id));
+    converse(&parent, 400).await;
+    let len = parent.agent().log().len();
+    assert!(len > 4096, "{len} events");
+    let gate = Gate::new();
+    model.push(ScriptStep::text("held").gated(&gate));
+    let child = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "task",
+            parent.agent(),
+            text("task"),
+        ))
+        .await
+        .unwrap()
+        .child_id;
+    gate.reached().await;
+    parent.dispose().await.unwrap();
+    let away = inner.read_from(parent_id, 0).await.unwrap().len();
+    gate.release();
+    settled(&recorder, child, 1).await;
+    within("the notice to be stored", async {
+        while inner.read_from(parent_id, 0).await.unwrap().len() == away {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let largest = store.largest_read(parent_id);
+    assert!(
+        largest <= 4096,
+        "one read handed the stored inbox's writer {largest} of {len} events"
+    );
+    let back = rt
+        .agents()
+        .resume(ResumeAgent::new(parent_id))
+        .await
+        .unwrap();
+    assert_eq!(
+        back.agent().status().await.unwrap().next_turn,
+        1,
+        "the notice waits in the resumed parent's inbox"
+    );
+    back.dispose().await.unwrap();
 }
 
 // What waited in the inbox when the agent's process died is replayed by a resume that pages
@@ -422,6 +491,9 @@ async fn a_paging_agent_resumed_closes_the_turn_it_died_in() {
     resumed.dispose().await.unwrap();
 }
 
+// A message the agent accepted long ago, its events since paged out, posted again under its id
+// (a settled notice or a report asked again) is answered with that acceptance and runs no
+// second turn: the store answers for what left memory.
 #[actix_rt::test]
 async fn a_message_posted_again_after_it_was_paged_out_is_not_accepted_twice() {
     let (rt, model, _) = scripted_runtime().await;

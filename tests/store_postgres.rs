@@ -1409,8 +1409,8 @@ fn a_server_that_stops_answering_fails_a_call_within_its_deadline() {
     block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
     // Read once: the read's connection is open (and idle) before the server stops.
     assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
-    // Every server process of this database but the one asking (none of them is mid-call).
-    let backends: Vec<i32> = block_on(async {
+    // Every client process of this database but the one asking (none of them is mid-call).
+    let backends: Vec<u32> = block_on(async {
         let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
             .await
             .unwrap();
@@ -1418,33 +1418,38 @@ fn a_server_that_stops_answering_fails_a_call_within_its_deadline() {
         client
             .query(
                 "SELECT pid FROM pg_stat_activity
-                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()
+                   AND backend_type = 'client backend'",
                 &[],
             )
             .await
             .unwrap()
             .iter()
-            .map(|row| row.get(0))
+            .map(|row| u32::try_from(row.get::<_, i32>(0)).unwrap())
             .collect()
     });
     assert!(!backends.is_empty(), "the store holds connections");
-    let signal = |signal: &str| {
-        for pid in &backends {
-            let status = std::process::Command::new("kill")
-                .args([signal, &pid.to_string()])
-                .status()
-                .unwrap();
-            assert!(status.success(), "kill {signal} {pid}");
+    /// Stops the processes while it lives: they go on when it drops, a failed assert too.
+    struct Stopped(Vec<u32>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                let pid = rustix::process::Pid::from_raw(i32::try_from(*pid).unwrap()).unwrap();
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::CONT);
+            }
         }
-    };
-    signal("-STOP");
+    }
+    let stopped = Stopped(backends.clone());
+    for pid in &backends {
+        signal(*pid, rustix::process::Signal::STOP);
+    }
     let began = std::time::Instant::now();
     let answered = block_on(tokio::time::timeout(
         Duration::from_secs(10),
         store.read_from(id, 0),
     ));
     let waited = began.elapsed();
-    signal("-CONT");
+    drop(stopped);
     let refused = answered
         .expect("the read answered before the server did")
         .unwrap_err();

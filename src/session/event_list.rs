@@ -148,26 +148,6 @@ impl std::fmt::Debug for EventList {
     }
 }
 
-impl EventList {
-    /// A list holding `resident`, the events from seq `first` on, whose first `first` events
-    /// lie in `session`'s stored log: a log loaded with its settled prefix left in the store.
-    pub(crate) fn paged_from(
-        session: SessionId,
-        first: usize,
-        resident: Vec<Arc<SessionEvent>>,
-    ) -> Self {
-        Self {
-            resident: resident.into(),
-            paged: (first > 0).then(|| {
-                Box::new(PagedPrefix {
-                    session,
-                    len: first,
-                })
-            }),
-        }
-    }
-}
-
 impl From<Vec<Arc<SessionEvent>>> for EventList {
     fn from(events: Vec<Arc<SessionEvent>>) -> Self {
         Self {

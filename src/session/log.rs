@@ -178,7 +178,7 @@ impl SessionLog {
         Ok(Self::from_parts(header, events.into(), shape, history))
     }
 
-    pub(super) fn from_parts(
+    fn from_parts(
         header: SessionHeader,
         events: EventList,
         shape: LogShape,

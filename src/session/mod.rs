@@ -30,7 +30,6 @@ pub use history::{History, HistoryEntry};
 pub use invariants::LogShape;
 pub(crate) use log::LogMemo;
 pub use log::SessionLog;
-pub(crate) use paging::PagedLoad;
 pub use repair::{interrupted_turn_closers, interrupted_turn_closers_after};
 pub use seed::{check_lossless, validate_seed, Seed};
 pub use view::SessionLogView;

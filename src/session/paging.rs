@@ -19,17 +19,15 @@
 //! ([`crate::EventList::first_resident`]); the store has them, and a model call that needs the
 //! whole history reads them back ([`SessionLog::complete_history`]).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::session::event::{EventKind, SessionEvent};
-use crate::session::event_list::EventList;
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
 use crate::session::log::{lock_state, LogState};
 use crate::session::repair::interrupted_turn_closers_after;
-use crate::session::{SessionHeader, SessionLog};
+use crate::session::SessionLog;
 use crate::store::SessionPersistence;
 
 impl SessionLog {
@@ -38,8 +36,18 @@ impl SessionLog {
     /// those a read-back history holds again: see [`SessionLog::complete_history`]). See the
     /// module docs for what stays.
     pub(crate) fn page_out(&self, keep: usize) {
+        self.page_out_stored(keep, false);
+    }
+
+    /// [`SessionLog::page_out`] for a log being loaded from the store, before its writer is
+    /// attached: everything it holds is stored.
+    pub(crate) fn page_out_loaded(&self, keep: usize) {
+        self.page_out_stored(keep, true);
+    }
+
+    fn page_out_stored(&self, keep: usize, loaded: bool) {
         let mut state = lock_state(&self.inner);
-        if let Some(below) = paging_point(&state, keep) {
+        if let Some(below) = paging_point(&state, keep, loaded) {
             let id = state.header.id;
             state.events.page_out(below, id);
             tracing::trace!(session_id = %id, below, "paged out the settled events below");
@@ -48,6 +56,68 @@ impl SessionLog {
         state
             .history
             .page_out(u64::try_from(first_resident).unwrap_or(u64::MAX));
+    }
+
+    /// Appends stored events read after the ones the log holds (a log loaded a part at a
+    /// time: see [`SessionLog::page_out_loaded`]), each checked as a stored log's are.
+    ///
+    /// # Errors
+    /// `STORE_CORRUPT` when an event is out of sequence or breaks a log invariant.
+    pub(crate) fn extend_stored(&self, events: Vec<Arc<SessionEvent>>) -> Result<()> {
+        let mut state = lock_state(&self.inner);
+        let id = state.header.id;
+        for event in events {
+            let next = state.events.len();
+            if usize::try_from(event.seq).ok() != Some(next) {
+                return Err(SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    format!(
+                        "session {id}: stored event {} read where {next} was due",
+                        event.seq
+                    ),
+                ));
+            }
+            state.shape.admit(&event).map_err(|e| {
+                SubagentError::new(
+                    ErrorCode::StoreCorrupt,
+                    format!(
+                        "session {id}: stored log breaks an invariant: {}",
+                        e.message()
+                    ),
+                )
+            })?;
+            state.history.push(&event);
+            state.events.push(event);
+        }
+        Ok(())
+    }
+
+    /// The events that close an interrupted last turn, numbered after the log's last event;
+    /// none for a log that ends between turns. Every event after the last `turn/end` is held
+    /// (a page-out never passes it).
+    pub(crate) fn interrupted_turn_closers(&self) -> Vec<Arc<SessionEvent>> {
+        let state = lock_state(&self.inner);
+        let last_end = state
+            .events
+            .iter()
+            .rev()
+            .find_map(|event| match event.kind {
+                EventKind::TurnEnd { turn, .. } => Some((event.seq, turn)),
+                _ => None,
+            });
+        let (shape, open_from) = match last_end {
+            Some((seq, turn)) => (LogShape::after_turn(turn), seq.saturating_add(1)),
+            None => (LogShape::default(), 0),
+        };
+        let open = state
+            .events
+            .iter_from(usize::try_from(open_from).unwrap_or(usize::MAX));
+        let next = u64::try_from(state.events.len()).unwrap_or(u64::MAX);
+        interrupted_turn_closers_after(shape, open)
+            .into_iter()
+            .zip(next..)
+            .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
+            .collect()
     }
 
     /// The whole model history: the one held, or, when it lost entries to paging out, the
@@ -99,11 +169,13 @@ impl SessionLog {
 }
 
 /// Where the log held in `state` may page out to, keeping its newest `keep` events: `None`
-/// while fewer than `2 × keep` are held, or when nothing may leave (see the module docs).
-fn paging_point(state: &LogState, keep: usize) -> Option<usize> {
+/// while fewer than `2 × keep` are held, or when nothing may leave (see the module docs). A
+/// log being `loaded` from the store has every event it holds stored.
+fn paging_point(state: &LogState, keep: usize, loaded: bool) -> Option<usize> {
     let first = state.events.first_resident();
     let len = state.events.len();
     let written = match &state.write_behind {
+        _ if loaded => len,
         Some(write_behind) if !write_behind.uncommitted() && state.fault.is_none() => {
             usize::try_from(write_behind.written).unwrap_or(usize::MAX)
         }
@@ -124,109 +196,4 @@ fn paging_point(state: &LogState, keep: usize) -> Option<usize> {
         .as_ref()
         .map_or(usize::MAX, |memo| memo.read_through(first));
     Some((len - keep).min(written).min(turn_end).min(folded))
-}
-
-/// A paging agent's stored log loaded a part at a time ([`PagedLoad::push`]): each event folds
-/// into the log's shape and history as it is read, and only the events a page-out would keep
-/// stay in memory, so resuming a long-lived root costs its working set, not its transcript.
-pub(crate) struct PagedLoad {
-    header: SessionHeader,
-    keep: usize,
-    shape: LogShape,
-    history: Projection,
-    /// The events held: seqs from `first` on.
-    held: VecDeque<Arc<SessionEvent>>,
-    first: usize,
-    /// The seq and the turn of the last `turn/end` read.
-    last_turn_end: Option<(usize, u64)>,
-}
-
-impl PagedLoad {
-    /// A load of `header`'s session that keeps the newest `keep` events (and the last turn's
-    /// end on), as [`SessionLog::page_out`] does.
-    pub(crate) fn new(header: SessionHeader, keep: usize) -> Self {
-        Self {
-            header,
-            keep: keep.max(1),
-            shape: LogShape::default(),
-            history: Projection::default(),
-            held: VecDeque::new(),
-            first: 0,
-            last_turn_end: None,
-        }
-    }
-
-    /// How many events were read: the next seq.
-    pub(crate) fn len(&self) -> usize {
-        self.first + self.held.len()
-    }
-
-    /// Folds in the next stored events, their seqs following on, and drops from memory what a
-    /// page-out would.
-    ///
-    /// # Errors
-    /// `STORE_CORRUPT` when an event is out of sequence or breaks a log invariant.
-    pub(crate) fn push(&mut self, events: Vec<Arc<SessionEvent>>) -> Result<()> {
-        let id = self.header.id;
-        for event in events {
-            let seq = self.len();
-            if event.seq != u64::try_from(seq).unwrap_or(u64::MAX) {
-                return Err(SubagentError::new(
-                    ErrorCode::StoreCorrupt,
-                    format!(
-                        "session {id}: stored event {} read where {seq} was due",
-                        event.seq
-                    ),
-                ));
-            }
-            self.shape.admit(&event).map_err(|e| {
-                SubagentError::new(
-                    ErrorCode::StoreCorrupt,
-                    format!(
-                        "session {id}: stored log breaks an invariant: {}",
-                        e.message()
-                    ),
-                )
-            })?;
-            self.history.push(&event);
-            if let EventKind::TurnEnd { turn, .. } = &event.kind {
-                self.last_turn_end = Some((seq, *turn));
-            }
-            self.held.push_back(event);
-        }
-        // As `paging_point` decides, but for the store, which holds everything read.
-        if self.held.len() >= self.keep.saturating_mul(2) {
-            if let Some((turn_end, _)) = self.last_turn_end {
-                let below = (self.len() - self.keep).min(turn_end);
-                if below > self.first {
-                    self.held.drain(..below - self.first);
-                    self.first = below;
-                    self.history
-                        .page_out(u64::try_from(below).unwrap_or(u64::MAX));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The events that close an interrupted last turn, numbered from [`PagedLoad::len`]; none
-    /// for a log that ends between turns. Every event after the last `turn/end` is held.
-    pub(crate) fn closers(&self) -> Vec<Arc<SessionEvent>> {
-        let (shape, open_from) = match self.last_turn_end {
-            Some((seq, turn)) => (LogShape::after_turn(turn), seq + 1),
-            None => (LogShape::default(), 0),
-        };
-        let open = self.held.iter().skip(open_from.saturating_sub(self.first));
-        interrupted_turn_closers_after(shape, open)
-            .into_iter()
-            .zip(u64::try_from(self.len()).unwrap_or(u64::MAX)..)
-            .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
-            .collect()
-    }
-
-    /// The log, holding the events kept; the rest are in the store.
-    pub(crate) fn finish(self) -> SessionLog {
-        let events = EventList::paged_from(self.header.id, self.first, self.held.into());
-        SessionLog::from_parts(self.header, events, self.shape, self.history)
-    }
 }

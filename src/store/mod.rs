@@ -447,7 +447,11 @@ pub trait SessionPersistence: Send + Sync + 'static {
     }
 
     /// Loads the session for a resume: an interrupted last turn is closed durably (appended
-    /// under `lease` and flushed) before the balanced log is returned.
+    /// under `lease` and flushed) before the balanced log is returned. The resume of an agent
+    /// that pages its log, and a write into the inbox of a session that is away, load it a
+    /// chunk at a time through [`SessionPersistence::header`],
+    /// [`SessionPersistence::read_between`], [`SessionPersistence::append`] and
+    /// [`SessionPersistence::flush`] instead, closing the turn the same way.
     ///
     /// # Errors
     /// As [`SessionPersistence::inspect`], plus the append and flush errors of the repair.
@@ -540,6 +544,44 @@ fn closers_from(
         .zip(next..)
         .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
         .collect()
+}
+
+/// How many events a chunked read of a long log asks for at a time ([`read_chunked`]).
+pub(crate) const READ_CHUNK: u64 = 4096;
+
+/// Reads session `id`'s events below `before` (every one, with `u64::MAX`) a chunk of
+/// [`READ_CHUNK`] at a time, handing each chunk to `chunk` in order until it answers `false`:
+/// a long log is never read whole into memory. A seed stored by reference (its first
+/// `seed_end` events, [`SessionHeader::first_stored_seq`]) is one chunk, since every read
+/// inside it checks the reference's digest.
+///
+/// # Errors
+/// The store's, and `chunk`'s.
+pub(crate) async fn read_chunked<S: SessionPersistence + ?Sized>(
+    store: &S,
+    id: SessionId,
+    seed_end: u64,
+    before: u64,
+    mut chunk: impl FnMut(Vec<Arc<SessionEvent>>) -> Result<bool>,
+) -> Result<()> {
+    let mut from = 0_u64;
+    while from < before {
+        let until = if from < seed_end {
+            seed_end
+        } else {
+            from.saturating_add(READ_CHUNK)
+        }
+        .min(before);
+        let events = store.read_between(id, from, until).await?;
+        let read = u64::try_from(events.len()).unwrap_or(u64::MAX);
+        // A short chunk is the log's end.
+        let whole = read == until - from;
+        from = from.saturating_add(read);
+        if !chunk(events)? || !whole {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// [`SessionPersistence::inspect`] of `store`, through its own reads (so a wrapping store that

@@ -108,6 +108,9 @@ pub struct Served {
 /// How a node serves a delivery: its answer, or the typed error the sender gets back.
 pub type DeliveryHandler = Arc<dyn Fn(Delivery) -> BoxFuture<'static, Result<Value>> + Send + Sync>;
 
+/// How many old deliveries one pruning statement deletes.
+const PRUNE_BATCH: i64 = 10_000;
+
 /// The channel a node listens on (an unquoted identifier: lowercase hex only).
 pub(super) fn channel_of(node: uuid::Uuid) -> String {
     format!("subagents_node_{}", node.simple())
@@ -570,20 +573,29 @@ impl PostgresStore {
     /// them: a cluster's nodes come and go, and any of them prunes for all).
     async fn prune_deliveries(&self) -> Result<()> {
         let client = self.client().await?;
-        client
-            .execute(
-                "DELETE FROM subagents_deliveries delivery
-                 WHERE coalesce(delivery.answered_at, delivery.sent_at)
-                       < now() - make_interval(secs => $1)
-                   AND (delivery.state IN ('answered', 'withdrawn') OR NOT EXISTS (
-                       SELECT 1 FROM subagents_nodes node
-                       WHERE node.node = delivery.target AND node.expires_at > now()
-                   ))",
-                &[&self.delivery_retention.as_secs_f64()],
-            )
-            .await
-            .map_err(io("pruning old deliveries"))?;
-        Ok(())
+        // A batch at a time, each its own statement: a backlog is pruned in steps that each
+        // end well within the statement timeout, and what a cut-off pruning deleted stays so.
+        loop {
+            let pruned = client
+                .execute(
+                    "DELETE FROM subagents_deliveries WHERE id IN (
+                         SELECT delivery.id FROM subagents_deliveries delivery
+                         WHERE coalesce(delivery.answered_at, delivery.sent_at)
+                               < now() - make_interval(secs => $1)
+                           AND (delivery.state IN ('answered', 'withdrawn') OR NOT EXISTS (
+                               SELECT 1 FROM subagents_nodes node
+                               WHERE node.node = delivery.target AND node.expires_at > now()
+                           ))
+                         LIMIT $2
+                     )",
+                    &[&self.delivery_retention.as_secs_f64(), &PRUNE_BATCH],
+                )
+                .await
+                .map_err(io("pruning old deliveries"))?;
+            if pruned < u64::try_from(PRUNE_BATCH).unwrap_or(u64::MAX) {
+                return Ok(());
+            }
+        }
     }
 
     /// Stores the answer to a claimed delivery and announces it to its sender, carrying it in

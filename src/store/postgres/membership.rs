@@ -335,8 +335,10 @@ impl PostgresStore {
         let stop = CancellationToken::new();
         listen(self, node, Arc::clone(&inbound), stop.clone()).await?;
         let incarnation = uuid::Uuid::now_v7();
-        let inserted = self.bounded(
+        // Its statements' deadline, and the half time-to-live it waits to see a live node beat.
+        let inserted = super::reconnect::within(
             "joining the cluster",
+            self.call_deadline.saturating_add(self.node_ttl / 2),
             self.insert_member(node, name, ttl, incarnation),
         );
         let written = match inserted.await {

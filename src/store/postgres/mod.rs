@@ -298,12 +298,16 @@ pub struct PostgresConfig {
     /// sender gets `NODE_UNRESPONSIVE`.
     pub delivery_deadline: Duration,
     /// The longest a statement runs on the server (the connections' `statement_timeout`,
-    /// default 60 s) and, a second later, the longest a store call waits for the server's
-    /// answer: a server that stops answering without closing the connection (paused,
-    /// partitioned, stuck on its disk) fails the call with `STORE_IO` instead of holding its
-    /// caller forever. A write that timed out may still have committed, as one whose
-    /// connection was lost may: its log faults, as on any failed write, and a resume reads
-    /// what the store holds. Raise it for logs so long that reading one takes longer.
+    /// default 60 s, from 1 ms to `i32::MAX` ms) and, a second later, the longest each
+    /// attempt of a store call waits for the server's answer (a call tried again after a lost
+    /// connection waits at most [`RECONNECT_WITHIN`] more): a server that stops answering
+    /// without closing the connection (paused, partitioned, stuck on its disk) fails the call
+    /// with `STORE_IO` instead of holding its caller forever. A call that timed out may still
+    /// have committed: an append's log faults, as on any failed write, and a resume reads what
+    /// the store holds; a lease granted unseen passes on as any lease does. A connection whose
+    /// call timed out goes back to the pool and serves its next call once the server answers
+    /// the one in flight. A schema migration is the one call without a deadline. Raise it for
+    /// logs so long that reading one whole takes longer.
     pub statement_timeout: Duration,
 }
 
@@ -471,9 +475,9 @@ impl PostgresStore {
     /// As [`PostgresStore::connect`].
     pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
         let store = Self::pool(config)?;
-        store
-            .bounded("migrating the schema", store.migrate())
-            .await?;
+        // The one call without a deadline: a schema migration takes what its DDL takes (and
+        // waits for another process's migration to end).
+        store.migrate().await?;
         Ok(store)
     }
 
@@ -492,16 +496,23 @@ impl PostgresStore {
         // these index lookups is the custom one.
         // A statement the server cannot finish (a lock held elsewhere, say) is cancelled there
         // as its caller stops waiting for it, so the connection is free again.
-        if config.statement_timeout.is_zero() {
-            return Err(SubagentError::new(
-                ErrorCode::InvalidConfig,
-                "the PostgreSQL statement timeout must be positive",
-            ));
-        }
+        // PostgreSQL takes at most `i32::MAX` milliseconds (and 0 would turn it off).
+        let timeout_ms = match i32::try_from(config.statement_timeout.as_millis()) {
+            Ok(0) | Err(_) => {
+                return Err(SubagentError::new(
+                    ErrorCode::InvalidConfig,
+                    format!(
+                        "the PostgreSQL statement timeout must be from 1 ms to {} ms, not {:?}",
+                        i32::MAX,
+                        config.statement_timeout
+                    ),
+                ))
+            }
+            Ok(ms) => ms,
+        };
         pg.options(format!(
             "-c synchronous_commit=off -c plan_cache_mode=force_generic_plan \
-             -c statement_timeout={}",
-            config.statement_timeout.as_millis().max(1)
+             -c statement_timeout={timeout_ms}"
         ));
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(CONNECT_TIMEOUT);
@@ -509,7 +520,7 @@ impl PostgresStore {
         // A peer gone from the network (no reset ever comes) ends the connection once what
         // was sent stays unacknowledged this long, so the pool opens a fresh one.
         if pg.get_tcp_user_timeout().is_none() {
-            pg.tcp_user_timeout(config.statement_timeout);
+            pg.tcp_user_timeout(config.statement_timeout.max(CONNECT_TIMEOUT));
         }
         let call_deadline = config.statement_timeout.saturating_add(CALL_GRACE);
         let runtime = store_runtime()?;
@@ -603,6 +614,9 @@ impl PostgresStore {
             .transaction()
             .await
             .map_err(io("starting the schema migration"))?;
+        tx.batch_execute("SET LOCAL statement_timeout = 0")
+            .await
+            .map_err(io("lifting the statement timeout for the migration"))?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .await
             .map_err(io("locking the schema"))?;

@@ -94,12 +94,14 @@ impl PostgresStore {
     }
 }
 
-/// `call`'s answer, or `STORE_IO` once `deadline` passed without one.
+/// `call`'s answer, or `STORE_IO` once `deadline` passed without one (`NO_ACTOR_SYSTEM`
+/// outside a tokio runtime, whose timer the deadline needs).
 pub(super) async fn within<T>(
     what: &str,
     deadline: Duration,
     call: impl Future<Output = Result<T>>,
 ) -> Result<T> {
+    super::store_runtime()?;
     tokio::time::timeout(deadline, call)
         .await
         .unwrap_or_else(|_| {
