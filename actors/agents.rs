@@ -516,7 +516,6 @@ impl Agents {
                 ));
             }
         }
-        let is_resume = resumed.is_some();
         let attachment = match (&self.shared.env.store, resumed, deferred) {
             (Some(_), Some((stored_len, lease)), _) => Some((stored_len, Some(lease))),
             // Stored by its writer once the creation commits.
@@ -608,14 +607,6 @@ impl Agents {
             // already runs on its child's worker (see `InProcessProvider`); placing the writer
             // on the agent's worker instead measured slower, every close then crossing threads.
             tokio::spawn(writing);
-            if let (true, Some(keep)) = (is_resume, options.resident_events) {
-                // Everything loaded is stored already: a resumed agent that pages holds its
-                // bounded working set from now, not from its first turn's end.
-                if let Some(projections) = &self.shared.env.projections {
-                    projections.fold_live(&log);
-                }
-                log.page_out(usize::try_from(keep.get()).unwrap_or(usize::MAX));
-            }
         }
         let agent = AgentRef::new(id, incarnation, &addr, log, options, self.clone());
         // The handle takes the actor's one strong address (a clone would allocate a sender).

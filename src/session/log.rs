@@ -163,16 +163,9 @@ impl SessionLog {
     ) -> Result<Self> {
         let mut shape = LogShape::default();
         for event in &events {
-            shape.admit(event).map_err(|e| {
-                SubagentError::new(
-                    ErrorCode::StoreCorrupt,
-                    format!(
-                        "session {}: stored log breaks an invariant: {}",
-                        header.id,
-                        e.message()
-                    ),
-                )
-            })?;
+            shape
+                .admit(event)
+                .map_err(|e| stored_invariant_broken(header.id, &e))?;
         }
         let history = Projection::of(&events);
         Ok(Self::from_parts(header, events.into(), shape, history))
@@ -717,6 +710,17 @@ impl SessionLog {
             }))
         })
     }
+}
+
+/// A stored event that breaks a log invariant (`STORE_CORRUPT`).
+pub(super) fn stored_invariant_broken(id: SessionId, broken: &SubagentError) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::StoreCorrupt,
+        format!(
+            "session {id}: stored log breaks an invariant: {}",
+            broken.message()
+        ),
+    )
 }
 
 pub(super) fn lock_state(inner: &LogInner) -> MutexGuard<'_, LogState> {

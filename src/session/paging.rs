@@ -25,7 +25,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::session::event::{EventKind, SessionEvent};
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
-use crate::session::log::{lock_state, LogState};
+use crate::session::log::{lock_state, stored_invariant_broken, LogState};
 use crate::session::repair::interrupted_turn_closers_after;
 use crate::session::SessionLog;
 use crate::store::SessionPersistence;
@@ -77,15 +77,10 @@ impl SessionLog {
                     ),
                 ));
             }
-            state.shape.admit(&event).map_err(|e| {
-                SubagentError::new(
-                    ErrorCode::StoreCorrupt,
-                    format!(
-                        "session {id}: stored log breaks an invariant: {}",
-                        e.message()
-                    ),
-                )
-            })?;
+            state
+                .shape
+                .admit(&event)
+                .map_err(|e| stored_invariant_broken(id, &e))?;
             state.history.push(&event);
             state.events.push(event);
         }
