@@ -44,18 +44,50 @@ async fn scripted_runtime() -> (Runtime, ScriptedModel, Arc<MemoryStore>) {
     (rt, model, store)
 }
 
-/// Starts a continuable `fork` child of `parent`, prompted "forked task"; its id.
-async fn start_fork(rt: &Runtime, parent: &AgentHandle) -> subagents::SessionId {
+/// Starts a continuable child of `parent` through `provider`, prompted (and labelled)
+/// `prompt`; its id.
+async fn start_child(
+    rt: &Runtime,
+    parent: &AgentHandle,
+    provider: &str,
+    prompt: &str,
+) -> subagents::SessionId {
     rt.subagents()
         .start_continuable(ContinuableStartSpec::new(
-            "fork",
-            "forked task",
+            provider,
+            prompt,
             parent.agent(),
-            text("forked task"),
+            text(prompt),
         ))
         .await
         .unwrap()
         .child_id
+}
+
+/// Starts a continuable `fork` child of `parent`, prompted "forked task"; its id.
+async fn start_fork(rt: &Runtime, parent: &AgentHandle) -> subagents::SessionId {
+    start_child(rt, parent, "fork", "forked task").await
+}
+
+/// A runtime whose model answers "answer", on a memory store (returned too, to read back
+/// without being counted) behind a fault injector (which counts the reads).
+async fn injected_runtime() -> (
+    Runtime,
+    ScriptedModel,
+    Arc<MemoryStore>,
+    Arc<FaultInjectingStore>,
+) {
+    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
+    let inner = Arc::new(MemoryStore::new());
+    let store = Arc::new(FaultInjectingStore::new(
+        Arc::clone(&inner) as Arc<dyn SessionPersistence>
+    ));
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        Arc::clone(&store) as Arc<dyn SessionPersistence>,
+    )
+    .await;
+    (rt, model, inner, store)
 }
 
 /// Runs `turns` prompts through `agent`, its log written to the store before each (a turn's
@@ -263,15 +295,7 @@ fn paging(keep: u32) -> AgentOptions {
 // the resume more than a chunk, so it never holds its whole transcript, and it goes on whole.
 #[actix_rt::test]
 async fn a_paging_agent_is_resumed_without_reading_its_whole_log_at_once() {
-    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
-    let store = Arc::new(FaultInjectingStore::new(
-        Arc::new(MemoryStore::new()) as Arc<dyn SessionPersistence>
-    ));
-    let rt = seam_runtime_on(
-        Runtime::builder().model("scripted", model.clone()),
-        Arc::clone(&store) as Arc<dyn SessionPersistence>,
-    )
-    .await;
+    let (rt, model, _, store) = injected_runtime().await;
     // It pages only once resumed: a paging agent reads its history back every turn.
     let agent = rt.agents().create(CreateAgent::new()).await.unwrap();
     let id = agent.agent().id();
@@ -315,17 +339,8 @@ async fn a_paging_agent_is_resumed_without_reading_its_whole_log_at_once() {
 // is written into its stored inbox from its log read a chunk at a time, and waits there.
 #[actix_rt::test]
 async fn a_notice_to_a_parent_that_is_away_reads_its_log_a_chunk_at_a_time() {
-    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
-    // Read past the injector, so the test's own reads are not counted.
-    let inner = Arc::new(MemoryStore::new());
-    let store = Arc::new(FaultInjectingStore::new(
-        Arc::clone(&inner) as Arc<dyn SessionPersistence>
-    ));
-    let rt = seam_runtime_on(
-        Runtime::builder().model("scripted", model.clone()),
-        Arc::clone(&store) as Arc<dyn SessionPersistence>,
-    )
-    .await;
+    // The test reads past the injector, so its own reads are not counted.
+    let (rt, model, inner, store) = injected_runtime().await;
     let parent = rt.agents().create(CreateAgent::new()).await.unwrap();
     let parent_id = parent.agent().id();
     let recorder = SeamRecorder::new(&rt, EventScope::Key(parent_id));
@@ -334,17 +349,7 @@ async fn a_notice_to_a_parent_that_is_away_reads_its_log_a_chunk_at_a_time() {
     assert!(len > 4096, "{len} events");
     let gate = Gate::new();
     model.push(ScriptStep::text("held").gated(&gate));
-    let child = rt
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "task",
-            parent.agent(),
-            text("task"),
-        ))
-        .await
-        .unwrap()
-        .child_id;
+    let child = start_child(&rt, &parent, "spawn", "task").await;
     gate.reached().await;
     parent.dispose().await.unwrap();
     let away = inner.read_from(parent_id, 0).await.unwrap().len();
