@@ -21,13 +21,26 @@ use crate::support::{run_prompt, seam_runtime_on, settled, text, within, SeamRec
 /// How many of its newest events the paging agent keeps.
 const KEEP: u32 = 8;
 
+/// Options that page out beyond `keep` events.
+fn paging(keep: u32) -> AgentOptions {
+    AgentOptions {
+        resident_events: NonZeroU32::new(keep),
+        ..AgentOptions::default()
+    }
+}
+
+/// Session `id` resumed on `rt` as an agent that pages out beyond `keep` events.
+async fn resume_paging(rt: &Runtime, id: subagents::SessionId, keep: u32) -> AgentHandle {
+    rt.agents()
+        .resume(ResumeAgent::new(id).options(paging(keep)))
+        .await
+        .unwrap()
+}
+
 /// An agent on `rt` that pages out its settled events beyond [`KEEP`].
 async fn paging_agent(rt: &Runtime) -> AgentHandle {
     rt.agents()
-        .create(CreateAgent::new().options(AgentOptions {
-            resident_events: NonZeroU32::new(KEEP),
-            ..AgentOptions::default()
-        }))
+        .create(CreateAgent::new().options(paging(KEEP)))
         .await
         .unwrap()
 }
@@ -256,14 +269,7 @@ async fn a_resumed_paging_agent_pages_out_what_it_loaded_at_once() {
     assert_eq!(whole.agent().log().first_resident(), 0, "nothing paged out");
     whole.dispose().await.unwrap();
 
-    let resumed = rt
-        .agents()
-        .resume(ResumeAgent::new(id).options(AgentOptions {
-            resident_events: NonZeroU32::new(KEEP),
-            ..AgentOptions::default()
-        }))
-        .await
-        .unwrap();
+    let resumed = resume_paging(&rt, id, KEEP).await;
     let log = resumed.agent().log();
     let held = log.with_events(|events| events.iter().count());
     assert_eq!(log.len(), len, "the whole log was loaded");
@@ -283,14 +289,6 @@ async fn a_resumed_paging_agent_pages_out_what_it_loaded_at_once() {
     resumed.dispose().await.unwrap();
 }
 
-/// Options that page out beyond `keep` events.
-fn paging(keep: u32) -> AgentOptions {
-    AgentOptions {
-        resident_events: NonZeroU32::new(keep),
-        ..AgentOptions::default()
-    }
-}
-
 // A paging agent is resumed a chunk of its log at a time: however long its log, no read hands
 // the resume more than a chunk, so it never holds its whole transcript, and it goes on whole.
 #[actix_rt::test]
@@ -307,11 +305,7 @@ async fn a_paging_agent_is_resumed_without_reading_its_whole_log_at_once() {
     let views = projections.snapshot(agent.agent().log()).unwrap();
     agent.dispose().await.unwrap();
 
-    let resumed = rt
-        .agents()
-        .resume(ResumeAgent::new(id).options(paging(KEEP)))
-        .await
-        .unwrap();
+    let resumed = resume_paging(&rt, id, KEEP).await;
     let largest = store.largest_read(id);
     assert!(
         largest <= 4096,
@@ -421,11 +415,7 @@ async fn a_paging_agent_resumed_runs_what_was_queued_before_its_last_turn_ended(
         .await
         .unwrap();
 
-    let resumed = rt
-        .agents()
-        .resume(ResumeAgent::new(died).options(paging(1)))
-        .await
-        .unwrap();
+    let resumed = resume_paging(&rt, died, 1).await;
     assert!(
         resumed.agent().log().first_resident() > queued_at,
         "the event that queued it is paged out"
@@ -476,11 +466,7 @@ async fn a_paging_agent_resumed_closes_the_turn_it_died_in() {
         .await
         .unwrap();
 
-    let resumed = rt
-        .agents()
-        .resume(ResumeAgent::new(id).options(paging(2)))
-        .await
-        .unwrap();
+    let resumed = resume_paging(&rt, id, 2).await;
     assert!(resumed.agent().log().is_balanced());
     let stored = store.read_from(id, 0).await.unwrap();
     assert!(

@@ -494,8 +494,6 @@ impl PostgresStore {
         // statement is prepared once per connection and planned once: the batched reads'
         // plan cost five times their execution when planned per call, and a generic plan of
         // these index lookups is the custom one.
-        // A statement the server cannot finish (a lock held elsewhere, say) is cancelled there
-        // as its caller stops waiting for it, so the connection is free again.
         // PostgreSQL takes at most `i32::MAX` milliseconds (and 0 would turn it off).
         let timeout_ms = match i32::try_from(config.statement_timeout.as_millis()) {
             Ok(0) | Err(_) => {
@@ -510,6 +508,8 @@ impl PostgresStore {
             }
             Ok(ms) => ms,
         };
+        // A statement the server cannot finish (a lock held elsewhere, say) is cancelled there
+        // as its caller stops waiting for it, so the connection is free again.
         pg.options(format!(
             "-c synchronous_commit=off -c plan_cache_mode=force_generic_plan \
              -c statement_timeout={timeout_ms}"
