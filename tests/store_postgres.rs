@@ -113,7 +113,7 @@ fn fresh() -> Option<(PostgresStore, String)> {
 }
 
 /// Runs one SQL statement on `url` (to damage rows as a bad writer or a newer crate would).
-fn execute(url: &str, sql: &str) {
+pub(crate) fn execute(url: &str, sql: &str) {
     block_on(async {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
@@ -506,7 +506,10 @@ async fn connections_opened_for_a_worker_serve_the_store_while_the_worker_is_stu
 }
 
 /// One value of one row of `sql` on `url` (to read what the store wrote, as an operator would).
-fn query_value<T: for<'a> tokio_postgres::types::FromSql<'a>>(url: &str, sql: &str) -> T {
+pub(crate) fn query_value<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    url: &str,
+    sql: &str,
+) -> T {
     block_on(async {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
@@ -517,7 +520,7 @@ fn query_value<T: for<'a> tokio_postgres::types::FromSql<'a>>(url: &str, sql: &s
 }
 
 /// A store whose nodes go silent after 600 ms and whose plain leases after 300 ms.
-fn cluster_store(url: &str) -> Arc<PostgresStore> {
+pub(crate) fn cluster_store(url: &str) -> Arc<PostgresStore> {
     let mut config = PostgresConfig::new(url);
     config.node_ttl = Duration::from_millis(600);
     config.lease_ttl = Duration::from_millis(300);
@@ -572,59 +575,6 @@ fn a_nodes_lease_lives_while_it_heartbeats_and_passes_on_once_it_goes_silent() {
     );
 }
 
-// A node whose row expired (it was paused past its time-to-live) learns that its membership is
-// lost, is not revived by a late heartbeat, serves no delivery sent to it after, and cannot join
-// again under the same id, even once it has left; its later leases are plain ones, renewed
-// lease by lease.
-#[test]
-fn a_node_declared_dead_learns_it_and_cannot_rejoin() {
-    let runtime = runtime();
-    let _entered = runtime.enter();
-    let url = postgres_or_skip!().fresh_database();
-    let store = cluster_store(&url);
-    let node = LeaseHolder::new();
-    let membership = block_on(store.join(&node, "paused")).unwrap();
-    let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = Arc::clone(&served);
-    membership
-        .serve(Arc::new(
-            move |delivery: subagents::store::deliveries::Delivery| {
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                Box::pin(async move { Ok(delivery.payload) })
-            },
-        ))
-        .unwrap();
-    execute(
-        &url,
-        "UPDATE subagents_nodes SET expires_at = now() - interval '1 second'",
-    );
-    block_on(within("the lost membership", membership.lost().cancelled()));
-    let expired: bool = query_value(
-        &url,
-        "SELECT bool_and(expires_at < now()) FROM subagents_nodes",
-    );
-    assert!(expired, "no heartbeat revived the row");
-    let peer = block_on(cluster_store(&url).join(&LeaseHolder::new(), "peer")).unwrap();
-    let unserved = block_on(within(
-        "the withdrawn delivery",
-        peer.deliver(node.id(), SessionId::new(), &serde_json::json!({ "n": 1 })),
-    ))
-    .unwrap_err();
-    assert_eq!(unserved.code(), ErrorCode::SessionLeased);
-    assert_eq!(
-        served.load(std::sync::atomic::Ordering::SeqCst),
-        0,
-        "a node declared dead serves nothing"
-    );
-    block_on(membership.leave()).unwrap();
-    let again = block_on(store.join(&node, "paused")).unwrap_err();
-    assert_eq!(again.code(), ErrorCode::LeaseLost);
-    let id = SessionId::new();
-    block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
-    let lease = block_on(store.acquire_lease(id, node)).unwrap();
-    assert_eq!(lease.ttl, Some(Duration::from_millis(300)));
-}
-
 // A node paused past its time-to-live wakes before it learns that it was declared dead, and
 // before any other node took its sessions: its leases are no longer live, so its writes are
 // refused (the parent's node has already told the parent that the epoch ended with its node; a
@@ -666,21 +616,6 @@ fn a_write_under_a_lease_that_is_no_longer_live_is_refused_before_anyone_takes_i
             "nothing written after the lease stopped being live landed"
         );
     }
-}
-
-// Leaving removes the node's row at once.
-#[test]
-fn a_node_that_leaves_removes_its_row() {
-    let runtime = runtime();
-    let _entered = runtime.enter();
-    let url = postgres_or_skip!().fresh_database();
-    let store = cluster_store(&url);
-    let membership = block_on(store.join(&LeaseHolder::new(), "leaving")).unwrap();
-    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
-    assert_eq!(name, "leaving");
-    block_on(membership.leave()).unwrap();
-    let rows: i64 = query_value(&url, "SELECT count(*) FROM subagents_nodes");
-    assert_eq!(rows, 0);
 }
 
 // A runtime run as a node leases every session it drives in the node's name.
@@ -1176,78 +1111,6 @@ fn an_unanswered_delivery_ends_at_its_deadline() {
         "{unanswered}"
     );
     assert_eq!(state(stuck.node()), "claimed");
-}
-
-// A node's id is one process's at a time: a second process joining under the id of a node
-// that heartbeats is refused, and the first keeps its row; once that process died (its row no
-// longer renewed), a process restarted under the id takes the row over, and so does one started
-// after the row expired (before incarnations the node, declared dead, could not join again).
-#[test]
-fn a_second_process_under_a_live_nodes_id_is_refused_and_a_dead_ones_is_taken_over() {
-    let runtime = runtime();
-    let _entered = runtime.enter();
-    let url = postgres_or_skip!().fresh_database();
-    let id = uuid::Uuid::new_v4();
-    let first = block_on(cluster_store(&url).join(&LeaseHolder::with_id(id), "first")).unwrap();
-    let second = block_on(within(
-        "the refusal",
-        cluster_store(&url).join(&LeaseHolder::with_id(id), "second"),
-    ))
-    .unwrap_err();
-    assert_eq!(second.code(), ErrorCode::SessionLeased, "{second}");
-    assert!(
-        second.message().contains("live in another process"),
-        "{second}"
-    );
-    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
-    assert_eq!(name, "first");
-    // The first process dies: its row stays until it expires, renewed by nobody.
-    drop(first);
-    let restarted = block_on(within(
-        "the takeover",
-        cluster_store(&url).join(&LeaseHolder::with_id(id), "restarted"),
-    ))
-    .unwrap();
-    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
-    assert_eq!(name, "restarted");
-    // It dies too, and its row expires (it was declared dead): a process started under the
-    // id later still joins, as a new incarnation.
-    let dead = restarted.incarnation();
-    drop(restarted);
-    execute(
-        &url,
-        "UPDATE subagents_nodes SET expires_at = now() - interval '1 second'",
-    );
-    let late = block_on(within(
-        "the late restart",
-        cluster_store(&url).join(&LeaseHolder::with_id(id), "late"),
-    ))
-    .unwrap();
-    assert_ne!(late.incarnation(), dead);
-    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
-    assert_eq!(name, "late");
-}
-
-// A process whose node row another process took over under the same id (it was paused past
-// the takeover's watch, then woke) no longer belongs: its next heartbeat finds the row another
-// incarnation's and reports the membership lost (its server stops). Before incarnations the
-// woken process renewed the row it shared with its successor and served beside it.
-#[test]
-fn a_process_whose_node_was_taken_over_loses_its_membership() {
-    let runtime = runtime();
-    let _entered = runtime.enter();
-    let url = postgres_or_skip!().fresh_database();
-    let id = uuid::Uuid::new_v4();
-    let paused = block_on(cluster_store(&url).join(&LeaseHolder::with_id(id), "paused")).unwrap();
-    assert_ne!(paused.incarnation(), uuid::Uuid::nil());
-    // The takeover, as a process joining under the id writes it.
-    execute(
-        &url,
-        "UPDATE subagents_nodes SET incarnation = gen_random_uuid(), name = 'restarted'",
-    );
-    block_on(within("the lost membership", paused.lost().cancelled()));
-    let name: String = query_value(&url, "SELECT name FROM subagents_nodes");
-    assert_eq!(name, "restarted", "the successor's row is left alone");
 }
 
 /// Terminates every other connection to `url`'s database.

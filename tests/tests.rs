@@ -60,6 +60,8 @@ mod load;
 mod metrics;
 /// The scripted model and the block assembler.
 mod model;
+/// Cluster membership on PostgreSQL: one process per node id, takeovers, leaves.
+mod node_membership;
 /// The OpenAI-compatible adapter against a scripted local server; one turn through the runtime.
 mod openai;
 /// The out-of-process contract: capabilities, bounds, cwd rules, settlement.

@@ -402,61 +402,33 @@ impl PostgresStore {
         ttl: f64,
         incarnation: uuid::Uuid,
     ) -> Result<Joining> {
-        let failed = io(format!("joining the cluster as node {node}"));
         let client = self.client().await?;
-        // Taken before each write, so this node never thinks its row lives longer than the
-        // server does.
-        let written = Instant::now();
-        let inserted = client
-            .execute(
-                "INSERT INTO subagents_nodes (node, name, expires_at, incarnation)
-                 VALUES ($1, $2, now() + make_interval(secs => $3), $4)
-                 ON CONFLICT (node) DO NOTHING",
-                &[&node, &name, &ttl, &incarnation],
+        // A new node, or one declared dead: its row is written at once.
+        let first = self.claim_row(&client, node, name, ttl, incarnation, None);
+        if let joined @ Joining::Joined(_) = first.await? {
+            return Ok(joined);
+        }
+        let seen = client
+            .query_opt(
+                "SELECT heartbeat_at::text FROM subagents_nodes WHERE node = $1",
+                &[&node],
             )
             .await
-            .map_err(&failed)?;
-        if inserted == 1 {
-            return Ok(Joining::Joined(written));
-        }
-        let heartbeat = || async {
-            let row = client
-                .query_opt(
-                    "SELECT heartbeat_at::text FROM subagents_nodes
-                     WHERE node = $1 AND expires_at > now()",
-                    &[&node],
-                )
-                .await
-                .map_err(&failed)?;
-            Ok::<_, SubagentError>(row.map(|row| row.get::<_, String>(0)))
-        };
-        let Some(seen) = heartbeat().await? else {
-            // Expired: the node was declared dead. A new process takes its id as a new
-            // incarnation: whatever the dead one held is fenced by it.
-            return self
-                .take_over(&client, node, name, ttl, incarnation, None)
-                .await;
-        };
+            .map_err(io(format!("joining the cluster as node {node}")))?
+            .map(|row| row.get::<_, String>(0));
         // A live node beats every third of its time-to-live: half of it shows one.
         tokio::time::sleep(self.node_ttl / 2).await;
-        match heartbeat().await? {
-            Some(now) if now != seen => Ok(Joining::Live),
-            // Expired meanwhile, or nothing renewed it: a process that died.
-            None => {
-                self.take_over(&client, node, name, ttl, incarnation, None)
-                    .await
-            }
-            Some(_) => {
-                self.take_over(&client, node, name, ttl, incarnation, Some(&seen))
-                    .await
-            }
-        }
+        self.claim_row(&client, node, name, ttl, incarnation, seen.as_deref())
+            .await
     }
 
-    /// Writes `node`'s row as `incarnation`'s: over an expired row, or over a live one whose
-    /// heartbeat is still `seen` (nothing renewed it while the join watched). `Live` when the
-    /// row changed meanwhile (another process runs the node).
-    async fn take_over(
+    /// Writes `node`'s row as `incarnation`'s, in one statement that decides whose it is: a
+    /// missing row is inserted, and an expired one, or one whose heartbeat is still `seen`
+    /// (nothing renewed it while the join watched), is taken over. `Live` when the row was
+    /// renewed meanwhile and has not expired (another process runs the node). One statement,
+    /// because a row read live and then written could expire between the two, and a process
+    /// that died would then be taken for a live one.
+    async fn claim_row(
         &self,
         client: &tokio_postgres::Client,
         node: uuid::Uuid,
@@ -465,19 +437,23 @@ impl PostgresStore {
         incarnation: uuid::Uuid,
         seen: Option<&str>,
     ) -> Result<Joining> {
+        // Taken before each write, so this node never thinks its row lives longer than the
+        // server does.
         let written = Instant::now();
-        let taken = client
+        let claimed = client
             .execute(
-                "UPDATE subagents_nodes
-                 SET name = $2, heartbeat_at = now(), started_at = now(),
-                     expires_at = now() + make_interval(secs => $3), incarnation = $5
-                 WHERE node = $1 AND CASE WHEN $4::text IS NULL THEN expires_at <= now()
-                     ELSE expires_at > now() AND heartbeat_at::text = $4 END",
-                &[&node, &name, &ttl, &seen, &incarnation],
+                "INSERT INTO subagents_nodes (node, name, expires_at, incarnation)
+                 VALUES ($1, $2, now() + make_interval(secs => $3), $4)
+                 ON CONFLICT (node) DO UPDATE
+                 SET name = EXCLUDED.name, heartbeat_at = now(), started_at = now(),
+                     expires_at = EXCLUDED.expires_at, incarnation = EXCLUDED.incarnation
+                 WHERE subagents_nodes.expires_at <= now()
+                    OR subagents_nodes.heartbeat_at::text = $5::text",
+                &[&node, &name, &ttl, &incarnation, &seen],
             )
             .await
             .map_err(io(format!("joining the cluster as node {node}")))?;
-        Ok(if taken == 1 {
+        Ok(if claimed == 1 {
             Joining::Joined(written)
         } else {
             Joining::Live
