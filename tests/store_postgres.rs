@@ -345,6 +345,77 @@ fn concurrent_lease_grants_share_transactions_and_decide_as_if_in_turn() {
     );
 }
 
+// Creations asked together are decided as if in turn: each session is created once with its
+// seed and its first lease, the other asker of the same id finds it there (`SESSION_EXISTS`),
+// as does an asker of a session stored before, and the burst takes a few statements.
+#[test]
+fn concurrent_creations_share_statements_and_decide_as_if_in_turn() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, _)) = fresh() else {
+        return;
+    };
+    let stored = SessionId::new();
+    block_on(store.create(SessionHeader::new(stored), vec![])).unwrap();
+    let seeded: Vec<SessionId> = (0..32).map(|_| SessionId::new()).collect();
+    let leased: Vec<SessionId> = (0..32).map(|_| SessionId::new()).collect();
+    let twice = SessionId::new();
+    let holder = LeaseHolder::new();
+    let before = store.batched_calls();
+    let (seeds, leases, (first, second), again) = block_on(async {
+        futures::join!(
+            futures::future::join_all(
+                seeded
+                    .iter()
+                    .map(|id| store.create(SessionHeader::new(*id), notes(0, 3)))
+            ),
+            futures::future::join_all(leased.iter().map(|id| {
+                store.create_leased(SessionHeader::new(*id), vec![], holder.clone())
+            })),
+            futures::future::join(
+                store.create(SessionHeader::new(twice), notes(0, 1)),
+                store.create(SessionHeader::new(twice), notes(0, 2)),
+            ),
+            store.create(SessionHeader::new(stored), notes(0, 1)),
+        )
+    });
+    for created in seeds {
+        created.unwrap();
+    }
+    for id in &seeded {
+        assert_eq!(block_on(store.read_from(*id, 0)).unwrap().len(), 3);
+    }
+    for (id, lease) in leased.iter().zip(leases) {
+        assert_eq!(lease.unwrap().epoch.0, 1);
+        let refused = block_on(store.acquire_lease(*id, LeaseHolder::new())).unwrap_err();
+        assert_eq!(
+            refused.code(),
+            ErrorCode::SessionLeased,
+            "held by its creator"
+        );
+    }
+    // Two batches may run at once: either asker may be the first to reach the server.
+    assert!(first.is_ok() != second.is_ok(), "{first:?} {second:?}");
+    let winner_seed = if first.is_ok() { 1 } else { 2 };
+    let refused = first.err().or(second.err()).unwrap();
+    assert_eq!(refused.code(), ErrorCode::SessionExists);
+    assert_eq!(
+        block_on(store.read_from(twice, 0)).unwrap().len(),
+        winner_seed,
+        "the creator's seed, whole"
+    );
+    assert_eq!(again.unwrap_err().code(), ErrorCode::SessionExists);
+    assert!(block_on(store.read_from(stored, 0)).unwrap().is_empty());
+    let after = store.batched_calls();
+    let calls = after.creations - before.creations;
+    let statements = after.creation_statements - before.creation_statements;
+    assert_eq!(calls, 67);
+    assert!(
+        statements * 4 <= calls,
+        "{calls} concurrent creations took {statements} statements"
+    );
+}
+
 #[test]
 fn the_projection_cache_keeps_one_row_per_unit_and_session() {
     let runtime = runtime();

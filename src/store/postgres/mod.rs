@@ -28,6 +28,7 @@
 //! advisory lock, so any number of runtimes may start against one database at once.
 
 mod batch;
+mod creations;
 pub mod deliveries;
 mod lease_book;
 mod leases;
@@ -54,6 +55,7 @@ use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
 
 use batch::Batcher;
+use creations::CreationRequest;
 use lease_book::LeaseBook;
 use leases::LeaseRequest;
 use reads::{ReadRequest, StoredRows};
@@ -180,7 +182,8 @@ fn store_runtime() -> Result<tokio::runtime::Handle> {
     })
 }
 
-/// How many batches of reads, and of leases, run at once (each on a connection of its own).
+/// How many batches of reads, of creations and of leases, each, run at once (each on a
+/// connection of its own).
 const BATCH_SLOTS: usize = 2;
 
 /// A pool of at most `size` connections, opened on `runtime` (see [`OnStoreRuntime`]).
@@ -347,7 +350,7 @@ impl PostgresConfig {
 /// answer: the server's own cancellation (an error that names it) usually answers first.
 const CALL_GRACE: Duration = Duration::from_secs(1);
 
-/// How a [`PostgresStore`]'s reads and lease grants coalesced, since it opened
+/// How a [`PostgresStore`]'s reads, creations and lease grants coalesced, since it opened
 /// ([`PostgresStore::batched_calls`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BatchedCalls {
@@ -355,6 +358,10 @@ pub struct BatchedCalls {
     pub reads: u64,
     /// The statements that answered them.
     pub read_statements: u64,
+    /// Session creations asked for.
+    pub creations: u64,
+    /// The statements that answered them.
+    pub creation_statements: u64,
     /// Lease grants asked for.
     pub leases: u64,
     /// The transactions that answered them.
@@ -388,6 +395,8 @@ pub struct PostgresStore {
     book: Arc<LeaseBook>,
     /// Header and log reads, batched (see [`batch`]).
     reads: Batcher<ReadRequest, StoredRows>,
+    /// Session creations, batched (see [`batch`]): `true` for each one created.
+    creations: Batcher<CreationRequest, bool>,
     /// Lease grants, batched (see [`batch`]).
     leases: Batcher<LeaseRequest, Lease>,
 }
@@ -525,9 +534,9 @@ impl PostgresStore {
         let call_deadline = config.statement_timeout.saturating_add(CALL_GRACE);
         let runtime = store_runtime()?;
         let pool = open_pool(&pg, &runtime, config.pool_size)?;
-        // The batches' own connections: a burst of reads and leases never queues behind the
-        // appends, and each slot answers every call waiting when it frees.
-        let lane = open_pool(&pg, &runtime, 2 * BATCH_SLOTS)?;
+        // The batches' own connections: a burst of reads, creations and leases never queues
+        // behind the appends, and each slot answers every call waiting when it frees.
+        let lane = open_pool(&pg, &runtime, 3 * BATCH_SLOTS)?;
         let book = Arc::new(LeaseBook::new(config.lease_ttl, config.node_ttl));
         let reads = Batcher::start(&runtime, BATCH_SLOTS, {
             let lane = lane.clone();
@@ -536,6 +545,19 @@ impl PostgresStore {
                 async move {
                     let answered = reconnecting("reading sessions", call_deadline, |_| {
                         reads::read_many(&lane, &requests)
+                    })
+                    .await;
+                    each_or_all(answered, requests.len())
+                }
+            }
+        });
+        let creations = Batcher::start(&runtime, BATCH_SLOTS, {
+            let (lane, book) = (lane.clone(), Arc::clone(&book));
+            move |requests: Vec<CreationRequest>| {
+                let (lane, book) = (lane.clone(), Arc::clone(&book));
+                async move {
+                    let answered = reconnecting("creating sessions", call_deadline, |attempt| {
+                        creations::create_many(&lane, &book, &requests, attempt)
                     })
                     .await;
                     each_or_all(answered, requests.len())
@@ -568,6 +590,7 @@ impl PostgresStore {
             call_deadline,
             book,
             reads,
+            creations,
             leases,
         };
         Ok(store)
@@ -697,15 +720,18 @@ impl PostgresStore {
         }
     }
 
-    /// How the store's reads and lease grants coalesced: each concurrent call waits for a
-    /// free batch slot and is answered with every other call waiting then, in one statement
-    /// (reads) or one transaction (grants).
+    /// How the store's reads, creations and lease grants coalesced: each concurrent call
+    /// waits for a free batch slot and is answered with every other call waiting then, in one
+    /// statement (reads, creations) or one transaction (grants).
     pub fn batched_calls(&self) -> BatchedCalls {
         let (reads, read_statements) = self.reads.counts();
+        let (creations, creation_statements) = self.creations.counts();
         let (leases, lease_transactions) = self.leases.counts();
         BatchedCalls {
             reads,
             read_statements,
+            creations,
+            creation_statements,
             leases,
             lease_transactions,
         }
@@ -719,7 +745,8 @@ impl PostgresStore {
         self.book.remembered_holders()
     }
 
-    /// Creates `header` with `events` and, with a holder, its first lease, in one transaction.
+    /// Creates `header` with `events` and, with a holder, its first lease, in one statement
+    /// with every creation waiting beside it (see [`creations`]).
     async fn write_creation(
         &self,
         header: SessionHeader,
@@ -741,67 +768,24 @@ impl PostgresStore {
                 .and_then(|len| first.checked_add(len))
                 .unwrap_or(u64::MAX),
         )?;
-        let epoch: i64 = i64::from(holder.is_some());
-        let parent = header.parent_session.map(uuid_of);
         let holder_id = holder.as_ref().map(LeaseHolder::id);
         let terms = holder_id.map(|holder| self.book.lease_terms(holder, LeaseEpoch(1)));
-        let row_ttl = terms.map_or(0.0, |terms| terms.row_ttl);
-        let incarnation = terms.and_then(|terms| terms.incarnation);
-        let (header_bytes, encoded, holder_id) = (&header_bytes, &encoded, &holder_id);
-        let (created, client) = self
-            .reconnecting("creating a session", |attempt| async move {
-                let client = self.client().await?;
-                // One statement: the session, its seed and its first lease stand or fall together (the
-                // batch's and the lease's references are checked at the statement's end).
-                let statement = client
-                    .prepare_cached(
-                        "WITH created AS (
-                     INSERT INTO subagents_sessions (id, parent, header, next_seq, epoch)
-                     VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (id) DO NOTHING
-                     RETURNING id
-                 ), seed AS (
-                     INSERT INTO subagents_event_batches (session, first_seq, events)
-                     SELECT id, $10, $6 FROM created WHERE $6::bytea IS NOT NULL
-                 ), leased AS (
-                     INSERT INTO subagents_leases (session, holder, epoch, expires_at, incarnation)
-                     SELECT id, $7, 1, now() + make_interval(secs => $8), $9
-                     FROM created WHERE $7::uuid IS NOT NULL
-                 )
-                 SELECT count(*) FROM created",
-                    )
-                    .await
-                    .map_err(io(format!("creating session {id}")))?;
-                let created: i64 = client
-                    .query_one(
-                        &statement,
-                        &[
-                            &uuid_of(id),
-                            &parent,
-                            &header_bytes,
-                            &next_seq,
-                            &epoch,
-                            &encoded,
-                            &holder_id,
-                            &row_ttl,
-                            &incarnation,
-                            &first_seq,
-                        ],
-                    )
-                    .await
-                    .map_err(io(format!("creating session {id}")))?
-                    .get(0);
-                // An earlier attempt whose answer was lost may have created this very session.
-                if created == 0
-                    && attempt.after_loss
-                    && self.created_as(&client, id, header_bytes).await?
-                {
-                    return Ok((1, client));
-                }
-                Ok((created, client))
+        let created = self
+            .creations
+            .call(CreationRequest {
+                id: uuid_of(id),
+                parent: header.parent_session.map(uuid_of),
+                header: header_bytes.into(),
+                next_seq,
+                epoch: i64::from(holder.is_some()),
+                seed: encoded.map(Into::into),
+                first_seq,
+                holder: holder_id,
+                row_ttl: terms.map_or(0.0, |terms| terms.row_ttl),
+                incarnation: terms.and_then(|terms| terms.incarnation),
             })
             .await?;
-        if created == 0 {
+        if !created {
             return Err(SubagentError::new(
                 ErrorCode::SessionExists,
                 format!("session {id} already exists"),
@@ -809,26 +793,8 @@ impl PostgresStore {
         }
         if let Some(holder) = &holder {
             self.book.remember(holder);
-            self.book.forget_released_holders(&client).await;
         }
         Ok(terms.map(|terms| terms.lease))
-    }
-
-    /// Whether session `id` is stored with exactly `header` (its creation landed).
-    async fn created_as(
-        &self,
-        client: &tokio_postgres::Client,
-        id: SessionId,
-        header: &[u8],
-    ) -> Result<bool> {
-        let row = client
-            .query_opt(
-                "SELECT header FROM subagents_sessions WHERE id = $1",
-                &[&uuid_of(id)],
-            )
-            .await
-            .map_err(io(format!("reading session {id}")))?;
-        Ok(row.is_some_and(|row| row.get::<_, Vec<u8>>(0) == header))
     }
 
     /// The bytes of `id`'s batch starting at `first_seq`, if one does.
