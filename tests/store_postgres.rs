@@ -416,6 +416,36 @@ fn concurrent_creations_share_statements_and_decide_as_if_in_turn() {
     );
 }
 
+// A batch of events past the size the server compresses at (about 2 KB) is compressed with
+// lz4 where the server has it (a quarter of the default pglz's cost to write), and reads back
+// whole.
+#[test]
+fn stored_batches_are_compressed_with_lz4_where_the_server_has_it() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, url)) = fresh() else {
+        return;
+    };
+    let has_lz4 = block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute("SET default_toast_compression = lz4")
+            .await
+            .is_ok()
+    });
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), notes(0, 100))).unwrap();
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 100);
+    let method: String = query_value(
+        &url,
+        "SELECT coalesce(pg_column_compression(events), 'none') FROM subagents_event_batches",
+    );
+    assert_eq!(method, if has_lz4 { "lz4" } else { "pglz" });
+}
+
 #[test]
 fn the_projection_cache_keeps_one_row_per_unit_and_session() {
     let runtime = runtime();
