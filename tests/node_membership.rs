@@ -11,7 +11,7 @@ use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
 use subagents::{ErrorCode, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::store_runtime as runtime;
-use crate::store_postgres::{cluster_store, execute, query_value};
+use crate::store_postgres::{cluster_store, execute, poll_until, query_value};
 use crate::support::postgres::postgres_or_skip;
 use crate::support::within;
 
@@ -157,20 +157,15 @@ fn a_process_whose_node_was_taken_over_loses_its_membership() {
 
 /// Polls (bounded) until some connection to `url`'s database other than the asking one
 /// matches `condition` in `pg_stat_activity`: what another connection is doing is known only
-/// to the server, so there is no event to wait on.
+/// to the server.
 fn until_a_backend(url: &str, condition: &str) {
     let asked = format!(
         "SELECT count(*) FROM pg_stat_activity
          WHERE datname = current_database() AND pid <> pg_backend_pid() AND {condition}"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while query_value::<i64>(url, &asked) == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no backend came to {condition}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    poll_until(&format!("a backend with {condition}"), || {
+        query_value::<i64>(url, &asked) > 0
+    });
 }
 
 // A process restarted under the id of a node that died finds its row still live, watches it for

@@ -606,6 +606,20 @@ async fn connections_opened_for_a_worker_serve_the_store_while_the_worker_is_stu
     }
 }
 
+/// Polls `done` every 20 ms until it holds, failing the test after 20 s. For what
+/// only the server's clock or its processes decide (an expiry, a pruning, a reconnection):
+/// nothing announces those, so there is no event to wait on.
+pub(crate) fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// One value of one row of `sql` on `url` (to read what the store wrote, as an operator would).
 pub(crate) fn query_value<T: for<'a> tokio_postgres::types::FromSql<'a>>(
     url: &str,
@@ -961,14 +975,7 @@ fn old_deliveries_are_pruned_once_their_retention_passed() {
     let count = || -> i64 { query_value(&url, "SELECT count(*) FROM subagents_deliveries") };
     assert_eq!(count(), 2);
     // The retention is the behavior under test, and nothing announces a pruning: poll, bounded.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while count() > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the deliveries were never pruned"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll_until("the deliveries to be pruned", || count() == 0);
 }
 
 // A delivery to a node that went silent before serving it is withdrawn once the node's
@@ -1104,14 +1111,7 @@ fn a_dead_nodes_row_is_pruned_once_its_retention_passed() {
         )
     };
     // The retention is the behavior under test, and nothing announces a pruning: poll, bounded.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while rows(long_dead) > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the dead node's row was never pruned"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll_until("the dead node's row to be pruned", || rows(long_dead) == 0);
     assert_eq!(rows(recently_dead), 1, "a recent record is kept");
     assert_eq!(rows(serving.node()), 1, "a live node is kept");
 }
@@ -1140,18 +1140,10 @@ fn a_lost_listener_connection_is_opened_again() {
     assert_ne!(first, 0, "the node listens");
     execute(&url, &format!("SELECT pg_terminate_backend({first})"));
     // Reconnecting is the behavior under test, and nothing announces it: poll, bounded.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    poll_until("the listener to listen again", || {
         let now: i32 = query_value(&url, &listening);
-        if now != 0 && now != first {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the listener never listened again"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        now != 0 && now != first
+    });
     let answer = block_on(within(
         "the answer",
         sender.deliver(
