@@ -1239,9 +1239,9 @@ fn a_server_down_for_less_than_a_node_time_to_live_loses_no_membership() {
     // row expires (stopping and starting take well under a second here).
     let beat = "SELECT extract(epoch FROM heartbeat_at)::float8 FROM subagents_nodes";
     let joined: f64 = query_value(&url, beat);
-    while query_value::<f64>(&url, beat) <= joined {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until("the next heartbeat", || {
+        query_value::<f64>(&url, beat) > joined
+    });
     let beaten = std::time::Instant::now();
     server.down_for(Duration::from_millis(5400));
     assert!(
