@@ -416,6 +416,124 @@ fn concurrent_creations_share_statements_and_decide_as_if_in_turn() {
     );
 }
 
+/// A proxy in front of `url`'s server (a unix socket) that loses one answer: once a client
+/// sends `marker` (the bytes of a parameter of the statement to hit), what the server sends
+/// back on that connection is held until its `ReadyForQuery` (the statement's transaction has
+/// committed by then), and the connection is closed instead of answered. Every other
+/// connection, and every later one, passes through. Answers the proxied connection string.
+fn losing_one_answer(url: &str, marker: Vec<u8>) -> (String, tempfile::TempDir) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let field = |name: &str| {
+        url.split_whitespace()
+            .find_map(|part| part.strip_prefix(&format!("{name}=")))
+            .unwrap()
+            .to_owned()
+    };
+    let (host, port) = (field("host"), field("port"));
+    let server = std::path::PathBuf::from(host).join(format!(".s.PGSQL.{port}"));
+    let dir = tempfile::tempdir().unwrap();
+    let listener =
+        tokio::net::UnixListener::bind(dir.path().join(format!(".s.PGSQL.{port}"))).unwrap();
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = tokio::net::UnixStream::connect(&server).await.unwrap();
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = upstream.into_split();
+            let armed = Arc::new(tokio::sync::Notify::new());
+            let (marker, lost, arming) = (marker.clone(), Arc::clone(&lost), Arc::clone(&armed));
+            tokio::spawn(async move {
+                let mut buffer = vec![0; 64 * 1024];
+                while let Ok(read) = client_read.read(&mut buffer).await {
+                    if read == 0 {
+                        break;
+                    }
+                    let sent = &buffer[..read];
+                    if sent.windows(marker.len()).any(|window| window == marker)
+                        && !lost.swap(true, std::sync::atomic::Ordering::SeqCst)
+                    {
+                        arming.notify_one();
+                    }
+                    if server_write.write_all(sent).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                // Message by message: a tag, a length that counts itself, the body.
+                let mut armed_now = std::pin::pin!(armed.notified());
+                let mut holding = false;
+                loop {
+                    let mut head = [0u8; 5];
+                    tokio::select! {
+                        biased;
+                        () = &mut armed_now, if !holding => {
+                            holding = true;
+                            continue;
+                        }
+                        read = server_read.read_exact(&mut head) => {
+                            if read.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    let length = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+                    let mut body = vec![0; length as usize - 4];
+                    if server_read.read_exact(&mut body).await.is_err() {
+                        break;
+                    }
+                    if holding {
+                        if head[0] == b'Z' {
+                            // Committed, and never answered: the client sees the connection end.
+                            break;
+                        }
+                        continue;
+                    }
+                    if client_write.write_all(&head).await.is_err()
+                        || client_write.write_all(&body).await.is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let proxied = url.replace(
+        &format!("host={}", field("host")),
+        &format!("host={}", dir.path().display()),
+    );
+    (proxied, dir)
+}
+
+// A creation whose transaction committed but whose answer was lost with its connection is
+// tried again on a fresh one, finds its own session stored (the same header), and answers
+// that it created it: once, with nothing created twice and no `SESSION_EXISTS` for its own.
+#[test]
+fn a_creation_whose_answer_was_lost_after_its_commit_is_answered_created() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = postgres_or_skip!().fresh_database();
+    // The schema first, straight to the server: the proxy hits only the creation.
+    drop(block_on(PostgresStore::connect(&url)).unwrap());
+    let id = SessionId::new();
+    let (proxied, _dir) = losing_one_answer(&url, id.as_uuid().as_bytes().to_vec());
+    let store = block_on(PostgresStore::connect(&proxied)).unwrap();
+    block_on(within(
+        "the creation",
+        store.create(SessionHeader::new(id), notes(0, 2)),
+    ))
+    .expect("its own creation, settled after the lost answer");
+    let sessions: i64 = query_value(&url, "SELECT count(*) FROM subagents_sessions");
+    assert_eq!(sessions, 1);
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
+    let calls = store.batched_calls();
+    assert_eq!(calls.creations, 1);
+    assert_eq!(
+        calls.creation_statements, 1,
+        "one batch, tried twice inside it"
+    );
+}
+
 // A batch of events past the size the server compresses at (about 2 KB) is compressed with
 // lz4 where the server has it (a quarter of the default pglz's cost to write), and reads back
 // whole.
