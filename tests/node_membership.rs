@@ -11,7 +11,9 @@ use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
 use subagents::{ErrorCode, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::store_runtime as runtime;
-use crate::store_postgres::{cluster_store, execute, poll_until, query_value};
+use crate::store_postgres::{
+    cluster_store, execute, poll_until, query_value, stop_client_backends,
+};
 use crate::support::postgres::postgres_or_skip;
 use crate::support::within;
 
@@ -222,4 +224,33 @@ fn a_dead_nodes_row_expiring_during_the_takeover_is_still_taken_over() {
     assert_eq!(name, "restarted");
     let incarnation: uuid::Uuid = query_value(&url, "SELECT incarnation FROM subagents_nodes");
     assert_eq!(incarnation, membership.incarnation());
+}
+
+// A node leaving while its server has stopped answering (its processes stopped, as a paused
+// machine's are, so no connection closes) fails within the store's call deadline instead of
+// holding the node's shutdown for as long as the server is away; its row then expires on its
+// own. Before, the leave's statement had no deadline and answered only once the server did.
+#[test]
+fn a_leave_the_server_does_not_answer_fails_within_the_deadline() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let url = postgres_or_skip!().fresh_database();
+    let mut config = PostgresConfig::new(url.clone());
+    config.statement_timeout = Duration::from_millis(300);
+    let store = Arc::new(block_on(PostgresStore::connect_with(config)).unwrap());
+    let membership = block_on(store.join(&LeaseHolder::new(), "leaving")).unwrap();
+    // The join's connection is idle in the pool: the leave takes it.
+    let stopped = stop_client_backends(&url);
+    let began = std::time::Instant::now();
+    let answered = block_on(tokio::time::timeout(
+        Duration::from_secs(10),
+        membership.leave(),
+    ));
+    let waited = began.elapsed();
+    drop(stopped);
+    let refused = answered
+        .expect("the leave answered before the server did")
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::StoreIo, "{refused}");
+    assert!(waited >= Duration::from_millis(300), "waited {waited:?}");
 }

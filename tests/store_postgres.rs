@@ -1469,23 +1469,12 @@ fn a_statement_the_server_cannot_finish_fails_within_the_statement_timeout() {
     assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 1);
 }
 
-// A server that stops answering without closing its connections (its processes stopped, as
-// a paused machine's are) fails a call once the deadline passes, instead of holding the
-// caller until it answers again; once it answers, the store serves again.
-#[test]
-fn a_server_that_stops_answering_fails_a_call_within_its_deadline() {
-    let runtime = runtime();
-    let _entered = runtime.enter();
-    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
-        return;
-    };
-    let id = SessionId::new();
-    block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
-    // Read once: the read's connection is open (and idle) before the server stops.
-    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
-    // Every client process of this database but the one asking (none of them is mid-call).
+/// Stops (`SIGSTOP`) every client process of `url`'s database, as a paused machine's are, for
+/// as long as the answer lives: they go on when it drops, a failed assert too. None of them may
+/// be mid-call.
+pub(crate) fn stop_client_backends(url: &str) -> StoppedBackends {
     let backends: Vec<u32> = block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
             .unwrap();
         tokio::spawn(connection);
@@ -1503,20 +1492,40 @@ fn a_server_that_stops_answering_fails_a_call_within_its_deadline() {
             .collect()
     });
     assert!(!backends.is_empty(), "the store holds connections");
-    /// Stops the processes while it lives: they go on when it drops, a failed assert too.
-    struct Stopped(Vec<u32>);
-    impl Drop for Stopped {
-        fn drop(&mut self) {
-            for pid in &self.0 {
-                let pid = rustix::process::Pid::from_raw(i32::try_from(*pid).unwrap()).unwrap();
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::CONT);
-            }
-        }
-    }
-    let stopped = Stopped(backends.clone());
-    for pid in &backends {
+    let stopped = StoppedBackends(backends);
+    for pid in &stopped.0 {
         signal(*pid, rustix::process::Signal::STOP);
     }
+    stopped
+}
+
+/// Client processes stopped by [`stop_client_backends`], continued when this drops.
+pub(crate) struct StoppedBackends(Vec<u32>);
+
+impl Drop for StoppedBackends {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let pid = rustix::process::Pid::from_raw(i32::try_from(*pid).unwrap()).unwrap();
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::CONT);
+        }
+    }
+}
+
+// A server that stops answering without closing its connections (its processes stopped, as
+// a paused machine's are) fails a call once the deadline passes, instead of holding the
+// caller until it answers again; once it answers, the store serves again.
+#[test]
+fn a_server_that_stops_answering_fails_a_call_within_its_deadline() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+        return;
+    };
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
+    // Read once: the read's connection is open (and idle) before the server stops.
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
+    let stopped = stop_client_backends(&url);
     let began = std::time::Instant::now();
     let answered = block_on(tokio::time::timeout(
         Duration::from_secs(10),

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::deliveries::{listen, Inbound};
-use super::{io, pool_io, PostgresStore};
+use super::{io, PostgresStore};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::store::LeaseHolder;
 
@@ -80,25 +80,27 @@ impl NodeMembership {
     /// again.
     ///
     /// # Errors
-    /// `STORE_IO` when the row cannot be removed (it then expires on its own).
+    /// `STORE_IO` when the row cannot be removed within the store's call deadline (it then
+    /// expires on its own): a server that stops answering does not hold a node's shutdown.
     pub async fn leave(&self) -> Result<()> {
         self.stop.cancel();
         self.store.book.forget_member(self.node);
-        let client = self
-            .store
-            .pool
-            .get()
+        // Removing this incarnation's row again removes nothing more: tried again as is.
+        self.store
+            .reconnecting("leaving the cluster", |_| async {
+                self.store
+                    .client()
+                    .await?
+                    .execute(
+                        "DELETE FROM subagents_nodes
+                         WHERE node = $1 AND incarnation = $2 AND expires_at > now()",
+                        &[&self.node, &self.incarnation],
+                    )
+                    .await
+                    .map_err(io("leaving the cluster"))?;
+                Ok(())
+            })
             .await
-            .map_err(pool_io("leaving the cluster"))?;
-        client
-            .execute(
-                "DELETE FROM subagents_nodes
-                 WHERE node = $1 AND incarnation = $2 AND expires_at > now()",
-                &[&self.node, &self.incarnation],
-            )
-            .await
-            .map_err(io("leaving the cluster"))?;
-        Ok(())
     }
 }
 
