@@ -9,8 +9,9 @@ use subagents::{
 };
 
 use crate::support::{
-    delivered, faulty, followup_child, grandchild, notices, persisted, root, seam_runtime, settled,
-    start_continuable, text, turn_ends, within, SeamRecorder,
+    delivered, faulty, followup_child, grandchild, notices, persisted,
+    resumed_with_the_notice_pending, root, seam_runtime, settled, start_continuable, text,
+    turn_ends, within, SeamRecorder,
 };
 
 // The `AgentRef` anyone can look up is no back door: while the child is resident, a host's
@@ -166,16 +167,7 @@ async fn a_parent_away_when_its_child_settles_hears_it_when_it_comes_back() {
         }
     })
     .await;
-    let back = rt
-        .agents()
-        .resume(ResumeAgent::new(parent_id))
-        .await
-        .unwrap();
-    assert_eq!(
-        back.agent().status().await.unwrap().next_turn,
-        1,
-        "the notice waits in the resumed parent's inbox"
-    );
+    let back = resumed_with_the_notice_pending(&rt, parent_id).await;
     back.agent()
         .followup(text("what happened?"), MessageSource::User)
         .await

@@ -16,7 +16,10 @@ use subagents::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{run_prompt, seam_runtime_on, settled, text, within, SeamRecorder};
+use crate::support::{
+    resumed_with_the_notice_pending, run_prompt, seam_runtime_on, settled, text, within,
+    SeamRecorder,
+};
 
 /// How many of its newest events the paging agent keeps.
 const KEEP: u32 = 8;
@@ -360,16 +363,7 @@ async fn a_notice_to_a_parent_that_is_away_reads_its_log_a_chunk_at_a_time() {
         largest <= 4096,
         "one read handed the stored inbox's writer {largest} of {len} events"
     );
-    let back = rt
-        .agents()
-        .resume(ResumeAgent::new(parent_id))
-        .await
-        .unwrap();
-    assert_eq!(
-        back.agent().status().await.unwrap().next_turn,
-        1,
-        "the notice waits in the resumed parent's inbox"
-    );
+    let back = resumed_with_the_notice_pending(&rt, parent_id).await;
     back.dispose().await.unwrap();
 }
 

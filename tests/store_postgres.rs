@@ -23,20 +23,15 @@ fn connect(url: &str) -> Arc<dyn SessionPersistence> {
 /// the behavior under test and the server's clock decides it, so this polls (bounded) rather
 /// than waits on an event: nothing announces a lease running out.
 fn acquire_once_expired(store: &PostgresStore, id: SessionId) -> subagents::store::Lease {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let mut taken = None;
+    poll_until("the lease to expire", || {
         match block_on(store.acquire_lease(id, LeaseHolder::new())) {
-            Ok(lease) => return lease,
-            Err(error) => {
-                assert_eq!(error.code(), ErrorCode::SessionLeased);
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the lease never expired"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            Ok(lease) => taken = Some(lease),
+            Err(error) => assert_eq!(error.code(), ErrorCode::SessionLeased),
         }
-    }
+        taken.is_some()
+    });
+    taken.expect("taken once the poll ended")
 }
 
 proptest! {

@@ -185,6 +185,25 @@ pub async fn root(rt: &Runtime) -> subagents::AgentHandle {
         .expect("the root agent is created")
 }
 
+/// Resumes the parent `id`, which was away when a child settled, and checks that the child's
+/// settled notice waits in its inbox (the one message pending).
+pub async fn resumed_with_the_notice_pending(
+    rt: &Runtime,
+    id: SessionId,
+) -> subagents::AgentHandle {
+    let back = rt
+        .agents()
+        .resume(subagents::ResumeAgent::new(id))
+        .await
+        .expect("the parent resumes");
+    assert_eq!(
+        back.agent().status().await.unwrap().next_turn,
+        1,
+        "the notice waits in the resumed parent's inbox"
+    );
+    back
+}
+
 /// Records the seam's lifecycle events of one scope, and lets a test wait for them.
 pub struct SeamRecorder {
     pub seen: Arc<Mutex<Vec<subagents::SubagentEvent>>>,
