@@ -255,7 +255,9 @@ impl ClusterLink {
     /// The live node (and its incarnation) holding `session`'s lease, when it is another node
     /// than this one.
     pub(crate) async fn other_holder(&self, session: SessionId) -> Result<Option<NodeIncarnation>> {
-        let holder = self.membership.holder_of(session).await?;
+        // Boxed, here and below: the store's futures are kilobytes, and every follow-up's task
+        // would otherwise carry them even when its child is local.
+        let holder = Box::pin(self.membership.holder_of(session)).await?;
         Ok(holder.filter(|holder| holder.node != self.node()))
     }
 
@@ -283,10 +285,7 @@ impl ClusterLink {
             .metrics
             .as_deref()
             .map(|metrics| metrics.delivery(op.name()));
-        let served = self
-            .membership
-            .deliver_served(node, session, &payload)
-            .await;
+        let served = Box::pin(self.membership.deliver_served(node, session, &payload)).await;
         if let Some(in_flight) = in_flight {
             in_flight.answered(&served);
         }

@@ -915,6 +915,13 @@ impl Handler<MaterializationOver> for ContinuationManager {
 mod footprint {
     use std::mem::size_of;
 
+    use actix::Addr;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::actors::agent::AgentRef;
+    use crate::cluster::ClusterLink;
+    use crate::ids::SessionId;
+
     #[test]
     fn per_child_records_stay_within_their_allocation_classes() {
         // An event lives in an `Arc` (two counts, 16 bytes): 192 bytes in all.
@@ -926,5 +933,30 @@ mod footprint {
         // Held by a running turn's future, which the actor boxes with its continuation: 768
         // bytes in all, the top of that class.
         assert!(size_of::<crate::host::driver::TurnContext>() <= 112);
+    }
+
+    /// The size of the future `make` returns, without calling it.
+    fn future_size<A, F: std::future::Future>(_make: impl FnOnce(A) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    /// What a follow-up's routing borrows.
+    type Routing = (
+        &'static Addr<super::ContinuationManager>,
+        Option<&'static ClusterLink>,
+        &'static AgentRef,
+        &'static super::Delivery,
+        &'static CancellationToken,
+    );
+
+    #[test]
+    fn a_follow_ups_task_does_not_carry_the_clusters_futures() {
+        // Every follow-up runs as a task of this size, moved into its cell on the way: the
+        // store's futures (kilobytes, on the cluster's path only) are boxed where they are
+        // awaited, or a local follow-up would copy them too.
+        let size = future_size(|(manager, cluster, parent, delivery, token): Routing| {
+            super::route_followup(manager, cluster, parent, SessionId::new(), delivery, token)
+        });
+        assert!(size <= 4096, "a follow-up's task is {size} bytes");
     }
 }
