@@ -1,5 +1,5 @@
 //! `PostgresStore` on a throwaway server: the model test every store passes, compare-and-append
-//! and fencing, leases that expire, listing, corruption, repair, the schema migration.
+//! and fencing, leases that expire, listing, corruption, repair.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -577,38 +577,6 @@ fn the_projection_cache_keeps_one_row_per_unit_and_session() {
         Some(row)
     );
     assert_eq!(block_on(store.cache_get("timing", id)).unwrap(), None);
-}
-
-#[test]
-fn the_schema_migrates_once_and_a_newer_schema_is_refused() {
-    let runtime = runtime();
-    let _entered = runtime.enter();
-    let url = postgres_or_skip!().fresh_database();
-    // Several runtimes starting at once migrate once, under the advisory lock.
-    let starts: Vec<_> = (0..4)
-        .map(|_| {
-            let url = url.clone();
-            runtime.spawn(async move { PostgresStore::connect(&url).await.map(drop) })
-        })
-        .collect();
-    for start in block_on(futures::future::join_all(starts)) {
-        start.unwrap().unwrap();
-    }
-    execute(&url, "INSERT INTO subagents_schema (version) VALUES (999)");
-    let refused = block_on(PostgresStore::connect(&url)).unwrap_err();
-    assert_eq!(refused.code(), ErrorCode::StoreCorrupt);
-    assert!(
-        refused.message().contains("version 999"),
-        "{}",
-        refused.message()
-    );
-    let unreachable = block_on(PostgresStore::connect(
-        "host=/nonexistent port=1 user=x dbname=y",
-    ))
-    .unwrap_err();
-    assert_eq!(unreachable.code(), ErrorCode::StoreIo);
-    let malformed = block_on(PostgresStore::connect("postgres://[bad")).unwrap_err();
-    assert_eq!(malformed.code(), ErrorCode::InvalidConfig);
 }
 
 /// Signals `pid` (the paused-writer drill).

@@ -78,6 +78,8 @@ mod provider_acp;
 mod provider_claude;
 /// The Codex app-server provider against a replayed NDJSON wire.
 mod provider_codex;
+/// The PostgreSQL schema migration: once across runtimes, refused when newer, bounded waits.
+mod schema_migration;
 /// The seam: descriptor, persona, tool filter, delegated policy.
 mod seam_composition;
 /// The seam: fork seeding.

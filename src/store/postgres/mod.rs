@@ -25,7 +25,9 @@
 //!
 //! # Schema
 //! The crate creates and migrates its tables itself, at [`PostgresStore::connect`], under an
-//! advisory lock, so any number of runtimes may start against one database at once.
+//! advisory lock, so any number of runtimes may start against one database at once. A process
+//! waits for another's migration at most the statement timeout (`STORE_IO` past it), so one
+//! stopped while migrating holds no other `connect` forever.
 
 mod batch;
 mod creations;
@@ -281,6 +283,23 @@ async fn open_on(
 /// The advisory lock key that serializes migrations across runtimes ("subagent" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7375_6261_6765_6e74;
 
+/// The error of a migration that could not take the schema's lock: `STORE_IO`, naming another
+/// process's migration when the server gave up waiting for it.
+fn migration_lock_refused(error: tokio_postgres::Error, waited: Duration) -> SubagentError {
+    if error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        SubagentError::new(
+            ErrorCode::StoreIo,
+            format!(
+                "another process has held the schema's migration lock for longer than \
+                 {waited:?} (a migration still running, or a process stopped while migrating)"
+            ),
+        )
+        .with_source(error)
+    } else {
+        SubagentError::store_io("locking the schema", error)
+    }
+}
+
 /// How a [`PostgresStore`] connects.
 #[derive(Clone)]
 pub struct PostgresConfig {
@@ -318,8 +337,9 @@ pub struct PostgresConfig {
     /// have committed: an append's log faults, as on any failed write, and a resume reads what
     /// the store holds; a lease granted unseen passes on as any lease does. A connection whose
     /// call timed out goes back to the pool and serves its next call once the server answers
-    /// the one in flight. A schema migration is the one call without a deadline. Raise it for
-    /// logs so long that reading one whole takes longer.
+    /// the one in flight. A schema migration's DDL is the one statement without a deadline; its
+    /// wait for another process's migration has this one (`STORE_IO` naming that migration).
+    /// Raise it for logs so long that reading one whole takes longer.
     pub statement_timeout: Duration,
 }
 
@@ -493,8 +513,7 @@ impl PostgresStore {
     /// As [`PostgresStore::connect`].
     pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
         let store = Self::pool(config)?;
-        // The one call without a deadline: a schema migration takes what its DDL takes (and
-        // waits for another process's migration to end).
+        // A schema migration's DDL takes what it takes; its waits are bounded (see there).
         store.migrate().await?;
         Ok(store)
     }
@@ -636,22 +655,38 @@ impl PostgresStore {
     }
 
     /// Applies the migrations this database has not seen, under an advisory lock.
+    ///
+    /// Everything up to holding the lock is bounded: no lock is waited for longer than the
+    /// statement timeout (another process's migration, or a table's users for the DDL), and
+    /// no answer longer than the call deadline. Only the DDL's own work runs unbounded.
     async fn migrate(&self) -> Result<()> {
         let mut client = self.client().await?;
         // Up to date already: no lock and no DDL (a reader's role may not create tables).
-        if schema_version(&client).await? == Some(known_version()) {
+        let version = self
+            .bounded("reading the schema version", schema_version(&client))
+            .await?;
+        if version == Some(known_version()) {
             return Ok(());
         }
-        let tx = client
-            .transaction()
-            .await
-            .map_err(io("starting the schema migration"))?;
-        tx.batch_execute("SET LOCAL statement_timeout = 0")
-            .await
-            .map_err(io("lifting the statement timeout for the migration"))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .map_err(io("locking the schema"))?;
+        let lock_wait = self.call_deadline.saturating_sub(CALL_GRACE);
+        let tx = self
+            .bounded("starting the schema migration", async {
+                let tx = client
+                    .transaction()
+                    .await
+                    .map_err(io("starting the schema migration"))?;
+                tx.batch_execute(&format!(
+                    "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {}",
+                    lock_wait.as_millis()
+                ))
+                .await
+                .map_err(io("lifting the statement timeout for the migration"))?;
+                tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                    .await
+                    .map_err(|error| migration_lock_refused(error, lock_wait))?;
+                Ok(tx)
+            })
+            .await?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS subagents_schema (
                  version integer PRIMARY KEY,
