@@ -78,7 +78,8 @@ impl Teardown {
     }
 
     /// Ends the session (closing the child's stdin), waits as the ladder says, then runs the
-    /// terminate ladder (SIGTERM, grace, SIGKILL) and waits for the tree with no bound.
+    /// terminate ladder (SIGTERM, grace, SIGKILL, up to [`super::process::KILLED_WITHIN`] for
+    /// the tree to be gone).
     /// Returns how the child had ended before the teardown began, if it had, and how it
     /// ended.
     pub(crate) async fn run(self) -> (Option<ExitOutcome>, Option<ExitOutcome>) {

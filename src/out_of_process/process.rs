@@ -105,7 +105,17 @@ pub struct ChildProcess {
     /// The leader, exited or not, until it is reaped: holding it unreaped pins the group id.
     leader: Arc<Mutex<Option<std::process::Child>>>,
     tree_gone: AtomicBool,
+    /// Whether a process of the group is alive ([`group_alive`]; a test's stand-in for a
+    /// member that outlives SIGKILL).
+    alive: fn(Pid) -> bool,
+    /// How long the tree has to be gone once SIGKILLed ([`KILLED_WITHIN`]).
+    killed_within: Duration,
 }
+
+/// How long a tree SIGKILLed has to be gone before the ladder gives up on it: a process in
+/// uninterruptible sleep (a hung network filesystem), or one not ours to signal, outlives
+/// SIGKILL, and must not hold a disposal or a shutdown forever.
+pub const KILLED_WITHIN: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct Pipes {
@@ -205,6 +215,8 @@ impl ChildProcess {
             pipes: Mutex::new(pipes),
             leader: Arc::new(Mutex::new(Some(child))),
             tree_gone: AtomicBool::new(false),
+            alive: group_alive,
+            killed_within: KILLED_WITHIN,
         })
     }
 
@@ -265,8 +277,8 @@ impl ChildProcess {
             // scan reads /proc, so it runs off the actor's thread.
             let mut pause = Duration::from_millis(1);
             loop {
-                let group = self.group;
-                let alive = tokio::task::spawn_blocking(move || group_alive(group))
+                let (group, probe) = (self.group, self.alive);
+                let alive = tokio::task::spawn_blocking(move || probe(group))
                     .await
                     .unwrap_or(true);
                 if !alive {
@@ -294,24 +306,34 @@ impl ChildProcess {
     }
 
     /// The terminate ladder: SIGTERM to the whole group, up to the grace for it to exit, then
-    /// SIGKILL, then an unbounded wait until the tree is gone.
+    /// SIGKILL, then up to [`KILLED_WITHIN`] for the tree to be gone. Returns whether it is: a
+    /// tree that outlived SIGKILL (a process in uninterruptible sleep, or one not ours to
+    /// signal) is logged and left to [`Drop`], which signals it again and reaps the leader off
+    /// the runtime's threads.
     ///
     /// # Cancel safety
     /// Cancel safe; a ladder dropped before SIGKILL leaves the rest to [`Drop`].
-    pub async fn terminate(&self) {
+    pub async fn terminate(&self) -> bool {
         if !self.signal_group(Signal::TERM) {
-            self.wait_for_tree_exit(None).await;
-            return;
+            return self.wait_for_tree_exit(Some(self.killed_within)).await;
         }
         if self.wait_for_tree_exit(Some(self.grace)).await {
-            return;
+            return true;
         }
         tracing::debug!(
             pid = self.pid,
             "child tree outlived SIGTERM; sending SIGKILL"
         );
         self.signal_group(Signal::KILL);
-        self.wait_for_tree_exit(None).await;
+        let gone = self.wait_for_tree_exit(Some(self.killed_within)).await;
+        if !gone {
+            tracing::warn!(
+                pid = self.pid,
+                within = ?self.killed_within,
+                "a child's process tree outlived SIGKILL (uninterruptible, or not ours to signal); giving up waiting for it"
+            );
+        }
+        gone
     }
 
     /// Signals every process of the group; false when none is left. Safe while the leader is
@@ -450,7 +472,43 @@ fn group_alive(_group: Pid) -> bool {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
-    use super::live_group_of;
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A stand-in for a tree with a member that outlives SIGKILL (uninterruptible, or not
+    /// ours to signal): the probe reports the group alive whatever the kernel did.
+    fn never_gone(_: Pid) -> bool {
+        true
+    }
+
+    #[test]
+    fn a_tree_that_outlives_sigkill_does_not_hold_the_ladder() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let spec = ProcessSpec {
+                argv: ["sleep", "30"].map(OsString::from).to_vec(),
+                cwd: std::env::temp_dir(),
+                env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+                stderr: StderrMode::Inherit,
+                grace: Duration::from_millis(50),
+            };
+            let mut child = ChildProcess::spawn(&spec).expect("sleep starts");
+            child.alive = never_gone;
+            child.killed_within = Duration::from_millis(200);
+            let began = Instant::now();
+            let gone = tokio::time::timeout(Duration::from_secs(20), child.terminate())
+                .await
+                .expect("the ladder ends though the tree outlives SIGKILL");
+            assert!(!gone, "the tree is reported not gone");
+            assert!(began.elapsed() < Duration::from_secs(10));
+            // The leader itself was signalled to its end.
+            assert!(child.exited().await.signal.is_some());
+        });
+    }
 
     #[test]
     fn reads_the_group_after_a_command_name_with_parentheses() {
