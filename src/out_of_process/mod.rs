@@ -28,7 +28,7 @@ pub use config::{
 pub(crate) use env::with_trace_context;
 pub use env::{child_env, BASE_ENV};
 pub use ndjson::DEFAULT_MAX_FRAME_BYTES;
-pub use process::{ChildProcess, ExitOutcome, ProcessSpec, StderrMode};
+pub use process::{ChildProcess, ExitOutcome, ProcessSpec, StderrMode, KILLED_WITHIN};
 pub use settle::{out_of_process_run, settle_attempt, PartialOutput};
 pub use task::task_texts;
 
