@@ -41,6 +41,7 @@ use subagents::{
 };
 
 use crate::cluster_nodes::{one_turn_at_a_time, read, NodeProcess};
+use crate::support::postgres::raw_client;
 use crate::support::postgres::TestPostgres;
 
 /// Workers the children are placed on.
@@ -732,10 +733,7 @@ impl Schedule {
 /// Terminates every other connection to the schedule's database.
 fn terminate_backends(url: &str) {
     actix::System::new().block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = raw_client(url).await;
         client
             .batch_execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity

@@ -14,7 +14,7 @@ use subagents::{
     ReportDelivery, ReportOptions, Runtime, SessionId,
 };
 
-use crate::support::postgres::postgres_or_skip;
+use crate::support::postgres::{postgres_or_skip, raw_client};
 use crate::support::{
     delivered, eventually, followup_child, notices, persisted, root, seam_runtime_on, settled,
     text, turn_ends, within, SeamRecorder,
@@ -721,10 +721,7 @@ async fn in_a_cluster_a_followup_to_a_child_on_the_callers_own_node_is_answered_
         .child_id;
     gate.reached().await;
     // Another connection holds the child's session row: its next append waits for it.
-    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let holder = raw_client(&url).await;
     holder
         .batch_execute(&format!(
             "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{child}' FOR UPDATE"
@@ -771,18 +768,12 @@ async fn in_a_cluster_a_followup_to_a_child_on_the_callers_own_node_is_answered_
 
 /// Runs `sql` on the cluster's database.
 pub(crate) async fn sql(url: &str, statements: &str) {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = raw_client(url).await;
     client.batch_execute(statements).await.unwrap();
 }
 
 /// The count `query` answers on the cluster's database.
 pub(crate) async fn count(url: &str, query: &str) -> i64 {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = raw_client(url).await;
     client.query_one(query, &[]).await.unwrap().get(0)
 }

@@ -17,7 +17,7 @@ use crate::cluster::{
     cluster_store, count, held_child_models, inserted, node, node_on, notices_reach, place, placed,
     sql, Placed,
 };
-use crate::support::postgres::postgres_or_skip;
+use crate::support::postgres::{postgres_or_skip, raw_client};
 use crate::support::{
     delivered, eventually, followup_child, notices, persisted, root, seam_runtime_on, text,
     turn_ends, within,
@@ -431,10 +431,7 @@ async fn a_report_answered_after_the_deadline_is_asked_again_and_heard_once() {
     gate.reached().await;
     // The parent's node asks who holds the child before it takes a report: for a second and
     // a half nobody can read the lease table.
-    let (locker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let locker = raw_client(&url).await;
     locker
         .batch_execute("BEGIN; LOCK TABLE subagents_leases IN ACCESS EXCLUSIVE MODE")
         .await

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use subagents::store::PostgresStore;
 use subagents::{EventKind, SessionId, SessionPersistence, TurnEndReason};
 
-use crate::support::postgres::postgres_or_skip;
+use crate::support::postgres::{postgres_or_skip, raw_client};
 use crate::support::{delivered, turn_ends};
 
 /// A running `subagents node`.
@@ -244,10 +244,7 @@ pub(crate) fn completed(events: &[subagents::SessionEvent]) -> usize {
 /// The one value `sql` selects from the cluster's database.
 fn scalar<T: for<'a> tokio_postgres::types::FromSql<'a>>(url: &str, sql: &str) -> T {
     actix::System::new().block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = raw_client(url).await;
         client.query_one(sql, &[]).await.unwrap().get(0)
     })
 }

@@ -14,7 +14,7 @@ use crate::store::store_runtime as runtime;
 use crate::store_postgres::{
     cluster_store, execute, poll_until, query_value, stop_client_backends,
 };
-use crate::support::postgres::postgres_or_skip;
+use crate::support::postgres::{postgres_or_skip, raw_client};
 use crate::support::within;
 
 // A node whose row expired (it was paused past its time-to-live) learns that its membership is
@@ -202,10 +202,7 @@ fn a_dead_nodes_row_expiring_during_the_takeover_is_still_taken_over() {
     // (reads do not), so the join's write is held until the row has expired.
     until_a_backend(&url, "query LIKE 'SELECT heartbeat_at%'");
     let locker = block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = raw_client(&url).await;
         client
             .batch_execute("BEGIN; LOCK TABLE subagents_nodes IN EXCLUSIVE MODE")
             .await

@@ -10,7 +10,7 @@ use subagents::ErrorCode;
 
 use crate::store::store_runtime as runtime;
 use crate::store_postgres::{execute, query_value};
-use crate::support::postgres::postgres_or_skip;
+use crate::support::postgres::{postgres_or_skip, raw_client};
 use crate::support::within;
 
 #[test]
@@ -56,9 +56,7 @@ fn a_connect_waits_for_another_processs_migration_no_longer_than_the_statement_t
     let runtime = runtime();
     let _entered = runtime.enter();
     let url = postgres_or_skip!().fresh_database();
-    let (migrating, connection) = block_on(tokio_postgres::connect(&url, tokio_postgres::NoTls))
-        .expect("the stopped migration's connection");
-    runtime.spawn(connection);
+    let migrating = block_on(raw_client(&url));
     block_on(migrating.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]))
         .expect("the migration lock");
     let mut config = PostgresConfig::new(&url);

@@ -10,7 +10,7 @@ use subagents::store::{LeaseHolder, ListedSession, PostgresConfig, PostgresStore
 use subagents::{ErrorCode, SessionEvent, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::{check_against_model, notes, op};
-use crate::support::postgres::postgres_or_skip;
+use crate::support::postgres::{postgres_or_skip, raw_client};
 use crate::support::within;
 
 use crate::store::store_runtime as runtime;
@@ -110,10 +110,7 @@ fn fresh() -> Option<(PostgresStore, String)> {
 /// Runs one SQL statement on `url` (to damage rows as a bad writer or a newer crate would).
 pub(crate) fn execute(url: &str, sql: &str) {
     block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = raw_client(url).await;
         client.batch_execute(sql).await.unwrap();
     });
 }
@@ -540,10 +537,7 @@ fn stored_batches_are_compressed_with_lz4_where_the_server_has_it() {
         return;
     };
     let has_lz4 = block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = raw_client(&url).await;
         client
             .batch_execute("SET default_toast_compression = lz4")
             .await
@@ -707,10 +701,7 @@ pub(crate) fn query_value<T: for<'a> tokio_postgres::types::FromSql<'a>>(
     sql: &str,
 ) -> T {
     block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = raw_client(url).await;
         client.query_one(sql, &[]).await.unwrap().get(0)
     })
 }
@@ -1402,18 +1393,15 @@ fn a_statement_the_server_cannot_finish_fails_within_the_statement_timeout() {
     };
     let id = SessionId::new();
     block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
-    let (holder, _) = block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        let driven = tokio::spawn(connection);
+    let holder = block_on(async {
+        let client = raw_client(&url).await;
         client
             .batch_execute(&format!(
                 "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{id}' FOR UPDATE"
             ))
             .await
             .unwrap();
-        (client, driven)
+        client
     });
     let began = std::time::Instant::now();
     let refused = block_on(within(
@@ -1437,10 +1425,7 @@ fn a_statement_the_server_cannot_finish_fails_within_the_statement_timeout() {
 /// be mid-call.
 pub(crate) fn stop_client_backends(url: &str) -> StoppedBackends {
     let backends: Vec<u32> = block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = raw_client(url).await;
         client
             .query(
                 "SELECT pid FROM pg_stat_activity

@@ -282,3 +282,13 @@ impl TestPostgres {
         self.url(&name)
     }
 }
+
+/// A connection of the test's own to `url`, outside any store (to damage or lock rows, or to
+/// read what a store wrote), driven by a task on the current runtime.
+pub async fn raw_client(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
