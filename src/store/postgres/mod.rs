@@ -18,40 +18,40 @@
 //! connections run with `synchronous_commit=off`: a commit is visible to every reader when it
 //! returns, and reaches the disk within the server's WAL writer delay (three times
 //! `wal_writer_delay` at worst, 600 ms by default); a server crash in that window loses it.
-//! `flush` commits synchronously, which makes every earlier commit durable. Leases expire after their time-to-live unless renewed; a holder of this process that
-//! is gone (its runtime dropped) holds nothing, as on the embedded stores. A holder that joined
-//! the cluster as a node ([`PostgresStore::join`]) renews nothing: its leases live while its
-//! node heartbeats.
+//! `flush` commits synchronously, which makes every earlier commit durable. Leases expire after
+//! their time-to-live unless renewed; a holder of this process that is gone (its runtime
+//! dropped) holds nothing, as on the embedded stores. A holder that joined the cluster as a
+//! node ([`PostgresStore::join`]) renews nothing: its leases live while its node heartbeats.
 //!
 //! # Schema
 //! The crate creates and migrates its tables itself, at [`PostgresStore::connect`], under an
 //! advisory lock, so any number of runtimes may start against one database at once. A process
 //! waits for another's migration at most the statement timeout (`STORE_IO` past it), so one
-//! stopped while migrating holds no other `connect` forever.
+//! stopped while migrating holds no other `connect` forever (see `schema`).
+//!
+//! [`SessionPersistence`]: super::SessionPersistence
 
 mod batch;
+mod config;
 mod creations;
 pub mod deliveries;
 mod lease_book;
 mod leases;
 mod membership;
+mod persistence;
+mod pool;
 mod reads;
 mod reconnect;
+mod schema;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use futures::future::BoxFuture;
-use serde_json::Value;
-use tokio_postgres::NoTls;
+use deadpool_postgres::Pool;
 
-use super::codec::{decode_cache_row, decode_header, encode_batch, put_value_row};
-use super::lease::{lease_expired, lease_lost, Lease, LeaseEpoch, LeaseHolder};
-use super::EncodedRow;
-use super::{
-    check_append, check_contiguous, not_found, ListedSession, SessionPersistence, StoredSession,
-};
+use super::codec::{decode_header, encode_batch};
+use super::lease::{Lease, LeaseEpoch, LeaseHolder};
+use super::{check_contiguous, ListedSession};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
@@ -60,9 +60,12 @@ use batch::Batcher;
 use creations::CreationRequest;
 use lease_book::LeaseBook;
 use leases::LeaseRequest;
+use pool::{open_pool, CONNECT_TIMEOUT};
 use reads::{ReadRequest, StoredRows};
 use reconnect::reconnecting;
+use schema::{known_version, schema_version};
 
+pub use config::PostgresConfig;
 pub use membership::{NodeIncarnation, NodeMembership};
 pub use reconnect::RECONNECT_WITHIN;
 
@@ -86,102 +89,12 @@ macro_rules! lease_live {
 }
 pub(super) use lease_live;
 
-/// The schema versions, applied in order; each runs once, in one transaction.
-const MIGRATIONS: &[&str] = &[
-    // 1: sessions, batches, leases, the projection cache.
-    "CREATE TABLE subagents_sessions (
-         id uuid PRIMARY KEY,
-         parent uuid,
-         header bytea NOT NULL,
-         next_seq bigint NOT NULL,
-         epoch bigint NOT NULL DEFAULT 0
-     );
-     CREATE INDEX subagents_sessions_by_parent ON subagents_sessions (parent, id);
-     CREATE TABLE subagents_event_batches (
-         session uuid NOT NULL REFERENCES subagents_sessions (id),
-         first_seq bigint NOT NULL,
-         events bytea NOT NULL,
-         PRIMARY KEY (session, first_seq)
-     );
-     CREATE TABLE subagents_leases (
-         session uuid PRIMARY KEY REFERENCES subagents_sessions (id),
-         holder uuid NOT NULL,
-         epoch bigint NOT NULL,
-         expires_at timestamptz NOT NULL
-     );
-     CREATE TABLE subagents_projection_cache (
-         unit text NOT NULL,
-         session uuid NOT NULL,
-         row bytea NOT NULL,
-         PRIMARY KEY (unit, session)
-     );",
-    // 2: the row a flush writes (its synchronous commit makes every earlier append durable).
-    "CREATE TABLE subagents_flushes (session uuid PRIMARY KEY, at timestamptz NOT NULL);",
-    // 3: cluster membership: a member's leases live while its row does.
-    "CREATE TABLE subagents_nodes (
-         node uuid PRIMARY KEY,
-         name text NOT NULL,
-         started_at timestamptz NOT NULL DEFAULT now(),
-         heartbeat_at timestamptz NOT NULL DEFAULT now(),
-         expires_at timestamptz NOT NULL
-     );",
-    // 4: deliveries between nodes, served in id order per target.
-    "CREATE TABLE subagents_deliveries (
-         id bigserial PRIMARY KEY,
-         target uuid NOT NULL,
-         sender uuid NOT NULL,
-         session uuid NOT NULL,
-         payload bytea NOT NULL,
-         ticket uuid NOT NULL,
-         state text NOT NULL DEFAULT 'pending',
-         answer bytea,
-         sent_at timestamptz NOT NULL DEFAULT now(),
-         answered_at timestamptz
-     );
-     CREATE INDEX subagents_deliveries_pending ON subagents_deliveries (target, id)
-         WHERE state = 'pending';",
-    // 5: deliveries about different sessions are served at once: a session's oldest pending
-    // delivery is found by session.
-    "CREATE INDEX subagents_deliveries_pending_by_session
-         ON subagents_deliveries (target, session, id) WHERE state = 'pending';",
-    // 6: a flush touches one of a fixed number of rows, not a row per session forever.
-    "DROP TABLE subagents_flushes;
-     CREATE TABLE subagents_flushes (slot integer PRIMARY KEY, at timestamptz NOT NULL);",
-    // 7: node incarnations: each process that joins under a node id is a new incarnation, a
-    // member's lease lives only while its own incarnation's row does, and a delivery records
-    // the incarnation that claimed it.
-    "ALTER TABLE subagents_nodes ADD COLUMN incarnation uuid;
-     ALTER TABLE subagents_leases ADD COLUMN incarnation uuid;
-     ALTER TABLE subagents_deliveries ADD COLUMN claimed_by uuid;",
-    // 8: a delivery is sent once per ticket: a send retried after its connection was lost
-    // finds the row it may have committed.
-    "CREATE UNIQUE INDEX subagents_deliveries_by_ticket ON subagents_deliveries (ticket);",
-    // 9: a delivery names the incarnation of its sender that sent it: a node that hears from
-    // another checks it against the incarnation it knows holds what the delivery is about.
-    "ALTER TABLE subagents_deliveries ADD COLUMN sent_by uuid;",
-    // 10: the batches of events and the projection rows (a few KB each: past the size at
-    // which the server compresses a value) are compressed with lz4, a quarter of the default
-    // pglz's cost to write, for about as many bytes. A server built without lz4 (or older than
-    // PostgreSQL 14) keeps its default.
-    "DO $$ BEGIN
-         EXECUTE 'ALTER TABLE subagents_event_batches ALTER COLUMN events SET COMPRESSION lz4';
-         EXECUTE 'ALTER TABLE subagents_projection_cache ALTER COLUMN row SET COMPRESSION lz4';
-     EXCEPTION WHEN feature_not_supported OR syntax_error THEN NULL;
-     END $$;",
-];
-
 /// The fewest remembered lease holders at which gone ones are swept.
 const HOLDERS_SWEPT_FROM: usize = 64;
 
 /// How many rows `flush` writes in turn: each connection touches the one its server process
 /// id picks, so the table stays this small and concurrent flushes rarely share a row.
 const FLUSH_SLOTS: i32 = 256;
-
-/// How long opening a connection may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a store call waits for a free connection before failing (`STORE_IO`).
-const POOL_WAIT: Duration = Duration::from_secs(30);
 
 /// The runtime the caller runs on; the store needs one (see [`OnStoreRuntime`]).
 fn store_runtime() -> Result<tokio::runtime::Handle> {
@@ -197,181 +110,11 @@ fn store_runtime() -> Result<tokio::runtime::Handle> {
 /// connection of its own).
 const BATCH_SLOTS: usize = 2;
 
-/// A pool of at most `size` connections, opened on `runtime` (see [`OnStoreRuntime`]).
-fn open_pool(
-    pg: &tokio_postgres::Config,
-    runtime: &tokio::runtime::Handle,
-    size: usize,
-) -> Result<Pool> {
-    let manager = Manager::from_connect(
-        pg.clone(),
-        OnStoreRuntime {
-            runtime: runtime.clone(),
-        },
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(size.max(1))
-        .runtime(deadpool_postgres::Runtime::Tokio1)
-        .wait_timeout(Some(POOL_WAIT))
-        .create_timeout(Some(CONNECT_TIMEOUT))
-        .build()
-        .map_err(|error| {
-            SubagentError::new(
-                ErrorCode::InvalidConfig,
-                "the connection pool does not build",
-            )
-            .with_source(error)
-        })
-}
-
 /// A batch's answers: each call's own, or the batch's failure for every call.
 fn each_or_all<T>(answered: Result<Vec<Result<T>>>, calls: usize) -> Vec<Result<T>> {
     match answered {
         Ok(answers) => answers,
         Err(error) => (0..calls).map(|_| Err(error.clone())).collect(),
-    }
-}
-
-/// Opens the pool's connections on the runtime that opened the store, whichever thread asks
-/// for one. A connection's socket and its driving task belong to the runtime they start on, and
-/// agents run on worker threads that stop before the store is done with (a load run verifies
-/// after its workers stopped): a connection opened there would die with its worker, and the
-/// pool would hand it out dead.
-struct OnStoreRuntime {
-    runtime: tokio::runtime::Handle,
-}
-
-/// A connection of the pool: its client and the task driving it.
-type Opened = (tokio_postgres::Client, tokio::task::JoinHandle<()>);
-
-impl deadpool_postgres::Connect for OnStoreRuntime {
-    fn connect(
-        &self,
-        config: &tokio_postgres::Config,
-    ) -> BoxFuture<'_, std::result::Result<Opened, tokio_postgres::Error>> {
-        let config = config.clone();
-        let opening = self
-            .runtime
-            .spawn(open_on(config.clone(), self.runtime.clone()));
-        Box::pin(async move {
-            match opening.await {
-                Ok(opened) => opened,
-                // The store's runtime has shut down: open it here, the best left to do.
-                Err(_) => open_on(config, tokio::runtime::Handle::current()).await,
-            }
-        })
-    }
-}
-
-/// Opens a connection and drives it on `runtime` (the one this runs on).
-async fn open_on(
-    config: tokio_postgres::Config,
-    runtime: tokio::runtime::Handle,
-) -> std::result::Result<Opened, tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
-    let driving = runtime.spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::warn!(%error, "a PostgreSQL connection failed");
-        }
-    });
-    Ok((client, driving))
-}
-
-/// The advisory lock key that serializes migrations across runtimes ("subagent" in ASCII).
-const MIGRATION_LOCK: i64 = 0x7375_6261_6765_6e74;
-
-/// The error of a migration that could not take the schema's lock: `STORE_IO`, naming another
-/// process's migration when the server gave up waiting for it.
-fn migration_lock_refused(error: tokio_postgres::Error, waited: Duration) -> SubagentError {
-    if error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
-        SubagentError::new(
-            ErrorCode::StoreIo,
-            format!(
-                "another process has held the schema's migration lock for longer than \
-                 {waited:?} (a migration still running, or a process stopped while migrating)"
-            ),
-        )
-        .with_source(error)
-    } else {
-        SubagentError::store_io("locking the schema", error)
-    }
-}
-
-/// How a [`PostgresStore`] connects.
-#[derive(Clone)]
-pub struct PostgresConfig {
-    /// A libpq-style connection string or URL (`postgres://user@host/db`,
-    /// `host=/run/postgresql dbname=subagents`).
-    pub url: String,
-    /// How long a lease lasts unrenewed (default 30 s): a runtime that dies holds its
-    /// sessions no longer than this.
-    pub lease_ttl: Duration,
-    /// The most connections the pool opens (default 16).
-    pub pool_size: usize,
-    /// How long a node that joined the cluster keeps its row, and with it its leases, without
-    /// a heartbeat (default 10 s; it heartbeats every third of this).
-    pub node_ttl: Duration,
-    /// How long a delivery between nodes is kept once answered or withdrawn, or once sent to
-    /// a node no longer live (default 5 minutes): a serving node prunes older rows every
-    /// minute, or every retention period when that is shorter. Keep it well above the time a
-    /// sender takes to read an answer (a pruned answer reads as `STORE_IO`).
-    pub delivery_retention: Duration,
-    /// How long the row of a node declared dead is kept (default 1 hour), the record of its
-    /// death; a serving node prunes older ones with the deliveries. A new process may join
-    /// under the node's id meanwhile, as a new incarnation (which fences whatever the dead one
-    /// held); the process that was declared dead may not.
-    pub dead_node_retention: Duration,
-    /// How long a node waits for another node's answer to a delivery (default 30 s): no
-    /// cross-node ask waits longer. On expiry a delivery not yet taken is withdrawn, and the
-    /// sender gets `NODE_UNRESPONSIVE`.
-    pub delivery_deadline: Duration,
-    /// The longest a statement runs on the server (the connections' `statement_timeout`,
-    /// default 60 s, from 1 ms to `i32::MAX` ms) and, a second later, the longest each
-    /// attempt of a store call waits for the server's answer (a call tried again after a lost
-    /// connection waits at most [`RECONNECT_WITHIN`] more): a server that stops answering
-    /// without closing the connection (paused, partitioned, stuck on its disk) fails the call
-    /// with `STORE_IO` instead of holding its caller forever. A call that timed out may still
-    /// have committed: an append's log faults, as on any failed write, and a resume reads what
-    /// the store holds; a lease granted unseen passes on as any lease does. A connection whose
-    /// call timed out goes back to the pool and serves its next call once the server answers
-    /// the one in flight. A schema migration's DDL is the one statement without a deadline; its
-    /// wait for another process's migration has this one (`STORE_IO` naming that migration).
-    /// Raise it for logs so long that reading one whole takes longer.
-    pub statement_timeout: Duration,
-}
-
-/// Never shows the connection string: it may hold a password.
-impl std::fmt::Debug for PostgresConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresConfig")
-            .field("url", &"<redacted>")
-            .field("lease_ttl", &self.lease_ttl)
-            .field("pool_size", &self.pool_size)
-            .field("node_ttl", &self.node_ttl)
-            .field("delivery_retention", &self.delivery_retention)
-            .field("dead_node_retention", &self.dead_node_retention)
-            .field("delivery_deadline", &self.delivery_deadline)
-            .field("statement_timeout", &self.statement_timeout)
-            .finish()
-    }
-}
-
-impl PostgresConfig {
-    /// A configuration for `url` with the defaults.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self {
-            url: url.into(),
-            lease_ttl: Duration::from_secs(30),
-            pool_size: 16,
-            node_ttl: Duration::from_secs(10),
-            delivery_retention: Duration::from_secs(300),
-            dead_node_retention: Duration::from_secs(3600),
-            delivery_deadline: Duration::from_secs(30),
-            statement_timeout: Duration::from_secs(60),
-        }
     }
 }
 
@@ -407,7 +150,7 @@ struct LeaseTerms {
     incarnation: Option<uuid::Uuid>,
 }
 
-/// [`SessionPersistence`] over PostgreSQL.
+/// [`SessionPersistence`](super::SessionPersistence) over PostgreSQL (see the module docs).
 pub struct PostgresStore {
     pool: Pool,
     /// For connections of their own (a node's listener).
@@ -465,36 +208,6 @@ fn seq_value(column: i64) -> Result<u64> {
 
 fn uuid_of(id: SessionId) -> uuid::Uuid {
     *id.as_uuid()
-}
-
-/// The schema version this crate writes.
-fn known_version() -> i32 {
-    i32::try_from(MIGRATIONS.len()).unwrap_or(i32::MAX)
-}
-
-/// The database's schema version, or `None` when it has no `subagents` schema.
-async fn schema_version(client: &tokio_postgres::Client) -> Result<Option<i32>> {
-    let exists: bool = client
-        .query_one("SELECT to_regclass('subagents_schema') IS NOT NULL", &[])
-        .await
-        .map_err(io("reading the schema version"))?
-        .get(0);
-    if !exists {
-        return Ok(None);
-    }
-    applied_version(client).await.map(Some)
-}
-
-/// The newest migration recorded in the schema table (0 when none is).
-async fn applied_version(client: &impl tokio_postgres::GenericClient) -> Result<i32> {
-    Ok(client
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM subagents_schema",
-            &[],
-        )
-        .await
-        .map_err(io("reading the schema version"))?
-        .get(0))
 }
 
 impl PostgresStore {
@@ -652,77 +365,6 @@ impl PostgresStore {
                 "there is no subagents store in this database",
             )),
         }
-    }
-
-    /// Applies the migrations this database has not seen, under an advisory lock.
-    ///
-    /// Everything up to holding the lock is bounded: no lock is waited for longer than the
-    /// statement timeout (another process's migration, or a table's users for the DDL), and
-    /// no answer longer than the call deadline. Only the DDL's own work runs unbounded.
-    async fn migrate(&self) -> Result<()> {
-        let mut client = self.client().await?;
-        // Up to date already: no lock and no DDL (a reader's role may not create tables).
-        let version = self
-            .bounded("reading the schema version", schema_version(&client))
-            .await?;
-        if version == Some(known_version()) {
-            return Ok(());
-        }
-        let lock_wait = self.call_deadline.saturating_sub(CALL_GRACE);
-        let tx = self
-            .bounded("starting the schema migration", async {
-                let tx = client
-                    .transaction()
-                    .await
-                    .map_err(io("starting the schema migration"))?;
-                tx.batch_execute(&format!(
-                    "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {}",
-                    lock_wait.as_millis()
-                ))
-                .await
-                .map_err(io("lifting the statement timeout for the migration"))?;
-                tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-                    .await
-                    .map_err(|error| migration_lock_refused(error, lock_wait))?;
-                Ok(tx)
-            })
-            .await?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS subagents_schema (
-                 version integer PRIMARY KEY,
-                 applied_at timestamptz NOT NULL DEFAULT now()
-             )",
-        )
-        .await
-        .map_err(io("creating the schema table"))?;
-        let applied = applied_version(&*tx).await?;
-        let known = known_version();
-        if applied > known || applied < 0 {
-            return Err(SubagentError::new(
-                ErrorCode::StoreCorrupt,
-                format!(
-                    "the database's schema is version {applied}, newer than this crate's {known}"
-                ),
-            ));
-        }
-        for (version, migration) in (1..)
-            .zip(MIGRATIONS)
-            .skip(usize::try_from(applied).unwrap_or(0))
-        {
-            tx.batch_execute(migration)
-                .await
-                .map_err(io(format!("applying schema version {version}")))?;
-            tx.execute(
-                "INSERT INTO subagents_schema (version) VALUES ($1)",
-                &[&version],
-            )
-            .await
-            .map_err(io("recording the schema version"))?;
-            tracing::info!(version, "PostgreSQL schema migrated");
-        }
-        tx.commit()
-            .await
-            .map_err(io("committing the schema migration"))
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
@@ -902,337 +544,5 @@ impl PostgresStore {
                 }
             })
             .collect())
-    }
-}
-
-impl SessionPersistence for PostgresStore {
-    fn create(
-        &self,
-        header: SessionHeader,
-        events: Vec<Arc<SessionEvent>>,
-    ) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move { self.write_creation(header, events, None).await.map(drop) })
-    }
-
-    fn create_leased(
-        &self,
-        header: SessionHeader,
-        events: Vec<Arc<SessionEvent>>,
-        holder: LeaseHolder,
-    ) -> BoxFuture<'_, Result<Lease>> {
-        Box::pin(
-            async move { super::granted(self.write_creation(header, events, Some(holder)).await?) },
-        )
-    }
-
-    fn append(
-        &self,
-        id: SessionId,
-        expected_next_seq: u64,
-        events: Vec<Arc<SessionEvent>>,
-        lease: Option<LeaseEpoch>,
-    ) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            check_contiguous(id, expected_next_seq, &events)?;
-            let Some(encoded) = encode_batch(id, &events)? else {
-                return Ok(());
-            };
-            let count = u64::try_from(events.len()).unwrap_or(u64::MAX);
-            let expected = seq_column(expected_next_seq)?;
-            let next = seq_column(expected_next_seq.saturating_add(count))?;
-            let epoch = lease
-                .map(|LeaseEpoch(epoch)| seq_column(epoch))
-                .transpose()?;
-            let encoded = &encoded;
-            self.reconnecting("appending", |attempt| async move {
-                let client = self.client().await?;
-                // One statement: the row lock, the compare, the batch and the head move together.
-                // A leased write needs the latest epoch and a lease still live: a node paused
-                // past its time-to-live may wake before it learns it was declared dead, and
-                // before anyone took its sessions; what it would write then is an epoch its
-                // parent already heard end. (The lease is read after the session row is
-                // locked, which a takeover locks first; the clock is read then, not at the
-                // statement's start.)
-                let rows = client
-                    .query(
-                        &client
-                            .prepare_cached(concat!(
-                                "WITH head AS (
-                         SELECT next_seq, epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE
-                     ), held AS (
-                         SELECT ",
-                                lease_live!("clock_timestamp()"),
-                                " AS live FROM subagents_leases lease
-                             LEFT JOIN subagents_nodes node ON node.node = lease.holder
-                             WHERE lease.session = $1 AND lease.epoch = $3
-                     ), fits AS (
-                         SELECT 1 FROM head
-                         WHERE next_seq = $2 AND ($3::bigint IS NULL
-                             OR (epoch = $3 AND coalesce((SELECT live FROM held), false)))
-                     ), batch AS (
-                         INSERT INTO subagents_event_batches (session, first_seq, events)
-                         SELECT $1, $2, $4 FROM fits
-                         RETURNING 1
-                     ), moved AS (
-                         UPDATE subagents_sessions SET next_seq = $5
-                         WHERE id = $1 AND EXISTS (SELECT 1 FROM fits)
-                         RETURNING 1
-                     )
-                     SELECT next_seq, epoch, EXISTS (SELECT 1 FROM moved),
-                         $3::bigint IS NULL OR coalesce((SELECT live FROM held), false)
-                     FROM head",
-                            ))
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[&uuid_of(id), &expected, &epoch, &encoded, &next],
-                    )
-                    .await
-                    .map_err(io(format!("appending to session {id}")))?;
-                let Some(row) = rows.first() else {
-                    return Err(not_found(id));
-                };
-                let (stored_next, stored_epoch, moved, live): (i64, i64, bool, bool) =
-                    (row.get(0), row.get(1), row.get(2), row.get(3));
-                if !moved {
-                    // An earlier attempt whose answer was lost may have stored this very batch.
-                    if attempt.after_loss
-                        && stored_next == next
-                        && (epoch.is_none() || epoch == Some(stored_epoch))
-                        && self.stored_batch(&client, id, expected).await?.as_ref() == Some(encoded)
-                    {
-                        return Ok(());
-                    }
-                    check_append(
-                        id,
-                        expected_next_seq,
-                        seq_value(stored_next)?,
-                        lease,
-                        seq_value(stored_epoch)?,
-                    )?;
-                    if !live {
-                        return Err(lease_expired(id));
-                    }
-                    return Err(SubagentError::bug(format!(
-                        "session {id}: an append that fits was not applied"
-                    )));
-                }
-                Ok(())
-            })
-            .await
-        })
-    }
-
-    fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            self.reconnecting("flushing", |_| async move {
-                // Appends commit without waiting for the disk (the connections run with
-                // synchronous_commit off). A transaction that writes and commits synchronously
-                // flushes the write-ahead log up to its own commit, so every earlier append of
-                // every session is durable once it returns.
-                // One statement, its own transaction: the local setting holds at its commit. The
-                // row is the connection's slot: a flush never waits on another connection's
-                // unless their server processes share one.
-                let client = self.client().await?;
-                let touch = client
-                    .prepare_cached(
-                        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
-                     INSERT INTO subagents_flushes (slot, at)
-                     SELECT pg_backend_pid() % $1, now() FROM durable
-                     ON CONFLICT (slot) DO UPDATE SET at = excluded.at",
-                    )
-                    .await
-                    .map_err(io(format!("flushing session {id}")))?;
-                client
-                    .execute(&touch, &[&FLUSH_SLOTS])
-                    .await
-                    .map_err(io(format!("flushing session {id}")))?;
-                Ok(())
-            })
-            .await
-        })
-    }
-
-    fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
-        Box::pin(self.listing(None))
-    }
-
-    fn list_children(&self, parent: SessionId) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
-        Box::pin(self.listing(Some(parent)))
-    }
-
-    fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
-        Box::pin(async move { self.reads.call(ReadRequest::header(id)).await?.header() })
-    }
-
-    fn read_stored(
-        &self,
-        id: SessionId,
-        from_seq: u64,
-        before_seq: u64,
-    ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
-        Box::pin(async move {
-            self.reads
-                .call(ReadRequest::events(id, from_seq, before_seq))
-                .await?
-                .events()
-        })
-    }
-
-    /// One read for the header and the stored log (two on the other stores); a seed stored by
-    /// reference is resolved as [`SessionPersistence::read_from`] does.
-    fn inspect(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
-        Box::pin(async move {
-            let stored = self
-                .reads
-                .call(ReadRequest::events(id, 0, u64::MAX).and_header())
-                .await?;
-            let header = stored.header()?;
-            if header.first_stored_seq() > 0 {
-                return super::inspection(self, id).await;
-            }
-            super::inspected(header, stored.events()?)
-        })
-    }
-
-    fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
-        Box::pin(async move { self.leases.call(LeaseRequest { id, holder }).await })
-    }
-
-    fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            self.reconnecting("renewing a lease", |_| async move {
-            let epoch = seq_column(epoch.0)?;
-            let client = self.client().await?;
-            let renewed = client
-                .execute(
-                    &client.prepare_cached("UPDATE subagents_leases SET expires_at = now() + make_interval(secs => $3)
-                     WHERE session = $1 AND epoch = $2").await.map_err(io("preparing a statement"))?,
-                    &[&uuid_of(id), &epoch, &self.lease_ttl.as_secs_f64()],
-                )
-                .await
-                .map_err(io(format!("renewing the lease of session {id}")))?;
-            if renewed == 0 {
-                return Err(lease_lost(id));
-            }
-            Ok(())
-            })
-            .await
-        })
-    }
-
-    fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            self.reconnecting("releasing a lease", |_| async move {
-                let epoch = seq_column(epoch.0)?;
-                let client = self.client().await?;
-                client
-                    .execute(
-                        &client
-                            .prepare_cached(
-                                "DELETE FROM subagents_leases WHERE session = $1 AND epoch = $2",
-                            )
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[&uuid_of(id), &epoch],
-                    )
-                    .await
-                    .map_err(io(format!("releasing the lease of session {id}")))?;
-                Ok(())
-            })
-            .await
-        })
-    }
-
-    fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
-        let unit = unit.to_owned();
-        Box::pin(async move {
-            let unit = &unit;
-            self.reconnecting("reading the projection cache", |_| async move {
-            let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    &client.prepare_cached("SELECT row FROM subagents_projection_cache WHERE unit = $1 AND session = $2").await.map_err(io("preparing a statement"))?,
-                    &[&unit, &uuid_of(id)],
-                )
-                .await
-                .map_err(io(format!("reading the {unit} cache of session {id}")))?;
-            row.map(|row| {
-                let bytes: Vec<u8> = row.get(0);
-                decode_cache_row(unit, id, &bytes)
-            })
-            .transpose()
-            })
-            .await
-        })
-    }
-
-    fn cache_put(
-        &self,
-        unit: &str,
-        id: SessionId,
-        row: Value,
-        lease: Option<LeaseEpoch>,
-    ) -> BoxFuture<'_, Result<()>> {
-        put_value_row(self, unit, id, &row, lease)
-    }
-
-    fn cache_put_encoded(
-        &self,
-        unit: &str,
-        id: SessionId,
-        row: EncodedRow,
-        lease: Option<LeaseEpoch>,
-    ) -> BoxFuture<'_, Result<()>> {
-        let unit = unit.to_owned();
-        Box::pin(async move {
-            let bytes = row.into_bytes();
-            let (unit, bytes) = (&unit, &bytes);
-            self.reconnecting("writing the projection cache", |_| async move {
-                let client = self.client().await?;
-                let failed = || io(format!("writing the {unit} cache of session {id}"));
-                let Some(LeaseEpoch(epoch)) = lease else {
-                    client
-                        .execute(
-                            &client
-                                .prepare_cached(
-                                    "INSERT INTO subagents_projection_cache (unit, session, row)
-                         VALUES ($1, $2, $3)
-                         ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
-                                )
-                                .await
-                                .map_err(io("preparing a statement"))?,
-                            &[&unit, &uuid_of(id), &bytes],
-                        )
-                        .await
-                        .map_err(failed())?;
-                    return Ok(());
-                };
-                // The session row is locked in share mode: a lease taken meanwhile (which moves the
-                // epoch under `FOR UPDATE`) either waits for this write or fences it out.
-                let written = client
-                    .execute(
-                        &client
-                            .prepare_cached(
-                                "WITH fence AS (
-                                 SELECT id FROM subagents_sessions
-                                 WHERE id = $2 AND epoch = $4 FOR SHARE
-                             )
-                             INSERT INTO subagents_projection_cache (unit, session, row)
-                             SELECT $1, id, $3 FROM fence
-                             ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
-                            )
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[&unit, &uuid_of(id), &bytes, &seq_column(epoch)?],
-                    )
-                    .await
-                    .map_err(failed())?;
-                if written == 0 {
-                    return Err(lease_lost(id));
-                }
-                Ok(())
-            })
-            .await
-        })
     }
 }

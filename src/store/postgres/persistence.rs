@@ -1,0 +1,351 @@
+//! [`SessionPersistence`] over a [`PostgresStore`]: compare-and-append in one statement, reads,
+//! creations and lease grants batched, flushes as synchronous commits.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use super::lease_live;
+use super::leases::LeaseRequest;
+use super::reads::ReadRequest;
+use super::{io, seq_column, seq_value, uuid_of, PostgresStore, FLUSH_SLOTS};
+use crate::error::{Result, SubagentError};
+use crate::ids::SessionId;
+use crate::session::{SessionEvent, SessionHeader};
+use crate::store::codec::{decode_cache_row, encode_batch, put_value_row};
+use crate::store::lease::{lease_expired, lease_lost, Lease, LeaseEpoch, LeaseHolder};
+use crate::store::{
+    check_append, check_contiguous, granted, inspected, inspection, not_found, EncodedRow,
+    ListedSession, SessionPersistence, StoredSession,
+};
+
+impl SessionPersistence for PostgresStore {
+    fn create(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+    ) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move { self.write_creation(header, events, None).await.map(drop) })
+    }
+
+    fn create_leased(
+        &self,
+        header: SessionHeader,
+        events: Vec<Arc<SessionEvent>>,
+        holder: LeaseHolder,
+    ) -> BoxFuture<'_, Result<Lease>> {
+        Box::pin(async move { granted(self.write_creation(header, events, Some(holder)).await?) })
+    }
+
+    fn append(
+        &self,
+        id: SessionId,
+        expected_next_seq: u64,
+        events: Vec<Arc<SessionEvent>>,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            check_contiguous(id, expected_next_seq, &events)?;
+            let Some(encoded) = encode_batch(id, &events)? else {
+                return Ok(());
+            };
+            let count = u64::try_from(events.len()).unwrap_or(u64::MAX);
+            let expected = seq_column(expected_next_seq)?;
+            let next = seq_column(expected_next_seq.saturating_add(count))?;
+            let epoch = lease
+                .map(|LeaseEpoch(epoch)| seq_column(epoch))
+                .transpose()?;
+            let encoded = &encoded;
+            self.reconnecting("appending", |attempt| async move {
+                let client = self.client().await?;
+                // One statement: the row lock, the compare, the batch and the head move together.
+                // A leased write needs the latest epoch and a lease still live: a node paused
+                // past its time-to-live may wake before it learns it was declared dead, and
+                // before anyone took its sessions; what it would write then is an epoch its
+                // parent already heard end. (The lease is read after the session row is
+                // locked, which a takeover locks first; the clock is read then, not at the
+                // statement's start.)
+                let rows = client
+                    .query(
+                        &client
+                            .prepare_cached(concat!(
+                                "WITH head AS (
+                         SELECT next_seq, epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE
+                     ), held AS (
+                         SELECT ",
+                                lease_live!("clock_timestamp()"),
+                                " AS live FROM subagents_leases lease
+                             LEFT JOIN subagents_nodes node ON node.node = lease.holder
+                             WHERE lease.session = $1 AND lease.epoch = $3
+                     ), fits AS (
+                         SELECT 1 FROM head
+                         WHERE next_seq = $2 AND ($3::bigint IS NULL
+                             OR (epoch = $3 AND coalesce((SELECT live FROM held), false)))
+                     ), batch AS (
+                         INSERT INTO subagents_event_batches (session, first_seq, events)
+                         SELECT $1, $2, $4 FROM fits
+                         RETURNING 1
+                     ), moved AS (
+                         UPDATE subagents_sessions SET next_seq = $5
+                         WHERE id = $1 AND EXISTS (SELECT 1 FROM fits)
+                         RETURNING 1
+                     )
+                     SELECT next_seq, epoch, EXISTS (SELECT 1 FROM moved),
+                         $3::bigint IS NULL OR coalesce((SELECT live FROM held), false)
+                     FROM head",
+                            ))
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&uuid_of(id), &expected, &epoch, &encoded, &next],
+                    )
+                    .await
+                    .map_err(io(format!("appending to session {id}")))?;
+                let Some(row) = rows.first() else {
+                    return Err(not_found(id));
+                };
+                let (stored_next, stored_epoch, moved, live): (i64, i64, bool, bool) =
+                    (row.get(0), row.get(1), row.get(2), row.get(3));
+                if !moved {
+                    // An earlier attempt whose answer was lost may have stored this very batch.
+                    if attempt.after_loss
+                        && stored_next == next
+                        && (epoch.is_none() || epoch == Some(stored_epoch))
+                        && self.stored_batch(&client, id, expected).await?.as_ref() == Some(encoded)
+                    {
+                        return Ok(());
+                    }
+                    check_append(
+                        id,
+                        expected_next_seq,
+                        seq_value(stored_next)?,
+                        lease,
+                        seq_value(stored_epoch)?,
+                    )?;
+                    if !live {
+                        return Err(lease_expired(id));
+                    }
+                    return Err(SubagentError::bug(format!(
+                        "session {id}: an append that fits was not applied"
+                    )));
+                }
+                Ok(())
+            })
+            .await
+        })
+    }
+
+    fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            self.reconnecting("flushing", |_| async move {
+                // Appends commit without waiting for the disk (the connections run with
+                // synchronous_commit off). A transaction that writes and commits synchronously
+                // flushes the write-ahead log up to its own commit, so every earlier append of
+                // every session is durable once it returns.
+                // One statement, its own transaction: the local setting holds at its commit. The
+                // row is the connection's slot: a flush never waits on another connection's
+                // unless their server processes share one.
+                let client = self.client().await?;
+                let touch = client
+                    .prepare_cached(
+                        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
+                     INSERT INTO subagents_flushes (slot, at)
+                     SELECT pg_backend_pid() % $1, now() FROM durable
+                     ON CONFLICT (slot) DO UPDATE SET at = excluded.at",
+                    )
+                    .await
+                    .map_err(io(format!("flushing session {id}")))?;
+                client
+                    .execute(&touch, &[&FLUSH_SLOTS])
+                    .await
+                    .map_err(io(format!("flushing session {id}")))?;
+                Ok(())
+            })
+            .await
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        Box::pin(self.listing(None))
+    }
+
+    fn list_children(&self, parent: SessionId) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
+        Box::pin(self.listing(Some(parent)))
+    }
+
+    fn header(&self, id: SessionId) -> BoxFuture<'_, Result<SessionHeader>> {
+        Box::pin(async move { self.reads.call(ReadRequest::header(id)).await?.header() })
+    }
+
+    fn read_stored(
+        &self,
+        id: SessionId,
+        from_seq: u64,
+        before_seq: u64,
+    ) -> BoxFuture<'_, Result<Vec<Arc<SessionEvent>>>> {
+        Box::pin(async move {
+            self.reads
+                .call(ReadRequest::events(id, from_seq, before_seq))
+                .await?
+                .events()
+        })
+    }
+
+    /// One read for the header and the stored log (two on the other stores); a seed stored by
+    /// reference is resolved as [`SessionPersistence::read_from`] does.
+    fn inspect(&self, id: SessionId) -> BoxFuture<'_, Result<StoredSession>> {
+        Box::pin(async move {
+            let stored = self
+                .reads
+                .call(ReadRequest::events(id, 0, u64::MAX).and_header())
+                .await?;
+            let header = stored.header()?;
+            if header.first_stored_seq() > 0 {
+                return inspection(self, id).await;
+            }
+            inspected(header, stored.events()?)
+        })
+    }
+
+    fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
+        Box::pin(async move { self.leases.call(LeaseRequest { id, holder }).await })
+    }
+
+    fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            self.reconnecting("renewing a lease", |_| async move {
+            let epoch = seq_column(epoch.0)?;
+            let client = self.client().await?;
+            let renewed = client
+                .execute(
+                    &client.prepare_cached("UPDATE subagents_leases SET expires_at = now() + make_interval(secs => $3)
+                     WHERE session = $1 AND epoch = $2").await.map_err(io("preparing a statement"))?,
+                    &[&uuid_of(id), &epoch, &self.lease_ttl.as_secs_f64()],
+                )
+                .await
+                .map_err(io(format!("renewing the lease of session {id}")))?;
+            if renewed == 0 {
+                return Err(lease_lost(id));
+            }
+            Ok(())
+            })
+            .await
+        })
+    }
+
+    fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            self.reconnecting("releasing a lease", |_| async move {
+                let epoch = seq_column(epoch.0)?;
+                let client = self.client().await?;
+                client
+                    .execute(
+                        &client
+                            .prepare_cached(
+                                "DELETE FROM subagents_leases WHERE session = $1 AND epoch = $2",
+                            )
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&uuid_of(id), &epoch],
+                    )
+                    .await
+                    .map_err(io(format!("releasing the lease of session {id}")))?;
+                Ok(())
+            })
+            .await
+        })
+    }
+
+    fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
+        let unit = unit.to_owned();
+        Box::pin(async move {
+            let unit = &unit;
+            self.reconnecting("reading the projection cache", |_| async move {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    &client.prepare_cached("SELECT row FROM subagents_projection_cache WHERE unit = $1 AND session = $2").await.map_err(io("preparing a statement"))?,
+                    &[&unit, &uuid_of(id)],
+                )
+                .await
+                .map_err(io(format!("reading the {unit} cache of session {id}")))?;
+            row.map(|row| {
+                let bytes: Vec<u8> = row.get(0);
+                decode_cache_row(unit, id, &bytes)
+            })
+            .transpose()
+            })
+            .await
+        })
+    }
+
+    fn cache_put(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: Value,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        put_value_row(self, unit, id, &row, lease)
+    }
+
+    fn cache_put_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+        row: EncodedRow,
+        lease: Option<LeaseEpoch>,
+    ) -> BoxFuture<'_, Result<()>> {
+        let unit = unit.to_owned();
+        Box::pin(async move {
+            let bytes = row.into_bytes();
+            let (unit, bytes) = (&unit, &bytes);
+            self.reconnecting("writing the projection cache", |_| async move {
+                let client = self.client().await?;
+                let failed = || io(format!("writing the {unit} cache of session {id}"));
+                let Some(LeaseEpoch(epoch)) = lease else {
+                    client
+                        .execute(
+                            &client
+                                .prepare_cached(
+                                    "INSERT INTO subagents_projection_cache (unit, session, row)
+                         VALUES ($1, $2, $3)
+                         ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
+                                )
+                                .await
+                                .map_err(io("preparing a statement"))?,
+                            &[&unit, &uuid_of(id), &bytes],
+                        )
+                        .await
+                        .map_err(failed())?;
+                    return Ok(());
+                };
+                // The session row is locked in share mode: a lease taken meanwhile (which moves the
+                // epoch under `FOR UPDATE`) either waits for this write or fences it out.
+                let written = client
+                    .execute(
+                        &client
+                            .prepare_cached(
+                                "WITH fence AS (
+                                 SELECT id FROM subagents_sessions
+                                 WHERE id = $2 AND epoch = $4 FOR SHARE
+                             )
+                             INSERT INTO subagents_projection_cache (unit, session, row)
+                             SELECT $1, id, $3 FROM fence
+                             ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
+                            )
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&unit, &uuid_of(id), &bytes, &seq_column(epoch)?],
+                    )
+                    .await
+                    .map_err(failed())?;
+                if written == 0 {
+                    return Err(lease_lost(id));
+                }
+                Ok(())
+            })
+            .await
+        })
+    }
+}
