@@ -45,6 +45,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::handle::AgentHandle;
 use crate::host::inbox::InboxReplay;
 use crate::host::request::{CreateAgent, ResumeAgent};
+use crate::host::stored_inbox::{self, InboxCheckpoint};
 use crate::host::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
 };
@@ -164,7 +165,7 @@ async fn load_paged(
         log.page_out_loaded(keep);
         Ok::<_, SubagentError>(())
     };
-    crate::store::read_chunked(store, id, seed_end, u64::MAX, |chunk| {
+    crate::store::read_chunked(store, id, (0, seed_end), u64::MAX, |chunk| {
         fold(chunk)?;
         Ok(true)
     })
@@ -363,9 +364,16 @@ impl Agents {
     /// # Errors
     /// `DUPLICATE_AGENT` when an agent of the session is live or being created (deliver to it
     /// instead); `PERSISTENCE_UNAVAILABLE`; `SESSION_NOT_FOUND`; `SESSION_LEASED` (live in
-    /// another runtime); store errors. A message the session already accepted (put again under
-    /// its id by a sender that did not hear the first answer) is answered with its id, not
-    /// stored twice.
+    /// another runtime); store errors. With `may_repeat` (put again under its id by a sender
+    /// that did not hear the first answer), a message the session already accepted is answered
+    /// with its id, not stored twice.
+    ///
+    /// # Cost
+    /// A message that cannot have been accepted before is written from the stored-inbox
+    /// checkpoint the previous write left (see [`crate::host::stored_inbox`]): it reads only
+    /// the events after it, so a parent away while its children settle costs each notice the
+    /// same whatever its log's length. A first write, and one that `may_repeat` (it must look
+    /// for the message), read the whole log, a chunk at a time.
     ///
     /// # Cancel safety
     /// A dropped call frees its reservation and its lease; the message may or may not have
@@ -374,6 +382,7 @@ impl Agents {
         &self,
         id: SessionId,
         message: Message,
+        may_repeat: bool,
     ) -> Result<MessageId> {
         let store = self.shared.env.store.clone().ok_or_else(|| {
             SubagentError::new(
@@ -391,6 +400,15 @@ impl Agents {
         let lease = LeaseGuard::acquire(&store, id, &self.shared.holder).await?;
         let epoch = lease.lease.epoch;
         let message_id = message.id;
+        let header = store.header(id).await?;
+        if !may_repeat
+            && stored_inbox::append_after_checkpoint(&*store, &header, &message, epoch).await?
+        {
+            // Released here rather than by the guard's task: a resume right after must find
+            // it free.
+            store.release_lease(id, lease.hand_over().epoch).await?;
+            return Ok(message_id);
+        }
         // Loaded paged out: a long-lived parent that is away is written to without holding
         // its whole transcript, whoever resumes it later.
         let mut inserted = false;
@@ -405,6 +423,14 @@ impl Agents {
         let stored_len = log.len();
         // Stored again under its id (its sender did not hear the first answer): stored once.
         if inserted {
+            InboxCheckpoint::new(
+                &header,
+                stored_len,
+                inbox.next_turn_len(),
+                inbox.next_step_len(),
+            )
+            .store(&*store, id, epoch)
+            .await;
             store.release_lease(id, lease.hand_over().epoch).await?;
             return Ok(message_id);
         }
@@ -418,6 +444,15 @@ impl Agents {
         store.append(id, stored_len, added, Some(epoch)).await?;
         // Durable before it is answered: its sender (perhaps another node) sends it no more.
         store.flush(id).await?;
+        // The next write into this inbox starts from here.
+        InboxCheckpoint::new(
+            &header,
+            log.len(),
+            inbox.next_turn_len(),
+            inbox.next_step_len(),
+        )
+        .store(&*store, id, epoch)
+        .await;
         // Released here rather than by the guard's task: a resume right after must find it free.
         store.release_lease(id, lease.hand_over().epoch).await?;
         Ok(message_id)

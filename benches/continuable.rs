@@ -19,18 +19,25 @@
 //!   growth and the live heap growth per resident child, the latency of 1,000 follow-ups
 //!   enqueued to resident children (p50 and p99), and the time to drain the whole forest.
 //!
+//! - `away` (printed once, not sampled): a parent whose log holds 20,000 events starts 200
+//!   continuable children, each held in its first turn, and is disposed (away); then every
+//!   child is let go: the time until the parent's stored inbox holds all 200 settled notices,
+//!   on memory and on sled. Each notice is written into the log of a parent no agent holds.
+//!
 //! Run with `cargo bench --bench continuable` (`-- scale` for the scale pass alone;
-//! `SUBAGENTS_SCALE=20000,50000` for other sizes, `SUBAGENTS_SCALE_WORKERS=2` for two threads).
+//! `SUBAGENTS_SCALE=20000,50000` for other sizes, `SUBAGENTS_SCALE_WORKERS=2` for two threads;
+//! `-- away` for the away pass alone).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use subagents::testing::{ScriptStep, ScriptedModel};
+use subagents::testing::{Gate, ScriptStep, ScriptedModel};
 use subagents::{
-    AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, FollowupOptions, MemoryStore,
-    MessageSource, Runtime, SessionId, SessionPersistence, SledStore, SpawnInProcess,
+    AgentHandle, ContentBlock, ContinuableStartSpec, CreateAgent, EventKind, FollowupOptions,
+    MemoryStore, MessageSource, Runtime, SessionEvent, SessionId, SessionPersistence, SledStore,
+    SpawnInProcess,
 };
 use tokio::sync::mpsc;
 
@@ -372,16 +379,102 @@ async fn scale(n: usize, workers: usize) {
     rt.shutdown().await.expect("shutdown");
 }
 
+/// Whether the criterion filter this bench was run with, if any, names the unsampled pass
+/// `pass`.
+fn pass_is_named(pass: &str) -> bool {
+    std::env::args()
+        .skip(1)
+        .find(|arg| !arg.starts_with('-') && arg != "continuable")
+        .is_none_or(|filter| pass.contains(filter.as_str()))
+}
+
+/// How many settled notices `events` insert into an inbox.
+fn notices(events: &[Arc<SessionEvent>]) -> usize {
+    events
+        .iter()
+        .filter(|event| {
+            matches!(&event.kind, EventKind::InboxSpliced { inserted, .. }
+            if inserted.iter().any(|message| {
+                matches!(message.source, MessageSource::SubagentSettledNotice { .. })
+            }))
+        })
+        .count()
+}
+
+/// The away pass on `store` (see the module docs): `children` children of a parent whose log
+/// holds at least `events` events settle while the parent is away.
+async fn away(store: Arc<dyn SessionPersistence>, label: &str, events: u64, children: usize) {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
+    let fixture = fixture_with(Arc::clone(&store), model.clone()).await;
+    let agent = fixture.parent.agent().clone();
+    while agent.log().len() < events {
+        agent
+            .followup(prompt(), MessageSource::User)
+            .await
+            .expect("the parent's prompt");
+        agent.when_idle().await;
+    }
+    for _ in 0..children {
+        model.push(ScriptStep::text("held").gated(&gate));
+    }
+    for _ in 0..children {
+        start(&fixture).await;
+    }
+    let Fixture { rt, parent, .. } = fixture;
+    let id = agent.id();
+    drop(agent);
+    parent.dispose().await.expect("the parent goes away");
+    let mut read = u64::try_from(
+        store
+            .read_stored(id, 0, u64::MAX)
+            .await
+            .expect("the parent's log")
+            .len(),
+    )
+    .expect("a log length");
+    let len = read;
+    let began = Instant::now();
+    gate.release();
+    let mut stored = 0;
+    while stored < children {
+        // Only what was added since the last look is read: the pass measures the writers.
+        let added = store
+            .read_stored(id, read, u64::MAX)
+            .await
+            .expect("the parent's log");
+        read += u64::try_from(added.len()).expect("a log length");
+        stored += notices(&added);
+        if added.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    }
+    let elapsed = began.elapsed();
+    println!(
+        "away/{label}: {children} notices stored into a parent away with {len} events in {:.1} ms \
+         ({:.1} µs a notice)",
+        elapsed.as_secs_f64() * 1e3,
+        elapsed.as_secs_f64() * 1e6 / children as f64,
+    );
+    rt.shutdown().await.expect("shutdown");
+}
+
+fn away_pass(_: &mut Criterion) {
+    process::like_the_binary();
+    // The pass is not sampled; a criterion filter that does not name it skips it.
+    if !pass_is_named("away") {
+        return;
+    }
+    let system = System::new();
+    system.block_on(away(memory(), "memory", 20_000, 200));
+    let (store, _dir) = sled();
+    system.block_on(away(store, "sled", 20_000, 200));
+}
+
 fn scale_pass(_: &mut Criterion) {
     process::like_the_binary();
     // The pass is not sampled; a criterion filter that does not name it skips it.
-    let filter = std::env::args()
-        .skip(1)
-        .find(|arg| !arg.starts_with('-') && arg != "continuable");
-    if filter
-        .as_deref()
-        .is_some_and(|filter| !"scale".contains(filter))
-    {
+    if !pass_is_named("scale") {
         return;
     }
     // `SUBAGENTS_SCALE=20000,50000` picks other sizes.
@@ -405,5 +498,5 @@ fn scale_pass(_: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench, scale_pass);
+criterion_group!(benches, bench, scale_pass, away_pass);
 criterion_main!(benches);

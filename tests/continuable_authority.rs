@@ -9,7 +9,7 @@ use subagents::{
 };
 
 use crate::support::{
-    delivered, faulty, followup_child, grandchild, notices, persisted,
+    delivered, faulty, followup_child, grandchild, notices, notices_inserted, persisted,
     resumed_with_the_notice_pending, root, seam_runtime, settled, start_continuable, text,
     turn_ends, within, SeamRecorder,
 };
@@ -54,22 +54,6 @@ async fn a_resident_childs_inbox_is_reached_only_through_its_parent() {
         ["task", "from the parent"],
         "the turn ran whole, and only the parent's message reached the inbox"
     );
-}
-
-/// The settled notices inserted into `events`' inbox journal (pending or since claimed).
-fn notices_inserted<E: std::borrow::Borrow<subagents::SessionEvent>>(events: &[E]) -> usize {
-    events
-        .iter()
-        .map(|event| match &event.borrow().kind {
-            EventKind::InboxSpliced { inserted, .. } => inserted
-                .iter()
-                .filter(|message| {
-                    matches!(message.source, MessageSource::SubagentSettledNotice { .. })
-                })
-                .count(),
-            _ => 0,
-        })
-        .sum()
 }
 
 // The parent is the session: a parent disposed and resumed while its child runs is the same

@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, BoxStream, StreamExt};
-use subagents::testing::{post_again, FaultInjectingStore, Gate, ScriptStep, ScriptedModel};
+use subagents::testing::{post_again, Gate, ScriptStep, ScriptedModel};
 use subagents::{
     AgentHandle, AgentOptions, BlockType, CancelCause, ContinuableStartSpec, CreateAgent,
     EventScope, FinishReason, GenerateRequest, History, InboxPolicy, LlmAdapter, LlmFailure,
@@ -17,8 +17,8 @@ use subagents::{
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    resumed_with_the_notice_pending, run_prompt, seam_runtime_on, settled, text, within,
-    SeamRecorder,
+    converse, injected_runtime, resumed_with_the_notice_pending, run_prompt, seam_runtime_on,
+    settled, text, within, SeamRecorder,
 };
 
 /// How many of its newest events the paging agent keeps.
@@ -83,36 +83,6 @@ async fn start_child(
 /// Starts a continuable `fork` child of `parent`, prompted "forked task"; its id.
 async fn start_fork(rt: &Runtime, parent: &AgentHandle) -> subagents::SessionId {
     start_child(rt, parent, "fork", "forked task").await
-}
-
-/// A runtime whose model answers "answer", on a memory store (returned too, to read back
-/// without being counted) behind a fault injector (which counts the reads).
-async fn injected_runtime() -> (
-    Runtime,
-    ScriptedModel,
-    Arc<MemoryStore>,
-    Arc<FaultInjectingStore>,
-) {
-    let model = ScriptedModel::repeating(ScriptStep::text("answer"));
-    let inner = Arc::new(MemoryStore::new());
-    let store = Arc::new(FaultInjectingStore::new(
-        Arc::clone(&inner) as Arc<dyn SessionPersistence>
-    ));
-    let rt = seam_runtime_on(
-        Runtime::builder().model("scripted", model.clone()),
-        Arc::clone(&store) as Arc<dyn SessionPersistence>,
-    )
-    .await;
-    (rt, model, inner, store)
-}
-
-/// Runs `turns` prompts through `agent`, its log written to the store before each (a turn's
-/// end pages out only what the store has).
-async fn converse(agent: &AgentHandle, turns: u32) {
-    for turn in 1..=turns {
-        agent.agent().log().drain().await.unwrap();
-        run_prompt(agent.agent(), &format!("prompt {turn}")).await;
-    }
 }
 
 fn texts<'a>(messages: impl Iterator<Item = &'a Message>) -> Vec<String> {

@@ -185,6 +185,67 @@ pub async fn root(rt: &Runtime) -> subagents::AgentHandle {
         .expect("the root agent is created")
 }
 
+/// A runtime whose model answers "answer", on a memory store (returned too, to read back
+/// without being counted) behind a fault injector (which counts the reads).
+pub async fn injected_runtime() -> (
+    Runtime,
+    ScriptedModel,
+    Arc<MemoryStore>,
+    Arc<subagents::testing::FaultInjectingStore>,
+) {
+    let model = ScriptedModel::repeating(subagents::testing::ScriptStep::text("answer"));
+    let inner = Arc::new(MemoryStore::new());
+    let store = Arc::new(subagents::testing::FaultInjectingStore::new(
+        Arc::clone(&inner) as Arc<dyn subagents::SessionPersistence>,
+    ));
+    let rt = seam_runtime_on(
+        Runtime::builder().model("scripted", model.clone()),
+        Arc::clone(&store) as Arc<dyn subagents::SessionPersistence>,
+    )
+    .await;
+    (rt, model, inner, store)
+}
+
+/// Runs `turns` prompts through `agent`, its log written to the store before each (a turn's
+/// end pages out only what the store has).
+pub async fn converse(agent: &subagents::AgentHandle, turns: u32) {
+    for turn in 1..=turns {
+        agent.agent().log().drain().await.unwrap();
+        run_prompt(agent.agent(), &format!("prompt {turn}")).await;
+    }
+}
+
+/// The settled notices `events` insert into an inbox, each with the position its splice
+/// names in its list, in log order.
+pub fn notice_splices<E: Borrow<SessionEvent>>(events: &[E]) -> Vec<(u64, subagents::Message)> {
+    let is_notice = |message: &&subagents::Message| {
+        matches!(
+            message.source,
+            subagents::MessageSource::SubagentSettledNotice { .. }
+        )
+    };
+    events
+        .iter()
+        .filter_map(|event| match &event.borrow().kind {
+            EventKind::InboxSpliced {
+                start, inserted, ..
+            } => Some(
+                inserted
+                    .iter()
+                    .filter(is_notice)
+                    .map(move |message| (*start, message.clone())),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+/// How many settled notices `events`' inbox journal inserted (pending or since claimed).
+pub fn notices_inserted<E: Borrow<SessionEvent>>(events: &[E]) -> usize {
+    notice_splices(events).len()
+}
+
 /// Resumes the parent `id`, which was away when a child settled, and checks that the child's
 /// settled notice waits in its inbox (the one message pending).
 pub async fn resumed_with_the_notice_pending(

@@ -100,6 +100,8 @@ mod settlements;
 mod store;
 /// The PostgreSQL store, on a throwaway server.
 mod store_postgres;
+/// A parent's stored inbox while it is away: notices written from a checkpoint.
+mod stored_inbox;
 /// Tools: layers, restrictions, guards, parallel calls.
 mod tools;
 /// The control tools: send_message, interrupt_agent, list_agents.

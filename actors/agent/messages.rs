@@ -121,10 +121,16 @@ impl Handler<Post> for AgentActor {
                 let read = async move {
                     let seed_end = store.header(paged.session).await?.first_stored_seq();
                     let mut inserted = false;
-                    crate::store::read_chunked(&*store, paged.session, seed_end, before, |chunk| {
-                        inserted = crate::host::inbox::inserts(&chunk, id);
-                        Ok(!inserted)
-                    })
+                    crate::store::read_chunked(
+                        &*store,
+                        paged.session,
+                        (0, seed_end),
+                        before,
+                        |chunk| {
+                            inserted = crate::host::inbox::inserts(&chunk, id);
+                            Ok(!inserted)
+                        },
+                    )
                     .await?;
                     Ok::<_, SubagentError>(inserted)
                 };

@@ -228,6 +228,9 @@ async fn deliver_to_parent_session(
     mut gone: Option<AgentRef>,
     may_repeat: bool,
 ) -> Result<MessageId> {
+    // A recipient that refused the notice may have been handed it as it went: once one did,
+    // the stored inbox is searched for it before it is stored.
+    let mut repeat = may_repeat || gone.is_some();
     for _ in 0..NOTICE_ATTEMPTS {
         match agents.handle(parent).await {
             Some(handle) if gone.as_ref() == Some(handle.agent()) => {
@@ -254,10 +257,13 @@ async fn deliver_to_parent_session(
                     .await
                 {
                     Ok(id) => return Ok(id),
-                    Err(_) => gone = Some(live),
+                    Err(_) => {
+                        gone = Some(live);
+                        repeat = true;
+                    }
                 }
             }
-            None => match agents.enqueue_stored(parent, message.clone()).await {
+            None => match agents.enqueue_stored(parent, message.clone(), repeat).await {
                 Ok(id) => return Ok(id),
                 // An agent of the session came live meanwhile: deliver to it.
                 Err(error) if error.code() == ErrorCode::DuplicateAgent => {

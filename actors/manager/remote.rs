@@ -507,7 +507,8 @@ impl ContinuationManager {
                             ErrorCode::SessionLeased | ErrorCode::ParentUnavailable
                         ) =>
                     {
-                        match agents.enqueue_stored(parent, message.clone()).await {
+                        // The parent's node may have taken it before it stopped answering.
+                        match agents.enqueue_stored(parent, message.clone(), true).await {
                             // It came live meanwhile (its node resumed it): tell it there.
                             Err(error)
                                 if matches!(

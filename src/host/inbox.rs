@@ -20,6 +20,14 @@ pub fn inserts<E: AsRef<SessionEvent>>(events: impl IntoIterator<Item = E>, id: 
     })
 }
 
+/// The range of a list of `len` messages that a splice at `start` removing `removed` covers,
+/// clamped to the list as every reader of the journal clamps it.
+pub(crate) fn splice_range(start: u64, removed: Option<u64>, len: usize) -> (usize, usize) {
+    let start = usize::try_from(start).unwrap_or(usize::MAX).min(len);
+    let removed = usize::try_from(removed.unwrap_or(0)).unwrap_or(usize::MAX);
+    (start, start.saturating_add(removed).min(len))
+}
+
 /// What became of one inbox message, as its log's inbox journal tells.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MessageFate {
@@ -49,11 +57,7 @@ pub fn message_fates<E: Borrow<SessionEvent>>(events: &[E]) -> HashMap<MessageId
             continue;
         };
         let list = &mut lists[usize::from(*target == InboxTarget::NextStep)];
-        let start = usize::try_from(*start)
-            .unwrap_or(usize::MAX)
-            .min(list.len());
-        let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
-        let end = start.saturating_add(removed).min(list.len());
+        let (start, end) = splice_range(*start, *removed_count, list.len());
         for id in list.drain(start..end) {
             let fate = fates.entry(id).or_default();
             if *outcome == Some(SpliceOutcome::Canceled) {
@@ -103,13 +107,10 @@ impl InboxReplay {
         else {
             return;
         };
-        let start = usize::try_from(*start).unwrap_or(usize::MAX);
-        let removed = usize::try_from(removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
         match target {
             InboxTarget::NextTurn => {
                 let list = &mut self.0.next_turn;
-                let start = start.min(list.len());
-                let end = start.saturating_add(removed).min(list.len());
+                let (start, end) = splice_range(*start, *removed_count, list.len());
                 list.drain(start..end);
                 for (offset, message) in inserted.iter().enumerate() {
                     list.insert((start + offset).min(list.len()), message.clone());
@@ -117,8 +118,7 @@ impl InboxReplay {
             }
             InboxTarget::NextStep => {
                 let list = &mut self.0.next_step;
-                let start = start.min(list.len());
-                let end = start.saturating_add(removed).min(list.len());
+                let (start, end) = splice_range(*start, *removed_count, list.len());
                 list.splice(start..end, inserted.iter().cloned());
             }
         }

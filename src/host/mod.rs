@@ -9,6 +9,7 @@ pub(crate) mod inbox;
 pub mod request;
 pub mod scope;
 pub(crate) mod state;
+pub(crate) mod stored_inbox;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

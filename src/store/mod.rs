@@ -549,9 +549,9 @@ fn closers_from(
 /// How many events a chunked read of a long log asks for at a time ([`read_chunked`]).
 pub(crate) const READ_CHUNK: u64 = 4096;
 
-/// Reads session `id`'s events below `before` (every one, with `u64::MAX`) a chunk of
-/// [`READ_CHUNK`] at a time, handing each chunk to `chunk` in order until it answers `false`:
-/// a long log is never read whole into memory. A seed stored by reference (its first
+/// Reads session `id`'s events from `from` and below `before` (every one, with `u64::MAX`) a
+/// chunk of [`READ_CHUNK`] at a time, handing each chunk to `chunk` in order until it answers
+/// `false`: a long log is never read whole into memory. A seed stored by reference (its first
 /// `seed_end` events, [`SessionHeader::first_stored_seq`]) is one chunk, since every read
 /// inside it checks the reference's digest.
 ///
@@ -560,11 +560,10 @@ pub(crate) const READ_CHUNK: u64 = 4096;
 pub(crate) async fn read_chunked<S: SessionPersistence + ?Sized>(
     store: &S,
     id: SessionId,
-    seed_end: u64,
+    (mut from, seed_end): (u64, u64),
     before: u64,
     mut chunk: impl FnMut(Vec<Arc<SessionEvent>>) -> Result<bool>,
 ) -> Result<()> {
-    let mut from = 0_u64;
     while from < before {
         let until = if from < seed_end {
             seed_end
