@@ -397,6 +397,45 @@ async fn a_stale_scoped_root_leaves_its_live_same_id_agent_alone() {
     );
 }
 
+// CONT-40: the other way round. A scoped drain of a root that was drained before, disposed
+// and resumed closes admission below its live incarnation: the earlier incarnation's cutoff,
+// which ended with it, does not stand in for the new one (found by the history checker, seed
+// 6006033: a follow-up raced the second drain and cold-resumed a child under the drained root).
+#[actix_rt::test]
+async fn a_drain_of_a_resumed_root_closes_admission_below_it() {
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let first = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(first.agent().id()));
+    let child = start_continuable(&rt, first.agent(), "task").await.child_id;
+    settled(&recorder, child, 1).await;
+    within(
+        "the first drain",
+        rt.subagents()
+            .drain_continuable_descendants(&[first.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    let id = first.agent().id();
+    first.dispose().await.unwrap();
+    let parent = rt.agents().resume(ResumeAgent::new(id)).await.unwrap();
+    within(
+        "the drain of the resumed root",
+        rt.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    let error = followup_child(&rt, parent.agent(), child, "after the drain")
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Draining, "{error}");
+    assert!(
+        rt.agents().get(child).await.is_none(),
+        "nothing below the drained root is live"
+    );
+}
+
 // CONT-23
 #[actix_rt::test]
 async fn a_cold_inspection_is_abandoned_when_the_callers_token_fires() {

@@ -7,6 +7,7 @@ use super::remote::{discard_parked, release_unrecorded};
 use super::*;
 use crate::actors::activation::outcomes;
 use crate::actors::owner::aggregate;
+use std::collections::hash_map::Entry;
 
 /// What one drained parent releases: the creations admitted below it, then its branches.
 struct Share {
@@ -61,12 +62,20 @@ impl Handler<DrainDescendants> for ContinuationManager {
         let traceparent = crate::trace::traceparent_of(&msg.trace);
         let root_ids: Vec<SessionId> = roots.iter().map(AgentRef::id).collect();
         for root in roots {
-            self.closing
-                .entry(root.id())
-                .or_insert_with(|| ClosingScope {
-                    root,
-                    members: FastHashSet::default(),
-                });
+            let fresh = || ClosingScope {
+                root: root.clone(),
+                members: FastHashSet::default(),
+            };
+            match self.closing.entry(root.id()) {
+                // Concurrent drains of the same exact root merge.
+                Entry::Occupied(scope) if scope.get().root == root => {}
+                // An earlier incarnation's cutoff ended with it (it is swept at the next
+                // admission): kept, it would take the live root's cutoff away with it.
+                Entry::Occupied(mut scope) => *scope.get_mut() = fresh(),
+                Entry::Vacant(scope) => {
+                    scope.insert(fresh());
+                }
+            }
         }
         // Strict descendants only: a continuable root itself survives.
         let mut targets: Vec<(usize, SessionId)> = self
