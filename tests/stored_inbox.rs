@@ -68,6 +68,22 @@ impl AwayParent {
         self.inner.read_from(self.parent, 0).await.unwrap()
     }
 
+    /// Resumes the parent, checks that `pending` messages wait in its inbox, and lets it go.
+    async fn comes_back_to(&self, pending: usize) {
+        let back = self
+            .rt
+            .agents()
+            .resume(ResumeAgent::new(self.parent))
+            .await
+            .unwrap();
+        assert_eq!(
+            back.agent().status().await.unwrap().next_turn,
+            pending,
+            "what waits in the resumed parent's inbox"
+        );
+        back.dispose().await.unwrap();
+    }
+
     /// Lets child `child` finish its turn and waits until the parent's log holds `notices`
     /// settled notices; answers how many events the parent's stored-inbox writer read meanwhile.
     async fn settle(&self, child: usize, notices: usize) -> usize {
@@ -113,18 +129,7 @@ async fn notices_to_a_parent_that_is_away_read_its_log_once() {
     );
     let log = away.log().await;
     assert_eq!(notice_positions(&log), [0, 1, 2]);
-    let back = away
-        .rt
-        .agents()
-        .resume(ResumeAgent::new(away.parent))
-        .await
-        .unwrap();
-    assert_eq!(
-        back.agent().status().await.unwrap().next_turn,
-        3,
-        "the three notices wait in the resumed parent's inbox"
-    );
-    back.dispose().await.unwrap();
+    away.comes_back_to(3).await;
 }
 
 // A parent that came back, heard its first child's notice and went away again is written to
@@ -147,11 +152,7 @@ async fn a_parent_back_and_away_again_is_written_to_over_its_turns_since_the_che
         "the write read the events after the checkpoint, and only those"
     );
     assert_eq!(notice_positions(&away.log().await), [0, 0]);
-    resumed_with_the_notice_pending(&away.rt, away.parent)
-        .await
-        .dispose()
-        .await
-        .unwrap();
+    away.comes_back_to(1).await;
 }
 
 // A turn a crash left open after the checkpoint (a resumed parent's process died in it) is
@@ -202,14 +203,7 @@ async fn a_turn_left_open_after_the_checkpoint_is_closed_before_the_next_notice(
         after.iter().map(|e| e.kind.type_name()).collect::<Vec<_>>()
     );
     assert_eq!(notice_positions(&log), [0, 1]);
-    let back = away
-        .rt
-        .agents()
-        .resume(ResumeAgent::new(away.parent))
-        .await
-        .unwrap();
-    assert_eq!(back.agent().status().await.unwrap().next_turn, 2);
-    back.dispose().await.unwrap();
+    away.comes_back_to(2).await;
 }
 
 // A checkpoint past the log's end (a store that lost what followed it) is no answer: the
@@ -235,12 +229,5 @@ async fn a_checkpoint_past_the_logs_end_is_no_answer() {
     let read = away.settle(1, 2).await;
     assert!(read >= len, "the write read the whole log: {read} of {len}");
     assert_eq!(notice_positions(&away.log().await), [0, 1]);
-    let back = away
-        .rt
-        .agents()
-        .resume(ResumeAgent::new(away.parent))
-        .await
-        .unwrap();
-    assert_eq!(back.agent().status().await.unwrap().next_turn, 2);
-    back.dispose().await.unwrap();
+    away.comes_back_to(2).await;
 }

@@ -78,11 +78,11 @@ impl Folded {
                     InboxTarget::NextTurn => &mut self.at.next_turn,
                     InboxTarget::NextStep => &mut self.at.next_step,
                 };
-                let (start, end) =
-                    splice_range(*start, *removed_count, usize::try_from(*len).unwrap_or(0));
-                let kept =
-                    u64::try_from(usize::try_from(*len).unwrap_or(0) - (end - start)).unwrap_or(0);
-                *len = kept + u64::try_from(inserted.len()).unwrap_or(0);
+                let held = usize::try_from(*len).unwrap_or(usize::MAX);
+                let (start, end) = splice_range(*start, *removed_count, held);
+                // A checkpoint read back from the store is not trusted to be sane: saturate.
+                let kept = (held - (end - start)).saturating_add(inserted.len());
+                *len = u64::try_from(kept).unwrap_or(u64::MAX);
             }
             _ => {}
         }
@@ -193,7 +193,7 @@ pub(crate) async fn append_after_checkpoint(
     store.flush(id).await?;
     InboxCheckpoint {
         seq: at.seq + 1,
-        next_turn: at.next_turn + 1,
+        next_turn: at.next_turn.saturating_add(1),
         ..at
     }
     .store(store, id, lease)

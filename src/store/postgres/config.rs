@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// How a [`PostgresStore`] connects.
+/// How a [`PostgresStore`](super::PostgresStore) connects.
 #[derive(Clone)]
 pub struct PostgresConfig {
     /// A libpq-style connection string or URL (`postgres://user@host/db`,
