@@ -1,6 +1,6 @@
 //! The history checker (`subagents::check`, `subagents check`): seeded random schedules over
-//! a forest of continuable children, each history checked against every promise of the
-//! continuation core. The suite runs a few dozen schedules; `histories` (ignored: run it with
+//! a forest of continuable children and one-shot runs below it, each history checked against
+//! every promise of the continuation core. The suite runs a few dozen schedules; `histories` (ignored: run it with
 //! `cargo test --release -- --ignored histories`) runs as many as `SUBAGENTS_CHECK_SCHEDULES`
 //! says (10,000 by default).
 
@@ -12,7 +12,7 @@ use subagents::check::{
 /// broken promise and the commands that replay them.
 async fn check(first: u64, count: u64, ops: usize) {
     let mut failures = Vec::new();
-    let mut paged_out = 0;
+    let (mut paged_out, mut one_shots) = (0, 0);
     for seed in first..first + count {
         let config = CheckConfig {
             store: if seed % 2 == 0 {
@@ -31,6 +31,7 @@ async fn check(first: u64, count: u64, ops: usize) {
             .await
             .expect("the check runs");
         paged_out += report.paged_out;
+        one_shots += report.one_shots;
         if !report.anomalies.is_empty() {
             failures.push(format!(
                 "schedule {seed}: {:?}\n  replay: {}",
@@ -40,6 +41,7 @@ async fn check(first: u64, count: u64, ops: usize) {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(one_shots > 0, "no one-shot run was answered");
     // The promises were checked across page-outs too, when some schedule's roots paged.
     if (first..first + count).any(|seed| roots_resident_events(seed).is_some()) {
         assert!(paged_out > 0, "no root paged its log out");

@@ -311,6 +311,19 @@ impl Handler<ResidentCount> for ContinuationManager {
     }
 }
 
+/// The sessions of the resident Activations (for the history checker).
+#[derive(Message)]
+#[rtype(result = "Vec<SessionId>")]
+pub(crate) struct ResidentIds;
+
+impl Handler<ResidentIds> for ContinuationManager {
+    type Result = MessageResult<ResidentIds>;
+
+    fn handle(&mut self, _: ResidentIds, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.residents.keys().copied().collect())
+    }
+}
+
 /// How many host-owned parents have an ownership node now (for tests).
 #[derive(Message)]
 #[rtype(result = "usize")]

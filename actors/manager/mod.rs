@@ -68,7 +68,9 @@ pub(crate) use records::{ParentLink, RemoteParent};
 pub(crate) use control::{
     authorize_absent, Interrupt, InterruptAbsent, InterruptRouted, ReportFrom,
 };
-pub(crate) use drain::{DrainAll, DrainDescendants, OwnerNodeCount, OwnerReleased, ResidentCount};
+pub(crate) use drain::{
+    DrainAll, DrainDescendants, OwnerNodeCount, OwnerReleased, ResidentCount, ResidentIds,
+};
 use materialize::Finished;
 pub(crate) use materialize::{Delivery, StartContinuable};
 pub(crate) use remote::{ask_interrupt, route_followup};

@@ -11,7 +11,7 @@ use crate::actors::agents::Agents;
 use crate::actors::manager::{
     ask_interrupt, authorize_absent, delivery_handler, route_followup, ContinuationManager,
     Delivery, DrainAll, DrainDescendants, Interrupt, InterruptAbsent, InterruptRouted,
-    OwnerNodeCount, ReportFrom, ResidentCount, StartContinuable,
+    OwnerNodeCount, ReportFrom, ResidentCount, ResidentIds, StartContinuable,
 };
 use crate::cluster::ClusterLink;
 use crate::content::{require_content, ContentBlock, Message};
@@ -634,6 +634,11 @@ impl Subagents {
     /// [`crate::testing::resident_count`]: the API itself exposes no residency query).
     pub(crate) async fn resident_count(&self) -> usize {
         self.manager.send(ResidentCount).await.unwrap_or(0)
+    }
+
+    /// The sessions of the continuable children resident now (for the history checker).
+    pub(crate) async fn resident_ids(&self) -> Vec<SessionId> {
+        self.manager.send(ResidentIds).await.unwrap_or_default()
     }
 
     /// How many host-owned parents have an ownership node now (for tests, through

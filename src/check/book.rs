@@ -64,7 +64,7 @@ pub(crate) struct Accepted {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Anomaly {
     /// Which property: `exactly-once`, `fifo`, `one-activation`, `epochs`, `notices`, `ghost`,
-    /// `listing`, `durable-answer`, `live-after-drain`, `live-after-shutdown`, `hang`,
+    /// `listing`, `durable-answer`, `live-after-drain`, `live-after-shutdown`, `left-behind`, `hang`,
     /// `authority`, `resume-race`, `fenced`, `unexpected-error`.
     pub property: &'static str,
     /// What was seen.
@@ -83,6 +83,8 @@ pub(crate) struct Book {
     /// Per parent, how many starts under it have an unknown outcome (their futures were
     /// dropped): each may have made a child the checker cannot name.
     pub(crate) unknown_starts: BTreeMap<SessionId, usize>,
+    /// The one-shot children whose start was answered.
+    pub(crate) one_shots: BTreeSet<SessionId>,
     /// Sessions some store fault may have cut short (a write that failed or never ran).
     pub(crate) faulted: BTreeSet<SessionId>,
     /// Whether a store fault was ever armed: errors that only faults explain are excused.

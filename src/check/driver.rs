@@ -8,21 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use tokio_util::sync::CancellationToken;
 
-use super::book::{Child, SharedBook};
-use super::model::{hold_marker, CheckModel};
-use super::schedule::{Authority, LetGo, Op, Pick, Sender};
+use super::book::SharedBook;
+use super::calls::{text, yields, Ctx};
+use super::model::CheckModel;
+use super::schedule::{Authority, Op, Pick, Sender};
 use crate::actors::agent::AgentRef;
-use crate::content::{ContentBlock, MessageSource};
-use crate::error::{ErrorCode, Result, SubagentError};
+use crate::error::{ErrorCode, Result};
 use crate::events::Subscription;
-use crate::host::{AgentHandle, AgentOptions, Budget, CreateAgent, ResumeAgent};
+use crate::host::{AgentHandle, AgentOptions, CreateAgent, ResumeAgent};
 use crate::ids::SessionId;
 use crate::runtime::Runtime;
-use crate::seam::{
-    ContinuableStartSpec, FollowupOptions, InterruptAuthority, ReportDelivery, ReportOptions,
-};
+use crate::seam::{InterruptAuthority, ReportDelivery, ReportOptions};
 use crate::store::{MemoryStore, SharedStore, SledStore};
 use crate::testing::{FaultInjectingStore, StoreOperation};
 
@@ -78,201 +75,6 @@ struct ActiveFault {
     operation: StoreOperation,
     hold: bool,
     ops_left: u8,
-}
-
-/// What a background operation needs.
-#[derive(Clone)]
-struct Ctx {
-    rt: Runtime,
-    book: SharedBook,
-    model: CheckModel,
-    /// The roots' options, at creation and at every resume (their paging, say).
-    root_options: AgentOptions,
-}
-
-/// An operation's answer, or that the caller let go of it.
-enum Answer<T> {
-    Ok(T),
-    Err(SubagentError),
-    Unknown,
-}
-
-impl<T> From<Result<T>> for Answer<T> {
-    fn from(outcome: Result<T>) -> Self {
-        match outcome {
-            Ok(value) => Self::Ok(value),
-            Err(error) => Self::Err(error),
-        }
-    }
-}
-
-async fn yields(count: u8) {
-    for _ in 0..count {
-        tokio::task::yield_now().await;
-    }
-}
-
-/// Runs `future` as the caller would: awaiting it, firing `token` after some turns, or
-/// dropping it after some turns.
-async fn let_go<T>(
-    let_go: LetGo,
-    token: CancellationToken,
-    future: impl Future<Output = Result<T>>,
-) -> Answer<T> {
-    match let_go {
-        LetGo::Never => future.await.into(),
-        LetGo::Cancel(turns) => {
-            tokio::spawn(async move {
-                yields(turns).await;
-                token.cancel();
-            });
-            future.await.into()
-        }
-        LetGo::Drop(turns) => {
-            tokio::select! {
-                biased;
-                outcome = future => outcome.into(),
-                () = yields(turns) => Answer::Unknown,
-            }
-        }
-    }
-}
-
-/// The refusals any operation may meet in a healthy schedule; with store faults, also those a
-/// failed or lost write explains.
-fn refusal_expected(code: ErrorCode, faults: bool) -> bool {
-    matches!(
-        code,
-        ErrorCode::Draining
-            | ErrorCode::Unauthorized
-            | ErrorCode::ActivationClosing
-            | ErrorCode::AgentDisposed
-            | ErrorCode::Cancelled
-            | ErrorCode::BudgetExhausted
-            | ErrorCode::ParentUnavailable
-            | ErrorCode::DuplicateAgent
-    ) || (faults
-        && matches!(
-            code,
-            ErrorCode::StoreIo
-                | ErrorCode::AgentFaulted
-                | ErrorCode::PersistenceUnavailable
-                | ErrorCode::ActivationTeardownFailed
-                | ErrorCode::NotResumable
-                | ErrorCode::SessionNotFound
-        ))
-}
-
-fn text(value: String) -> Vec<ContentBlock> {
-    vec![ContentBlock::text(value)]
-}
-
-impl Ctx {
-    /// Notes `error` from `what`, an anomaly unless it is a refusal the schedule explains.
-    fn refused(&self, what: &str, error: &SubagentError) {
-        tracing::debug!(target: "subagents::check", %error, "{what} was refused");
-        let mut book = self.book.lock();
-        if !refusal_expected(error.code(), book.faults_seen) {
-            book.anomaly("unexpected-error", format!("{what}: {error}"));
-        }
-    }
-
-    async fn start(
-        self,
-        parent: AgentRef,
-        depth: u8,
-        fork: bool,
-        hold: bool,
-        budget: Option<u8>,
-        how: LetGo,
-    ) {
-        let prompt = match hold {
-            true => format!("work {}", hold_marker(self.model.new_gate())),
-            false => "work".to_owned(),
-        };
-        let token = CancellationToken::new();
-        let provider = if fork { "fork" } else { "spawn" };
-        let mut spec = ContinuableStartSpec::new(provider, "checked child", &parent, text(prompt))
-            .cancel(token.clone());
-        if let Some(turns) = budget {
-            spec = spec.budget(Budget::unlimited().turns(u64::from(turns)));
-        }
-        let started = self.rt.subagents().start_continuable(spec);
-        match let_go(how, token, started).await {
-            Answer::Ok(started) => {
-                tracing::debug!(target: "subagents::check", child = %started.child_id, parent = %parent.id(), message = %started.message_id, "started");
-                let mut book = self.book.lock();
-                book.children.push(Child {
-                    id: started.child_id,
-                    parent: parent.id(),
-                    depth,
-                });
-                book.accept(started.message_id, started.child_id, true);
-            }
-            Answer::Err(error) => self.refused("a start", &error),
-            Answer::Unknown => {
-                *self
-                    .book
-                    .lock()
-                    .unknown_starts
-                    .entry(parent.id())
-                    .or_default() += 1;
-            }
-        }
-    }
-
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one operation's whole description"
-    )]
-    async fn followups(
-        self,
-        sender: AgentRef,
-        child: SessionId,
-        burst: u8,
-        hold: bool,
-        raise: bool,
-        how: LetGo,
-        entitled: bool,
-        sequential: bool,
-    ) {
-        let sends = (0..burst).map(|index| {
-            let prompt = match hold && index == 0 {
-                true => format!("more {}", hold_marker(self.model.new_gate())),
-                false => "more".to_owned(),
-            };
-            let token = CancellationToken::new();
-            let mut options = FollowupOptions::new(MessageSource::User).cancel(token.clone());
-            if raise {
-                options = options.budget(Budget::unlimited().turns(64));
-            }
-            let sent = self
-                .rt
-                .subagents()
-                .followup(&sender, child, text(prompt), options);
-            let_go(how, token, sent)
-        });
-        let answers = join_all(sends).await;
-        for answer in answers {
-            match answer {
-                Answer::Ok(message) if !entitled => self.book.lock().anomaly(
-                    "authority",
-                    format!(
-                        "a follow-up to {child} from {} (not its live parent) was accepted as {message}",
-                        sender.id()
-                    ),
-                ),
-                Answer::Ok(message) => {
-                    tracing::debug!(target: "subagents::check", %child, %message, "follow-up accepted");
-                    self.book
-                        .lock()
-                        .accept(message, child, sequential && burst == 1)
-                }
-                Answer::Err(error) => self.refused("a follow-up", &error),
-                Answer::Unknown => {}
-            }
-        }
-    }
 }
 
 /// The driver of one schedule.
@@ -448,11 +250,33 @@ impl World {
                 let Some(agent) = self.live(id).await.filter(|_| depth < MAX_DEPTH) else {
                     return Ok(());
                 };
-                let started = self
-                    .ctx
-                    .clone()
-                    .start(agent, depth + 1, fork, hold, budget, let_go);
+                let started = self.ctx.clone().start(
+                    agent,
+                    depth + 1,
+                    fork,
+                    self.ctx.prompt("work", hold),
+                    budget,
+                    let_go,
+                );
                 self.run(background, "a start", started).await;
+            }
+            Op::OneShot {
+                parent,
+                fork,
+                hold,
+                let_go,
+                background,
+            } => {
+                let Some((id, _, depth)) = self.node(parent) else {
+                    return Ok(());
+                };
+                let Some(agent) = self.live(id).await.filter(|_| depth < MAX_DEPTH) else {
+                    return Ok(());
+                };
+                let prompt = self.ctx.prompt("work", hold);
+                let run = self.ctx.clone().one_shot(agent, fork, prompt, let_go);
+                // A held turn's result waits for a `release`: the driver does not.
+                self.run(background || hold, "a one-shot run", run).await;
             }
             Op::Followup {
                 child,
@@ -482,11 +306,13 @@ impl World {
                 };
                 // While a store operation is held, the driver waits for nothing (see `run`).
                 let background = background || self.holding();
+                let prompts = (0..burst)
+                    .map(|index| self.ctx.prompt("more", hold && index == 0))
+                    .collect();
                 let sent = self.ctx.clone().followups(
                     agent,
                     child.id,
-                    burst,
-                    hold,
+                    prompts,
                     raise,
                     let_go,
                     entitled,
@@ -761,6 +587,65 @@ impl World {
                     .anomaly("hang", "a background operation never answered");
             }
         }
+        self.nothing_left_behind().await;
+    }
+
+    /// Once every operation is over, the live agents are the live roots and the resident
+    /// continuable children: no one-shot run, answered, refused or let go of, keeps its
+    /// child, and no refused start leaves one. A disposal may run on after the call that
+    /// asked for it and announces nothing, so what is left is looked at again until the
+    /// deadline.
+    async fn nothing_left_behind(&self) {
+        let began = std::time::Instant::now();
+        loop {
+            let left = self.left_behind().await;
+            if left.is_empty() {
+                return;
+            }
+            if began.elapsed() > DEADLINE {
+                let one_shots = {
+                    let book = self.ctx.book.lock();
+                    left.iter().filter(|id| book.one_shots.contains(id)).count()
+                };
+                self.ctx.book.lock().anomaly(
+                    "left-behind",
+                    format!(
+                        "{} agents ({one_shots} of them answered one-shot children) are neither a live root nor a resident continuable child: {left:?}",
+                        left.len()
+                    ),
+                );
+                return;
+            }
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The live agents that are neither a live root nor a resident continuable child.
+    async fn left_behind(&self) -> Vec<SessionId> {
+        let resident: std::collections::BTreeSet<SessionId> = self
+            .ctx
+            .rt
+            .subagents()
+            .resident_ids()
+            .await
+            .into_iter()
+            .collect();
+        self.ctx
+            .rt
+            .agents()
+            .list()
+            .await
+            .iter()
+            .map(AgentRef::id)
+            .filter(|id| {
+                !resident.contains(id)
+                    && !self
+                        .roots
+                        .iter()
+                        .any(|root| root.id == *id && root.handle.is_some())
+            })
+            .collect()
     }
 
     /// Shuts the runtime down (within the deadline) and checks that nothing is left live.
@@ -869,5 +754,38 @@ pub(crate) async fn stored(store: &SharedStore, id: SessionId) -> Result<bool> {
         Ok(_) => Ok(true),
         Err(error) if error.code() == ErrorCode::SessionNotFound => Ok(false),
         Err(error) => Err(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::book::SharedBook;
+
+    // An agent that is neither a live root nor a resident continuable child is left behind
+    // (a one-shot child its run never disposed, say); once disposed, it is not.
+    #[actix_rt::test]
+    async fn an_agent_outside_the_forest_is_left_behind() {
+        let world = World::open(
+            Backing::Memory(Arc::new(MemoryStore::new())),
+            CheckModel::new(1, Duration::ZERO),
+            SharedBook::default(),
+            2,
+            AgentOptions::default(),
+        )
+        .await
+        .unwrap();
+        assert!(world.left_behind().await.is_empty(), "the roots alone");
+        let stray = world
+            .ctx
+            .rt
+            .agents()
+            .create(CreateAgent::new())
+            .await
+            .unwrap();
+        assert_eq!(world.left_behind().await, [stray.agent().id()]);
+        stray.dispose().await.unwrap();
+        assert!(world.left_behind().await.is_empty());
+        let (_, _) = world.close().await;
     }
 }

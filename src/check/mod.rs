@@ -4,7 +4,8 @@
 //!
 //! In the spirit of Jepsen's checkers and FoundationDB's simulation, run in-process: a seed
 //! names a [`schedule`] of operations — starts (spawn and fork, held turns, budgets, cancelled
-//! or dropped callers, racing in the background), bursts of follow-ups (from the parent, a
+//! or dropped callers, racing in the background), one-shot runs below any node (spawn and fork,
+//! held, cancelled or dropped callers), bursts of follow-ups (from the parent, a
 //! stale incarnation of it or a stranger, some raising budgets), interrupts under right and
 //! wrong authority, quiet and waking reports, released turns, scoped drains, root parents
 //! disposed and resumed (by racing `Agents::resume` calls), store operations failing or held
@@ -29,6 +30,10 @@
 //! - **readable**: every stored session's log reads back whole, through its seed's references;
 //! - **nothing live** after a drain (below it) or a shutdown, each within a deadline, and no
 //!   operation hangs;
+//! - **nothing left behind**: once every operation is over, the live agents are the live roots
+//!   and the resident continuable children: a one-shot run, however its caller let go of it,
+//!   disposes of its child (within a deadline), and a one-shot child's result goes to its
+//!   caller, never as a settled notice to its parent;
 //! - **authority**: a stale or foreign sender is refused, a wrong interrupt is refused, racing
 //!   resumes have at most one winner, and no live session is ever fenced.
 //!
@@ -36,6 +41,7 @@
 //! reported with a command that replays it.
 
 mod book;
+mod calls;
 mod driver;
 mod model;
 mod schedule;
@@ -110,8 +116,10 @@ pub struct ScheduleReport {
     pub kept: Option<Vec<usize>>,
     /// What broke; empty for a schedule that kept every promise.
     pub anomalies: Vec<Anomaly>,
-    /// Children started, messages accepted.
+    /// Continuable children whose start was answered.
     pub children: usize,
+    /// One-shot runs whose start was answered.
+    pub one_shots: usize,
     /// Messages answered as accepted.
     pub accepted: usize,
     /// How long it took.
@@ -190,6 +198,7 @@ pub async fn run_schedule(
         ops,
         kept: keep.map(<[usize]>::to_vec),
         children: book.children.len(),
+        one_shots: book.one_shots.len(),
         accepted: book.accepted.len(),
         anomalies: book.anomalies,
         elapsed: began.elapsed(),

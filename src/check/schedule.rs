@@ -78,6 +78,20 @@ pub enum Op {
         /// Issued without waiting for its answer (it races what follows).
         background: bool,
     },
+    /// A one-shot child under a node: one delegation, one result, always disposed.
+    OneShot {
+        /// The parent node.
+        parent: Pick,
+        /// Through `fork` rather than `spawn`.
+        fork: bool,
+        /// The child's turn waits at a gate until a `release` (the operation then runs in
+        /// the background: its result waits for the gate).
+        hold: bool,
+        /// How the caller lets go of the start and the result.
+        let_go: LetGo,
+        /// Issued without waiting for its result.
+        background: bool,
+    },
     /// Follow-ups to a child, sent at once.
     Followup {
         /// The child.
@@ -299,6 +313,13 @@ fn op(draws: &mut Draws, shape: Shape) -> Op {
             ops: 1 + draws.small(4),
         },
         93 if shape.reopen => Op::Reopen,
+        94..=97 => Op::OneShot {
+            parent: draws.pick(),
+            fork: draws.chance(25),
+            hold: draws.chance(30),
+            let_go: draws.let_go(shape.faults),
+            background: draws.chance(35),
+        },
         _ => Op::Pause {
             yields: draws.small(40),
         },
@@ -321,6 +342,7 @@ mod tests {
         let ops = schedule(7, shape);
         assert!(ops.iter().any(|op| matches!(op, Op::Start { .. })));
         assert!(ops.iter().any(|op| matches!(op, Op::Followup { .. })));
+        assert!(ops.iter().any(|op| matches!(op, Op::OneShot { .. })));
     }
 
     #[test]
@@ -355,6 +377,9 @@ mod tests {
                 let_go: LetGo::Drop(_),
                 ..
             } | Op::Followup {
+                let_go: LetGo::Drop(_),
+                ..
+            } | Op::OneShot {
                 let_go: LetGo::Drop(_),
                 ..
             }

@@ -13,6 +13,7 @@ use crate::error::{ErrorCode, Result};
 use crate::ids::{MessageId, SessionId};
 use crate::projection::SubagentListEntry;
 use crate::runtime::Runtime;
+use crate::seam::{DelegationMode, SubagentDescriptor};
 use crate::session::{EventKind, InboxTarget, SessionEvent};
 use crate::store::SharedStore;
 
@@ -21,11 +22,18 @@ use crate::store::SharedStore;
 struct Journal {
     /// Messages inserted, with their source, in order.
     inserted: Vec<(MessageId, MessageSource)>,
+    /// The log is a one-shot child's (its recorded delegation mode).
+    one_shot: bool,
 }
 
 impl Journal {
     fn read<E: Borrow<SessionEvent>>(events: &[E]) -> Self {
-        let mut journal = Self::default();
+        let mut journal = Self {
+            one_shot: SubagentDescriptor::fold(events).is_ok_and(|descriptor| {
+                descriptor.is_some_and(|descriptor| descriptor.mode == DelegationMode::OneShot)
+            }),
+            ..Self::default()
+        };
         for event in events {
             if let EventKind::InboxSpliced { inserted, .. } = &event.borrow().kind {
                 journal.inserted.extend(
@@ -319,7 +327,7 @@ fn durable_answers(book: &mut Book, journals: &BTreeMap<SessionId, Journal>) {
 /// Each announced epoch of a child (one whose inbox accepted a message from its parent: one
 /// answered `Ok`, or one whose caller let go of it but that the child's stored log shows it
 /// accepted) makes its parent session hear exactly one settled notice; a rolled-back epoch,
-/// none.
+/// none; a one-shot child, none (its result goes to its caller).
 fn notices(book: &mut Book, journals: &BTreeMap<SessionId, Journal>) {
     let mut accepted: BTreeSet<MessageId> = book.accepted.keys().copied().collect();
     accepted.extend(journals.values().flat_map(|journal| {
@@ -351,8 +359,16 @@ fn notices(book: &mut Book, journals: &BTreeMap<SessionId, Journal>) {
         }
     }
     let mut broken = Vec::new();
+    // A one-shot child's result goes to its caller, not to its parent's inbox.
+    let one_shot = |child: &SessionId| {
+        book.one_shots.contains(child)
+            || journals.get(child).is_some_and(|journal| journal.one_shot)
+    };
     for (child, parent) in &parents {
-        let expected = announced.get(child).copied().unwrap_or(0);
+        let expected = match one_shot(child) {
+            true => 0,
+            false => announced.get(child).copied().unwrap_or(0),
+        };
         let heard = journals
             .get(parent)
             .map(|journal| journal.notices_of(*child))
@@ -382,7 +398,7 @@ fn notices(book: &mut Book, journals: &BTreeMap<SessionId, Journal>) {
 /// but was never answered is stored only if a start whose answer the caller dropped can
 /// explain it.
 fn ghosts(book: &mut Book, journals: &BTreeMap<SessionId, Journal>, started: &BTreeSet<SessionId>) {
-    let answered: BTreeSet<SessionId> = book.children.iter().map(|child| child.id).collect();
+    let answered = answered(book);
     let mut unexplained: BTreeMap<SessionId, Vec<SessionId>> = BTreeMap::new();
     for entry in &book.entries {
         if let Entry::Start { child, parent } = *entry {
@@ -412,6 +428,15 @@ fn ghosts(book: &mut Book, journals: &BTreeMap<SessionId, Journal>, started: &BT
     }
 }
 
+/// The children whose start was answered, continuable or one-shot.
+fn answered(book: &Book) -> BTreeSet<SessionId> {
+    book.children
+        .iter()
+        .map(|child| child.id)
+        .chain(book.one_shots.iter().copied())
+        .collect()
+}
+
 /// Listing every session's children shows no diagnostic (an interrupted creation is never a
 /// damaged child), and only children a start could have made.
 async fn listing(
@@ -420,7 +445,7 @@ async fn listing(
     store: &SharedStore,
     sessions: &BTreeSet<SessionId>,
 ) -> Result<()> {
-    let answered: BTreeSet<SessionId> = book.children.iter().map(|child| child.id).collect();
+    let answered = answered(book);
     let dropped: usize = book.unknown_starts.values().sum();
     let mut broken = Vec::new();
     let mut unexplained = 0;
@@ -644,6 +669,32 @@ mod tests {
                 broken,
                 "{heard} notices heard"
             );
+        }
+    }
+
+    #[test]
+    fn a_settled_notice_of_a_one_shot_child_breaks_the_notices() {
+        let (parent, child) = (SessionId::new(), SessionId::new());
+        let prompt = MessageId::new();
+        let entries = vec![
+            Entry::Start { child, parent },
+            Entry::Inserted {
+                agent: child,
+                message: prompt,
+                target: InboxTarget::NextTurn,
+            },
+            Entry::End { child },
+        ];
+        for (heard, broken) in [(0, false), (1, true)] {
+            let mut book = Book {
+                entries: entries.clone(),
+                ..Book::default()
+            };
+            book.accept(prompt, child, true);
+            book.one_shots.insert(child);
+            let journals = BTreeMap::from([(parent, journal(child, heard, &[]))]);
+            notices(&mut book, &journals);
+            assert_eq!(!book.anomalies.is_empty(), broken, "{heard} notices heard");
         }
     }
 

@@ -86,12 +86,13 @@ pub(crate) async fn run(args: CheckArgs, out: &mut impl Write) -> Result<(), Fai
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let (mut failed, mut children, mut accepted) = (Vec::new(), 0, 0);
+    let (mut failed, mut children, mut one_shots, mut accepted) = (Vec::new(), 0, 0, 0);
     let (mut paging, mut paged_out) = (0, 0);
     for seed in args.seed..args.seed.saturating_add(args.schedules) {
         let config = args.config(seed);
         let report = run_schedule(seed, &config, args.keep.as_deref()).await?;
         children += report.children;
+        one_shots += report.one_shots;
         accepted += report.accepted;
         paging += usize::from(report.resident_events.is_some());
         paged_out += report.paged_out;
@@ -140,6 +141,7 @@ pub(crate) async fn run(args: CheckArgs, out: &mut impl Write) -> Result<(), Fai
                 "ops": args.ops,
                 "faults": !args.no_faults,
                 "children": children,
+                "oneShotRuns": one_shots,
                 "accepted": accepted,
                 "pagingSchedules": paging,
                 "pagedOutEvents": paged_out,
@@ -166,7 +168,7 @@ pub(crate) async fn run(args: CheckArgs, out: &mut impl Write) -> Result<(), Fai
         }
         writeln!(
             out,
-            "{} schedules (seeds {}..{}, {} ops each{}, {} with the roots paging out, {} events paged out): {} children, {} messages accepted, {} anomalies in {} schedules, {}",
+            "{} schedules (seeds {}..{}, {} ops each{}, {} with the roots paging out, {} events paged out): {} continuable children, {} one-shot runs, {} messages accepted, {} anomalies in {} schedules, {}",
             args.schedules,
             args.seed,
             args.seed.saturating_add(args.schedules),
@@ -175,6 +177,7 @@ pub(crate) async fn run(args: CheckArgs, out: &mut impl Write) -> Result<(), Fai
             paging,
             paged_out,
             children,
+            one_shots,
             accepted,
             anomalies,
             failed.len(),
