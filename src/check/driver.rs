@@ -230,7 +230,7 @@ impl World {
         tracing::debug!(target: "subagents::check", %op, "operation");
         if matches!(
             op,
-            Op::Drain { .. } | Op::DisposeRoot { .. } | Op::ResumeRoot { .. } | Op::Reopen
+            Op::Drain { .. } | Op::DisposeRoot { .. } | Op::ResumeRoot { .. } | Op::Reopen { .. }
         ) {
             // The driver awaits these: a held store operation would wait for the driver itself.
             self.lift_holds();
@@ -396,7 +396,7 @@ impl World {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-            Op::Reopen => self.reopen().await?,
+            Op::Reopen { abrupt } => self.reopen(abrupt).await?,
         }
         self.tick_faults();
         Ok(())
@@ -648,9 +648,26 @@ impl World {
             .collect()
     }
 
-    /// Shuts the runtime down (within the deadline) and checks that nothing is left live.
+    /// Settles the schedule, then shuts the runtime down (within the deadline) and checks
+    /// that nothing is left live.
     pub(crate) async fn shut_down(&mut self) {
         self.settle().await;
+        self.stop().await;
+    }
+
+    /// Shuts the runtime down with the schedule's operations in flight and its turns held
+    /// (only a held store operation is let go: a shutdown waits for the store), checks that
+    /// nothing is left live, then that every operation in flight answered within the deadline.
+    async fn shut_down_abruptly(&mut self) {
+        for fault in std::mem::take(&mut self.active) {
+            lift(&self.faults, &fault);
+        }
+        self.stop().await;
+        self.settle().await;
+    }
+
+    /// Shuts the runtime down (within the deadline) and checks that nothing is left live.
+    async fn stop(&mut self) {
         match tokio::time::timeout(DEADLINE, self.ctx.rt.shutdown()).await {
             Err(_) => self
                 .ctx
@@ -677,15 +694,19 @@ impl World {
         }
     }
 
-    /// Shuts down, opens a new runtime on the same store, and resumes the roots that were
-    /// live.
-    async fn reopen(&mut self) -> Result<()> {
+    /// Shuts down (`abrupt`: with operations in flight), opens a new runtime on the same store,
+    /// and resumes the roots that were live.
+    async fn reopen(&mut self, abrupt: bool) -> Result<()> {
         let live: Vec<bool> = self
             .roots
             .iter()
             .map(|root| root.handle.is_some())
             .collect();
-        self.shut_down().await;
+        if abrupt {
+            self.shut_down_abruptly().await;
+        } else {
+            self.shut_down().await;
+        }
         // Nothing of the old runtime may keep its store open: its references, its fault
         // injector and the runtime itself go before the store is opened again.
         for root in &mut self.roots {

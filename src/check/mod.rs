@@ -9,7 +9,8 @@
 //! stale incarnation of it or a stranger, some raising budgets), interrupts under right and
 //! wrong authority, quiet and waking reports, released turns, scoped drains, root parents
 //! disposed and resumed (by racing `Agents::resume` calls), store operations failing or held
-//! ([`crate::testing::FaultInjectingStore`]), shutdown and reopen — against a model with seeded
+//! ([`crate::testing::FaultInjectingStore`]), shutdown and reopen (half of them with operations
+//! in flight and turns held) — against a model with seeded
 //! latency. The driver records every operation's answer and every lifecycle and inbox event in
 //! one order (the runtime runs on one thread); once the runtime is shut down, every log is
 //! read back from the store and the history is checked:

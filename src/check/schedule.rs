@@ -160,7 +160,11 @@ pub enum Op {
         yields: u8,
     },
     /// The runtime is shut down and a new one opened on the same store (the roots resumed).
-    Reopen,
+    Reopen {
+        /// Shut down with the operations in flight and the turns held, rather than once
+        /// every operation settled.
+        abrupt: bool,
+    },
 }
 
 impl fmt::Display for Op {
@@ -312,7 +316,9 @@ fn op(draws: &mut Draws, shape: Shape) -> Op {
             hold: draws.chance(40),
             ops: 1 + draws.small(4),
         },
-        93 if shape.reopen => Op::Reopen,
+        93 if shape.reopen => Op::Reopen {
+            abrupt: draws.chance(50),
+        },
         94..=97 => Op::OneShot {
             parent: draws.pick(),
             fork: draws.chance(25),
@@ -346,6 +352,26 @@ mod tests {
     }
 
     #[test]
+    fn reopens_come_both_settled_and_abrupt() {
+        let shape = Shape {
+            ops: 512,
+            faults: true,
+            reopen: true,
+        };
+        let reopens: Vec<bool> = (0..8)
+            .flat_map(|seed| schedule(seed, shape))
+            .filter_map(|op| match op {
+                Op::Reopen { abrupt } => Some(abrupt),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            reopens.contains(&true) && reopens.contains(&false),
+            "{reopens:?}"
+        );
+    }
+
+    #[test]
     fn a_third_of_the_seeds_page_their_roots_out() {
         let paging = (0..3000u64)
             .filter_map(roots_resident_events)
@@ -370,7 +396,7 @@ mod tests {
         let ops = schedule(3, shape);
         assert!(!ops
             .iter()
-            .any(|op| matches!(op, Op::Fault { .. } | Op::Reopen)));
+            .any(|op| matches!(op, Op::Fault { .. } | Op::Reopen { .. })));
         assert!(!ops.iter().any(|op| matches!(
             op,
             Op::Start {
