@@ -178,6 +178,14 @@ impl World {
         }
     }
 
+    /// The live agent of the node `pick` names and its depth, when a child may be started
+    /// below it.
+    async fn delegating(&self, pick: Pick) -> Option<(AgentRef, u8)> {
+        let (id, _, depth) = self.node(pick)?;
+        let agent = self.live(id).await.filter(|_| depth < MAX_DEPTH)?;
+        Some((agent, depth))
+    }
+
     /// The root above session `id`.
     fn root_of(&self, mut id: SessionId) -> Option<SessionId> {
         let children = self.ctx.book.lock().children.clone();
@@ -244,10 +252,7 @@ impl World {
                 let_go,
                 background,
             } => {
-                let Some((id, _, depth)) = self.node(parent) else {
-                    return Ok(());
-                };
-                let Some(agent) = self.live(id).await.filter(|_| depth < MAX_DEPTH) else {
+                let Some((agent, depth)) = self.delegating(parent).await else {
                     return Ok(());
                 };
                 let started = self.ctx.clone().start(
@@ -267,10 +272,7 @@ impl World {
                 let_go,
                 background,
             } => {
-                let Some((id, _, depth)) = self.node(parent) else {
-                    return Ok(());
-                };
-                let Some(agent) = self.live(id).await.filter(|_| depth < MAX_DEPTH) else {
+                let Some((agent, depth)) = self.delegating(parent).await else {
                     return Ok(());
                 };
                 let prompt = self.ctx.prompt("work", hold);
@@ -573,7 +575,8 @@ impl World {
         });
     }
 
-    /// Lifts every fault, releases every held turn, and waits for the background operations.
+    /// Lifts every fault, releases every held turn, waits for the background operations, and
+    /// checks that nothing they made is left behind.
     pub(crate) async fn settle(&mut self) {
         for fault in std::mem::take(&mut self.active) {
             lift(&self.faults, &fault);

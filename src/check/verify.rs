@@ -638,13 +638,9 @@ mod tests {
         journal
     }
 
-    #[test]
-    fn an_announced_epoch_with_no_notice_or_two_breaks_the_notices() {
-        let (parent, child) = (SessionId::new(), SessionId::new());
-        let prompt = MessageId::new();
-        let mut book = Book::default();
-        book.accept(prompt, child, true);
-        book.entries = vec![
+    /// An epoch of `child` under `parent` that accepted `prompt`.
+    fn announced_epoch(child: SessionId, parent: SessionId, prompt: MessageId) -> Vec<Entry> {
+        vec![
             Entry::Start { child, parent },
             Entry::Inserted {
                 agent: child,
@@ -652,10 +648,19 @@ mod tests {
                 target: InboxTarget::NextTurn,
             },
             Entry::End { child },
-            // A rolled-back epoch: nothing accepted, no notice owed.
-            Entry::Start { child, parent },
-            Entry::End { child },
-        ];
+        ]
+    }
+
+    #[test]
+    fn an_announced_epoch_with_no_notice_or_two_breaks_the_notices() {
+        let (parent, child) = (SessionId::new(), SessionId::new());
+        let prompt = MessageId::new();
+        let mut book = Book::default();
+        book.accept(prompt, child, true);
+        book.entries = announced_epoch(child, parent, prompt);
+        // A rolled-back epoch: nothing accepted, no notice owed.
+        book.entries
+            .extend([Entry::Start { child, parent }, Entry::End { child }]);
         for (heard, broken) in [(1, false), (0, true), (2, true)] {
             let mut checked = Book {
                 entries: book.entries.clone(),
@@ -676,15 +681,7 @@ mod tests {
     fn a_settled_notice_of_a_one_shot_child_breaks_the_notices() {
         let (parent, child) = (SessionId::new(), SessionId::new());
         let prompt = MessageId::new();
-        let entries = vec![
-            Entry::Start { child, parent },
-            Entry::Inserted {
-                agent: child,
-                message: prompt,
-                target: InboxTarget::NextTurn,
-            },
-            Entry::End { child },
-        ];
+        let entries = announced_epoch(child, parent, prompt);
         for (heard, broken) in [(0, false), (1, true)] {
             let mut book = Book {
                 entries: entries.clone(),
