@@ -272,7 +272,7 @@ impl World {
                 let_go,
                 background,
             } => {
-                let Some((agent, depth)) = self.delegating(parent).await else {
+                let Some((agent, _)) = self.delegating(parent).await else {
                     return Ok(());
                 };
                 let prompt = self.ctx.prompt("work", hold);
