@@ -168,7 +168,8 @@ impl Ctx {
     }
 
     /// A one-shot child of `parent`: started, its result awaited, disposed. Whatever the
-    /// caller lets go of, the run disposes of itself (checked by [`World::settle`]).
+    /// caller lets go of, the run disposes of itself (checked as the schedule settles:
+    /// [`super::driver::World`]'s left-behind check).
     pub(super) async fn one_shot(
         self,
         parent: AgentRef,
