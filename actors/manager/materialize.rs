@@ -89,6 +89,10 @@ pub(super) async fn install_and_submit(
     let handle = installing.handle.clone();
     let child = handle.agent().id();
     let parent = installing.parent.clone();
+    // Two round trips through the manager, not one: `Install` announces the child
+    // (`subagent/start`), and a drain its listeners ask for then must refuse the first message
+    // (`DRAINING`, the child rolled back unseen); it is queued behind `Install` and ahead of
+    // `Submit`. Both in one handler, the drain would come too late (CONT-43, CONT-83).
     let installed = manager
         .send(Install {
             installing,
