@@ -45,6 +45,7 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::handle::AgentHandle;
 use crate::host::inbox::InboxReplay;
 use crate::host::request::{CreateAgent, ResumeAgent};
+use crate::host::scope::StatedContext;
 use crate::host::stored_inbox::{self, InboxCheckpoint};
 use crate::host::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
@@ -136,7 +137,7 @@ const STORED_INBOX_KEEP: std::num::NonZeroU32 = std::num::NonZeroU32::MIN;
 /// ([`crate::store::read_chunked`]), each chunk
 /// appended to the log, folded by every projection unit of `projections` and paged out as a
 /// turn's end pages out, so only the events a page-out keeps stay held; each event read is
-/// also shown to `each`. An interrupted last turn is closed durably under `lease`, as
+/// of the session's own (not a fork's inherited prefix) is also shown to `each`. An interrupted last turn is closed durably under `lease`, as
 /// [`SessionPersistence::prepare`] closes it, and the inbox is replayed from the session's
 /// own events.
 async fn load_paged(
@@ -153,8 +154,8 @@ async fn load_paged(
     let mut inbox = InboxReplay::default();
     let mut fold = |events: Vec<Arc<crate::session::SessionEvent>>| {
         for event in &events {
-            each(event);
             if event.seq >= own_from {
+                each(event);
                 inbox.fold(event);
             }
         }
@@ -312,6 +313,8 @@ impl Agents {
             .await?;
         let lease = LeaseGuard::acquire(&store, request.id, &self.shared.holder).await?;
         let epoch = Some(lease.lease.epoch);
+        // What its log last stated as runtime context, when it is loaded paged out.
+        let mut stated = StatedContext::default();
         let (log, inbox) = match (request.inspected, request.options.resident_events) {
             (Some(inspected), _) => {
                 let stored = store
@@ -324,7 +327,10 @@ impl Agents {
             (None, Some(keep)) => {
                 let projections = self.shared.env.projections.as_deref();
                 let (log, inbox) =
-                    load_paged(&*store, projections, (request.id, epoch), keep, |_| ()).await?;
+                    load_paged(&*store, projections, (request.id, epoch), keep, |event| {
+                        stated.fold(event);
+                    })
+                    .await?;
                 (log, Some(inbox))
             }
             (None, None) => {
@@ -333,11 +339,13 @@ impl Agents {
             }
         };
         let stored_len = log.len();
+        let mut scope = AgentScope::new(Arc::clone(&self.shared.env.tools));
+        scope.count_as_sent(&stated);
         let handle = self
             .clone()
             .publish(Staged {
                 log,
-                scope: AgentScope::new(Arc::clone(&self.shared.env.tools)),
+                scope,
                 options: request.options,
                 setup: request.setup,
                 cancel: request.cancel,

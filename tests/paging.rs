@@ -262,6 +262,110 @@ async fn a_resumed_paging_agent_pages_out_what_it_loaded_at_once() {
     resumed.dispose().await.unwrap();
 }
 
+/// The runtime-context texts a log stated to its model, in order.
+fn runtime_contexts(events: &[subagents::SessionEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            subagents::EventKind::UserMessage(message)
+                if matches!(message.source, MessageSource::Plugin { .. }) =>
+            {
+                Some(message.text())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A setup that gives the agent one runtime context, `text`.
+fn with_context(
+    text: &'static str,
+) -> impl FnOnce(
+    &mut subagents::AgentScope,
+    &subagents::SessionLog,
+) -> subagents::Result<Option<subagents::host::SetupCommit>>
+       + Send
+       + 'static {
+    move |scope: &mut subagents::AgentScope, _: &subagents::SessionLog| {
+        scope.context(subagents::PromptSection::new("standing", 1.0, text));
+        Ok(None)
+    }
+}
+
+// A paging agent resumed after its runtime context's statement was paged out does not state
+// the unchanged context again: its model reads the whole history back, which has it. Before,
+// the resumed agent looked for the statement only among the entries it held, and stated it
+// once more at every resume.
+#[actix_rt::test]
+async fn a_resumed_paging_agent_states_an_unchanged_runtime_context_once() {
+    let (rt, model, store) = scripted_runtime().await;
+    let agent = rt
+        .agents()
+        .create(
+            CreateAgent::new()
+                .options(paging(KEEP))
+                .setup(with_context("Standing orders: be brief.")),
+        )
+        .await
+        .unwrap();
+    let id = agent.agent().id();
+    converse(&agent, 20).await;
+    assert!(
+        agent.agent().log().first_resident() > 0,
+        "the statement was paged out"
+    );
+    agent.agent().log().drain().await.unwrap();
+    agent.dispose().await.unwrap();
+    for resume in 1..=2 {
+        let resumed = rt
+            .agents()
+            .resume(
+                ResumeAgent::new(id)
+                    .options(paging(KEEP))
+                    .setup(with_context("Standing orders: be brief.")),
+            )
+            .await
+            .unwrap();
+        run_prompt(resumed.agent(), &format!("after resume {resume}")).await;
+        resumed.agent().log().drain().await.unwrap();
+        resumed.dispose().await.unwrap();
+    }
+    let log = store.read_stored(id, 0, u64::MAX).await.unwrap();
+    let events: Vec<subagents::SessionEvent> = log.iter().map(|event| (**event).clone()).collect();
+    let stated = runtime_contexts(&events);
+    assert_eq!(stated.len(), 1, "stated once in the whole log: {stated:?}");
+    assert!(stated[0].ends_with("Standing orders: be brief."));
+    let handed = model.requests().last().unwrap().messages.clone();
+    assert!(handed.is_complete(), "the model read the history back");
+    assert_eq!(
+        handed
+            .messages()
+            .filter(|message| message.text().contains("Standing orders"))
+            .count(),
+        1,
+        "the model sees the context once"
+    );
+
+    // A context that changed meanwhile is stated anew.
+    let resumed = rt
+        .agents()
+        .resume(
+            ResumeAgent::new(id)
+                .options(paging(KEEP))
+                .setup(with_context("Standing orders: be thorough.")),
+        )
+        .await
+        .unwrap();
+    run_prompt(resumed.agent(), "after the change").await;
+    resumed.agent().log().drain().await.unwrap();
+    let log = store.read_stored(id, 0, u64::MAX).await.unwrap();
+    let events: Vec<subagents::SessionEvent> = log.iter().map(|event| (**event).clone()).collect();
+    let stated = runtime_contexts(&events);
+    assert_eq!(stated.len(), 2, "{stated:?}");
+    assert!(stated[1].ends_with("Standing orders: be thorough."));
+    resumed.dispose().await.unwrap();
+}
+
 // A paging agent is resumed a chunk of its log at a time: however long its log, no read hands
 // the resume more than a chunk, so it never holds its whole transcript, and it goes on whole.
 #[actix_rt::test]

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use crate::content::{ContentBlock, Message, MessageSource};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::{CallId, SessionId};
-use crate::session::SessionLog;
+use crate::session::{EventKind, SessionEvent, SessionLog, SurfaceOp};
 use crate::tools::{Guard, Tool, ToolExecutionResult, ToolFilter, ToolLayer, ToolRegistry};
 
 /// A named, ordered piece of the system prompt.
@@ -118,6 +118,31 @@ struct SentContexts {
     /// Never zero, so an absent one costs no more room than one that is present.
     version: NonZeroU64,
     fingerprint: u64,
+}
+
+/// The runtime context a log last stated to its model, folded an event at a time: a paged
+/// resume sees each event once and keeps only the newest, so the statement an unchanged context
+/// would repeat may be gone from the history it holds (see
+/// [`AgentScope::count_as_sent`]).
+#[derive(Debug, Default)]
+pub(crate) struct StatedContext(Option<u64>);
+
+impl StatedContext {
+    /// Folds in `event`, one of the log's own (not inherited) events, in order.
+    pub(crate) fn fold(&mut self, event: &SessionEvent) {
+        // A splice over the history may have taken the statement out of what the model sees.
+        if matches!(event.surface_op, Some(SurfaceOp::Replace { .. })) {
+            self.0 = None;
+        }
+        if let EventKind::UserMessage(message) = &event.kind {
+            if is_runtime_context(message) {
+                self.0 = match &message.content[..] {
+                    [ContentBlock::Text { text }] => Some(fingerprint(text)),
+                    _ => None,
+                };
+            }
+        }
+    }
 }
 
 /// Whether `message` is a runtime-context snapshot (see [`AgentScope::context`]).
@@ -314,6 +339,23 @@ impl AgentScope {
     /// the last one this agent saw.
     pub fn runtime_context_message(&self) -> Option<Message> {
         self.next_runtime_context(|_| false)
+    }
+
+    /// Counts `stated`, the runtime context the agent's log last stated, as what it saw: an
+    /// agent resumed paged out holds only its newest history entries, and its first step would
+    /// otherwise state an unchanged context again (its model reads the whole history back).
+    pub(crate) fn count_as_sent(&mut self, stated: &StatedContext) {
+        if let Some(fingerprint) = stated.0 {
+            // No version of this scope's contexts is this one: the first step renders them and
+            // compares the text.
+            *self
+                .sent_contexts
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(SentContexts {
+                version: NonZeroU64::MAX,
+                fingerprint,
+            });
+        }
     }
 
     /// As [`AgentScope::runtime_context_message`], where what the agent saw includes, at its
@@ -620,5 +662,47 @@ mod tests {
         scope.context(PromptSection::new("depth", 0.5, "depth 2"));
         let second = sent_text(&scope).expect("a new section changes the text");
         assert!(second.contains("depth 2\n\nread only"), "{second}");
+    }
+
+    // What a paged load folds: the newest statement counts, a splice over the history (which
+    // may have taken it out of what the model sees) forgets it, and a scope that counts it as
+    // sent states an unchanged context no more, a changed one again.
+    #[test]
+    fn the_newest_stated_context_counts_as_sent_until_a_splice() {
+        let brief = stating("be brief").runtime_context_message().unwrap();
+        let thorough = stating("be thorough").runtime_context_message().unwrap();
+        let stated = |events: &[SessionEvent]| {
+            let mut stated = StatedContext::default();
+            events.iter().for_each(|event| stated.fold(event));
+            stated
+        };
+        let mut events = turn_entering(0, thorough);
+        events.extend(turn_entering(5, brief));
+        let mut scope = stating("be brief");
+        scope.count_as_sent(&stated(&events));
+        assert_eq!(
+            scope.runtime_context_message(),
+            None,
+            "unchanged: not again"
+        );
+        let mut scope = stating("be thorough");
+        scope.count_as_sent(&stated(&events));
+        assert!(scope.runtime_context_message().is_some(), "changed: again");
+
+        let mut spliced = SessionEvent::new(
+            10,
+            EventKind::UserMessage(Message::user(
+                vec![ContentBlock::text("summary")],
+                MessageSource::User,
+            )),
+        );
+        spliced.surface_op = Some(SurfaceOp::Replace { start: 0, end: 4 });
+        events.push(spliced);
+        let mut scope = stating("be brief");
+        scope.count_as_sent(&stated(&events));
+        assert!(
+            scope.runtime_context_message().is_some(),
+            "after a splice the statement may be gone: stated again"
+        );
     }
 }
