@@ -54,7 +54,7 @@ use crate::ids::MessageId;
 use crate::ids::SessionId;
 use crate::projection::ProjectionRegistry;
 use crate::session::log::{Attachment, CreationCommit, WriterIdle};
-use crate::session::{SessionHeader, SessionLog};
+use crate::session::{EventKind, SessionHeader, SessionLog};
 use crate::store::{Lease, LeaseEpoch, LeaseHolder, SessionPersistence, SharedStore};
 
 /// The agents service: creates, resumes and finds agents. Cheap to clone (one pointer: every
@@ -152,11 +152,20 @@ async fn load_paged(
     let keep = usize::try_from(keep.get()).unwrap_or(usize::MAX);
     let log = SessionLog::from_stored(header, Vec::new())?;
     let mut inbox = InboxReplay::default();
-    let mut fold = |events: Vec<Arc<crate::session::SessionEvent>>| {
+    // The newest trace context a turn's end keeps (see the repair below).
+    let mut traced: Option<String> = None;
+    let mut fold = |events: Vec<Arc<crate::session::SessionEvent>>, traced: &mut Option<String>| {
         for event in &events {
             if event.seq >= own_from {
                 each(event);
                 inbox.fold(event);
+                if let EventKind::TurnEnd {
+                    traceparent: Some(traceparent),
+                    ..
+                } = &event.kind
+                {
+                    *traced = Some(traceparent.clone());
+                }
             }
         }
         log.extend_stored(events)?;
@@ -167,16 +176,26 @@ async fn load_paged(
         Ok::<_, SubagentError>(())
     };
     crate::store::read_chunked(store, id, (0, seed_end), u64::MAX, |chunk| {
-        fold(chunk)?;
+        fold(chunk, &mut traced)?;
         Ok(true)
     })
     .await?;
-    let closers = log.interrupted_turn_closers();
+    let mut closers = log.interrupted_turn_closers();
     if !closers.is_empty() {
         tracing::info!(session_id = %id, repaired = closers.len(), "repairing an interrupted turn");
+        // The repaired turn's span ended with the process that ran it: its end keeps the
+        // newest context the log knew, so the next turn links back to the last epoch traced.
+        // A whole log's resume finds that one by looking back; a paged one may hold it no more.
+        if let Some(EventKind::TurnEnd {
+            traceparent: closing @ None,
+            ..
+        }) = closers.last_mut().map(|end| &mut Arc::make_mut(end).kind)
+        {
+            closing.clone_from(&traced);
+        }
         store.append(id, log.len(), closers.clone(), lease).await?;
         store.flush(id).await?;
-        fold(closers)?;
+        fold(closers, &mut traced)?;
     }
     Ok((log, inbox.finish()))
 }

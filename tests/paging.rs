@@ -550,6 +550,55 @@ async fn a_paging_agent_resumed_closes_the_turn_it_died_in() {
     resumed.dispose().await.unwrap();
 }
 
+// A paging agent resumed after a crash keeps its link to the last epoch traced: the turn the
+// process died in is closed with the trace context of the turn before it, which the resume
+// pages out once the closed turn is the last. Before, the closing `turn/end` kept none, and the
+// next turn found no context among the events it held (a whole log's resume looks further
+// back and finds it).
+#[actix_rt::test]
+async fn a_paging_agent_repaired_after_a_crash_links_back_to_the_last_turn_traced() {
+    use subagents::{EventKind, SessionEvent, SessionHeader, TurnEndReason};
+    let (rt, _, store) = scripted_runtime().await;
+    let traced = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let id = subagents::SessionId::new();
+    // One traced turn, then a turn of three steps the process died in.
+    let mut kinds = vec![
+        EventKind::TurnStart { turn: 1 },
+        EventKind::TurnEnd {
+            turn: 1,
+            reason: TurnEndReason::Completed,
+            traceparent: Some(traced.to_owned()),
+        },
+        EventKind::TurnStart { turn: 2 },
+    ];
+    for step in 1..=3 {
+        kinds.push(EventKind::StepStart { turn: 2, step });
+        kinds.push(EventKind::StepEnd { turn: 2, step });
+    }
+    let events = kinds
+        .into_iter()
+        .zip(0..)
+        .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
+        .collect();
+    store.create(SessionHeader::new(id), events).await.unwrap();
+
+    let resumed = resume_paging(&rt, id, 2).await;
+    assert!(
+        resumed.agent().log().first_resident() > 1,
+        "the traced turn's end was paged out"
+    );
+    let stored = store.read_from(id, 0).await.unwrap();
+    match &stored.last().unwrap().kind {
+        EventKind::TurnEnd {
+            turn: 2,
+            reason: TurnEndReason::Interrupted,
+            traceparent,
+        } => assert_eq!(traceparent.as_deref(), Some(traced)),
+        other => panic!("the interrupted turn is closed in the store: {other:?}"),
+    }
+    resumed.dispose().await.unwrap();
+}
+
 // A message the agent accepted long ago, its events since paged out, posted again under its id
 // (a settled notice or a report asked again) is answered with that acceptance and runs no
 // second turn: the store answers for what left memory.
