@@ -262,9 +262,12 @@ async fn a_resumed_paging_agent_pages_out_what_it_loaded_at_once() {
     resumed.dispose().await.unwrap();
 }
 
-/// The runtime-context texts a log stated to its model, in order.
-fn runtime_contexts(events: &[subagents::SessionEvent]) -> Vec<String> {
-    events
+/// The runtime-context texts session `id`'s stored log stated to its model, in order.
+async fn stated_contexts(store: &MemoryStore, id: subagents::SessionId) -> Vec<String> {
+    store
+        .read_stored(id, 0, u64::MAX)
+        .await
+        .unwrap()
         .iter()
         .filter_map(|event| match &event.kind {
             subagents::EventKind::UserMessage(message)
@@ -292,6 +295,23 @@ fn with_context(
     }
 }
 
+/// Resumes session `id` paging beyond [`KEEP`] with the runtime context `context`, runs one
+/// prompt and disposes of it once its log is stored.
+async fn resume_stating(rt: &Runtime, id: subagents::SessionId, context: &'static str) {
+    let resumed = rt
+        .agents()
+        .resume(
+            ResumeAgent::new(id)
+                .options(paging(KEEP))
+                .setup(with_context(context)),
+        )
+        .await
+        .unwrap();
+    run_prompt(resumed.agent(), "after the resume").await;
+    resumed.agent().log().drain().await.unwrap();
+    resumed.dispose().await.unwrap();
+}
+
 // A paging agent resumed after its runtime context's statement was paged out does not state
 // the unchanged context again: its model reads the whole history back, which has it. Before,
 // the resumed agent looked for the statement only among the entries it held, and stated it
@@ -299,12 +319,13 @@ fn with_context(
 #[actix_rt::test]
 async fn a_resumed_paging_agent_states_an_unchanged_runtime_context_once() {
     let (rt, model, store) = scripted_runtime().await;
+    let brief = "Standing orders: be brief.";
     let agent = rt
         .agents()
         .create(
             CreateAgent::new()
                 .options(paging(KEEP))
-                .setup(with_context("Standing orders: be brief.")),
+                .setup(with_context(brief)),
         )
         .await
         .unwrap();
@@ -316,25 +337,11 @@ async fn a_resumed_paging_agent_states_an_unchanged_runtime_context_once() {
     );
     agent.agent().log().drain().await.unwrap();
     agent.dispose().await.unwrap();
-    for resume in 1..=2 {
-        let resumed = rt
-            .agents()
-            .resume(
-                ResumeAgent::new(id)
-                    .options(paging(KEEP))
-                    .setup(with_context("Standing orders: be brief.")),
-            )
-            .await
-            .unwrap();
-        run_prompt(resumed.agent(), &format!("after resume {resume}")).await;
-        resumed.agent().log().drain().await.unwrap();
-        resumed.dispose().await.unwrap();
-    }
-    let log = store.read_stored(id, 0, u64::MAX).await.unwrap();
-    let events: Vec<subagents::SessionEvent> = log.iter().map(|event| (**event).clone()).collect();
-    let stated = runtime_contexts(&events);
+    resume_stating(&rt, id, brief).await;
+    resume_stating(&rt, id, brief).await;
+    let stated = stated_contexts(&store, id).await;
     assert_eq!(stated.len(), 1, "stated once in the whole log: {stated:?}");
-    assert!(stated[0].ends_with("Standing orders: be brief."));
+    assert!(stated[0].ends_with(brief));
     let handed = model.requests().last().unwrap().messages.clone();
     assert!(handed.is_complete(), "the model read the history back");
     assert_eq!(
@@ -347,23 +354,11 @@ async fn a_resumed_paging_agent_states_an_unchanged_runtime_context_once() {
     );
 
     // A context that changed meanwhile is stated anew.
-    let resumed = rt
-        .agents()
-        .resume(
-            ResumeAgent::new(id)
-                .options(paging(KEEP))
-                .setup(with_context("Standing orders: be thorough.")),
-        )
-        .await
-        .unwrap();
-    run_prompt(resumed.agent(), "after the change").await;
-    resumed.agent().log().drain().await.unwrap();
-    let log = store.read_stored(id, 0, u64::MAX).await.unwrap();
-    let events: Vec<subagents::SessionEvent> = log.iter().map(|event| (**event).clone()).collect();
-    let stated = runtime_contexts(&events);
+    let thorough = "Standing orders: be thorough.";
+    resume_stating(&rt, id, thorough).await;
+    let stated = stated_contexts(&store, id).await;
     assert_eq!(stated.len(), 2, "{stated:?}");
-    assert!(stated[1].ends_with("Standing orders: be thorough."));
-    resumed.dispose().await.unwrap();
+    assert!(stated[1].ends_with(thorough));
 }
 
 // A paging agent is resumed a chunk of its log at a time: however long its log, no read hands
