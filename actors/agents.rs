@@ -136,10 +136,11 @@ const STORED_INBOX_KEEP: std::num::NonZeroU32 = std::num::NonZeroU32::MIN;
 /// or a write into the inbox of a session that is away): read a chunk at a time
 /// ([`crate::store::read_chunked`]), each chunk
 /// appended to the log, folded by every projection unit of `projections` and paged out as a
-/// turn's end pages out, so only the events a page-out keeps stay held; each event read is
-/// of the session's own (not a fork's inherited prefix) is also shown to `each`. An interrupted last turn is closed durably under `lease`, as
-/// [`SessionPersistence::prepare`] closes it, and the inbox is replayed from the session's
-/// own events.
+/// turn's end pages out, so only the events a page-out keeps stay held; each of the session's
+/// own events read (not a fork's inherited prefix) is also shown to `each`. An interrupted last
+/// turn is closed durably under `lease`, as [`SessionPersistence::prepare`] closes it (its
+/// `turn/end` keeping the newest trace context the log knew), and the inbox is replayed from
+/// the session's own events.
 async fn load_paged(
     store: &dyn SessionPersistence,
     projections: Option<&ProjectionRegistry>,
