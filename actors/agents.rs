@@ -132,8 +132,8 @@ struct Staged {
 /// inbox and its end are needed to append there.
 const STORED_INBOX_KEEP: std::num::NonZeroU32 = std::num::NonZeroU32::MIN;
 
-/// Session `id` loaded paged out, keeping `keep` events (the resume of an agent that pages,
-/// or a write into the inbox of a session that is away): read a chunk at a time
+/// The session `header` heads, loaded paged out, keeping `keep` events (the resume of an agent
+/// that pages, or a write into the inbox of a session that is away): read a chunk at a time
 /// ([`crate::store::read_chunked`]), each chunk
 /// appended to the log, folded by every projection unit of `projections` and paged out as a
 /// turn's end pages out, so only the events a page-out keeps stay held; each of the session's
@@ -144,11 +144,11 @@ const STORED_INBOX_KEEP: std::num::NonZeroU32 = std::num::NonZeroU32::MIN;
 async fn load_paged(
     store: &dyn SessionPersistence,
     projections: Option<&ProjectionRegistry>,
-    (id, lease): (SessionId, Option<LeaseEpoch>),
+    (header, lease): (SessionHeader, Option<LeaseEpoch>),
     keep: std::num::NonZeroU32,
     mut each: impl FnMut(&crate::session::SessionEvent),
 ) -> Result<(SessionLog, Inbox)> {
-    let header = store.header(id).await?;
+    let id = header.id;
     let (own_from, seed_end) = (header.seed_len(), header.first_stored_seq());
     let keep = usize::try_from(keep.get()).unwrap_or(usize::MAX);
     let log = SessionLog::from_stored(header, Vec::new())?;
@@ -346,8 +346,9 @@ impl Agents {
             // never its whole transcript, is in memory.
             (None, Some(keep)) => {
                 let projections = self.shared.env.projections.as_deref();
+                let header = store.header(request.id).await?;
                 let (log, inbox) =
-                    load_paged(&*store, projections, (request.id, epoch), keep, |event| {
+                    load_paged(&*store, projections, (header, epoch), keep, |event| {
                         stated.fold(event);
                     })
                     .await?;
@@ -443,7 +444,7 @@ impl Agents {
         let (log, mut inbox) = load_paged(
             &*store,
             None,
-            (id, Some(epoch)),
+            (header.clone(), Some(epoch)),
             STORED_INBOX_KEEP,
             |event| inserted = inserted || crate::host::inbox::inserts([event], message_id),
         )
