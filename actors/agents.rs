@@ -153,19 +153,21 @@ async fn load_paged(
     let keep = usize::try_from(keep.get()).unwrap_or(usize::MAX);
     let log = SessionLog::from_stored(header, Vec::new())?;
     let mut inbox = InboxReplay::default();
-    // The newest trace context a turn's end keeps (see the repair below).
-    let mut traced: Option<String> = None;
-    let mut fold = |events: Vec<Arc<crate::session::SessionEvent>>, traced: &mut Option<String>| {
+    // The newest turn end that keeps a trace context (see the repair below): held, not copied,
+    // since a long log has one a turn.
+    type Traced = Option<Arc<crate::session::SessionEvent>>;
+    let mut traced: Traced = None;
+    let mut fold = |events: Vec<Arc<crate::session::SessionEvent>>, traced: &mut Traced| {
         for event in &events {
             if event.seq >= own_from {
                 each(event);
                 inbox.fold(event);
                 if let EventKind::TurnEnd {
-                    traceparent: Some(traceparent),
+                    traceparent: Some(_),
                     ..
                 } = &event.kind
                 {
-                    *traced = Some(traceparent.clone());
+                    *traced = Some(Arc::clone(event));
                 }
             }
         }
@@ -192,7 +194,10 @@ async fn load_paged(
             ..
         }) = closers.last_mut().map(|end| &mut Arc::make_mut(end).kind)
         {
-            closing.clone_from(&traced);
+            *closing = traced.as_deref().and_then(|end| match &end.kind {
+                EventKind::TurnEnd { traceparent, .. } => traceparent.clone(),
+                _ => None,
+            });
         }
         store.append(id, log.len(), closers.clone(), lease).await?;
         store.flush(id).await?;
