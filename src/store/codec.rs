@@ -1,7 +1,9 @@
 //! Provides the byte encoding every persistent backend shares: a header is its JSON, an
-//! append is one row holding its events as a JSON array, and a read reassembles the rows below
-//! the session's head into one contiguous run of events. A projection cache row is its JSON.
+//! append is one row holding its events as a JSON array (which a store may keep compressed:
+//! [`compress_batch`]), and a read reassembles the rows below the session's head into one
+//! contiguous run of events. A projection cache row is its JSON.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, SeqAccess, Visitor};
@@ -103,6 +105,76 @@ pub(crate) fn before_the_stored_log(first_stored: Option<u64>, end: u64) -> bool
     first_stored.is_some_and(|first| first >= end)
 }
 
+/// The first byte of a batch row that holds its JSON array compressed (LZ4's block format
+/// behind the array's length, a little-endian `u32`). A plain row is the array itself, whose
+/// first byte is `[`, so rows written before compression read back as they are.
+const LZ4_BATCH: u8 = 0x04;
+
+/// The tag byte and the length before a compressed row's block.
+const COMPRESSED_HEAD: usize = 1 + 4;
+
+/// Rows shorter than this are kept plain: LZ4 saves little on them.
+const COMPRESS_FROM: usize = 128;
+
+/// How many times its length LZ4 can expand a block at most: a stored length beyond it is a
+/// corrupt row, not an allocation to make.
+const LZ4_MAX_EXPANSION: usize = 255;
+
+/// `json`, an encoded batch ([`encode_batch`]), as the row a store keeps: compressed with LZ4
+/// when that makes it shorter, plain otherwise. Event JSON repeats its field names and ids, so a
+/// turn's batch shrinks to about half ([`assemble`] reads either kind).
+pub(crate) fn compress_batch(json: Vec<u8>) -> Vec<u8> {
+    let Ok(len) = u32::try_from(json.len()) else {
+        return json;
+    };
+    if json.len() < COMPRESS_FROM {
+        return json;
+    }
+    let mut row = vec![0; COMPRESSED_HEAD + lz4_flex::block::get_maximum_output_size(json.len())];
+    row[0] = LZ4_BATCH;
+    row[1..COMPRESSED_HEAD].copy_from_slice(&len.to_le_bytes());
+    match lz4_flex::block::compress_into(&json, &mut row[COMPRESSED_HEAD..]) {
+        Ok(written) if COMPRESSED_HEAD + written < json.len() => {
+            row.truncate(COMPRESSED_HEAD + written);
+            row
+        }
+        _ => json,
+    }
+}
+
+/// The JSON array of `row`, a stored batch whose first event is at seq `start`: the row itself
+/// when plain, decompressed when compressed.
+///
+/// # Errors
+/// `STORE_CORRUPT` when a compressed row does not decompress to the length it states.
+fn batch_json(id: SessionId, start: u64, row: &[u8]) -> Result<Cow<'_, [u8]>> {
+    let Some((&LZ4_BATCH, compressed)) = row.split_first() else {
+        return Ok(Cow::Borrowed(row));
+    };
+    let corrupt = |why: String| {
+        SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("session {id}: the events from {start} do not decompress: {why}"),
+        )
+    };
+    let (len, block) = compressed
+        .split_first_chunk::<4>()
+        .ok_or_else(|| corrupt("the row ends before its length".into()))?;
+    let len = usize::try_from(u32::from_le_bytes(*len)).unwrap_or(usize::MAX);
+    if len > block.len().saturating_mul(LZ4_MAX_EXPANSION) {
+        return Err(corrupt(format!(
+            "it states {len} bytes for a block of {}",
+            block.len()
+        )));
+    }
+    let mut json = vec![0; len];
+    match lz4_flex::block::decompress_into(block, &mut json) {
+        Ok(written) if written == len => Ok(Cow::Owned(json)),
+        Ok(written) => Err(corrupt(format!("{written} bytes where it states {len}"))),
+        Err(error) => Err(corrupt(error.to_string()).with_source(error)),
+    }
+}
+
 /// Decodes one stored batch (a JSON array of events, the first at seq `start`): the events in
 /// `[from_seq, next_seq)` are built, the others skipped unbuilt (a listing that reads a one-shot
 /// child's four creation events from a batch holding its whole log decodes those four), and
@@ -178,8 +250,9 @@ pub(crate) fn assemble(
             from_seq,
             next_seq,
         };
+        let json = batch_json(id, start, &bytes)?;
         let (in_range, len) = batch
-            .deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
+            .deserialize(&mut serde_json::Deserializer::from_slice(&json))
             .map_err(|e| {
                 SubagentError::new(
                     ErrorCode::StoreCorrupt,
@@ -230,6 +303,59 @@ mod tests {
             .map(|seq| SessionEvent::new(seq, EventKind::TurnStart { turn: seq }))
             .collect();
         serde_json::to_vec(&events).expect("events encode")
+    }
+
+    /// A long batch is stored compressed and a short one plain; a read assembles both kinds.
+    #[test]
+    fn compressed_and_plain_rows_assemble_into_one_log() {
+        let id = SessionId::new();
+        let long = batch(0, 40);
+        let compressed = compress_batch(long.clone());
+        assert_eq!(compressed[0], LZ4_BATCH);
+        assert!(
+            compressed.len() < long.len() / 2,
+            "{} of {}",
+            compressed.len(),
+            long.len()
+        );
+        let short = batch(40, 1);
+        assert!(short.len() < COMPRESS_FROM);
+        assert_eq!(
+            compress_batch(short.clone()),
+            short,
+            "a short row stays plain"
+        );
+        let rows = [(Some(0), compressed), (Some(40), short)];
+        let read = assemble(id, 0, 41, rows.into_iter().map(Ok)).expect("a sound log");
+        let seqs: Vec<u64> = read.iter().map(|event| event.seq).collect();
+        assert_eq!(seqs, (0..41).collect::<Vec<_>>());
+    }
+
+    /// A damaged compressed row is `STORE_CORRUPT`: never a panic, nor an allocation of the
+    /// length a damaged prefix states.
+    #[test]
+    fn a_damaged_compressed_row_reads_as_corrupt() {
+        let id = SessionId::new();
+        let row = compress_batch(batch(0, 40));
+        let mut huge = row.clone();
+        huge[1..COMPRESSED_HEAD].copy_from_slice(&u32::MAX.to_le_bytes());
+        let mut longer = row.clone();
+        let stated = u32::from_le_bytes(row[1..COMPRESSED_HEAD].try_into().unwrap());
+        longer[1..COMPRESSED_HEAD].copy_from_slice(&(stated + 1).to_le_bytes());
+        let damaged = [
+            ("a length past any expansion", huge),
+            ("a length the block does not fill", longer),
+            ("a cut block", row[..row.len() / 2].to_vec()),
+            ("no length", vec![LZ4_BATCH, 1]),
+        ];
+        for (what, row) in damaged {
+            let error = assemble(id, 0, 40, std::iter::once(Ok((Some(0), row)))).expect_err(what);
+            assert_eq!(error.code(), ErrorCode::StoreCorrupt, "{what}: {error}");
+            assert!(
+                error.message().contains("do not decompress"),
+                "{what}: {error}"
+            );
+        }
     }
 
     #[test]
