@@ -14,8 +14,9 @@
 //! extended by each append, and its head's lease epoch moves with each grant. Only a session
 //! this store created is held (its own log from the first stored seq, so any read of it is
 //! answered whole), and only while nothing else can write it: sled's directory lock keeps
-//! other processes out. What is held is bounded by the bytes the logs took to store; the
-//! least recently created go first, and a disposed one-shot child at once.
+//! other processes out. What is held is bounded by the bytes of the logs' JSON (what they took
+//! to store before compression, so the bound follows their decoded size); the least recently
+//! created go first, and a disposed one-shot child at once.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,10 +24,10 @@ use std::sync::Arc;
 use crate::ids::{FastHashMap, SessionId};
 use crate::session::{SessionEvent, SessionHeader};
 
-/// The stored bytes of logs kept decoded by default: a few thousand children's logs.
+/// The JSON bytes of logs kept decoded by default: a few thousand children's logs.
 pub(super) const RECENT_LOG_BYTES: usize = 8 << 20;
 
-/// The recently created sessions of one store, bounded by their logs' stored bytes.
+/// The recently created sessions of one store, bounded by their logs' JSON bytes.
 #[derive(Debug)]
 pub(super) struct RecentLogs {
     logs: FastHashMap<SessionId, RecentLog>,
@@ -59,7 +60,7 @@ impl RecentLog {
 }
 
 impl RecentLogs {
-    /// An empty set holding logs of at most `capacity` stored bytes in all.
+    /// An empty set holding logs of at most `capacity` JSON bytes in all.
     pub(super) fn new(capacity: usize) -> Self {
         Self {
             logs: FastHashMap::default(),
@@ -70,8 +71,8 @@ impl RecentLogs {
         }
     }
 
-    /// Enters a session just created with `events` (from its first stored seq), `bytes`
-    /// stored, its head at lease epoch `lease`.
+    /// Enters a session just created with `events` (from its first stored seq), `bytes` of
+    /// JSON with its header, its head at lease epoch `lease`.
     pub(super) fn created(
         &mut self,
         header: &SessionHeader,
@@ -100,7 +101,7 @@ impl RecentLogs {
         self.evict();
     }
 
-    /// Extends a held log by an append of `events` at `first_seq`, `bytes` stored. An append
+    /// Extends a held log by an append of `events` at `first_seq`, `bytes` of JSON. An append
     /// that does not continue the held log (which cannot happen while every write passes
     /// here) forgets it instead.
     pub(super) fn appended(
