@@ -108,7 +108,7 @@ pub(crate) fn before_the_stored_log(first_stored: Option<u64>, end: u64) -> bool
 /// The first byte of a batch row that holds its JSON array compressed (LZ4's block format
 /// behind the array's length, a little-endian `u32`). A plain row is the array itself, whose
 /// first byte is `[`, so rows written before compression read back as they are.
-const LZ4_BATCH: u8 = 0x04;
+pub(super) const LZ4_BATCH: u8 = 0x04;
 
 /// The tag byte and the length before a compressed row's block.
 const COMPRESSED_HEAD: usize = 1 + 4;
@@ -324,6 +324,21 @@ mod tests {
             compress_batch(short.clone()),
             short,
             "a short row stays plain"
+        );
+        // Bytes LZ4 cannot shorten (a xorshift sequence) stay plain too.
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        let noise: Vec<u8> = (0..4 * COMPRESS_FROM)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()[0]
+            })
+            .collect();
+        assert_eq!(
+            compress_batch(noise.clone()),
+            noise,
+            "an incompressible row stays plain"
         );
         let rows = [(Some(0), compressed), (Some(40), short)];
         let read = assemble(id, 0, 41, rows.into_iter().map(Ok)).expect("a sound log");

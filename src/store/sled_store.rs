@@ -994,7 +994,11 @@ mod tests {
                     .unwrap()
                     .expect("the batch is stored");
                 let json = encode_batch(id, events).unwrap().unwrap();
-                assert_eq!(row.first(), Some(&0x04), "stored compressed");
+                assert_eq!(
+                    row.first(),
+                    Some(&crate::store::codec::LZ4_BATCH),
+                    "stored compressed"
+                );
                 assert!(
                     row.len() * 10 < json.len() * 7,
                     "{} of {}",
