@@ -269,6 +269,14 @@ impl SubagentError {
         Self::new(ErrorCode::StoreIo, what.to_string()).with_source(source)
     }
 
+    /// The same failure, its message prefixed with what the caller was doing (`"{what}: …"`);
+    /// the code and the cause stay.
+    #[must_use]
+    pub(crate) fn about(mut self, what: impl fmt::Display) -> Self {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
+
     pub(crate) fn bug(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::ReportableBug, message)
     }

@@ -337,6 +337,54 @@ fn concurrent_lease_grants_share_transactions_and_decide_as_if_in_turn() {
     );
 }
 
+// Every epoch's end and every one-shot child's disposal releases a lease: a burst of them took a
+// statement each. Releases asked together now share one, and each still releases only its own
+// epoch: a lease taken again since, under a newer epoch, stays held.
+#[test]
+fn concurrent_lease_releases_share_statements_and_release_only_their_epoch() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, _)) = fresh() else {
+        return;
+    };
+    let holder = LeaseHolder::new();
+    let sessions: Vec<SessionId> = (0..32).map(|_| SessionId::new()).collect();
+    let leases: Vec<_> = sessions
+        .iter()
+        .map(|id| {
+            block_on(store.create(SessionHeader::new(*id), notes(0, 1))).unwrap();
+            block_on(store.acquire_lease(*id, holder.clone())).unwrap()
+        })
+        .collect();
+    // The first session's lease is taken again: its first epoch no longer holds it.
+    let kept = block_on(store.acquire_lease(sessions[0], holder.clone())).unwrap();
+    assert!(kept.epoch > leases[0].epoch);
+    let before = store.batched_calls();
+    let released = block_on(futures::future::join_all(
+        sessions
+            .iter()
+            .zip(&leases)
+            .map(|(id, lease)| store.release_lease(*id, lease.epoch)),
+    ));
+    assert!(released.iter().all(Result::is_ok), "{released:?}");
+    let after = store.batched_calls();
+    let calls = after.releases - before.releases;
+    let statements = after.release_statements - before.release_statements;
+    assert_eq!(calls, 32);
+    assert!(
+        statements * 8 <= calls,
+        "{calls} concurrent releases took {statements} statements"
+    );
+    // Released: another holder takes them at once. Kept: its newer lease still holds it.
+    let rival = LeaseHolder::new();
+    for id in &sessions[1..] {
+        block_on(store.acquire_lease(*id, rival.clone())).unwrap();
+    }
+    let refused = block_on(store.acquire_lease(sessions[0], rival)).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::SessionLeased);
+    block_on(store.append(sessions[0], 1, notes(1, 1), Some(kept.epoch))).unwrap();
+}
+
 // Creations asked together are decided as if in turn: each session is created once with its
 // seed and its first lease, the other asker of the same id finds it there (`SESSION_EXISTS`),
 // as does an asker of a session stored before, and the burst takes a few statements.
@@ -1094,6 +1142,31 @@ fn an_answer_too_long_for_its_announcement_is_read_from_its_row() {
         .unwrap();
         assert_eq!(answer, payload);
     }
+}
+
+// Every epoch's end flushes its child's log, and a flush is a synchronous commit (a write-ahead
+// log fsync on the server): a burst of epochs ending at once ran one commit each. Concurrent
+// flushes now share one, as on sled: the one in flight, then one for everyone who asked
+// meanwhile.
+#[test]
+fn concurrent_flushes_share_synchronous_commits() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, _)) = fresh() else {
+        return;
+    };
+    let before = store.batched_calls();
+    let flushed = block_on(futures::future::join_all(
+        (0..20).map(|_| store.flush(SessionId::new())),
+    ));
+    assert!(flushed.iter().all(Result::is_ok), "{flushed:?}");
+    let after = store.batched_calls();
+    assert_eq!(after.flushes - before.flushes, 20);
+    let commits = after.flush_commits - before.flush_commits;
+    assert!(
+        (1..=2).contains(&commits),
+        "20 concurrent flushes ran {commits} synchronous commits"
+    );
 }
 
 // A long run flushes session after session: the flush table keeps one row per connection

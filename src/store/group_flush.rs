@@ -23,6 +23,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use tokio::sync::Notify;
 
 use crate::error::Result;
+use crate::ids::SessionId;
 
 /// The longest a flush waits for more callers before it begins.
 pub(crate) const GATHER_AT_MOST: Duration = Duration::from_millis(1);
@@ -109,6 +110,18 @@ impl GroupFlush {
             }
             // That flush began before this caller asked: wait for (or start) the next one.
         }
+    }
+
+    /// [`GroupFlush::flush`] for session `id`'s flush: a failure names the session, as a
+    /// flush of its own would.
+    pub(crate) async fn flush_session(
+        &self,
+        id: SessionId,
+        start: impl Fn() -> BoxFuture<'static, Result<()>>,
+    ) -> Result<()> {
+        self.flush(start)
+            .await
+            .map_err(|error| error.about(format_args!("flushing session {id}")))
     }
 
     /// The next flush: it gathers (see the module docs), then covers every ticket taken so far

@@ -539,27 +539,17 @@ impl SessionPersistence for SledStore {
     }
 
     fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            // One fsync of the whole database at a time, shared by everyone it covers.
-            self.flushes
-                .flush(|| {
-                    let db = self.db.clone();
-                    async move {
-                        db.flush_async()
-                            .await
-                            .map(drop)
-                            .map_err(|e| SubagentError::store_io("flushing the store", e))
-                    }
-                    .boxed()
-                })
-                .await
-                .map_err(|error| {
-                    SubagentError::new(
-                        error.code(),
-                        format!("flushing session {id}: {}", error.message()),
-                    )
-                })
-        })
+        // One fsync of the whole database at a time, shared by everyone it covers.
+        Box::pin(self.flushes.flush_session(id, || {
+            let db = self.db.clone();
+            async move {
+                db.flush_async()
+                    .await
+                    .map(drop)
+                    .map_err(|e| SubagentError::store_io("flushing the store", e))
+            }
+            .boxed()
+        }))
     }
 
     fn one_shot_disposed(&self, id: SessionId) {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use deadpool_postgres::Pool;
 
 use super::lease_book::LeaseBook;
-use super::{io, lease_live, pool_io, seq_value, uuid_of};
+use super::{io, lease_live, pool_io, seq_column, seq_value, uuid_of};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::store::lease::{Lease, LeaseEpoch, LeaseHolder};
@@ -108,6 +108,38 @@ pub(super) async fn grant_many(
     }
     book.forget_released_holders(client).await;
     Ok(answers)
+}
+
+/// Releases each `(session, epoch)` lease in `released` that is still held under that epoch,
+/// in one statement (a lease taken over since, under a newer epoch, stays).
+///
+/// # Errors
+/// `STORE_IO` for the statement (every release fails with it).
+pub(super) async fn release_many(pool: &Pool, released: &[(SessionId, LeaseEpoch)]) -> Result<()> {
+    let mut sessions = Vec::with_capacity(released.len());
+    let mut epochs = Vec::with_capacity(released.len());
+    for (id, LeaseEpoch(epoch)) in released {
+        sessions.push(uuid_of(*id));
+        epochs.push(seq_column(*epoch)?);
+    }
+    let failed = io(format!("releasing {} leases", released.len()));
+    let client = pool
+        .get()
+        .await
+        .map_err(pool_io("connecting to PostgreSQL for lease releases"))?;
+    let release = client
+        .prepare_cached(
+            "DELETE FROM subagents_leases lease
+             USING unnest($1::uuid[], $2::bigint[]) AS released(session, epoch)
+             WHERE lease.session = released.session AND lease.epoch = released.epoch",
+        )
+        .await
+        .map_err(&failed)?;
+    client
+        .execute(&release, &[&sessions, &epochs])
+        .await
+        .map_err(&failed)?;
+    Ok(())
 }
 
 /// A connection inside the grant's transaction. Dropped before it is finished (the batch was

@@ -18,7 +18,8 @@
 //! connections run with `synchronous_commit=off`: a commit is visible to every reader when it
 //! returns, and reaches the disk within the server's WAL writer delay (three times
 //! `wal_writer_delay` at worst, 600 ms by default); a server crash in that window loses it.
-//! `flush` commits synchronously, which makes every earlier commit durable. Leases expire after
+//! `flush` commits synchronously, which makes every earlier commit durable; flushes asked while
+//! one is in flight share the next (group commit). Leases expire after
 //! their time-to-live unless renewed; a holder of this process that is gone (its runtime
 //! dropped) holds nothing, as on the embedded stores. A holder that joined the cluster as a
 //! node ([`PostgresStore::join`]) renews nothing: its leases live while its node heartbeats.
@@ -44,12 +45,14 @@ mod reads;
 mod reconnect;
 mod schema;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 
 use super::codec::{decode_header, encode_batch};
+use super::group_flush::GroupFlush;
 use super::lease::{Lease, LeaseEpoch, LeaseHolder};
 use super::{check_contiguous, ListedSession};
 use crate::error::{ErrorCode, Result, SubagentError};
@@ -122,8 +125,8 @@ fn each_or_all<T>(answered: Result<Vec<Result<T>>>, calls: usize) -> Vec<Result<
 /// answer: the server's own cancellation (an error that names it) usually answers first.
 const CALL_GRACE: Duration = Duration::from_secs(1);
 
-/// How a [`PostgresStore`]'s reads, creations and lease grants coalesced, since it opened
-/// ([`PostgresStore::batched_calls`]).
+/// How a [`PostgresStore`]'s reads, creations, lease grants and releases, and flushes
+/// coalesced, since it opened ([`PostgresStore::batched_calls`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BatchedCalls {
     /// Header and log reads asked for.
@@ -138,6 +141,16 @@ pub struct BatchedCalls {
     pub leases: u64,
     /// The transactions that answered them.
     pub lease_transactions: u64,
+    /// Lease releases asked for.
+    pub releases: u64,
+    /// The statements that answered them.
+    pub release_statements: u64,
+    /// Durability flushes asked for ([`SessionPersistence::flush`]).
+    ///
+    /// [`SessionPersistence::flush`]: super::SessionPersistence::flush
+    pub flushes: u64,
+    /// The synchronous commits that answered them.
+    pub flush_commits: u64,
 }
 
 /// A lease as granted, and what its row says.
@@ -171,6 +184,19 @@ pub struct PostgresStore {
     creations: Batcher<CreationRequest, bool>,
     /// Lease grants, batched (see [`batch`]).
     leases: Batcher<LeaseRequest, Lease>,
+    /// Lease releases, batched (see [`batch`]).
+    releases: Batcher<(SessionId, LeaseEpoch), ()>,
+    /// Durability flushes: one synchronous commit at a time, shared by every flush it covers.
+    flushes: GroupFlush,
+    /// Flushes asked for, and the synchronous commits run for them.
+    flush_counts: Arc<FlushCounts>,
+}
+
+/// What [`PostgresStore::batched_calls`] reports of flushes.
+#[derive(Debug, Default)]
+struct FlushCounts {
+    asked: AtomicU64,
+    commits: AtomicU64,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -275,9 +301,9 @@ impl PostgresStore {
         let call_deadline = config.statement_timeout.saturating_add(CALL_GRACE);
         let runtime = store_runtime()?;
         let pool = open_pool(&pg, &runtime, config.pool_size)?;
-        // The batches' own connections: a burst of reads, creations and leases never queues
-        // behind the appends, and each slot answers every call waiting when it frees.
-        let lane = open_pool(&pg, &runtime, 3 * BATCH_SLOTS)?;
+        // The batches' own connections: a burst of reads, creations, grants and releases never
+        // queues behind the appends, and each slot answers every call waiting when it frees.
+        let lane = open_pool(&pg, &runtime, 4 * BATCH_SLOTS)?;
         let book = Arc::new(LeaseBook::new(config.lease_ttl, config.node_ttl));
         let reads = Batcher::start(&runtime, BATCH_SLOTS, {
             let lane = lane.clone();
@@ -302,6 +328,24 @@ impl PostgresStore {
                     })
                     .await;
                     each_or_all(answered, requests.len())
+                }
+            }
+        });
+        let releases = Batcher::start(&runtime, BATCH_SLOTS, {
+            let lane = lane.clone();
+            move |released: Vec<(SessionId, LeaseEpoch)>| {
+                let lane = lane.clone();
+                async move {
+                    // Deleting a lease row twice deletes it once: a batch whose answer was
+                    // lost is simply sent again.
+                    let answered = reconnecting("releasing leases", call_deadline, |_| {
+                        leases::release_many(&lane, &released)
+                    })
+                    .await;
+                    each_or_all(
+                        answered.map(|()| vec![Ok(()); released.len()]),
+                        released.len(),
+                    )
                 }
             }
         });
@@ -333,6 +377,9 @@ impl PostgresStore {
             reads,
             creations,
             leases,
+            releases,
+            flushes: GroupFlush::default(),
+            flush_counts: Arc::default(),
         };
         Ok(store)
     }
@@ -406,13 +453,16 @@ impl PostgresStore {
         }
     }
 
-    /// How the store's reads, creations and lease grants coalesced: each concurrent call
-    /// waits for a free batch slot and is answered with every other call waiting then, in one
-    /// statement (reads, creations) or one transaction (grants).
+    /// How the store's reads, creations, lease grants and releases, and flushes coalesced:
+    /// each concurrent call waits for a free batch slot and is answered with every other call
+    /// waiting then, in one statement (reads, creations, releases) or one transaction
+    /// (grants); a flush waits for the one synchronous commit in flight and shares the next
+    /// with every flush asked meanwhile.
     pub fn batched_calls(&self) -> BatchedCalls {
         let (reads, read_statements) = self.reads.counts();
         let (creations, creation_statements) = self.creations.counts();
         let (leases, lease_transactions) = self.leases.counts();
+        let (releases, release_statements) = self.releases.counts();
         BatchedCalls {
             reads,
             read_statements,
@@ -420,6 +470,10 @@ impl PostgresStore {
             creation_statements,
             leases,
             lease_transactions,
+            releases,
+            release_statements,
+            flushes: self.flush_counts.asked.load(Ordering::Relaxed),
+            flush_commits: self.flush_counts.commits.load(Ordering::Relaxed),
         }
     }
 

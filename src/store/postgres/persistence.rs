@@ -1,6 +1,8 @@
 //! [`SessionPersistence`] over a [`PostgresStore`]: compare-and-append in one statement, reads,
-//! creations and lease grants batched, flushes as synchronous commits.
+//! creations, lease grants and releases batched, flushes as synchronous commits shared by every
+//! flush asked while one is in flight.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -9,7 +11,8 @@ use serde_json::Value;
 use super::lease_live;
 use super::leases::LeaseRequest;
 use super::reads::ReadRequest;
-use super::{io, seq_column, seq_value, uuid_of, PostgresStore, FLUSH_SLOTS};
+use super::reconnect::reconnecting;
+use super::{io, pool_io, seq_column, seq_value, uuid_of, PostgresStore, FLUSH_SLOTS};
 use crate::error::{Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
@@ -136,33 +139,8 @@ impl SessionPersistence for PostgresStore {
     }
 
     fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            self.reconnecting("flushing", |_| async move {
-                // Appends commit without waiting for the disk (the connections run with
-                // synchronous_commit off). A transaction that writes and commits synchronously
-                // flushes the write-ahead log up to its own commit, so every earlier append of
-                // every session is durable once it returns.
-                // One statement, its own transaction: the local setting holds at its commit. The
-                // row is the connection's slot: a flush never waits on another connection's
-                // unless their server processes share one.
-                let client = self.client().await?;
-                let touch = client
-                    .prepare_cached(
-                        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
-                     INSERT INTO subagents_flushes (slot, at)
-                     SELECT pg_backend_pid() % $1, now() FROM durable
-                     ON CONFLICT (slot) DO UPDATE SET at = excluded.at",
-                    )
-                    .await
-                    .map_err(io(format!("flushing session {id}")))?;
-                client
-                    .execute(&touch, &[&FLUSH_SLOTS])
-                    .await
-                    .map_err(io(format!("flushing session {id}")))?;
-                Ok(())
-            })
-            .await
-        })
+        self.flush_counts.asked.fetch_add(1, Ordering::Relaxed);
+        Box::pin(self.flushes.flush_session(id, || self.synchronous_commit()))
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<ListedSession>>> {
@@ -235,24 +213,10 @@ impl SessionPersistence for PostgresStore {
 
     fn release_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            self.reconnecting("releasing a lease", |_| async move {
-                let epoch = seq_column(epoch.0)?;
-                let client = self.client().await?;
-                client
-                    .execute(
-                        &client
-                            .prepare_cached(
-                                "DELETE FROM subagents_leases WHERE session = $1 AND epoch = $2",
-                            )
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[&uuid_of(id), &epoch],
-                    )
-                    .await
-                    .map_err(io(format!("releasing the lease of session {id}")))?;
-                Ok(())
-            })
-            .await
+            self.releases
+                .call((id, epoch))
+                .await
+                .map_err(|error| error.about(format_args!("releasing the lease of session {id}")))
         })
     }
 
@@ -344,6 +308,52 @@ impl SessionPersistence for PostgresStore {
                     return Err(lease_lost(id));
                 }
                 Ok(())
+            })
+            .await
+        })
+    }
+}
+
+impl PostgresStore {
+    /// One synchronous commit, which makes every append committed before it began durable.
+    ///
+    /// Appends commit without waiting for the disk (the connections run with
+    /// `synchronous_commit` off). A transaction that writes and commits synchronously flushes
+    /// the write-ahead log up to its own commit, and the log is one sequence, so every earlier
+    /// append of every session, on any connection, is durable once it returns: one commit
+    /// serves every flush asked before it began ([`GroupFlush`]). One statement, its own
+    /// transaction: the local setting holds at its commit. The row is the connection's slot,
+    /// so the table stays small.
+    ///
+    /// [`GroupFlush`]: crate::store::group_flush::GroupFlush
+    fn synchronous_commit(&self) -> BoxFuture<'static, Result<()>> {
+        let pool = self.pool.clone();
+        let commits = Arc::clone(&self.flush_counts);
+        let (deadline, target) = (self.call_deadline, self.target());
+        Box::pin(async move {
+            reconnecting("flushing", deadline, |_| {
+                let (pool, commits, target) = (&pool, &commits, &target);
+                async move {
+                    let client = pool
+                        .get()
+                        .await
+                        .map_err(pool_io(format!("connecting to PostgreSQL at {target}")))?;
+                    let touch = client
+                        .prepare_cached(
+                            "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
+                             INSERT INTO subagents_flushes (slot, at)
+                             SELECT pg_backend_pid() % $1, now() FROM durable
+                             ON CONFLICT (slot) DO UPDATE SET at = excluded.at",
+                        )
+                        .await
+                        .map_err(io("flushing"))?;
+                    commits.commits.fetch_add(1, Ordering::Relaxed);
+                    client
+                        .execute(&touch, &[&FLUSH_SLOTS])
+                        .await
+                        .map_err(io("flushing"))?;
+                    Ok(())
+                }
             })
             .await
         })
