@@ -621,6 +621,79 @@ fn the_projection_cache_keeps_one_row_per_unit_and_session() {
     assert_eq!(block_on(store.cache_get("timing", id)).unwrap(), None);
 }
 
+// Every epoch's end writes its child's checkpoint row: a burst of them took a statement each.
+// Rows asked together now share one, and each is still fenced by its own lease: a row computed
+// under a lease taken over since fails alone, and two rows for one unit and session in flight
+// together both land, one after the other.
+#[test]
+fn concurrent_cache_rows_share_statements_each_fenced_by_its_own_lease() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, _)) = fresh() else {
+        return;
+    };
+    let holder = LeaseHolder::new();
+    let sessions: Vec<SessionId> = (0..16).map(|_| SessionId::new()).collect();
+    let leases: Vec<_> = sessions
+        .iter()
+        .map(|id| {
+            block_on(store.create(SessionHeader::new(*id), notes(0, 1))).unwrap();
+            block_on(store.acquire_lease(*id, holder.clone())).unwrap()
+        })
+        .collect();
+    // The first session's lease is taken again: a row computed under its first epoch is stale.
+    block_on(store.acquire_lease(sessions[0], holder.clone())).unwrap();
+    let unleased = SessionId::new();
+    block_on(store.create(SessionHeader::new(unleased), notes(0, 1))).unwrap();
+    let row = |index: usize| serde_json::json!({"child": index});
+    let twice = [serde_json::json!({"turn": 1}), serde_json::json!({"turn": 2})];
+    let before = store.batched_calls();
+    let (fenced, unfenced, repeated) = block_on(async {
+        futures::join!(
+            futures::future::join_all(
+                sessions
+                    .iter()
+                    .zip(&leases)
+                    .enumerate()
+                    .map(|(index, (id, lease))| {
+                        store.cache_put("identity", *id, row(index), Some(lease.epoch))
+                    })
+            ),
+            store.cache_put("identity", unleased, row(99), None),
+            futures::future::join_all(twice.iter().map(|value| {
+                store.cache_put("timing", sessions[1], value.clone(), Some(leases[1].epoch))
+            })),
+        )
+    });
+    assert_eq!(fenced[0].as_ref().unwrap_err().code(), ErrorCode::LeaseLost);
+    assert!(fenced[1..].iter().all(Result::is_ok), "{fenced:?}");
+    unfenced.unwrap();
+    assert!(repeated.iter().all(Result::is_ok), "{repeated:?}");
+    let after = store.batched_calls();
+    let calls = after.cache_puts - before.cache_puts;
+    let statements = after.cache_put_statements - before.cache_put_statements;
+    assert_eq!(calls, 19);
+    assert!(
+        statements * 4 <= calls,
+        "{calls} concurrent cache rows took {statements} statements"
+    );
+    assert_eq!(block_on(store.cache_get("identity", sessions[0])).unwrap(), None);
+    for (index, id) in sessions.iter().enumerate().skip(1) {
+        assert_eq!(
+            block_on(store.cache_get("identity", *id)).unwrap(),
+            Some(row(index))
+        );
+    }
+    assert_eq!(
+        block_on(store.cache_get("identity", unleased)).unwrap(),
+        Some(row(99))
+    );
+    let kept = block_on(store.cache_get("timing", sessions[1]))
+        .unwrap()
+        .unwrap();
+    assert!(twice.contains(&kept), "{kept}");
+}
+
 /// Signals `pid` (the paused-writer drill).
 fn signal(pid: u32, signal: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
