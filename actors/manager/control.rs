@@ -257,7 +257,16 @@ impl Handler<ReportFrom> for ContinuationManager {
             ParentLink::Remote(remote) => {
                 let kind = crate::cluster::NoticeKind::Report(msg.delivery);
                 let traceparent = crate::trace::traceparent_of(&msg.trace);
-                return Ok(self.report_remote(remote, child, message, (kind, traceparent)));
+                let told = self.report_remote(remote, child, message, (kind, traceparent));
+                // The parent's node takes a report only from a child the store says is that
+                // parent's, and a child's creation is written behind its prompt's acceptance:
+                // its session is stored before the report leaves.
+                let log = msg.child.log().clone();
+                return Ok(async move {
+                    log.drain().await?;
+                    told.await
+                }
+                .boxed());
             }
         };
         let origin = super::parent::ReportOrigin::Local(msg.trace);
