@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use proptest::prelude::*;
-use subagents::store::{Lease, LeaseHolder, ListedSession, PostgresConfig, PostgresStore};
+use subagents::store::{LeaseHolder, ListedSession, PostgresConfig, PostgresStore};
 use subagents::{ErrorCode, SessionEvent, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::{check_against_model, notes, op};
@@ -337,27 +337,6 @@ fn concurrent_lease_grants_share_transactions_and_decide_as_if_in_turn() {
     );
 }
 
-/// `count` stored sessions, each leased by `holder`, the first then leased again: its lease in
-/// the answer's leases is stale, and the newer one, answered last, holds it (while `holder`
-/// lives: a holder gone holds nothing).
-fn leased_sessions(
-    store: &PostgresStore,
-    holder: &LeaseHolder,
-    count: usize,
-) -> (Vec<SessionId>, Vec<Lease>, Lease) {
-    let sessions: Vec<SessionId> = (0..count).map(|_| SessionId::new()).collect();
-    let leases = sessions
-        .iter()
-        .map(|id| {
-            block_on(store.create(SessionHeader::new(*id), notes(0, 1))).unwrap();
-            block_on(store.acquire_lease(*id, holder.clone())).unwrap()
-        })
-        .collect::<Vec<_>>();
-    let newer = block_on(store.acquire_lease(sessions[0], holder.clone())).unwrap();
-    assert!(newer.epoch > leases[0].epoch);
-    (sessions, leases, newer)
-}
-
 // Every epoch's end and every one-shot child's disposal releases a lease: a burst of them took a
 // statement each. Releases asked together now share one, and each still releases only its own
 // epoch: a lease taken again since, under a newer epoch, stays held.
@@ -369,7 +348,17 @@ fn concurrent_lease_releases_share_statements_and_release_only_their_epoch() {
         return;
     };
     let holder = LeaseHolder::new();
-    let (sessions, leases, kept) = leased_sessions(&store, &holder, 32);
+    let sessions: Vec<SessionId> = (0..32).map(|_| SessionId::new()).collect();
+    let leases: Vec<_> = sessions
+        .iter()
+        .map(|id| {
+            block_on(store.create(SessionHeader::new(*id), notes(0, 1))).unwrap();
+            block_on(store.acquire_lease(*id, holder.clone())).unwrap()
+        })
+        .collect();
+    // The first session's lease is taken again: its first epoch no longer holds it.
+    let kept = block_on(store.acquire_lease(sessions[0], holder.clone())).unwrap();
+    assert!(kept.epoch > leases[0].epoch);
     let before = store.batched_calls();
     let released = block_on(futures::future::join_all(
         sessions
@@ -644,7 +633,16 @@ fn concurrent_cache_rows_share_statements_each_fenced_by_its_own_lease() {
         return;
     };
     let holder = LeaseHolder::new();
-    let (sessions, leases, _) = leased_sessions(&store, &holder, 16);
+    let sessions: Vec<SessionId> = (0..16).map(|_| SessionId::new()).collect();
+    let leases: Vec<_> = sessions
+        .iter()
+        .map(|id| {
+            block_on(store.create(SessionHeader::new(*id), notes(0, 1))).unwrap();
+            block_on(store.acquire_lease(*id, holder.clone())).unwrap()
+        })
+        .collect();
+    // The first session's lease is taken again: a row computed under its first epoch is stale.
+    block_on(store.acquire_lease(sessions[0], holder.clone())).unwrap();
     let unleased = SessionId::new();
     block_on(store.create(SessionHeader::new(unleased), notes(0, 1))).unwrap();
     let row = |index: usize| serde_json::json!({"child": index});
