@@ -8,9 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use subagents::cluster::NodeId;
 use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
-use subagents::testing::{
-    resident_count, FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation,
-};
+use subagents::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
 use subagents::{
     CancelCause, ContinuableStartSpec, ErrorCode, InterruptAuthority, Message, MessageSource,
     ReportDelivery, ReportOptions, Runtime, SessionId,
@@ -229,78 +227,6 @@ async fn an_interrupt_crosses_to_the_childs_node_and_its_report_comes_back() {
             reason: CancelCause::User
         }]
     );
-    b.shutdown().await.unwrap();
-    a.shutdown().await.unwrap();
-}
-
-// A continuable child's creation is written behind its prompt's acceptance, and its first turn
-// runs meanwhile. A report from that turn to a parent on another node is taken there only for
-// a child the store says is that parent's: sent before the child was stored, it was refused
-// (`UNAUTHORIZED`, one run of `load --nodes 2` in about twelve). It now leaves once the child's
-// session is stored.
-#[actix_rt::test]
-async fn a_report_from_a_child_not_yet_stored_waits_for_its_session_and_lands() {
-    let url = postgres_or_skip!().fresh_database();
-    let (model_a, model_b, gate) = held_child_models();
-    let (a, _) = node(&url, "a", &model_a).await;
-    let store_b = cluster_store(&url).await;
-    let holder = LeaseHolder::new();
-    let membership = store_b.join(&holder, "b").await.unwrap();
-    let b_id = membership.node();
-    let faults = Arc::new(FaultInjectingStore::new(store_b));
-    // The child's session is not stored until this hold is released.
-    faults.hold(StoreOperation::Create);
-    let builder = Runtime::builder()
-        .model("scripted", model_b.clone())
-        .lease_holder(holder)
-        .cluster(membership);
-    let b = seam_runtime_on(builder, faults.clone()).await;
-    let parent = root(&a).await;
-    let placing = {
-        let (a, parent) = (a.clone(), parent.agent().clone());
-        actix_rt::spawn(async move { place(&a, &parent, b_id, "work").await })
-    };
-    gate.reached().await;
-    faults.held_calls(1).await;
-    // Not stored yet, so not listed: the one live agent on b is the child.
-    let child = b
-        .agents()
-        .list()
-        .await
-        .into_iter()
-        .next()
-        .expect("the child is live on b");
-    let mut reporting = {
-        let (b, child) = (b.clone(), child.clone());
-        actix_rt::spawn(async move {
-            b.subagents()
-                .report_from(
-                    &child,
-                    text("halfway"),
-                    ReportOptions::new(ReportDelivery::Wakeup),
-                )
-                .await
-        })
-    };
-    // Not sent while the child is not stored (sent, it was refused at once): the wait is the
-    // behaviour under test, and nothing announces a delivery that is not made.
-    let early = tokio::time::timeout(Duration::from_secs(2), &mut reporting).await;
-    assert!(
-        early.is_err(),
-        "answered before the child was stored: {early:?}"
-    );
-    faults.release(StoreOperation::Create);
-    let report = within("the report", reporting).await.unwrap().unwrap();
-    eventually("the report", || {
-        parent.agent().log().events().iter().any(|event| {
-            matches!(&event.kind, subagents::EventKind::UserMessage(message) if message.id == report)
-        })
-    })
-    .await;
-    let started = within("the placement", placing).await.unwrap().unwrap();
-    assert_eq!(started.child_id, child.id());
-    gate.release();
-    notices_reach(parent.agent(), 1).await;
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }

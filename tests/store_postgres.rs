@@ -646,18 +646,19 @@ fn concurrent_cache_rows_share_statements_each_fenced_by_its_own_lease() {
     let unleased = SessionId::new();
     block_on(store.create(SessionHeader::new(unleased), notes(0, 1))).unwrap();
     let row = |index: usize| serde_json::json!({"child": index});
-    let twice = [
-        serde_json::json!({"turn": 1}),
-        serde_json::json!({"turn": 2}),
-    ];
+    let twice = [serde_json::json!({"turn": 1}), serde_json::json!({"turn": 2})];
     let before = store.batched_calls();
     let (fenced, unfenced, repeated) = block_on(async {
         futures::join!(
-            futures::future::join_all(sessions.iter().zip(&leases).enumerate().map(
-                |(index, (id, lease))| {
-                    store.cache_put("identity", *id, row(index), Some(lease.epoch))
-                }
-            )),
+            futures::future::join_all(
+                sessions
+                    .iter()
+                    .zip(&leases)
+                    .enumerate()
+                    .map(|(index, (id, lease))| {
+                        store.cache_put("identity", *id, row(index), Some(lease.epoch))
+                    })
+            ),
             store.cache_put("identity", unleased, row(99), None),
             futures::future::join_all(twice.iter().map(|value| {
                 store.cache_put("timing", sessions[1], value.clone(), Some(leases[1].epoch))
@@ -676,10 +677,7 @@ fn concurrent_cache_rows_share_statements_each_fenced_by_its_own_lease() {
         statements * 4 <= calls,
         "{calls} concurrent cache rows took {statements} statements"
     );
-    assert_eq!(
-        block_on(store.cache_get("identity", sessions[0])).unwrap(),
-        None
-    );
+    assert_eq!(block_on(store.cache_get("identity", sessions[0])).unwrap(), None);
     for (index, id) in sessions.iter().enumerate().skip(1) {
         assert_eq!(
             block_on(store.cache_get("identity", *id)).unwrap(),

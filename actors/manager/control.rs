@@ -257,16 +257,7 @@ impl Handler<ReportFrom> for ContinuationManager {
             ParentLink::Remote(remote) => {
                 let kind = crate::cluster::NoticeKind::Report(msg.delivery);
                 let traceparent = crate::trace::traceparent_of(&msg.trace);
-                let told = self.report_remote(remote, child, message, (kind, traceparent));
-                // The parent's node takes a report only from a child the store says is that
-                // parent's, and a child's creation is written behind its prompt's acceptance:
-                // its session is stored before the report leaves.
-                let log = msg.child.log().clone();
-                return Ok(async move {
-                    log.drain().await?;
-                    told.await
-                }
-                .boxed());
+                return Ok(self.report_remote(remote, child, message, (kind, traceparent)));
             }
         };
         let origin = super::parent::ReportOrigin::Local(msg.trace);
