@@ -33,7 +33,6 @@
 //! [`SessionPersistence`]: super::SessionPersistence
 
 mod batch;
-mod cache_puts;
 mod config;
 mod creations;
 pub mod deliveries;
@@ -61,7 +60,6 @@ use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
 
 use batch::Batcher;
-use cache_puts::CachePut;
 use creations::CreationRequest;
 use lease_book::LeaseBook;
 use leases::LeaseRequest;
@@ -127,8 +125,8 @@ fn each_or_all<T>(answered: Result<Vec<Result<T>>>, calls: usize) -> Vec<Result<
 /// answer: the server's own cancellation (an error that names it) usually answers first.
 const CALL_GRACE: Duration = Duration::from_secs(1);
 
-/// How a [`PostgresStore`]'s reads, creations, lease grants and releases, projection-cache rows
-/// and flushes coalesced, since it opened ([`PostgresStore::batched_calls`]).
+/// How a [`PostgresStore`]'s reads, creations, lease grants and releases, and flushes
+/// coalesced, since it opened ([`PostgresStore::batched_calls`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BatchedCalls {
     /// Header and log reads asked for.
@@ -147,10 +145,6 @@ pub struct BatchedCalls {
     pub releases: u64,
     /// The statements that answered them.
     pub release_statements: u64,
-    /// Projection-cache rows written.
-    pub cache_puts: u64,
-    /// The statements that wrote them.
-    pub cache_put_statements: u64,
     /// Durability flushes asked for ([`SessionPersistence::flush`]).
     ///
     /// [`SessionPersistence::flush`]: super::SessionPersistence::flush
@@ -192,8 +186,6 @@ pub struct PostgresStore {
     leases: Batcher<LeaseRequest, Lease>,
     /// Lease releases, batched (see [`batch`]).
     releases: Batcher<(SessionId, LeaseEpoch), ()>,
-    /// Projection-cache rows, batched (see [`batch`]).
-    cache_puts: Batcher<CachePut, ()>,
     /// Durability flushes: one synchronous commit at a time, shared by every flush it covers.
     flushes: GroupFlush,
     /// Flushes asked for, and the synchronous commits run for them.
@@ -309,10 +301,9 @@ impl PostgresStore {
         let call_deadline = config.statement_timeout.saturating_add(CALL_GRACE);
         let runtime = store_runtime()?;
         let pool = open_pool(&pg, &runtime, config.pool_size)?;
-        // The batches' own connections: a burst of reads, creations, grants, releases and cache
-        // rows never queues behind the appends, and each slot answers every call waiting when
-        // it frees.
-        let lane = open_pool(&pg, &runtime, 5 * BATCH_SLOTS)?;
+        // The batches' own connections: a burst of reads, creations, grants and releases never
+        // queues behind the appends, and each slot answers every call waiting when it frees.
+        let lane = open_pool(&pg, &runtime, 4 * BATCH_SLOTS)?;
         let book = Arc::new(LeaseBook::new(config.lease_ttl, config.node_ttl));
         let reads = Batcher::start(&runtime, BATCH_SLOTS, {
             let lane = lane.clone();
@@ -358,22 +349,6 @@ impl PostgresStore {
                 }
             }
         });
-        let cache_puts = Batcher::start(&runtime, BATCH_SLOTS, {
-            let lane = lane.clone();
-            move |puts: Vec<CachePut>| {
-                let lane = lane.clone();
-                async move {
-                    // Writing a row again writes the same row: a batch whose answer was lost
-                    // is simply sent again.
-                    let answered =
-                        reconnecting("writing the projection cache", call_deadline, |_| {
-                            cache_puts::put_many(&lane, &puts)
-                        })
-                        .await;
-                    each_or_all(answered, puts.len())
-                }
-            }
-        });
         let leases = Batcher::start(&runtime, BATCH_SLOTS, {
             let book = Arc::clone(&book);
             move |requests: Vec<LeaseRequest>| {
@@ -403,7 +378,6 @@ impl PostgresStore {
             creations,
             leases,
             releases,
-            cache_puts,
             flushes: GroupFlush::default(),
             flush_counts: Arc::default(),
         };
@@ -479,17 +453,16 @@ impl PostgresStore {
         }
     }
 
-    /// How the store's reads, creations, lease grants and releases, projection-cache rows and
-    /// flushes coalesced: each concurrent call waits for a free batch slot and is answered with
-    /// every other call waiting then, in one statement (reads, creations, releases, cache rows)
-    /// or one transaction (grants); a flush waits for the one synchronous commit in flight and
-    /// shares the next with every flush asked meanwhile.
+    /// How the store's reads, creations, lease grants and releases, and flushes coalesced:
+    /// each concurrent call waits for a free batch slot and is answered with every other call
+    /// waiting then, in one statement (reads, creations, releases) or one transaction
+    /// (grants); a flush waits for the one synchronous commit in flight and shares the next
+    /// with every flush asked meanwhile.
     pub fn batched_calls(&self) -> BatchedCalls {
         let (reads, read_statements) = self.reads.counts();
         let (creations, creation_statements) = self.creations.counts();
         let (leases, lease_transactions) = self.leases.counts();
         let (releases, release_statements) = self.releases.counts();
-        let (cache_puts, cache_put_statements) = self.cache_puts.counts();
         BatchedCalls {
             reads,
             read_statements,
@@ -499,8 +472,6 @@ impl PostgresStore {
             lease_transactions,
             releases,
             release_statements,
-            cache_puts,
-            cache_put_statements,
             flushes: self.flush_counts.asked.load(Ordering::Relaxed),
             flush_commits: self.flush_counts.commits.load(Ordering::Relaxed),
         }

@@ -1,6 +1,6 @@
 //! [`SessionPersistence`] over a [`PostgresStore`]: compare-and-append in one statement, reads,
-//! creations, lease grants and releases and projection-cache rows batched, flushes as
-//! synchronous commits shared by every flush asked while one is in flight.
+//! creations, lease grants and releases batched, flushes as synchronous commits shared by every
+//! flush asked while one is in flight.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,7 +8,6 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use super::cache_puts::CachePut;
 use super::lease_live;
 use super::leases::LeaseRequest;
 use super::reads::ReadRequest;
@@ -261,17 +260,56 @@ impl SessionPersistence for PostgresStore {
         row: EncodedRow,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        let put = CachePut {
-            unit: Arc::from(unit),
-            id,
-            row: Arc::from(row.into_bytes()),
-            lease,
-        };
+        let unit = unit.to_owned();
         Box::pin(async move {
-            let unit = Arc::clone(&put.unit);
-            self.cache_puts.call(put).await.map_err(|error| {
-                error.about(format_args!("writing the {unit} cache of session {id}"))
+            let bytes = row.into_bytes();
+            let (unit, bytes) = (&unit, &bytes);
+            self.reconnecting("writing the projection cache", |_| async move {
+                let client = self.client().await?;
+                let failed = || io(format!("writing the {unit} cache of session {id}"));
+                let Some(LeaseEpoch(epoch)) = lease else {
+                    client
+                        .execute(
+                            &client
+                                .prepare_cached(
+                                    "INSERT INTO subagents_projection_cache (unit, session, row)
+                         VALUES ($1, $2, $3)
+                         ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
+                                )
+                                .await
+                                .map_err(io("preparing a statement"))?,
+                            &[&unit, &uuid_of(id), &bytes],
+                        )
+                        .await
+                        .map_err(failed())?;
+                    return Ok(());
+                };
+                // The session row is locked in share mode: a lease taken meanwhile (which moves the
+                // epoch under `FOR UPDATE`) either waits for this write or fences it out.
+                let written = client
+                    .execute(
+                        &client
+                            .prepare_cached(
+                                "WITH fence AS (
+                                 SELECT id FROM subagents_sessions
+                                 WHERE id = $2 AND epoch = $4 FOR SHARE
+                             )
+                             INSERT INTO subagents_projection_cache (unit, session, row)
+                             SELECT $1, id, $3 FROM fence
+                             ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
+                            )
+                            .await
+                            .map_err(io("preparing a statement"))?,
+                        &[&unit, &uuid_of(id), &bytes, &seq_column(epoch)?],
+                    )
+                    .await
+                    .map_err(failed())?;
+                if written == 0 {
+                    return Err(lease_lost(id));
+                }
+                Ok(())
             })
+            .await
         })
     }
 }
