@@ -217,6 +217,17 @@ fn pool_io(what: impl std::fmt::Display) -> impl Fn(deadpool_postgres::PoolError
     move |error| SubagentError::store_io(what.clone(), error)
 }
 
+/// A connection from `pool`, or `STORE_IO` naming where the store connects (`target`, asked
+/// for only on failure: every append takes a connection).
+async fn connection(
+    pool: &Pool,
+    target: impl FnOnce() -> String,
+) -> Result<deadpool_postgres::Object> {
+    pool.get().await.map_err(|error| {
+        SubagentError::store_io(format!("connecting to PostgreSQL at {}", target()), error)
+    })
+}
+
 /// A seq as PostgreSQL's `bigint`.
 fn seq_column(seq: u64) -> Result<i64> {
     i64::try_from(seq).map_err(|_| SubagentError::bug(format!("seq {seq} exceeds bigint")))
@@ -417,10 +428,7 @@ impl PostgresStore {
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         // The pool's timeouts run on tokio: outside a runtime they would panic.
         store_runtime()?;
-        self.pool.get().await.map_err(pool_io(format!(
-            "connecting to PostgreSQL at {}",
-            self.target()
-        )))
+        connection(&self.pool, || self.target()).await
     }
 
     /// Where the store connects, for a person: `host:port` (or the socket directory and

@@ -12,7 +12,7 @@ use super::lease_live;
 use super::leases::LeaseRequest;
 use super::reads::ReadRequest;
 use super::reconnect::reconnecting;
-use super::{io, pool_io, seq_column, seq_value, uuid_of, PostgresStore, FLUSH_SLOTS};
+use super::{connection, io, seq_column, seq_value, uuid_of, PostgresStore, FLUSH_SLOTS};
 use crate::error::{Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
@@ -334,10 +334,7 @@ impl PostgresStore {
             reconnecting("flushing", deadline, |_| {
                 let (pool, commits, target) = (&pool, &commits, &target);
                 async move {
-                    let client = pool
-                        .get()
-                        .await
-                        .map_err(pool_io(format!("connecting to PostgreSQL at {target}")))?;
+                    let client = connection(pool, || target.clone()).await?;
                     let touch = client
                         .prepare_cached(
                             "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
