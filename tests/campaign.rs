@@ -30,7 +30,9 @@
 //! CI runs `CAMPAIGN_SCHEDULES` (default 2) schedules from `CAMPAIGN_SEED` (default 1), drawing
 //! faults from `CAMPAIGN_FAULTS` (default
 //! `kill,kill-driver,pause,leave,terminate,restart,calm`); a long run is
-//! `CAMPAIGN_SCHEDULES=200 cargo test --test tests campaign -- --nocapture`.
+//! `CAMPAIGN_SCHEDULES=200 cargo test --test tests campaign -- --nocapture`. To see what a
+//! failing schedule's nodes did, rerun it with `NODE_LOGS=<dir> RUST_LOG=subagents=debug`
+//! (each process's stderr is kept in `<dir>`) and `CAMPAIGN_DUMP=1` (each broken child's log).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};

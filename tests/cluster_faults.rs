@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore, SessionPersistence};
-use subagents::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
+use subagents::testing::{
+    resident_count, FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation,
+};
 use subagents::{
     ErrorCode, FollowupOptions, MessageSource, ReportDelivery, ReportOptions, ResumeAgent, Runtime,
     SessionId,
@@ -814,6 +816,74 @@ async fn a_drain_discards_what_a_child_left_behind_on_a_restarted_node() {
     );
     gate.release();
     restarted.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+// A drain whose release reaches the child's node while that node leaves and hands the child
+// over: the release finds the child still resident, its hand-over open, and the parent's node
+// had not yet heard of the hand-over when the drain looked for handed-over children. The
+// release is answered "not released here" (the child kept what it accepted), and the parent's
+// node discards it from the store. Before, it was answered "released": the two follow-ups the
+// child was handed over with were never run nor discarded (the campaign's seed 3: a leave
+// under a drain).
+#[actix_rt::test]
+async fn a_drain_that_meets_a_hand_over_discards_what_the_child_was_handed_over_with() {
+    let url = postgres_or_skip!().fresh_database();
+    let (model_a, model_b, gate) = held_child_models();
+    let (a, _) = node(&url, "a", &model_a).await;
+    let store_b = cluster_store(&url).await;
+    let holder = LeaseHolder::new();
+    let membership = store_b.join(&holder, "b").await.unwrap();
+    let b_id = membership.node();
+    let faults = Arc::new(FaultInjectingStore::new(store_b));
+    let builder = Runtime::builder()
+        .model("scripted", model_b)
+        .lease_holder(holder)
+        .cluster(membership);
+    let b = seam_runtime_on(builder, faults.clone()).await;
+    let parent = root(&a).await;
+    let child = place(&a, parent.agent(), b_id, "first")
+        .await
+        .unwrap()
+        .child_id;
+    gate.reached().await;
+    for text in ["second", "third"] {
+        followup_child(&a, parent.agent(), child, text)
+            .await
+            .unwrap();
+    }
+    // The hand-over cannot end while the child's lease release is held: the child stays
+    // resident on b, its disposal open, and its parent's node has not heard of it.
+    faults.hold(StoreOperation::ReleaseLease);
+    let leaving = tokio::spawn(async move { b.shutdown().await });
+    faults.held_calls(1).await;
+    let draining = {
+        let (a, parent) = (a.clone(), parent.agent().clone());
+        tokio::spawn(async move { a.subagents().drain_continuable_descendants(&[parent]).await })
+    };
+    // The drain's release is served on b, under the open hand-over.
+    let client = raw_client(&url).await;
+    within("the release served on b", async {
+        let claimed = "SELECT count(*) FROM subagents_deliveries
+             WHERE state <> 'pending' AND convert_from(payload, 'UTF8') LIKE '%\"op\":\"release\"%'";
+        while client.query_one(claimed, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+            // Another process's table: polled.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    faults.release(StoreOperation::ReleaseLease);
+    within("the drain", draining).await.unwrap().unwrap();
+    within("the leave", leaving).await.unwrap().unwrap();
+    let events = persisted(&a, child).await;
+    assert_eq!(delivered(&events), ["first"], "nothing else ran");
+    assert_eq!(
+        discarded(&events),
+        2,
+        "both handed-over follow-ups were discarded"
+    );
+    assert_eq!(resident_count(a.subagents()).await, 0);
+    gate.release();
     a.shutdown().await.unwrap();
 }
 

@@ -37,7 +37,16 @@ impl NodeProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
-        let stderr = tempfile::NamedTempFile::new().unwrap();
+        // With NODE_LOGS=<dir>, each process's stderr is kept there (`<name>-…`): with
+        // RUST_LOG, what a failing schedule's nodes did.
+        let stderr = match std::env::var_os("NODE_LOGS") {
+            Some(dir) => tempfile::Builder::new()
+                .prefix(&format!("{name}-"))
+                .disable_cleanup(true)
+                .tempfile_in(dir)
+                .unwrap(),
+            None => tempfile::NamedTempFile::new().unwrap(),
+        };
         let mut process = Command::new(env!("CARGO_BIN_EXE_subagents"))
             .args(["node", "--store", url, "--name", name])
             .envs(env.iter().copied())

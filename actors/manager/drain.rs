@@ -143,7 +143,7 @@ impl Handler<DrainDescendants> for ContinuationManager {
                 .collect();
             for (share, root) in root_ids.iter().enumerate() {
                 shares[share].branches.push(release_unrecorded(
-                    cluster.clone(),
+                    (cluster.clone(), self.agents.clone()),
                     *root,
                     known.clone(),
                 ));

@@ -217,6 +217,7 @@ impl Handler<Install> for ContinuationManager {
             busy: false,
             armed: false,
             announced: false,
+            handed_over: false,
             disposal: None,
             run_id: RunId::new(),
             provider: provider.into_boxed_str(),

@@ -503,6 +503,7 @@ impl ContinuationManager {
         // accepted, unclaimed follow-ups stay in its log for the resume that comes next.
         if self.leaving && matches!(resident.parent, ParentLink::Remote(_)) {
             resident.agent.cancel_for_hand_over();
+            resident.handed_over = true;
         } else {
             resident.agent.cancel_for_release();
         }

@@ -152,6 +152,9 @@ pub(super) struct Resident {
     pub(super) armed: bool,
     /// Whether a caller ever received an id for this epoch (a rolled-back start never did).
     pub(super) announced: bool,
+    /// Whether its disposal hands it over (this node leaves the cluster) rather than releasing
+    /// it: what it accepted and did not run stays in its log.
+    pub(super) handed_over: bool,
     pub(super) disposal: Option<Disposal>,
     /// This epoch's run id (its `subagent/start` and `subagent/end` carry it).
     pub(super) run_id: RunId,

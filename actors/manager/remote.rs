@@ -68,6 +68,7 @@ pub(super) async fn place(
             child,
             node,
             why: Forgotten::Done,
+            discarded: false,
         }),
     }
     let _ = answered.send(());
@@ -146,9 +147,10 @@ pub(super) fn discard_parked(agents: Agents, child: SessionId) -> Disposal {
 /// Releases, on their nodes, the children of `parent` a live lease holds that this runtime has
 /// no record of (not in `known`): this node placed them before it was restarted under its id.
 /// Their nodes release them as they would recorded ones (what they accepted and did not run
-/// is discarded).
+/// is discarded); one its node no longer holds (handed over as the node left, or settled) is
+/// discarded from here, as a recorded one would be.
 pub(super) fn release_unrecorded(
-    cluster: ClusterLink,
+    (cluster, agents): (ClusterLink, Agents),
     parent: SessionId,
     known: FastHashSet<SessionId>,
 ) -> Disposal {
@@ -163,9 +165,11 @@ pub(super) fn release_unrecorded(
                 traceparent: None,
             };
             match cluster.ask::<bool>(holder.node, child, &op).await {
+                Ok(true) => {}
+                Ok(false) => discard_parked(agents.clone(), child).await?,
                 // Its node stopped meanwhile: it holds nothing any more.
-                Err(error) if error.code() != ErrorCode::SessionLeased => return Err(error),
-                _ => {}
+                Err(error) if error.code() == ErrorCode::SessionLeased => {}
+                Err(error) => return Err(error),
             }
         }
         Ok(())
@@ -281,7 +285,12 @@ pub(crate) async fn route_followup(
         // A child that left, or one found there that refused, leaves no record behind.
         if let Some(why) = left {
             manager
-                .send(ForgetRemote { child, node, why })
+                .send(ForgetRemote {
+                    child,
+                    node,
+                    why,
+                    discarded: false,
+                })
                 .await
                 .map_err(SubagentError::from)?;
         }
@@ -409,10 +418,14 @@ impl ContinuationManager {
                 traceparent,
             };
             // Not released there (its node stopped, or the node does not hold it: it settled
-            // there, or was restarted since): what the child accepted and did not run may wait
-            // in its log, and the release discards it from here, as it would have there. An
-            // epoch that ended with its node is `node-stopped` to its parent.
-            let (outcome, why) = match cluster.ask_served::<bool>(node, child, &op).await {
+            // there, was handed over as it left, or was restarted since): what the child
+            // accepted and did not run may wait in its log, and the release discards it from
+            // here, as it would have there. An epoch that ended with its node is `node-stopped`
+            // to its parent.
+            let released_there = cluster.ask_served::<bool>(node, child, &op).await;
+            let discarded = matches!(released_there, Ok((false, _)))
+                || matches!(&released_there, Err(error) if error.code() == ErrorCode::SessionLeased);
+            let (outcome, why) = match released_there {
                 Ok((true, _)) => (Ok(()), Forgotten::Done),
                 Ok((false, by)) => (discard_parked(agents, child).await, Forgotten::Absent(by)),
                 Err(error) if error.code() == ErrorCode::SessionLeased => {
@@ -424,7 +437,12 @@ impl ContinuationManager {
             // that failed keeps the record (the child may still run there) and may be asked
             // again.
             if outcome.is_ok() {
-                manager.do_send(ForgetRemote { child, node, why });
+                manager.do_send(ForgetRemote {
+                    child,
+                    node,
+                    why,
+                    discarded,
+                });
             } else {
                 manager.do_send(RecordAnswered {
                     child,
@@ -681,6 +699,9 @@ pub(crate) struct ForgetRemote {
     pub(crate) child: SessionId,
     pub(crate) node: NodeId,
     pub(crate) why: Forgotten,
+    /// Whether its release discarded, from here, what it waited with: a notice that it was
+    /// handed over, heard meanwhile, leaves nothing parked.
+    pub(crate) discarded: bool,
 }
 
 /// Why a placed child's record ends.
@@ -707,6 +728,9 @@ impl Handler<ForgetRemote> for ContinuationManager {
             (Forgotten::NodeStopped, Some(_)) => true,
             (Forgotten::Absent(by), Some(record)) => record.held_by_predecessor_of(by),
         };
+        if msg.discarded {
+            self.parked.remove(&msg.child);
+        }
         if ended_with_node {
             if let Some(record) = self.remote_children.get(&msg.child) {
                 let parent = record.parent.clone();

@@ -207,20 +207,38 @@ impl ContinuationManager {
 /// Internal: a parent on another node releases its child here (child first, its own release
 /// waits for this one).
 #[derive(Message)]
-#[rtype(result = "Result<Option<Disposal>>")]
+#[rtype(result = "Result<Option<ServedRelease>>")]
 struct PlacedRelease {
     parent: SessionId,
     child: SessionId,
 }
 
+/// A placed child's disposal on its node, as a release of it found it.
+struct ServedRelease {
+    disposal: Disposal,
+    /// Whether the disposal hands the child over (this node leaves) instead of releasing it:
+    /// what it accepted and did not run stays in its log, for its parent's node to discard.
+    handed_over: bool,
+}
+
 impl Handler<PlacedRelease> for ContinuationManager {
-    type Result = Result<Option<Disposal>>;
+    type Result = Result<Option<ServedRelease>>;
 
     fn handle(&mut self, msg: PlacedRelease, ctx: &mut Context<Self>) -> Self::Result {
         if self.placed_by(msg.parent, msg.child)?.is_none() {
             return Ok(None);
         }
-        Ok(self.open_disposal(msg.child, ctx))
+        let Some(disposal) = self.open_disposal(msg.child, ctx) else {
+            return Ok(None);
+        };
+        let handed_over = self
+            .residents
+            .get(&msg.child)
+            .is_some_and(|resident| resident.handed_over);
+        Ok(Some(ServedRelease {
+            disposal,
+            handed_over,
+        }))
     }
 }
 
@@ -466,15 +484,18 @@ async fn serve(
                     .send(PlacedRelease { parent, child })
                     .await
                     .map_err(SubagentError::from)??;
-                // Answered whether the child was resident here.
+                // Answered whether the child was released here.
                 let Some(release) = release else {
                     return encode_answer(&false);
                 };
                 // The child's release may wait on releases on other nodes: this delivery holds
                 // no serving slot meanwhile.
                 crate::store::deliveries::yield_slot();
-                release.await?;
-                encode_answer(&true)
+                release.disposal.await?;
+                // Handed over as this node leaves, it kept what it accepted: not released
+                // here, so the parent's node discards that from the store (its lease is free
+                // now). Answered "released", it stayed pending with nothing to run it.
+                encode_answer(&!release.handed_over)
             }
             .instrument(served)
             .await
