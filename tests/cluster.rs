@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde_json::json;
 use subagents::cluster::NodeId;
 use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore};
-use subagents::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
+use subagents::testing::{
+    resident_count, FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation,
+};
 use subagents::{
     CancelCause, ContinuableStartSpec, ErrorCode, InterruptAuthority, Message, MessageSource,
     ReportDelivery, ReportOptions, Runtime, SessionId,
@@ -229,6 +231,146 @@ async fn an_interrupt_crosses_to_the_childs_node_and_its_report_comes_back() {
     );
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
+}
+
+/// Two nodes on a fresh database, a root on the first, and its child placed on the second,
+/// in its first turn (held at `gate`) while its creation is held: live on `b`, not stored.
+struct UnstoredChild {
+    a: Runtime,
+    a_id: NodeId,
+    b: Runtime,
+    faults: Arc<FaultInjectingStore>,
+    parent: subagents::AgentHandle,
+    child: subagents::AgentRef,
+    placing: actix_rt::task::JoinHandle<subagents::Result<subagents::ContinuableStart>>,
+    gate: Gate,
+}
+
+async fn unstored_child() -> Option<UnstoredChild> {
+    let url = postgres_or_skip!(None).fresh_database();
+    let (model_a, model_b, gate) = held_child_models();
+    let (a, a_id) = node(&url, "a", &model_a).await;
+    let store_b = cluster_store(&url).await;
+    let holder = LeaseHolder::new();
+    let membership = store_b.join(&holder, "b").await.unwrap();
+    let b_id = membership.node();
+    let faults = Arc::new(FaultInjectingStore::new(store_b));
+    // The child's session is not stored until this hold is released.
+    faults.hold(StoreOperation::Create);
+    let builder = Runtime::builder()
+        .model("scripted", model_b)
+        .lease_holder(holder)
+        .cluster(membership);
+    let b = seam_runtime_on(builder, faults.clone()).await;
+    let parent = root(&a).await;
+    let placing = {
+        let (a, parent) = (a.clone(), parent.agent().clone());
+        actix_rt::spawn(async move { place(&a, &parent, b_id, "work").await })
+    };
+    gate.reached().await;
+    faults.held_calls(1).await;
+    // Not stored yet, so not listed: the one live agent on b is the child.
+    let child = b.agents().list().await.into_iter().next()?;
+    Some(UnstoredChild {
+        a,
+        a_id,
+        b,
+        faults,
+        parent,
+        child,
+        placing,
+        gate,
+    })
+}
+
+impl UnstoredChild {
+    /// Runs `ask` on `b` while the child's creation is held: it must not be answered then (sent,
+    /// it was refused at once; the wait is the behaviour under test, and nothing announces a
+    /// delivery that is not made). Then releases the hold and answers what `ask` answered.
+    async fn ask_while_unstored<T: std::fmt::Debug + 'static>(
+        &self,
+        ask: impl std::future::Future<Output = T> + 'static,
+    ) -> T {
+        let mut asking = actix_rt::spawn(ask);
+        let early = tokio::time::timeout(Duration::from_secs(2), &mut asking).await;
+        assert!(
+            early.is_err(),
+            "answered before the child was stored: {early:?}"
+        );
+        self.faults.release(StoreOperation::Create);
+        within("the ask", asking).await.unwrap()
+    }
+
+    /// The placement is answered with the child, and once its first turn goes on (released
+    /// here if it was not), its settled notice crosses to its parent.
+    async fn settle(self) {
+        let started = within("the placement", self.placing)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(started.child_id, self.child.id());
+        self.gate.release();
+        notices_reach(self.parent.agent(), 1).await;
+        self.b.shutdown().await.unwrap();
+        self.a.shutdown().await.unwrap();
+    }
+}
+
+// A continuable child's creation is written behind its prompt's acceptance, and its first turn
+// runs meanwhile. A report from that turn to a parent on another node is taken there only for
+// a child the store says is that parent's: sent before the child was stored, it was refused
+// (`UNAUTHORIZED`, one run of `load --nodes 2` in about twelve). It now leaves once the child's
+// session is stored.
+#[actix_rt::test]
+async fn a_report_from_a_child_not_yet_stored_waits_for_its_session_and_lands() {
+    let Some(unstored) = unstored_child().await else {
+        return;
+    };
+    let (b, child) = (unstored.b.clone(), unstored.child.clone());
+    let report = unstored
+        .ask_while_unstored(async move {
+            b.subagents()
+                .report_from(
+                    &child,
+                    text("halfway"),
+                    ReportOptions::new(ReportDelivery::Wakeup),
+                )
+                .await
+        })
+        .await
+        .unwrap();
+    let parent = unstored.parent.agent().clone();
+    eventually("the report", || {
+        parent.log().events().iter().any(|event| {
+            matches!(&event.kind, subagents::EventKind::UserMessage(message) if message.id == report)
+        })
+    })
+    .await;
+    unstored.settle().await;
+}
+
+// The same from the child's first turn as a parent: a start on another node is taken there only
+// from the node holding the parent's lease, which the child takes when its creation is written.
+// Asked before, it was refused (`UNAUTHORIZED`); it now leaves once the child is stored.
+#[actix_rt::test]
+async fn a_start_from_a_child_not_yet_stored_waits_for_its_session_and_lands() {
+    let Some(unstored) = unstored_child().await else {
+        return;
+    };
+    let (b, child, a_id) = (unstored.b.clone(), unstored.child.clone(), unstored.a_id);
+    let grandchild = unstored
+        .ask_while_unstored(async move { place(&b, &child, a_id, "deeper").await })
+        .await
+        .unwrap();
+    // The grandchild ran on the first node, for its parent on the second: its settled notice
+    // crossed back (the child hears it once its first turn goes on).
+    unstored.gate.release();
+    let settled = notices_reach(&unstored.child, 1).await;
+    assert!(
+        settled[0].contains(&grandchild.child_id.to_string()),
+        "{settled:?}"
+    );
+    unstored.settle().await;
 }
 
 // An ancestor interrupts a grandchild it has no record of: its child, on another node, started

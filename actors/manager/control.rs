@@ -257,7 +257,17 @@ impl Handler<ReportFrom> for ContinuationManager {
             ParentLink::Remote(remote) => {
                 let kind = crate::cluster::NoticeKind::Report(msg.delivery);
                 let traceparent = crate::trace::traceparent_of(&msg.trace);
-                return Ok(self.report_remote(remote, child, message, (kind, traceparent)));
+                let told = self.report_remote(remote, child, message, (kind, traceparent));
+                // The parent's node takes a report only from a child the store names as that
+                // parent's, and a fresh child's creation is written behind its prompt's
+                // acceptance, while its first turn runs: the report leaves once the creation is
+                // stored (only the creation: the rest of the turn's events are not waited for).
+                let log = msg.child.log().inner().clone();
+                return Ok(async move {
+                    log.stored().await?;
+                    told.await
+                }
+                .boxed());
             }
         };
         let origin = super::parent::ReportOrigin::Local(msg.trace);

@@ -401,6 +401,11 @@ impl Handler<StartContinuable> for ContinuationManager {
                     seed,
                     traceparent: crate::trace::traceparent_of(&trace),
                 };
+                // The child's node takes a start only from the node holding the parent's
+                // lease, which a fresh continuable child takes when its creation is written,
+                // behind its prompt's acceptance: a parent starting from its first turn asks
+                // once it is stored.
+                parent.log().inner().stored().await?;
                 return remote::place(manager, placement, parent, start).await;
             }
             let fresh = FreshChild {
