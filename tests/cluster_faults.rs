@@ -887,6 +887,77 @@ async fn a_drain_that_meets_a_hand_over_discards_what_the_child_was_handed_over_
     a.shutdown().await.unwrap();
 }
 
+// A node killed while one of its roots' children ran on it, with follow-ups accepted behind
+// the child's turn, and restarted under its id: the root is resumed there and drained. The
+// drain refuses the follow-ups that would resume the child, so what it accepted and did not run
+// is discarded from the store. Before, the new process had no record of the child and its lease
+// was its predecessor's: nothing found it, and its follow-ups were neither run nor discarded
+// (the campaign's seed 45: the driver killed while it ran a child resumed there, then a drain).
+#[actix_rt::test]
+async fn a_node_restarted_under_its_id_drains_what_its_predecessor_left_behind() {
+    let url = postgres_or_skip!().fresh_database();
+    let (_, child_model, gate) = held_child_models();
+    let (a, a_id) = node(&url, "a", &child_model).await;
+    let parent = root(&a).await;
+    let parent_id = parent.agent().id();
+    // On the parent's own node: its first turn holds at the gate.
+    let child = a
+        .subagents()
+        .start_continuable(subagents::ContinuableStartSpec::new(
+            "spawn",
+            "local",
+            parent.agent(),
+            text("first"),
+        ))
+        .await
+        .unwrap()
+        .child_id;
+    gate.reached().await;
+    for text in ["second", "third"] {
+        followup_child(&a, parent.agent(), child, text)
+            .await
+            .unwrap();
+    }
+    // The node's process dies, and a new one joins under its id and resumes the root.
+    drop(a);
+    let store = cluster_store(&url).await;
+    let holder = LeaseHolder::with_id(a_id);
+    let membership = within("the restart", store.join(&holder, "a again"))
+        .await
+        .unwrap();
+    let builder = Runtime::builder()
+        .model(
+            "scripted",
+            ScriptedModel::repeating(ScriptStep::text("again")),
+        )
+        .lease_holder(holder)
+        .cluster(membership);
+    let restarted = seam_runtime_on(builder, store).await;
+    let resumed = restarted
+        .agents()
+        .resume(ResumeAgent::new(parent_id))
+        .await
+        .unwrap();
+    within(
+        "the drain",
+        restarted
+            .subagents()
+            .drain_continuable_descendants(&[resumed.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    let events = persisted(&restarted, child).await;
+    assert_eq!(delivered(&events), ["first"], "nothing else ran");
+    assert_eq!(
+        discarded(&events),
+        2,
+        "both follow-ups left behind were discarded"
+    );
+    assert_eq!(resident_count(restarted.subagents()).await, 0);
+    gate.release();
+    restarted.shutdown().await.unwrap();
+}
+
 /// How many messages `events` discarded from the inbox (splices whose outcome is `canceled`).
 fn discarded(events: &[subagents::SessionEvent]) -> u64 {
     events

@@ -118,6 +118,7 @@ impl Handler<DrainDescendants> for ContinuationManager {
         // Children no node holds below a root (handed over, or left by a stopped node): their
         // lineage refuses the follow-up that would resume them, so what waits in their logs
         // is discarded, as a release would.
+        let mut unparked = Vec::new();
         for (share, root) in root_ids.iter().enumerate() {
             let below: Vec<SessionId> = self
                 .parked
@@ -127,18 +128,21 @@ impl Handler<DrainDescendants> for ContinuationManager {
                 .collect();
             for child in below {
                 self.parked.remove(&child);
+                unparked.push(child);
                 shares[share]
                     .branches
                     .push(discard_parked(self.agents.clone(), child));
             }
         }
-        // Children this node placed before it was restarted under its id, of which this
-        // process has no record: found by their leases and released on their nodes.
+        // Children this node placed before it was restarted under its id, or its predecessor
+        // or a stopped node ran, of which this process has no record: found by their leases,
+        // and released on their nodes or discarded from here.
         if let Some(cluster) = self.cluster.clone() {
             let known: FastHashSet<SessionId> = self
                 .remote_children
                 .keys()
                 .chain(self.residents.keys())
+                .chain(&unparked)
                 .copied()
                 .collect();
             for (share, root) in root_ids.iter().enumerate() {

@@ -144,19 +144,29 @@ pub(super) fn discard_parked(agents: Agents, child: SessionId) -> Disposal {
     .shared()
 }
 
-/// Releases, on their nodes, the children of `parent` a live lease holds that this runtime has
-/// no record of (not in `known`): this node placed them before it was restarted under its id.
-/// Their nodes release them as they would recorded ones (what they accepted and did not run
-/// is discarded); one its node no longer holds (handed over as the node left, or settled) is
-/// discarded from here, as a recorded one would be.
+/// Releases the children of `parent` with a lease that this runtime has no record of (not in
+/// `known`): this node placed them before it was restarted under its id, or its predecessor
+/// ran them, or a node that stopped did. A live lease's node releases its child as it would a
+/// recorded one (what it accepted and did not run is discarded); one its node no longer holds
+/// (handed over as the node left, or settled) is discarded from here, as a recorded one would
+/// be, and so is one a dead lease names: its holder stopped with it resident, and nothing runs
+/// what it waits with.
 pub(super) fn release_unrecorded(
     (cluster, agents): (ClusterLink, Agents),
     parent: SessionId,
     known: FastHashSet<SessionId>,
 ) -> Disposal {
     async move {
-        for (child, holder) in cluster.membership().held_children(parent).await? {
-            if known.contains(&child) || holder.node == cluster.node() {
+        for leased in cluster.membership().leased_children(parent).await? {
+            let (child, holder) = (leased.child, leased.holder);
+            if known.contains(&child) {
+                continue;
+            }
+            if !leased.live {
+                discard_parked(agents.clone(), child).await?;
+                continue;
+            }
+            if holder.node == cluster.node() {
                 continue;
             }
             let op = RemoteOp::Release {

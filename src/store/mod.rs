@@ -47,8 +47,8 @@ pub use encoded_row::EncodedRow;
 pub use lease::{Lease, LeaseEpoch, LeaseHolder};
 pub use memory::MemoryStore;
 pub use postgres::{
-    deliveries, BatchedCalls, NodeIncarnation, NodeMembership, PostgresConfig, PostgresStore,
-    RECONNECT_WITHIN,
+    deliveries, BatchedCalls, LeasedChild, NodeIncarnation, NodeMembership, PostgresConfig,
+    PostgresStore, RECONNECT_WITHIN,
 };
 pub use sled_store::SledStore;
 

@@ -152,45 +152,56 @@ impl NodeMembership {
     }
 }
 
+/// A child's lease, as [`NodeMembership::leased_children`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasedChild {
+    /// The child's session.
+    pub child: crate::ids::SessionId,
+    /// The node (and incarnation) that took the lease.
+    pub holder: NodeIncarnation,
+    /// Whether the lease is live: its holder is still that incarnation of a live node. A dead
+    /// lease was never released: its holder stopped (or was restarted under its id) with the
+    /// child resident there.
+    pub live: bool,
+}
+
 impl NodeMembership {
-    /// The children of `parent` a live lease holds now, with the node (and incarnation)
-    /// holding each: a restarted parent's node finds the children its predecessor placed.
+    /// The children of `parent` with a lease, live or left by a holder that stopped: a
+    /// restarted parent's node finds the children its predecessor placed on other nodes, or
+    /// ran itself, and those a node that stopped left behind.
     ///
     /// # Errors
     /// `STORE_IO`.
-    pub async fn held_children(
-        &self,
-        parent: crate::ids::SessionId,
-    ) -> Result<Vec<(crate::ids::SessionId, NodeIncarnation)>> {
+    pub async fn leased_children(&self, parent: crate::ids::SessionId) -> Result<Vec<LeasedChild>> {
         self.store
-            .reconnecting("reading which children are held", |_| {
-                self.held_children_once(parent)
+            .reconnecting("reading which children are leased", |_| {
+                self.leased_children_once(parent)
             })
             .await
     }
 
-    async fn held_children_once(
+    async fn leased_children_once(
         &self,
         parent: crate::ids::SessionId,
-    ) -> Result<Vec<(crate::ids::SessionId, NodeIncarnation)>> {
+    ) -> Result<Vec<LeasedChild>> {
         let client = self.store.client().await?;
         let rows = client
             .query(
                 &client
                     .prepare_cached(concat!(
-                        "SELECT lease.session, lease.holder, lease.incarnation
-                             FROM subagents_sessions session
+                        "SELECT lease.session, lease.holder, lease.incarnation, ",
+                        super::lease_live!(),
+                        " FROM subagents_sessions session
                              JOIN subagents_leases lease ON lease.session = session.id
                              LEFT JOIN subagents_nodes node ON node.node = lease.holder
-                             WHERE session.parent = $1 AND ",
-                        super::lease_live!()
+                             WHERE session.parent = $1",
                     ))
                     .await
                     .map_err(io("preparing a statement"))?,
                 &[&super::uuid_of(parent)],
             )
             .await
-            .map_err(io(format!("reading which children of {parent} are held")))?;
+            .map_err(io(format!("reading which children of {parent} are leased")))?;
         Ok(rows
             .iter()
             .map(|row| {
@@ -198,9 +209,12 @@ impl NodeMembership {
                     node: row.get(1),
                     incarnation: row.get(2),
                 };
-                (crate::ids::SessionId::from_uuid(row.get(0)), holder)
+                LeasedChild {
+                    child: crate::ids::SessionId::from_uuid(row.get(0)),
+                    holder,
+                    live: row.get::<_, bool>(3) && !self.store.book.is_gone(holder.node),
+                }
             })
-            .filter(|(_, holder)| !self.store.book.is_gone(holder.node))
             .collect())
     }
 }

@@ -69,7 +69,7 @@ use reconnect::reconnecting;
 use schema::{known_version, schema_version};
 
 pub use config::PostgresConfig;
-pub use membership::{NodeIncarnation, NodeMembership};
+pub use membership::{LeasedChild, NodeIncarnation, NodeMembership};
 pub use reconnect::RECONNECT_WITHIN;
 
 /// Whether the lease row `lease`, joined with its holder's row `node`, is held now: a node's
