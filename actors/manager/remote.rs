@@ -432,10 +432,7 @@ impl ContinuationManager {
             // accepted and did not run may wait in its log, and the release discards it from
             // here, as it would have there. An epoch that ended with its node is `node-stopped`
             // to its parent.
-            let released_there = cluster.ask_served::<bool>(node, child, &op).await;
-            let discarded = matches!(released_there, Ok((false, _)))
-                || matches!(&released_there, Err(error) if error.code() == ErrorCode::SessionLeased);
-            let (outcome, why) = match released_there {
+            let (outcome, why) = match cluster.ask_served::<bool>(node, child, &op).await {
                 Ok((true, _)) => (Ok(()), Forgotten::Done),
                 Ok((false, by)) => (discard_parked(agents, child).await, Forgotten::Absent(by)),
                 Err(error) if error.code() == ErrorCode::SessionLeased => {
@@ -443,6 +440,8 @@ impl ContinuationManager {
                 }
                 Err(error) => (Err(error), Forgotten::Done),
             };
+            // Discarded from here unless its node released it (or the ask failed).
+            let discarded = why != Forgotten::Done;
             // Released (or gone): the parent no longer waits for it, notice or not. A release
             // that failed keeps the record (the child may still run there) and may be asked
             // again.
