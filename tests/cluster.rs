@@ -62,6 +62,43 @@ pub(crate) async fn node_on(
     (seam_runtime_on(builder, store).await, id)
 }
 
+/// A runtime joined to the cluster on `url` as node `name`, running `model`, whose store fails
+/// or holds operations on demand.
+pub(crate) async fn faulty_node(
+    url: &str,
+    name: &str,
+    model: &ScriptedModel,
+) -> (Runtime, NodeId, Arc<FaultInjectingStore>) {
+    let store = cluster_store(url).await;
+    let holder = LeaseHolder::new();
+    let membership = store.join(&holder, name).await.unwrap();
+    let id = membership.node();
+    let faults = Arc::new(FaultInjectingStore::new(store));
+    let builder = Runtime::builder()
+        .model("scripted", model.clone())
+        .lease_holder(holder)
+        .cluster(membership);
+    (seam_runtime_on(builder, faults.clone()).await, id, faults)
+}
+
+/// Starts a `spawn` child of `parent` on the parent's own node; answers its id.
+pub(crate) async fn start_here(
+    rt: &Runtime,
+    parent: &subagents::AgentRef,
+    prompt: &str,
+) -> SessionId {
+    rt.subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "local",
+            parent,
+            text(prompt),
+        ))
+        .await
+        .unwrap()
+        .child_id
+}
+
 /// Starts a `spawn` child of `parent` on `node`.
 pub(crate) async fn place(
     rt: &Runtime,
@@ -250,18 +287,9 @@ async fn unstored_child() -> Option<UnstoredChild> {
     let url = postgres_or_skip!(None).fresh_database();
     let (model_a, model_b, gate) = held_child_models();
     let (a, a_id) = node(&url, "a", &model_a).await;
-    let store_b = cluster_store(&url).await;
-    let holder = LeaseHolder::new();
-    let membership = store_b.join(&holder, "b").await.unwrap();
-    let b_id = membership.node();
-    let faults = Arc::new(FaultInjectingStore::new(store_b));
+    let (b, b_id, faults) = faulty_node(&url, "b", &model_b).await;
     // The child's session is not stored until this hold is released.
     faults.hold(StoreOperation::Create);
-    let builder = Runtime::builder()
-        .model("scripted", model_b)
-        .lease_holder(holder)
-        .cluster(membership);
-    let b = seam_runtime_on(builder, faults.clone()).await;
     let parent = root(&a).await;
     let placing = {
         let (a, parent) = (a.clone(), parent.agent().clone());
@@ -850,17 +878,7 @@ async fn in_a_cluster_a_followup_to_a_child_on_the_callers_own_node_is_answered_
     let (_, model, gate) = held_child_models();
     let (a, _) = node(&url, "a", &model).await;
     let parent = root(&a).await;
-    let child = a
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "local",
-            parent.agent(),
-            text("first"),
-        ))
-        .await
-        .unwrap()
-        .child_id;
+    let child = start_here(&a, parent.agent(), "first").await;
     gate.reached().await;
     // Another connection holds the child's session row: its next append waits for it.
     let holder = raw_client(&url).await;

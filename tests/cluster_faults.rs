@@ -6,18 +6,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use subagents::cluster::NodeId;
 use subagents::store::{LeaseHolder, PostgresConfig, PostgresStore, SessionPersistence};
-use subagents::testing::{
-    resident_count, FaultInjectingStore, Gate, ScriptStep, ScriptedModel, StoreOperation,
-};
+use subagents::testing::{resident_count, Gate, ScriptStep, ScriptedModel, StoreOperation};
 use subagents::{
     ErrorCode, FollowupOptions, MessageSource, ReportDelivery, ReportOptions, ResumeAgent, Runtime,
     SessionId,
 };
 
 use crate::cluster::{
-    cluster_store, count, held_child_models, inserted, node, node_on, notices_reach, place, placed,
-    sql, Placed,
+    cluster_store, count, faulty_node, held_child_models, inserted, node, node_on, notices_reach,
+    place, placed, sql, start_here, Placed,
 };
 use crate::support::postgres::{postgres_or_skip, raw_client};
 use crate::support::{
@@ -32,6 +31,24 @@ async fn impatient_store(url: &str) -> Arc<PostgresStore> {
     config.node_ttl = Duration::from_secs(2);
     config.delivery_deadline = Duration::from_secs(1);
     Arc::new(PostgresStore::connect_with(config).await.unwrap())
+}
+
+/// A new process for node `id` (the one before it died), joining under that id as `name`, its
+/// model answering `answer`.
+async fn restarted_as(url: &str, id: NodeId, name: &str, answer: &str) -> Runtime {
+    let store = cluster_store(url).await;
+    let holder = LeaseHolder::with_id(id);
+    let membership = within("the restart", store.join(&holder, name))
+        .await
+        .unwrap();
+    let builder = Runtime::builder()
+        .model(
+            "scripted",
+            ScriptedModel::repeating(ScriptStep::text(answer)),
+        )
+        .lease_holder(holder)
+        .cluster(membership);
+    seam_runtime_on(builder, store).await
 }
 
 /// Makes the next flush on the cluster's database take a second and a half (a node making what
@@ -582,17 +599,7 @@ async fn a_node_restarted_under_its_id_passes_its_predecessors_children_on_at_on
     // The child's node's process dies mid-turn (it stops heartbeating and serving)...
     drop(b);
     // ...and a new process joins under its id before its row expires.
-    let store = cluster_store(&url).await;
-    let holder = LeaseHolder::with_id(b_id);
-    let membership = within("the restart", store.join(&holder, "b again"))
-        .await
-        .unwrap();
-    let model = ScriptedModel::repeating(ScriptStep::text("child again"));
-    let builder = Runtime::builder()
-        .model("scripted", model)
-        .lease_holder(holder)
-        .cluster(membership);
-    let restarted = seam_runtime_on(builder, store).await;
+    let restarted = restarted_as(&url, b_id, "b again", "child again").await;
     let heard = notices_reach(parent.agent(), 1).await;
     assert!(
         heard[0].contains("node-stopped") && heard[0].contains(&child.to_string()),
@@ -787,19 +794,7 @@ async fn a_drain_discards_what_a_child_left_behind_on_a_restarted_node() {
     }
     // The child's node's process dies, and a new one joins under its id.
     drop(b);
-    let store = cluster_store(&url).await;
-    let holder = LeaseHolder::with_id(b_id);
-    let membership = within("the restart", store.join(&holder, "b again"))
-        .await
-        .unwrap();
-    let builder = Runtime::builder()
-        .model(
-            "scripted",
-            ScriptedModel::repeating(ScriptStep::text("again")),
-        )
-        .lease_holder(holder)
-        .cluster(membership);
-    let restarted = seam_runtime_on(builder, store).await;
+    let restarted = restarted_as(&url, b_id, "b again", "again").await;
     within(
         "the drain",
         a.subagents()
@@ -831,16 +826,7 @@ async fn a_drain_that_meets_a_hand_over_discards_what_the_child_was_handed_over_
     let url = postgres_or_skip!().fresh_database();
     let (model_a, model_b, gate) = held_child_models();
     let (a, _) = node(&url, "a", &model_a).await;
-    let store_b = cluster_store(&url).await;
-    let holder = LeaseHolder::new();
-    let membership = store_b.join(&holder, "b").await.unwrap();
-    let b_id = membership.node();
-    let faults = Arc::new(FaultInjectingStore::new(store_b));
-    let builder = Runtime::builder()
-        .model("scripted", model_b)
-        .lease_holder(holder)
-        .cluster(membership);
-    let b = seam_runtime_on(builder, faults.clone()).await;
+    let (b, b_id, faults) = faulty_node(&url, "b", &model_b).await;
     let parent = root(&a).await;
     let child = place(&a, parent.agent(), b_id, "first")
         .await
@@ -901,17 +887,7 @@ async fn a_node_restarted_under_its_id_drains_what_its_predecessor_left_behind()
     let parent = root(&a).await;
     let parent_id = parent.agent().id();
     // On the parent's own node: its first turn holds at the gate.
-    let child = a
-        .subagents()
-        .start_continuable(subagents::ContinuableStartSpec::new(
-            "spawn",
-            "local",
-            parent.agent(),
-            text("first"),
-        ))
-        .await
-        .unwrap()
-        .child_id;
+    let child = start_here(&a, parent.agent(), "first").await;
     gate.reached().await;
     for text in ["second", "third"] {
         followup_child(&a, parent.agent(), child, text)
@@ -920,19 +896,7 @@ async fn a_node_restarted_under_its_id_drains_what_its_predecessor_left_behind()
     }
     // The node's process dies, and a new one joins under its id and resumes the root.
     drop(a);
-    let store = cluster_store(&url).await;
-    let holder = LeaseHolder::with_id(a_id);
-    let membership = within("the restart", store.join(&holder, "a again"))
-        .await
-        .unwrap();
-    let builder = Runtime::builder()
-        .model(
-            "scripted",
-            ScriptedModel::repeating(ScriptStep::text("again")),
-        )
-        .lease_holder(holder)
-        .cluster(membership);
-    let restarted = seam_runtime_on(builder, store).await;
+    let restarted = restarted_as(&url, a_id, "a again", "again").await;
     let resumed = restarted
         .agents()
         .resume(ResumeAgent::new(parent_id))
