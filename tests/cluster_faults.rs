@@ -848,15 +848,12 @@ async fn a_drain_that_meets_a_hand_over_discards_what_the_child_was_handed_over_
         tokio::spawn(async move { a.subagents().drain_continuable_descendants(&[parent]).await })
     };
     // The drain's release is served on b, under the open hand-over.
-    let client = raw_client(&url).await;
-    within("the release served on b", async {
-        let claimed = "SELECT count(*) FROM subagents_deliveries
-             WHERE state <> 'pending' AND convert_from(payload, 'UTF8') LIKE '%\"op\":\"release\"%'";
-        while client.query_one(claimed, &[]).await.unwrap().get::<_, i64>(0) == 0 {
-            // Another process's table: polled.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
+    counted(
+        "the release served on b",
+        &url,
+        "SELECT count(*) FROM subagents_deliveries
+             WHERE state <> 'pending' AND convert_from(payload, 'UTF8') LIKE '%\"op\":\"release\"%'",
+    )
     .await;
     faults.release(StoreOperation::ReleaseLease);
     within("the drain", draining).await.unwrap().unwrap();
