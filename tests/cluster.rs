@@ -298,7 +298,13 @@ async fn unstored_child() -> Option<UnstoredChild> {
     gate.reached().await;
     faults.held_calls(1).await;
     // Not stored yet, so not listed: the one live agent on b is the child.
-    let child = b.agents().list().await.into_iter().next()?;
+    let child = b
+        .agents()
+        .list()
+        .await
+        .into_iter()
+        .next()
+        .expect("the child is live on b");
     Some(UnstoredChild {
         a,
         a_id,
