@@ -919,6 +919,71 @@ async fn a_node_restarted_under_its_id_drains_what_its_predecessor_left_behind()
     restarted.shutdown().await.unwrap();
 }
 
+// The same with a grandchild: the killed node ran the root's child and the child's own child,
+// each held mid-turn with follow-ups accepted behind it. The restarted node's drain finds the
+// child by its dead lease and discards what it left, and, before it, what the grandchild left:
+// a child discarded from the drain's node releases its own children first. Before, the child
+// was resumed as a plain agent and disposed, and nothing looked below it: the grandchild's
+// follow-ups were neither run nor discarded.
+#[actix_rt::test]
+async fn a_restarted_node_s_drain_discards_what_a_grandchild_its_predecessor_ran_left_behind() {
+    let url = postgres_or_skip!().fresh_database();
+    let (_, child_model, gate) = held_child_models();
+    let below = Gate::new();
+    // The grandchild's first turn holds too (the child's took the first held step).
+    child_model.push(ScriptStep::text("held below").gated(&below));
+    let (a, a_id) = node(&url, "a", &child_model).await;
+    let parent = root(&a).await;
+    let parent_id = parent.agent().id();
+    let child = start_here(&a, parent.agent(), "first").await;
+    gate.reached().await;
+    let child_agent = a.agents().get(child).await.unwrap();
+    let grandchild = start_here(&a, &child_agent, "below first").await;
+    below.reached().await;
+    for text in ["second", "third"] {
+        followup_child(&a, parent.agent(), child, text)
+            .await
+            .unwrap();
+    }
+    for text in ["below second", "below third"] {
+        followup_child(&a, &child_agent, grandchild, text)
+            .await
+            .unwrap();
+    }
+    drop((child_agent, a));
+    let restarted = restarted_as(&url, a_id, "a again", "again").await;
+    let resumed = restarted
+        .agents()
+        .resume(ResumeAgent::new(parent_id))
+        .await
+        .unwrap();
+    within(
+        "the drain",
+        restarted
+            .subagents()
+            .drain_continuable_descendants(&[resumed.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    for (session, first) in [(child, "first"), (grandchild, "below first")] {
+        let events = persisted(&restarted, session).await;
+        assert_eq!(
+            delivered(&events),
+            [first],
+            "nothing else ran in {first:?}'s session"
+        );
+        assert_eq!(
+            discarded(&events),
+            2,
+            "both follow-ups {first:?}'s session left behind were discarded"
+        );
+    }
+    assert_eq!(resident_count(restarted.subagents()).await, 0);
+    gate.release();
+    below.release();
+    restarted.shutdown().await.unwrap();
+}
+
 /// How many messages `events` discarded from the inbox (splices whose outcome is `canceled`).
 fn discarded(events: &[subagents::SessionEvent]) -> u64 {
     events

@@ -119,7 +119,9 @@ impl Handler<DrainDescendants> for ContinuationManager {
         // lineage refuses the follow-up that would resume them, so what waits in their logs
         // is discarded, as a release would.
         let mut unparked = Vec::new();
+        // Only a cluster parks children.
         for (share, root) in root_ids.iter().enumerate() {
+            let Some(cluster) = &self.cluster else { break };
             let below: Vec<SessionId> = self
                 .parked
                 .iter()
@@ -129,9 +131,10 @@ impl Handler<DrainDescendants> for ContinuationManager {
             for child in below {
                 self.parked.remove(&child);
                 unparked.push(child);
-                shares[share]
-                    .branches
-                    .push(discard_parked(self.agents.clone(), child));
+                shares[share].branches.push(discard_parked(
+                    (cluster.clone(), self.agents.clone()),
+                    child,
+                ));
             }
         }
         // Children this node placed before it was restarted under its id, or its predecessor
@@ -238,10 +241,14 @@ impl Handler<DrainRoots> for ContinuationManager {
         // drain, so what waits in their logs is discarded.
         let mut parked: Vec<SessionId> = self.parked.drain().map(|(child, _)| child).collect();
         parked.sort_unstable();
-        let mut unowned: Vec<Disposal> = parked
-            .into_iter()
-            .map(|child| discard_parked(self.agents.clone(), child))
-            .collect();
+        // Only a cluster parks children.
+        let mut unowned: Vec<Disposal> = match &self.cluster {
+            Some(cluster) => parked
+                .into_iter()
+                .map(|child| discard_parked((cluster.clone(), self.agents.clone()), child))
+                .collect(),
+            None => Vec::new(),
+        };
         for (root, parent) in roots {
             let Some(disposal) = self.open_disposal(root, ctx) else {
                 continue;

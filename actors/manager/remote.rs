@@ -118,10 +118,16 @@ fn unless_gone(outcome: Result<()>) -> Result<()> {
 }
 
 /// Discards what a child no node holds accepted and did not run (handed over by a node that
-/// left, or left behind by one that stopped): resumed here for that alone (no turn runs), its
-/// pending messages discarded as a release discards them, and disposed. One resident
-/// somewhere again, or being resumed here, is left alone.
-pub(super) fn discard_parked(agents: Agents, child: SessionId) -> Disposal {
+/// left, or left behind by one that stopped): resumed here for that alone, its own leased
+/// children released first (on their nodes, or discarded from here the same way: nobody else
+/// would look below a child nobody holds), its pending messages discarded as a release
+/// discards them, and disposed. No turn of its runs, except one a released child's settled
+/// notice wakes meanwhile, which the discard cancels. One resident somewhere again, or being
+/// resumed here, is left alone.
+pub(super) fn discard_parked(
+    (cluster, agents): (ClusterLink, Agents),
+    child: SessionId,
+) -> Disposal {
     async move {
         let handle = match agents.resume(ResumeAgent::new(child)).await {
             Ok(handle) => handle,
@@ -135,10 +141,15 @@ pub(super) fn discard_parked(agents: Agents, child: SessionId) -> Disposal {
             }
             Err(error) => return Err(error),
         };
+        // Child first, while this node holds the child's lease: a release of one of its
+        // children on another node is this node's to ask for now.
+        let below =
+            release_unrecorded((cluster, agents.clone()), child, FastHashSet::default()).await;
         handle
             .agent()
             .cancel_now(CancelCause::Parent, InboxPolicy::Discard);
-        handle.dispose().await
+        let disposed = handle.dispose().await;
+        below.and(disposed)
     }
     .boxed()
     .shared()
@@ -163,7 +174,7 @@ pub(super) fn release_unrecorded(
                 continue;
             }
             if !leased.live {
-                discard_parked(agents.clone(), child).await?;
+                discard_parked((cluster.clone(), agents.clone()), child).await?;
                 continue;
             }
             if holder.node == cluster.node() {
@@ -176,7 +187,7 @@ pub(super) fn release_unrecorded(
             };
             match cluster.ask::<bool>(holder.node, child, &op).await {
                 Ok(true) => {}
-                Ok(false) => discard_parked(agents.clone(), child).await?,
+                Ok(false) => discard_parked((cluster.clone(), agents.clone()), child).await?,
                 // Its node stopped meanwhile: it holds nothing any more.
                 Err(error) if error.code() == ErrorCode::SessionLeased => {}
                 Err(error) => return Err(error),
@@ -432,11 +443,12 @@ impl ContinuationManager {
             // accepted and did not run may wait in its log, and the release discards it from
             // here, as it would have there. An epoch that ended with its node is `node-stopped`
             // to its parent.
+            let discard = || discard_parked((cluster.clone(), agents), child);
             let (outcome, why) = match cluster.ask_served::<bool>(node, child, &op).await {
                 Ok((true, _)) => (Ok(()), Forgotten::Done),
-                Ok((false, by)) => (discard_parked(agents, child).await, Forgotten::Absent(by)),
+                Ok((false, by)) => (discard().await, Forgotten::Absent(by)),
                 Err(error) if error.code() == ErrorCode::SessionLeased => {
-                    (discard_parked(agents, child).await, Forgotten::NodeStopped)
+                    (discard().await, Forgotten::NodeStopped)
                 }
                 Err(error) => (Err(error), Forgotten::Done),
             };
