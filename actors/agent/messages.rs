@@ -115,7 +115,12 @@ impl Handler<Post> for AgentActor {
             }
             // A settled message of an agent that pages out its log may have left memory: the
             // store has it. The mailbox waits for the read, so later posts keep their order.
-            if let (Some(paged), Some(store)) = (self.log.paged_prefix(), self.env.store.clone()) {
+            // Read back only when the paged-out events may hold it: a first ask almost never.
+            let paged = self.log.paged_prefix().filter(|_| {
+                self.log
+                    .with_events(|events| events.paged_out_may_insert(msg.message.id))
+            });
+            if let (Some(paged), Some(store)) = (paged, self.env.store.clone()) {
                 let id = msg.message.id;
                 let before = u64::try_from(paged.len).unwrap_or(u64::MAX);
                 let read = async move {

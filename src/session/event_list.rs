@@ -14,8 +14,9 @@
 //! [`EventList::get`] finds none below the first resident one.
 use std::sync::Arc;
 
-use crate::ids::SessionId;
+use crate::ids::{MessageId, SessionId};
 use crate::session::event::SessionEvent;
+use crate::session::paged_inserts::PagedInserts;
 use crate::session::shared_seq::{Iter, SharedSeq};
 
 /// Where a list's paged-out events lie: the first `len` events of `session`'s stored log (seed
@@ -28,13 +29,39 @@ pub(crate) struct PagedPrefix {
     pub(crate) len: usize,
 }
 
+/// A list's paged-out part: where it lies, and which messages it inserted into the inbox.
+#[derive(Clone)]
+struct Paged {
+    prefix: PagedPrefix,
+    /// Shared by the list's clones (a clone that pages out copies it).
+    inserts: Arc<PagedInserts>,
+}
+
+impl Paged {
+    /// A part whose insertions are not taken in (yet): a fork's inherited prefix, or a list's
+    /// first page-out, which takes them in from seq 0 on.
+    fn unknown(prefix: PagedPrefix) -> Box<Self> {
+        Box::new(Self {
+            prefix,
+            inserts: Arc::default(),
+        })
+    }
+}
+
+/// Two lists are equal by their events; the insertions are derived from them.
+impl PartialEq for Paged {
+    fn eq(&self, other: &Self) -> bool {
+        self.prefix == other.prefix
+    }
+}
+
 /// A session's events, seq 0 first. Cloning and [`EventList::prefix`] cost O(log n) pointer
 /// copies (at most a short log's length) and share the events instead of copying them.
 #[derive(Clone, Default, PartialEq)]
 pub struct EventList {
     resident: SharedSeq<Arc<SessionEvent>>,
     /// Boxed: almost no list pages, and every live log and seed holds one.
-    paged: Option<Box<PagedPrefix>>,
+    paged: Option<Box<Paged>>,
 }
 
 impl EventList {
@@ -51,12 +78,22 @@ impl EventList {
     /// The seq of the first event held in memory: 0 unless the log pages out its settled
     /// events, which are then read from the store.
     pub fn first_resident(&self) -> usize {
-        self.paged.as_ref().map_or(0, |paged| paged.len)
+        self.paged.as_ref().map_or(0, |paged| paged.prefix.len)
     }
 
     /// Where the paged-out events lie in the store, if any are.
     pub(crate) fn paged(&self) -> Option<PagedPrefix> {
-        self.paged.as_deref().copied()
+        self.paged.as_deref().map(|paged| paged.prefix)
+    }
+
+    /// Whether the paged-out events may have inserted message `id` into the inbox: `false`
+    /// proves they did not, without reading them back (see [`PagedInserts`]). A list with
+    /// nothing paged out has none that did; one whose paged-out part it inherited (a fork's)
+    /// may have.
+    pub(crate) fn paged_out_may_insert(&self, id: MessageId) -> bool {
+        self.paged
+            .as_deref()
+            .is_some_and(|paged| paged.inserts.may_hold(id, paged.prefix.len))
     }
 
     /// The event of seq `index`, if the list holds it in memory.
@@ -94,16 +131,22 @@ impl EventList {
         if len <= first {
             return Self {
                 resident: SharedSeq::default(),
-                paged: self
-                    .paged
-                    .as_ref()
-                    .filter(|_| len > 0)
-                    .map(|paged| Box::new(PagedPrefix { len, ..**paged })),
+                paged: self.paged.as_ref().filter(|_| len > 0).map(|paged| {
+                    Paged::unknown(PagedPrefix {
+                        len,
+                        ..paged.prefix
+                    })
+                }),
             };
         }
         Self {
             resident: self.resident.prefix(len - first),
-            paged: self.paged.clone(),
+            // Not sharing the insertions: the log this is cut from copies what it shares
+            // whenever it pages out further, and a fork never pages out.
+            paged: self
+                .paged
+                .as_ref()
+                .map(|paged| Paged::unknown(paged.prefix)),
         }
     }
 
@@ -131,17 +174,27 @@ impl EventList {
         if below <= first {
             return;
         }
-        self.resident = self.resident.suffix(below - first);
-        self.paged = Some(Box::new(PagedPrefix {
+        let prefix = PagedPrefix {
             session,
             len: below,
-        }));
+        };
+        let mut paged = self.paged.take().unwrap_or_else(|| Paged::unknown(prefix));
+        Arc::make_mut(&mut paged.inserts).record(
+            first,
+            below,
+            self.resident
+                .iter_range(0, below - first)
+                .map(|event| &**event),
+        );
+        paged.prefix = prefix;
+        self.paged = Some(paged);
+        self.resident = self.resident.suffix(below - first);
     }
 }
 
 impl std::fmt::Debug for EventList {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(paged) = &self.paged {
+        if let Some(paged) = self.paged() {
             write!(f, "[{} paged out of {}] ", paged.len, paged.session)?;
         }
         f.debug_list().entries(self.iter()).finish()
@@ -232,5 +285,49 @@ mod tests {
         assert_eq!(inside.iter().count(), 0);
         assert_eq!(inside.paged().map(|paged| paged.session), Some(session));
         assert_eq!(log.prefix(0), EventList::default());
+    }
+
+    #[test]
+    fn a_paged_out_prefix_proves_which_messages_it_never_inserted() {
+        use crate::content::Message;
+        let session = SessionId::new();
+        let inserted = Message::user(
+            vec![crate::content::ContentBlock::text("a notice")],
+            crate::content::MessageSource::User,
+        );
+        let stranger = MessageId::new();
+        let mut log: EventList = (0..100)
+            .map(|seq| {
+                let kind = match seq {
+                    10 => EventKind::InboxSpliced {
+                        target: crate::session::InboxTarget::NextTurn,
+                        start: 0,
+                        removed_count: None,
+                        inserted: vec![inserted.clone()],
+                        outcome: None,
+                    },
+                    _ => EventKind::EndSeed {},
+                };
+                Arc::new(SessionEvent::new(seq, kind))
+            })
+            .collect();
+        assert!(
+            !log.paged_out_may_insert(inserted.id),
+            "nothing is paged out"
+        );
+        log.page_out(50, session);
+        assert!(log.paged_out_may_insert(inserted.id));
+        assert!(!log.paged_out_may_insert(stranger));
+        log.page_out(80, session);
+        assert!(
+            log.paged_out_may_insert(inserted.id),
+            "still, a page-out later"
+        );
+        assert!(!log.paged_out_may_insert(stranger));
+        let fork = log.prefix(90);
+        assert!(
+            fork.paged_out_may_insert(stranger),
+            "a fork does not know what its inherited part inserted"
+        );
     }
 }

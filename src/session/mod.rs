@@ -9,6 +9,7 @@ pub mod header;
 pub mod history;
 pub mod invariants;
 pub mod log;
+mod paged_inserts;
 mod paging;
 pub mod repair;
 pub mod seed;
