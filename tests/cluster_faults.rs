@@ -893,20 +893,7 @@ async fn a_node_restarted_under_its_id_drains_what_its_predecessor_left_behind()
     }
     // The node's process dies, and a new one joins under its id and resumes the root.
     drop(a);
-    let restarted = restarted_as(&url, a_id, "a again", "again").await;
-    let resumed = restarted
-        .agents()
-        .resume(ResumeAgent::new(parent_id))
-        .await
-        .unwrap();
-    within(
-        "the drain",
-        restarted
-            .subagents()
-            .drain_continuable_descendants(&[resumed.agent().clone()]),
-    )
-    .await
-    .unwrap();
+    let (restarted, _resumed) = restarted_and_drained(&url, a_id, parent_id).await;
     let events = persisted(&restarted, child).await;
     assert_eq!(delivered(&events), ["first"], "nothing else ran");
     assert_eq!(
@@ -951,20 +938,7 @@ async fn a_restarted_node_s_drain_discards_what_a_grandchild_its_predecessor_ran
             .unwrap();
     }
     drop((child_agent, a));
-    let restarted = restarted_as(&url, a_id, "a again", "again").await;
-    let resumed = restarted
-        .agents()
-        .resume(ResumeAgent::new(parent_id))
-        .await
-        .unwrap();
-    within(
-        "the drain",
-        restarted
-            .subagents()
-            .drain_continuable_descendants(&[resumed.agent().clone()]),
-    )
-    .await
-    .unwrap();
+    let (restarted, _resumed) = restarted_and_drained(&url, a_id, parent_id).await;
     for (session, first) in [(child, "first"), (grandchild, "below first")] {
         let events = persisted(&restarted, session).await;
         assert_eq!(
@@ -982,6 +956,30 @@ async fn a_restarted_node_s_drain_discards_what_a_grandchild_its_predecessor_ran
     gate.release();
     below.release();
     restarted.shutdown().await.unwrap();
+}
+
+/// A new process for node `id` (the one before it died) that resumed root `parent` (its
+/// handle) and drained its continuable descendants.
+async fn restarted_and_drained(
+    url: &str,
+    id: NodeId,
+    parent: SessionId,
+) -> (Runtime, subagents::AgentHandle) {
+    let restarted = restarted_as(url, id, "a again", "again").await;
+    let resumed = restarted
+        .agents()
+        .resume(ResumeAgent::new(parent))
+        .await
+        .unwrap();
+    within(
+        "the drain",
+        restarted
+            .subagents()
+            .drain_continuable_descendants(&[resumed.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    (restarted, resumed)
 }
 
 /// How many messages `events` discarded from the inbox (splices whose outcome is `canceled`).
