@@ -15,8 +15,11 @@
 //! - Answered and withdrawn rows are pruned once they are `PostgresConfig::delivery_retention`
 //!   old (their senders read them long before), and so are rows that old sent to a node no
 //!   longer live.
-//! - A lost notification only delays: both sides also look at the table every
-//!   [`RECHECK`]. A listener connection that fails is opened again with a bounded backoff.
+//! - A lost notification only delays: both sides also look at the table, a node for what to
+//!   serve every [`RECHECK`], a sender for its answer after [`RECHECK`] and then less often
+//!   the longer it waits, up to [`RECHECK_MAX`] (thousands of senders waiting behind a backlog
+//!   would otherwise each read their row twice a second, loading the server the backlog waits
+//!   on). A listener connection that fails is opened again with a bounded backoff.
 //! - A sender whose target node's membership expired with the delivery still pending is told
 //!   so (`SESSION_LEASED`: the session passes on once the dead node's leases expire), and the
 //!   row is withdrawn so that the dead node, were it to wake, cannot serve it. One that expired
@@ -42,8 +45,11 @@ pub use serving::yield_slot;
 /// The longest answer an announcement carries (PostgreSQL's limit is 8,000 bytes).
 const MAX_CARRIED: usize = 7_000;
 
-/// How often each side looks at the table without a notification.
+/// How often each side looks at the table without a notification (a sender: at first).
 pub const RECHECK: Duration = Duration::from_millis(500);
+
+/// The longest a sender waits between two looks at its delivery's row.
+const RECHECK_MAX: Duration = Duration::from_secs(4);
 
 /// The most deliveries a node serves at once (each about a different session).
 pub const SERVED_AT_ONCE: usize = 64;
@@ -528,10 +534,11 @@ impl SentDelivery<'_> {
     }
 
     async fn wait_for_answer(&mut self) -> Result<Served> {
+        let mut recheck = RECHECK;
         loop {
             // The announcement (which usually carries the answer), or a recheck in case it was
             // lost.
-            match tokio::time::timeout(RECHECK, &mut self.announced).await {
+            match tokio::time::timeout(recheck, &mut self.announced).await {
                 Ok(Ok(Some(carried))) => return decode_answer(self.id, carried),
                 Ok(Ok(None)) => {}
                 // Announced without the answer, its channel is gone, or a recheck is due.
@@ -541,6 +548,7 @@ impl SentDelivery<'_> {
             if let Some(value) = self.membership.store.poll_answer(self.id).await? {
                 return Ok(value);
             }
+            recheck = (recheck * 2).min(RECHECK_MAX);
         }
     }
 }
