@@ -49,7 +49,7 @@ const MAX_CARRIED: usize = 7_000;
 pub const RECHECK: Duration = Duration::from_millis(500);
 
 /// The longest a sender waits between two looks at its delivery's row.
-const RECHECK_MAX: Duration = Duration::from_secs(4);
+pub const RECHECK_MAX: Duration = Duration::from_secs(4);
 
 /// The most deliveries a node serves at once (each about a different session).
 pub const SERVED_AT_ONCE: usize = 64;
