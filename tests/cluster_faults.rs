@@ -702,13 +702,7 @@ async fn a_drain_discards_what_a_handed_over_child_waits_with() {
     )
     .await
     .unwrap();
-    let events = persisted(&a, child).await;
-    assert_eq!(delivered(&events), ["first"], "nothing else ran");
-    assert_eq!(
-        discarded(&events),
-        2,
-        "both handed-over follow-ups were discarded"
-    );
+    only_the_first_ran_and_two_were_discarded(&a, child, "first").await;
     assert_eq!(resident_count(a.subagents()).await, 0);
     a.shutdown().await.unwrap();
 }
@@ -746,13 +740,7 @@ async fn a_drain_discards_what_a_child_left_behind_on_a_stopped_node() {
     )
     .await
     .unwrap();
-    let events = persisted(&a, child).await;
-    assert_eq!(delivered(&events), ["first"], "nothing else ran");
-    assert_eq!(
-        discarded(&events),
-        2,
-        "both waiting follow-ups were discarded"
-    );
+    only_the_first_ran_and_two_were_discarded(&a, child, "first").await;
     // Heard while its parent's lineage drains: put in its inbox, without a wake.
     let stopped = || {
         inserted(&parent.agent().log().events())
@@ -802,13 +790,7 @@ async fn a_drain_discards_what_a_child_left_behind_on_a_restarted_node() {
     )
     .await
     .unwrap();
-    let events = persisted(&a, child).await;
-    assert_eq!(delivered(&events), ["first"], "nothing else ran");
-    assert_eq!(
-        discarded(&events),
-        2,
-        "both waiting follow-ups were discarded"
-    );
+    only_the_first_ran_and_two_were_discarded(&a, child, "first").await;
     gate.release();
     restarted.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
@@ -858,13 +840,7 @@ async fn a_drain_that_meets_a_hand_over_discards_what_the_child_was_handed_over_
     faults.release(StoreOperation::ReleaseLease);
     within("the drain", draining).await.unwrap().unwrap();
     within("the leave", leaving).await.unwrap().unwrap();
-    let events = persisted(&a, child).await;
-    assert_eq!(delivered(&events), ["first"], "nothing else ran");
-    assert_eq!(
-        discarded(&events),
-        2,
-        "both handed-over follow-ups were discarded"
-    );
+    only_the_first_ran_and_two_were_discarded(&a, child, "first").await;
     assert_eq!(resident_count(a.subagents()).await, 0);
     gate.release();
     a.shutdown().await.unwrap();
@@ -894,13 +870,7 @@ async fn a_node_restarted_under_its_id_drains_what_its_predecessor_left_behind()
     // The node's process dies, and a new one joins under its id and resumes the root.
     drop(a);
     let (restarted, _resumed) = restarted_and_drained(&url, a_id, parent_id).await;
-    let events = persisted(&restarted, child).await;
-    assert_eq!(delivered(&events), ["first"], "nothing else ran");
-    assert_eq!(
-        discarded(&events),
-        2,
-        "both follow-ups left behind were discarded"
-    );
+    only_the_first_ran_and_two_were_discarded(&restarted, child, "first").await;
     assert_eq!(resident_count(restarted.subagents()).await, 0);
     gate.release();
     restarted.shutdown().await.unwrap();
@@ -940,17 +910,7 @@ async fn a_restarted_node_s_drain_discards_what_a_grandchild_its_predecessor_ran
     drop((child_agent, a));
     let (restarted, _resumed) = restarted_and_drained(&url, a_id, parent_id).await;
     for (session, first) in [(child, "first"), (grandchild, "below first")] {
-        let events = persisted(&restarted, session).await;
-        assert_eq!(
-            delivered(&events),
-            [first],
-            "nothing else ran in {first:?}'s session"
-        );
-        assert_eq!(
-            discarded(&events),
-            2,
-            "both follow-ups {first:?}'s session left behind were discarded"
-        );
+        only_the_first_ran_and_two_were_discarded(&restarted, session, first).await;
     }
     assert_eq!(resident_count(restarted.subagents()).await, 0);
     gate.release();
@@ -980,6 +940,22 @@ async fn restarted_and_drained(
     .await
     .unwrap();
     (restarted, resumed)
+}
+
+/// Asserts that in `session`'s stored log (read through `rt`) only the prompt `first` ran, and
+/// that the two follow-ups accepted behind it were discarded.
+async fn only_the_first_ran_and_two_were_discarded(rt: &Runtime, session: SessionId, first: &str) {
+    let events = persisted(rt, session).await;
+    assert_eq!(
+        delivered(&events),
+        [first],
+        "nothing else ran in {first:?}'s session"
+    );
+    assert_eq!(
+        discarded(&events),
+        2,
+        "both follow-ups behind {first:?} were discarded"
+    );
 }
 
 /// How many messages `events` discarded from the inbox (splices whose outcome is `canceled`).
