@@ -26,7 +26,7 @@ use crate::session::event::{EventKind, SessionEvent};
 use crate::session::history::{History, Projection};
 use crate::session::invariants::LogShape;
 use crate::session::log::{lock_state, stored_invariant_broken, LogState};
-use crate::session::repair::interrupted_turn_closers_after;
+use crate::session::repair::{after_last_turn_end, interrupted_turn_closers_after};
 use crate::session::SessionLog;
 use crate::store::SessionPersistence;
 
@@ -92,18 +92,8 @@ impl SessionLog {
     /// (a page-out never passes it).
     pub(crate) fn interrupted_turn_closers(&self) -> Vec<Arc<SessionEvent>> {
         let state = lock_state(&self.inner);
-        let last_end = state
-            .events
-            .iter()
-            .rev()
-            .find_map(|event| match event.kind {
-                EventKind::TurnEnd { turn, .. } => Some((event.seq, turn)),
-                _ => None,
-            });
-        let (shape, open_from) = match last_end {
-            Some((seq, turn)) => (LogShape::after_turn(turn), seq.saturating_add(1)),
-            None => (LogShape::default(), 0),
-        };
+        let (shape, open_from) =
+            after_last_turn_end(state.events.iter()).unwrap_or((LogShape::default(), 0));
         let open = state
             .events
             .iter_from(usize::try_from(open_from).unwrap_or(usize::MAX));

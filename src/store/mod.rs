@@ -40,7 +40,8 @@ use serde_json::Value;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{
-    interrupted_turn_closers_after, EventKind, LogShape, SeedReference, SessionEvent, SessionHeader,
+    interrupted_turn_closers_after, repair::after_last_turn_end, EventKind, LogShape,
+    SeedReference, SessionEvent, SessionHeader,
 };
 
 pub use encoded_row::EncodedRow;
@@ -539,7 +540,13 @@ fn closers_from(
     next: u64,
     events: &[Arc<SessionEvent>],
 ) -> Vec<Arc<SessionEvent>> {
-    interrupted_turn_closers_after(shape, events)
+    // Only what follows the last turn end can be open: every resume and inspection looks, and
+    // most logs end balanced.
+    let (shape, open) = match after_last_turn_end(events.iter()) {
+        Some((shape, from)) => (shape, &events[events.partition_point(|e| e.seq < from)..]),
+        None => (shape, events),
+    };
+    interrupted_turn_closers_after(shape, open)
         .into_iter()
         .zip(next..)
         .map(|(kind, seq)| Arc::new(SessionEvent::new(seq, kind)))
