@@ -1072,11 +1072,11 @@ async fn the_request_body_carries_system_history_tools_and_the_token_cap() {
     call.model = "gpt-override".into();
     call.system = Some("Be brief.".into());
     call.max_tokens = Some(256);
-    call.tools = vec![ToolSchema {
+    call.tools = vec![Arc::new(ToolSchema {
         name: "weather".into(),
         description: "Looks up the weather.".into(),
         parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
-    }];
+    })];
     call.messages = vec![
         Message::user(
             vec![ContentBlock::text("Weather in Oslo?")],

@@ -65,10 +65,13 @@ async fn one_turn(rt: &Runtime) -> Vec<(bool, String)> {
 
 /// The schema of `name` as the model saw it in its first request.
 fn seen_schema(model: &ScriptedModel, name: &str) -> Option<ToolSchema> {
-    model
-        .requests()
-        .first()
-        .and_then(|request| request.tools.iter().find(|tool| tool.name == name).cloned())
+    model.requests().first().and_then(|request| {
+        request
+            .tools
+            .iter()
+            .find(|tool| tool.name == name)
+            .map(|tool| ToolSchema::clone(tool))
+    })
 }
 
 // TOOL-SUB-01

@@ -495,7 +495,7 @@ fn run_step(
                         .filter_map(|tool| tool.guidance())
                         .collect::<Vec<_>>(),
                 ),
-                tools: visible.iter().map(|tool| tool.schema().clone()).collect(),
+                tools: visible.iter().map(tools::Tool::shared_schema).collect(),
                 max_tokens: ctx.options().max_tokens,
                 session_id: Some(ctx.agent()),
                 cancel: ctx.cancel.token.clone(),

@@ -142,8 +142,9 @@ pub struct GenerateRequest {
     pub messages: History,
     /// The assembled system prompt.
     pub system: Option<String>,
-    /// The tools the agent may call.
-    pub tools: Vec<ToolSchema>,
+    /// The tools the agent may call, shared with the tools that declare them (cheap to
+    /// clone).
+    pub tools: Vec<Arc<ToolSchema>>,
     /// The response token cap.
     pub max_tokens: Option<u32>,
     /// The calling session.

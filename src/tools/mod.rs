@@ -175,7 +175,9 @@ type ToolBody = dyn Fn(Value, ToolCtx) -> BoxFuture<'static, std::result::Result
 /// A tool: its model-facing definition and its body. Cheap to clone.
 #[derive(Clone)]
 pub struct Tool {
-    schema: ToolSchema,
+    /// Shared by every copy: an agent's step copies the tools it sees, and the model call
+    /// takes their schemas, without copying a JSON Schema each time.
+    schema: Arc<ToolSchema>,
     concurrency: Concurrency,
     body: Arc<ToolBody>,
     /// Set once the installation that granted the tool is revoked: the tool is then gone from
@@ -218,11 +220,11 @@ impl Tool {
         Fut: Future<Output = std::result::Result<ToolOutput, ToolError>> + Send + 'static,
     {
         Self {
-            schema: ToolSchema {
+            schema: Arc::new(ToolSchema {
                 name: name.into(),
                 description: description.into(),
                 parameters,
-            },
+            }),
             concurrency: Concurrency::Exclusive,
             body: Arc::new(move |args, ctx| Box::pin(body(args, ctx))),
             revoked: None,
@@ -275,6 +277,12 @@ impl Tool {
     /// The model-facing schema.
     pub fn schema(&self) -> &ToolSchema {
         &self.schema
+    }
+
+    /// The model-facing schema, shared (what a [`GenerateRequest`](crate::model::GenerateRequest)
+    /// lists).
+    pub fn shared_schema(&self) -> Arc<ToolSchema> {
+        Arc::clone(&self.schema)
     }
 
     /// Whether calls may run in parallel.

@@ -23,7 +23,7 @@ pub(super) fn request_body(config: &OpenAiConfig, request: &GenerateRequest) -> 
     if !request.tools.is_empty() {
         body.insert(
             "tools".into(),
-            Value::Array(request.tools.iter().map(wire_tool).collect()),
+            Value::Array(request.tools.iter().map(|tool| wire_tool(tool)).collect()),
         );
     }
     if let Some(max_tokens) = request.max_tokens {
