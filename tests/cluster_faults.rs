@@ -918,6 +918,96 @@ async fn a_restarted_node_s_drain_discards_what_a_grandchild_its_predecessor_ran
     restarted.shutdown().await.unwrap();
 }
 
+// The same, with the grandchild on a third node: the dead node's child placed it on B, where it
+// is live, mid-turn, with two follow-ups accepted behind the turn. The restarted node's drain
+// finds the child by its dead lease and, before discarding what it left, releases the
+// grandchild on B by its live lease: B ends its turn and discards the two follow-ups, and
+// holds it no more. The child's two follow-ups are discarded before the grandchild is released:
+// its settled notice may wake the child before the disposal, and that turn runs the notice
+// alone. Before, they were discarded with the disposal, so the notice could wake a turn that
+// ran them.
+#[actix_rt::test]
+async fn a_restarted_node_s_drain_releases_a_grandchild_live_on_a_third_node() {
+    let url = postgres_or_skip!().fresh_database();
+    let (_, child_model, gate) = held_child_models();
+    let (_, grandchild_model, below) = held_child_models();
+    let (a, a_id) = node(&url, "a", &child_model).await;
+    let (b, b_id) = node(&url, "b", &grandchild_model).await;
+    let parent = root(&a).await;
+    let parent_id = parent.agent().id();
+    let child = start_here(&a, parent.agent(), "first").await;
+    gate.reached().await;
+    let child_agent = a.agents().get(child).await.unwrap();
+    let grandchild = place(&a, &child_agent, b_id, "below first")
+        .await
+        .unwrap()
+        .child_id;
+    below.reached().await;
+    for text in ["second", "third"] {
+        followup_child(&a, parent.agent(), child, text)
+            .await
+            .unwrap();
+    }
+    for text in ["below second", "below third"] {
+        followup_child(&a, &child_agent, grandchild, text)
+            .await
+            .unwrap();
+    }
+    assert_eq!(resident_count(b.subagents()).await, 1);
+    drop((child_agent, a));
+    let (restarted, _resumed) = restarted_and_drained(&url, a_id, parent_id).await;
+    only_the_first_ran_and_two_were_discarded(&restarted, grandchild, "below first").await;
+    let events = persisted(&restarted, child).await;
+    let prompts: Vec<String> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            subagents::EventKind::UserMessage(message)
+                if !matches!(
+                    message.source,
+                    subagents::MessageSource::Plugin { .. }
+                        | subagents::MessageSource::SubagentSettledNotice { .. }
+                ) =>
+            {
+                Some(message.text())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        prompts,
+        ["first"],
+        "nothing else ran in the child's session"
+    );
+    // The two follow-ups are discarded first, in one splice; the grandchild's notice, when it
+    // arrived before the disposal, after them.
+    let discards: Vec<u64> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            subagents::EventKind::InboxSpliced {
+                removed_count: Some(removed),
+                outcome: Some(subagents::session::SpliceOutcome::Canceled),
+                ..
+            } => Some(*removed),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        discards.first(),
+        Some(&2),
+        "both follow-ups behind the child's turn were discarded before anything else"
+    );
+    assert_eq!(
+        resident_count(b.subagents()).await,
+        0,
+        "the grandchild was released on the node that held it"
+    );
+    assert!(b.agents().get(grandchild).await.is_none());
+    gate.release();
+    below.release();
+    restarted.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
 /// A new process for node `id` (the one before it died) that resumed root `parent` (its
 /// handle) and drained its continuable descendants.
 async fn restarted_and_drained(

@@ -121,9 +121,10 @@ fn unless_gone(outcome: Result<()>) -> Result<()> {
 /// left, or left behind by one that stopped): resumed here for that alone, its own leased
 /// children released first (on their nodes, or discarded from here the same way: nobody else
 /// would look below a child nobody holds), its pending messages discarded as a release
-/// discards them, and disposed. No turn of its runs, except one a released child's settled
-/// notice wakes meanwhile, which the discard cancels. One resident somewhere again, or being
-/// resumed here, is left alone.
+/// discards them (before anything below is released), and disposed. Nothing it was left with
+/// runs: a released child's settled notice may wake a turn meanwhile, which runs that notice
+/// alone and which the disposal cancels. One resident somewhere again, or being resumed here,
+/// is left alone.
 pub(super) fn discard_parked(
     (cluster, agents): (ClusterLink, Agents),
     child: SessionId,
@@ -141,6 +142,11 @@ pub(super) fn discard_parked(
             }
             Err(error) => return Err(error),
         };
+        // What it was left with is discarded before anything below is released: a released
+        // child's settled notice may wake a turn meanwhile, and that turn must not run it.
+        handle
+            .agent()
+            .cancel_now(CancelCause::Parent, InboxPolicy::Discard);
         // Child first, while this node holds the child's lease: a release of one of its
         // children on another node is this node's to ask for now.
         let below =
