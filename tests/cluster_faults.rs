@@ -897,16 +897,7 @@ async fn a_restarted_node_s_drain_discards_what_a_grandchild_its_predecessor_ran
     let child_agent = a.agents().get(child).await.unwrap();
     let grandchild = start_here(&a, &child_agent, "below first").await;
     below.reached().await;
-    for text in ["second", "third"] {
-        followup_child(&a, parent.agent(), child, text)
-            .await
-            .unwrap();
-    }
-    for text in ["below second", "below third"] {
-        followup_child(&a, &child_agent, grandchild, text)
-            .await
-            .unwrap();
-    }
+    two_behind_each(&a, (parent.agent(), child), (&child_agent, grandchild)).await;
     drop((child_agent, a));
     let (restarted, _resumed) = restarted_and_drained(&url, a_id, parent_id).await;
     for (session, first) in [(child, "first"), (grandchild, "below first")] {
@@ -943,16 +934,7 @@ async fn a_restarted_node_s_drain_releases_a_grandchild_live_on_a_third_node() {
         .unwrap()
         .child_id;
     below.reached().await;
-    for text in ["second", "third"] {
-        followup_child(&a, parent.agent(), child, text)
-            .await
-            .unwrap();
-    }
-    for text in ["below second", "below third"] {
-        followup_child(&a, &child_agent, grandchild, text)
-            .await
-            .unwrap();
-    }
+    two_behind_each(&a, (parent.agent(), child), (&child_agent, grandchild)).await;
     assert_eq!(resident_count(b.subagents()).await, 1);
     drop((child_agent, a));
     let (restarted, _resumed) = restarted_and_drained(&url, a_id, parent_id).await;
@@ -980,19 +962,8 @@ async fn a_restarted_node_s_drain_releases_a_grandchild_live_on_a_third_node() {
     );
     // The two follow-ups are discarded first, in one splice; the grandchild's notice, when it
     // arrived before the disposal, after them.
-    let discards: Vec<u64> = events
-        .iter()
-        .filter_map(|event| match &event.kind {
-            subagents::EventKind::InboxSpliced {
-                removed_count: Some(removed),
-                outcome: Some(subagents::session::SpliceOutcome::Canceled),
-                ..
-            } => Some(*removed),
-            _ => None,
-        })
-        .collect();
     assert_eq!(
-        discards.first(),
+        discards(&events).first(),
         Some(&2),
         "both follow-ups behind the child's turn were discarded before anything else"
     );
@@ -1006,6 +977,23 @@ async fn a_restarted_node_s_drain_releases_a_grandchild_live_on_a_third_node() {
     below.release();
     restarted.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
+}
+
+/// Accepts "second" and "third" behind the child's held turn and "below second" and "below
+/// third" behind the grandchild's, each sent through `rt` by its parent.
+async fn two_behind_each(
+    rt: &Runtime,
+    (parent, child): (&subagents::AgentRef, SessionId),
+    (child_agent, grandchild): (&subagents::AgentRef, SessionId),
+) {
+    for (sender, target, texts) in [
+        (parent, child, ["second", "third"]),
+        (child_agent, grandchild, ["below second", "below third"]),
+    ] {
+        for text in texts {
+            followup_child(rt, sender, target, text).await.unwrap();
+        }
+    }
 }
 
 /// A new process for node `id` (the one before it died) that resumed root `parent` (its
@@ -1050,6 +1038,11 @@ async fn only_the_first_ran_and_two_were_discarded(rt: &Runtime, session: Sessio
 
 /// How many messages `events` discarded from the inbox (splices whose outcome is `canceled`).
 fn discarded(events: &[subagents::SessionEvent]) -> u64 {
+    discards(events).iter().sum()
+}
+
+/// How many messages each discard in `events` removed from the inbox, in order.
+fn discards(events: &[subagents::SessionEvent]) -> Vec<u64> {
     events
         .iter()
         .filter_map(|event| match &event.kind {
@@ -1060,7 +1053,7 @@ fn discarded(events: &[subagents::SessionEvent]) -> u64 {
             } => Some(*removed),
             _ => None,
         })
-        .sum()
+        .collect()
 }
 
 // A release waits for its child's release, which may wait on a release on the other node. A
