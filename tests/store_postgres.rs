@@ -1565,3 +1565,60 @@ fn a_server_that_stops_answering_fails_a_call_within_its_deadline() {
     ));
     assert_eq!(again.unwrap().len(), 2, "the store serves again");
 }
+
+// A call that outlived its deadline closes its connection instead of handing it back: the
+// next call is not queued behind the statement the server never answered. With every
+// connection's server process stopped, each stopped connection fails one call at most, and
+// a call on a fresh connection is answered while they are still stopped; continued, the
+// stopped processes find their connections closed and end.
+#[test]
+fn a_call_past_its_deadline_does_not_hand_its_connection_to_the_next() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+        return;
+    };
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
+    let stopped = stop_client_backends(&url);
+    let mut failed = 0;
+    let answered = loop {
+        match block_on(within("a read", store.read_from(id, 0))) {
+            Ok(events) => break events,
+            Err(error) => {
+                assert_eq!(error.code(), ErrorCode::StoreIo, "{error}");
+                failed += 1;
+                assert!(
+                    failed <= stopped.0.len(),
+                    "{failed} reads failed on {} stopped connections: a timed-out \
+                     connection was handed out again",
+                    stopped.0.len()
+                );
+            }
+        }
+    };
+    assert!(failed >= 1, "the first read waited on a stopped connection");
+    assert_eq!(answered.len(), 2, "answered on a fresh connection");
+    let pids: Vec<i32> = stopped
+        .0
+        .iter()
+        .map(|pid| i32::try_from(*pid).unwrap())
+        .collect();
+    drop(stopped);
+    // The connections that failed were closed: their server processes end once continued.
+    poll_until("the timed-out connections' server processes to end", || {
+        let left: i64 = block_on(async {
+            raw_client(&url)
+                .await
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+                    &[&pids],
+                )
+                .await
+                .unwrap()
+                .get(0)
+        });
+        left <= i64::try_from(pids.len() - failed).unwrap()
+    });
+}

@@ -38,8 +38,8 @@ pub struct PostgresConfig {
     /// with `STORE_IO` instead of holding its caller forever. A call that timed out may still
     /// have committed: an append's log faults, as on any failed write, and a resume reads what
     /// the store holds; a lease granted unseen passes on as any lease does. A connection whose
-    /// call timed out goes back to the pool and serves its next call once the server answers
-    /// the one in flight. A schema migration's DDL is the one statement without a deadline; its
+    /// call timed out is closed, not handed to the next call, which would wait behind the
+    /// statement still in flight. A schema migration's DDL is the one statement without a deadline; its
     /// wait for another process's migration has this one (`STORE_IO` naming that migration).
     /// Raise it for logs so long that reading one whole takes longer.
     ///

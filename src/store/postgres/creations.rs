@@ -11,6 +11,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 
 use super::lease_book::LeaseBook;
+use super::pool::checkout;
 use super::reconnect::Attempt;
 use super::{io, pool_io};
 use crate::error::Result;
@@ -56,8 +57,7 @@ pub(super) async fn create_many(
         .collect();
     firsts.sort_unstable_by_key(|request| request.id);
     let failed = io(format!("creating {} sessions", firsts.len()));
-    let client = pool
-        .get()
+    let client = checkout(pool)
         .await
         .map_err(pool_io("connecting to PostgreSQL for creations"))?;
     // One statement: each session, its seed and its first lease stand or fall together (the

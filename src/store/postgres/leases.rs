@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use deadpool_postgres::Pool;
 
 use super::lease_book::LeaseBook;
+use super::pool::{checkout, Pooled};
 use super::{io, lease_live, pool_io, seq_column, seq_value, uuid_of};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
@@ -53,7 +54,7 @@ pub(super) async fn grant_many(
     let failed = io(format!("leasing {} sessions", ids.len()));
     let connection = Unfinished {
         connection: Some(
-            pool.get()
+            checkout(pool)
                 .await
                 .map_err(pool_io("connecting to PostgreSQL for leases"))?,
         ),
@@ -123,8 +124,7 @@ pub(super) async fn release_many(pool: &Pool, released: &[(SessionId, LeaseEpoch
         epochs.push(seq_column(*epoch)?);
     }
     let failed = io(format!("releasing {} leases", released.len()));
-    let client = pool
-        .get()
+    let client = checkout(pool)
         .await
         .map_err(pool_io("connecting to PostgreSQL for lease releases"))?;
     let release = client
@@ -147,12 +147,12 @@ pub(super) async fn release_many(pool: &Pool, released: &[(SessionId, LeaseEpoch
 /// transaction on the server, rather than carry the open transaction and its row locks to
 /// the connection's next user.
 struct Unfinished {
-    connection: Option<deadpool_postgres::Object>,
+    connection: Option<Pooled>,
     finished: AtomicBool,
 }
 
 impl Unfinished {
-    fn client(&self) -> Result<&deadpool_postgres::Object> {
+    fn client(&self) -> Result<&Pooled> {
         self.connection
             .as_ref()
             .ok_or_else(|| SubagentError::bug("a lease grant without its connection"))
@@ -168,7 +168,7 @@ impl Drop for Unfinished {
     fn drop(&mut self) {
         if !self.finished.load(Ordering::Acquire) {
             if let Some(connection) = self.connection.take() {
-                drop(deadpool_postgres::Object::take(connection));
+                connection.close();
             }
         }
     }

@@ -63,7 +63,7 @@ use batch::Batcher;
 use creations::CreationRequest;
 use lease_book::LeaseBook;
 use leases::LeaseRequest;
-use pool::{open_pool, CONNECT_TIMEOUT};
+use pool::{checkout, open_pool, Pooled, CONNECT_TIMEOUT};
 use reads::{ReadRequest, StoredRows};
 use reconnect::reconnecting;
 use schema::{known_version, schema_version};
@@ -219,11 +219,8 @@ fn pool_io(what: impl std::fmt::Display) -> impl Fn(deadpool_postgres::PoolError
 
 /// A connection from `pool`, or `STORE_IO` naming where the store connects (`target`, asked
 /// for only on failure: every append takes a connection).
-async fn connection(
-    pool: &Pool,
-    target: impl FnOnce() -> String,
-) -> Result<deadpool_postgres::Object> {
-    pool.get().await.map_err(|error| {
+async fn connection(pool: &Pool, target: impl FnOnce() -> String) -> Result<Pooled> {
+    checkout(pool).await.map_err(|error| {
         SubagentError::store_io(format!("connecting to PostgreSQL at {}", target()), error)
     })
 }
@@ -425,7 +422,7 @@ impl PostgresStore {
         }
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object> {
+    async fn client(&self) -> Result<Pooled> {
         // The pool's timeouts run on tokio: outside a runtime they would panic.
         store_runtime()?;
         connection(&self.pool, || self.target()).await

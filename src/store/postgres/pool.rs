@@ -1,9 +1,14 @@
 //! The connection pool of a [`PostgresStore`](super::PostgresStore), whose connections live on
-//! the runtime that opened the store.
+//! the runtime that opened the store, and the connections it checks out ([`Pooled`]): one whose
+//! call outlived its deadline ([`by_deadline`]) is closed instead of being handed back.
 
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
 use futures::future::BoxFuture;
 use tokio_postgres::NoTls;
 
@@ -88,4 +93,111 @@ async fn open_on(
         }
     });
     Ok((client, driving))
+}
+
+/// A connection checked out for one store call. Dropped after the deadline of a call it served
+/// passed ([`by_deadline`]), it leaves the pool and closes rather than go back: the statement
+/// it carries may still be running on a server that stopped answering (paused, partitioned,
+/// stuck on its disk), and the connection's next user would wait behind it for as long again.
+/// Closing it also ends, on the server, whatever transaction the call had open.
+pub(super) struct Pooled {
+    /// Present until dropped or closed.
+    object: Option<Object>,
+    /// The deadlines of the calls this connection was checked out under.
+    deadline: Option<Deadline>,
+}
+
+impl Pooled {
+    /// Takes the connection out of the pool and closes it (its driving task is aborted).
+    pub(super) fn close(mut self) {
+        self.detach();
+    }
+
+    fn detach(&mut self) {
+        if let Some(object) = self.object.take() {
+            drop(Object::take(object));
+        }
+    }
+}
+
+impl Deref for Pooled {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        self.object
+            .as_ref()
+            .expect("a pooled connection is present until it is dropped or closed")
+    }
+}
+
+impl DerefMut for Pooled {
+    fn deref_mut(&mut self) -> &mut Object {
+        self.object
+            .as_mut()
+            .expect("a pooled connection is present until it is dropped or closed")
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if self.deadline.as_ref().is_some_and(Deadline::passed) {
+            self.detach();
+        }
+    }
+}
+
+/// A connection from `pool`, closed on drop if the deadline of the call it is checked out
+/// under passes first (see [`Pooled`]).
+pub(super) async fn checkout(pool: &Pool) -> std::result::Result<Pooled, PoolError> {
+    let object = pool.get().await?;
+    Ok(Pooled {
+        object: Some(object),
+        deadline: CALL_DEADLINE.try_with(Deadline::clone).ok(),
+    })
+}
+
+/// Whether a call's deadline passed, or that of a call it runs within.
+#[derive(Clone)]
+struct Deadline(Arc<DeadlineState>);
+
+struct DeadlineState {
+    passed: AtomicBool,
+    outer: Option<Deadline>,
+}
+
+impl Deadline {
+    fn passed(&self) -> bool {
+        let mut deadline = Some(self);
+        while let Some(Deadline(state)) = deadline {
+            if state.passed.load(Ordering::Acquire) {
+                return true;
+            }
+            deadline = state.outer.as_ref();
+        }
+        false
+    }
+}
+
+tokio::task_local! {
+    /// The deadline of the store call being polled: what [`checkout`] ties a connection to.
+    static CALL_DEADLINE: Deadline;
+}
+
+/// `call`'s answer, or `None` once `deadline` passed without one. A connection the call checked
+/// out and still holds then closes with it (see [`Pooled`]): the deadline is marked passed
+/// before the call is dropped.
+pub(super) async fn by_deadline<T>(deadline: Duration, call: impl Future<Output = T>) -> Option<T> {
+    let state = Deadline(Arc::new(DeadlineState {
+        passed: AtomicBool::new(false),
+        outer: CALL_DEADLINE.try_with(Deadline::clone).ok(),
+    }));
+    let mut call = std::pin::pin!(CALL_DEADLINE.scope(state.clone(), call));
+    match tokio::time::timeout(deadline, call.as_mut()).await {
+        Ok(answer) => Some(answer),
+        Err(_) => {
+            state.0.passed.store(true, Ordering::Release);
+            // `call` drops on return, and its connections with it.
+            None
+        }
+    }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 
+use super::pool::checkout;
 use super::{io, pool_io, seq_column, seq_value, uuid_of};
 use crate::error::{Result, SubagentError};
 use crate::ids::SessionId;
@@ -129,8 +130,7 @@ pub(super) async fn read_many(
         befores.push(i64::try_from(request.before_seq).unwrap_or(i64::MAX));
         headers.push(request.with_header);
     }
-    let client = pool
-        .get()
+    let client = checkout(pool)
         .await
         .map_err(pool_io("connecting to PostgreSQL for reads"))?;
     // Per request: its session row (absent when not stored), then one row per batch in range

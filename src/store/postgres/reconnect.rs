@@ -11,8 +11,9 @@
 //!
 //! Every attempt has a deadline ([`within`]): a server that stops answering without closing
 //! the connection (paused, partitioned, stuck on its disk) fails the call with `STORE_IO`
-//! instead of holding its caller forever. Such a call is not tried again: the server that did
-//! not answer it would not answer the next attempt sooner.
+//! instead of holding its caller forever, and closes the connection the call held rather than
+//! hand it to the next call, which would wait behind the unanswered statement. Such a call is
+//! not tried again: the server that did not answer it would not answer the next attempt sooner.
 
 use std::future::Future;
 use std::time::Duration;
@@ -95,16 +96,17 @@ impl PostgresStore {
 }
 
 /// `call`'s answer, or `STORE_IO` once `deadline` passed without one (`NO_ACTOR_SYSTEM`
-/// outside a tokio runtime, whose timer the deadline needs).
+/// outside a tokio runtime, whose timer the deadline needs). A connection the call held is
+/// then closed, not handed back to the pool (see [`Pooled`](super::pool::Pooled)).
 pub(super) async fn within<T>(
     what: &str,
     deadline: Duration,
     call: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     super::store_runtime()?;
-    tokio::time::timeout(deadline, call)
+    super::pool::by_deadline(deadline, call)
         .await
-        .unwrap_or_else(|_| {
+        .unwrap_or_else(|| {
             tracing::warn!(?deadline, "{what}: PostgreSQL did not answer in time");
             Err(SubagentError::new(
                 ErrorCode::StoreIo,
