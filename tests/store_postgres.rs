@@ -1532,6 +1532,17 @@ impl Drop for StoppedBackends {
     }
 }
 
+/// A store whose statements time out after 300 ms holding a session of two events, read once
+/// (the read's connection open and idle, as before a server stops), with its url; in the
+/// runtime the caller entered.
+fn a_session_read_once() -> Option<(PostgresStore, String, SessionId)> {
+    let (store, url) = fresh_with_statement_timeout(Duration::from_millis(300))?;
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
+    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
+    Some((store, url, id))
+}
+
 // A server that stops answering without closing its connections (its processes stopped, as
 // a paused machine's are) fails a call once the deadline passes, instead of holding the
 // caller until it answers again; once it answers, the store serves again.
@@ -1539,13 +1550,9 @@ impl Drop for StoppedBackends {
 fn a_server_that_stops_answering_fails_a_call_within_its_deadline() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+    let Some((store, url, id)) = a_session_read_once() else {
         return;
     };
-    let id = SessionId::new();
-    block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
-    // Read once: the read's connection is open (and idle) before the server stops.
-    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
     let stopped = stop_client_backends(&url);
     let began = std::time::Instant::now();
     let answered = block_on(tokio::time::timeout(
@@ -1575,12 +1582,9 @@ fn a_server_that_stops_answering_fails_a_call_within_its_deadline() {
 fn a_call_past_its_deadline_does_not_hand_its_connection_to_the_next() {
     let runtime = runtime();
     let _entered = runtime.enter();
-    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+    let Some((store, url, id)) = a_session_read_once() else {
         return;
     };
-    let id = SessionId::new();
-    block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
-    assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 2);
     let stopped = stop_client_backends(&url);
     let mut failed = 0;
     let answered = loop {
