@@ -292,6 +292,31 @@ async fn cancelling_during_the_handshake_reaps_the_child_then_refuses_the_start(
     );
 }
 
+// ACP-23: an agent that never finishes its handshake (here it never answers `session/new`)
+// fails the start once `startupTimeoutMs` passed, reaped first, instead of holding its caller
+// for as long as it stays silent.
+#[actix_rt::test]
+async fn an_agent_that_never_opens_its_session_fails_the_start_at_the_startup_deadline() {
+    let mut config = peer_config(&[
+        ("ACP_AGENT_NEWSESSION_GO", "{dir}/never"),
+        ("ACP_AGENT_PID_FILE", "{dir}/pid"),
+    ]);
+    config.startup_timeout_ms = 300.0;
+    config.dispose_eof_grace_ms = 100.0;
+    let acp = Acp::new(config).await;
+    let error = acp.start("go").await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ChildStartFailed);
+    assert_eq!(
+        error.message(),
+        "subagent-acp: Product subagent failure (product: ACP agent; stage: startup; category: \
+         timeout); no answer to the handshake within 300 ms"
+    );
+    assert!(
+        !alive(pid_in(&acp.file("pid"))),
+        "reaped before the start failed"
+    );
+}
+
 // ACP-13
 #[actix_rt::test]
 async fn an_unusable_cwd_is_refused_before_anything_starts() {
@@ -522,10 +547,13 @@ async fn graces_must_be_positive_finite_and_bounded() {
         ("disposeGraceMs", f64::NAN),
         ("disposeEofGraceMs", f64::INFINITY),
         ("disposeGraceMs", 2_147_483_648.0),
+        ("startupTimeoutMs", 0.0),
+        ("startupTimeoutMs", f64::INFINITY),
     ] {
         let mut config = AcpProviderConfig::new("agent");
         match field {
             "disposeEofGraceMs" => config.dispose_eof_grace_ms = value,
+            "startupTimeoutMs" => config.startup_timeout_ms = value,
             _ => config.dispose_grace_ms = value,
         }
         let error = AcpProvider::new(config).unwrap_err();
@@ -554,11 +582,13 @@ async fn the_config_reads_the_reference_keys_and_refuses_unknown_ones() {
         "args": ["--stdio"],
         "permission": "allow",
         "env": {"A": "1"},
+        "startupTimeoutMs": 5,
         "disposeEofGraceMs": 10,
         "disposeGraceMs": 20,
     }))
     .unwrap();
     assert_eq!(config.provider_name, "editor");
+    assert_eq!(config.startup_timeout_ms, 5.0);
     assert_eq!(config.permission, AcpPermission::Allow);
     assert_eq!(
         config.env,

@@ -480,6 +480,30 @@ async fn a_failing_exit_after_a_success_is_an_unknown_failure() {
     );
 }
 
+// CLAUDE-08: a CLI that answers, closes its output and then does not exit (something of its
+// own holds it up) fails the run once `disposeGraceMs` passed, instead of leaving the run
+// unsettled until it is disposed.
+#[actix_rt::test]
+async fn a_cli_that_closes_its_output_but_does_not_exit_fails_within_its_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let success = json!({"type": "result", "subtype": "success", "is_error": false,
+                         "result": "answer"});
+    let mut config = ClaudeCodeProviderConfig::new("sh");
+    config.args = vec![
+        "-c".to_owned(),
+        format!("read task; echo '{success}'; exec >&-; exec sleep 60"),
+    ];
+    config.dispose_grace_ms = 300.0;
+    let (_rt, run) = started(config, dir.path()).await;
+    let result = within("the result", run.result()).await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Error);
+    assert_eq!(
+        result.diagnostic.as_deref(),
+        Some(failure_line("query-run", "unknown").as_str())
+    );
+    within("the disposal", run.dispose()).await.unwrap();
+}
+
 // CLAUDE-09
 #[actix_rt::test]
 async fn cancellation_settles_aborted_with_no_output_and_interrupts_the_cli() {

@@ -835,6 +835,25 @@ async fn an_invalid_handshake_response_fails_the_start_with_only_its_stage() {
     }
 }
 
+// CODEX-19: an app-server that reads `initialize` and never answers fails the start once
+// `startupTimeoutMs` passed, reaped first, instead of holding its caller for as long as it
+// stays silent.
+#[actix_rt::test]
+async fn an_app_server_that_never_answers_the_handshake_fails_the_start_at_its_deadline() {
+    let steps = vec![json!({"expect": "initialize"}), hang()];
+    let codex = Codex::with(steps, |config| config.startup_timeout_ms = 300.0).await;
+    let error = start_error(&codex, codex.request("go")).await;
+    assert_eq!(error.code(), ErrorCode::ChildStartFailed);
+    assert_eq!(
+        error.message(),
+        format!("subagent-codex: {}", failure("startup", "timeout"))
+    );
+    assert!(
+        running(&codex.fixture(PROVIDER)).is_empty(),
+        "the fake was reaped before the start failed"
+    );
+}
+
 // CODEX-20 (reference 16, 37)
 #[actix_rt::test]
 async fn an_invalid_turn_start_response_fails_the_run_at_turn_start() {
@@ -1400,6 +1419,18 @@ async fn dispose_grace_must_be_positive_finite_and_bounded() {
         config.dispose_grace_ms = value;
         assert!(CodexProvider::new(config).is_ok(), "{value} is accepted");
     }
+    for value in [0.0, f64::NAN, 2_147_483_648.0] {
+        let mut config = CodexProviderConfig::new("codex");
+        config.startup_timeout_ms = value;
+        let Err(error) = CodexProvider::new(config) else {
+            panic!("startupTimeoutMs {value} was accepted");
+        };
+        assert_eq!(
+            error.message(),
+            "subagent-codex: startupTimeoutMs must be a positive finite number no greater than \
+             2147483647"
+        );
+    }
     let mut config = CodexProviderConfig::new("codex");
     config.provider_name = String::new();
     let Err(error) = CodexProvider::new(config) else {
@@ -1417,9 +1448,11 @@ async fn the_config_reads_the_reference_keys_and_refuses_others() {
         "args": ["app-server", "--stdio", "--verbose"],
         "env": {"A": "1"},
         "permissionMode": "approve-for-me",
+        "startupTimeoutMs": 15,
         "disposeGraceMs": 25,
     }))
     .unwrap();
+    assert_eq!(config.startup_timeout_ms, 15.0);
     assert_eq!(config.provider_name, "codex-named");
     assert_eq!(config.command, "/opt/codex/bin/codex");
     assert_eq!(config.args, ["app-server", "--stdio", "--verbose"]);

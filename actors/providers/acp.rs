@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::process::{process_provider, ProcessShell};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::diagnostic::{log_run_failure, FailureLine};
-use crate::out_of_process::launch::{publish, Teardown};
+use crate::out_of_process::launch::{publish, startup_within, Startup, Teardown};
 use crate::out_of_process::ndjson::{LineBounded, FRAME_TOO_LONG};
 use crate::out_of_process::stderr_tail::StderrTail;
 use crate::out_of_process::{
@@ -91,6 +91,11 @@ pub struct AcpProviderConfig {
     /// an endless line cannot exhaust this process's memory.
     #[serde(default = "crate::out_of_process::default_max_frame_bytes")]
     pub max_frame_bytes: usize,
+    /// How long the agent has to answer `initialize` and `session/new` (default 60000 ms):
+    /// past it the start fails (`CHILD_START_FAILED`, `stage: startup; category: timeout`) and
+    /// the child is reaped, so an agent that never answers cannot hold its caller.
+    #[serde(default = "crate::out_of_process::default_startup_timeout_ms")]
+    pub startup_timeout_ms: f64,
     /// How long a disposed child has to exit after its stdin closes (default 6000 ms; it
     /// outlasts the SIGTERM grace so a child that flushes on EOF can finish).
     #[serde(default = "crate::out_of_process::default_dispose_eof_grace_ms")]
@@ -112,6 +117,7 @@ impl AcpProviderConfig {
             env: BTreeMap::new(),
             inherit_env: Vec::new(),
             max_frame_bytes: crate::out_of_process::default_max_frame_bytes(),
+            startup_timeout_ms: crate::out_of_process::default_startup_timeout_ms(),
             dispose_eof_grace_ms: crate::out_of_process::default_dispose_eof_grace_ms(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -137,6 +143,8 @@ struct AcpSettings {
     inherit_env: Vec<String>,
     /// The longest line of output read.
     max_frame_bytes: usize,
+    /// How long the handshake and the session's creation may take.
+    startup_timeout: Duration,
     eof_grace: Duration,
     grace: Duration,
 }
@@ -193,6 +201,7 @@ impl AcpProvider {
         if config.command.is_empty() {
             return Err(invalid("command must not be empty"));
         }
+        let startup_timeout = grace_ms(prefix, "startupTimeoutMs", config.startup_timeout_ms)?;
         let eof_grace = grace_ms(prefix, "disposeEofGraceMs", config.dispose_eof_grace_ms)?;
         let grace = grace_ms(prefix, "disposeGraceMs", config.dispose_grace_ms)?;
         let cwd = validate_configured_cwd(prefix, config.cwd.as_deref(), launch_dir)?;
@@ -212,6 +221,7 @@ impl AcpProvider {
                 env: config.env,
                 inherit_env: config.inherit_env,
                 max_frame_bytes: positive_bytes(prefix, "maxFrameBytes", config.max_frame_bytes)?,
+                startup_timeout,
                 eof_grace,
                 grace,
             }),
@@ -352,24 +362,33 @@ async fn start_run(
     let connection = tokio::spawn(connect(session, stdin, stdout, shutdown.clone()));
     let teardown =
         Teardown::eof_first(Arc::new(process), connection, &shutdown, settings.eof_grace);
-    let started = tokio::select! {
-        biased;
-        () = request.cancel.cancelled() => None,
-        started = started_rx => Some(started),
-    };
+    let started = startup_within(&request.cancel, settings.startup_timeout, started_rx).await;
     let failure = match started {
-        Some(Ok(Ok(()))) => None,
-        None => Some((aborted_before_start(child_kind), false)),
-        Some(Ok(Err(failure))) => Some((failure.error, failure.child_closed)),
+        Startup::Answered(Ok(Ok(()))) => None,
+        Startup::Cancelled => Some((aborted_before_start(child_kind), false)),
+        Startup::TimedOut => {
+            let line = FailureLine::new(product_of(child_kind), "startup", "timeout").line();
+            Some((
+                SubagentError::new(
+                    ErrorCode::ChildStartFailed,
+                    format!(
+                        "{prefix}: {line}; no answer to the handshake within {} ms",
+                        settings.startup_timeout.as_millis()
+                    ),
+                ),
+                false,
+            ))
+        }
+        Startup::Answered(Ok(Err(failure))) => Some((failure.error, failure.child_closed)),
         // The connection ends on its own only when the child closed its side.
-        Some(Err(_)) if too_long.load(Ordering::Acquire) => {
+        Startup::Answered(Err(_)) if too_long.load(Ordering::Acquire) => {
             let line = FailureLine::new(product_of(child_kind), "startup", FRAME_TOO_LONG).line();
             Some((
                 SubagentError::new(ErrorCode::ChildStartFailed, format!("{prefix}: {line}")),
                 true,
             ))
         }
-        Some(Err(_)) => Some((
+        Startup::Answered(Err(_)) => Some((
             SubagentError::new(
                 ErrorCode::ChildStartFailed,
                 format!("{prefix}: the {child_kind} child closed the connection during startup"),

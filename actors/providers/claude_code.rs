@@ -178,7 +178,8 @@ pub struct ClaudeCodeProviderConfig {
     /// The permission mode (default `dontAsk`).
     #[serde(default)]
     pub permission_mode: ClaudePermissionMode,
-    /// How long the tree has between SIGTERM and SIGKILL (default 3000 ms).
+    /// How long the tree has between SIGTERM and SIGKILL, and how long the CLI has to exit once
+    /// its output closed (default 3000 ms).
     #[serde(default = "crate::out_of_process::default_dispose_grace_ms")]
     pub dispose_grace_ms: f64,
 }
@@ -378,6 +379,7 @@ async fn start_run(
         assistant_error: None,
         cancel_seen: false,
         interrupt_sent: false,
+        exit_grace: settings.grace,
     };
     let connection = tokio::spawn(session.run(task, answer_tx));
     let teardown = Teardown::terminate_after(process, connection, &shutdown, settings.grace);
@@ -419,6 +421,8 @@ struct ClaudeSession {
     cancel_seen: bool,
     /// The interrupt was sent (at most once).
     interrupt_sent: bool,
+    /// How long the CLI has to exit once its output closed (`disposeGraceMs`).
+    exit_grace: Duration,
 }
 
 enum Step {
@@ -564,13 +568,18 @@ impl ClaudeSession {
         Ok(())
     }
 
-    /// The stream ended: how the process exits decides between the answer and a failure.
-    /// `None` when disposal came first.
+    /// The stream ended: how the process exits decides between the answer and a failure. A
+    /// CLI that closed its output but does not exit within `exit_grace` (a child of its own
+    /// holding it up, or a hang at exit) fails the run (`query-run`, `unknown`) rather than
+    /// hold it unsettled until disposal. `None` when disposal came first.
     async fn ended(&mut self) -> Option<std::result::Result<String, FailureLine>> {
         let outcome = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => return None,
-            outcome = self.process.exited() => outcome,
+            outcome = tokio::time::timeout(self.exit_grace, self.process.exited()) => match outcome {
+                Ok(outcome) => outcome,
+                Err(_) => return Some(Err(failure("query-run", "unknown"))),
+            },
         };
         let clean = outcome.code == Some(0);
         Some(match (self.success.take(), clean) {

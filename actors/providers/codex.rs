@@ -23,11 +23,11 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::out_of_process::codex::turn::{Fatal, Turn, TurnEnd};
 use crate::out_of_process::codex::{FailureLine, Stage, StderrSignatures, PREFIX, PRODUCT};
 use crate::out_of_process::diagnostic::log_run_failure;
-use crate::out_of_process::launch::{publish, Teardown};
+use crate::out_of_process::launch::{publish, startup_within, Startup, Teardown};
 use crate::out_of_process::ndjson::{FrameReader, FrameWriter, Read, FRAME_TOO_LONG};
 use crate::out_of_process::{
-    child_env, dispose_grace, no_parent_cwd, positive_bytes, require_non_empty, task_texts,
-    usable_cwd, with_trace_context, ChildProcess, CwdLabel, ExitOutcome, PartialOutput,
+    child_env, dispose_grace, grace_ms, no_parent_cwd, positive_bytes, require_non_empty,
+    task_texts, usable_cwd, with_trace_context, ChildProcess, CwdLabel, ExitOutcome, PartialOutput,
     ProcessSpec, StderrMode,
 };
 use crate::seam::{ResolvedSubagentStartRequest, SubagentResult, SubagentRun};
@@ -97,7 +97,7 @@ fn default_codex_args() -> Vec<String> {
 }
 
 /// The Codex provider's configuration (`providerName`, `command`, `args`, `env`, `inheritEnv`,
-/// `permissionMode`, `disposeGraceMs`). There is no cwd override: a child always runs in its
+/// `maxFrameBytes`, `permissionMode`, `startupTimeoutMs`, `disposeGraceMs`). There is no cwd override: a child always runs in its
 /// parent session's cwd.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -128,6 +128,12 @@ pub struct CodexProviderConfig {
     /// The unattended permission mode (default `untrusted`: every ask declined).
     #[serde(default)]
     pub permission_mode: CodexPermissionMode,
+    /// How long the app-server has to answer `initialize` and `thread/start` (default
+    /// 60000 ms): past it the start fails (`CHILD_START_FAILED`, `stage: startup; category:
+    /// timeout`) and the child is reaped, so an app-server that never answers cannot hold its
+    /// caller.
+    #[serde(default = "crate::out_of_process::default_startup_timeout_ms")]
+    pub startup_timeout_ms: f64,
     /// How long the tree has between SIGTERM and SIGKILL, and how long a closed wire waits for
     /// the exit (default 3000 ms).
     #[serde(default = "crate::out_of_process::default_dispose_grace_ms")]
@@ -154,6 +160,7 @@ impl Default for CodexProviderConfig {
             inherit_env: Vec::new(),
             max_frame_bytes: crate::out_of_process::default_max_frame_bytes(),
             permission_mode: CodexPermissionMode::default(),
+            startup_timeout_ms: crate::out_of_process::default_startup_timeout_ms(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
     }
@@ -169,6 +176,8 @@ struct CodexSettings {
     /// The longest line of output read.
     max_frame_bytes: usize,
     mode: CodexPermissionMode,
+    /// How long the handshake and the thread's start may take.
+    startup_timeout: Duration,
     grace: Duration,
 }
 
@@ -189,6 +198,7 @@ impl CodexProvider {
         require_non_empty(PREFIX, "providerName", &config.provider_name)?;
         require_non_empty(PREFIX, "command", &config.command)?;
         let grace = dispose_grace(PREFIX, config.dispose_grace_ms)?;
+        let startup_timeout = grace_ms(PREFIX, "startupTimeoutMs", config.startup_timeout_ms)?;
         Ok(Self {
             shell: ProcessShell::new(CodexSettings {
                 name: config.provider_name,
@@ -200,6 +210,7 @@ impl CodexProvider {
                 inherit_env: config.inherit_env,
                 max_frame_bytes: positive_bytes(PREFIX, "maxFrameBytes", config.max_frame_bytes)?,
                 mode: config.permission_mode,
+                startup_timeout,
                 grace,
             }),
         })
@@ -282,16 +293,19 @@ async fn start_run(
     };
     let connection = tokio::spawn(session.run(started_tx, answer_tx));
     let teardown = Teardown::terminate_after(process, connection, &shutdown, settings.grace);
-    let started = tokio::select! {
-        biased;
-        () = request.cancel.cancelled() => None,
-        started = started_rx => Some(started),
-    };
+    let started = startup_within(&request.cancel, settings.startup_timeout, started_rx).await;
     let failure = match started {
-        Some(Ok(Ok(()))) => None,
-        None => Some(None),
-        Some(Ok(Err(failure))) => Some(Some(failure)),
-        Some(Err(_)) => Some(Some((
+        Startup::Answered(Ok(Ok(()))) => None,
+        Startup::Cancelled => Some(None),
+        Startup::TimedOut => Some(Some((
+            Stage::Startup.failure("timeout"),
+            protocol(format!(
+                "{PREFIX}: no answer to the handshake within {} ms",
+                settings.startup_timeout.as_millis()
+            )),
+        ))),
+        Startup::Answered(Ok(Err(failure))) => Some(Some(failure)),
+        Startup::Answered(Err(_)) => Some(Some((
             Stage::Initialize.unknown(),
             SubagentError::bug("the Codex session ended during startup"),
         ))),

@@ -55,6 +55,10 @@ pub struct SdkProviderConfig {
     /// [`AcpProviderConfig::max_frame_bytes`]).
     #[serde(default = "crate::out_of_process::default_max_frame_bytes")]
     pub max_frame_bytes: usize,
+    /// How long the child has to answer the handshake and open its session (default 60000 ms;
+    /// see [`AcpProviderConfig::startup_timeout_ms`]).
+    #[serde(default = "crate::out_of_process::default_startup_timeout_ms")]
+    pub startup_timeout_ms: f64,
     /// How long a disposed child has to exit after its stdin closes (default 6000 ms).
     #[serde(default = "crate::out_of_process::default_dispose_eof_grace_ms")]
     pub dispose_eof_grace_ms: f64,
@@ -73,6 +77,7 @@ impl Default for SdkProviderConfig {
             env: BTreeMap::new(),
             inherit_env: Vec::new(),
             max_frame_bytes: crate::out_of_process::default_max_frame_bytes(),
+            startup_timeout_ms: crate::out_of_process::default_startup_timeout_ms(),
             dispose_eof_grace_ms: crate::out_of_process::default_dispose_eof_grace_ms(),
             dispose_grace_ms: crate::out_of_process::default_dispose_grace_ms(),
         }
@@ -109,6 +114,7 @@ impl SdkProvider {
             env: config.env,
             inherit_env: config.inherit_env,
             max_frame_bytes: config.max_frame_bytes,
+            startup_timeout_ms: config.startup_timeout_ms,
             dispose_eof_grace_ms: config.dispose_eof_grace_ms,
             dispose_grace_ms: config.dispose_grace_ms,
         };

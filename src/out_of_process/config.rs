@@ -20,6 +20,13 @@ pub fn default_dispose_eof_grace_ms() -> f64 {
     6000.0
 }
 
+/// The default `startupTimeoutMs`: 60 s for a child to finish its handshake and open its
+/// session (or thread). A child that has not answered by then fails the start
+/// (`CHILD_START_FAILED`, `stage: startup; category: timeout`) and is reaped.
+pub fn default_startup_timeout_ms() -> f64 {
+    60_000.0
+}
+
 fn invalid_config(message: String) -> SubagentError {
     SubagentError::new(ErrorCode::InvalidConfig, message)
 }

@@ -1,6 +1,7 @@
-//! Provides what every process provider's run is made of once its child is started: the
-//! [`Teardown`] ladder that releases the child, and [`publish`], which turns an attempt and a
-//! teardown into the consumer's [`SubagentRun`].
+//! Provides what every process provider's run is made of once its child is started: the wait
+//! for its startup under a deadline ([`startup_within`]), the [`Teardown`] ladder that releases
+//! the child, and [`publish`], which turns an attempt and a teardown into the consumer's
+//! [`SubagentRun`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -129,4 +130,32 @@ pub(crate) fn publish(
         }
         .boxed()
     })
+}
+
+/// How a child's startup wait ended.
+pub(crate) enum Startup<T> {
+    /// The session task answered.
+    Answered(T),
+    /// The caller cancelled first.
+    Cancelled,
+    /// The startup deadline passed first: the child never finished its handshake.
+    TimedOut,
+}
+
+/// Waits for `started` (the session task's answer to the handshake), the caller's `cancel`, or
+/// `limit`, whichever comes first: a child that never answers its handshake cannot hold the
+/// start, and with it the caller, forever.
+pub(crate) async fn startup_within<T>(
+    cancel: &CancellationToken,
+    limit: Duration,
+    started: impl Future<Output = T>,
+) -> Startup<T> {
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => Startup::Cancelled,
+        answered = tokio::time::timeout(limit, started) => match answered {
+            Ok(answered) => Startup::Answered(answered),
+            Err(_) => Startup::TimedOut,
+        },
+    }
 }

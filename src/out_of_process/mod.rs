@@ -21,9 +21,10 @@ pub(crate) mod stderr_tail;
 mod task;
 
 pub use config::{
-    default_dispose_eof_grace_ms, default_dispose_grace_ms, default_max_frame_bytes, dispose_grace,
-    grace_ms, no_parent_cwd, positive_bytes, positive_finite, require_non_empty, resolve_child_cwd,
-    usable_cwd, validate_configured_cwd, CwdLabel, MAX_GRACE_MS,
+    default_dispose_eof_grace_ms, default_dispose_grace_ms, default_max_frame_bytes,
+    default_startup_timeout_ms, dispose_grace, grace_ms, no_parent_cwd, positive_bytes,
+    positive_finite, require_non_empty, resolve_child_cwd, usable_cwd, validate_configured_cwd,
+    CwdLabel, MAX_GRACE_MS,
 };
 pub(crate) use env::with_trace_context;
 pub use env::{child_env, BASE_ENV};

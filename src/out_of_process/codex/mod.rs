@@ -17,6 +17,8 @@ pub(crate) const PRODUCT: &str = "Codex";
 /// Where a Codex run failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
+    /// The handshake and the thread's start together, when their deadline passed.
+    Startup,
     Initialize,
     ThreadStart,
     TurnStart,
@@ -27,6 +29,7 @@ pub(crate) enum Stage {
 impl Stage {
     fn as_str(self) -> &'static str {
         match self {
+            Self::Startup => "startup",
             Self::Initialize => "initialize",
             Self::ThreadStart => "thread-start",
             Self::TurnStart => "turn-start",
