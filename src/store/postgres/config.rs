@@ -27,8 +27,10 @@ pub struct PostgresConfig {
     /// held); the process that was declared dead may not.
     pub dead_node_retention: Duration,
     /// How long a node waits for another node's answer to a delivery (default 30 s): no
-    /// cross-node ask waits longer. On expiry a delivery not yet taken is withdrawn, and the
-    /// sender gets `NODE_UNRESPONSIVE`.
+    /// cross-node ask waits longer for its answer. Sending it, and on expiry withdrawing it or
+    /// reading its answer, are store calls around that wait, each under the store's call
+    /// deadline (see `statement_timeout`). On expiry a delivery not yet taken is withdrawn, and
+    /// the sender gets `NODE_UNRESPONSIVE`.
     pub delivery_deadline: Duration,
     /// The longest a statement runs on the server (the connections' `statement_timeout`,
     /// default 60 s, from 1 ms to `i32::MAX` ms) and, a second later, the longest each
