@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use crate::actors::agent::{AgentActor, AgentRef, Faulted, Retire};
+use crate::actors::agent::{AgentActor, AgentRef, Faulted};
 use crate::actors::registry::{
     Abandon, AgentRegistry, Close, Exact, ListLive, Lookup, Publish, Purpose, Reserve, Reserved,
     Roots,
@@ -702,7 +702,7 @@ impl Agents {
                 // The owner began retiring, the token fired, or (for a minted id) the runtime
                 // began shutting down while the agent was being created: unwind the started
                 // actor and its write-behind; the registry freed the reservation.
-                let _ = handle.actor().send(Retire).await;
+                crate::actors::agent::retire(handle.actor()).await;
                 let _ = handle.agent().log().inner().close().await;
                 return Err(error);
             }

@@ -382,7 +382,10 @@ impl AgentRef {
     pub async fn when_idle(&self) {
         // A stopped agent is idle for good.
         if let Some(addr) = self.addr() {
-            let _ = addr.send(WhenIdle).await;
+            if let Ok(Some(idle)) = addr.send(WhenIdle).await {
+                // A dropped sender means the actor stopped: it is idle for good.
+                let _ = idle.await;
+            }
         }
     }
 

@@ -228,24 +228,23 @@ impl Handler<Cancel> for AgentActor {
     }
 }
 
-/// Resolves when the agent is idle (the whole agent is quiescent, not one message).
+/// Answers how to wait until the agent is idle (the whole agent is quiescent, not one
+/// message): nothing when it is idle now, else a receiver told when it is (a dropped sender
+/// means the actor stopped, idle for good). Answered synchronously, so asking costs no task.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "Option<oneshot::Receiver<()>>")]
 pub(crate) struct WhenIdle;
 
 impl Handler<WhenIdle> for AgentActor {
-    type Result = ResponseFuture<()>;
+    type Result = MessageResult<WhenIdle>;
 
     fn handle(&mut self, _: WhenIdle, _: &mut Context<Self>) -> Self::Result {
         if self.state.turn().is_none() {
-            return Box::pin(async {});
+            return MessageResult(None);
         }
         let (sender, receiver) = oneshot::channel();
         self.waiters.push((Awaited::Idle, sender));
-        Box::pin(async move {
-            // A dropped sender means the actor stopped: it is idle for good.
-            let _ = receiver.await;
-        })
+        MessageResult(Some(receiver))
     }
 }
 
@@ -302,23 +301,33 @@ impl Handler<QueueContext> for AgentActor {
     }
 }
 
-/// Internal, sent by disposal: discard what is left, unwind the scope, stop. Resolves once the
-/// actor has stopped; a turn still running is cancelled (`disposed`) and closed first.
+/// Internal, sent by disposal: discard what is left, unwind the scope, stop. Answers a
+/// receiver told once the actor has stopped (a dropped sender means the same); a turn still
+/// running is cancelled (`disposed`) and closed first. Use [`retire`], which waits for it.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "oneshot::Receiver<()>")]
 pub(crate) struct Retire;
 
 impl Handler<Retire> for AgentActor {
-    type Result = ResponseFuture<()>;
+    type Result = MessageResult<Retire>;
 
     fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) -> Self::Result {
         let (sender, receiver) = oneshot::channel();
         self.waiters.push((Awaited::Retired, sender));
         self.retire(ctx);
-        Box::pin(async move {
-            // A dropped sender means the actor stopped: retired either way.
-            let _ = receiver.await;
-        })
+        MessageResult(receiver)
+    }
+}
+
+/// Retires the agent behind `actor` and resolves once it has stopped (at once for an actor
+/// that has stopped already).
+///
+/// # Cancel safety
+/// Cancel safe: the retirement, once sent, goes on without the caller.
+pub(crate) async fn retire(actor: &Addr<AgentActor>) {
+    if let Ok(retired) = actor.send(Retire).await {
+        // A dropped sender means the actor stopped: retired either way.
+        let _ = retired.await;
     }
 }
 

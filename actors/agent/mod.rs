@@ -53,7 +53,7 @@ mod agent_ref;
 mod messages;
 
 pub use agent_ref::AgentRef;
-pub(crate) use messages::{Cancel, Faulted, PostTarget, Retire};
+pub(crate) use messages::{retire, Cancel, Faulted, PostTarget};
 
 /// Whether a send starts (or continues) processing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use std::sync::{Arc, OnceLock};
 use actix::Addr;
 use futures::future::{BoxFuture, FutureExt, Shared};
 
-use crate::actors::agent::{AgentActor, AgentRef, Cancel, InboxPolicy, Retire, SentBy};
+use crate::actors::agent::{retire, AgentActor, AgentRef, Cancel, InboxPolicy, SentBy};
 use crate::actors::registry::{BeginRetire, Release};
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::projection::cache::checkpoint_at_disposal;
@@ -248,7 +248,7 @@ impl AgentHandle {
         let released_children =
             futures::future::join_all(children.iter().map(AgentHandle::dispose_boxed)).await;
         // Refuses new work, waits for the cancelled turn to close, unwinds the scope, stops.
-        let _ = actor.send(Retire).await;
+        retire(actor).await;
         let closed = agent.log().inner().close().await;
         if closed.is_ok() {
             // Everything is in the store now, so the last checkpoint cannot get ahead of it.
