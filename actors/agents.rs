@@ -364,6 +364,7 @@ impl Agents {
                 (SessionLog::from_stored(stored.header, stored.events)?, None)
             }
         };
+        crate::projection::cache::seed_at_resume(&self.shared.env, &log).await;
         let stored_len = log.len();
         let mut scope = AgentScope::new(Arc::clone(&self.shared.env.tools));
         scope.count_as_sent(&stated);

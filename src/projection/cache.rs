@@ -9,6 +9,8 @@
 //! current state version; anything else — no record, a row that does not decode, a store that
 //! fails — is no answer, and the listing refolds the log.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::native::FoldState;
-use super::registry::StateRow;
+use super::registry::{StateRow, StoredRow};
 use super::{CheckpointRow, ProjectionRegistry};
 use crate::host::AgentEnv;
 use crate::seam::descriptor::DESCRIPTOR_EVENT;
@@ -190,6 +192,61 @@ pub(crate) fn checkpointing(
         .then(|| (Arc::clone(registry), Arc::clone(store)))
 }
 
+/// How long a stored log is before a resume starts its projection cells from the checkpoint
+/// record rather than folding the log: reading and decoding the record costs about what
+/// folding a few dozen events does.
+const SEED_FROM_CHECKPOINT_AT: u64 = 64;
+
+/// Starts a resumed child's projection cells from its checkpoint record (see
+/// [`ProjectionRegistry::seed`]) when its log is long enough for that to be the cheaper way,
+/// so the checkpoints of its new epoch fold that epoch only. Fail-soft, as every read of the
+/// cache: no usable record leaves the cells to the fold of the log.
+pub(crate) async fn seed_at_resume(env: &AgentEnv, log: &SessionLog) {
+    if log.len() < SEED_FROM_CHECKPOINT_AT {
+        return;
+    }
+    let Some((registry, store)) = checkpointing(env, log) else {
+        return;
+    };
+    let id = log.id();
+    match store.cache_get_encoded(CHECKPOINT_RECORD, id).await {
+        Ok(Some(record)) => seed_from_record(&registry, log, record.as_bytes()),
+        Ok(None) => {}
+        Err(error) => {
+            tracing::debug!(session_id = %id, %error, "projection cache read failed; refolding");
+        }
+    }
+}
+
+/// Seeds `log`'s cells from its encoded checkpoint `record` when the record is of `log`'s
+/// lifecycle and decodes; anything else is no answer. Decoded as a value, the record cost more
+/// than the fold it saves: only the lifecycle and each row's frame are decoded here, and a
+/// row's state only for a unit that takes it.
+fn seed_from_record(registry: &ProjectionRegistry, log: &SessionLog, record: &[u8]) {
+    #[derive(serde::Deserialize)]
+    struct Stored<'a> {
+        identity: Lifecycle,
+        #[serde(borrow)]
+        rows: BTreeMap<Cow<'a, str>, StoredRow<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Lifecycle {
+        created_at: u64,
+        cwd: Option<std::path::PathBuf>,
+    }
+    let Ok(stored) = serde_json::from_slice::<Stored<'_>>(record) else {
+        return;
+    };
+    let header = log.header();
+    if stored.identity.created_at == header.created_at && stored.identity.cwd == header.cwd {
+        registry.seed(
+            log,
+            stored.rows.iter().map(|(key, row)| (key.as_ref(), row)),
+        );
+    }
+}
+
 /// Within a long turn, a checkpoint is due after this many events...
 const CHECKPOINT_EVERY_EVENTS: u64 = 256;
 /// ...or this long after the last one.
@@ -256,6 +313,117 @@ mod tests {
         let log = SessionLog::new(header, seed).expect("a valid seed");
         log.append(own.event()).expect("appended");
         log
+    }
+
+    /// A continuable child's events: its descriptor, then `turns` settled turns, each event
+    /// 7 ms after the one before.
+    fn settled_turns(label: &str, turns: u64) -> Vec<SessionEvent> {
+        let descriptor = SubagentDescriptor::continuable("spawn", label).event();
+        let kinds = std::iter::once(descriptor).chain((1..=turns).flat_map(|turn| {
+            [
+                EventKind::TurnStart { turn },
+                EventKind::TurnEnd {
+                    turn,
+                    reason: crate::session::TurnEndReason::Completed,
+                    traceparent: None,
+                },
+            ]
+        }));
+        kinds
+            .zip(0..)
+            .map(|(kind, seq)| {
+                let mut event = SessionEvent::new(seq, kind);
+                event.time = 1_000 + 7 * seq;
+                event
+            })
+            .collect()
+    }
+
+    /// A log holding exactly `events` under `header`, as a resume loads it from the store.
+    fn log_of(header: &SessionHeader, events: &[SessionEvent]) -> SessionLog {
+        let events = events.iter().cloned().map(Arc::new).collect();
+        SessionLog::from_stored(header.clone(), events).expect("a valid log")
+    }
+
+    /// Every unit's checkpoint state on `log`, as JSON, in the order of the unit keys (the
+    /// identity unit's first).
+    fn states(registry: &ProjectionRegistry, log: &SessionLog) -> Vec<(String, Value)> {
+        let mut states: Vec<(String, Value)> = registry
+            .final_checkpoint(log)
+            .into_iter()
+            .map(|row| (row.key, row.state.to_json()))
+            .collect();
+        states.sort_by(|a, b| a.0.cmp(&b.0));
+        states
+    }
+
+    /// An edit of a stored checkpoint record.
+    type Edit = fn(&mut Value);
+
+    /// The checkpoint record `registry` writes for `log`, edited by `edit`.
+    fn record_of(
+        registry: &ProjectionRegistry,
+        log: &SessionLog,
+        edit: impl FnOnce(&mut Value),
+    ) -> Vec<u8> {
+        let rows = registry.final_checkpoint(log);
+        let record = encode(&log.header(), &rows).expect("encodes");
+        let mut value: Value = serde_json::from_slice(record.as_bytes()).expect("JSON");
+        edit(&mut value);
+        serde_json::to_vec(&value).expect("encodes")
+    }
+
+    /// A resumed child's cells start from its checkpoint record and fold only what follows it:
+    /// a label edited in the record (the descriptor event is behind the row) shows through,
+    /// and the turns after the row are folded on top. A record that cannot be trusted (of
+    /// another lifecycle or state version, ahead of the log, a state that does not decode)
+    /// leaves the unit to the fold of the whole log.
+    #[test]
+    fn a_resumed_log_folds_on_from_its_checkpoint_and_refolds_a_record_it_cannot_trust() {
+        let registry = ProjectionRegistry::with_seam_units();
+        let header = SessionHeader::new(SessionId::new());
+        let events = settled_turns("worker", 40);
+        let whole = states(&registry, &log_of(&header, &events));
+        let prefix = log_of(&header, &events[..61]);
+        let edited = |value: &mut Value| {
+            value["rows"]["subagent"]["val"]["label"] = "edited".into();
+        };
+
+        let resumed = log_of(&header, &events);
+        seed_from_record(&registry, &resumed, &record_of(&registry, &prefix, edited));
+        let mut expected = whole.clone();
+        expected[0].1["label"] = "edited".into();
+        assert_eq!(states(&registry, &resumed), expected);
+
+        let untrusted: [(&str, Edit); 4] = [
+            ("another lifecycle", |value| {
+                value["identity"]["createdAt"] = 1.into();
+            }),
+            ("another state version", |value| {
+                value["rows"]["subagent"]["ver"] = 99.into();
+            }),
+            ("ahead of the log", |value| {
+                value["rows"]["subagent"]["seq"] = 81.into();
+            }),
+            ("a state that does not decode", |value| {
+                value["rows"]["subagent"]["val"] = "x".into();
+            }),
+        ];
+        for (why, untrust) in untrusted {
+            let resumed = log_of(&header, &events);
+            let record = record_of(&registry, &prefix, |value| {
+                edited(value);
+                untrust(value);
+            });
+            seed_from_record(&registry, &resumed, &record);
+            assert_eq!(states(&registry, &resumed)[0], whole[0], "{why}");
+            assert_eq!(states(&registry, &resumed), whole, "{why}");
+        }
+
+        // Bytes that are not a record are no answer either.
+        let resumed = log_of(&header, &events);
+        seed_from_record(&registry, &resumed, b"not a record");
+        assert_eq!(states(&registry, &resumed), whole);
     }
 
     #[test]

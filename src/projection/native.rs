@@ -15,6 +15,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::identity::identity_after;
@@ -59,6 +60,17 @@ impl FoldState {
             None => catch_unwind(AssertUnwindSafe(|| unit.init()))
                 .ok()
                 .map(Self::Json),
+        }
+    }
+
+    /// The state a checkpoint row stores (what [`FoldState::to_json`] wrote), decoded for the
+    /// unit the row is of; `None` when it does not decode as that unit's state.
+    pub(super) fn from_row(native: Option<Native>, state: &RawValue) -> Option<Self> {
+        let state = state.get();
+        match native {
+            Some(Native::Identity) => serde_json::from_str(state).ok().map(Self::Identity),
+            Some(Native::Timing) => serde_json::from_str(state).ok().map(Self::Timing),
+            None => serde_json::from_str(state).ok().map(Self::Json),
         }
     }
 
@@ -223,6 +235,38 @@ mod tests {
                 .collect();
             folds_alike(&SubagentTimingUnit, Native::Timing, &events)?;
             folds_alike(&SubagentIdentityUnit, Native::Identity, &events)?;
+        }
+
+        /// A fold started from the row a checkpoint wrote after `split` events reaches the
+        /// state the fold of every event reaches, for each built-in unit and its JSON twin.
+        #[test]
+        fn a_fold_resumed_from_a_checkpoint_row_reaches_the_whole_fold(
+            events in proptest::collection::vec((0..7u8, 0..50u64), 0..24),
+            split in 0..24usize,
+        ) {
+            let events: Vec<SessionEvent> = events
+                .into_iter()
+                .enumerate()
+                .map(|(seq, (kind, time))| event(kind, seq as u64, time))
+                .collect();
+            let split = split.min(events.len());
+            let units: [(&dyn ProjectionUnit, Native); 2] = [
+                (&SubagentTimingUnit, Native::Timing),
+                (&SubagentIdentityUnit, Native::Identity),
+            ];
+            for (unit, native) in units {
+                for native in [Some(native), None] {
+                    let init = || FoldState::init(unit, native).expect("init");
+                    let whole = init().fold(unit, &events).expect("the whole fold");
+                    let prefix = init().fold(unit, &events[..split]).expect("the prefix");
+                    let row = serde_json::value::to_raw_value(&prefix).expect("a row encodes");
+                    let resumed = FoldState::from_row(native, &row)
+                        .expect("a row decodes")
+                        .fold(unit, &events[split..])
+                        .expect("the rest");
+                    prop_assert_eq!(resumed.to_json(), whole.to_json(), "split at {}", split);
+                }
+            }
         }
     }
 }

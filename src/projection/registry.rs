@@ -127,6 +127,17 @@ impl Drop for ProjectionRegistration {
     }
 }
 
+/// One unit's row of a stored checkpoint record, its state left encoded until the unit it is
+/// of is known (see [`ProjectionRegistry::seed`]).
+#[derive(serde::Deserialize)]
+pub(crate) struct StoredRow<'a> {
+    #[serde(rename = "ver")]
+    version: u32,
+    seq: u64,
+    #[serde(rename = "val", borrow)]
+    state: &'a serde_json::value::RawValue,
+}
+
 /// A unit's watermark cell on one live log.
 struct Cell {
     version: u32,
@@ -441,6 +452,49 @@ impl ProjectionRegistry {
             }
         });
         Ok(())
+    }
+
+    /// Starts `log`'s cells from the checkpoint `rows` its store holds (of the same session
+    /// lifecycle, as [`super::cache::seed_at_resume`] reads them) instead of its first event: a
+    /// unit whose row is at its current state version, decodes, and covers a prefix of the log
+    /// folds only the events after it. A row ahead of the log, one that does not decode, and a
+    /// unit already folding on this log are left to the fold of the log itself.
+    ///
+    /// A resumed long-lived child's first checkpoint then folds its new epoch, not its whole
+    /// transcript again.
+    pub(crate) fn seed<'a>(
+        &self,
+        log: &SessionLog,
+        rows: impl IntoIterator<Item = (&'a str, &'a StoredRow<'a>)>,
+    ) {
+        let units = self.folded();
+        log.with_memo(|cells: &mut Cells, events| {
+            for (key, row) in rows {
+                let Some((unit, native)) = units.iter().find(|(unit, _)| unit.key() == key) else {
+                    continue;
+                };
+                let covered = row
+                    .seq
+                    .checked_add(1)
+                    .and_then(|covered| usize::try_from(covered).ok());
+                let Some(covered) = covered.filter(|covered| *covered <= events.len()) else {
+                    continue;
+                };
+                if row.version != unit.state_version() || cells.get(key).is_some() {
+                    continue;
+                }
+                let Some(state) = FoldState::from_row(*native, row.state) else {
+                    continue;
+                };
+                let cell = Cell {
+                    version: row.version,
+                    state,
+                    folded: covered,
+                    failed: false,
+                };
+                cells.by_key.push((key.to_owned(), cell));
+            }
+        });
     }
 
     /// The views of a live session's visible units, folding only what was appended since the

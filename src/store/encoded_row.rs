@@ -42,6 +42,12 @@ impl EncodedRow {
         }
     }
 
+    /// The bytes a store kept for a row it was handed encoded: JSON when they were written,
+    /// checked by whoever decodes them.
+    pub(crate) fn stored(bytes: Vec<u8>) -> Self {
+        Self(bytes)
+    }
+
     /// The JSON bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0

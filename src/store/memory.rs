@@ -311,6 +311,19 @@ impl SessionPersistence for MemoryStore {
         Box::pin(future::ready(row))
     }
 
+    fn cache_get_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+    ) -> BoxFuture<'_, Result<Option<EncodedRow>>> {
+        let row = self
+            .lock()
+            .cache
+            .get(&(unit.to_owned(), id))
+            .map(|bytes| EncodedRow::stored(bytes.to_vec()));
+        Box::pin(future::ready(Ok(row)))
+    }
+
     fn cache_put(
         &self,
         unit: &str,

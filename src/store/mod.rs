@@ -324,6 +324,22 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// `STORE_CORRUPT`; `STORE_IO`.
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>>;
 
+    /// [`cache_get`](Self::cache_get) of a row as its JSON bytes, for a reader that decodes
+    /// only what it needs (a resume reads its child's checkpoint record this way: decoding a
+    /// record as a value cost more than folding a few dozen events). By default the row is read
+    /// by `cache_get` and encoded; the crate's stores hand out the bytes they keep.
+    ///
+    /// # Errors
+    /// As `cache_get`.
+    fn cache_get_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+    ) -> BoxFuture<'_, Result<Option<EncodedRow>>> {
+        let row = self.cache_get(unit, id);
+        Box::pin(async move { row.await?.map(|row| EncodedRow::encode(&row)).transpose() })
+    }
+
     /// Writes a projection-cache row for (`unit`, `id`). With `lease`, the write is fenced like
     /// an append: it lands only while `lease` is the session's current epoch, so a runtime that
     /// lost the session (or released it and saw a newer holder take it) can never overwrite the

@@ -76,6 +76,13 @@ const LEGACY_EVENTS: &[u8] = b"events";
 const ID_LEN: usize = 16;
 
 impl SledStore {
+    /// The bytes of the projection-cache row for (`unit`, `id`), as stored.
+    fn cache_bytes(&self, unit: &str, id: SessionId) -> Result<Option<sled::IVec>> {
+        self.cache
+            .get(cache_key(unit, id))
+            .map_err(|e| SubagentError::store_io("reading the projection cache", e))
+    }
+
     /// How long [`SledStore::open`] waits for a busy directory lock.
     pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 
@@ -699,14 +706,21 @@ impl SessionPersistence for SledStore {
     }
 
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
+        let outcome = self.cache_bytes(unit, id).and_then(|row| {
+            row.map(|bytes| decode_cache_row(unit, id, &bytes))
+                .transpose()
+        });
+        Box::pin(future::ready(outcome))
+    }
+
+    fn cache_get_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+    ) -> BoxFuture<'_, Result<Option<EncodedRow>>> {
         let outcome = self
-            .cache
-            .get(cache_key(unit, id))
-            .map_err(|e| SubagentError::store_io("reading the projection cache", e))
-            .and_then(|row| {
-                row.map(|bytes| decode_cache_row(unit, id, &bytes))
-                    .transpose()
-            });
+            .cache_bytes(unit, id)
+            .map(|row| row.map(|bytes| EncodedRow::stored(bytes.to_vec())));
         Box::pin(future::ready(outcome))
     }
 

@@ -288,3 +288,67 @@ async fn a_one_shot_child_is_not_checkpointed_and_is_named_from_its_creation() {
     ));
     assert_eq!(probe.inspections_of(child), 0);
 }
+
+/// A child resumed epoch after epoch starts each resumed epoch's projection from its
+/// checkpoint record once its log is long, rather than folding the whole log again: after
+/// twenty cold resumes its record still covers its whole stored log and says, unit by unit,
+/// what the fold of that log says.
+#[actix_rt::test]
+async fn a_child_resumed_from_its_checkpoint_keeps_the_record_the_fold_of_its_log_gives() {
+    let store = Arc::new(MemoryStore::new());
+    let rt = runtime_over(store.clone()).await;
+    let parent = root(&rt).await;
+    let recorder = SeamRecorder::new(&rt, EventScope::Key(parent.agent().id()));
+    let child = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "long-lived",
+            parent.agent(),
+            text("epoch 0"),
+        ))
+        .await
+        .expect("the child starts")
+        .child_id;
+    for epoch in 1..=20 {
+        settled(&recorder, child, epoch).await;
+        released(&rt, child).await;
+        rt.subagents()
+            .followup(
+                parent.agent(),
+                child,
+                text(&format!("epoch {epoch}")),
+                subagents::FollowupOptions::new(subagents::MessageSource::User),
+            )
+            .await
+            .expect("the follow-up cold-resumes the child");
+    }
+    settled(&recorder, child, 21).await;
+    released(&rt, child).await;
+
+    let events = store.read_from(child, 0).await.unwrap();
+    assert!(
+        events.len() > 2 * 64,
+        "{} events: the later resumes start from the record",
+        events.len()
+    );
+    let record = store
+        .cache_get(CHECKPOINT_RECORD, child)
+        .await
+        .unwrap()
+        .expect("the child's checkpoint record");
+    let registry = subagents::projection::ProjectionRegistry::with_seam_units();
+    let folded = registry.fold(&events).expect("the log folds");
+    for unit in [IDENTITY_UNIT, TIMING_UNIT] {
+        let row = &record["rows"][unit];
+        assert_eq!(row["seq"], events.len() - 1, "{unit} covers the whole log");
+        let row = subagents::projection::CheckpointRow {
+            key: unit.to_owned(),
+            version: u32::try_from(row["ver"].as_u64().expect("a version")).unwrap(),
+            seq: row["seq"].as_u64().expect("a seq"),
+            state: row["val"].clone(),
+        };
+        let view = registry.view_row(&row).expect("a unit of the registry");
+        assert_eq!(view.expect("a view"), folded.values[unit], "{unit}");
+    }
+}

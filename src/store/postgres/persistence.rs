@@ -223,23 +223,21 @@ impl SessionPersistence for PostgresStore {
     fn cache_get(&self, unit: &str, id: SessionId) -> BoxFuture<'_, Result<Option<Value>>> {
         let unit = unit.to_owned();
         Box::pin(async move {
-            let unit = &unit;
-            self.reconnecting("reading the projection cache", |_| async move {
-            let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    &client.prepare_cached("SELECT row FROM subagents_projection_cache WHERE unit = $1 AND session = $2").await.map_err(io("preparing a statement"))?,
-                    &[&unit, &uuid_of(id)],
-                )
-                .await
-                .map_err(io(format!("reading the {unit} cache of session {id}")))?;
-            row.map(|row| {
-                let bytes: Vec<u8> = row.get(0);
-                decode_cache_row(unit, id, &bytes)
-            })
-            .transpose()
-            })
-            .await
+            let row = self.cache_bytes(&unit, id).await?;
+            row.map(|bytes| decode_cache_row(&unit, id, &bytes))
+                .transpose()
+        })
+    }
+
+    fn cache_get_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+    ) -> BoxFuture<'_, Result<Option<EncodedRow>>> {
+        let unit = unit.to_owned();
+        Box::pin(async move {
+            let row = self.cache_bytes(&unit, id).await?;
+            Ok(row.map(EncodedRow::stored))
         })
     }
 
@@ -315,6 +313,25 @@ impl SessionPersistence for PostgresStore {
 }
 
 impl PostgresStore {
+    /// The bytes of the projection-cache row for (`unit`, `id`), as stored.
+    async fn cache_bytes(&self, unit: &str, id: SessionId) -> Result<Option<Vec<u8>>> {
+        self.reconnecting("reading the projection cache", |_| async move {
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(
+                    "SELECT row FROM subagents_projection_cache WHERE unit = $1 AND session = $2",
+                )
+                .await
+                .map_err(io("preparing a statement"))?;
+            let row = client
+                .query_opt(&statement, &[&unit, &uuid_of(id)])
+                .await
+                .map_err(io(format!("reading the {unit} cache of session {id}")))?;
+            Ok(row.map(|row| row.get(0)))
+        })
+        .await
+    }
+
     /// One synchronous commit, which makes every append committed before it began durable.
     ///
     /// Appends commit without waiting for the disk (the connections run with
