@@ -140,12 +140,57 @@ impl InboxReplay {
 impl Inbox {
     /// Rebuilds the pending lists from the splices in `events` (an agent's own events: from the
     /// seed length on, so a fork prefix's parent splices are ignored).
+    ///
+    /// The events are kept while the splices are replayed by position, so a message is cloned
+    /// only if it is still pending at the end: a long-lived agent's log journals every message
+    /// it ever took, and nearly all of them were claimed long ago. ([`InboxReplay`] folds a
+    /// part at a time instead, for a log read a chunk at a time.)
     pub fn replay<E: AsRef<SessionEvent>>(events: impl IntoIterator<Item = E>) -> Self {
-        let mut replay = InboxReplay::default();
+        // The splice events that inserted something, and each list as (splice, position in
+        // what it inserted): `next-step` first, then `next-turn`.
+        let mut splices: Vec<E> = Vec::new();
+        let mut lists: [Vec<(usize, usize)>; 2] = [Vec::new(), Vec::new()];
         for event in events {
-            replay.fold(event.as_ref());
+            let EventKind::InboxSpliced {
+                target,
+                start,
+                removed_count,
+                inserted,
+                ..
+            } = &event.as_ref().kind
+            else {
+                continue;
+            };
+            let list = &mut lists[usize::from(*target == InboxTarget::NextTurn)];
+            let (start, end) = splice_range(*start, *removed_count, list.len());
+            let count = inserted.len();
+            let splice = splices.len();
+            list.splice(start..end, (0..count).map(|position| (splice, position)));
+            if count > 0 {
+                splices.push(event);
+            }
         }
-        replay.finish()
+        let pending = |list: &[(usize, usize)]| -> Vec<Message> {
+            list.iter()
+                .filter_map(|&(splice, position)| match &splices[splice].as_ref().kind {
+                    EventKind::InboxSpliced { inserted, .. } => inserted.get(position).cloned(),
+                    _ => None,
+                })
+                .collect()
+        };
+        let [next_step, next_turn] = &lists;
+        let mut inbox = Self {
+            next_turn: pending(next_turn).into(),
+            next_step: pending(next_step),
+            pending: FastHashSet::default(),
+        };
+        inbox.pending = inbox
+            .next_step
+            .iter()
+            .chain(&inbox.next_turn)
+            .map(|m| m.id)
+            .collect();
+        inbox
     }
 
     /// Whether message `id` is pending in either list.
@@ -273,5 +318,73 @@ fn removal(target: InboxTarget, count: usize, outcome: Option<SpliceOutcome>) ->
         removed_count: Some(len_u64(count)),
         inserted: Vec::new(),
         outcome,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::content::{ContentBlock, MessageSource};
+    use proptest::prelude::*;
+
+    /// A splice of `target` at `start` removing `removed` and inserting `inserted` fresh
+    /// messages, at `seq`.
+    fn splice(
+        seq: u64,
+        (next_turn, start, removed, inserted, canceled): (bool, u8, Option<u8>, u8, bool),
+    ) -> SessionEvent {
+        let target = if next_turn {
+            InboxTarget::NextTurn
+        } else {
+            InboxTarget::NextStep
+        };
+        let inserted = (0..inserted)
+            .map(|n| {
+                Message::user(
+                    vec![ContentBlock::text(format!("{seq}.{n}"))],
+                    MessageSource::User,
+                )
+            })
+            .collect();
+        SessionEvent::new(
+            seq,
+            EventKind::InboxSpliced {
+                target,
+                start: u64::from(start),
+                removed_count: removed.map(u64::from),
+                inserted,
+                outcome: canceled.then_some(SpliceOutcome::Canceled),
+            },
+        )
+    }
+
+    proptest! {
+        /// Replaying a whole log, which clones only the messages left pending, leaves the
+        /// lists that folding it a splice at a time leaves.
+        #[test]
+        fn a_whole_replay_leaves_the_lists_a_fold_leaves(
+            splices in proptest::collection::vec(
+                (any::<bool>(), 0..6u8, proptest::option::of(0..4u8), 0..4u8, any::<bool>()),
+                0..40,
+            ),
+        ) {
+            let events: Vec<SessionEvent> = splices
+                .into_iter()
+                .zip(0..)
+                .map(|(splice_of, seq)| splice(seq, splice_of))
+                .collect();
+            let mut folded = InboxReplay::default();
+            events.iter().for_each(|event| folded.fold(event));
+            let folded = folded.finish();
+            let replayed = Inbox::replay(&events);
+            let ids = |list: &mut dyn Iterator<Item = &Message>| list.map(|m| m.id).collect::<Vec<_>>();
+            prop_assert_eq!(ids(&mut replayed.next_turn.iter()), ids(&mut folded.next_turn.iter()));
+            prop_assert_eq!(ids(&mut replayed.next_step.iter()), ids(&mut folded.next_step.iter()));
+            prop_assert_eq!(&replayed.pending, &folded.pending);
+            let texts = |inbox: &Inbox| -> Vec<String> {
+                inbox.next_step.iter().chain(&inbox.next_turn).map(|m| format!("{:?}", m.content)).collect()
+            };
+            prop_assert_eq!(texts(&replayed), texts(&folded));
+        }
     }
 }
