@@ -126,14 +126,12 @@ impl InboxReplay {
 
     /// The inbox the folded splices leave.
     pub(crate) fn finish(self) -> Inbox {
-        let mut inbox = self.0;
-        inbox.pending = inbox
-            .next_step
-            .iter()
-            .chain(&inbox.next_turn)
-            .map(|m| m.id)
-            .collect();
-        inbox
+        let Inbox {
+            next_turn,
+            next_step,
+            ..
+        } = self.0;
+        Inbox::of_lists(next_turn, next_step)
     }
 }
 
@@ -179,18 +177,17 @@ impl Inbox {
                 .collect()
         };
         let [next_step, next_turn] = &lists;
-        let mut inbox = Self {
-            next_turn: pending(next_turn).into(),
-            next_step: pending(next_step),
-            pending: FastHashSet::default(),
-        };
-        inbox.pending = inbox
-            .next_step
-            .iter()
-            .chain(&inbox.next_turn)
-            .map(|m| m.id)
-            .collect();
-        inbox
+        Self::of_lists(pending(next_turn).into(), pending(next_step))
+    }
+
+    /// The inbox holding these two lists, with their ids as the pending set.
+    fn of_lists(next_turn: VecDeque<Message>, next_step: Vec<Message>) -> Self {
+        let pending = next_step.iter().chain(&next_turn).map(|m| m.id).collect();
+        Self {
+            next_turn,
+            next_step,
+            pending,
+        }
     }
 
     /// Whether message `id` is pending in either list.
