@@ -447,6 +447,20 @@ fn a_checkpoint_write_is_fenced_by_the_lease_epoch() {
             Some(serde_json::json!({"by": "new, encoded"})),
             "{name}: an encoded row reads back as the value it encodes"
         );
+        let encoded = block_on(store.cache_get_encoded("checkpoint", id))
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name}: the row reads back encoded"));
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(encoded.as_bytes()).unwrap(),
+            serde_json::json!({"by": "new, encoded"}),
+            "{name}: the encoded read holds the row written"
+        );
+        assert!(
+            block_on(store.cache_get_encoded("timing", id))
+                .unwrap()
+                .is_none(),
+            "{name}: no row of another unit"
+        );
         let missing = SessionId::new();
         assert!(
             block_on(store.cache_put(

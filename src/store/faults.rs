@@ -359,6 +359,14 @@ impl SessionPersistence for FaultInjectingStore {
         self.inner.cache_get(unit, id)
     }
 
+    fn cache_get_encoded(
+        &self,
+        unit: &str,
+        id: SessionId,
+    ) -> BoxFuture<'_, Result<Option<EncodedRow>>> {
+        self.inner.cache_get_encoded(unit, id)
+    }
+
     fn cache_put(
         &self,
         unit: &str,
