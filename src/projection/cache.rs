@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::native::FoldState;
@@ -81,15 +81,28 @@ fn encode(header: &SessionHeader, rows: &[StateRow]) -> crate::Result<EncodedRow
     })
 }
 
+/// The session lifecycle a record belongs to, as its `identity` holds it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Lifecycle {
+    created_at: u64,
+    cwd: Option<std::path::PathBuf>,
+}
+
+impl Lifecycle {
+    /// Whether this is the lifecycle of the session `header` describes.
+    fn is_of(&self, header: &SessionHeader) -> bool {
+        self.created_at == header.created_at && self.cwd == header.cwd
+    }
+}
+
 /// The rows of a record, when it belongs to `header`'s lifecycle; a row that does not decode
 /// is left out.
 fn decode(value: &Value, header: &SessionHeader) -> Option<Vec<CheckpointRow>> {
-    let identity = value.get("identity")?;
-    let cwd = match identity.get("cwd") {
-        None | Some(Value::Null) => None,
-        Some(cwd) => Some(cwd.as_str()?.into()),
-    };
-    if identity.get("createdAt")?.as_u64()? != header.created_at || cwd != header.cwd {
+    if !Lifecycle::deserialize(value.get("identity")?)
+        .ok()?
+        .is_of(header)
+    {
         return None;
     }
     let rows = value.get("rows")?.as_object()?;
@@ -229,17 +242,10 @@ fn seed_from_record(registry: &ProjectionRegistry, log: &SessionLog, record: &[u
         #[serde(borrow)]
         rows: BTreeMap<Cow<'a, str>, StoredRow<'a>>,
     }
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Lifecycle {
-        created_at: u64,
-        cwd: Option<std::path::PathBuf>,
-    }
     let Ok(stored) = serde_json::from_slice::<Stored<'_>>(record) else {
         return;
     };
-    let header = log.header();
-    if stored.identity.created_at == header.created_at && stored.identity.cwd == header.cwd {
+    if stored.identity.is_of(&log.header()) {
         registry.seed(
             log,
             stored.rows.iter().map(|(key, row)| (key.as_ref(), row)),
