@@ -31,6 +31,7 @@ pub(crate) mod metered;
 mod postgres;
 mod recent_logs;
 mod sled_store;
+mod write_thread;
 
 use std::sync::Arc;
 

@@ -24,7 +24,10 @@
 //!   only below the head, so a crash between the two loses that batch whole and nothing else.
 //!
 //! Within this process a writer lock makes compare-and-append atomic (it also guards the lease
-//! table); sled's directory lock keeps other processes out. The sessions the store created most
+//! table); sled's directory lock keeps other processes out. Creations, appends and
+//! projection-cache writes run on their caller's thread while they all come from one thread,
+//! and on the store's own [`WriteThread`], in the order asked for, once they come from several
+//! (a runtime spread over worker threads): see that type for why. The sessions the store created most
 //! recently are also kept decoded ([`RecentLogs`]), mirrored under that lock after each committed
 //! write, so reading one back, or checking an append against its head, reads no row. sled itself writes its log to the OS
 //! every 500 ms; [`SessionPersistence::flush`] (an fsync of the whole database) is the
@@ -44,6 +47,7 @@ use super::codec::{
 use super::group_flush::GroupFlush;
 use super::lease::LeaseTable;
 use super::recent_logs::{RecentLogs, RECENT_LOG_BYTES};
+use super::write_thread::WriteThread;
 use super::{
     check_append, check_contiguous, not_found, EncodedRow, Lease, LeaseEpoch, LeaseHolder,
     ListedSession, SessionPersistence,
@@ -67,6 +71,9 @@ pub struct SledStore {
     flushes: Arc<GroupFlush>,
     /// The sessions created most recently, kept decoded (updated under the writer lock).
     recent: Arc<Mutex<RecentLogs>>,
+    /// Where creations, appends and projection-cache writes run once they come from several
+    /// threads.
+    writes: Arc<WriteThread>,
 }
 
 const LOCK_RETRY: Duration = Duration::from_millis(5);
@@ -232,6 +239,7 @@ impl SledStore {
             writing: Arc::default(),
             flushes: Arc::default(),
             recent: Arc::new(Mutex::new(RecentLogs::new(RECENT_LOG_BYTES))),
+            writes: Arc::default(),
             db,
         })
     }
@@ -305,6 +313,52 @@ impl SledStore {
             Ok(header) => ListedSession::Header(header),
             Err(error) => corrupt(error),
         })
+    }
+
+    /// Appends `events` at `expected_next_seq` now, on the calling thread (see
+    /// [`SessionPersistence::append`]).
+    fn append_now(
+        &self,
+        id: SessionId,
+        expected_next_seq: u64,
+        events: &[Arc<SessionEvent>],
+        lease: Option<LeaseEpoch>,
+    ) -> Result<()> {
+        check_contiguous(id, expected_next_seq, events)?;
+        let Some(encoded) = encode_batch(id, events)? else {
+            return Ok(());
+        };
+        let count =
+            u64::try_from(events.len()).map_err(|_| SubagentError::bug("batch too long"))?;
+        let bytes = encoded.len();
+        let row = compress_batch(encoded);
+        let _writing = self.write_lock();
+        let head = self.read_head(id)?;
+        check_append(id, expected_next_seq, head.next_seq, lease, head.lease)?;
+        // The events first, then the head that commits them: a reader trusts events only
+        // below the head, so a crash between the two loses the batch whole.
+        self.batches
+            .insert(event_key(id, expected_next_seq), row)
+            .map_err(io("appending events"))?;
+        let next_seq = head.next_seq + count;
+        self.heads
+            .insert(id.as_bytes(), &Head { next_seq, ..head }.encode())
+            .map_err(io("committing an append"))?;
+        self.recent().appended(id, expected_next_seq, events, bytes);
+        Ok(())
+    }
+
+    /// Carries `write` out through the store's [`WriteThread`]: here while every write comes
+    /// from one thread, else on that thread, behind every write asked for before it.
+    fn write<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&Self) -> Result<T> + Send + 'static,
+    ) -> BoxFuture<'static, Result<T>> {
+        if self.writes.here() {
+            return Box::pin(future::ready(write(self)));
+        }
+        let store = self.clone();
+        self.writes.queue(move || write(&store))
     }
 
     /// Writes a new session's records in commit order, stopping after `steps` writes when given
@@ -495,7 +549,7 @@ impl SessionPersistence for SledStore {
         header: SessionHeader,
         events: Vec<Arc<SessionEvent>>,
     ) -> BoxFuture<'_, Result<()>> {
-        Box::pin(future::ready(self.write_creation(&header, &events, None)))
+        self.write(move |store| store.write_creation(&header, &events, None))
     }
 
     fn create_leased(
@@ -504,10 +558,11 @@ impl SessionPersistence for SledStore {
         events: Vec<Arc<SessionEvent>>,
         holder: LeaseHolder,
     ) -> BoxFuture<'_, Result<Lease>> {
-        let outcome = self
-            .write_leased_creation(&header, &events, Some(&holder), None)
-            .and_then(super::granted);
-        Box::pin(future::ready(outcome))
+        self.write(move |store| {
+            store
+                .write_leased_creation(&header, &events, Some(&holder), None)
+                .and_then(super::granted)
+        })
     }
 
     fn append(
@@ -517,32 +572,7 @@ impl SessionPersistence for SledStore {
         events: Vec<Arc<SessionEvent>>,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        let outcome = (|| {
-            check_contiguous(id, expected_next_seq, &events)?;
-            let Some(encoded) = encode_batch(id, &events)? else {
-                return Ok(());
-            };
-            let count =
-                u64::try_from(events.len()).map_err(|_| SubagentError::bug("batch too long"))?;
-            let bytes = encoded.len();
-            let row = compress_batch(encoded);
-            let _writing = self.write_lock();
-            let head = self.read_head(id)?;
-            check_append(id, expected_next_seq, head.next_seq, lease, head.lease)?;
-            // The events first, then the head that commits them: a reader trusts events only
-            // below the head, so a crash between the two loses the batch whole.
-            self.batches
-                .insert(event_key(id, expected_next_seq), row)
-                .map_err(io("appending events"))?;
-            let next_seq = head.next_seq + count;
-            self.heads
-                .insert(id.as_bytes(), &Head { next_seq, ..head }.encode())
-                .map_err(io("committing an append"))?;
-            self.recent()
-                .appended(id, expected_next_seq, &events, bytes);
-            Ok(())
-        })();
-        Box::pin(future::ready(outcome))
+        self.write(move |store| store.append_now(id, expected_next_seq, &events, lease))
     }
 
     fn flush(&self, id: SessionId) -> BoxFuture<'_, Result<()>> {
@@ -741,21 +771,22 @@ impl SessionPersistence for SledStore {
         row: EncodedRow,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        let outcome = (|| {
+        let key = cache_key(unit, id);
+        self.write(move |store| {
             // Under the writer lock, as an append: a fenced row lands only under the current
             // epoch.
-            let _writing = lease.map(|_| self.write_lock());
+            let _writing = lease.map(|_| store.write_lock());
             if let Some(LeaseEpoch(epoch)) = lease {
-                if self.read_head(id)?.lease != epoch {
+                if store.read_head(id)?.lease != epoch {
                     return Err(super::lease::lease_lost(id));
                 }
             }
-            self.cache
-                .insert(cache_key(unit, id), row.into_bytes())
+            store
+                .cache
+                .insert(key, row.into_bytes())
                 .map(drop)
                 .map_err(|e| SubagentError::store_io("writing the projection cache", e))
-        })();
-        Box::pin(future::ready(outcome))
+        })
     }
 }
 
@@ -1014,6 +1045,51 @@ mod tests {
         let store = SledStore::open(dir.path()).unwrap();
         let read = block_on(store.read_from(id, 0)).unwrap();
         assert_eq!(read, [seeded, appended].concat());
+    }
+
+    /// Once writes come from two threads they go through the store's write thread: each
+    /// thread's creations and appends land in the order it asked for them, a stale epoch is
+    /// still refused, and a store opened again after the last handle went reads back every
+    /// write (the thread ran what was queued before the database closed).
+    #[test]
+    fn writes_from_two_threads_land_in_order_and_outlive_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let writer = |store: SledStore| {
+            move || {
+                let id = SessionId::new();
+                let events = messages(0, 22);
+                let created = store.create_leased(
+                    SessionHeader::new(id),
+                    events[..1].to_vec(),
+                    LeaseHolder::new(),
+                );
+                let lease = block_on(created).unwrap();
+                // Each append asked for without waiting for the one before it.
+                let appends: Vec<_> = (1..=20)
+                    .map(|seq| {
+                        let event = vec![Arc::clone(&events[seq])];
+                        store.append(id, seq as u64, event, Some(lease.epoch))
+                    })
+                    .collect();
+                for append in appends {
+                    block_on(append).unwrap();
+                }
+                let stale = LeaseEpoch(lease.epoch.0 + 1);
+                let refused = block_on(store.append(id, 21, events[21..].to_vec(), Some(stale)));
+                assert_eq!(refused.unwrap_err().code(), ErrorCode::LeaseLost);
+                (id, events[..21].to_vec())
+            }
+        };
+        let first = std::thread::spawn(writer(store.clone()));
+        let second = std::thread::spawn(writer(store.clone()));
+        let written = [first.join().unwrap(), second.join().unwrap()];
+        assert!(store.writes.is_started(), "the writes were queued");
+        drop(store);
+        let store = SledStore::open(dir.path()).unwrap();
+        for (id, events) in written {
+            assert_eq!(block_on(store.read_from(id, 0)).unwrap(), events);
+        }
     }
 
     /// Rows a store kept plain before batches were compressed read back beside compressed ones.
