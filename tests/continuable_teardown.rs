@@ -15,8 +15,8 @@ use subagents::{
 
 use crate::support::{
     ends_of, eventually, faulty, followup_child, notices, persisted, released, root, seam_runtime,
-    seam_runtime_from, settled, start_continuable, start_under, text, within, SeamRecorder,
-    CHILD_ROUTE,
+    seam_runtime_from, seam_runtime_on, settled, start_continuable, start_under, text, within,
+    SeamRecorder, CHILD_ROUTE,
 };
 
 /// Waits until `child` settled once; its `subagent/end`.
@@ -724,9 +724,40 @@ async fn a_host_owned_parent_has_an_ownership_node_while_it_has_children() {
 // children cold-resume, and a drain releases children held mid-turn on either thread.
 #[actix_rt::test]
 async fn continuable_children_on_two_workers_settle_resume_and_drain() {
+    on_two_workers(Arc::new(subagents::MemoryStore::new())).await;
+}
+
+// The same on sled, whose writes from the two workers go through the store's write thread:
+// a store opened again afterwards holds every epoch of every child.
+#[actix_rt::test]
+async fn continuable_children_on_two_workers_on_sled_settle_resume_drain_and_read_back() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let store = subagents::SledStore::open(dir.path()).expect("sled opens");
+    let children = on_two_workers(Arc::new(store)).await;
+    // Opened off this thread: what the runtime dropped is released on it.
+    let path = dir.path().to_path_buf();
+    let reopened = tokio::task::spawn_blocking(move || subagents::SledStore::open(path))
+        .await
+        .expect("the reopening ran")
+        .expect("the runtime let go of its store");
+    for child in children {
+        let log = subagents::SessionPersistence::read_stored(&reopened, child, 0, u64::MAX)
+            .await
+            .expect("the child's log reads back");
+        let turns = log
+            .iter()
+            .filter(|event| matches!(event.kind, EventKind::TurnEnd { .. }))
+            .count();
+        assert_eq!(turns, 3, "{child}'s three epochs are stored");
+    }
+}
+
+/// Continuable children of one parent on a runtime of two workers over `store`: each settles,
+/// is resumed cold, is held mid-turn and drained; answers the children.
+async fn on_two_workers(store: Arc<dyn subagents::SessionPersistence>) -> Vec<SessionId> {
     const CHILDREN: usize = 24;
     let child_model = ScriptedModel::repeating(ScriptStep::text("child ok"));
-    let rt = seam_runtime_from(
+    let rt = seam_runtime_on(
         Runtime::builder()
             .model(
                 "scripted",
@@ -734,6 +765,7 @@ async fn continuable_children_on_two_workers_settle_resume_and_drain() {
             )
             .model(CHILD_ROUTE, child_model.clone())
             .workers(2),
+        store,
     )
     .await;
     let parent = root(&rt).await;
@@ -803,4 +835,5 @@ async fn continuable_children_on_two_workers_settle_resume_and_drain() {
         assert_eq!(turns, 3, "{child}'s drained turn is closed in its log");
     }
     rt.shutdown().await.expect("the workers stop");
+    children
 }
