@@ -65,6 +65,9 @@ impl Started {
                     job();
                 }
             })
+            .inspect_err(|error| {
+                tracing::warn!(%error, "the store's write thread could not start: writes stay on their callers' threads");
+            })
             .ok()?;
         Some(Self {
             jobs: Some(jobs),
@@ -88,14 +91,16 @@ impl WriteThread {
         if *self.first_writer.get_or_init(|| here) == here {
             return true;
         }
-        self.shared.store(true, Ordering::Release);
+        if !self.shared.swap(true, Ordering::AcqRel) {
+            tracing::debug!(thread = THREAD_NAME, "store writes come from several threads: they are queued to the store's write thread from now on");
+        }
         false
     }
 
-    /// Whether the thread was started (for tests).
+    /// Whether the thread runs (for tests).
     #[cfg(test)]
     pub(crate) fn is_started(&self) -> bool {
-        self.started.get().is_some()
+        self.started.get().is_some_and(Option::is_some)
     }
 
     /// Queues `write` behind every write queued before it; the future answers what it
