@@ -98,9 +98,11 @@ impl AgentRef {
         &self.options
     }
 
-    /// Whether the agent's actor still runs.
+    /// Whether the agent's actor still runs. False from the moment the agent stops, on every
+    /// thread: an actor on a worker thread keeps its mailbox until that thread drops it, which
+    /// may come after the agent's disposal has returned to a caller on another thread.
     pub fn is_alive(&self) -> bool {
-        self.addr().is_some_and(|addr| addr.connected())
+        !self.log.inner().agent_stopped() && self.addr().is_some_and(|addr| addr.connected())
     }
 
     /// The actor's address, while it runs.
@@ -398,5 +400,36 @@ impl AgentRef {
             .send(Status)
             .await
             .map_err(|_| SubagentError::agent_gone(self.id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{CreateAgent, Runtime};
+
+    // An agent's mailbox outlives its stop by as long as its thread takes to drop the actor;
+    // on a worker thread, that can be after its disposal returned to a caller on another
+    // thread, and a stale reference then passed for the live agent (the history checker, on
+    // two workers: a follow-up from a disposed incarnation of a root accepted, six replays of
+    // one schedule in 600 before, none in 600 after). Liveness reads the stop itself.
+    #[actix_rt::test]
+    async fn an_agent_that_stopped_is_gone_for_its_references_while_its_mailbox_is_open() {
+        let rt = Runtime::builder().build().expect("a runtime");
+        let handle = rt
+            .agents()
+            .create(CreateAgent::new())
+            .await
+            .expect("an agent");
+        let agent = handle.agent().clone();
+        assert!(agent.is_alive());
+        // What a stopping agent does first, while its mailbox is still open.
+        agent.log().inner().mark_agent_stopped();
+        assert!(
+            agent.addr().is_some_and(|addr| addr.connected()),
+            "its mailbox is still open"
+        );
+        assert!(!agent.is_alive(), "a stopped agent is not alive");
+        handle.dispose().await.expect("disposed");
+        rt.shutdown().await.expect("shut down");
     }
 }

@@ -178,6 +178,12 @@ pub(crate) type ActivityObserver = Arc<dyn Fn(SessionId, Activity) + Send + Sync
 
 impl Actor for AgentActor {
     type Context = Context<Self>;
+
+    /// However it stops (retired, or its arbiter stopping under it), it is gone for every
+    /// reference from here on.
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.log.mark_agent_stopped();
+    }
 }
 
 impl AgentActor {
@@ -521,6 +527,8 @@ impl AgentActor {
                 tracing::error!(session_id = %self.id, "a scope disposer panicked");
             }
         }
+        // Gone for every reference before anyone hears it stopped.
+        self.log.mark_agent_stopped();
         self.answer_waiters(Awaited::Retired);
         ctx.stop();
     }

@@ -61,6 +61,9 @@ pub(super) struct LogInner {
     pub(super) state: Mutex<LogState>,
     /// Mirrors `state.fault.is_some()`, so the hot path checks it without the lock.
     pub(super) faulted: AtomicBool,
+    /// Set when the agent that writes this log (one incarnation: each has its own log) stops
+    /// running: every reference to it reads the agent as gone from then on, on any thread.
+    pub(super) agent_stopped: AtomicBool,
 }
 
 pub(super) struct LogState {
@@ -190,6 +193,7 @@ impl SessionLog {
                     memo: None,
                 }),
                 faulted: AtomicBool::new(false),
+                agent_stopped: AtomicBool::new(false),
             }),
         }
     }
@@ -438,6 +442,17 @@ impl SessionLog {
         self.inner.faulted.load(Ordering::Acquire)
     }
 
+    /// Marks the agent writing this log as stopped; called by the agent itself, before it
+    /// tells anyone it has stopped.
+    pub(crate) fn mark_agent_stopped(&self) {
+        self.inner.agent_stopped.store(true, Ordering::Release);
+    }
+
+    /// Whether the agent writing this log has stopped ([`SessionLog::mark_agent_stopped`]).
+    pub(crate) fn agent_stopped(&self) -> bool {
+        self.inner.agent_stopped.load(Ordering::Acquire)
+    }
+
     /// Starts write-behind to `store`: for a stored session, events from `next_seq` on are
     /// appended under its lease; for a deferred creation, nothing is written until it commits,
     /// and then the whole session is stored at once. `on_fault` is told once if a durable write
@@ -528,7 +543,8 @@ impl SessionLog {
     }
 
     /// Waits until a deferred creation is in the store (written, not forced to disk): at once
-    /// for a session stored from the start.
+    /// for a session stored from the start. A creation that reached the store stays stored: a
+    /// later write's failure faults the session, not its creation.
     ///
     /// # Errors
     /// The fault, when the creation's write failed.
@@ -536,15 +552,23 @@ impl SessionLog {
     /// # Cancel safety
     /// As [`SessionLog::drain`].
     pub(crate) async fn stored(&self) -> Result<()> {
-        let deferred = self
-            .lock()
-            .write_behind
-            .as_ref()
-            .is_some_and(|write_behind| write_behind.creation != Creation::Stored);
+        let (deferred, leased) = {
+            let state = self.lock();
+            let deferred = state
+                .write_behind
+                .as_ref()
+                .is_some_and(|write_behind| write_behind.creation != Creation::Stored);
+            (deferred, state.lease.is_some())
+        };
         if deferred {
             // The creation stores every event so far at once: its first event being written
             // is the creation being written, whatever fails after it.
             self.barrier_at(1, false).await
+        } else if leased {
+            // A lease is taken with the creation's write (or held from the start): the session
+            // is in the store, whatever failed since. (On two threads a child's first turn may
+            // fault its log before its start asks.)
+            Ok(())
         } else {
             self.fault().map_or(Ok(()), Err)
         }
@@ -783,6 +807,57 @@ mod tests {
 
     fn faulting_store() -> Arc<FaultInjectingStore> {
         Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())))
+    }
+
+    /// A deferred creation that reached the store is stored, even once a later write of the
+    /// session failed: a continuable start whose child's first turn faulted the log on another
+    /// thread before the start asked is answered, since the child exists, and is not refused,
+    /// which left the child stored under a refused start (a ghost: the history checker found it
+    /// with the runtime on two workers).
+    #[tokio::test]
+    async fn a_stored_creation_stays_stored_after_a_later_write_fails() {
+        let store = faulting_store();
+        let log = SessionLog::new(SessionHeader::new(SessionId::new()), Vec::new()).unwrap();
+        tokio::spawn(log.attach(
+            Arc::clone(&store) as SharedStore,
+            Attachment::Deferred {
+                commit: CreationCommit::Explicit,
+                holder: LeaseHolder::new(),
+                seed_source: None,
+            },
+            Box::new(|_| {}),
+            WriterIdle::Park,
+        ));
+        note(&log);
+        log.commit_creation();
+        log.drain().await.expect("the creation is written");
+        store.arm(StoreOperation::Append);
+        note(&log);
+        assert!(log.drain().await.is_err(), "the append fails");
+        assert!(log.is_faulted());
+        log.stored()
+            .await
+            .expect("the creation was stored before the append failed");
+        // A creation that never reached the store is not.
+        let refused = SessionLog::new(SessionHeader::new(SessionId::new()), Vec::new()).unwrap();
+        store.arm(StoreOperation::Create);
+        tokio::spawn(refused.attach(
+            Arc::clone(&store) as SharedStore,
+            Attachment::Deferred {
+                commit: CreationCommit::Explicit,
+                holder: LeaseHolder::new(),
+                seed_source: None,
+            },
+            Box::new(|_| {}),
+            WriterIdle::Park,
+        ));
+        note(&refused);
+        refused.commit_creation();
+        assert!(refused.stored().await.is_err(), "its creation failed");
+        assert!(
+            refused.stored().await.is_err(),
+            "and still did, asked again"
+        );
     }
 
     #[tokio::test]
