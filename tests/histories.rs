@@ -8,9 +8,9 @@ use subagents::check::{
     replay_command, roots_resident_events, run_schedule, CheckConfig, CheckStore, Shape,
 };
 
-/// Runs `count` schedules from seed `first` (memory and sled in turn) and fails with every
-/// broken promise and the commands that replay them.
-async fn check(first: u64, count: u64, ops: usize) {
+/// Runs `count` schedules from seed `first` (memory and sled in turn) on a runtime of
+/// `workers` threads and fails with every broken promise and the commands that replay them.
+async fn check(first: u64, count: u64, ops: usize, workers: usize) {
     let mut failures = Vec::new();
     let (mut paged_out, mut one_shots) = (0, 0);
     for seed in first..first + count {
@@ -25,6 +25,7 @@ async fn check(first: u64, count: u64, ops: usize) {
                 faults: true,
                 reopen: true,
             },
+            workers,
             ..CheckConfig::default()
         };
         let report = run_schedule(seed, &config, None)
@@ -52,11 +53,19 @@ async fn check(first: u64, count: u64, ops: usize) {
 // default range, so the two cover different histories).
 #[actix_rt::test]
 async fn seeded_schedules_keep_every_promise() {
-    check(1_000_000, 40, 48).await;
+    check(1_000_000, 40, 48, 1).await;
+}
+
+// The same promises with the runtime's agents on two threads, where children run beside their
+// callers: a start refused although its child was stored, and a stale parent's follow-up
+// accepted, were found this way (`subagents check --workers 2`).
+#[actix_rt::test]
+async fn seeded_schedules_on_two_workers_keep_every_promise() {
+    check(2_000_000, 40, 48, 2).await;
 }
 
 // The big run: `SUBAGENTS_CHECK_SCHEDULES` schedules (10,000 by default) from
-// `SUBAGENTS_CHECK_SEED` (1 by default).
+// `SUBAGENTS_CHECK_SEED` (1 by default), on `SUBAGENTS_CHECK_WORKERS` threads (1 by default).
 #[actix_rt::test]
 #[ignore = "thousands of schedules: run with cargo test --release -- --ignored histories"]
 async fn histories() {
@@ -70,6 +79,7 @@ async fn histories() {
         number("SUBAGENTS_CHECK_SEED", 1),
         number("SUBAGENTS_CHECK_SCHEDULES", 10_000),
         48,
+        usize::try_from(number("SUBAGENTS_CHECK_WORKERS", 1)).unwrap_or(1),
     )
     .await;
 }

@@ -27,6 +27,8 @@ pub(super) struct Ctx {
     pub(super) model: CheckModel,
     /// The roots' options, at creation and at every resume (their paging, say).
     pub(super) root_options: AgentOptions,
+    /// The runtime's worker threads, at every reopening.
+    pub(super) workers: usize,
 }
 
 /// An operation's answer, or that the caller let go of it.

@@ -94,11 +94,13 @@ pub(crate) struct World {
 async fn open_runtime(
     store: SharedStore,
     model: &CheckModel,
+    workers: usize,
 ) -> Result<(Runtime, Arc<FaultInjectingStore>)> {
     let faults = Arc::new(FaultInjectingStore::new(store));
     let rt = Runtime::builder()
         .shared_store(Arc::clone(&faults) as SharedStore)
         .model("check", model.clone())
+        .workers(workers)
         .build()?;
     rt.subagents().register_in_process_providers().await?;
     Ok((rt, faults))
@@ -110,12 +112,12 @@ impl World {
         backing: Backing,
         model: CheckModel,
         book: SharedBook,
-        roots: usize,
+        (roots, workers): (usize, usize),
         root_options: AgentOptions,
     ) -> Result<Self> {
         let mut backing = backing;
         let (store, _) = backing.open().await?;
-        let (rt, faults) = open_runtime(store, &model).await?;
+        let (rt, faults) = open_runtime(store, &model, workers).await?;
         let listening = book.listen(&rt);
         let mut made = Vec::with_capacity(roots);
         for _ in 0..roots {
@@ -135,6 +137,7 @@ impl World {
                 book,
                 model,
                 root_options,
+                workers,
             },
             backing,
             faults,
@@ -727,7 +730,7 @@ impl World {
                 "the store was still held a deadline after the runtime was shut down and dropped",
             );
         }
-        let (rt, faults) = open_runtime(store, &self.ctx.model).await?;
+        let (rt, faults) = open_runtime(store, &self.ctx.model, self.ctx.workers).await?;
         self._listening = self.ctx.book.listen(&rt);
         self.ctx.rt = rt;
         self.faults = faults;
@@ -794,7 +797,7 @@ mod tests {
             Backing::Memory(Arc::new(MemoryStore::new())),
             CheckModel::new(1, Duration::ZERO),
             SharedBook::default(),
-            2,
+            (2, 1),
             AgentOptions::default(),
         )
         .await

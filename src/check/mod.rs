@@ -81,6 +81,10 @@ pub struct CheckConfig {
     pub roots: usize,
     /// The most latency a model call draws.
     pub max_latency: Duration,
+    /// The threads the runtime spreads its agents over ([`crate::RuntimeBuilder::workers`]):
+    /// 1 keeps every schedule on one thread; 2 puts children on a second thread too, and a
+    /// sled store's writes then go through its write thread.
+    pub workers: usize,
 }
 
 impl Default for CheckConfig {
@@ -94,6 +98,7 @@ impl Default for CheckConfig {
             },
             roots: 2,
             max_latency: Duration::from_micros(300),
+            workers: 1,
         }
     }
 }
@@ -138,7 +143,8 @@ mod millis {
 }
 
 /// Runs the schedule `seed` names (only the operations at `keep`, when given) and checks its
-/// history. Must run inside an actix `System`, on one thread.
+/// history. Must run inside an actix `System` (whose thread the schedule's calls run on; with
+/// more than one worker, agents run on started worker threads too).
 ///
 /// # Errors
 /// Only when the check itself could not run (a store that would not open); every broken
@@ -173,7 +179,14 @@ pub async fn run_schedule(
         resident_events,
         ..crate::AgentOptions::default()
     };
-    let mut world = World::open(backing, model, book.clone(), config.roots, root_options).await?;
+    let mut world = World::open(
+        backing,
+        model,
+        book.clone(),
+        (config.roots, config.workers),
+        root_options,
+    )
+    .await?;
     for op in &ops {
         world.apply(op).await?;
     }
@@ -258,6 +271,9 @@ pub fn replay_command(seed: u64, config: &CheckConfig, kept: Option<&[usize]>) -
     );
     if !config.shape.faults {
         command.push_str(" --no-faults");
+    }
+    if config.workers > 1 {
+        command.push_str(&format!(" --workers {}", config.workers));
     }
     if let Some(kept) = kept {
         let list: Vec<String> = kept.iter().map(ToString::to_string).collect();

@@ -40,6 +40,11 @@ pub(crate) struct CheckArgs {
     /// Leave out store faults, dropped callers and reopens.
     #[arg(long)]
     no_faults: bool,
+    /// Spread the runtime's agents over this many threads (1 runs every schedule on one
+    /// thread; 2 puts children on a second thread too, and a sled store's writes then go
+    /// through its write thread).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    workers: u16,
     /// Run only the operations at these positions of the schedule (a shrunk schedule).
     #[arg(long, value_delimiter = ',')]
     keep: Option<Vec<usize>>,
@@ -67,6 +72,7 @@ impl CheckArgs {
                 faults: !self.no_faults,
                 reopen: !self.no_faults,
             },
+            workers: usize::from(self.workers),
             ..CheckConfig::default()
         }
     }
