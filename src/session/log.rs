@@ -809,17 +809,11 @@ mod tests {
         Arc::new(FaultInjectingStore::new(Arc::new(MemoryStore::new())))
     }
 
-    /// A deferred creation that reached the store is stored, even once a later write of the
-    /// session failed: a continuable start whose child's first turn faulted the log on another
-    /// thread before the start asked is answered, since the child exists, and is not refused,
-    /// which left the child stored under a refused start (a ghost: the history checker found it
-    /// with the runtime on two workers).
-    #[tokio::test]
-    async fn a_stored_creation_stays_stored_after_a_later_write_fails() {
-        let store = faulting_store();
+    /// A fresh session attached to `store` with its creation deferred until it is committed.
+    fn attached_deferred(store: &Arc<FaultInjectingStore>) -> SessionLog {
         let log = SessionLog::new(SessionHeader::new(SessionId::new()), Vec::new()).unwrap();
         tokio::spawn(log.attach(
-            Arc::clone(&store) as SharedStore,
+            Arc::clone(store) as SharedStore,
             Attachment::Deferred {
                 commit: CreationCommit::Explicit,
                 holder: LeaseHolder::new(),
@@ -828,6 +822,18 @@ mod tests {
             Box::new(|_| {}),
             WriterIdle::Park,
         ));
+        log
+    }
+
+    /// A deferred creation that reached the store is stored, even once a later write of the
+    /// session failed: a continuable start whose child's first turn faulted the log on another
+    /// thread before the start asked is answered, since the child exists, and is not refused,
+    /// which left the child stored under a refused start (a ghost: the history checker found it
+    /// with the runtime on two workers).
+    #[tokio::test]
+    async fn a_stored_creation_stays_stored_after_a_later_write_fails() {
+        let store = faulting_store();
+        let log = attached_deferred(&store);
         note(&log);
         log.commit_creation();
         log.drain().await.expect("the creation is written");
@@ -839,18 +845,8 @@ mod tests {
             .await
             .expect("the creation was stored before the append failed");
         // A creation that never reached the store is not.
-        let refused = SessionLog::new(SessionHeader::new(SessionId::new()), Vec::new()).unwrap();
         store.arm(StoreOperation::Create);
-        tokio::spawn(refused.attach(
-            Arc::clone(&store) as SharedStore,
-            Attachment::Deferred {
-                commit: CreationCommit::Explicit,
-                holder: LeaseHolder::new(),
-                seed_source: None,
-            },
-            Box::new(|_| {}),
-            WriterIdle::Park,
-        ));
+        let refused = attached_deferred(&store);
         note(&refused);
         refused.commit_creation();
         assert!(refused.stored().await.is_err(), "its creation failed");
