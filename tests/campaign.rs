@@ -33,6 +33,7 @@
 //! `CAMPAIGN_SCHEDULES=200 cargo test --test tests campaign -- --nocapture`. To see what a
 //! failing schedule's nodes did, rerun it with `NODE_LOGS=<dir> RUST_LOG=subagents=debug`
 //! (each process's stderr is kept in `<dir>`) and `CAMPAIGN_DUMP=1` (each broken child's log).
+//! `NODE_WORKERS=2` runs every node's agents on two threads (`subagents node --workers 2`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};

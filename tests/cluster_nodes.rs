@@ -47,8 +47,14 @@ impl NodeProcess {
                 .unwrap(),
             None => tempfile::NamedTempFile::new().unwrap(),
         };
+        // With NODE_WORKERS=<n>, every node spreads its agents over n threads.
+        let workers: Vec<String> = std::env::var("NODE_WORKERS")
+            .ok()
+            .map(|workers| vec!["--workers".to_owned(), workers])
+            .unwrap_or_default();
         let mut process = Command::new(env!("CARGO_BIN_EXE_subagents"))
             .args(["node", "--store", url, "--name", name])
+            .args(&workers)
             .envs(env.iter().copied())
             .args(if extra.contains(&"--node-ttl-ms") {
                 &[][..]

@@ -114,6 +114,10 @@ pub(crate) struct NodeArgs {
     /// picks a free port; the `metrics <addr>` line says which).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// Spread the node's agents over this many threads ([`subagents::RuntimeBuilder::workers`]:
+    /// 1 runs them all on the node's own thread).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    workers: u16,
     /// The model (the scripted model by default).
     #[command(flatten)]
     model: ModelArgs,
@@ -159,6 +163,7 @@ struct NodePlan {
     model: ModelPlan,
     model_name: String,
     metrics_addr: Option<std::net::SocketAddr>,
+    workers: usize,
 }
 
 impl NodePlan {
@@ -247,6 +252,7 @@ impl NodePlan {
             drive,
             model,
             metrics_addr: args.metrics_addr,
+            workers: usize::from(args.workers),
             model_name: args
                 .model
                 .model_name
@@ -308,7 +314,8 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     let builder = super::telemetry::instrumented(Runtime::builder())
         .shared_store(store)
         .lease_holder(holder)
-        .cluster(membership);
+        .cluster(membership)
+        .workers(plan.workers);
     let builder = match &plan.model {
         ModelPlan::Scripted => {
             let answer = ScriptStep::text(format!("{} answered", plan.name));
