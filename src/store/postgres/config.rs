@@ -41,12 +41,21 @@ pub struct PostgresConfig {
     /// have committed: an append's log faults, as on any failed write, and a resume reads what
     /// the store holds; a lease granted unseen passes on as any lease does. A connection whose
     /// call timed out is closed, not handed to the next call, which would wait behind the
-    /// statement still in flight. A schema migration's DDL is the one statement without a deadline; its
-    /// wait for another process's migration has this one (`STORE_IO` naming that migration).
-    /// Raise it for logs so long that reading one whole takes longer.
+    /// statement still in flight. A schema migration's wait for another process's migration
+    /// has this deadline too (`STORE_IO` naming that migration); its own statements have
+    /// `migration_timeout`. Raise it for logs so long that reading one whole takes longer.
     ///
     /// [`RECONNECT_WITHIN`]: super::RECONNECT_WITHIN
     pub statement_timeout: Duration,
+    /// The longest a schema migration runs once it holds the schema's lock (default 10
+    /// minutes, from 1 ms to `i32::MAX` ms): each of its statements on the server, and all of
+    /// them together, a second later, at the client. A migration that does not finish in time
+    /// (a server that stopped answering, DDL stuck behind a table's users) fails `connect` with
+    /// `STORE_IO` and applies nothing: its transaction is rolled back and its connection
+    /// closed. A migrating process that stops answering itself holds the schema's locks no
+    /// longer than the call deadline (`statement_timeout` and a second): the server ends its
+    /// transaction once it has been idle in it that long.
+    pub migration_timeout: Duration,
 }
 
 /// Never shows the connection string: it may hold a password.
@@ -61,6 +70,7 @@ impl std::fmt::Debug for PostgresConfig {
             .field("dead_node_retention", &self.dead_node_retention)
             .field("delivery_deadline", &self.delivery_deadline)
             .field("statement_timeout", &self.statement_timeout)
+            .field("migration_timeout", &self.migration_timeout)
             .finish()
     }
 }
@@ -77,6 +87,7 @@ impl PostgresConfig {
             dead_node_retention: Duration::from_secs(3600),
             delivery_deadline: Duration::from_secs(30),
             statement_timeout: Duration::from_secs(60),
+            migration_timeout: Duration::from_secs(600),
         }
     }
 }

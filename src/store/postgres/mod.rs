@@ -163,6 +163,24 @@ struct LeaseTerms {
     incarnation: Option<uuid::Uuid>,
 }
 
+/// `timeout` in milliseconds as a server setting takes it: from 1 to `i32::MAX` (0 would turn
+/// the timeout off).
+///
+/// # Errors
+/// `INVALID_CONFIG` naming `what` for a duration out of that range.
+fn server_millis(what: &str, timeout: Duration) -> Result<i32> {
+    match i32::try_from(timeout.as_millis()) {
+        Ok(ms) if ms > 0 => Ok(ms),
+        _ => Err(SubagentError::new(
+            ErrorCode::InvalidConfig,
+            format!(
+                "the PostgreSQL {what} must be from 1 ms to {} ms, not {timeout:?}",
+                i32::MAX
+            ),
+        )),
+    }
+}
+
 /// [`SessionPersistence`](super::SessionPersistence) over PostgreSQL (see the module docs).
 pub struct PostgresStore {
     pool: Pool,
@@ -176,6 +194,9 @@ pub struct PostgresStore {
     /// The longest a call waits for the server's answer ([`PostgresConfig::statement_timeout`]
     /// and [`CALL_GRACE`]).
     call_deadline: Duration,
+    /// The longest a schema migration runs once it holds the schema's lock
+    /// ([`PostgresConfig::migration_timeout`]).
+    migration_timeout: Duration,
     /// The lease holders of this process, shared with the lease batches.
     book: Arc<LeaseBook>,
     /// Header and log reads, batched (see [`batch`]).
@@ -260,7 +281,7 @@ impl PostgresStore {
     /// As [`PostgresStore::connect`].
     pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
         let store = Self::pool(config)?;
-        // A schema migration's DDL takes what it takes; its waits are bounded (see there).
+        // Bounded throughout: the wait for the schema's lock and every statement (see there).
         store.migrate().await?;
         Ok(store)
     }
@@ -278,20 +299,8 @@ impl PostgresStore {
         // statement is prepared once per connection and planned once: the batched reads'
         // plan cost five times their execution when planned per call, and a generic plan of
         // these index lookups is the custom one.
-        // PostgreSQL takes at most `i32::MAX` milliseconds (and 0 would turn it off).
-        let timeout_ms = match i32::try_from(config.statement_timeout.as_millis()) {
-            Ok(0) | Err(_) => {
-                return Err(SubagentError::new(
-                    ErrorCode::InvalidConfig,
-                    format!(
-                        "the PostgreSQL statement timeout must be from 1 ms to {} ms, not {:?}",
-                        i32::MAX,
-                        config.statement_timeout
-                    ),
-                ))
-            }
-            Ok(ms) => ms,
-        };
+        let timeout_ms = server_millis("statement timeout", config.statement_timeout)?;
+        server_millis("migration timeout", config.migration_timeout)?;
         // A statement the server cannot finish (a lock held elsewhere, say) is cancelled there
         // as its caller stops waiting for it, so the connection is free again.
         pg.options(format!(
@@ -381,6 +390,7 @@ impl PostgresStore {
             dead_node_retention: config.dead_node_retention,
             delivery_deadline: config.delivery_deadline,
             call_deadline,
+            migration_timeout: config.migration_timeout,
             book,
             reads,
             creations,

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::reconnect::within;
 use super::{io, PostgresStore, CALL_GRACE};
 use crate::error::{ErrorCode, Result, SubagentError};
 
@@ -144,72 +145,97 @@ async fn applied_version(client: &impl tokio_postgres::GenericClient) -> Result<
 impl PostgresStore {
     /// Applies the migrations this database has not seen, under an advisory lock.
     ///
-    /// Everything up to holding the lock is bounded: no lock is waited for longer than the
-    /// statement timeout (another process's migration, or a table's users for the DDL), and
-    /// no answer longer than the call deadline. Only the DDL's own work runs unbounded.
+    /// Bounded throughout: no lock is waited for longer than the statement timeout (another
+    /// process's migration, or a table's users for the DDL), no answer before the lock is held
+    /// longer than the call deadline, and the migration itself no longer than the migration
+    /// timeout, on the server and at the client (see [`PostgresConfig::migration_timeout`]).
+    /// A migration that fails in any way closes its connection: a statement of it may still be
+    /// running on a server that stopped answering, and closing ends its transaction there.
+    ///
+    /// [`PostgresConfig::migration_timeout`]: super::PostgresConfig::migration_timeout
     pub(super) async fn migrate(&self) -> Result<()> {
         let mut client = self.client().await?;
+        let migrated = self.migrate_on(&mut client).await;
+        if migrated.is_err() {
+            client.close();
+        }
+        migrated
+    }
+
+    async fn migrate_on(&self, client: &mut super::pool::Pooled) -> Result<()> {
         // Up to date already: no lock and no DDL (a reader's role may not create tables).
         let version = self
-            .bounded("reading the schema version", schema_version(&client))
+            .bounded("reading the schema version", schema_version(client))
             .await?;
         if version == Some(known_version()) {
             return Ok(());
         }
         let lock_wait = self.call_deadline.saturating_sub(CALL_GRACE);
+        let settings = format!(
+            "SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = {}; \
+             SET LOCAL idle_in_transaction_session_timeout = {}",
+            self.migration_timeout.as_millis(),
+            lock_wait.as_millis(),
+            self.call_deadline.as_millis(),
+        );
         let tx = self
             .bounded("starting the schema migration", async {
                 let tx = client
                     .transaction()
                     .await
                     .map_err(io("starting the schema migration"))?;
-                tx.batch_execute(&format!(
-                    "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = {}",
-                    lock_wait.as_millis()
-                ))
-                .await
-                .map_err(io("lifting the statement timeout for the migration"))?;
+                tx.batch_execute(&settings)
+                    .await
+                    .map_err(io("setting the migration's timeouts"))?;
                 tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
                     .await
                     .map_err(|error| migration_lock_refused(error, lock_wait))?;
                 Ok(tx)
             })
             .await?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS subagents_schema (
-                 version integer PRIMARY KEY,
-                 applied_at timestamptz NOT NULL DEFAULT now()
-             )",
+        within(
+            "applying the schema migration",
+            self.migration_timeout.saturating_add(CALL_GRACE),
+            apply_migrations(tx),
         )
         .await
-        .map_err(io("creating the schema table"))?;
-        let applied = applied_version(&*tx).await?;
-        let known = known_version();
-        if applied > known || applied < 0 {
-            return Err(SubagentError::new(
-                ErrorCode::StoreCorrupt,
-                format!(
-                    "the database's schema is version {applied}, newer than this crate's {known}"
-                ),
-            ));
-        }
-        for (version, migration) in (1..)
-            .zip(MIGRATIONS)
-            .skip(usize::try_from(applied).unwrap_or(0))
-        {
-            tx.batch_execute(migration)
-                .await
-                .map_err(io(format!("applying schema version {version}")))?;
-            tx.execute(
-                "INSERT INTO subagents_schema (version) VALUES ($1)",
-                &[&version],
-            )
-            .await
-            .map_err(io("recording the schema version"))?;
-            tracing::info!(version, "PostgreSQL schema migrated");
-        }
-        tx.commit()
-            .await
-            .map_err(io("committing the schema migration"))
     }
+}
+
+/// Applies the migrations `tx` (holding the schema's lock) has not seen, and commits.
+async fn apply_migrations(tx: deadpool_postgres::Transaction<'_>) -> Result<()> {
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS subagents_schema (
+             version integer PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .map_err(io("creating the schema table"))?;
+    let applied = applied_version(&*tx).await?;
+    let known = known_version();
+    if applied > known || applied < 0 {
+        return Err(SubagentError::new(
+            ErrorCode::StoreCorrupt,
+            format!("the database's schema is version {applied}, newer than this crate's {known}"),
+        ));
+    }
+    for (version, migration) in (1..)
+        .zip(MIGRATIONS)
+        .skip(usize::try_from(applied).unwrap_or(0))
+    {
+        tx.batch_execute(migration)
+            .await
+            .map_err(io(format!("applying schema version {version}")))?;
+        tx.execute(
+            "INSERT INTO subagents_schema (version) VALUES ($1)",
+            &[&version],
+        )
+        .await
+        .map_err(io("recording the schema version"))?;
+        tracing::info!(version, "PostgreSQL schema migrated");
+    }
+    tx.commit()
+        .await
+        .map_err(io("committing the schema migration"))
 }
