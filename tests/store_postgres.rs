@@ -1626,3 +1626,34 @@ fn a_call_past_its_deadline_does_not_hand_its_connection_to_the_next() {
         left <= i64::try_from(pids.len() - failed).unwrap()
     });
 }
+
+// A server that accepts the connection and never answers its startup (a hung server, a port
+// that is not PostgreSQL's) fails `connect` with `STORE_IO` at the pool's create timeout and
+// keeps nothing of the attempt: its socket is closed then. Before, the attempt went on in a
+// task of its own, holding its socket, for as long as the process lived.
+#[test]
+fn a_server_that_never_answers_the_startup_fails_connect_and_keeps_no_socket() {
+    use std::io::Read;
+
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url = format!("host=127.0.0.1 port={port} user=nobody dbname=nothing");
+    let connecting = runtime.spawn(async move { PostgresStore::connect(&url).await.map(drop) });
+    let (mut socket, _) = listener.accept().expect("the store connects");
+    let refused = block_on(tokio::time::timeout(Duration::from_secs(30), connecting))
+        .expect("connect gave up within its create timeout")
+        .expect("the connect ran")
+        .expect_err("the server never answered");
+    assert_eq!(refused.code(), ErrorCode::StoreIo, "{refused}");
+    // The startup message arrived; then the socket closes (a read past it would block, and
+    // time out, while the attempt lived on).
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut sent = Vec::new();
+    let closed = socket.read_to_end(&mut sent);
+    assert!(closed.is_ok(), "the attempt kept its socket: {closed:?}");
+    assert!(!sent.is_empty(), "the startup message was sent");
+}

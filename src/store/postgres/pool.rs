@@ -11,6 +11,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
 use futures::future::BoxFuture;
 use tokio_postgres::NoTls;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::{ErrorCode, Result, SubagentError};
 
@@ -68,9 +69,13 @@ impl deadpool_postgres::Connect for OnStoreRuntime {
         config: &tokio_postgres::Config,
     ) -> BoxFuture<'_, std::result::Result<Opened, tokio_postgres::Error>> {
         let config = config.clone();
-        let opening = self
-            .runtime
-            .spawn(open_on(config.clone(), self.runtime.clone()));
+        // Aborted when the pool stops waiting for it (its create timeout): the connect
+        // timeout covers only the socket's connect, and a server that accepts it and never
+        // answers the startup would otherwise hold the attempt, and its socket, forever.
+        let opening = AbortOnDropHandle::new(
+            self.runtime
+                .spawn(open_on(config.clone(), self.runtime.clone())),
+        );
         Box::pin(async move {
             match opening.await {
                 Ok(opened) => opened,
