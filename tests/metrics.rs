@@ -296,6 +296,9 @@ fn a_node_serves_its_metrics_in_prometheus_text() {
     let local = ["--metrics-addr", "127.0.0.1:0"];
     let mut b = NodeProcess::start_with_env(&url, "b", &local, &[]);
     let b_metrics = metrics_addr(&b);
+    // A client that connects and never asks: the endpoint closes its connection (in 5 s)
+    // rather than keep it, and a task, for as long as the node runs.
+    let mut quiet = std::net::TcpStream::connect(&b_metrics).unwrap();
     let mut a = NodeProcess::start_with_env(
         &url,
         "a",
@@ -374,6 +377,11 @@ fn a_node_serves_its_metrics_in_prometheus_text() {
     assert!(on_b.has("subagents_children_resident"), "{body}");
     let (head, _) = get(&b_metrics, "/elsewhere");
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    quiet
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let closed = std::io::Read::read_to_end(&mut quiet, &mut Vec::new());
+    assert!(closed.is_ok(), "the quiet connection was kept: {closed:?}");
     a.tell("quit");
     assert!(a.wait().success(), "{}", a.errors());
     b.signal("-TERM");

@@ -493,8 +493,14 @@ fn meter_provider(
     Ok(provider)
 }
 
+/// How long the metrics endpoint waits for a request's head, on a fresh connection or one
+/// kept alive: a client that connects and goes quiet holds no task or descriptor longer. A
+/// scraper reconnects for its next scrape.
+const METRICS_REQUEST_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Serves the metrics in Prometheus's text format at `GET /metrics` on `listener`, one task
-/// per connection, until the process ends.
+/// per connection, until the process ends; a connection that sends no request for
+/// [`METRICS_REQUEST_WITHIN`] is closed.
 pub(crate) async fn serve_prometheus(listener: tokio::net::TcpListener) {
     loop {
         let stream = match listener.accept().await {
@@ -511,6 +517,8 @@ pub(crate) async fn serve_prometheus(listener: tokio::net::TcpListener) {
                 Ok::<_, std::convert::Infallible>(scrape(&request))
             });
             let served = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(METRICS_REQUEST_WITHIN)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
             if let Err(error) = served {
