@@ -558,3 +558,37 @@ fn a_parent_hears_that_its_childs_node_stopped() {
     a.tell("quit");
     assert!(a.wait().success(), "{}", a.errors());
 }
+
+// A node whose shutdown waits on what does not answer (here the store: every connection's
+// server process stopped, as a paused machine's are) stops at a second SIGTERM, saying so,
+// instead of ignoring it for as long as its calls' deadlines add up. Before, the first
+// signal's handler swallowed every later one.
+#[test]
+fn a_second_signal_stops_a_node_whose_shutdown_waits() {
+    let url = postgres_or_skip!().fresh_database();
+    let mut a = NodeProcess::start(&url, "a", &["--hold", "--drive", "1", "--children", "1"]);
+    let child = first_child(&a.lines_until("round 1"));
+    until_stored(&url, &[child], "the child mid-turn", |logs| {
+        logs[0]
+            .iter()
+            .any(|event| matches!(event.kind, EventKind::TurnStart { .. }))
+    });
+    let runtime = crate::store::store_runtime();
+    let _entered = runtime.enter();
+    let stopped = crate::store_postgres::stop_client_backends(&url);
+    a.signal("-TERM");
+    let leaving = format!("leaving {}", a.id);
+    a.lines_until(&leaving);
+    // Its shutdown now waits on the store (a minute a call); a second signal ends it.
+    a.signal("-TERM");
+    let status = a
+        .wait_within(Duration::from_secs(10))
+        .expect("the node stopped at the second signal");
+    assert_eq!(status.code(), Some(2), "{}", a.errors());
+    let said = a.errors();
+    assert!(
+        said.contains("(code CANCELLED)") && said.contains("second signal"),
+        "{said}"
+    );
+    drop(stopped);
+}

@@ -342,7 +342,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
         install_report_tool(&rt, ReportDelivery::Wakeup).keep();
     }
     // Listened for from now on, whatever the node is doing when one comes.
-    let signalled = signals()?;
+    let mut signals = Signals::listen()?;
     say(format_args!("node {node} {}", plan.name))?;
     if let Some(bound) = metrics {
         say(format_args!("metrics {bound}"))?;
@@ -365,14 +365,30 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     };
     let outcome = tokio::select! {
         outcome = driven => outcome,
-        () = signalled => Ok(()),
+        () = signals.next() => Ok(()),
         () = lost.cancelled() => Err(SubagentError::new(
             ErrorCode::LeaseLost,
             format!("node {node} was declared dead (no heartbeat landed within its time-to-live): its children may be another node's now"),
         ).into()),
     };
-    // Released child first, then the membership row removed (a lost node's row stays).
-    let shut = rt.shutdown().await;
+    // Released child first, then the membership row removed (a lost node's row stays). A
+    // second signal cuts a shutdown that waits on others (a parent's node that does not
+    // answer, say) short: the node then ends as a killed one does, and the cluster takes
+    // over what it held once its leases and its row expire.
+    say(format_args!("leaving {node}"))?;
+    let shut = tokio::select! {
+        shut = rt.shutdown() => shut,
+        () = signals.next() => {
+            return Err(SubagentError::new(
+                ErrorCode::Cancelled,
+                format!(
+                    "node {node} stopped at a second signal before its shutdown finished: \
+                     what it had not released stays leased until its leases expire"
+                ),
+            )
+            .into())
+        }
+    };
     outcome?;
     shut?;
     say(format_args!("left {node}"))
@@ -399,20 +415,32 @@ fn reporting(name: &str) -> ScriptStep {
     }))
 }
 
-/// Resolves at the first SIGTERM or SIGINT; both are handled from this call on.
-fn signals() -> Result<impl std::future::Future<Output = ()>, SubagentError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let io = |error: std::io::Error| {
-        SubagentError::new(ErrorCode::InvalidArgs, format!("handling signals: {error}"))
-    };
-    let mut terms = signal(SignalKind::terminate()).map_err(io)?;
-    let mut interrupts = signal(SignalKind::interrupt()).map_err(io)?;
-    Ok(async move {
+/// SIGTERM and SIGINT, handled from [`Signals::listen`] on (the default action, ending the
+/// process at once, no longer applies: a second signal is how to cut a shutdown short).
+struct Signals {
+    terms: tokio::signal::unix::Signal,
+    interrupts: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn listen() -> Result<Self, SubagentError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let io = |error: std::io::Error| {
+            SubagentError::new(ErrorCode::InvalidArgs, format!("handling signals: {error}"))
+        };
+        Ok(Self {
+            terms: signal(SignalKind::terminate()).map_err(io)?,
+            interrupts: signal(SignalKind::interrupt()).map_err(io)?,
+        })
+    }
+
+    /// Resolves at the next SIGTERM or SIGINT.
+    async fn next(&mut self) {
         tokio::select! {
-            _ = terms.recv() => {}
-            _ = interrupts.recv() => {}
+            _ = self.terms.recv() => {}
+            _ = self.interrupts.recv() => {}
         }
-    })
+    }
 }
 
 /// Interrupts every child for its root (the user's authority): a running turn ends, what the
