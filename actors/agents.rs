@@ -336,14 +336,15 @@ impl Agents {
         };
         self.reserve((request.id, incarnation), Purpose::Resume)
             .await?;
-        let lease = LeaseGuard::acquire(&store, request.id, &self.shared.holder).await?;
+        let (lease, stored_len) =
+            LeaseGuard::acquire_with_length(&store, request.id, &self.shared.holder).await?;
         let epoch = Some(lease.lease.epoch);
         // What its log last stated as runtime context, when it is loaded paged out.
         let mut stated = StatedContext::default();
         let (log, inbox) = match (request.inspected, request.options.resident_events) {
             (Some(inspected), _) => {
                 let stored = store
-                    .prepare_inspected(request.id, epoch, inspected)
+                    .prepare_inspected(request.id, epoch, inspected, stored_len)
                     .await?;
                 (SessionLog::from_stored(stored.header, stored.events)?, None)
             }
@@ -805,6 +806,17 @@ impl LeaseGuard {
     async fn acquire(store: &SharedStore, id: SessionId, holder: &LeaseHolder) -> Result<Self> {
         let lease = store.acquire_lease(id, holder.clone()).await?;
         Ok(Self::held(store, id, lease))
+    }
+
+    /// [`LeaseGuard::acquire`], with the stored log's length at the grant when the store
+    /// tells it (see [`SessionPersistence::acquire_lease_with_length`]).
+    async fn acquire_with_length(
+        store: &SharedStore,
+        id: SessionId,
+        holder: &LeaseHolder,
+    ) -> Result<(Self, Option<u64>)> {
+        let (lease, stored_len) = store.acquire_lease_with_length(id, holder.clone()).await?;
+        Ok((Self::held(store, id, lease), stored_len))
     }
 
     /// Guards `lease`, already granted on `id`.

@@ -112,3 +112,33 @@ async fn a_cold_resume_closes_an_interrupted_turn_durably() {
     );
     rt.shutdown().await.unwrap();
 }
+
+// On PostgreSQL the lease's grant tells the stored log's length (the session's row it locks
+// holds it): a cold resume whose inspection is that long reads nothing more, one round trip
+// fewer to acceptance. Before, the resume asked for what was appended since its inspection,
+// a read that found nothing, every time.
+#[actix_rt::test]
+async fn a_cold_resume_on_postgres_asks_for_its_log_once() {
+    let url = crate::support::postgres::postgres_or_skip!().fresh_database();
+    let store = Arc::new(
+        subagents::store::PostgresStore::connect(&url)
+            .await
+            .unwrap(),
+    );
+    let rt = runtime_on(Arc::clone(&store) as Arc<dyn SessionPersistence>).await;
+    let (parent, child, recorder) = released_child(&rt).await;
+
+    let before = store.batched_calls().reads;
+    followup_child(&rt, parent.agent(), child, "continue")
+        .await
+        .expect("the absent child is resumed");
+    assert_eq!(
+        store.batched_calls().reads - before,
+        1,
+        "the inspection, and no read after the lease"
+    );
+    settled(&recorder, child, 2).await;
+    let events = store.read_from(child, 0).await.unwrap();
+    assert_eq!(turn_ends(&events).len(), 2, "both epochs are stored");
+    rt.shutdown().await.unwrap();
+}

@@ -967,3 +967,48 @@ fn a_damaged_sled_store_is_refused_as_corrupt_with_what_to_do() {
         "nothing was changed"
     );
 }
+
+// A resume inspects a log before it takes the lease; what another writer appended in between
+// is read after the grant on every store, whether or not the grant told the log's length
+// (PostgreSQL's does, and a log that did not grow is then not read again).
+#[test]
+fn what_was_appended_between_an_inspection_and_the_lease_is_loaded() {
+    let runtime = store_runtime();
+    let _entered = runtime.enter();
+    for Backend { name, store, .. } in backends() {
+        let id = SessionId::new();
+        block_on(store.create(SessionHeader::new(id), notes(0, 2))).unwrap();
+        let inspected = block_on(store.inspect(id)).unwrap();
+        assert_eq!(inspected.events.len(), 2, "{name}");
+        // Another writer appends before this resume's lease is granted.
+        let writer = block_on(store.acquire_lease(id, LeaseHolder::new())).unwrap();
+        block_on(store.append(id, 2, notes(2, 1), Some(writer.epoch))).unwrap();
+        block_on(store.release_lease(id, writer.epoch)).unwrap();
+
+        let (lease, stored_len) =
+            block_on(store.acquire_lease_with_length(id, LeaseHolder::new())).unwrap();
+        assert!(
+            stored_len.is_none_or(|len| len == 3),
+            "{name}: a length told is the log's at the grant: {stored_len:?}"
+        );
+        let loaded =
+            block_on(store.prepare_inspected(id, Some(lease.epoch), inspected.clone(), stored_len))
+                .unwrap();
+        assert_eq!(loaded.events.len(), 3, "{name}: the append is loaded");
+
+        // Nothing appended since: the inspection is the log.
+        let inspected = block_on(store.inspect(id)).unwrap();
+        block_on(store.release_lease(id, lease.epoch)).unwrap();
+        let (lease, stored_len) =
+            block_on(store.acquire_lease_with_length(id, LeaseHolder::new())).unwrap();
+        let loaded =
+            block_on(store.prepare_inspected(id, Some(lease.epoch), inspected, stored_len))
+                .unwrap();
+        assert_eq!(loaded.events.len(), 3, "{name}");
+        assert_eq!(
+            stored_len.is_some(),
+            name == "postgres",
+            "{name}: only PostgreSQL's grant tells the length"
+        );
+    }
+}

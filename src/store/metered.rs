@@ -125,6 +125,17 @@ impl SessionPersistence for MeteredStore {
         Box::pin(async move { self.granted(self.inner.acquire_lease(id, holder).await) })
     }
 
+    fn acquire_lease_with_length(
+        &self,
+        id: SessionId,
+        holder: LeaseHolder,
+    ) -> BoxFuture<'_, Result<(Lease, Option<u64>)>> {
+        Box::pin(async move {
+            let (lease, stored_len) = self.inner.acquire_lease_with_length(id, holder).await?;
+            Ok((self.granted(Ok(lease))?, stored_len))
+        })
+    }
+
     fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
         self.inner.renew_lease(id, epoch)
     }
@@ -198,7 +209,9 @@ impl SessionPersistence for MeteredStore {
         id: SessionId,
         lease: Option<LeaseEpoch>,
         inspected: StoredSession,
+        stored_len: Option<u64>,
     ) -> BoxFuture<'_, Result<StoredSession>> {
-        self.inner.prepare_inspected(id, lease, inspected)
+        self.inner
+            .prepare_inspected(id, lease, inspected, stored_len)
     }
 }

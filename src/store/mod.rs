@@ -307,6 +307,22 @@ pub trait SessionPersistence: Send + Sync + 'static {
     /// `SESSION_NOT_FOUND`; `SESSION_LEASED` when another runtime holds the lease; `STORE_IO`.
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>>;
 
+    /// [`SessionPersistence::acquire_lease`], answered with the length of the session's
+    /// stored log at the grant when the store learns it in the same step (`None` otherwise,
+    /// the default). No one else appends while the lease is held, so a resume that inspected
+    /// the log before taking it reads it again only if it grew
+    /// ([`SessionPersistence::prepare_inspected`]).
+    ///
+    /// # Errors
+    /// As [`SessionPersistence::acquire_lease`].
+    fn acquire_lease_with_length(
+        &self,
+        id: SessionId,
+        holder: LeaseHolder,
+    ) -> BoxFuture<'_, Result<(Lease, Option<u64>)>> {
+        Box::pin(async move { Ok((self.acquire_lease(id, holder).await?, None)) })
+    }
+
     /// Extends a lease that has a time-to-live.
     ///
     /// # Errors
@@ -487,8 +503,10 @@ pub trait SessionPersistence: Send + Sync + 'static {
 
     /// [`SessionPersistence::prepare`] for a caller that inspected the session
     /// ([`SessionPersistence::inspect`]) before it took the lease: only what was appended since
-    /// the inspection is read, so a cold resume reads its log once. The header is the
-    /// inspection's (a stored header never changes).
+    /// the inspection is read, so a cold resume reads its log once, and nothing is read when
+    /// `stored_len`, the log's length as the lease's grant saw it
+    /// ([`SessionPersistence::acquire_lease_with_length`]), is the inspection's. The header is
+    /// the inspection's (a stored header never changes).
     ///
     /// # Errors
     /// As [`SessionPersistence::prepare`].
@@ -497,6 +515,7 @@ pub trait SessionPersistence: Send + Sync + 'static {
         id: SessionId,
         lease: Option<LeaseEpoch>,
         inspected: StoredSession,
+        stored_len: Option<u64>,
     ) -> BoxFuture<'_, Result<StoredSession>> {
         Box::pin(async move {
             let StoredSession {
@@ -507,7 +526,9 @@ pub trait SessionPersistence: Send + Sync + 'static {
             events.truncate(events.len().saturating_sub(unrepaired));
             let next = seq_of(events.len())?;
             // Past the seed the session's own stored log answers alone.
-            let appended = if next >= header.first_stored_seq() {
+            let appended = if stored_len == Some(next) {
+                Vec::new()
+            } else if next >= header.first_stored_seq() {
                 self.read_stored(id, next, u64::MAX).await?
             } else {
                 self.read_from(id, next).await?

@@ -20,9 +20,17 @@ pub(super) struct LeaseRequest {
     pub(super) holder: LeaseHolder,
 }
 
-/// A session's row as the grants see it: its epoch and who holds its lease.
+/// A lease granted, with the length of the session's stored log when it was granted: no one
+/// else appends while the lease is held, so a resume that read that much reads nothing more.
+pub(super) struct Granted {
+    pub(super) lease: Lease,
+    pub(super) stored_len: u64,
+}
+
+/// A session's row as the grants see it: its epoch, its log's length and who holds its lease.
 struct Held {
     epoch: i64,
+    next_seq: i64,
     /// The holder, the node incarnation it holds for, and whether its lease is live.
     lease: Option<(uuid::Uuid, Option<uuid::Uuid>, bool)>,
 }
@@ -47,7 +55,7 @@ pub(super) async fn grant_many(
     pool: &Pool,
     book: &LeaseBook,
     requests: &[LeaseRequest],
-) -> Result<Vec<Result<Lease>>> {
+) -> Result<Vec<Result<Granted>>> {
     let mut ids: Vec<uuid::Uuid> = requests.iter().map(|request| uuid_of(request.id)).collect();
     ids.sort_unstable();
     ids.dedup();
@@ -63,7 +71,8 @@ pub(super) async fn grant_many(
     let client = connection.client()?;
     let statements = futures::try_join!(
         client.prepare_cached(
-            "SELECT id, epoch FROM subagents_sessions WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            "SELECT id, epoch, next_seq FROM subagents_sessions WHERE id = ANY($1) ORDER BY id
+             FOR UPDATE",
         ),
         client.prepare_cached(concat!(
             "SELECT lease.session, lease.holder, lease.incarnation, ",
@@ -191,7 +200,7 @@ async fn in_transaction(
     book: &LeaseBook,
     requests: &[LeaseRequest],
     ids: &[uuid::Uuid],
-) -> std::result::Result<Vec<Result<Lease>>, tokio_postgres::Error> {
+) -> std::result::Result<Vec<Result<Granted>>, tokio_postgres::Error> {
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
     let ((), sessions, leases) = futures::try_join!(
         client.batch_execute("BEGIN"),
@@ -205,6 +214,7 @@ async fn in_transaction(
                 row.get(0),
                 Held {
                     epoch: row.get(1),
+                    next_seq: row.get(2),
                     lease: None,
                 },
             )
@@ -216,7 +226,7 @@ async fn in_transaction(
         }
     }
     let mut grants: HashMap<uuid::Uuid, Grant> = HashMap::new();
-    let answers: Vec<Result<Lease>> = requests
+    let answers: Vec<Result<Granted>> = requests
         .iter()
         .map(|request| grant_one(book, request, &mut held, &mut grants))
         .collect();
@@ -259,7 +269,7 @@ fn grant_one(
     request: &LeaseRequest,
     held: &mut HashMap<uuid::Uuid, Held>,
     grants: &mut HashMap<uuid::Uuid, Grant>,
-) -> Result<Lease> {
+) -> Result<Granted> {
     let id = request.id;
     let session = held.get_mut(&uuid_of(id)).ok_or_else(|| not_found(id))?;
     let epoch = session
@@ -291,5 +301,8 @@ fn grant_one(
             incarnation: terms.incarnation,
         },
     );
-    Ok(terms.lease)
+    Ok(Granted {
+        lease: terms.lease,
+        stored_len: seq_value(session.next_seq)?,
+    })
 }

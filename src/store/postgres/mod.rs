@@ -62,7 +62,7 @@ use crate::session::{SessionEvent, SessionHeader};
 use batch::Batcher;
 use creations::CreationRequest;
 use lease_book::LeaseBook;
-use leases::LeaseRequest;
+use leases::{Granted, LeaseRequest};
 use pool::{checkout, open_pool, Pooled, CONNECT_TIMEOUT};
 use reads::{ReadRequest, StoredRows};
 use reconnect::reconnecting;
@@ -204,7 +204,7 @@ pub struct PostgresStore {
     /// Session creations, batched (see [`batch`]): `true` for each one created.
     creations: Batcher<CreationRequest, bool>,
     /// Lease grants, batched (see [`batch`]).
-    leases: Batcher<LeaseRequest, Lease>,
+    leases: Batcher<LeaseRequest, Granted>,
     /// Lease releases, batched (see [`batch`]).
     releases: Batcher<(SessionId, LeaseEpoch), ()>,
     /// Durability flushes: one synchronous commit at a time, shared by every flush it covers.

@@ -186,7 +186,24 @@ impl SessionPersistence for PostgresStore {
     }
 
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
-        Box::pin(async move { self.leases.call(LeaseRequest { id, holder }).await })
+        Box::pin(async move {
+            let granted = self.leases.call(LeaseRequest { id, holder }).await?;
+            Ok(granted.lease)
+        })
+    }
+
+    /// The lease and the log's length, both from the grant's transaction (the session's row
+    /// it locks holds the length): a cold resume learns with its lease whether its
+    /// inspection is the whole log.
+    fn acquire_lease_with_length(
+        &self,
+        id: SessionId,
+        holder: LeaseHolder,
+    ) -> BoxFuture<'_, Result<(Lease, Option<u64>)>> {
+        Box::pin(async move {
+            let granted = self.leases.call(LeaseRequest { id, holder }).await?;
+            Ok((granted.lease, Some(granted.stored_len)))
+        })
     }
 
     fn renew_lease(&self, id: SessionId, epoch: LeaseEpoch) -> BoxFuture<'_, Result<()>> {
