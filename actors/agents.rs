@@ -36,8 +36,7 @@ use actix::prelude::*;
 
 use crate::actors::agent::{AgentActor, AgentRef, Faulted};
 use crate::actors::registry::{
-    Abandon, AgentRegistry, Close, Exact, ListLive, Lookup, Publish, Purpose, Reserve, Reserved,
-    Roots,
+    AgentRegistry, Close, Exact, ListLive, Lookup, Publish, Purpose, Reserve, Reserved, Roots,
 };
 use crate::actors::workers::WorkerPool;
 use crate::content::Message;
@@ -55,7 +54,10 @@ use crate::ids::SessionId;
 use crate::projection::ProjectionRegistry;
 use crate::session::log::{Attachment, CreationCommit, WriterIdle};
 use crate::session::{EventKind, SessionHeader, SessionLog};
-use crate::store::{Lease, LeaseEpoch, LeaseHolder, SessionPersistence, SharedStore};
+use crate::store::{LeaseEpoch, LeaseHolder, SessionPersistence};
+
+mod guards;
+use guards::{LeaseGuard, Reservation};
 
 /// The agents service: creates, resumes and finds agents. Cheap to clone (one pointer: every
 /// agent reference carries one, so its size is paid per resident child, several times over).
@@ -768,88 +770,5 @@ impl Agents {
             .into_iter()
             .map(|handle| handle.agent().clone())
             .collect()
-    }
-}
-
-/// Frees a registry reservation (or disposes what it published) unless the creation completed.
-/// Borrows the registry's address: a clone of an actix address allocates a sender of its own.
-struct Reservation<'a> {
-    registry: &'a Addr<AgentRegistry>,
-    agent: Option<Exact>,
-}
-
-impl Reservation<'_> {
-    fn keep(mut self) {
-        self.agent = None;
-    }
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        if let Some(agent) = self.agent.take() {
-            // The registry outlives every creation; a stopped registry has nothing to free.
-            self.registry.do_send(Abandon(agent));
-        }
-    }
-}
-
-/// A session lease taken by a creation in progress: released if the creation fails or is
-/// dropped before write-behind takes it over.
-struct LeaseGuard {
-    store: SharedStore,
-    id: SessionId,
-    lease: Lease,
-    held: bool,
-}
-
-impl LeaseGuard {
-    async fn acquire(store: &SharedStore, id: SessionId, holder: &LeaseHolder) -> Result<Self> {
-        let lease = store.acquire_lease(id, holder.clone()).await?;
-        Ok(Self::held(store, id, lease))
-    }
-
-    /// [`LeaseGuard::acquire`], with the stored log's length at the grant when the store
-    /// tells it (see [`SessionPersistence::acquire_lease_with_length`]).
-    async fn acquire_with_length(
-        store: &SharedStore,
-        id: SessionId,
-        holder: &LeaseHolder,
-    ) -> Result<(Self, Option<u64>)> {
-        let (lease, stored_len) = store.acquire_lease_with_length(id, holder.clone()).await?;
-        Ok((Self::held(store, id, lease), stored_len))
-    }
-
-    /// Guards `lease`, already granted on `id`.
-    fn held(store: &SharedStore, id: SessionId, lease: Lease) -> Self {
-        Self {
-            store: Arc::clone(store),
-            id,
-            lease,
-            held: true,
-        }
-    }
-
-    /// Hands the lease to write-behind, which releases it when the log closes.
-    fn hand_over(mut self) -> Lease {
-        self.held = false;
-        self.lease
-    }
-}
-
-impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        if !self.held {
-            return;
-        }
-        let (store, id, epoch) = (Arc::clone(&self.store), self.id, self.lease.epoch);
-        // Drop runs inside the actor system (creations are async); without a runtime there is no
-        // one left to hold the lease against, and an embedded store frees it with its holder.
-        if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(async move {
-                if let Err(error) = store.release_lease(id, epoch).await {
-                    tracing::warn!(session_id = %id, %error, "releasing an unused lease failed");
-                }
-            });
-        }
     }
 }

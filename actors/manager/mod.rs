@@ -56,6 +56,7 @@
 mod control;
 mod drain;
 mod followup;
+mod gone_nodes;
 mod materialize;
 mod parent;
 mod records;

@@ -18,9 +18,11 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::memory::{peak_rss_bytes, rss_bytes};
 use super::model::{delegate_directive, LoadModel, DELEGATE_TOOL, REPORT_DIRECTIVE, REPORT_TOOL};
 use super::report::{LatencyRecorder, LoadReport};
 use super::scenario::{in_share, share_count, LoadFlush, LoadStore, Scenario};
+use super::store::{open_store, Reopen, RunStore};
 use super::timeline::Sampler;
 use super::verify::{verify, Created};
 use crate::actors::agent::AgentRef;
@@ -33,7 +35,7 @@ use crate::seam::{
     ContinuableStartSpec, DelegationMode, FollowupOptions, InterruptAuthority, ReportDelivery,
     ReportOptions, SubagentEvent, SubagentStartRequest,
 };
-use crate::store::{MemoryStore, SharedStore, SledStore};
+use crate::store::SharedStore;
 use crate::tools::plugin::calling_agent;
 use crate::tools::{Tool, ToolError, ToolOutput};
 use crate::Runtime;
@@ -476,87 +478,6 @@ where
             }
         }
     })
-}
-
-/// The resident set size of this process, in bytes (0 where `/proc` is unavailable).
-pub fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|pages| pages.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 4096
-}
-
-/// The peak resident set size of this process, in bytes.
-fn peak_rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| value.split_whitespace().next()?.parse::<u64>().ok())
-        .map_or_else(rss_bytes, |kib| kib * 1024)
-}
-
-/// The store of a run, and the temporary directory it lives in (removed when dropped).
-struct RunStore {
-    store: SharedStore,
-    /// The PostgreSQL store the first node joins, when the run is a cluster.
-    cluster: Option<Arc<crate::store::PostgresStore>>,
-    reopen: Option<Reopen>,
-    _temporary: Option<tempfile::TempDir>,
-}
-
-/// How verification reopens a run's store.
-pub(crate) enum Reopen {
-    /// The sled directory itself, once the run closed it.
-    Sled(std::path::PathBuf),
-    /// A second connection to the database.
-    Postgres(String),
-}
-
-async fn open_store(scenario: &Scenario) -> Result<RunStore> {
-    match (scenario.store, &scenario.store_url) {
-        (LoadStore::Memory, _) => Ok(RunStore {
-            store: Arc::new(MemoryStore::new()),
-            cluster: None,
-            reopen: None,
-            _temporary: None,
-        }),
-        (LoadStore::Postgres, url) => {
-            let url = url.clone().ok_or_else(|| {
-                SubagentError::new(ErrorCode::InvalidArgs, "the postgres store needs store_url")
-            })?;
-            let store = Arc::new(crate::store::PostgresStore::connect(&url).await?);
-            Ok(RunStore {
-                cluster: (scenario.nodes > 1).then(|| Arc::clone(&store)),
-                store,
-                reopen: Some(Reopen::Postgres(url)),
-                _temporary: None,
-            })
-        }
-        (LoadStore::Sled, _) => {
-            let (dir, temporary) = match &scenario.store_dir {
-                Some(dir) => (dir.clone(), None),
-                None => {
-                    let temporary = tempfile::tempdir().map_err(|error| {
-                        SubagentError::store_io("creating a temporary store directory", error)
-                    })?;
-                    (temporary.path().to_path_buf(), Some(temporary))
-                }
-            };
-            Ok(RunStore {
-                store: Arc::new(SledStore::open_with_cache_capacity(
-                    &dir,
-                    scenario.store_cache_bytes(),
-                )?),
-                cluster: None,
-                reopen: Some(Reopen::Sled(dir.clone())),
-                _temporary: temporary,
-            })
-        }
-    }
 }
 
 /// Runs `scenario` to the end: grows the forest, drains it, measures and verifies. The report

@@ -6,8 +6,9 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::memory::rss_bytes;
 use super::report::Sample;
-use super::run::{rss_bytes, LoadCounters};
+use super::run::LoadCounters;
 
 /// The first interval between samples: a default run, a fraction of a second, still draws a
 /// picture.

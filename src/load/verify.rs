@@ -170,7 +170,7 @@ pub(crate) async fn verify(
     reports: u64,
     listed: Shape,
     shutdown: Result<()>,
-    reopen: Option<&super::run::Reopen>,
+    reopen: Option<&super::store::Reopen>,
 ) -> Verified {
     let mut checks = Vec::new();
     let mut persisted = Persisted::default();
@@ -324,10 +324,10 @@ pub(crate) async fn verify(
     // A sled directory is reopened only once the run has closed it (see `reopened_sled`).
     let mut listed = None;
     match reopen {
-        Some(super::run::Reopen::Postgres(url)) => {
+        Some(super::store::Reopen::Postgres(url)) => {
             checks.push(same_forest_reopened(reopened(rt, url, roots).await, &pairs));
         }
-        Some(super::run::Reopen::Sled(_)) => listed = Some(pairs),
+        Some(super::store::Reopen::Sled(_)) => listed = Some(pairs),
         None => {}
     }
     Verified {
