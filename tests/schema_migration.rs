@@ -95,6 +95,31 @@ fn a_connect_waits_for_another_processs_migration_no_longer_than_the_statement_t
     assert!(query_value::<i32>(&url, "SELECT max(version) FROM subagents_schema") >= 10);
 }
 
+/// Migrates the database at `url`, then puts it one migration behind: the last one runs
+/// again (it may: it only sets the columns' compression), and it must lock the event batches,
+/// which the answered client holds in an open transaction (`ROLLBACK` frees them).
+fn one_migration_behind_with_its_table_held(url: &str) -> tokio_postgres::Client {
+    block_on(PostgresStore::connect(url)).expect("migrates");
+    execute(url, "DELETE FROM subagents_schema WHERE version = 10");
+    let holder = block_on(raw_client(url));
+    block_on(
+        holder.batch_execute("BEGIN; LOCK TABLE subagents_event_batches IN ACCESS EXCLUSIVE MODE"),
+    )
+    .expect("the table's lock");
+    holder
+}
+
+/// Waits (bounded) until a migration waits for the table another client holds.
+fn until_a_migration_waits_for_the_table(url: &str) {
+    poll_until("the migration to wait for the table", || {
+        query_value::<i64>(
+            url,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        ) == 1
+    });
+}
+
 // A migration whose server stops answering part-way (its backend stopped, as a paused
 // machine's is, while the DDL waits for a table's users) fails `connect` with `STORE_IO` once
 // its migration timeout passes, and applies nothing; once the server answers again, the next
@@ -105,27 +130,13 @@ fn a_migration_whose_server_stops_answering_fails_within_its_migration_timeout()
     let runtime = runtime();
     let _entered = runtime.enter();
     let url = postgres_or_skip!().fresh_database();
-    block_on(PostgresStore::connect(&url)).expect("migrates");
-    // The last migration runs again (it may: it only sets the columns' compression), and it
-    // must lock the event batches, which another client holds.
-    execute(&url, "DELETE FROM subagents_schema WHERE version = 10");
-    let holder = block_on(raw_client(&url));
-    block_on(
-        holder.batch_execute("BEGIN; LOCK TABLE subagents_event_batches IN ACCESS EXCLUSIVE MODE"),
-    )
-    .expect("the table's lock");
+    let holder = one_migration_behind_with_its_table_held(&url);
     let mut config = PostgresConfig::new(&url);
     config.migration_timeout = Duration::from_secs(3);
 
     let asked = Instant::now();
     let connecting = runtime.spawn(PostgresStore::connect_with(config.clone()));
-    poll_until("the migration to wait for the table", || {
-        query_value::<i64>(
-            &url,
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        ) == 1
-    });
+    until_a_migration_waits_for_the_table(&url);
     let stopped = stop_client_backends(&url);
     let refused = block_on(within("the migration to give up", connecting))
         .expect("the connect ran")
@@ -172,13 +183,7 @@ fn a_migrating_process_that_stops_answering_releases_the_schema_within_its_call_
     let runtime = runtime();
     let _entered = runtime.enter();
     let url = postgres_or_skip!().fresh_database();
-    block_on(PostgresStore::connect(&url)).expect("migrates");
-    execute(&url, "DELETE FROM subagents_schema WHERE version = 10");
-    let holder = block_on(raw_client(&url));
-    block_on(
-        holder.batch_execute("BEGIN; LOCK TABLE subagents_event_batches IN ACCESS EXCLUSIVE MODE"),
-    )
-    .expect("the table's lock");
+    let holder = one_migration_behind_with_its_table_held(&url);
     // Locks are waited for as long as a statement runs (2 s); an idle transaction lives as
     // long as a call is waited for (3 s).
     let mut config = PostgresConfig::new(&url);
@@ -198,13 +203,7 @@ fn a_migrating_process_that_stops_answering_releases_the_schema_within_its_call_
                 .map(drop)
         }
     });
-    poll_until("the migration to wait for the table", || {
-        query_value::<i64>(
-            &url,
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        ) == 1
-    });
+    until_a_migration_waits_for_the_table(&url);
     let (stopped, stop) = std::sync::mpsc::channel::<()>();
     let (go_on, resume) = std::sync::mpsc::channel::<()>();
     process.spawn(async move {
