@@ -592,3 +592,43 @@ fn a_second_signal_stops_a_node_whose_shutdown_waits() {
     );
     drop(stopped);
 }
+
+// A node whose output is gone by the time it leaves (whoever read it stopped) still releases
+// what it holds and removes its membership: saying `leaving` is not a step the release
+// depends on. (A closed output ends a command quietly, as for any reader that stopped.)
+#[test]
+fn a_node_whose_output_closed_still_leaves_cleanly() {
+    let url = postgres_or_skip!().fresh_database();
+    let mut node = Command::new(env!("CARGO_BIN_EXE_subagents"))
+        .args(["node", "--store", &url, "--name", "quiet"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(node.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("node "), "{first}");
+    assert_eq!(
+        scalar::<i64>(&url, "SELECT count(*) FROM subagents_nodes"),
+        1
+    );
+    drop(lines);
+    let pid = node.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = node.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the node did not leave");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        scalar::<i64>(&url, "SELECT count(*) FROM subagents_nodes"),
+        0,
+        "its membership was removed: it left"
+    );
+}

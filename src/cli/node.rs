@@ -375,7 +375,8 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     // second signal cuts a shutdown that waits on others (a parent's node that does not
     // answer, say) short: the node then ends as a killed one does, and the cluster takes
     // over what it held once its leases and its row expire.
-    say(format_args!("leaving {node}"))?;
+    // Said, not required: a closed stdout must not skip the release.
+    let said = say(format_args!("leaving {node}"));
     let shut = tokio::select! {
         shut = rt.shutdown() => shut,
         () = signals.next() => {
@@ -391,6 +392,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     };
     outcome?;
     shut?;
+    said?;
     say(format_args!("left {node}"))
 }
 
