@@ -150,16 +150,7 @@ impl NodeProcess {
     /// Waits (bounded) for the process to end: its exit status, or `None` if it still runs.
     pub(crate) fn wait_within(&mut self, bound: Duration) -> Option<std::process::ExitStatus> {
         drop(self.stdin.take());
-        let deadline = Instant::now() + bound;
-        loop {
-            if let Some(status) = self.process.try_wait().expect("the node is polled") {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        exited_within(&mut self.process, bound)
     }
 
     /// Sends `signal`, whether or not the process still runs.
@@ -175,6 +166,24 @@ impl NodeProcess {
         let pid = self.process.id().to_string();
         let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
         assert!(sent.success(), "kill {signal} {pid}");
+    }
+}
+
+/// Waits (bounded) for `process` to end, polling it (its exit is announced to nothing this
+/// process can wait on with a deadline): its exit status, or `None` if it still runs.
+pub(crate) fn exited_within(
+    process: &mut Child,
+    bound: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = process.try_wait().expect("the process is polled") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -617,14 +626,7 @@ fn a_node_whose_output_closed_still_leaves_cleanly() {
     let pid = node.id().to_string();
     let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(sent.success());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = node.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the node did not leave");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exited_within(&mut node, Duration::from_secs(30)).expect("the node left");
     assert!(status.success(), "{status}");
     assert_eq!(
         scalar::<i64>(&url, "SELECT count(*) FROM subagents_nodes"),

@@ -374,8 +374,8 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     // Released child first, then the membership row removed (a lost node's row stays). A
     // second signal cuts a shutdown that waits on others (a parent's node that does not
     // answer, say) short: the node then ends as a killed one does, and the cluster takes
-    // over what it held once its leases and its row expire.
-    // Said, not required: a closed stdout must not skip the release.
+    // over what it held once its leases and its row expire. `leaving` is said, not required:
+    // a closed stdout must not skip the release.
     let said = say(format_args!("leaving {node}"));
     let shut = tokio::select! {
         shut = rt.shutdown() => shut,
