@@ -276,13 +276,14 @@ impl Handler<DrainRoots> for ContinuationManager {
             }
         }
         let released = self.release_shares(shares, ctx);
-        // Notices of children released before this drain that are still on their way.
-        let notices: Vec<Signal> = self.notices.values().cloned().collect();
+        // Notices of children released before this drain (and by it) that are on their way.
+        let mut notices = self.notices.subscribe();
         MessageResult(
             async move {
                 let mut outcomes = outcomes(unowned).await;
                 outcomes.push(released.await);
-                join_all(notices).await;
+                // The manager keeps the sender: an error would mean nothing is left to wait for.
+                let _ = notices.wait_for(|on_their_way| *on_their_way == 0).await;
                 aggregate(outcomes)
             }
             .boxed(),

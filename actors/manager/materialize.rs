@@ -297,7 +297,7 @@ impl Handler<Finished> for ContinuationManager {
         let terminal = msg.terminal;
         let notice = if resident.announced {
             self.notify_settlement(&resident, &terminal, ctx)
-                .map(|delivery| self.track_notice(delivery, ctx))
+                .map(|delivery| self.track_notice(delivery))
         } else {
             None
         };

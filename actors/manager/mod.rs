@@ -143,10 +143,9 @@ pub(crate) struct ContinuationManager {
     /// Authorized interrupts of children whose cold resume is in flight: each reaches the
     /// turn its resume opens, as the resume submits its message.
     interrupts: FastHashMap<SessionId, CancelCause>,
-    /// Settled notices on their way to a parent session whose child's record is gone already:
-    /// shutdown waits for them, so none is cut off by the registry closing.
-    notices: FastHashMap<u64, Signal>,
-    next_notice: u64,
+    /// How many settled notices are on their way to a parent session whose child's record is
+    /// gone already: shutdown waits until none is, so none is cut off by the registry closing.
+    notices: tokio::sync::watch::Sender<usize>,
     closing: FastHashMap<SessionId, ClosingScope>,
     draining: bool,
     /// Set when the runtime shuts down as a node of a cluster (it leaves): its children of
@@ -243,8 +242,7 @@ impl ContinuationManager {
             materializations: FastHashMap::default(),
             resuming: FastHashMap::default(),
             interrupts: FastHashMap::default(),
-            notices: FastHashMap::default(),
-            next_notice: 0,
+            notices: tokio::sync::watch::Sender::new(0),
             owners: FastHashMap::default(),
             closing: FastHashMap::default(),
             draining: false,
@@ -570,37 +568,31 @@ impl ContinuationManager {
 }
 
 impl ContinuationManager {
-    /// Tracks a settled notice's delivery until it is over (see the `notices` field); answers
-    /// the delivery for its epoch's disposal to await.
-    fn track_notice(
-        &mut self,
-        delivery: BoxFuture<'static, ()>,
-        ctx: &Context<Self>,
-    ) -> BoxFuture<'static, ()> {
-        self.next_notice += 1;
-        let id = self.next_notice;
-        let manager = ctx.address();
-        let tracked = async move {
+    /// Counts a settled notice's delivery among those on their way (see the `notices` field)
+    /// until it is over or dropped; answers the delivery for its epoch's disposal to await.
+    fn track_notice(&self, delivery: BoxFuture<'static, ()>) -> BoxFuture<'static, ()> {
+        let on_its_way = NoticeOnItsWay::new(&self.notices);
+        async move {
             delivery.await;
-            manager.do_send(NoticeDelivered(id));
+            drop(on_its_way);
         }
         .boxed()
-        .shared();
-        self.notices.insert(id, tracked.clone());
-        tracked.boxed()
     }
 }
 
-/// Internal: a tracked settled notice was delivered (or given up on, logged).
-#[derive(Message)]
-#[rtype(result = "()")]
-struct NoticeDelivered(u64);
+/// One settled notice counted as on its way while this lives.
+struct NoticeOnItsWay(tokio::sync::watch::Sender<usize>);
 
-impl Handler<NoticeDelivered> for ContinuationManager {
-    type Result = ();
+impl NoticeOnItsWay {
+    fn new(notices: &tokio::sync::watch::Sender<usize>) -> Self {
+        notices.send_modify(|count| *count += 1);
+        Self(notices.clone())
+    }
+}
 
-    fn handle(&mut self, msg: NoticeDelivered, _: &mut Context<Self>) {
-        self.notices.remove(&msg.0);
+impl Drop for NoticeOnItsWay {
+    fn drop(&mut self) {
+        self.0.send_modify(|count| *count = count.saturating_sub(1));
     }
 }
 
