@@ -8,7 +8,8 @@
 //! takes one of the manager's release permits, makes its log durable (best effort: a failure is
 //! logged), captures the epoch's terminal facts while the child is still registered, and
 //! disposes the handle (which drains the session log into the store and releases the lease).
-//! It answers the facts and stops.
+//! It then settles the epoch through the [`Settlement`] the manager handed it (the manager
+//! hears the facts, the parent its notice, the disposal's awaiters the outcome) and stops.
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use actix::prelude::*;
 use futures::future::{BoxFuture, Shared};
 use tokio::sync::Semaphore;
 
+use crate::actors::manager::Settlement;
 use crate::content::ContentBlock;
 use crate::error::{ErrorCode, Result, SubagentError};
 use crate::host::{AgentHandle, BudgetLimit};
@@ -104,15 +106,17 @@ impl Actor for Activation {
     type Context = Context<Self>;
 }
 
-/// Tears the epoch down: owned children first, then the child itself. Sent once per
-/// Activation (the manager memoizes the disposal).
+/// Tears the epoch down (owned children first, then the child itself) and settles it. Sent
+/// once per Activation (the manager memoizes the disposal).
 #[derive(Message)]
-#[rtype(result = "Terminal")]
+#[rtype(result = "()")]
 pub(crate) struct Teardown {
     /// The owned children's disposals, opened before this one's.
     pub(crate) children: Vec<Disposal>,
     /// The manager's bound on releases under way at once (see [`RELEASES_AT_ONCE`]).
     pub(crate) releases: Arc<Semaphore>,
+    /// Carried out once the epoch is torn down (or, dropped unsettled, by the manager).
+    pub(crate) settlement: Settlement,
 }
 
 /// How many Activations release their child at once. A release holds the child's final flush
@@ -123,85 +127,98 @@ pub(crate) struct Teardown {
 pub(crate) const RELEASES_AT_ONCE: usize = 512;
 
 impl Handler<Teardown> for Activation {
-    type Result = ResponseActFuture<Self, Terminal>;
+    type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, msg: Teardown, _: &mut Context<Self>) -> Self::Result {
         let handle = self.handle.take();
         let boundary = self.boundary;
+        let Teardown {
+            children,
+            releases,
+            settlement,
+        } = msg;
         Box::pin(
             async move {
-                let mut failures = Vec::new();
-                let children = outcomes(msg.children).await;
-                let failed_children = children.iter().filter(|outcome| outcome.is_err()).count();
-                if failed_children > 0 {
-                    failures.push(format!(
-                        "child teardown failed ({failed_children} branch(es))"
-                    ));
-                }
-                let Some(handle) = handle else {
-                    return Terminal::failed(SubagentError::bug(
-                        "an Activation was torn down twice",
-                    ));
-                };
-                let child = handle.agent().clone();
-                child.when_idle().await;
-                // The semaphore is never closed; a closed one would only lift the bound.
-                let _release = msg.releases.acquire_owned().await.ok();
-                // The best-effort final flush (the seed's durability barrier before release),
-                // after the cancel and before capture. Not `log.flush()`: a failed write-behind
-                // flush faults the log, and disposal would then fail the epoch. A failure is
-                // logged, never the Activation's.
-                if let Some(store) = child.agents().env().store.clone() {
-                    let flushed = match child.log().drain().await {
-                        Ok(()) => store.flush(child.id()).await,
-                        Err(error) => Err(error),
-                    };
-                    if let Err(error) = flushed {
-                        tracing::warn!(
-                            child = %child.id(),
-                            %error,
-                            "best-effort final session flush failed; a later resume may find \
-                             the child's state missing or stale"
-                        );
-                    }
-                }
-                // Captured while the child is still registered, from this epoch's events only.
-                let (work, output) = child.log().with_events(|events| {
-                    (
-                        fold_consumed_work(events.iter_from(boundary)),
-                        final_assistant_output(events.iter_from(boundary)),
-                    )
-                });
-                let exhausted = match &work.end {
-                    Some(TurnEndReason::BudgetExhausted { limit }) => Some(*limit),
-                    _ => None,
-                };
-                if let Err(error) = handle.dispose().await {
-                    failures.push(format!("the child's handle failed to dispose: {error}"));
-                }
-                if failures.is_empty() {
-                    Terminal {
-                        stop_reason: continuable_stop_reason(&work),
-                        output: Some(output),
-                        failure: None,
-                        exhausted,
-                    }
-                } else {
-                    Terminal::failed(SubagentError::new(
-                        ErrorCode::ActivationTeardownFailed,
-                        format!(
-                            "continuable child {} failed to tear down: {}",
-                            child.id(),
-                            failures.join("; ")
-                        ),
-                    ))
-                }
+                let terminal = tear_down(handle, boundary, children, releases).await;
+                settlement.settle(terminal).await;
             }
             .into_actor(self)
-            .map(|terminal, _, ctx| {
-                ctx.stop();
-                terminal
-            }),
+            .map(|(), _, ctx| ctx.stop()),
         )
+    }
+}
+
+/// Tears an epoch down: waits for the owned children's disposals, then for the child to be
+/// quiescent, takes a release permit (given back before the epoch settles), makes the log
+/// durable, captures the epoch's facts and disposes the handle.
+async fn tear_down(
+    handle: Option<AgentHandle>,
+    boundary: usize,
+    children: Vec<Disposal>,
+    releases: Arc<Semaphore>,
+) -> Terminal {
+    let mut failures = Vec::new();
+    let children = outcomes(children).await;
+    let failed_children = children.iter().filter(|outcome| outcome.is_err()).count();
+    if failed_children > 0 {
+        failures.push(format!(
+            "child teardown failed ({failed_children} branch(es))"
+        ));
+    }
+    let Some(handle) = handle else {
+        return Terminal::failed(SubagentError::bug("an Activation was torn down twice"));
+    };
+    let child = handle.agent().clone();
+    child.when_idle().await;
+    // The semaphore is never closed; a closed one would only lift the bound.
+    let _release = releases.acquire_owned().await.ok();
+    // The best-effort final flush (the seed's durability barrier before release),
+    // after the cancel and before capture. Not `log.flush()`: a failed write-behind
+    // flush faults the log, and disposal would then fail the epoch. A failure is
+    // logged, never the Activation's.
+    if let Some(store) = child.agents().env().store.clone() {
+        let flushed = match child.log().drain().await {
+            Ok(()) => store.flush(child.id()).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = flushed {
+            tracing::warn!(
+                child = %child.id(),
+                %error,
+                "best-effort final session flush failed; a later resume may find \
+                 the child's state missing or stale"
+            );
+        }
+    }
+    // Captured while the child is still registered, from this epoch's events only.
+    let (work, output) = child.log().with_events(|events| {
+        (
+            fold_consumed_work(events.iter_from(boundary)),
+            final_assistant_output(events.iter_from(boundary)),
+        )
+    });
+    let exhausted = match &work.end {
+        Some(TurnEndReason::BudgetExhausted { limit }) => Some(*limit),
+        _ => None,
+    };
+    if let Err(error) = handle.dispose().await {
+        failures.push(format!("the child's handle failed to dispose: {error}"));
+    }
+    if failures.is_empty() {
+        Terminal {
+            stop_reason: continuable_stop_reason(&work),
+            output: Some(output),
+            failure: None,
+            exhausted,
+        }
+    } else {
+        Terminal::failed(SubagentError::new(
+            ErrorCode::ActivationTeardownFailed,
+            format!(
+                "continuable child {} failed to tear down: {}",
+                child.id(),
+                failures.join("; ")
+            ),
+        ))
     }
 }

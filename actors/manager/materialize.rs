@@ -271,57 +271,6 @@ impl Handler<Rollback> for ContinuationManager {
     }
 }
 
-/// Internal: an epoch's teardown is over. Removes the Activation, sends the settled notice,
-/// releases ownership, emits `subagent/end`; answers the teardown failure, and the notice's
-/// delivery for the disposal to await.
-#[derive(Message)]
-#[rtype(result = "(Result<()>, Option<BoxFuture<'static, ()>>)")]
-pub(super) struct Finished {
-    pub(super) child: SessionId,
-    pub(super) terminal: Terminal,
-}
-
-impl Handler<Finished> for ContinuationManager {
-    type Result = MessageResult<Finished>;
-
-    fn handle(&mut self, msg: Finished, ctx: &mut Context<Self>) -> Self::Result {
-        let Some(resident) = self.residents.remove(&msg.child) else {
-            return MessageResult((Ok(()), None));
-        };
-        if let Some(metrics) = self.metrics() {
-            metrics.residency(Residency::Settled);
-        }
-        if self.residents.is_empty() {
-            self.activity = None;
-        }
-        let terminal = msg.terminal;
-        let notice = if resident.announced {
-            self.notify_settlement(&resident, &terminal, ctx)
-                .map(|delivery| self.track_notice(delivery))
-        } else {
-            None
-        };
-        if let Some(owner) = resident.owner() {
-            if let Some(parent) = self.residents.get_mut(&owner) {
-                parent.disown(&msg.child);
-                self.evaluate(owner, ctx);
-            }
-        } else if let ParentLink::Local(parent) = &resident.parent {
-            if let Some(record) = self.owners.get_mut(&parent.id()) {
-                record.residents = record.residents.saturating_sub(1);
-            }
-            self.forget_owner_if_idle(parent.id());
-        }
-        let last_assistant_message = terminal.output.filter(|output| !output.is_empty());
-        self.events.emit(&SubagentEvent::End(SubagentRunEndInfo {
-            info: resident.run(msg.child),
-            stop_reason: terminal.stop_reason,
-            last_assistant_message,
-        }));
-        MessageResult((terminal.failure.map_or(Ok(()), Err), notice))
-    }
-}
-
 /// Starts a continuable child; answers at inbox acceptance of its prompt.
 #[derive(Message)]
 #[rtype(result = "Result<ContinuableStart>")]

@@ -25,9 +25,10 @@
 //! # Disposal, child first
 //! Opening a disposal cancels the child's turn (inbox discarded) and opens every owned child's
 //! disposal in the same span, so cancellation runs top-down before any await. The epoch's
-//! [`Activation`] then awaits the children, captures the epoch's facts and disposes the handle;
-//! the manager removes the Activation, sends the parent its settled notice **before** releasing
-//! the ownership that lets the parent settle, and emits `subagent/end`.
+//! [`Activation`] then awaits the children, captures the epoch's facts, disposes the handle and
+//! settles the epoch through the [`Settlement`] it was handed: the manager removes the
+//! Activation, sends the parent its settled notice **before** releasing the ownership that lets
+//! the parent settle, and emits `subagent/end`.
 //!
 //! # Parents
 //! A child's parent is its durable direct parent **session** (`header.parentSession`): the
@@ -50,8 +51,9 @@
 //! submission, settlement, disposal, the ownership nodes); `materialize.rs` the fresh start and
 //! the install-then-submit sequence, `followup.rs` routing by residency and the cold resume,
 //! `control.rs` interrupts and reports, `parent.rs` the notices and reports that reach a
-//! parent session, `drain.rs` the drains, `remote.rs` the cluster's parent side (children placed
-//! elsewhere) and `served.rs` its child side (what this node serves of its peers' asks).
+//! parent session, `drain.rs` the drains, `settlement.rs` an epoch's settlement once its
+//! teardown is over, `remote.rs` the cluster's parent side (children placed elsewhere) and
+//! `served.rs` its child side (what this node serves of its peers' asks).
 
 mod control;
 mod drain;
@@ -62,6 +64,7 @@ mod parent;
 mod records;
 mod remote;
 mod served;
+mod settlement;
 
 use records::{ClosingScope, Materialization, OwnerRecord, RemoteChild, Resident};
 pub(crate) use records::{ParentLink, RemoteParent};
@@ -72,10 +75,10 @@ pub(crate) use control::{
 pub(crate) use drain::{
     DrainAll, DrainDescendants, OwnerNodeCount, OwnerReleased, ResidentCount, ResidentIds,
 };
-use materialize::Finished;
 pub(crate) use materialize::{Delivery, StartContinuable};
 pub(crate) use remote::{ask_interrupt, route_followup};
 pub(crate) use served::delivery_handler;
+pub(crate) use settlement::Settlement;
 
 use std::sync::Arc;
 
@@ -513,10 +516,10 @@ impl ContinuationManager {
             .flat_map(|owned| owned.iter().copied())
             .collect();
         owned.sort_unstable();
-        // A placeholder memo first: nothing below can reach this child again, but the memo
-        // must exist before any other work is opened.
-        let (done, over) = signal();
-        resident.disposal = Some(over.map(|()| Ok(())).boxed().shared());
+        // The memo first: nothing below can reach this child again, but the memo must exist
+        // before any other work is opened.
+        let (settlement, disposal) = Settlement::new(ctx.address(), child);
+        resident.disposal = Some(disposal.clone());
         // A child placed on another node is released in the trace of this child's epoch.
         let traceparent = resident
             .epoch_trace
@@ -529,39 +532,13 @@ impl ContinuationManager {
                     .or_else(|| self.release_remote(owned, traceparent.as_deref(), ctx))
             })
             .collect();
-        let manager = ctx.address();
-        let releases = Arc::clone(&self.releases);
-        let disposal: Disposal = async move {
-            let terminal = activation
-                .send(Teardown { children, releases })
-                .await
-                .unwrap_or_else(|_| {
-                    Terminal::failed(SubagentError::bug("an Activation stopped before teardown"))
-                });
-            let outcome = match manager.send(Finished { child, terminal }).await {
-                Ok((outcome, notice)) => {
-                    // The epoch is over once its parent heard so (or its notice was stored).
-                    if let Some(notice) = notice {
-                        notice.await;
-                    }
-                    outcome
-                }
-                Err(error) => Err(SubagentError::from(error)),
-            };
-            let _ = done.send(());
-            outcome
-        }
-        .boxed()
-        .shared();
-        if let Some(resident) = self.residents.get_mut(&child) {
-            resident.disposal = Some(disposal.clone());
-        }
-        // Driven on its own: a teardown never depends on anyone awaiting it.
-        let driven = disposal.clone();
-        tokio::spawn(async move {
-            if let Err(error) = driven.await {
-                tracing::warn!(%child, %error, "activation teardown failed");
-            }
+        // Carried out by the Activation on its own: a teardown never depends on anyone
+        // awaiting it. An Activation already gone drops the settlement, which then settles
+        // the epoch as failed.
+        activation.do_send(Teardown {
+            children,
+            releases: Arc::clone(&self.releases),
+            settlement,
         });
         Some(disposal)
     }

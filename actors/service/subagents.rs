@@ -630,6 +630,12 @@ impl Subagents {
         self.cluster.as_ref()
     }
 
+    /// The continuation manager (for the manager's own white-box tests).
+    #[cfg(test)]
+    pub(crate) fn manager(&self) -> &Addr<ContinuationManager> {
+        &self.manager
+    }
+
     /// How many continuable children are resident now (for tests and benchmarks, through
     /// [`crate::testing::resident_count`]: the API itself exposes no residency query).
     pub(crate) async fn resident_count(&self) -> usize {
