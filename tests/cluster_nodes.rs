@@ -169,21 +169,34 @@ impl NodeProcess {
     }
 }
 
-/// Waits (bounded) for `process` to end, polling it (its exit is announced to nothing this
-/// process can wait on with a deadline): its exit status, or `None` if it still runs.
+/// Waits (bounded) for `process` to end: the kernel announces its exit on a pidfd, waited for
+/// with what is left of `bound` as the timeout. Its exit status, or `None` if it still runs.
 pub(crate) fn exited_within(
     process: &mut Child,
     bound: Duration,
 ) -> Option<std::process::ExitStatus> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use rustix::process::{pidfd_open, Pid, PidfdFlags};
     let deadline = Instant::now() + bound;
+    // Reaped already (a status std keeps): no pidfd can be opened for it any more.
+    if let Some(status) = process.try_wait().expect("the process is polled") {
+        return Some(status);
+    }
+    let exit = pidfd_open(Pid::from_child(process), PidfdFlags::empty()).expect("a pidfd");
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return process.try_wait().expect("the process is polled");
+        }
+        let timeout = Timespec::try_from(left).expect("a bound a timespec holds");
+        let mut announced = [PollFd::new(&exit, PollFlags::IN)];
+        match poll(&mut announced, Some(&timeout)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(error) => panic!("waiting on the process's pidfd: {error}"),
+        }
         if let Some(status) = process.try_wait().expect("the process is polled") {
             return Some(status);
         }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -187,8 +187,8 @@ impl SessionPersistence for PostgresStore {
 
     fn acquire_lease(&self, id: SessionId, holder: LeaseHolder) -> BoxFuture<'_, Result<Lease>> {
         Box::pin(async move {
-            let granted = self.leases.call(LeaseRequest { id, holder }).await?;
-            Ok(granted.lease)
+            let (lease, _) = self.acquire_lease_with_length(id, holder).await?;
+            Ok(lease)
         })
     }
 
