@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use crate::actors::agent::{AgentActor, AgentRef, Faulted};
+use crate::actors::agent::{AgentActor, AgentRef, Faulted, Published};
 use crate::actors::registry::{
     AgentRegistry, Close, Exact, ListLive, Lookup, Publish, Purpose, Reserve, Reserved, Roots,
 };
@@ -102,6 +102,25 @@ enum Registration {
     Reserved(u64),
 }
 
+/// The ancestors an agent of `log` is published with: what its creator or resumer knew of
+/// them, else its owner and the owner's own, else its header's parent. A resumed root or a
+/// host's delegated child whose parent left knows no further than the header.
+fn ancestors_of(
+    log: &SessionLog,
+    owner: Option<&AgentRef>,
+    known: Option<Box<[SessionId]>>,
+) -> Box<[SessionId]> {
+    if let Some(known) = known {
+        return known;
+    }
+    match owner {
+        Some(owner) => std::iter::once(owner.id())
+            .chain(owner.ancestors().iter().copied())
+            .collect(),
+        None => log.parent_session().into_iter().collect(),
+    }
+}
+
 /// How many times a reservation waits out a transient holder of its id before giving up.
 const RESERVE_ATTEMPTS: usize = 64;
 
@@ -113,6 +132,8 @@ struct Staged {
     setup: Option<Box<dyn AgentSetup>>,
     cancel: Option<tokio_util::sync::CancellationToken>,
     owner: Option<AgentRef>,
+    /// What its creator or resumer knows of its ancestors (see [`AgentRef::ancestors`]).
+    ancestors: Option<Box<[SessionId]>>,
     /// A resumed session: its stored length and the lease taken before loading it.
     resumed: Option<(u64, LeaseGuard)>,
     /// Where the agent runs: `None` is the calling arbiter.
@@ -289,6 +310,7 @@ impl Agents {
             setup: request.setup,
             cancel: request.cancel,
             owner: request.owner,
+            ancestors: request.ancestors,
             resumed: None,
             arbiter: if request.on_current_arbiter {
                 None
@@ -380,6 +402,7 @@ impl Agents {
                 setup: request.setup,
                 cancel: request.cancel,
                 owner: None,
+                ancestors: request.ancestors,
                 resumed: Some((stored_len, lease)),
                 arbiter: self.worker(),
                 registration: Registration::Reserved(incarnation),
@@ -540,6 +563,7 @@ impl Agents {
             setup,
             cancel,
             owner,
+            ancestors,
             resumed,
             arbiter,
             registration,
@@ -548,6 +572,7 @@ impl Agents {
             seed_source,
             inbox,
         } = staged;
+        let ancestors = ancestors_of(&log, owner.as_ref(), ancestors);
         let commit = match setup {
             Some(setup) => setup.run(&mut scope, &log).await?,
             None => None,
@@ -618,13 +643,13 @@ impl Agents {
         });
         let disposers = scope.take_disposers();
         // One copy, shared by the actor and every reference to it.
-        let options = Arc::new(options);
+        let published = Arc::new(Published { options, ancestors });
         let actor = AgentActor::new(
             log.clone(),
             inbox,
             Arc::clone(&self.shared.env),
             Arc::new(scope),
-            Arc::clone(&options),
+            Arc::clone(&published),
             disposers,
             (incarnation, self.clone()),
         );
@@ -681,7 +706,7 @@ impl Agents {
             // on the agent's worker instead measured slower, every close then crossing threads.
             tokio::spawn(writing);
         }
-        let agent = AgentRef::new(id, incarnation, &addr, log, options, self.clone());
+        let agent = AgentRef::new(id, incarnation, &addr, log, published, self.clone());
         // The handle takes the actor's one strong address (a clone would allocate a sender).
         let handle = AgentHandle::new(agent, addr, arbiter);
         let publish = Publish {

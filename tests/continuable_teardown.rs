@@ -408,6 +408,69 @@ async fn a_scoped_drain_finds_descendants_below_a_departed_one_shot_child() {
     assert!(rt.agents().get(descendant.child_id).await.is_none());
 }
 
+// CONT-38, two intermediates deep: a continuable child below two live one-shot children is
+// still below the drained root. Before, its lineage stopped at the first intermediate that was
+// not resident (the second one-shot child's parent), so the drain neither disposed it nor
+// refused what came below it.
+#[actix_rt::test]
+async fn a_scoped_drain_finds_descendants_below_two_live_one_shot_children() {
+    let gate = Gate::new();
+    let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+    let rt = seam_runtime(&model).await;
+    let parent = root(&rt).await;
+    let mut runs = Vec::new();
+    let mut above = parent.agent().clone();
+    for prompt in ["outer intermediate", "inner intermediate"] {
+        let run = rt
+            .subagents()
+            .start("spawn", SubagentStartRequest::new(&above, text(prompt)))
+            .await
+            .unwrap();
+        above = run.local_agent().cloned().unwrap();
+        run.result().await.unwrap();
+        runs.push(run);
+    }
+    model.push(ScriptStep::text("held").gated(&gate));
+    let descendant = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "below",
+            &above,
+            text("go"),
+        ))
+        .await
+        .unwrap();
+    gate.reached().await;
+    within(
+        "the drain",
+        rt.subagents()
+            .drain_continuable_descendants(&[parent.agent().clone()]),
+    )
+    .await
+    .unwrap();
+    assert!(
+        rt.agents().get(descendant.child_id).await.is_none(),
+        "the descendant was disposed by the drain"
+    );
+    assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
+    // The cutoff holds below the intermediates too.
+    let refused = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "late",
+            &above,
+            text("go"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Draining, "{refused}");
+    for run in runs.into_iter().rev() {
+        run.dispose().await.unwrap();
+    }
+}
+
 // SETUP facade (seed-differences row 6)
 #[actix_rt::test]
 async fn a_setup_contribution_reaches_later_children_and_removal_revokes_it() {

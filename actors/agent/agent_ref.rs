@@ -17,6 +17,15 @@ use crate::trace::SentFrom;
 use super::messages::{Cancel, Deliver, Observe, Post, PostTarget, Status, WhenIdle};
 use super::{ActivityObserver, AgentActor, AgentSnapshot, InboxPolicy, SentBy, Wake};
 
+/// What an agent was published with, shared by its actor and every reference to it (one
+/// pointer in each, so neither grows with it).
+pub(crate) struct Published {
+    /// Its options.
+    pub(crate) options: AgentOptions,
+    /// The sessions above it, nearest first (see [`AgentRef::ancestors`]).
+    pub(crate) ancestors: Box<[SessionId]>,
+}
+
 /// An exact reference to one live agent: its session id plus the incarnation that published
 /// it. Two references are equal only when both match, so a stale reference to a replaced agent
 /// is told apart from the live one.
@@ -27,7 +36,7 @@ pub struct AgentRef {
     /// Weak: a reference never keeps a stopped agent's mailbox alive.
     addr: WeakAddr<AgentActor>,
     log: SessionLogView,
-    options: Arc<AgentOptions>,
+    published: Arc<Published>,
     agents: Agents,
 }
 
@@ -54,7 +63,7 @@ impl AgentRef {
         incarnation: u64,
         addr: &Addr<AgentActor>,
         log: SessionLog,
-        options: Arc<AgentOptions>,
+        published: Arc<Published>,
         agents: Agents,
     ) -> Self {
         Self {
@@ -62,7 +71,7 @@ impl AgentRef {
             incarnation,
             addr: addr.downgrade(),
             log: SessionLogView::new(log),
-            options,
+            published,
             agents,
         }
     }
@@ -76,6 +85,15 @@ impl AgentRef {
     /// The session id.
     pub fn id(&self) -> SessionId {
         self.id
+    }
+
+    /// The sessions above this agent, nearest first, as observed when it was published: those
+    /// its continuable admission saw, else its owner and the owner's own, else its header's
+    /// parent. Ids only, so an intermediate that left the registry since (a one-shot child
+    /// disposed, a parent settled) still counts: a scoped drain's cutoff holds below it
+    /// (CONT-38).
+    pub(crate) fn ancestors(&self) -> &[SessionId] {
+        &self.published.ancestors
     }
 
     /// The incarnation number that published this agent.
@@ -95,7 +113,7 @@ impl AgentRef {
 
     /// The agent's options.
     pub fn options(&self) -> &AgentOptions {
-        &self.options
+        &self.published.options
     }
 
     /// Whether the agent's actor still runs. False from the moment the agent stops, on every

@@ -42,8 +42,8 @@ use crate::error::{Result, SubagentError};
 use crate::host::driver::{run_turn, TurnCancel, TurnContext};
 use crate::host::state::{Admission, AgentState, Next};
 use crate::host::{
-    AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentStatus, BudgetMeter,
-    BudgetRaise, Disposer, Inbox,
+    AgentEnv, AgentEvent, AgentEventKind, AgentScope, AgentStatus, BudgetMeter, BudgetRaise,
+    Disposer, Inbox,
 };
 use crate::ids::{FastHashMap, MessageId, SessionId};
 use crate::session::{CancelCause, EventKind, InboxTarget, SessionLog, TurnEndReason};
@@ -53,6 +53,7 @@ mod agent_ref;
 mod messages;
 
 pub use agent_ref::AgentRef;
+pub(crate) use agent_ref::Published;
 pub(crate) use messages::{retire, Cancel, Faulted, PostTarget};
 
 /// Whether a send starts (or continues) processing.
@@ -108,7 +109,7 @@ pub struct AgentActor {
     env: Arc<AgentEnv>,
     scope: Arc<AgentScope>,
     /// Shared with every turn and every reference the agent hands out.
-    options: Arc<AgentOptions>,
+    published: Arc<Published>,
     /// Run in reverse at retirement (a slice: the list never grows after creation).
     disposers: Box<[Disposer]>,
     state: AgentState,
@@ -192,7 +193,7 @@ impl AgentActor {
         inbox: Inbox,
         env: Arc<AgentEnv>,
         scope: Arc<AgentScope>,
-        options: Arc<AgentOptions>,
+        published: Arc<Published>,
         disposers: Vec<Disposer>,
         identity: (u64, Agents),
     ) -> Self {
@@ -207,7 +208,7 @@ impl AgentActor {
             inbox,
             env,
             scope,
-            options,
+            published,
             disposers: disposers.into_boxed_slice(),
             state: AgentState::new(),
             waiters: Vec::new(),
@@ -368,7 +369,7 @@ impl AgentActor {
                 self.identity.0,
                 &address,
                 self.log.clone(),
-                Arc::clone(&self.options),
+                Arc::clone(&self.published),
                 self.identity.1.clone(),
             ),
             env: Arc::clone(&self.env),
@@ -394,7 +395,7 @@ impl AgentActor {
         if !self.releasing {
             crate::projection::cache::checkpoint_after_turn(&self.env, &self.log);
         }
-        if let Some(keep) = self.options.resident_events {
+        if let Some(keep) = self.published.options.resident_events {
             if let Some(projections) = &self.env.projections {
                 projections.fold_live(&self.log);
             }

@@ -218,6 +218,7 @@ impl ColdResume {
         // The inspection is the log the resume loads: it is read again only past its end.
         let resume = ResumeAgent::new(child)
             .inspected(stored)
+            .below(&self.lineage)
             .options(options)
             .setup(activation_setup(
                 composition,
@@ -238,5 +239,92 @@ impl ColdResume {
             budget: BudgetMeter::new(recorded, spent),
         };
         install_and_submit(self.manager, installing, delivery, token).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
+    use crate::{
+        AgentRef, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, MemoryStore,
+        ResumeAgent, Runtime, SessionId, SpawnInProcess,
+    };
+    use std::sync::Arc;
+
+    async fn start(rt: &Runtime, parent: &AgentRef, label: &str) -> SessionId {
+        rt.subagents()
+            .start_continuable(ContinuableStartSpec::new(
+                "spawn",
+                label,
+                parent,
+                vec![ContentBlock::text("work")],
+            ))
+            .await
+            .expect("a start")
+            .child_id
+    }
+
+    // A child between its cold resume's publication and its install is live but not resident,
+    // and its parent may have settled meanwhile: what is admitted below it during a drain of an
+    // ancestor must still be refused. The manager publishes a cold-resumed child with the lineage
+    // its resume was admitted under (as below); before, the child's lineage stopped at its
+    // header's parent once that parent was no longer resident, and a start below it was admitted
+    // under a drained ancestor (the history checker's `live-after-drain`, seed 2214661 on two
+    // workers, once in 30,000 schedules).
+    #[actix_rt::test]
+    async fn a_child_in_its_resume_window_is_below_a_drained_ancestor() {
+        let (outer, inner) = (Gate::new(), Gate::new());
+        let model = ScriptedModel::repeating(ScriptStep::text("ok"));
+        model.push(ScriptStep::text("held").gated(&outer));
+        model.push(ScriptStep::text("held").gated(&inner));
+        let rt = Runtime::builder()
+            .shared_store(Arc::new(MemoryStore::new()))
+            .model("scripted", model)
+            .build()
+            .expect("a runtime");
+        rt.subagents()
+            .register_provider(SpawnInProcess::default())
+            .await
+            .expect("spawn registers")
+            .keep();
+        let root = rt
+            .agents()
+            .create(CreateAgent::new())
+            .await
+            .expect("a root");
+        let drained = start(&rt, root.agent(), "drained").await;
+        outer.reached().await;
+        let drained = rt.agents().get(drained).await.expect("resident");
+        let middle = start(&rt, &drained, "middle").await;
+        inner.reached().await;
+        let middle_ref = rt.agents().get(middle).await.expect("resident");
+        let below = start(&rt, &middle_ref, "below").await;
+        inner.release();
+        while resident_count(rt.subagents()).await > 1 {
+            tokio::task::yield_now().await;
+        }
+        // `below` as its cold resume publishes it, before its install: `middle` has settled.
+        let resumed = rt
+            .agents()
+            .resume(ResumeAgent::new(below).below(&[middle, drained.id(), root.agent().id()]))
+            .await
+            .expect("the resume publishes");
+        rt.subagents()
+            .drain_continuable_descendants(std::slice::from_ref(&drained))
+            .await
+            .expect("the drain");
+        let refused = rt
+            .subagents()
+            .start_continuable(ContinuableStartSpec::new(
+                "spawn",
+                "late",
+                resumed.agent(),
+                vec![ContentBlock::text("go")],
+            ))
+            .await
+            .expect_err("admission is closed below the drained ancestor");
+        assert_eq!(refused.code(), ErrorCode::Draining, "{refused}");
+        resumed.dispose().await.expect("disposed");
+        outer.release();
     }
 }

@@ -429,6 +429,7 @@ pub(super) async fn create_and_install(
             Arc::clone(&slot),
         ))
         .cancel(token.clone())
+        .below(&lineage)
         // Stored only once its prompt is accepted: a start refused or rolled back before
         // then (or cut short by a crash) leaves no child in the store to be listed or resumed.
         .stored_on(CreationCommit::FirstAcceptance);

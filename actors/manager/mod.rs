@@ -291,31 +291,38 @@ impl ContinuationManager {
         async move { released.await.unwrap_or_else(|error| Err(error.into())) }.boxed()
     }
 
-    /// `agent`, then its ancestors as far as they can be read without waiting: the header's
-    /// direct parent, then resident Activations' recorded ancestry.
     /// The runtime's metrics, when it records them.
     fn metrics(&self) -> Option<&Metrics> {
         self.agents.env().metrics.as_deref()
     }
 
+    /// `agent`, then its ancestors: a resident Activation's recorded ancestry, or the ones the
+    /// agent was published with (its owner's, or those its admission saw), completed by the
+    /// recorded ancestry of the nearest of them that is resident. An intermediate that is not
+    /// resident (a one-shot child, a child between its cold resume and its install, or one gone
+    /// since) therefore never cuts the lineage short of a drained root above it.
     fn lineage_of(&self, agent: &AgentRef) -> Vec<SessionId> {
         if let Some(resident) = self.residents.get(&agent.id()) {
             if resident.agent == *agent {
                 return resident.ancestry.clone();
             }
         }
-        let mut lineage = vec![agent.id()];
-        if let Some(parent) = agent.header().parent_session {
-            match self.residents.get(&parent) {
-                Some(resident) => {
-                    for id in &resident.ancestry {
-                        if !lineage.contains(id) {
-                            lineage.push(*id);
-                        }
-                    }
+        let mut lineage = Vec::with_capacity(1 + agent.ancestors().len());
+        lineage.push(agent.id());
+        let mut extend = |ids: &[SessionId]| {
+            for id in ids {
+                if !lineage.contains(id) {
+                    lineage.push(*id);
                 }
-                None => lineage.push(parent),
             }
+        };
+        extend(agent.ancestors());
+        let nearest_resident = agent
+            .ancestors()
+            .iter()
+            .find_map(|id| self.residents.get(id));
+        if let Some(resident) = nearest_resident {
+            extend(&resident.ancestry);
         }
         lineage
     }

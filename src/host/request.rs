@@ -38,6 +38,9 @@ pub struct CreateAgent {
     /// leaves nothing in the store. For a freshly minted id only: a stored id is found taken
     /// (`SESSION_EXISTS`) when the creation commits, not when it is published.
     pub(crate) deferred: Option<CreationCommit>,
+    /// The new agent's ancestors, nearest first, when its creator knows more of them than the
+    /// owner or the header tell (see [`AgentRef::ancestors`]).
+    pub(crate) ancestors: Option<Box<[SessionId]>>,
 }
 
 impl CreateAgent {
@@ -131,6 +134,13 @@ impl CreateAgent {
         self.deferred = Some(commit);
         self
     }
+
+    /// Records the new agent's ancestors (see [`CreateAgent::ancestors`]).
+    #[must_use]
+    pub(crate) fn below(mut self, ancestors: &[SessionId]) -> Self {
+        self.ancestors = Some(ancestors.into());
+        self
+    }
 }
 
 /// What to resume: a stored session, its options and setup.
@@ -141,6 +151,9 @@ pub struct ResumeAgent {
     pub(crate) cancel: Option<CancellationToken>,
     /// The session as its caller inspected it before the resume (read again only past it).
     pub(crate) inspected: Option<StoredSession>,
+    /// The agent's ancestors, nearest first, when its caller knows more of them than the
+    /// header tells (see [`AgentRef::ancestors`]).
+    pub(crate) ancestors: Option<Box<[SessionId]>>,
 }
 
 impl ResumeAgent {
@@ -152,6 +165,7 @@ impl ResumeAgent {
             setup: None,
             cancel: None,
             inspected: None,
+            ancestors: None,
         }
     }
 
@@ -162,6 +176,13 @@ impl ResumeAgent {
     #[must_use]
     pub(crate) fn inspected(mut self, inspected: StoredSession) -> Self {
         self.inspected = Some(inspected);
+        self
+    }
+
+    /// Records the agent's ancestors (see [`ResumeAgent::ancestors`]).
+    #[must_use]
+    pub(crate) fn below(mut self, ancestors: &[SessionId]) -> Self {
+        self.ancestors = Some(ancestors.into());
         self
     }
 

@@ -222,6 +222,11 @@ impl SessionLog {
         self.lock().header.origin
     }
 
+    /// The session's direct parent (the header's `parentSession`), without copying the header.
+    pub(crate) fn parent_session(&self) -> Option<SessionId> {
+        self.lock().header.parent_session
+    }
+
     /// The number of events (the next seq).
     pub fn len(&self) -> u64 {
         len_of(&self.lock().events)
