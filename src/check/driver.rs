@@ -481,7 +481,7 @@ impl World {
             .ctx
             .rt
             .subagents()
-            .drain_continuable_descendants(&[agent]);
+            .drain_continuable_descendants(std::slice::from_ref(&agent));
         match tokio::time::timeout(DEADLINE, drain).await {
             Err(_) => {
                 self.ctx
@@ -493,7 +493,14 @@ impl World {
             Ok(Err(error)) => self.ctx.refused("a drain", &error),
             Ok(Ok(())) => {}
         }
-        // Nothing below the drained node is live: its cutoff stands while the node lives.
+        // Nothing below the drained node is live: its cutoff stands while the node lives. A
+        // node gone by then (a child settling while the drain was asked) closed nothing: a drain
+        // of a parent that is no longer live is no drain (CONT-40), and what was on its way
+        // below it (a follow-up admitted before it went, resuming its child) is refused at its
+        // install and disposed; the end of the schedule checks that nothing is left.
+        if !agent.is_alive() {
+            return;
+        }
         let children = self.ctx.book.lock().children.clone();
         for child in children {
             if self.descends(child.id, id) && self.ctx.rt.agents().get(child.id).await.is_some() {
