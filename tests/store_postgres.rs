@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use proptest::prelude::*;
-use subagents::store::{LeaseHolder, ListedSession, PostgresConfig, PostgresStore};
+use subagents::store::{LeaseEpoch, LeaseHolder, ListedSession, PostgresConfig, PostgresStore};
 use subagents::{ErrorCode, SessionEvent, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::{check_against_model, notes, op};
@@ -269,6 +269,138 @@ fn concurrent_reads_share_statements_and_each_gets_its_own_log() {
     assert!(
         statements * 8 <= calls,
         "{calls} concurrent reads took {statements} statements"
+    );
+}
+
+// Every epoch of every child appends as its turns end, and a statement per append cost the
+// server a statement's overhead each (twice the runtime's own processor time in the default
+// load, appends half of it). Concurrent appends now share a statement, and each is still
+// checked alone: the ones that fit land, a stale seq conflicts, a fenced writer's lease is
+// lost, an unknown session is not found, and none of them fails another.
+#[test]
+fn concurrent_appends_share_statements_and_each_is_decided_alone() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, _)) = fresh() else {
+        return;
+    };
+    let created = || {
+        let id = SessionId::new();
+        block_on(store.create(SessionHeader::new(id), notes(0, 1))).unwrap();
+        id
+    };
+    let distinct: Vec<SessionId> = (0..64).map(|_| created()).collect();
+    let (stale, fenced, unknown) = (created(), created(), SessionId::new());
+    let old = block_on(store.acquire_lease(fenced, LeaseHolder::new())).unwrap();
+    block_on(store.release_lease(fenced, old.epoch)).unwrap();
+    let newer = block_on(store.acquire_lease(fenced, LeaseHolder::new())).unwrap();
+    let before = store.batched_calls();
+    let (landed, conflict, lost, missing) = block_on(async {
+        futures::join!(
+            futures::future::join_all(distinct.iter().zip(1..).map(|(id, count)| store.append(
+                *id,
+                1,
+                notes(1, count % 4 + 1),
+                None
+            ))),
+            store.append(stale, 0, notes(0, 1), None),
+            store.append(fenced, 1, notes(1, 1), Some(old.epoch)),
+            store.append(unknown, 0, notes(0, 1), None),
+        )
+    });
+    for ((id, landed), count) in distinct.iter().zip(landed).zip(1u64..) {
+        landed.unwrap_or_else(|error| panic!("session {id}: {error}"));
+        let stored = block_on(store.read_from(*id, 0)).unwrap();
+        assert_eq!(
+            stored.len(),
+            usize::try_from(count % 4 + 2).unwrap(),
+            "session {id}"
+        );
+    }
+    assert_eq!(conflict.unwrap_err().code(), ErrorCode::StoreConflict);
+    assert_eq!(lost.unwrap_err().code(), ErrorCode::LeaseLost);
+    assert_eq!(missing.unwrap_err().code(), ErrorCode::SessionNotFound);
+    assert_eq!(block_on(store.read_from(stale, 0)).unwrap().len(), 1);
+    assert_eq!(block_on(store.read_from(fenced, 0)).unwrap().len(), 1);
+    // The lease that fenced the stale writer still writes.
+    block_on(store.append(fenced, 1, notes(1, 1), Some(newer.epoch))).unwrap();
+    let after = store.batched_calls();
+    let (calls, statements) = (
+        after.appends - before.appends,
+        after.append_statements - before.append_statements,
+    );
+    assert_eq!(calls, 68);
+    assert!(
+        statements * 4 <= calls,
+        "{calls} concurrent appends took {statements} statements"
+    );
+}
+
+// Projection-cache writes share statements the same way, each still fenced alone: a write
+// under the session's lease lands, one under a lease taken since is refused, an unleased one
+// lands whatever the lease.
+#[test]
+fn concurrent_cache_writes_share_statements_and_each_is_fenced_alone() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, _)) = fresh() else {
+        return;
+    };
+    let leased: Vec<(SessionId, LeaseEpoch)> = (0..64)
+        .map(|_| {
+            let id = SessionId::new();
+            block_on(store.create(SessionHeader::new(id), notes(0, 1))).unwrap();
+            (
+                id,
+                block_on(store.acquire_lease(id, LeaseHolder::new()))
+                    .unwrap()
+                    .epoch,
+            )
+        })
+        .collect();
+    let (fenced, stale) = leased[0];
+    block_on(store.release_lease(fenced, stale)).unwrap();
+    block_on(store.acquire_lease(fenced, LeaseHolder::new())).unwrap();
+    let row = |n: usize| serde_json::json!({ "n": n });
+    let before = store.batched_calls();
+    let (written, unleased) = block_on(async {
+        futures::join!(
+            futures::future::join_all(
+                leased
+                    .iter()
+                    .enumerate()
+                    .map(|(n, (id, epoch))| store.cache_put("unit", *id, row(n), Some(*epoch)))
+            ),
+            store.cache_put("other", fenced, row(1000), None),
+        )
+    });
+    let mut written = written.into_iter();
+    assert_eq!(
+        written.next().unwrap().unwrap_err().code(),
+        ErrorCode::LeaseLost
+    );
+    assert_eq!(block_on(store.cache_get("unit", fenced)).unwrap(), None);
+    for ((n, (id, _)), written) in leased.iter().enumerate().skip(1).zip(written) {
+        written.unwrap_or_else(|error| panic!("session {id}: {error}"));
+        assert_eq!(
+            block_on(store.cache_get("unit", *id)).unwrap(),
+            Some(row(n))
+        );
+    }
+    unleased.unwrap();
+    assert_eq!(
+        block_on(store.cache_get("other", fenced)).unwrap(),
+        Some(row(1000))
+    );
+    let after = store.batched_calls();
+    let (calls, statements) = (
+        after.cache_puts - before.cache_puts,
+        after.cache_put_statements - before.cache_put_statements,
+    );
+    assert_eq!(calls, 65);
+    assert!(
+        statements * 4 <= calls,
+        "{calls} concurrent cache writes took {statements} statements"
     );
 }
 

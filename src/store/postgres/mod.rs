@@ -12,9 +12,10 @@
 //! - `subagents_deliveries`: one row per delivery between nodes (see [`deliveries`]).
 //!
 //! # Guarantees
-//! Compare-and-append is one statement: it locks the session row, checks the expected seq and
-//! the writer's epoch, inserts the batch and moves the head together, so two writers never
-//! interleave and a fenced-out writer changes nothing (`LEASE_LOST`, as on sled). The
+//! Compare-and-append is one statement (shared by the appends to other sessions waiting with
+//! it): it locks the session row, checks the expected seq and the writer's epoch, inserts the
+//! batch and moves the head together, so two writers never interleave and a fenced-out writer
+//! changes nothing (`LEASE_LOST`, as on sled). The
 //! connections run with `synchronous_commit=off`: a commit is visible to every reader when it
 //! returns, and reaches the disk within the server's WAL writer delay (three times
 //! `wal_writer_delay` at worst, 600 ms by default); a server crash in that window loses it.
@@ -32,7 +33,9 @@
 //!
 //! [`SessionPersistence`]: super::SessionPersistence
 
+mod appends;
 mod batch;
+mod cache_puts;
 mod config;
 mod creations;
 pub mod deliveries;
@@ -59,7 +62,9 @@ use crate::error::{ErrorCode, Result, SubagentError};
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
 
+use appends::AppendRequest;
 use batch::Batcher;
+use cache_puts::CachePutRequest;
 use creations::CreationRequest;
 use lease_book::LeaseBook;
 use leases::{Granted, LeaseRequest};
@@ -113,6 +118,13 @@ fn store_runtime() -> Result<tokio::runtime::Handle> {
 /// connection of its own).
 const BATCH_SLOTS: usize = 2;
 
+/// How many batches of appends run at once, each on a connection of the store's pool.
+const APPEND_SLOTS: usize = 4;
+
+/// How many batches of projection-cache writes run at once, each on a connection of the
+/// store's pool.
+const CACHE_PUT_SLOTS: usize = 2;
+
 /// A batch's answers: each call's own, or the batch's failure for every call.
 fn each_or_all<T>(answered: Result<Vec<Result<T>>>, calls: usize) -> Vec<Result<T>> {
     match answered {
@@ -125,10 +137,18 @@ fn each_or_all<T>(answered: Result<Vec<Result<T>>>, calls: usize) -> Vec<Result<
 /// answer: the server's own cancellation (an error that names it) usually answers first.
 const CALL_GRACE: Duration = Duration::from_secs(1);
 
-/// How a [`PostgresStore`]'s reads, creations, lease grants and releases, and flushes
+/// How a [`PostgresStore`]'s appends, projection-cache writes, reads, creations, lease grants and releases, and flushes
 /// coalesced, since it opened ([`PostgresStore::batched_calls`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BatchedCalls {
+    /// Compare-and-appends asked for.
+    pub appends: u64,
+    /// The statements that answered them.
+    pub append_statements: u64,
+    /// Projection-cache writes asked for.
+    pub cache_puts: u64,
+    /// The statements that answered them.
+    pub cache_put_statements: u64,
     /// Header and log reads asked for.
     pub reads: u64,
     /// The statements that answered them.
@@ -199,6 +219,10 @@ pub struct PostgresStore {
     migration_timeout: Duration,
     /// The lease holders of this process, shared with the lease batches.
     book: Arc<LeaseBook>,
+    /// Compare-and-appends, batched (see [`appends`]).
+    appends: Batcher<AppendRequest, ()>,
+    /// Projection-cache writes, batched (see [`cache_puts`]).
+    cache_puts: Batcher<CachePutRequest, ()>,
     /// Header and log reads, batched (see [`batch`]).
     reads: Batcher<ReadRequest, StoredRows>,
     /// Session creations, batched (see [`batch`]): `true` for each one created.
@@ -322,6 +346,34 @@ impl PostgresStore {
         // queues behind the appends, and each slot answers every call waiting when it frees.
         let lane = open_pool(&pg, &runtime, 4 * BATCH_SLOTS)?;
         let book = Arc::new(LeaseBook::new(config.lease_ttl, config.node_ttl));
+        let appends = Batcher::start(&runtime, APPEND_SLOTS, {
+            let pool = pool.clone();
+            move |requests: Vec<AppendRequest>| {
+                let pool = pool.clone();
+                async move {
+                    // An append whose commit was lost finds its own batch stored (see there).
+                    let answered = reconnecting("appending", call_deadline, |attempt| {
+                        appends::append_many(&pool, &requests, attempt)
+                    })
+                    .await;
+                    each_or_all(answered, requests.len())
+                }
+            }
+        });
+        let cache_puts = Batcher::start(&runtime, CACHE_PUT_SLOTS, {
+            let pool = pool.clone();
+            move |requests: Vec<CachePutRequest>| {
+                let pool = pool.clone();
+                async move {
+                    let answered =
+                        reconnecting("writing the projection cache", call_deadline, |_| {
+                            cache_puts::put_many(&pool, &requests)
+                        })
+                        .await;
+                    each_or_all(answered, requests.len())
+                }
+            }
+        });
         let reads = Batcher::start(&runtime, BATCH_SLOTS, {
             let lane = lane.clone();
             move |requests: Vec<ReadRequest>| {
@@ -392,6 +444,8 @@ impl PostgresStore {
             call_deadline,
             migration_timeout: config.migration_timeout,
             book,
+            appends,
+            cache_puts,
             reads,
             creations,
             leases,
@@ -474,11 +528,17 @@ impl PostgresStore {
     /// (grants); a flush waits for the one synchronous commit in flight and shares the next
     /// with every flush asked meanwhile.
     pub fn batched_calls(&self) -> BatchedCalls {
+        let (appends, append_statements) = self.appends.counts();
+        let (cache_puts, cache_put_statements) = self.cache_puts.counts();
         let (reads, read_statements) = self.reads.counts();
         let (creations, creation_statements) = self.creations.counts();
         let (leases, lease_transactions) = self.leases.counts();
         let (releases, release_statements) = self.releases.counts();
         BatchedCalls {
+            appends,
+            append_statements,
+            cache_puts,
+            cache_put_statements,
             reads,
             read_statements,
             creations,
@@ -550,23 +610,6 @@ impl PostgresStore {
             self.book.remember(holder);
         }
         Ok(terms.map(|terms| terms.lease))
-    }
-
-    /// The bytes of `id`'s batch starting at `first_seq`, if one does.
-    async fn stored_batch(
-        &self,
-        client: &tokio_postgres::Client,
-        id: SessionId,
-        first_seq: i64,
-    ) -> Result<Option<Vec<u8>>> {
-        let row = client
-            .query_opt(
-                "SELECT events FROM subagents_event_batches WHERE session = $1 AND first_seq = $2",
-                &[&uuid_of(id), &first_seq],
-            )
-            .await
-            .map_err(io(format!("reading session {id}")))?;
-        Ok(row.map(|row| row.get(0)))
     }
 
     async fn listing(&self, parent: Option<SessionId>) -> Result<Vec<ListedSession>> {

@@ -1,6 +1,6 @@
-//! [`SessionPersistence`] over a [`PostgresStore`]: compare-and-append in one statement, reads,
-//! creations, lease grants and releases batched, flushes as synchronous commits shared by every
-//! flush asked while one is in flight.
+//! [`SessionPersistence`] over a [`PostgresStore`]: compare-and-appends, reads, creations, lease
+//! grants and releases batched (each append still one compare, batch and head move), flushes as
+//! synchronous commits shared by every flush asked while one is in flight.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,19 +8,20 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use super::lease_live;
+use super::appends::AppendRequest;
+use super::cache_puts::CachePutRequest;
 use super::leases::LeaseRequest;
 use super::reads::ReadRequest;
 use super::reconnect::reconnecting;
-use super::{connection, io, seq_column, seq_value, uuid_of, PostgresStore, FLUSH_SLOTS};
-use crate::error::{Result, SubagentError};
+use super::{connection, io, seq_column, uuid_of, PostgresStore, FLUSH_SLOTS};
+use crate::error::Result;
 use crate::ids::SessionId;
 use crate::session::{SessionEvent, SessionHeader};
 use crate::store::codec::{decode_cache_row, encode_batch, put_value_row};
-use crate::store::lease::{lease_expired, lease_lost, Lease, LeaseEpoch, LeaseHolder};
+use crate::store::lease::{lease_lost, Lease, LeaseEpoch, LeaseHolder};
 use crate::store::{
-    check_append, check_contiguous, granted, inspected, inspection, not_found, EncodedRow,
-    ListedSession, SessionPersistence, StoredSession,
+    check_contiguous, granted, inspected, inspection, EncodedRow, ListedSession,
+    SessionPersistence, StoredSession,
 };
 
 impl SessionPersistence for PostgresStore {
@@ -54,87 +55,16 @@ impl SessionPersistence for PostgresStore {
                 return Ok(());
             };
             let count = u64::try_from(events.len()).unwrap_or(u64::MAX);
-            let expected = seq_column(expected_next_seq)?;
-            let next = seq_column(expected_next_seq.saturating_add(count))?;
-            let epoch = lease
-                .map(|LeaseEpoch(epoch)| seq_column(epoch))
-                .transpose()?;
-            let encoded = &encoded;
-            self.reconnecting("appending", |attempt| async move {
-                let client = self.client().await?;
-                // One statement: the row lock, the compare, the batch and the head move together.
-                // A leased write needs the latest epoch and a lease still live: a node paused
-                // past its time-to-live may wake before it learns it was declared dead, and
-                // before anyone took its sessions; what it would write then is an epoch its
-                // parent already heard end. (The lease is read after the session row is
-                // locked, which a takeover locks first; the clock is read then, not at the
-                // statement's start.)
-                let rows = client
-                    .query(
-                        &client
-                            .prepare_cached(concat!(
-                                "WITH head AS (
-                         SELECT next_seq, epoch FROM subagents_sessions WHERE id = $1 FOR UPDATE
-                     ), held AS (
-                         SELECT ",
-                                lease_live!("clock_timestamp()"),
-                                " AS live FROM subagents_leases lease
-                             LEFT JOIN subagents_nodes node ON node.node = lease.holder
-                             WHERE lease.session = $1 AND lease.epoch = $3
-                     ), fits AS (
-                         SELECT 1 FROM head
-                         WHERE next_seq = $2 AND ($3::bigint IS NULL
-                             OR (epoch = $3 AND coalesce((SELECT live FROM held), false)))
-                     ), batch AS (
-                         INSERT INTO subagents_event_batches (session, first_seq, events)
-                         SELECT $1, $2, $4 FROM fits
-                         RETURNING 1
-                     ), moved AS (
-                         UPDATE subagents_sessions SET next_seq = $5
-                         WHERE id = $1 AND EXISTS (SELECT 1 FROM fits)
-                         RETURNING 1
-                     )
-                     SELECT next_seq, epoch, EXISTS (SELECT 1 FROM moved),
-                         $3::bigint IS NULL OR coalesce((SELECT live FROM held), false)
-                     FROM head",
-                            ))
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[&uuid_of(id), &expected, &epoch, &encoded, &next],
-                    )
-                    .await
-                    .map_err(io(format!("appending to session {id}")))?;
-                let Some(row) = rows.first() else {
-                    return Err(not_found(id));
-                };
-                let (stored_next, stored_epoch, moved, live): (i64, i64, bool, bool) =
-                    (row.get(0), row.get(1), row.get(2), row.get(3));
-                if !moved {
-                    // An earlier attempt whose answer was lost may have stored this very batch.
-                    if attempt.after_loss
-                        && stored_next == next
-                        && (epoch.is_none() || epoch == Some(stored_epoch))
-                        && self.stored_batch(&client, id, expected).await?.as_ref() == Some(encoded)
-                    {
-                        return Ok(());
-                    }
-                    check_append(
-                        id,
-                        expected_next_seq,
-                        seq_value(stored_next)?,
-                        lease,
-                        seq_value(stored_epoch)?,
-                    )?;
-                    if !live {
-                        return Err(lease_expired(id));
-                    }
-                    return Err(SubagentError::bug(format!(
-                        "session {id}: an append that fits was not applied"
-                    )));
-                }
-                Ok(())
-            })
-            .await
+            let request = AppendRequest {
+                id,
+                expected: seq_column(expected_next_seq)?,
+                next: seq_column(expected_next_seq.saturating_add(count))?,
+                epoch: lease
+                    .map(|LeaseEpoch(epoch)| seq_column(epoch))
+                    .transpose()?,
+                events: encoded.into(),
+            };
+            self.appends.call(request).await
         })
     }
 
@@ -275,56 +205,17 @@ impl SessionPersistence for PostgresStore {
         row: EncodedRow,
         lease: Option<LeaseEpoch>,
     ) -> BoxFuture<'_, Result<()>> {
-        let unit = unit.to_owned();
+        let unit: Arc<str> = unit.into();
         Box::pin(async move {
-            let bytes = row.into_bytes();
-            let (unit, bytes) = (&unit, &bytes);
-            self.reconnecting("writing the projection cache", |_| async move {
-                let client = self.client().await?;
-                let failed = || io(format!("writing the {unit} cache of session {id}"));
-                let Some(LeaseEpoch(epoch)) = lease else {
-                    client
-                        .execute(
-                            &client
-                                .prepare_cached(
-                                    "INSERT INTO subagents_projection_cache (unit, session, row)
-                         VALUES ($1, $2, $3)
-                         ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
-                                )
-                                .await
-                                .map_err(io("preparing a statement"))?,
-                            &[&unit, &uuid_of(id), &bytes],
-                        )
-                        .await
-                        .map_err(failed())?;
-                    return Ok(());
-                };
-                // The session row is locked in share mode: a lease taken meanwhile (which moves the
-                // epoch under `FOR UPDATE`) either waits for this write or fences it out.
-                let written = client
-                    .execute(
-                        &client
-                            .prepare_cached(
-                                "WITH fence AS (
-                                 SELECT id FROM subagents_sessions
-                                 WHERE id = $2 AND epoch = $4 FOR SHARE
-                             )
-                             INSERT INTO subagents_projection_cache (unit, session, row)
-                             SELECT $1, id, $3 FROM fence
-                             ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row",
-                            )
-                            .await
-                            .map_err(io("preparing a statement"))?,
-                        &[&unit, &uuid_of(id), &bytes, &seq_column(epoch)?],
-                    )
-                    .await
-                    .map_err(failed())?;
-                if written == 0 {
-                    return Err(lease_lost(id));
-                }
-                Ok(())
-            })
-            .await
+            let request = CachePutRequest {
+                unit,
+                id,
+                row: row.into_bytes().into(),
+                epoch: lease
+                    .map(|LeaseEpoch(epoch)| seq_column(epoch))
+                    .transpose()?,
+            };
+            self.cache_puts.call(request).await
         })
     }
 }

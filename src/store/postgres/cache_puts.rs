@@ -1,0 +1,126 @@
+//! Projection-cache writes, many rows to a statement (see [`batch`](super::batch)).
+//!
+//! # Why
+//! Every epoch's release writes its session's projection checkpoint, and every write into an
+//! away parent's inbox its checkpoint too: about one row per epoch, as many as the appends'
+//! batches. One statement each cost the server a statement's overhead each; a batch writes
+//! every row waiting in one statement, each fenced by its writer's lease as alone.
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+
+use super::pool::{checkout, Pooled};
+use super::{io, pool_io, uuid_of};
+use crate::error::{Result, SubagentError};
+use crate::ids::SessionId;
+use crate::store::lease::lease_lost;
+
+/// One row to write: `row` for (`unit`, `id`), under the writer's lease `epoch` (none: an
+/// unleased write, which nothing fences). The bytes are shared: a batched call keeps a copy of
+/// its request.
+#[derive(Debug, Clone)]
+pub(super) struct CachePutRequest {
+    pub(super) unit: Arc<str>,
+    pub(super) id: SessionId,
+    pub(super) row: Arc<[u8]>,
+    pub(super) epoch: Option<i64>,
+}
+
+/// Writes `requests`, each as if alone and in order: a leased write lands while its epoch is
+/// the session's (`LEASE_LOST` otherwise); a row asked again in the same batch is written by
+/// the next statement, so the later asker's bytes stay. Idempotent: a batch whose answer was
+/// lost is simply sent again.
+///
+/// # Errors
+/// `STORE_IO` for a statement (every request not yet answered fails with it).
+pub(super) async fn put_many(pool: &Pool, requests: &[CachePutRequest]) -> Result<Vec<Result<()>>> {
+    let mut answers: Vec<Option<Result<()>>> = vec![None; requests.len()];
+    let mut waiting: Vec<usize> = (0..requests.len()).collect();
+    let client = checkout(pool)
+        .await
+        .map_err(pool_io("connecting to PostgreSQL for the projection cache"))?;
+    while !waiting.is_empty() {
+        let key = |index: usize| (requests[index].id, &*requests[index].unit);
+        let mut round: Vec<usize> = Vec::with_capacity(waiting.len());
+        let mut later = Vec::new();
+        for index in waiting {
+            if round.iter().any(|&taken| key(taken) == key(index)) {
+                later.push(index);
+            } else {
+                round.push(index);
+            }
+        }
+        // Rows are locked in one order by every batch, so two batches never deadlock.
+        round.sort_by_key(|&index| (requests[index].id, requests[index].unit.clone()));
+        let written = put_round(&client, requests, &round).await?;
+        for (index, landed) in round.into_iter().zip(written) {
+            answers[index] = Some(if landed {
+                Ok(())
+            } else {
+                Err(lease_lost(requests[index].id))
+            });
+        }
+        waiting = later;
+    }
+    Ok(answers
+        .into_iter()
+        .map(|answer| {
+            answer.unwrap_or_else(|| Err(SubagentError::bug("a cache write went unanswered")))
+        })
+        .collect())
+}
+
+/// One statement for the rows `round` names (distinct keys, in key order): whether each landed.
+async fn put_round(
+    client: &Pooled,
+    requests: &[CachePutRequest],
+    round: &[usize],
+) -> Result<Vec<bool>> {
+    let failed = io(format!("writing {} projection cache rows", round.len()));
+    // The leased writes' sessions are locked in share mode: a lease taken meanwhile (which
+    // moves the epoch under `FOR UPDATE`) either waits for this write or fences it out.
+    let statement = client
+        .prepare_cached(
+            "WITH asked AS (
+                 SELECT * FROM unnest($1::text[], $2::uuid[], $3::bytea[], $4::bigint[])
+                     WITH ORDINALITY AS a(unit, session, row, epoch, i)
+             ), fence AS (
+                 SELECT id, epoch FROM subagents_sessions
+                 WHERE id IN (SELECT session FROM asked WHERE epoch IS NOT NULL)
+                 ORDER BY id FOR SHARE
+             ), allowed AS (
+                 SELECT asked.* FROM asked
+                 WHERE asked.epoch IS NULL OR EXISTS (
+                     SELECT 1 FROM fence
+                     WHERE fence.id = asked.session AND fence.epoch = asked.epoch
+                 )
+             ), written AS (
+                 INSERT INTO subagents_projection_cache (unit, session, row)
+                 SELECT unit, session, row FROM allowed ORDER BY i
+                 ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row
+             )
+             SELECT i FROM allowed",
+        )
+        .await
+        .map_err(&failed)?;
+    let units: Vec<&str> = round.iter().map(|&i| &*requests[i].unit).collect();
+    let sessions: Vec<uuid::Uuid> = round.iter().map(|&i| uuid_of(requests[i].id)).collect();
+    let rows: Vec<&[u8]> = round.iter().map(|&i| &*requests[i].row).collect();
+    let epochs: Vec<Option<i64>> = round.iter().map(|&i| requests[i].epoch).collect();
+    let mut landed = vec![false; round.len()];
+    for row in client
+        .query(&statement, &[&units, &sessions, &rows, &epochs])
+        .await
+        .map_err(&failed)?
+    {
+        // `WITH ORDINALITY` counts from 1, in the order the arrays were sent.
+        let ordinal: i64 = row.get(0);
+        let slot = usize::try_from(ordinal - 1)
+            .ok()
+            .and_then(|index| landed.get_mut(index))
+            .ok_or_else(|| SubagentError::bug("a cache write's ordinal is out of its batch"))?;
+        *slot = true;
+    }
+    Ok(landed)
+}
