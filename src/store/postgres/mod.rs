@@ -53,6 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use futures::future::{BoxFuture, FutureExt};
 
 use super::codec::{decode_header, encode_batch};
 use super::group_flush::GroupFlush;
@@ -131,6 +132,36 @@ fn each_or_all<T>(answered: Result<Vec<Result<T>>>, calls: usize) -> Vec<Result<
         Ok(answers) => answers,
         Err(error) => (0..calls).map(|_| Err(error.clone())).collect(),
     }
+}
+
+/// One batch's statement (or transaction) over its calls, on a connection of `Ctx`'s: each
+/// call's answer in order, or the statement's failure.
+type BatchRun<Ctx, Req, Resp> =
+    for<'a> fn(&'a Ctx, &'a [Req], reconnect::Attempt) -> BoxFuture<'a, Result<Vec<Result<Resp>>>>;
+
+/// Starts a [`Batcher`] of `slots` whose batches run `run` with `ctx` (its connections), each
+/// within `deadline` and tried again on a lost connection (see [`reconnecting`]; `what` names
+/// it in errors); a batch that fails answers each of its calls with its failure.
+fn batcher<Ctx, Req, Resp>(
+    runtime: &tokio::runtime::Handle,
+    slots: usize,
+    (what, deadline): (&'static str, Duration),
+    ctx: Ctx,
+    run: BatchRun<Ctx, Req, Resp>,
+) -> Batcher<Req, Resp>
+where
+    Ctx: Clone + Send + Sync + 'static,
+    Req: Clone + Send + Sync + 'static,
+    Resp: Send + 'static,
+{
+    Batcher::start(runtime, slots, move |requests: Vec<Req>| {
+        let ctx = ctx.clone();
+        async move {
+            let answered =
+                reconnecting(what, deadline, |attempt| run(&ctx, &requests, attempt)).await;
+            each_or_all(answered, requests.len())
+        }
+    })
 }
 
 /// How much longer than its statements' server-side timeout a store call waits for an
@@ -346,93 +377,61 @@ impl PostgresStore {
         // queues behind the appends, and each slot answers every call waiting when it frees.
         let lane = open_pool(&pg, &runtime, 4 * BATCH_SLOTS)?;
         let book = Arc::new(LeaseBook::new(config.lease_ttl, config.node_ttl));
-        let appends = Batcher::start(&runtime, APPEND_SLOTS, {
-            let pool = pool.clone();
-            move |requests: Vec<AppendRequest>| {
-                let pool = pool.clone();
-                async move {
-                    // An append whose commit was lost finds its own batch stored (see there).
-                    let answered = reconnecting("appending", call_deadline, |attempt| {
-                        appends::append_many(&pool, &requests, attempt)
-                    })
-                    .await;
-                    each_or_all(answered, requests.len())
-                }
-            }
-        });
-        let cache_puts = Batcher::start(&runtime, CACHE_PUT_SLOTS, {
-            let pool = pool.clone();
-            move |requests: Vec<CachePutRequest>| {
-                let pool = pool.clone();
-                async move {
-                    let answered =
-                        reconnecting("writing the projection cache", call_deadline, |_| {
-                            cache_puts::put_many(&pool, &requests)
-                        })
-                        .await;
-                    each_or_all(answered, requests.len())
-                }
-            }
-        });
-        let reads = Batcher::start(&runtime, BATCH_SLOTS, {
-            let lane = lane.clone();
-            move |requests: Vec<ReadRequest>| {
-                let lane = lane.clone();
-                async move {
-                    let answered = reconnecting("reading sessions", call_deadline, |_| {
-                        reads::read_many(&lane, &requests)
-                    })
-                    .await;
-                    each_or_all(answered, requests.len())
-                }
-            }
-        });
-        let creations = Batcher::start(&runtime, BATCH_SLOTS, {
-            let (lane, book) = (lane.clone(), Arc::clone(&book));
-            move |requests: Vec<CreationRequest>| {
-                let (lane, book) = (lane.clone(), Arc::clone(&book));
-                async move {
-                    let answered = reconnecting("creating sessions", call_deadline, |attempt| {
-                        creations::create_many(&lane, &book, &requests, attempt)
-                    })
-                    .await;
-                    each_or_all(answered, requests.len())
-                }
-            }
-        });
-        let releases = Batcher::start(&runtime, BATCH_SLOTS, {
-            let lane = lane.clone();
-            move |released: Vec<(SessionId, LeaseEpoch)>| {
-                let lane = lane.clone();
-                async move {
-                    // Deleting a lease row twice deletes it once: a batch whose answer was
-                    // lost is simply sent again.
-                    let answered = reconnecting("releasing leases", call_deadline, |_| {
-                        leases::release_many(&lane, &released)
-                    })
-                    .await;
-                    each_or_all(
-                        answered.map(|()| vec![Ok(()); released.len()]),
-                        released.len(),
-                    )
-                }
-            }
-        });
-        let leases = Batcher::start(&runtime, BATCH_SLOTS, {
-            let book = Arc::clone(&book);
-            move |requests: Vec<LeaseRequest>| {
-                let (lane, book) = (lane.clone(), Arc::clone(&book));
-                async move {
-                    // A batch whose commit was lost may have granted its leases: granted again,
-                    // each holder gets a newer epoch (its own lease), which fences nothing live.
-                    let answered = reconnecting("leasing sessions", call_deadline, |_| {
-                        leases::grant_many(&lane, &book, &requests)
-                    })
-                    .await;
-                    each_or_all(answered, requests.len())
-                }
-            }
-        });
+        // Each batch is tried again on a lost connection (see `reconnect`), and its failure
+        // answers each of its calls. An append whose commit was lost finds its own batch
+        // stored, a creation its own header (see there); deleting a lease row or writing a
+        // cache row twice does it once; a grant whose commit was lost is granted again, each
+        // holder then getting a newer epoch (its own lease), which fences nothing live.
+        let appends = batcher(
+            &runtime,
+            APPEND_SLOTS,
+            ("appending", call_deadline),
+            pool.clone(),
+            |pool, requests, attempt| appends::append_many(pool, requests, attempt).boxed(),
+        );
+        let cache_puts = batcher(
+            &runtime,
+            CACHE_PUT_SLOTS,
+            ("writing the projection cache", call_deadline),
+            pool.clone(),
+            |pool, requests, _| cache_puts::put_many(pool, requests).boxed(),
+        );
+        let reads = batcher(
+            &runtime,
+            BATCH_SLOTS,
+            ("reading sessions", call_deadline),
+            lane.clone(),
+            |lane, requests, _| reads::read_many(lane, requests).boxed(),
+        );
+        let with_book = (lane.clone(), Arc::clone(&book));
+        let creations = batcher(
+            &runtime,
+            BATCH_SLOTS,
+            ("creating sessions", call_deadline),
+            with_book.clone(),
+            |(lane, book), requests, attempt| {
+                creations::create_many(lane, book, requests, attempt).boxed()
+            },
+        );
+        let releases = batcher(
+            &runtime,
+            BATCH_SLOTS,
+            ("releasing leases", call_deadline),
+            lane,
+            |lane, released: &[(SessionId, LeaseEpoch)], _| {
+                let count = released.len();
+                leases::release_many(lane, released)
+                    .map(move |released| released.map(|()| vec![Ok(()); count]))
+                    .boxed()
+            },
+        );
+        let leases = batcher(
+            &runtime,
+            BATCH_SLOTS,
+            ("leasing sessions", call_deadline),
+            with_book,
+            |(lane, book), requests, _| leases::grant_many(lane, book, requests).boxed(),
+        );
         let store = Self {
             pool,
             pg_config: pg,
