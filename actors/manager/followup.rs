@@ -244,12 +244,12 @@ impl ColdResume {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_runtime::scripted_runtime;
     use crate::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
     use crate::{
-        AgentRef, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, MemoryStore,
-        ResumeAgent, Runtime, SessionId, SpawnInProcess,
+        AgentRef, ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, ResumeAgent, Runtime,
+        SessionId,
     };
-    use std::sync::Arc;
 
     async fn start(rt: &Runtime, parent: &AgentRef, label: &str) -> SessionId {
         rt.subagents()
@@ -277,16 +277,7 @@ mod tests {
         let model = ScriptedModel::repeating(ScriptStep::text("ok"));
         model.push(ScriptStep::text("held").gated(&outer));
         model.push(ScriptStep::text("held").gated(&inner));
-        let rt = Runtime::builder()
-            .shared_store(Arc::new(MemoryStore::new()))
-            .model("scripted", model)
-            .build()
-            .expect("a runtime");
-        rt.subagents()
-            .register_provider(SpawnInProcess::default())
-            .await
-            .expect("spawn registers")
-            .keep();
+        let rt = scripted_runtime(model).await;
         let root = rt
             .agents()
             .create(CreateAgent::new())

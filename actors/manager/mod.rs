@@ -65,6 +65,8 @@ mod records;
 mod remote;
 mod served;
 mod settlement;
+#[cfg(test)]
+mod test_runtime;
 
 use records::{ClosingScope, Materialization, OwnerRecord, RemoteChild, Resident};
 pub(crate) use records::{ParentLink, RemoteParent};

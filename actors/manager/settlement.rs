@@ -176,11 +176,12 @@ impl ContinuationManager {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_runtime::scripted_runtime;
     use super::Settlement;
     use crate::testing::{resident_count, Gate, ScriptStep, ScriptedModel};
     use crate::{
-        ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, EventScope, MemoryStore,
-        Runtime, SpawnInProcess, StopReason, SubagentEvent,
+        ContentBlock, ContinuableStartSpec, CreateAgent, ErrorCode, EventScope, StopReason,
+        SubagentEvent,
     };
     use std::sync::{Arc, Mutex};
 
@@ -191,16 +192,7 @@ mod tests {
     async fn a_settlement_dropped_unsettled_settles_its_epoch_as_failed() {
         let gate = Gate::new();
         let model = ScriptedModel::with_script([ScriptStep::text("held").gated(&gate)]);
-        let rt = Runtime::builder()
-            .shared_store(Arc::new(MemoryStore::new()))
-            .model("scripted", model)
-            .build()
-            .expect("a runtime");
-        rt.subagents()
-            .register_provider(SpawnInProcess::default())
-            .await
-            .expect("spawn registers")
-            .keep();
+        let rt = scripted_runtime(model).await;
         let parent = rt
             .agents()
             .create(CreateAgent::new())
