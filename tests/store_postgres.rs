@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use proptest::prelude::*;
-use subagents::store::{LeaseEpoch, LeaseHolder, ListedSession, PostgresConfig, PostgresStore};
+use subagents::store::{
+    BatchedCalls, LeaseEpoch, LeaseHolder, ListedSession, PostgresConfig, PostgresStore,
+};
 use subagents::{ErrorCode, SessionEvent, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::{check_against_model, notes, op};
@@ -105,6 +107,25 @@ fn a_lease_expires_unless_renewed_and_its_late_writer_is_fenced_out() {
 fn fresh() -> Option<(PostgresStore, String)> {
     let url = postgres_or_skip!(None).fresh_database();
     Some((block_on(PostgresStore::connect(&url)).unwrap(), url))
+}
+
+/// Asserts that the store answered `calls` concurrent calls of one kind (`what`; `pick` reads
+/// its counts from [`PostgresStore::batched_calls`]) since `before`, with at most one statement
+/// (or transaction) for every `share` of them.
+fn coalesced(
+    store: &PostgresStore,
+    before: BatchedCalls,
+    pick: impl Fn(&BatchedCalls) -> (u64, u64),
+    (what, calls, share): (&str, u64, u64),
+) {
+    let ((asked, answered), (asked_before, answered_before)) =
+        (pick(&store.batched_calls()), pick(&before));
+    let (asked, answered) = (asked - asked_before, answered - answered_before);
+    assert_eq!(asked, calls, "{what} asked");
+    assert!(
+        answered * share <= asked,
+        "{asked} concurrent {what} took {answered} statements"
+    );
 }
 
 /// Runs one SQL statement on `url` (to damage rows as a bad writer or a newer crate would).
@@ -259,17 +280,9 @@ fn concurrent_reads_share_statements_and_each_gets_its_own_log() {
         assert_eq!(&inspected.events, written, "session {id}");
     }
     assert_eq!(missing.unwrap_err().code(), ErrorCode::SessionNotFound);
-    let after = store.batched_calls();
-    let calls = after.reads - before.reads;
-    let statements = after.read_statements - before.read_statements;
-    assert_eq!(
-        calls, 129,
-        "an inspection reads its header and log together"
-    );
-    assert!(
-        statements * 8 <= calls,
-        "{calls} concurrent reads took {statements} statements"
-    );
+    // An inspection reads its header and log together: 129 reads.
+    let read = |calls: &BatchedCalls| (calls.reads, calls.read_statements);
+    coalesced(&store, before, read, ("reads", 129, 8));
 }
 
 // Every epoch of every child appends as its turns end, and a statement per append cost the
@@ -324,16 +337,8 @@ fn concurrent_appends_share_statements_and_each_is_decided_alone() {
     assert_eq!(block_on(store.read_from(fenced, 0)).unwrap().len(), 1);
     // The lease that fenced the stale writer still writes.
     block_on(store.append(fenced, 1, notes(1, 1), Some(newer.epoch))).unwrap();
-    let after = store.batched_calls();
-    let (calls, statements) = (
-        after.appends - before.appends,
-        after.append_statements - before.append_statements,
-    );
-    assert_eq!(calls, 68);
-    assert!(
-        statements * 4 <= calls,
-        "{calls} concurrent appends took {statements} statements"
-    );
+    let append = |calls: &BatchedCalls| (calls.appends, calls.append_statements);
+    coalesced(&store, before, append, ("appends", 68, 4));
 }
 
 // Projection-cache writes share statements the same way, each still fenced alone: a write
@@ -392,16 +397,8 @@ fn concurrent_cache_writes_share_statements_and_each_is_fenced_alone() {
         block_on(store.cache_get("other", fenced)).unwrap(),
         Some(row(1000))
     );
-    let after = store.batched_calls();
-    let (calls, statements) = (
-        after.cache_puts - before.cache_puts,
-        after.cache_put_statements - before.cache_put_statements,
-    );
-    assert_eq!(calls, 65);
-    assert!(
-        statements * 4 <= calls,
-        "{calls} concurrent cache writes took {statements} statements"
-    );
+    let put = |calls: &BatchedCalls| (calls.cache_puts, calls.cache_put_statements);
+    coalesced(&store, before, put, ("cache writes", 65, 4));
 }
 
 // Grants decided together are decided as if in turn: a session goes to its first asker and
@@ -459,14 +456,8 @@ fn concurrent_lease_grants_share_transactions_and_decide_as_if_in_turn() {
     assert_eq!(fenced.code(), ErrorCode::LeaseLost);
     block_on(store.append(repeated, 0, notes(0, 1), Some(newer.epoch))).unwrap();
     assert_eq!(missing.unwrap_err().code(), ErrorCode::SessionNotFound);
-    let after = store.batched_calls();
-    let calls = after.leases - before.leases;
-    let transactions = after.lease_transactions - before.lease_transactions;
-    assert_eq!(calls, 37);
-    assert!(
-        transactions * 4 <= calls,
-        "{calls} concurrent grants took {transactions} transactions"
-    );
+    let grant = |calls: &BatchedCalls| (calls.leases, calls.lease_transactions);
+    coalesced(&store, before, grant, ("grants", 37, 4));
 }
 
 // Every epoch's end and every one-shot child's disposal releases a lease: a burst of them took a
@@ -499,14 +490,8 @@ fn concurrent_lease_releases_share_statements_and_release_only_their_epoch() {
             .map(|(id, lease)| store.release_lease(*id, lease.epoch)),
     ));
     assert!(released.iter().all(Result::is_ok), "{released:?}");
-    let after = store.batched_calls();
-    let calls = after.releases - before.releases;
-    let statements = after.release_statements - before.release_statements;
-    assert_eq!(calls, 32);
-    assert!(
-        statements * 8 <= calls,
-        "{calls} concurrent releases took {statements} statements"
-    );
+    let release = |calls: &BatchedCalls| (calls.releases, calls.release_statements);
+    coalesced(&store, before, release, ("releases", 32, 8));
     // Released: another holder takes them at once. Kept: its newer lease still holds it.
     let rival = LeaseHolder::new();
     for id in &sessions[1..] {
@@ -578,14 +563,8 @@ fn concurrent_creations_share_statements_and_decide_as_if_in_turn() {
     );
     assert_eq!(again.unwrap_err().code(), ErrorCode::SessionExists);
     assert!(block_on(store.read_from(stored, 0)).unwrap().is_empty());
-    let after = store.batched_calls();
-    let calls = after.creations - before.creations;
-    let statements = after.creation_statements - before.creation_statements;
-    assert_eq!(calls, 67);
-    assert!(
-        statements * 4 <= calls,
-        "{calls} concurrent creations took {statements} statements"
-    );
+    let create = |calls: &BatchedCalls| (calls.creations, calls.creation_statements);
+    coalesced(&store, before, create, ("creations", 67, 4));
 }
 
 /// A proxy in front of `url`'s server (a unix socket) that loses one answer: once a client
