@@ -269,8 +269,8 @@ mod tests {
     // ancestor must still be refused. The manager publishes a cold-resumed child with the lineage
     // its resume was admitted under (as below); before, the child's lineage stopped at its
     // header's parent once that parent was no longer resident, and a start below it was admitted
-    // under a drained ancestor (the history checker's `live-after-drain`, seed 2214661 on two
-    // workers, once in 30,000 schedules).
+    // under a drained ancestor. (No runtime call holds a resume in that window, so the test
+    // publishes the child as the manager's resume does.)
     #[actix_rt::test]
     async fn a_child_in_its_resume_window_is_below_a_drained_ancestor() {
         let (outer, inner) = (Gate::new(), Gate::new());

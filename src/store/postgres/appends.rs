@@ -13,7 +13,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 
 use super::pool::{checkout, Pooled};
-use super::reconnect::Attempt;
+use super::reconnect::{connection_lost, Attempt};
 use super::{io, lease_live, pool_io, seq_value, uuid_of};
 use crate::error::{Result, SubagentError};
 use crate::ids::SessionId;
@@ -65,9 +65,22 @@ pub(super) async fn append_many(
             }
         }
         round.sort_by_key(|&index| requests[index].id);
-        let outcomes = append_round(&client, requests, &round, attempt).await?;
-        for (index, outcome) in round.into_iter().zip(outcomes) {
-            answers[index] = Some(outcome);
+        match append_round(&client, requests, &round, attempt).await {
+            Ok(outcomes) => {
+                for (index, outcome) in round.into_iter().zip(outcomes) {
+                    answers[index] = Some(outcome);
+                }
+            }
+            // An earlier round committed its appends: they keep their answers, and the rest
+            // fail with the statement. A lost connection instead sends the whole batch again,
+            // where what the earlier rounds stored is found stored.
+            Err(error) if answers.iter().any(Option::is_some) && !connection_lost(&error) => {
+                for index in round.into_iter().chain(later) {
+                    answers[index] = Some(Err(error.clone()));
+                }
+                break;
+            }
+            Err(error) => return Err(error),
         }
         waiting = later;
     }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 
 use super::pool::{checkout, Pooled};
+use super::reconnect::connection_lost;
 use super::{io, pool_io, uuid_of};
 use crate::error::{Result, SubagentError};
 use crate::ids::SessionId;
@@ -53,13 +54,26 @@ pub(super) async fn put_many(pool: &Pool, requests: &[CachePutRequest]) -> Resul
         }
         // Rows are locked in one order by every batch, so two batches never deadlock.
         round.sort_by_key(|&index| (requests[index].id, requests[index].unit.clone()));
-        let written = put_round(&client, requests, &round).await?;
-        for (index, landed) in round.into_iter().zip(written) {
-            answers[index] = Some(if landed {
-                Ok(())
-            } else {
-                Err(lease_lost(requests[index].id))
-            });
+        match put_round(&client, requests, &round).await {
+            Ok(written) => {
+                for (index, landed) in round.into_iter().zip(written) {
+                    answers[index] = Some(if landed {
+                        Ok(())
+                    } else {
+                        Err(lease_lost(requests[index].id))
+                    });
+                }
+            }
+            // An earlier round wrote its rows: they keep their answers, and the rest fail with
+            // the statement (a lost connection sends the whole batch again: writing a row twice
+            // writes it once).
+            Err(error) if answers.iter().any(Option::is_some) && !connection_lost(&error) => {
+                for index in round.into_iter().chain(later) {
+                    answers[index] = Some(Err(error.clone()));
+                }
+                break;
+            }
+            Err(error) => return Err(error),
         }
         waiting = later;
     }
