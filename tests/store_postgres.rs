@@ -1604,6 +1604,52 @@ fn a_statement_the_server_cannot_finish_fails_within_the_statement_timeout() {
     assert_eq!(block_on(store.read_from(id, 0)).unwrap().len(), 1);
 }
 
+// A row another transaction holds past the statement timeout fails only its own append, not
+// the others that share its statement: the batch skips it, and it waits for its row alone. Before,
+// every append batched with it waited for the row and failed with it.
+#[test]
+fn a_held_row_fails_only_its_own_append_among_concurrent_ones() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+        return;
+    };
+    let created = || {
+        let id = SessionId::new();
+        block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+        id
+    };
+    let held = created();
+    let free: Vec<SessionId> = (0..32).map(|_| created()).collect();
+    let holder = block_on(async {
+        let client = raw_client(&url).await;
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{held}' FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+        client
+    });
+    let (refused, landed) = block_on(within(
+        "the appends to answer",
+        futures::future::join(
+            store.append(held, 0, notes(0, 1), None),
+            futures::future::join_all(
+                free.iter()
+                    .map(|id| store.append(*id, 0, notes(0, 2), None)),
+            ),
+        ),
+    ));
+    assert_eq!(refused.unwrap_err().code(), ErrorCode::StoreIo);
+    for (id, landed) in free.iter().zip(landed) {
+        landed.unwrap_or_else(|error| panic!("session {id}: {error}"));
+        assert_eq!(block_on(store.read_from(*id, 0)).unwrap().len(), 2);
+    }
+    block_on(holder.batch_execute("ROLLBACK")).unwrap();
+    block_on(store.append(held, 0, notes(0, 1), None)).expect("the failed append stored nothing");
+}
+
 /// Stops (`SIGSTOP`) every client process of `url`'s database, as a paused machine's are, for
 /// as long as the answer lives: they go on when it drops, a failed assert too. None of them may
 /// be mid-call.

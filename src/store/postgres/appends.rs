@@ -34,8 +34,11 @@ pub(super) struct AppendRequest {
 
 /// Appends `requests`, each as if alone, one statement for every session asked once; a session
 /// asked again in the same batch (its writer does not overlap its appends, so only by accident)
-/// waits for the next statement, in order. On an attempt after a lost connection, an append
-/// found stored with exactly its bytes is taken for the lost attempt's own.
+/// waits for the next statement, in order. A session whose row another transaction holds is
+/// skipped by the batch's statement and appended alone, waiting for the row: a row held past
+/// the statement timeout fails its own append, not the batch's. On an attempt after a lost
+/// connection, an append found stored with exactly its bytes is taken for the lost attempt's
+/// own.
 ///
 /// # Errors
 /// `STORE_IO` for a statement (every request not yet answered fails with it).
@@ -65,10 +68,15 @@ pub(super) async fn append_many(
             }
         }
         round.sort_by_key(|&index| requests[index].id);
-        match append_round(&client, requests, &round, attempt).await {
+        let mut contended = Vec::new();
+        let outcomes = append_round(&client, requests, &round, (attempt, Lock::Skip)).await;
+        match outcomes {
             Ok(outcomes) => {
-                for (index, outcome) in round.into_iter().zip(outcomes) {
-                    answers[index] = Some(outcome);
+                for (index, outcome) in round.iter().zip(outcomes) {
+                    match outcome {
+                        Some(outcome) => answers[*index] = Some(outcome),
+                        None => contended.push(*index),
+                    }
                 }
             }
             // An earlier round committed its appends: they keep their answers, and the rest
@@ -82,6 +90,20 @@ pub(super) async fn append_many(
             }
             Err(error) => return Err(error),
         }
+        // Before the session's next append in this batch, if any.
+        for index in contended {
+            answers[index] = Some(
+                match append_round(&client, requests, &[index], (attempt, Lock::Wait)).await {
+                    Ok(mut alone) => alone.pop().flatten().unwrap_or_else(|| {
+                        Err(SubagentError::bug(
+                            "an append waiting for its row was skipped",
+                        ))
+                    }),
+                    Err(error) if !connection_lost(&error) => Err(error),
+                    Err(error) => return Err(error),
+                },
+            );
+        }
         waiting = later;
     }
     Ok(answers
@@ -92,29 +114,28 @@ pub(super) async fn append_many(
         .collect())
 }
 
-/// One statement for the appends `round` names (distinct sessions, in session order).
-async fn append_round(
-    client: &Pooled,
-    requests: &[AppendRequest],
-    round: &[usize],
-    attempt: Attempt,
-) -> Result<Vec<Result<()>>> {
-    let failed = io(format!("appending to {} sessions", round.len()));
-    // One statement: each session's row lock, compare, batch and head move together. A leased
-    // write needs the latest epoch and a lease still live: a node paused past its time-to-live
-    // may wake before it learns it was declared dead, and before anyone took its sessions;
-    // what it would write then is an epoch its parent already heard end. Each session's lease
-    // is read after its row is locked (`head` yields a row only once it holds its lock, and a
-    // takeover locks the row first), and the clock then, not at the statement's start.
-    let statement = client
-        .prepare_cached(concat!(
+/// How a round's statement takes the sessions' rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lock {
+    /// Skips a row another transaction holds: the append is answered `None`.
+    Skip,
+    /// Waits for every row.
+    Wait,
+}
+
+/// The compare-and-append statement, its rows locked as `$lock` says (`SKIP LOCKED` or not).
+macro_rules! append_statement {
+    ($lock:literal) => {
+        concat!(
             "WITH asked AS (
                  SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bytea[],
                                       $5::bigint[])
                      AS a(session, expected, epoch, events, next)
              ), head AS (
                  SELECT id, next_seq, epoch FROM subagents_sessions
-                 WHERE id = ANY($1) ORDER BY id FOR UPDATE
+                 WHERE id = ANY($1) ORDER BY id FOR UPDATE ",
+            $lock,
+            "
              ), judged AS (
                  SELECT asked.*, head.next_seq AS stored_next, head.epoch AS stored_epoch,
                      asked.epoch IS NULL OR coalesce((
@@ -138,11 +159,37 @@ async fn append_round(
                  RETURNING s.id
              )
              SELECT asked.session, judged.stored_next, judged.stored_epoch,
-                 EXISTS (SELECT 1 FROM moved WHERE moved.id = asked.session), judged.live
-             FROM asked LEFT JOIN judged ON judged.session = asked.session",
-        ))
-        .await
-        .map_err(&failed)?;
+                 EXISTS (SELECT 1 FROM moved WHERE moved.id = asked.session), judged.live,
+                 EXISTS (SELECT 1 FROM subagents_sessions s WHERE s.id = asked.session)
+             FROM asked LEFT JOIN judged ON judged.session = asked.session"
+        )
+    };
+}
+
+/// One statement for the appends `round` names (distinct sessions, in session order): each
+/// one's answer, or `None` for one whose row was held elsewhere (with [`Lock::Skip`]).
+async fn append_round(
+    client: &Pooled,
+    requests: &[AppendRequest],
+    round: &[usize],
+    (attempt, lock): (Attempt, Lock),
+) -> Result<Vec<Option<Result<()>>>> {
+    let failed = io(format!("appending to {} sessions", round.len()));
+    // One statement: each session's row lock, compare, batch and head move together. A leased
+    // write needs the latest epoch and a lease still live: a node paused past its time-to-live
+    // may wake before it learns it was declared dead, and before anyone took its sessions;
+    // what it would write then is an epoch its parent already heard end. Each session's lease
+    // is read after its row is locked (`head` yields a row only once it holds its lock, and a
+    // takeover locks the row first), and the clock then, not at the statement's start.
+    let statement = match lock {
+        Lock::Skip => {
+            client
+                .prepare_cached(append_statement!("SKIP LOCKED"))
+                .await
+        }
+        Lock::Wait => client.prepare_cached(append_statement!("")).await,
+    }
+    .map_err(&failed)?;
     let sessions: Vec<uuid::Uuid> = round.iter().map(|&i| uuid_of(requests[i].id)).collect();
     let expected: Vec<i64> = round.iter().map(|&i| requests[i].expected).collect();
     let epochs: Vec<Option<i64>> = round.iter().map(|&i| requests[i].epoch).collect();
@@ -164,11 +211,14 @@ async fn append_round(
             .get::<_, Option<i64>>(1)
             .zip(row.get::<_, Option<i64>>(2))
             .map(|(next, epoch)| (next, epoch, row.get(3), row.get(4)));
+        let present: bool = row.get(5);
         outcomes.push(match stored {
-            None => Err(not_found(request.id)),
-            Some((_, _, true, _)) => Ok(()),
+            // Held by another transaction: asked again alone, waiting for it.
+            None if present && lock == Lock::Skip => None,
+            None => Some(Err(not_found(request.id))),
+            Some((_, _, true, _)) => Some(Ok(())),
             Some((stored_next, stored_epoch, false, live)) => {
-                refused(client, request, (stored_next, stored_epoch, live), attempt).await?
+                Some(refused(client, request, (stored_next, stored_epoch, live), attempt).await?)
             }
         })
     }
