@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 
+use super::batch::{answered, first_askers};
 use super::pool::{checkout, Pooled};
 use super::reconnect::{connection_lost, Attempt};
 use super::{io, lease_live, pool_io, seq_value, uuid_of};
@@ -53,21 +54,7 @@ pub(super) async fn append_many(
         .await
         .map_err(pool_io("connecting to PostgreSQL for appends"))?;
     while !waiting.is_empty() {
-        // The first asker of each session, in session order: rows are locked in one order by
-        // every batch, so two batches never deadlock.
-        let mut round: Vec<usize> = Vec::with_capacity(waiting.len());
-        let mut later = Vec::new();
-        for index in waiting {
-            if round
-                .iter()
-                .any(|&taken| requests[taken].id == requests[index].id)
-            {
-                later.push(index);
-            } else {
-                round.push(index);
-            }
-        }
-        round.sort_by_key(|&index| requests[index].id);
+        let (round, later) = first_askers(waiting, |index| requests[index].id);
         let mut contended = Vec::new();
         let outcomes = append_round(&client, requests, &round, (attempt, Lock::Skip)).await;
         match outcomes {
@@ -106,12 +93,7 @@ pub(super) async fn append_many(
         }
         waiting = later;
     }
-    Ok(answers
-        .into_iter()
-        .map(|answer| {
-            answer.unwrap_or_else(|| Err(SubagentError::bug("an append went unanswered")))
-        })
-        .collect())
+    Ok(answered(answers, "an append"))
 }
 
 /// How a round's statement takes the sessions' rows.

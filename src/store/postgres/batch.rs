@@ -127,6 +127,37 @@ async fn batching<Req: Send + 'static, Resp: Send + 'static>(
     }
 }
 
+/// Splits the calls `waiting` (indices into a batch) into one statement's round, the first
+/// asker of each key in key order (rows are then locked in one order by every batch, so two
+/// batches never deadlock), and the rest in their order, for the rounds after it.
+pub(super) fn first_askers<K: Ord>(
+    waiting: Vec<usize>,
+    key: impl Fn(usize) -> K,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut round: Vec<usize> = Vec::with_capacity(waiting.len());
+    let mut later = Vec::new();
+    for index in waiting {
+        if round.iter().any(|&taken| key(taken) == key(index)) {
+            later.push(index);
+        } else {
+            round.push(index);
+        }
+    }
+    round.sort_by_key(|&index| key(index));
+    (round, later)
+}
+
+/// Each call's answer once a batch's rounds are over; one left unanswered is a bug, named
+/// after `what` the calls are.
+pub(super) fn answered<T>(answers: Vec<Option<Result<T>>>, what: &str) -> Vec<Result<T>> {
+    answers
+        .into_iter()
+        .map(|answer| {
+            answer.unwrap_or_else(|| Err(SubagentError::bug(format!("{what} went unanswered"))))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +201,18 @@ mod tests {
             assert_eq!(answered.await.unwrap().unwrap(), call * 10);
         }
         assert_eq!(*sizes.lock().unwrap(), vec![1, 5]);
+    }
+
+    // A key asked twice waits for the next round, behind its first asker; a round is in key
+    // order, whatever order the calls came in.
+    #[test]
+    fn a_round_takes_each_keys_first_asker_in_key_order() {
+        let keys = [5, 3, 5, 1, 3];
+        let (round, later) = first_askers((0..keys.len()).collect(), |index| keys[index]);
+        assert_eq!(round, [3, 1, 0]);
+        assert_eq!(later, [2, 4]);
+        let (round, later) = first_askers(later, |index| keys[index]);
+        assert_eq!((round, later), (vec![4, 2], vec![]));
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 
+use super::batch::{answered, first_askers};
 use super::pool::{checkout, Pooled};
 use super::reconnect::connection_lost;
 use super::{io, pool_io, uuid_of};
@@ -42,18 +43,9 @@ pub(super) async fn put_many(pool: &Pool, requests: &[CachePutRequest]) -> Resul
         .await
         .map_err(pool_io("connecting to PostgreSQL for the projection cache"))?;
     while !waiting.is_empty() {
-        let key = |index: usize| (requests[index].id, &*requests[index].unit);
-        let mut round: Vec<usize> = Vec::with_capacity(waiting.len());
-        let mut later = Vec::new();
-        for index in waiting {
-            if round.iter().any(|&taken| key(taken) == key(index)) {
-                later.push(index);
-            } else {
-                round.push(index);
-            }
-        }
-        // Rows are locked in one order by every batch, so two batches never deadlock.
-        round.sort_by_key(|&index| (requests[index].id, requests[index].unit.clone()));
+        let (round, later) = first_askers(waiting, |index| {
+            (requests[index].id, &*requests[index].unit)
+        });
         match put_round(&client, requests, &round).await {
             Ok(written) => {
                 for (index, landed) in round.into_iter().zip(written) {
@@ -77,12 +69,7 @@ pub(super) async fn put_many(pool: &Pool, requests: &[CachePutRequest]) -> Resul
         }
         waiting = later;
     }
-    Ok(answers
-        .into_iter()
-        .map(|answer| {
-            answer.unwrap_or_else(|| Err(SubagentError::bug("a cache write went unanswered")))
-        })
-        .collect())
+    Ok(answered(answers, "a cache write"))
 }
 
 /// One statement for the rows `round` names (distinct keys, in key order): whether each landed.
