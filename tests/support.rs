@@ -909,14 +909,35 @@ pub async fn appears(file: &std::path::Path) {
 }
 
 /// Waits (with the safety-net timeout) until `pid` has exited: its exit is asynchronous to
-/// whatever released it.
+/// whatever released it. The kernel announces it on a pidfd (any process's, not only a child's),
+/// polled on a blocking thread with the same bound; a process already gone has none to open.
 pub async fn gone(pid: u32) {
-    within(&format!("process {pid} to exit"), async {
-        while alive(pid) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use rustix::process::{pidfd_open, Pid, PidfdFlags};
+    let raw = i32::try_from(pid).expect("a pid fits an i32");
+    let Some(process) = Pid::from_raw(raw) else {
+        panic!("pid {pid} names no process");
+    };
+    let exit = match pidfd_open(process, PidfdFlags::empty()) {
+        Ok(exit) => exit,
+        Err(rustix::io::Errno::SRCH) => return,
+        Err(error) => panic!("opening process {pid}'s pidfd: {error}"),
+    };
+    let announced = tokio::task::spawn_blocking(move || {
+        let bound = Timespec::try_from(Duration::from_secs(20)).expect("a timespec");
+        let mut exit = [PollFd::new(&exit, PollFlags::IN)];
+        loop {
+            match poll(&mut exit, Some(&bound)) {
+                Err(rustix::io::Errno::INTR) => {}
+                Ok(0) => panic!("process {pid} still runs after 20 s"),
+                Ok(_) => return,
+                Err(error) => panic!("waiting on the pidfd: {error}"),
+            }
         }
-    })
-    .await;
+    });
+    within(&format!("process {pid} to exit"), announced)
+        .await
+        .expect("the wait on the pidfd ends");
 }
 
 /// Registers a continuable provider named `held` whose creations wait at `gate` inside their
