@@ -369,6 +369,45 @@ async fn a_follow_up_racing_settlement_is_delivered() {
     }
 }
 
+/// Starts a one-shot `spawn` child of `parent` and waits for its answer: the child stays live
+/// until its run is disposed.
+async fn answered_one_shot(
+    rt: &Runtime,
+    parent: &AgentRef,
+    prompt: &str,
+) -> (subagents::SubagentRun, AgentRef) {
+    let run = rt
+        .subagents()
+        .start("spawn", SubagentStartRequest::new(parent, text(prompt)))
+        .await
+        .unwrap();
+    let child = run.local_agent().cloned().unwrap();
+    run.result().await.unwrap();
+    (run, child)
+}
+
+/// Starts a continuable child of `parent`, its first turn held at `gate` of `model`, and waits
+/// until the turn is held.
+async fn held_below(
+    rt: &Runtime,
+    (model, gate): (&ScriptedModel, &Gate),
+    parent: &AgentRef,
+) -> SessionId {
+    model.push(ScriptStep::text("held").gated(gate));
+    let started = rt
+        .subagents()
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "below",
+            parent,
+            text("go"),
+        ))
+        .await
+        .unwrap();
+    gate.reached().await;
+    started.child_id
+}
+
 // CONT-38
 #[actix_rt::test]
 async fn a_scoped_drain_finds_descendants_below_a_departed_one_shot_child() {
@@ -376,28 +415,8 @@ async fn a_scoped_drain_finds_descendants_below_a_departed_one_shot_child() {
     let model = ScriptedModel::repeating(ScriptStep::text("ok"));
     let rt = seam_runtime(&model).await;
     let parent = root(&rt).await;
-    let run = rt
-        .subagents()
-        .start(
-            "spawn",
-            SubagentStartRequest::new(parent.agent(), text("intermediate")),
-        )
-        .await
-        .unwrap();
-    let intermediate = run.local_agent().cloned().unwrap();
-    run.result().await.unwrap();
-    model.push(ScriptStep::text("held").gated(&gate));
-    let descendant = rt
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "below",
-            &intermediate,
-            text("go"),
-        ))
-        .await
-        .unwrap();
-    gate.reached().await;
+    let (run, intermediate) = answered_one_shot(&rt, parent.agent(), "intermediate").await;
+    let descendant = held_below(&rt, (&model, &gate), &intermediate).await;
     run.dispose().await.unwrap();
     assert!(rt.agents().get(intermediate.id()).await.is_none());
     let drain = rt
@@ -405,7 +424,7 @@ async fn a_scoped_drain_finds_descendants_below_a_departed_one_shot_child() {
         .drain_continuable_descendants(&[parent.agent().clone()]);
     gate.release();
     within("the drain", drain).await.unwrap();
-    assert!(rt.agents().get(descendant.child_id).await.is_none());
+    assert!(rt.agents().get(descendant).await.is_none());
 }
 
 // CONT-38, two intermediates deep: a continuable child below two live one-shot children is
@@ -421,27 +440,11 @@ async fn a_scoped_drain_finds_descendants_below_two_live_one_shot_children() {
     let mut runs = Vec::new();
     let mut above = parent.agent().clone();
     for prompt in ["outer intermediate", "inner intermediate"] {
-        let run = rt
-            .subagents()
-            .start("spawn", SubagentStartRequest::new(&above, text(prompt)))
-            .await
-            .unwrap();
-        above = run.local_agent().cloned().unwrap();
-        run.result().await.unwrap();
+        let (run, intermediate) = answered_one_shot(&rt, &above, prompt).await;
+        above = intermediate;
         runs.push(run);
     }
-    model.push(ScriptStep::text("held").gated(&gate));
-    let descendant = rt
-        .subagents()
-        .start_continuable(ContinuableStartSpec::new(
-            "spawn",
-            "below",
-            &above,
-            text("go"),
-        ))
-        .await
-        .unwrap();
-    gate.reached().await;
+    let descendant = held_below(&rt, (&model, &gate), &above).await;
     within(
         "the drain",
         rt.subagents()
@@ -450,7 +453,7 @@ async fn a_scoped_drain_finds_descendants_below_two_live_one_shot_children() {
     .await
     .unwrap();
     assert!(
-        rt.agents().get(descendant.child_id).await.is_none(),
+        rt.agents().get(descendant).await.is_none(),
         "the descendant was disposed by the drain"
     );
     assert_eq!(subagents::testing::resident_count(rt.subagents()).await, 0);
