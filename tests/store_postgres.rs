@@ -1650,6 +1650,63 @@ fn a_held_row_fails_only_its_own_append_among_concurrent_ones() {
     block_on(store.append(held, 0, notes(0, 1), None)).expect("the failed append stored nothing");
 }
 
+// A session row another transaction holds past the statement timeout fails only its own
+// leased cache write, not the others that share its statement: the batch skips it, and it
+// waits for its row alone. Before, every write batched with it waited for the row and failed
+// with it.
+#[test]
+fn a_held_row_fails_only_its_own_cache_write_among_concurrent_ones() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+        return;
+    };
+    let leased = || {
+        let id = SessionId::new();
+        block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+        let epoch = block_on(store.acquire_lease(id, LeaseHolder::new()))
+            .unwrap()
+            .epoch;
+        (id, epoch)
+    };
+    let (held, held_epoch) = leased();
+    let free: Vec<(SessionId, LeaseEpoch)> = (0..32).map(|_| leased()).collect();
+    let holder = block_on(async {
+        let client = raw_client(&url).await;
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{held}' FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+        client
+    });
+    let row = |n: usize| serde_json::json!({ "n": n });
+    let (refused, written) = block_on(within(
+        "the cache writes to answer",
+        futures::future::join(
+            store.cache_put("unit", held, row(0), Some(held_epoch)),
+            futures::future::join_all(
+                free.iter()
+                    .enumerate()
+                    .map(|(n, (id, epoch))| store.cache_put("unit", *id, row(n), Some(*epoch))),
+            ),
+        ),
+    ));
+    assert_eq!(refused.unwrap_err().code(), ErrorCode::StoreIo);
+    for ((n, (id, _)), written) in free.iter().enumerate().zip(written) {
+        written.unwrap_or_else(|error| panic!("session {id}: {error}"));
+        assert_eq!(
+            block_on(store.cache_get("unit", *id)).unwrap(),
+            Some(row(n))
+        );
+    }
+    block_on(holder.batch_execute("ROLLBACK")).unwrap();
+    assert_eq!(block_on(store.cache_get("unit", held)).unwrap(), None);
+    block_on(store.cache_put("unit", held, row(0), Some(held_epoch)))
+        .expect("the row is free again, and the lease still the session's");
+}
+
 /// Stops (`SIGSTOP`) every client process of `url`'s database, as a paused machine's are, for
 /// as long as the answer lives: they go on when it drops, a failed assert too. None of them may
 /// be mid-call.

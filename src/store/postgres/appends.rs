@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 
-use super::batch::{answered, first_askers};
+use super::batch::{answered, first_askers, Lock};
 use super::pool::{checkout, Pooled};
 use super::reconnect::{connection_lost, Attempt};
 use super::{io, lease_live, pool_io, seq_value, uuid_of};
@@ -94,15 +94,6 @@ pub(super) async fn append_many(
         waiting = later;
     }
     Ok(answered(answers, "an append"))
-}
-
-/// How a round's statement takes the sessions' rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lock {
-    /// Skips a row another transaction holds: the append is answered `None`.
-    Skip,
-    /// Waits for every row.
-    Wait,
 }
 
 /// The compare-and-append statement, its rows locked as `$lock` says (`SKIP LOCKED` or not).

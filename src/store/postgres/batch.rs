@@ -147,6 +147,17 @@ pub(super) fn first_askers<K: Ord>(
     (round, later)
 }
 
+/// How a round's statement takes the rows it locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lock {
+    /// Skips a row another transaction holds: the call is answered `None`, to be asked again
+    /// alone with [`Lock::Wait`] (a row held past the statement timeout then fails its own
+    /// call, not its batch's).
+    Skip,
+    /// Waits for every row.
+    Wait,
+}
+
 /// Each call's answer once a batch's rounds are over; one left unanswered is a bug, named
 /// after `what` the calls are.
 pub(super) fn answered<T>(answers: Vec<Option<Result<T>>>, what: &str) -> Vec<Result<T>> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 
-use super::batch::{answered, first_askers};
+use super::batch::{answered, first_askers, Lock};
 use super::pool::{checkout, Pooled};
 use super::reconnect::connection_lost;
 use super::{io, pool_io, uuid_of};
@@ -31,8 +31,11 @@ pub(super) struct CachePutRequest {
 
 /// Writes `requests`, each as if alone and in order: a leased write lands while its epoch is
 /// the session's (`LEASE_LOST` otherwise); a row asked again in the same batch is written by
-/// the next statement, so the later asker's bytes stay. Idempotent: a batch whose answer was
-/// lost is simply sent again.
+/// the next statement, so the later asker's bytes stay. A leased write whose session row
+/// another transaction holds (an append or a lease grant under way) is skipped by the batch's
+/// statement and written alone, waiting for the row: a row held past the statement timeout
+/// fails its own write, not the batch's. Idempotent: a batch whose answer was lost is simply
+/// sent again.
 ///
 /// # Errors
 /// `STORE_IO` for a statement (every request not yet answered fails with it).
@@ -46,14 +49,14 @@ pub(super) async fn put_many(pool: &Pool, requests: &[CachePutRequest]) -> Resul
         let (round, later) = first_askers(waiting, |index| {
             (requests[index].id, &*requests[index].unit)
         });
-        match put_round(&client, requests, &round).await {
+        let mut contended = Vec::new();
+        match put_round(&client, requests, &round, Lock::Skip).await {
             Ok(written) => {
-                for (index, landed) in round.into_iter().zip(written) {
-                    answers[index] = Some(if landed {
-                        Ok(())
-                    } else {
-                        Err(lease_lost(requests[index].id))
-                    });
+                for (index, outcome) in round.iter().zip(written) {
+                    match outcome {
+                        Some(outcome) => answers[*index] = Some(outcome),
+                        None => contended.push(*index),
+                    }
                 }
             }
             // An earlier round wrote its rows: they keep their answers, and the rest fail with
@@ -67,29 +70,41 @@ pub(super) async fn put_many(pool: &Pool, requests: &[CachePutRequest]) -> Resul
             }
             Err(error) => return Err(error),
         }
+        // Before the row's next write in this batch, if any.
+        for index in contended {
+            answers[index] = Some(
+                match put_round(&client, requests, &[index], Lock::Wait).await {
+                    Ok(mut alone) => alone.pop().flatten().unwrap_or_else(|| {
+                        Err(SubagentError::bug(
+                            "a cache write waiting for its session's row was skipped",
+                        ))
+                    }),
+                    Err(error) if !connection_lost(&error) => Err(error),
+                    Err(error) => return Err(error),
+                },
+            );
+        }
         waiting = later;
     }
     Ok(answered(answers, "a cache write"))
 }
 
-/// One statement for the rows `round` names (distinct keys, in key order): whether each landed.
-async fn put_round(
-    client: &Pooled,
-    requests: &[CachePutRequest],
-    round: &[usize],
-) -> Result<Vec<bool>> {
-    let failed = io(format!("writing {} projection cache rows", round.len()));
-    // The leased writes' sessions are locked in share mode: a lease taken meanwhile (which
-    // moves the epoch under `FOR UPDATE`) either waits for this write or fences it out.
-    let statement = client
-        .prepare_cached(
+/// The writes' statement, their sessions' rows locked as `$lock` says (`SKIP LOCKED` or not).
+/// The leased writes' sessions are locked in share mode: a lease taken meanwhile (which moves
+/// the epoch under `FOR UPDATE`) either waits for this write or fences it out. Each asked row
+/// answers whether it landed, and whether its session's row was skipped (held elsewhere).
+macro_rules! put_statement {
+    ($lock:literal) => {
+        concat!(
             "WITH asked AS (
                  SELECT * FROM unnest($1::text[], $2::uuid[], $3::bytea[], $4::bigint[])
                      WITH ORDINALITY AS a(unit, session, row, epoch, i)
              ), fence AS (
                  SELECT id, epoch FROM subagents_sessions
                  WHERE id IN (SELECT session FROM asked WHERE epoch IS NOT NULL)
-                 ORDER BY id FOR SHARE
+                 ORDER BY id FOR SHARE ",
+            $lock,
+            "
              ), allowed AS (
                  SELECT asked.* FROM asked
                  WHERE asked.epoch IS NULL OR EXISTS (
@@ -101,15 +116,35 @@ async fn put_round(
                  SELECT unit, session, row FROM allowed ORDER BY i
                  ON CONFLICT (unit, session) DO UPDATE SET row = excluded.row
              )
-             SELECT i FROM allowed",
+             SELECT asked.i,
+                 EXISTS (SELECT 1 FROM allowed WHERE allowed.i = asked.i),
+                 asked.epoch IS NOT NULL
+                     AND NOT EXISTS (SELECT 1 FROM fence WHERE fence.id = asked.session)
+                     AND EXISTS (SELECT 1 FROM subagents_sessions s WHERE s.id = asked.session)
+             FROM asked"
         )
-        .await
-        .map_err(&failed)?;
+    };
+}
+
+/// One statement for the rows `round` names (distinct keys, in key order): each one's answer,
+/// or `None` for a leased write whose session's row was held elsewhere (with [`Lock::Skip`]).
+async fn put_round(
+    client: &Pooled,
+    requests: &[CachePutRequest],
+    round: &[usize],
+    lock: Lock,
+) -> Result<Vec<Option<Result<()>>>> {
+    let failed = io(format!("writing {} projection cache rows", round.len()));
+    let statement = match lock {
+        Lock::Skip => client.prepare_cached(put_statement!("SKIP LOCKED")).await,
+        Lock::Wait => client.prepare_cached(put_statement!("")).await,
+    }
+    .map_err(&failed)?;
     let units: Vec<&str> = round.iter().map(|&i| &*requests[i].unit).collect();
     let sessions: Vec<uuid::Uuid> = round.iter().map(|&i| uuid_of(requests[i].id)).collect();
     let rows: Vec<&[u8]> = round.iter().map(|&i| &*requests[i].row).collect();
     let epochs: Vec<Option<i64>> = round.iter().map(|&i| requests[i].epoch).collect();
-    let mut landed = vec![false; round.len()];
+    let mut outcomes: Vec<Option<Option<Result<()>>>> = vec![None; round.len()];
     for row in client
         .query(&statement, &[&units, &sessions, &rows, &epochs])
         .await
@@ -117,11 +152,23 @@ async fn put_round(
     {
         // `WITH ORDINALITY` counts from 1, in the order the arrays were sent.
         let ordinal: i64 = row.get(0);
-        let slot = usize::try_from(ordinal - 1)
+        let (landed, held): (bool, bool) = (row.get(1), row.get(2));
+        let index = usize::try_from(ordinal - 1)
             .ok()
-            .and_then(|index| landed.get_mut(index))
+            .filter(|index| *index < round.len())
             .ok_or_else(|| SubagentError::bug("a cache write's ordinal is out of its batch"))?;
-        *slot = true;
+        outcomes[index] = Some(match (landed, held) {
+            (true, _) => Some(Ok(())),
+            // Held by another transaction: written again alone, waiting for it.
+            (false, true) if lock == Lock::Skip => None,
+            (false, _) => Some(Err(lease_lost(requests[round[index]].id))),
+        });
     }
-    Ok(landed)
+    outcomes
+        .into_iter()
+        .map(|outcome| {
+            outcome
+                .ok_or_else(|| SubagentError::bug("a cache write's row is missing from its batch"))
+        })
+        .collect()
 }
