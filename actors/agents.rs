@@ -701,10 +701,17 @@ impl Agents {
                 }),
                 writer_idle,
             );
-            // On the creating arbiter, which talks to the log on close. A one-shot's creation
-            // already runs on its child's worker (see `InProcessProvider`); placing the writer
-            // on the agent's worker instead measured slower, every close then crossing threads.
-            tokio::spawn(writing);
+            // Beside the agent, whose turns append and whose release closes the log: a
+            // one-shot's creation already runs on its child's worker (see
+            // `InProcessProvider`), a continuable child's start and cold resume on the
+            // manager's arbiter, whose writers then took every child's writes on its one
+            // thread. A stopped worker drops the task, which faults the log.
+            match &arbiter {
+                Some(arbiter) => {
+                    arbiter.spawn(writing);
+                }
+                None => drop(tokio::spawn(writing)),
+            }
         }
         let agent = AgentRef::new(id, incarnation, &addr, log, published, self.clone());
         // The handle takes the actor's one strong address (a clone would allocate a sender).
