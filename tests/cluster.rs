@@ -16,7 +16,7 @@ use subagents::{
     ReportDelivery, ReportOptions, Runtime, SessionId,
 };
 
-use crate::support::postgres::{postgres_or_skip, raw_client};
+use crate::support::postgres::{holding_session_row, postgres_or_skip, raw_client};
 use crate::support::{
     delivered, eventually, followup_child, notices, persisted, root, seam_runtime_on, settled,
     text, turn_ends, within, SeamRecorder,
@@ -887,13 +887,7 @@ async fn in_a_cluster_a_followup_to_a_child_on_the_callers_own_node_is_answered_
     let child = start_here(&a, parent.agent(), "first").await;
     gate.reached().await;
     // Another connection holds the child's session row: its next append waits for it.
-    let holder = raw_client(&url).await;
-    holder
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{child}' FOR UPDATE"
-        ))
-        .await
-        .unwrap();
+    let holder = holding_session_row(&url, child).await;
     let sent = tokio::spawn(a.subagents().followup(
         parent.agent(),
         child,

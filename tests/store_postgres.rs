@@ -12,7 +12,7 @@ use subagents::store::{
 use subagents::{ErrorCode, SessionEvent, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::{check_against_model, notes, op};
-use crate::support::postgres::{postgres_or_skip, raw_client};
+use crate::support::postgres::{holding_session_row, postgres_or_skip, raw_client};
 use crate::support::within;
 
 use crate::store::store_runtime as runtime;
@@ -1577,16 +1577,7 @@ fn a_statement_the_server_cannot_finish_fails_within_the_statement_timeout() {
     };
     let id = SessionId::new();
     block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
-    let holder = block_on(async {
-        let client = raw_client(&url).await;
-        client
-            .batch_execute(&format!(
-                "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{id}' FOR UPDATE"
-            ))
-            .await
-            .unwrap();
-        client
-    });
+    let holder = block_on(holding_session_row(&url, id));
     let began = std::time::Instant::now();
     let refused = block_on(within(
         "the append to answer",
@@ -1621,16 +1612,7 @@ fn a_held_row_fails_only_its_own_append_among_concurrent_ones() {
     };
     let held = created();
     let free: Vec<SessionId> = (0..32).map(|_| created()).collect();
-    let holder = block_on(async {
-        let client = raw_client(&url).await;
-        client
-            .batch_execute(&format!(
-                "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{held}' FOR UPDATE"
-            ))
-            .await
-            .unwrap();
-        client
-    });
+    let holder = block_on(holding_session_row(&url, held));
     let (refused, landed) = block_on(within(
         "the appends to answer",
         futures::future::join(
@@ -1671,16 +1653,7 @@ fn a_held_row_fails_only_its_own_cache_write_among_concurrent_ones() {
     };
     let (held, held_epoch) = leased();
     let free: Vec<(SessionId, LeaseEpoch)> = (0..32).map(|_| leased()).collect();
-    let holder = block_on(async {
-        let client = raw_client(&url).await;
-        client
-            .batch_execute(&format!(
-                "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{held}' FOR UPDATE"
-            ))
-            .await
-            .unwrap();
-        client
-    });
+    let holder = block_on(holding_session_row(&url, held));
     let row = |n: usize| serde_json::json!({ "n": n });
     let (refused, written) = block_on(within(
         "the cache writes to answer",

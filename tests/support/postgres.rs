@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+use subagents::SessionId;
+
 /// The running server.
 pub struct TestPostgres {
     socket_dir: PathBuf,
@@ -281,6 +283,20 @@ impl TestPostgres {
         assert!(created.success(), "CREATE DATABASE {name} failed");
         self.url(&name)
     }
+}
+
+/// A connection of the test's own to `url` holding session `id`'s row `FOR UPDATE` in a
+/// transaction it leaves open, as an append or a lease grant under way holds it, until the
+/// test sends `ROLLBACK` (or drops it).
+pub async fn holding_session_row(url: &str, id: SessionId) -> tokio_postgres::Client {
+    let client = raw_client(url).await;
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{id}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    client
 }
 
 /// A connection of the test's own to `url`, outside any store (to damage or lock rows, or to
