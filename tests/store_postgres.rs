@@ -1680,6 +1680,73 @@ fn a_held_row_fails_only_its_own_cache_write_among_concurrent_ones() {
         .expect("the row is free again, and the lease still the session's");
 }
 
+// A session row, or a lease row, another transaction holds past the statement timeout fails
+// only its own session's lease grant, not the others that share its transaction: the batch
+// skips the session, and it is granted alone, waiting for its rows. Before, every grant batched
+// with it waited for the row and failed with it.
+#[test]
+fn a_held_row_fails_only_its_own_lease_grant_among_concurrent_ones() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+        return;
+    };
+    let created = || {
+        let id = SessionId::new();
+        block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+        id
+    };
+    let (held_session, held_lease) = (created(), created());
+    let holder = LeaseHolder::new();
+    let first = block_on(store.acquire_lease(held_lease, holder.clone())).unwrap();
+    let free: Vec<SessionId> = (0..32).map(|_| created()).collect();
+    let session_holder = block_on(holding_session_row(&url, held_session));
+    let lease_holder = block_on(async {
+        let client = raw_client(&url).await;
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM subagents_leases WHERE session = '{held_lease}' FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+        client
+    });
+    let (refused, granted) = block_on(within(
+        "the lease grants to answer",
+        futures::future::join(
+            futures::future::join(
+                store.acquire_lease(held_session, LeaseHolder::new()),
+                store.acquire_lease(held_lease, holder.clone()),
+            ),
+            futures::future::join_all(
+                free.iter()
+                    .map(|id| store.acquire_lease(*id, LeaseHolder::new())),
+            ),
+        ),
+    ));
+    assert_eq!(refused.0.unwrap_err().code(), ErrorCode::StoreIo);
+    assert_eq!(refused.1.unwrap_err().code(), ErrorCode::StoreIo);
+    for (id, granted) in free.iter().zip(granted) {
+        let lease = granted.unwrap_or_else(|error| panic!("session {id}: {error}"));
+        assert_eq!(lease.epoch, LeaseEpoch(1), "session {id}");
+    }
+    block_on(session_holder.batch_execute("ROLLBACK")).unwrap();
+    block_on(lease_holder.batch_execute("ROLLBACK")).unwrap();
+    let granted = block_on(store.acquire_lease(held_session, LeaseHolder::new()))
+        .expect("the session's row is free again");
+    assert_eq!(
+        granted.epoch,
+        LeaseEpoch(1),
+        "the failed grant granted nothing"
+    );
+    let again = block_on(store.acquire_lease(held_lease, holder)).expect("its holder asks again");
+    assert_eq!(
+        again.epoch,
+        LeaseEpoch(first.epoch.0 + 1),
+        "the failed grant granted nothing"
+    );
+}
+
 /// Stops (`SIGSTOP`) every client process of `url`'s database, as a paused machine's are, for
 /// as long as the answer lives: they go on when it drops, a failed assert too. None of them may
 /// be mid-call.

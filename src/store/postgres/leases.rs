@@ -1,10 +1,11 @@
 //! Lease grants, many sessions to a transaction (see [`batch`](super::batch)).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use deadpool_postgres::Pool;
 
+use super::batch::Lock;
 use super::lease_book::LeaseBook;
 use super::pool::{checkout, Pooled};
 use super::{io, lease_live, pool_io, seq_column, seq_value, uuid_of};
@@ -46,20 +47,19 @@ struct Grant {
 /// Grants `requests` in one transaction, each as if asked alone and in order: a session's
 /// lease goes to its first asker unless another live holder holds it, and a holder that asks
 /// again gets a newer epoch. The sessions' rows are locked in id order, so concurrent batches
-/// never deadlock on each other.
+/// never deadlock on each other. A session whose row (or lease row) another transaction holds
+/// is skipped by the batch's transaction and granted after it, alone, waiting for its rows: a
+/// row held past the statement timeout fails its own session's grants, not the batch's.
 ///
 /// # Errors
-/// `STORE_IO` for the transaction (every request fails with it). Per request:
-/// `SESSION_NOT_FOUND`, `SESSION_LEASED`.
+/// `STORE_IO` for the batch's transaction (every request fails with it), or per session for
+/// one granted alone. Per request: `SESSION_NOT_FOUND`, `SESSION_LEASED`.
 pub(super) async fn grant_many(
     pool: &Pool,
     book: &LeaseBook,
     requests: &[LeaseRequest],
 ) -> Result<Vec<Result<Granted>>> {
-    let mut ids: Vec<uuid::Uuid> = requests.iter().map(|request| uuid_of(request.id)).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let failed = io(format!("leasing {} sessions", ids.len()));
+    let failed = |sessions: usize| io(format!("leasing {sessions} sessions"));
     let connection = Unfinished {
         connection: Some(
             checkout(pool)
@@ -69,54 +69,63 @@ pub(super) async fn grant_many(
         finished: AtomicBool::new(false),
     };
     let client = connection.client()?;
-    let statements = futures::try_join!(
-        client.prepare_cached(
-            "SELECT id, epoch, next_seq FROM subagents_sessions WHERE id = ANY($1) ORDER BY id
-             FOR UPDATE",
-        ),
-        client.prepare_cached(concat!(
-            "SELECT lease.session, lease.holder, lease.incarnation, ",
-            lease_live!(),
-            " FROM subagents_leases lease
-              LEFT JOIN subagents_nodes node ON node.node = lease.holder
-              WHERE lease.session = ANY($1) ORDER BY lease.session FOR UPDATE OF lease"
-        )),
-        client.prepare_cached(
-            "WITH granted AS (
-                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::float8[],
-                                      $5::uuid[])
-                     AS g(session, holder, epoch, ttl, incarnation)
-             ), fenced AS (
-                 UPDATE subagents_sessions s SET epoch = g.epoch
-                 FROM granted g WHERE s.id = g.session
-             )
-             INSERT INTO subagents_leases (session, holder, epoch, expires_at, incarnation)
-             SELECT session, holder, epoch, now() + make_interval(secs => ttl), incarnation
-             FROM granted
-             ON CONFLICT (session) DO UPDATE
-             SET holder = excluded.holder, epoch = excluded.epoch,
-                 expires_at = excluded.expires_at, incarnation = excluded.incarnation",
-        ),
-    )
-    .map_err(&failed)?;
-    let answers = match in_transaction(client, &statements, book, requests, &ids).await {
-        Ok(answers) => answers,
-        Err(error) => {
+    let mut answers: Vec<Option<Result<Granted>>> = requests.iter().map(|_| None).collect();
+    let all: Vec<usize> = (0..requests.len()).collect();
+    let contended = match grant_round(client, book, requests, &all, Lock::Skip, &mut answers).await
+    {
+        Ok(contended) => contended,
+        Err((sessions, error)) => {
             // Whatever the transaction got to, it ends here; a connection that cannot say so
             // leaves the pool (see `Unfinished`).
             if client.batch_execute("ROLLBACK").await.is_ok() {
                 connection.finished();
             }
-            return Err(failed(error));
+            return Err(failed(sessions)(error));
         }
     };
-    connection.finished();
+    // Each contended session alone, in the order its requests came.
+    let mut sessions: Vec<SessionId> = Vec::new();
+    for &index in &contended {
+        if !sessions.contains(&requests[index].id) {
+            sessions.push(requests[index].id);
+        }
+    }
+    let mut ended = true;
+    for session in sessions {
+        let alone: Vec<usize> = contended
+            .iter()
+            .copied()
+            .filter(|&index| requests[index].id == session)
+            .collect();
+        let outcome = if ended {
+            grant_round(client, book, requests, &alone, Lock::Wait, &mut answers)
+                .await
+                .map_err(|(sessions, error)| failed(sessions)(error))
+        } else {
+            Err(SubagentError::new(
+                ErrorCode::StoreIo,
+                "leasing a session: the connection's last transaction did not end",
+            ))
+        };
+        if let Err(error) = outcome {
+            ended = ended && client.batch_execute("ROLLBACK").await.is_ok();
+            for index in alone {
+                answers[index] = Some(Err(error.clone()));
+            }
+        }
+    }
+    if ended {
+        connection.finished();
+    }
+    let answers = super::batch::answered(answers, "a lease grant");
     for (request, answer) in requests.iter().zip(&answers) {
         if answer.is_ok() {
             book.remember(&request.holder);
         }
     }
-    book.forget_released_holders(client).await;
+    if ended {
+        book.forget_released_holders(client).await;
+    }
     Ok(answers)
 }
 
@@ -183,30 +192,90 @@ impl Drop for Unfinished {
     }
 }
 
-/// The statements of a grant: lock the sessions, read their leases, write the grants.
-type GrantStatements = (
-    tokio_postgres::Statement,
-    tokio_postgres::Statement,
-    tokio_postgres::Statement,
-);
+/// The sessions' rows locked, waiting for them or skipping those held (`$lock`).
+macro_rules! lock_sessions {
+    ($lock:literal) => {
+        concat!(
+            "SELECT id, epoch, next_seq FROM subagents_sessions WHERE id = ANY($1) ORDER BY id
+             FOR UPDATE ",
+            $lock
+        )
+    };
+}
 
-/// The grant's transaction, in two round trips: the sessions' rows are locked and their
-/// leases read (sent together: the server runs them in order, so the lease rows are read
-/// after the session rows are locked, by a statement that sees every grant committed before),
-/// then the grants are written and committed together.
-async fn in_transaction(
-    client: &tokio_postgres::Client,
-    (lock, current, grant): &GrantStatements,
+/// Their lease rows read and locked, waiting for them or skipping those held (`$lock`).
+macro_rules! lock_leases {
+    ($lock:literal) => {
+        concat!(
+            "SELECT lease.session, lease.holder, lease.incarnation, ",
+            lease_live!(),
+            " FROM subagents_leases lease
+              LEFT JOIN subagents_nodes node ON node.node = lease.holder
+              WHERE lease.session = ANY($1) ORDER BY lease.session FOR UPDATE OF lease ",
+            $lock
+        )
+    };
+}
+
+/// One transaction granting the requests `indices` names (in order), its answers put into
+/// `answers`; in two round trips: the sessions' rows are locked and their leases read (sent
+/// together: the server runs them in order, so the lease rows are read after the session rows
+/// are locked, by a statement that sees every grant committed before), then the grants are
+/// written and committed together. With [`Lock::Skip`], a session whose row or lease row
+/// another transaction holds (or that does not exist) is left out of the transaction and its
+/// requests answered as contended: the indices returned, to be granted alone.
+///
+/// # Errors
+/// The statement that failed, with how many sessions the transaction asked for; the
+/// transaction is then left for the caller to roll back.
+async fn grant_round(
+    client: &Pooled,
     book: &LeaseBook,
     requests: &[LeaseRequest],
-    ids: &[uuid::Uuid],
-) -> std::result::Result<Vec<Result<Granted>>, tokio_postgres::Error> {
+    indices: &[usize],
+    lock: Lock,
+    answers: &mut [Option<Result<Granted>>],
+) -> std::result::Result<Vec<usize>, (usize, tokio_postgres::Error)> {
+    let mut ids: Vec<uuid::Uuid> = indices.iter().map(|&i| uuid_of(requests[i].id)).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let asked = ids.len();
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
-    let ((), sessions, leases) = futures::try_join!(
-        client.batch_execute("BEGIN"),
-        client.query(lock, &params),
-        client.query(current, &params)
-    )?;
+    let (sessions, leases, stored) = match lock {
+        Lock::Skip => {
+            let (lock, current, stored) = futures::try_join!(
+                client.prepare_cached(lock_sessions!("SKIP LOCKED")),
+                client.prepare_cached(lock_leases!("SKIP LOCKED")),
+                // Read after the lease rows are locked: a lease row it finds that they skipped
+                // is held by another transaction.
+                client
+                    .prepare_cached("SELECT session FROM subagents_leases WHERE session = ANY($1)"),
+            )
+            .map_err(|error| (asked, error))?;
+            let ((), sessions, leases, stored) = futures::try_join!(
+                client.batch_execute("BEGIN"),
+                client.query(&lock, &params),
+                client.query(&current, &params),
+                client.query(&stored, &params)
+            )
+            .map_err(|error| (asked, error))?;
+            (sessions, leases, Some(stored))
+        }
+        Lock::Wait => {
+            let (lock, current) = futures::try_join!(
+                client.prepare_cached(lock_sessions!("")),
+                client.prepare_cached(lock_leases!("")),
+            )
+            .map_err(|error| (asked, error))?;
+            let ((), sessions, leases) = futures::try_join!(
+                client.batch_execute("BEGIN"),
+                client.query(&lock, &params),
+                client.query(&current, &params)
+            )
+            .map_err(|error| (asked, error))?;
+            (sessions, leases, None)
+        }
+    };
     let mut held: HashMap<uuid::Uuid, Held> = sessions
         .iter()
         .map(|row| {
@@ -220,16 +289,38 @@ async fn in_transaction(
             )
         })
         .collect();
+    let mut read: HashSet<uuid::Uuid> = HashSet::new();
     for row in &leases {
-        if let Some(session) = held.get_mut(&row.get::<_, uuid::Uuid>(0)) {
-            session.lease = Some((row.get(1), row.get(2), row.get(3)));
+        let session: uuid::Uuid = row.get(0);
+        if let Some(held) = held.get_mut(&session) {
+            held.lease = Some((row.get(1), row.get(2), row.get(3)));
+            read.insert(session);
         }
     }
+    let contended: HashSet<uuid::Uuid> = match &stored {
+        Some(stored) => ids
+            .iter()
+            .copied()
+            .filter(|id| !held.contains_key(id))
+            .chain(
+                stored
+                    .iter()
+                    .map(|row| row.get::<_, uuid::Uuid>(0))
+                    .filter(|session| held.contains_key(session) && !read.contains(session)),
+            )
+            .collect(),
+        None => HashSet::new(),
+    };
+    held.retain(|session, _| !contended.contains(session));
     let mut grants: HashMap<uuid::Uuid, Grant> = HashMap::new();
-    let answers: Vec<Result<Granted>> = requests
-        .iter()
-        .map(|request| grant_one(book, request, &mut held, &mut grants))
-        .collect();
+    let mut skipped = Vec::new();
+    for &index in indices {
+        if contended.contains(&uuid_of(requests[index].id)) {
+            skipped.push(index);
+        } else {
+            answers[index] = Some(grant_one(book, &requests[index], &mut held, &mut grants));
+        }
+    }
     let mut columns = GrantColumns::default();
     for (session, grant) in grants {
         columns.sessions.push(session);
@@ -238,6 +329,25 @@ async fn in_transaction(
         columns.ttls.push(grant.row_ttl);
         columns.incarnations.push(grant.incarnation);
     }
+    let grant = client
+        .prepare_cached(
+            "WITH granted AS (
+                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::float8[],
+                                      $5::uuid[])
+                     AS g(session, holder, epoch, ttl, incarnation)
+             ), fenced AS (
+                 UPDATE subagents_sessions s SET epoch = g.epoch
+                 FROM granted g WHERE s.id = g.session
+             )
+             INSERT INTO subagents_leases (session, holder, epoch, expires_at, incarnation)
+             SELECT session, holder, epoch, now() + make_interval(secs => ttl), incarnation
+             FROM granted
+             ON CONFLICT (session) DO UPDATE
+             SET holder = excluded.holder, epoch = excluded.epoch,
+                 expires_at = excluded.expires_at, incarnation = excluded.incarnation",
+        )
+        .await
+        .map_err(|error| (asked, error))?;
     // A failed write is answered before the commit, which then ends the failed transaction.
     let written: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
         &columns.sessions,
@@ -247,10 +357,11 @@ async fn in_transaction(
         &columns.incarnations,
     ];
     futures::try_join!(
-        client.execute(grant, &written),
+        client.execute(&grant, &written),
         client.batch_execute("COMMIT")
-    )?;
-    Ok(answers)
+    )
+    .map_err(|error| (asked, error))?;
+    Ok(skipped)
 }
 
 /// The granted leases' rows, column by column.
