@@ -1681,9 +1681,9 @@ fn a_held_row_fails_only_its_own_cache_write_among_concurrent_ones() {
 }
 
 // A session row, or a lease row, another transaction holds past the statement timeout fails
-// only its own session's lease grant, not the others that share its transaction: the batch
-// skips the session, and it is granted alone, waiting for its rows. Before, every grant batched
-// with it waited for the row and failed with it.
+// only the lease grants of the sessions contended with it, not the others that share its
+// batch: the batch's transaction skips those sessions, and a second grants them, waiting for
+// their rows. Before, every grant batched with it waited for the row and failed with it.
 #[test]
 fn a_held_row_fails_only_its_own_lease_grant_among_concurrent_ones() {
     let runtime = runtime();

@@ -48,12 +48,13 @@ struct Grant {
 /// lease goes to its first asker unless another live holder holds it, and a holder that asks
 /// again gets a newer epoch. The sessions' rows are locked in id order, so concurrent batches
 /// never deadlock on each other. A session whose row (or lease row) another transaction holds
-/// is skipped by the batch's transaction and granted after it, alone, waiting for its rows: a
-/// row held past the statement timeout fails its own session's grants, not the batch's.
+/// is skipped by the batch's transaction and granted after it, with the others skipped,
+/// waiting for their rows: a row held past the statement timeout fails the grants of the
+/// sessions contended with it, not the batch's.
 ///
 /// # Errors
-/// `STORE_IO` for the batch's transaction (every request fails with it), or per session for
-/// one granted alone. Per request: `SESSION_NOT_FOUND`, `SESSION_LEASED`.
+/// `STORE_IO` for the batch's transaction (every request fails with it), or for the contended
+/// sessions' (theirs fail with it). Per request: `SESSION_NOT_FOUND`, `SESSION_LEASED`.
 pub(super) async fn grant_many(
     pool: &Pool,
     book: &LeaseBook,
@@ -83,33 +84,17 @@ pub(super) async fn grant_many(
             return Err(failed(sessions)(error));
         }
     };
-    // Each contended session alone, in the order its requests came.
-    let mut sessions: Vec<SessionId> = Vec::new();
-    for &index in &contended {
-        if !sessions.contains(&requests[index].id) {
-            sessions.push(requests[index].id);
-        }
-    }
+    // The contended sessions together, waiting for their rows: most were only held for a
+    // moment (a release's lease row, a checkpoint's share lock on the session row), and one
+    // transaction more for each would queue every grant behind them.
     let mut ended = true;
-    for session in sessions {
-        let alone: Vec<usize> = contended
-            .iter()
-            .copied()
-            .filter(|&index| requests[index].id == session)
-            .collect();
-        let outcome = if ended {
-            grant_round(client, book, requests, &alone, Lock::Wait, &mut answers)
-                .await
-                .map_err(|(sessions, error)| failed(sessions)(error))
-        } else {
-            Err(SubagentError::new(
-                ErrorCode::StoreIo,
-                "leasing a session: the connection's last transaction did not end",
-            ))
-        };
+    if !contended.is_empty() {
+        let outcome = grant_round(client, book, requests, &contended, Lock::Wait, &mut answers)
+            .await
+            .map_err(|(sessions, error)| failed(sessions)(error));
         if let Err(error) = outcome {
-            ended = ended && client.batch_execute("ROLLBACK").await.is_ok();
-            for index in alone {
+            ended = client.batch_execute("ROLLBACK").await.is_ok();
+            for index in contended {
                 answers[index] = Some(Err(error.clone()));
             }
         }
