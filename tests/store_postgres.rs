@@ -411,11 +411,7 @@ fn concurrent_lease_grants_share_transactions_and_decide_as_if_in_turn() {
     let Some((store, _)) = fresh() else {
         return;
     };
-    let created = || {
-        let id = SessionId::new();
-        block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
-        id
-    };
+    let created = || empty_session(&store);
     let distinct: Vec<SessionId> = (0..32).map(|_| created()).collect();
     let (contested, repeated, unknown) = (created(), created(), SessionId::new());
     let (holder, rival) = (LeaseHolder::new(), LeaseHolder::new());
@@ -1605,11 +1601,7 @@ fn a_held_row_fails_only_its_own_append_among_concurrent_ones() {
     let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
         return;
     };
-    let created = || {
-        let id = SessionId::new();
-        block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
-        id
-    };
+    let created = || empty_session(&store);
     let held = created();
     let free: Vec<SessionId> = (0..32).map(|_| created()).collect();
     let holder = block_on(holding_session_row(&url, held));
@@ -1644,8 +1636,7 @@ fn a_held_row_fails_only_its_own_cache_write_among_concurrent_ones() {
         return;
     };
     let leased = || {
-        let id = SessionId::new();
-        block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+        let id = empty_session(&store);
         let epoch = block_on(store.acquire_lease(id, LeaseHolder::new()))
             .unwrap()
             .epoch;
@@ -1691,11 +1682,7 @@ fn a_held_row_fails_only_its_own_lease_grant_among_concurrent_ones() {
     let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
         return;
     };
-    let created = || {
-        let id = SessionId::new();
-        block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
-        id
-    };
+    let created = || empty_session(&store);
     let (held_session, held_lease) = (created(), created());
     let holder = LeaseHolder::new();
     let first = block_on(store.acquire_lease(held_lease, holder.clone())).unwrap();
@@ -1745,6 +1732,13 @@ fn a_held_row_fails_only_its_own_lease_grant_among_concurrent_ones() {
         LeaseEpoch(first.epoch.0 + 1),
         "the failed grant granted nothing"
     );
+}
+
+/// A new session stored in `store` with no events.
+fn empty_session(store: &PostgresStore) -> SessionId {
+    let id = SessionId::new();
+    block_on(store.create(SessionHeader::new(id), vec![])).unwrap();
+    id
 }
 
 /// Stops (`SIGSTOP`) every client process of `url`'s database, as a paused machine's are, for
