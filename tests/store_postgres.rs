@@ -12,7 +12,9 @@ use subagents::store::{
 use subagents::{ErrorCode, SessionEvent, SessionHeader, SessionId, SessionPersistence};
 
 use crate::store::{check_against_model, notes, op};
-use crate::support::postgres::{holding_session_row, postgres_or_skip, raw_client};
+use crate::support::postgres::{
+    holding_lease_row, holding_session_row, postgres_or_skip, raw_client,
+};
 use crate::support::within;
 
 use crate::store::store_runtime as runtime;
@@ -1688,16 +1690,7 @@ fn a_held_row_fails_only_its_own_lease_grant_among_concurrent_ones() {
     let first = block_on(store.acquire_lease(held_lease, holder.clone())).unwrap();
     let free: Vec<SessionId> = (0..32).map(|_| created()).collect();
     let session_holder = block_on(holding_session_row(&url, held_session));
-    let lease_holder = block_on(async {
-        let client = raw_client(&url).await;
-        client
-            .batch_execute(&format!(
-                "BEGIN; SELECT 1 FROM subagents_leases WHERE session = '{held_lease}' FOR UPDATE"
-            ))
-            .await
-            .unwrap();
-        client
-    });
+    let lease_holder = block_on(holding_lease_row(&url, held_lease));
     let (refused, granted) = block_on(within(
         "the lease grants to answer",
         futures::future::join(
@@ -1732,6 +1725,63 @@ fn a_held_row_fails_only_its_own_lease_grant_among_concurrent_ones() {
         LeaseEpoch(first.epoch.0 + 1),
         "the failed grant granted nothing"
     );
+}
+
+// A lease row another transaction holds past the statement timeout fails only the releases
+// that met it, not the others that share its statement: the statement skips the row, and the
+// release is sent again after it, waiting for the row. Before, every release batched with it
+// waited for the row and failed with it.
+#[test]
+fn a_held_lease_row_fails_only_its_own_release_among_concurrent_ones() {
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let Some((store, url)) = fresh_with_statement_timeout(Duration::from_millis(300)) else {
+        return;
+    };
+    let owner = LeaseHolder::new();
+    let leased = || {
+        let id = empty_session(&store);
+        (
+            id,
+            block_on(store.acquire_lease(id, owner.clone()))
+                .unwrap()
+                .epoch,
+        )
+    };
+    let (held, held_epoch) = leased();
+    let free: Vec<(SessionId, LeaseEpoch)> = (0..32).map(|_| leased()).collect();
+    let holder = block_on(holding_lease_row(&url, held));
+    let (refused, released) = block_on(within(
+        "the releases to answer",
+        futures::future::join(
+            store.release_lease(held, held_epoch),
+            futures::future::join_all(
+                free.iter()
+                    .map(|(id, epoch)| store.release_lease(*id, *epoch)),
+            ),
+        ),
+    ));
+    assert_eq!(refused.unwrap_err().code(), ErrorCode::StoreIo);
+    for ((id, _), released) in free.iter().zip(released) {
+        released.unwrap_or_else(|error| panic!("session {id}: {error}"));
+        // Free: another holder is granted it without taking it over.
+        let next = block_on(store.acquire_lease(*id, LeaseHolder::new())).unwrap();
+        assert_eq!(
+            (next.epoch, next.taken_over),
+            (LeaseEpoch(2), false),
+            "session {id}"
+        );
+    }
+    block_on(holder.batch_execute("ROLLBACK")).unwrap();
+    let leased_still = block_on(store.acquire_lease(held, LeaseHolder::new())).unwrap_err();
+    assert_eq!(
+        leased_still.code(),
+        ErrorCode::SessionLeased,
+        "the failed release freed nothing"
+    );
+    block_on(store.release_lease(held, held_epoch)).expect("the row is free again");
+    let next = block_on(store.acquire_lease(held, LeaseHolder::new())).unwrap();
+    assert_eq!((next.epoch, next.taken_over), (LeaseEpoch(2), false));
 }
 
 /// A new session stored in `store` with no events.

@@ -289,11 +289,21 @@ impl TestPostgres {
 /// transaction it leaves open, as an append or a lease grant under way holds it, until the
 /// test sends `ROLLBACK` (or drops it).
 pub async fn holding_session_row(url: &str, id: SessionId) -> tokio_postgres::Client {
+    holding(url, &format!("subagents_sessions WHERE id = '{id}'")).await
+}
+
+/// [`holding_session_row`] for session `id`'s lease row, as a grant, a renewal or a release
+/// under way holds it.
+pub async fn holding_lease_row(url: &str, id: SessionId) -> tokio_postgres::Client {
+    holding(url, &format!("subagents_leases WHERE session = '{id}'")).await
+}
+
+/// A connection holding the rows of `rows` (a table and its condition) `FOR UPDATE` in a
+/// transaction it leaves open.
+async fn holding(url: &str, rows: &str) -> tokio_postgres::Client {
     let client = raw_client(url).await;
     client
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM subagents_sessions WHERE id = '{id}' FOR UPDATE"
-        ))
+        .batch_execute(&format!("BEGIN; SELECT 1 FROM {rows} FOR UPDATE"))
         .await
         .unwrap();
     client

@@ -115,34 +115,90 @@ pub(super) async fn grant_many(
 }
 
 /// Releases each `(session, epoch)` lease in `released` that is still held under that epoch,
-/// in one statement (a lease taken over since, under a newer epoch, stays).
+/// in one statement (a lease taken over since, under a newer epoch, stays). A lease row
+/// another transaction holds (a grant or a renewal under way) is skipped by the statement and
+/// released after it, with the others skipped, waiting for their rows: a row held past the
+/// statement timeout fails the releases that met it, not the batch's.
 ///
 /// # Errors
-/// `STORE_IO` for the statement (every release fails with it).
-pub(super) async fn release_many(pool: &Pool, released: &[(SessionId, LeaseEpoch)]) -> Result<()> {
+/// `STORE_IO` for the statement (every release fails with it), or for the skipped releases'
+/// (theirs fail with it).
+pub(super) async fn release_many(
+    pool: &Pool,
+    released: &[(SessionId, LeaseEpoch)],
+) -> Result<Vec<Result<()>>> {
     let mut sessions = Vec::with_capacity(released.len());
     let mut epochs = Vec::with_capacity(released.len());
     for (id, LeaseEpoch(epoch)) in released {
         sessions.push(uuid_of(*id));
         epochs.push(seq_column(*epoch)?);
     }
-    let failed = io(format!("releasing {} leases", released.len()));
+    let failed = |leases: usize| io(format!("releasing {leases} leases"));
     let client = checkout(pool)
         .await
         .map_err(pool_io("connecting to PostgreSQL for lease releases"))?;
+    // The rows it deletes are locked first, skipping those held; a row the snapshot holds under
+    // the asked epoch that was not locked is held elsewhere.
     let release = client
+        .prepare_cached(
+            "WITH asked AS (
+                 SELECT * FROM unnest($1::uuid[], $2::bigint[]) WITH ORDINALITY
+                     AS a(session, epoch, i)
+             ), free AS (
+                 SELECT lease.session, lease.epoch FROM subagents_leases lease
+                 JOIN asked ON lease.session = asked.session AND lease.epoch = asked.epoch
+                 ORDER BY lease.session FOR UPDATE OF lease SKIP LOCKED
+             ), deleted AS (
+                 DELETE FROM subagents_leases lease USING free
+                 WHERE lease.session = free.session AND lease.epoch = free.epoch
+             )
+             SELECT asked.i FROM asked
+             WHERE EXISTS (
+                 SELECT 1 FROM subagents_leases lease
+                 WHERE lease.session = asked.session AND lease.epoch = asked.epoch
+             ) AND NOT EXISTS (
+                 SELECT 1 FROM free
+                 WHERE free.session = asked.session AND free.epoch = asked.epoch
+             )",
+        )
+        .await
+        .map_err(failed(released.len()))?;
+    let held: Vec<usize> = client
+        .query(&release, &[&sessions, &epochs])
+        .await
+        .map_err(failed(released.len()))?
+        .iter()
+        .filter_map(|row| usize::try_from(row.get::<_, i64>(0) - 1).ok())
+        .filter(|index| *index < released.len())
+        .collect();
+    let mut answers: Vec<Result<()>> = released.iter().map(|_| Ok(())).collect();
+    if held.is_empty() {
+        return Ok(answers);
+    }
+    let waiting = client
         .prepare_cached(
             "DELETE FROM subagents_leases lease
              USING unnest($1::uuid[], $2::bigint[]) AS released(session, epoch)
              WHERE lease.session = released.session AND lease.epoch = released.epoch",
         )
-        .await
-        .map_err(&failed)?;
-    client
-        .execute(&release, &[&sessions, &epochs])
-        .await
-        .map_err(&failed)?;
-    Ok(())
+        .await;
+    let (held_sessions, held_epochs): (Vec<uuid::Uuid>, Vec<i64>) = held
+        .iter()
+        .map(|&index| (sessions[index], epochs[index]))
+        .unzip();
+    let outcome = match waiting {
+        Ok(waiting) => client
+            .execute(&waiting, &[&held_sessions, &held_epochs])
+            .await
+            .map(drop),
+        Err(error) => Err(error),
+    };
+    if let Err(error) = outcome.map_err(failed(held.len())) {
+        for index in held {
+            answers[index] = Err(error.clone());
+        }
+    }
+    Ok(answers)
 }
 
 /// A connection inside the grant's transaction. Dropped before it is finished (the batch was

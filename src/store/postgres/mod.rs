@@ -419,10 +419,7 @@ impl PostgresStore {
             ("releasing leases", call_deadline),
             lane,
             |lane, released: &[(SessionId, LeaseEpoch)], _| {
-                let count = released.len();
-                leases::release_many(lane, released)
-                    .map(move |released| released.map(|()| vec![Ok(()); count]))
-                    .boxed()
+                leases::release_many(lane, released).boxed()
             },
         );
         let leases = batcher(
