@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 
-use super::batch::{answered, first_askers, Lock};
+use super::batch::{in_rounds, Lock};
 use super::pool::{checkout, Pooled};
-use super::reconnect::{connection_lost, Attempt};
+use super::reconnect::Attempt;
 use super::{io, lease_live, pool_io, seq_value, uuid_of};
 use crate::error::{Result, SubagentError};
 use crate::ids::SessionId;
@@ -48,52 +48,19 @@ pub(super) async fn append_many(
     requests: &[AppendRequest],
     attempt: Attempt,
 ) -> Result<Vec<Result<()>>> {
-    let mut answers: Vec<Option<Result<()>>> = vec![None; requests.len()];
-    let mut waiting: Vec<usize> = (0..requests.len()).collect();
     let client = checkout(pool)
         .await
         .map_err(pool_io("connecting to PostgreSQL for appends"))?;
-    while !waiting.is_empty() {
-        let (round, later) = first_askers(waiting, |index| requests[index].id);
-        let mut contended = Vec::new();
-        let outcomes = append_round(&client, requests, &round, (attempt, Lock::Skip)).await;
-        match outcomes {
-            Ok(outcomes) => {
-                for (index, outcome) in round.iter().zip(outcomes) {
-                    match outcome {
-                        Some(outcome) => answers[*index] = Some(outcome),
-                        None => contended.push(*index),
-                    }
-                }
-            }
-            // An earlier round committed its appends: they keep their answers, and the rest
-            // fail with the statement. A lost connection instead sends the whole batch again,
-            // where what the earlier rounds stored is found stored.
-            Err(error) if answers.iter().any(Option::is_some) && !connection_lost(&error) => {
-                for index in round.into_iter().chain(later) {
-                    answers[index] = Some(Err(error.clone()));
-                }
-                break;
-            }
-            Err(error) => return Err(error),
-        }
-        // Before the session's next append in this batch, if any.
-        for index in contended {
-            answers[index] = Some(
-                match append_round(&client, requests, &[index], (attempt, Lock::Wait)).await {
-                    Ok(mut alone) => alone.pop().flatten().unwrap_or_else(|| {
-                        Err(SubagentError::bug(
-                            "an append waiting for its row was skipped",
-                        ))
-                    }),
-                    Err(error) if !connection_lost(&error) => Err(error),
-                    Err(error) => return Err(error),
-                },
-            );
-        }
-        waiting = later;
-    }
-    Ok(answered(answers, "an append"))
+    let client = &client;
+    // A lost connection sends the whole batch again, where what the earlier rounds stored is
+    // found stored.
+    in_rounds(
+        requests.len(),
+        |index| requests[index].id,
+        "an append",
+        |round, lock| async move { append_round(client, requests, &round, (attempt, lock)).await },
+    )
+    .await
 }
 
 /// The compare-and-append statement, its rows locked as `$lock` says (`SKIP LOCKED` or not).

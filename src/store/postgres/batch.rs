@@ -16,6 +16,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::reconnect::connection_lost;
 use crate::error::{Result, SubagentError};
 
 /// The most calls one statement answers.
@@ -156,6 +157,66 @@ pub(super) enum Lock {
     Skip,
     /// Waits for every row.
     Wait,
+}
+
+/// Answers a batch's `calls` in rounds: each round is the first asker of each key
+/// ([`first_askers`]), run by `round` with [`Lock::Skip`]; each call it skipped (its row held
+/// elsewhere) is run again alone with [`Lock::Wait`] before the next round, so a row held past
+/// the statement timeout fails its own call only. When a later round fails, the earlier
+/// rounds' answers stand (they committed) and every call not yet answered fails with it; a lost
+/// connection instead fails the whole batch, which is then sent again. `what` names a call in
+/// the bug a skipped alone call would be.
+///
+/// # Errors
+/// A statement's failure, when no call was answered before it or its connection was lost.
+pub(super) async fn in_rounds<K, T, Fut>(
+    calls: usize,
+    key: impl Fn(usize) -> K,
+    what: &str,
+    round: impl Fn(Vec<usize>, Lock) -> Fut,
+) -> Result<Vec<Result<T>>>
+where
+    K: Ord,
+    T: Clone,
+    Fut: Future<Output = Result<Vec<Option<Result<T>>>>>,
+{
+    let mut answers: Vec<Option<Result<T>>> = vec![None; calls];
+    let mut waiting: Vec<usize> = (0..calls).collect();
+    while !waiting.is_empty() {
+        let (asked, later) = first_askers(waiting, &key);
+        let mut contended = Vec::new();
+        match round(asked.clone(), Lock::Skip).await {
+            Ok(outcomes) => {
+                for (index, outcome) in asked.iter().zip(outcomes) {
+                    match outcome {
+                        Some(outcome) => answers[*index] = Some(outcome),
+                        None => contended.push(*index),
+                    }
+                }
+            }
+            Err(error) if answers.iter().any(Option::is_some) && !connection_lost(&error) => {
+                for index in asked.into_iter().chain(later) {
+                    answers[index] = Some(Err(error.clone()));
+                }
+                break;
+            }
+            Err(error) => return Err(error),
+        }
+        // Before the key's next call in this batch, if any.
+        for index in contended {
+            answers[index] = Some(match round(vec![index], Lock::Wait).await {
+                Ok(mut alone) => alone.pop().flatten().unwrap_or_else(|| {
+                    Err(SubagentError::bug(format!(
+                        "{what} waiting for its row was skipped"
+                    )))
+                }),
+                Err(error) if !connection_lost(&error) => Err(error),
+                Err(error) => return Err(error),
+            });
+        }
+        waiting = later;
+    }
+    Ok(answered(answers, what))
 }
 
 /// Each call's answer once a batch's rounds are over; one left unanswered is a bug, named

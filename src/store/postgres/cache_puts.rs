@@ -10,9 +10,8 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 
-use super::batch::{answered, first_askers, Lock};
+use super::batch::{in_rounds, Lock};
 use super::pool::{checkout, Pooled};
-use super::reconnect::connection_lost;
 use super::{io, pool_io, uuid_of};
 use crate::error::{Result, SubagentError};
 use crate::ids::SessionId;
@@ -40,53 +39,18 @@ pub(super) struct CachePutRequest {
 /// # Errors
 /// `STORE_IO` for a statement (every request not yet answered fails with it).
 pub(super) async fn put_many(pool: &Pool, requests: &[CachePutRequest]) -> Result<Vec<Result<()>>> {
-    let mut answers: Vec<Option<Result<()>>> = vec![None; requests.len()];
-    let mut waiting: Vec<usize> = (0..requests.len()).collect();
     let client = checkout(pool)
         .await
         .map_err(pool_io("connecting to PostgreSQL for the projection cache"))?;
-    while !waiting.is_empty() {
-        let (round, later) = first_askers(waiting, |index| {
-            (requests[index].id, &*requests[index].unit)
-        });
-        let mut contended = Vec::new();
-        match put_round(&client, requests, &round, Lock::Skip).await {
-            Ok(written) => {
-                for (index, outcome) in round.iter().zip(written) {
-                    match outcome {
-                        Some(outcome) => answers[*index] = Some(outcome),
-                        None => contended.push(*index),
-                    }
-                }
-            }
-            // An earlier round wrote its rows: they keep their answers, and the rest fail with
-            // the statement (a lost connection sends the whole batch again: writing a row twice
-            // writes it once).
-            Err(error) if answers.iter().any(Option::is_some) && !connection_lost(&error) => {
-                for index in round.into_iter().chain(later) {
-                    answers[index] = Some(Err(error.clone()));
-                }
-                break;
-            }
-            Err(error) => return Err(error),
-        }
-        // Before the row's next write in this batch, if any.
-        for index in contended {
-            answers[index] = Some(
-                match put_round(&client, requests, &[index], Lock::Wait).await {
-                    Ok(mut alone) => alone.pop().flatten().unwrap_or_else(|| {
-                        Err(SubagentError::bug(
-                            "a cache write waiting for its session's row was skipped",
-                        ))
-                    }),
-                    Err(error) if !connection_lost(&error) => Err(error),
-                    Err(error) => return Err(error),
-                },
-            );
-        }
-        waiting = later;
-    }
-    Ok(answered(answers, "a cache write"))
+    let client = &client;
+    // A lost connection sends the whole batch again: writing a row twice writes it once.
+    in_rounds(
+        requests.len(),
+        |index| (requests[index].id, &*requests[index].unit),
+        "a cache write",
+        |round, lock| async move { put_round(client, requests, &round, lock).await },
+    )
+    .await
 }
 
 /// The writes' statement, their sessions' rows locked as `$lock` says (`SKIP LOCKED` or not).
