@@ -314,7 +314,12 @@ pub(crate) fn settled_notice(
     output: Option<Vec<ContentBlock>>,
 ) -> (Vec<ContentBlock>, MessageSource) {
     let summary = settled_summary(child, stop_reason, exhausted);
-    let mut content = vec![ContentBlock::text(summary.clone())];
+    let source = MessageSource::SubagentSettledNotice {
+        summary: bound_summary(&summary),
+        sender_session_id: child,
+    };
+    let mut content = Vec::with_capacity(3);
+    content.push(ContentBlock::text(summary));
     if exhausted.is_some() {
         content.push(ContentBlock::text(
             "It takes no more work until a follow-up raises that budget.",
@@ -327,16 +332,13 @@ pub(crate) fn settled_notice(
         }
         _ => content.push(ContentBlock::text("It left no closing message.")),
     }
-    let source = MessageSource::SubagentSettledNotice {
-        summary: bound_summary(&summary),
-        sender_session_id: child,
-    };
     (content, source)
 }
 
 /// Bounds a summary to [`SETTLED_SUMMARY_LIMIT`] characters, ending a cut one with `…`.
 fn bound_summary(summary: &str) -> String {
-    if summary.chars().count() <= SETTLED_SUMMARY_LIMIT {
+    // No longer in bytes means no longer in characters: most summaries need no count.
+    if summary.len() <= SETTLED_SUMMARY_LIMIT || summary.chars().count() <= SETTLED_SUMMARY_LIMIT {
         return summary.to_owned();
     }
     let mut bounded: String = summary.chars().take(SETTLED_SUMMARY_LIMIT - 1).collect();
