@@ -17,7 +17,8 @@
 //!   children under one parent, each held mid-turn at a gate (a resident child that is idle
 //!   between turns settles and is released, so a held turn is what residency costs): the RSS
 //!   growth and the live heap growth per resident child, the latency of 1,000 follow-ups
-//!   enqueued to resident children (p50 and p99), and the time to drain the whole forest.
+//!   enqueued to resident children (p50 and p99), and the time to drain the whole forest, with
+//!   the processor time the drain took on the manager's thread and on the others.
 //!
 //! - `away` (printed once, not sampled): a parent whose log holds 20,000 events starts 200
 //!   continuable children, each held in its first turn, and is disposed (away); then every
@@ -50,6 +51,9 @@ mod floors;
 
 #[path = "support/live_bytes.rs"]
 mod live_bytes;
+
+#[path = "support/thread_cpu.rs"]
+mod thread_cpu;
 
 #[path = "../src/allocator.rs"]
 mod allocator;
@@ -358,15 +362,18 @@ async fn scale(n: usize, workers: usize) {
         latencies.push(sent.elapsed());
     }
     latencies.sort_unstable();
+    let cpu = thread_cpu::ThreadCpu::now();
     let drain = Instant::now();
     rt.subagents()
         .drain_continuable_descendants(&[fixture.parent.agent().clone()])
         .await
         .expect("drain");
     let drained = drain.elapsed();
+    let (on_main, elsewhere) = thread_cpu::ThreadCpu::now().since(&cpu);
     println!(
         "scale/{n} on {workers} thread(s): start {:.2} s ({:.1} µs each), RSS +{} MiB ({} B per resident child; \
-         {} B of live heap), follow-up p50 {:.1} µs p99 {:.1} µs, drain {:.3} s",
+         {} B of live heap), follow-up p50 {:.1} µs p99 {:.1} µs, drain {:.3} s (run on the \
+         manager's thread {:.3} s, on the others {:.3} s)",
         started.as_secs_f64(),
         started.as_secs_f64() * 1e6 / n as f64,
         grown >> 20,
@@ -375,6 +382,8 @@ async fn scale(n: usize, workers: usize) {
         percentile(&latencies, 0.50).as_secs_f64() * 1e6,
         percentile(&latencies, 0.99).as_secs_f64() * 1e6,
         drained.as_secs_f64(),
+        on_main.as_secs_f64(),
+        elsewhere.as_secs_f64(),
     );
     rt.shutdown().await.expect("shutdown");
 }
