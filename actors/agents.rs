@@ -45,7 +45,7 @@ use crate::host::handle::AgentHandle;
 use crate::host::inbox::InboxReplay;
 use crate::host::request::{CreateAgent, ResumeAgent};
 use crate::host::scope::StatedContext;
-use crate::host::stored_inbox::{self, InboxCheckpoint};
+use crate::host::stored_inbox::{self, AfterCheckpoint, InboxCheckpoint};
 use crate::host::{
     AgentEnv, AgentEvent, AgentEventKind, AgentOptions, AgentScope, AgentSetup, Inbox,
 };
@@ -425,16 +425,20 @@ impl Agents {
     /// # Errors
     /// `DUPLICATE_AGENT` when an agent of the session is live or being created (deliver to it
     /// instead); `PERSISTENCE_UNAVAILABLE`; `SESSION_NOT_FOUND`; `SESSION_LEASED` (live in
-    /// another runtime); store errors. With `may_repeat` (put again under its id by a sender
-    /// that did not hear the first answer), a message the session already accepted is answered
-    /// with its id, not stored twice.
+    /// another runtime); store errors. With `may_be_from` set (the message was handed to the
+    /// session before: to an agent of it that refused it as it went away, or by a sender that
+    /// did not hear the first answer), a message the session already accepted is answered with
+    /// its id, not stored twice: `Some(seq)` says the log may hold it at `seq` or after (what
+    /// the session had stored when the message was first handed to it), `Some(0)` anywhere.
     ///
     /// # Cost
-    /// A message that cannot have been accepted before is written from the stored-inbox
-    /// checkpoint the previous write left (see [`crate::host::stored_inbox`]): it reads only
-    /// the events after it, so a parent away while its children settle costs each notice the
-    /// same whatever its log's length. A first write, and one that `may_repeat` (it must look
-    /// for the message), read the whole log, a chunk at a time.
+    /// A message is written from the stored-inbox checkpoint the previous write left (see
+    /// [`crate::host::stored_inbox`]): the write reads only the events after it, and one that
+    /// may repeat also the events from `seq` to the checkpoint, so a parent away while its
+    /// children settle costs each notice the same whatever its log's length, even a notice its
+    /// parent refused as it went away. A first write, and one that may repeat anywhere
+    /// (`Some(0)`: a node asking again after its peer stopped answering), read the whole log, a
+    /// chunk at a time.
     ///
     /// # Cancel safety
     /// A dropped call frees its reservation and its lease; the message may or may not have
@@ -443,7 +447,7 @@ impl Agents {
         &self,
         id: SessionId,
         message: Message,
-        may_repeat: bool,
+        may_be_from: Option<u64>,
     ) -> Result<MessageId> {
         let store = self.shared.env.store.clone().ok_or_else(|| {
             SubagentError::new(
@@ -462,13 +466,20 @@ impl Agents {
         let epoch = lease.lease.epoch;
         let message_id = message.id;
         let header = store.header(id).await?;
-        if !may_repeat
-            && stored_inbox::append_after_checkpoint(&*store, &header, &message, epoch).await?
-        {
-            // Released here rather than by the guard's task: a resume right after must find
-            // it free.
-            store.release_lease(id, lease.hand_over().epoch).await?;
-            return Ok(message_id);
+        if may_be_from != Some(0) {
+            let written = stored_inbox::append_after_checkpoint(
+                &*store,
+                &header,
+                &message,
+                (epoch, may_be_from),
+            )
+            .await?;
+            if written != AfterCheckpoint::NeedsWholeLog {
+                // Released here rather than by the guard's task: a resume right after must
+                // find it free.
+                store.release_lease(id, lease.hand_over().epoch).await?;
+                return Ok(message_id);
+            }
         }
         // Loaded paged out: a long-lived parent that is away is written to without holding
         // its whole transcript, whoever resumes it later.

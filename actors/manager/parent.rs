@@ -106,16 +106,20 @@ impl ContinuationManager {
             } else {
                 PostTarget::TurnOrStep
             };
+            // Read before the post: wherever the session takes the notice, it lands here or
+            // later in its log.
+            let stored = parent.log().inner().stored_len();
             // Posted now, in mailbox order behind whatever the manager sent it before.
             let accepted = parent.post(message.clone(), target, None, may_repeat, trace);
-            (parent, accepted)
+            (parent, stored, accepted)
         });
         let parent = captured.id();
         let agents = self.agents.clone();
         let manager = ctx.address();
         async move {
             let mut gone = None;
-            if let Some((recipient, accepted)) = first {
+            let mut may_be_from = may_repeat.then_some(0);
+            if let Some((recipient, stored, accepted)) = first {
                 match accepted.await {
                     Ok(_) => return,
                     Err(error) => {
@@ -127,11 +131,13 @@ impl ContinuationManager {
                             });
                         }
                         gone = Some(recipient);
+                        may_be_from = Some(may_be_from.map_or(stored, |from| from.min(stored)));
                     }
                 }
             }
             if let Err(error) =
-                deliver_to_parent_session(&agents, parent, message, gone, may_repeat).await
+                deliver_to_parent_session(&agents, parent, message, gone, (may_repeat, may_be_from))
+                    .await
             {
                 tracing::warn!(%child, %parent, %error, "the settled notice could not be delivered to its parent session");
             }
@@ -216,7 +222,9 @@ fn parent_refused(child: SessionId, error: &SubagentError) -> SubagentError {
 /// Delivers `message` to the parent session `parent` once: to its live agent (an idle one
 /// gets one turn of it, a busy one reads it at its next step), or, while none is live, into
 /// its stored inbox. `gone` is an agent that just refused it: its release is waited out
-/// before the session is looked up again.
+/// before the session is looked up again. With `may_repeat` the message is asked again under
+/// its id (every live agent looks for it); `may_be_from` is where the session's log may hold it
+/// already (`None`: nowhere; see [`Agents::enqueue_stored`]).
 ///
 /// # Errors
 /// The live agent's refusal when it is not going away (a faulted parent); the stored inbox's
@@ -226,11 +234,10 @@ async fn deliver_to_parent_session(
     parent: SessionId,
     message: Message,
     mut gone: Option<AgentRef>,
-    may_repeat: bool,
+    (may_repeat, mut may_be_from): (bool, Option<u64>),
 ) -> Result<MessageId> {
     // A recipient that refused the notice may have been handed it as it went: once one did,
-    // the stored inbox is searched for it before it is stored.
-    let mut repeat = may_repeat || gone.is_some();
+    // the session's log is searched for it, from where it ended then, before it is stored.
     for _ in 0..NOTICE_ATTEMPTS {
         match agents.handle(parent).await {
             Some(handle) if gone.as_ref() == Some(handle.agent()) => {
@@ -246,6 +253,7 @@ async fn deliver_to_parent_session(
             }
             Some(handle) => {
                 let live = handle.agent().clone();
+                let stored = live.log().inner().stored_len();
                 match live
                     .post(
                         message.clone(),
@@ -259,11 +267,14 @@ async fn deliver_to_parent_session(
                     Ok(id) => return Ok(id),
                     Err(_) => {
                         gone = Some(live);
-                        repeat = true;
+                        may_be_from = Some(may_be_from.map_or(stored, |from| from.min(stored)));
                     }
                 }
             }
-            None => match agents.enqueue_stored(parent, message.clone(), repeat).await {
+            None => match agents
+                .enqueue_stored(parent, message.clone(), may_be_from)
+                .await
+            {
                 Ok(id) => return Ok(id),
                 // An agent of the session came live meanwhile: deliver to it.
                 Err(error) if error.code() == ErrorCode::DuplicateAgent => {

@@ -553,7 +553,7 @@ impl ContinuationManager {
                         ) =>
                     {
                         // The parent's node may have taken it before it stopped answering.
-                        match agents.enqueue_stored(parent, message.clone(), true).await {
+                        match agents.enqueue_stored(parent, message.clone(), Some(0)).await {
                             // It came live meanwhile (its node resumed it): tell it there.
                             Err(error)
                                 if matches!(

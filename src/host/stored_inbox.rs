@@ -12,8 +12,14 @@
 //! append-only, so what a checkpoint says about the events below its length stays true; the
 //! next write reads only the events after it (the writes since, or the turns of an agent that
 //! came back and went away again), folds their splices into the lengths, and appends at the
-//! end. Only a first write, a missing or unreadable checkpoint, and a turn left open since fall
-//! back to reading the whole log.
+//! end. Only a first write, a missing or unreadable checkpoint, a turn left open since, and a
+//! message a peer node asks again (it may be anywhere in the log) fall back to reading the
+//! whole log.
+//!
+//! A message whose first recipient refused it as it went away may have been taken all the
+//! same. It can only be at or after where that recipient's log was stored when the message
+//! was posted: a stored log is never cut short. So the write looks for it from there, and
+//! stores it only if it is not found.
 //!
 //! The checkpoint is an accelerator, like every row of the projection cache: written after the
 //! splice it counts is durable and stored fail-soft, read back only for the same session
@@ -133,13 +139,28 @@ impl InboxCheckpoint {
     }
 }
 
+/// What [`append_after_checkpoint`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterCheckpoint {
+    /// The message is journaled, durable, and the checkpoint moved past it.
+    Written,
+    /// The message was already in the log where it could be: nothing was written.
+    AlreadyThere,
+    /// Nothing was written: there is no usable checkpoint (none, another lifecycle's, or one
+    /// past the log's end), or a turn is open at the log's end. The caller reads the whole log.
+    NeedsWholeLog,
+}
+
 /// Journals `message` at the end of the `next-turn` list of session `header`'s stored inbox
 /// under `lease`, reading only the events after the session's checkpoint, and makes it
-/// durable. Answers `false`, having written nothing, when there is no usable checkpoint (none,
-/// another lifecycle's, or one past the log's end) or a turn is open at the log's end: the
-/// caller then reads the whole log.
+/// durable.
 ///
-/// The message must not be in the log already: nothing here looks for it.
+/// `may_be_from` says where the log may hold the message already: `None` when it cannot (it was
+/// never handed to the session), `Some(seq)` when it may at `seq` or after (a sender that did
+/// not hear its first answer; `seq` is a lower bound on where the session's log ended when the
+/// message was first handed to it). The events from there are searched for it as they are
+/// read: from the checkpoint on, in the same read; before the checkpoint, in one more read of
+/// only those. A message found is not written again.
 ///
 /// # Errors
 /// The store's (a lost lease: `LEASE_LOST`).
@@ -147,24 +168,45 @@ pub(crate) async fn append_after_checkpoint(
     store: &dyn SessionPersistence,
     header: &SessionHeader,
     message: &Message,
-    lease: LeaseEpoch,
-) -> Result<bool> {
+    (lease, may_be_from): (LeaseEpoch, Option<u64>),
+) -> Result<AfterCheckpoint> {
     let Some(at) = InboxCheckpoint::load(store, header).await else {
-        return Ok(false);
+        return Ok(AfterCheckpoint::NeedsWholeLog);
     };
     let id = header.id;
+    if let Some(from) = may_be_from.filter(|from| *from < at.seq) {
+        // The part of the search the checkpoint already counted.
+        let mut found = false;
+        let range = (
+            from.max(header.first_stored_seq()),
+            header.first_stored_seq(),
+        );
+        crate::store::read_chunked(store, id, range, at.seq, |chunk| {
+            found = crate::host::inbox::inserts(&chunk, message.id);
+            Ok(!found)
+        })
+        .await?;
+        if found {
+            return Ok(AfterCheckpoint::AlreadyThere);
+        }
+    }
     let mut folded = Folded {
         at,
         turn_open: false,
         broken: false,
     };
+    let mut found = false;
     crate::store::read_chunked(store, id, (at.seq, at.seq), u64::MAX, |chunk| {
         chunk.iter().for_each(|event| folded.fold(event));
-        Ok(!folded.broken)
+        found = may_be_from.is_some() && crate::host::inbox::inserts(&chunk, message.id);
+        Ok(!folded.broken && !found)
     })
     .await?;
+    if found {
+        return Ok(AfterCheckpoint::AlreadyThere);
+    }
     if folded.broken || folded.turn_open {
-        return Ok(false);
+        return Ok(AfterCheckpoint::NeedsWholeLog);
     }
     let at = folded.at;
     let splice = EventKind::InboxSpliced {
@@ -186,7 +228,9 @@ pub(crate) async fn append_after_checkpoint(
         Ok(()) => {}
         // The log does not end where the checkpoint said (a store that lost what followed
         // it): nothing was written, and the whole log says where it ends.
-        Err(error) if error.code() == ErrorCode::StoreConflict => return Ok(false),
+        Err(error) if error.code() == ErrorCode::StoreConflict => {
+            return Ok(AfterCheckpoint::NeedsWholeLog)
+        }
         Err(error) => return Err(error),
     }
     // Durable before it is answered: its sender sends it no more.
@@ -198,7 +242,7 @@ pub(crate) async fn append_after_checkpoint(
     }
     .store(store, id, lease)
     .await;
-    Ok(true)
+    Ok(AfterCheckpoint::Written)
 }
 
 #[cfg(test)]
@@ -265,6 +309,128 @@ mod tests {
             prop_assert_eq!(folded.at.next_step, replayed.next_step_len() as u64);
             prop_assert_eq!(folded.at.seq, events.len() as u64);
         }
+    }
+
+    /// A stored session of `len` events (inbox splices, one message each), leased, with its
+    /// stored-inbox checkpoint at `checkpoint`; reads go through the counting store answered.
+    async fn stored_session(
+        len: u64,
+        checkpoint: u64,
+    ) -> (
+        crate::store::faults::FaultInjectingStore,
+        SessionHeader,
+        LeaseEpoch,
+        Vec<Message>,
+    ) {
+        let store =
+            crate::store::faults::FaultInjectingStore::new(Arc::new(crate::MemoryStore::new()));
+        let header = SessionHeader::new(SessionId::new());
+        let events: Vec<Arc<SessionEvent>> = (0..len)
+            .map(|seq| Arc::new(splice(seq, InboxTarget::NextTurn, seq, None, 1)))
+            .collect();
+        let messages = events
+            .iter()
+            .flat_map(|event| match &event.kind {
+                EventKind::InboxSpliced { inserted, .. } => inserted.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let lease = store
+            .create_leased(header.clone(), events, crate::store::LeaseHolder::new())
+            .await
+            .unwrap();
+        let at = usize::try_from(checkpoint).unwrap();
+        InboxCheckpoint::new(&header, checkpoint, at, 0)
+            .store(&store, header.id, lease.epoch)
+            .await;
+        (store, header, lease.epoch, messages)
+    }
+
+    fn notice() -> Message {
+        Message::user(
+            vec![crate::content::ContentBlock::text("settled")],
+            crate::content::MessageSource::User,
+        )
+    }
+
+    // A message its first recipient may have taken as it went is looked for from where that
+    // recipient's log was stored, not from the log's start: the write reads the events after
+    // that point (here all after the checkpoint), and the message lands once.
+    #[actix_rt::test]
+    async fn a_message_that_may_repeat_is_looked_for_only_where_it_can_be() {
+        let (store, header, lease, _) = stored_session(2_000, 1_990).await;
+        let message = notice();
+        let written =
+            append_after_checkpoint(&store, &header, &message, (lease, Some(1_995))).await;
+        assert_eq!(written.unwrap(), AfterCheckpoint::Written);
+        assert_eq!(
+            store.events_read(header.id),
+            10,
+            "the events after the checkpoint, not the whole log"
+        );
+        // Asked again from the same point: found, not written twice.
+        let again = append_after_checkpoint(&store, &header, &message, (lease, Some(1_995))).await;
+        assert_eq!(again.unwrap(), AfterCheckpoint::AlreadyThere);
+        let log = store.read_from(header.id, 0).await.unwrap();
+        assert_eq!(log.len(), 2_001);
+        assert!(crate::host::inbox::inserts(&log[2_000..], message.id));
+    }
+
+    // A point before the checkpoint is searched too, by one more read of only the events
+    // between them, and a message found there is not written again; a message that cannot have
+    // been handed over before is not looked for.
+    #[actix_rt::test]
+    async fn a_message_before_the_checkpoint_is_found_by_reading_only_from_its_point() {
+        let (store, header, lease, messages) = stored_session(2_000, 1_990).await;
+        let taken = messages[1_500].clone();
+        let found = append_after_checkpoint(&store, &header, &taken, (lease, Some(1_400))).await;
+        assert_eq!(found.unwrap(), AfterCheckpoint::AlreadyThere);
+        assert!(
+            store.events_read(header.id) <= 600,
+            "read from seq 1,400, not from 0: {}",
+            store.events_read(header.id)
+        );
+        let fresh = notice();
+        let written = append_after_checkpoint(&store, &header, &fresh, (lease, None)).await;
+        assert_eq!(written.unwrap(), AfterCheckpoint::Written);
+        assert_eq!(store.read_from(header.id, 0).await.unwrap().len(), 2_001);
+    }
+
+    // A settled notice its parent refused as it went away may be in the parent's log already,
+    // from where the parent's log was stored when the notice was posted: the stored inbox
+    // write reads from there (it read the whole log before), stores the notice once, and a
+    // peer's ask from anywhere still reads it all.
+    #[actix_rt::test]
+    async fn a_refused_notice_is_stored_reading_only_the_log_after_its_point() {
+        let (store, header, lease, _) = stored_session(5_000, 4_990).await;
+        let id = header.id;
+        store.release_lease(id, lease).await.unwrap();
+        let store = Arc::new(store);
+        let rt = crate::Runtime::builder()
+            .shared_store(Arc::clone(&store) as crate::store::SharedStore)
+            .build()
+            .unwrap();
+        let message = notice();
+        let read = || store.events_read(id);
+        let before = read();
+        let stored = rt.agents().enqueue_stored(id, message.clone(), Some(4_995));
+        assert_eq!(stored.await.unwrap(), message.id);
+        assert_eq!(read() - before, 10, "the events after the checkpoint");
+        let before = read();
+        let again = rt.agents().enqueue_stored(id, message.clone(), Some(4_995));
+        assert_eq!(again.await.unwrap(), message.id);
+        assert_eq!(read() - before, 6, "the events from the point on");
+        let before = read();
+        let anywhere = rt.agents().enqueue_stored(id, message.clone(), Some(0));
+        assert_eq!(anywhere.await.unwrap(), message.id);
+        assert!(read() - before >= 5_001, "a peer's ask reads the whole log");
+        let log = store.read_from(id, 0).await.unwrap();
+        let copies = log
+            .iter()
+            .filter(|event| crate::host::inbox::inserts([*event], message.id))
+            .count();
+        assert_eq!((log.len(), copies), (5_001, 1), "stored once");
+        rt.shutdown().await.unwrap();
     }
 
     #[test]

@@ -232,6 +232,17 @@ impl SessionLog {
         len_of(&self.lock().events)
     }
 
+    /// How many of the log's first events its store holds (written, whether flushed or not):
+    /// 0 for a log no store backs, or one not stored yet. The store keeps them for as long as
+    /// the session is stored, so a message handed to this session later lands at this seq or
+    /// after it, whichever agent of the session takes it.
+    pub(crate) fn stored_len(&self) -> u64 {
+        self.lock()
+            .write_behind
+            .as_ref()
+            .map_or(0, |write_behind| write_behind.written)
+    }
+
     /// Whether the log has no events.
     pub fn is_empty(&self) -> bool {
         self.lock().events.is_empty()
