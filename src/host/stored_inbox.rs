@@ -312,7 +312,8 @@ mod tests {
     }
 
     /// A stored session of `len` events (inbox splices, one message each), leased, with its
-    /// stored-inbox checkpoint at `checkpoint`; reads go through the counting store answered.
+    /// stored-inbox checkpoint at `checkpoint`, in a store that counts the events read back;
+    /// with the lease and the messages the events inserted.
     async fn stored_session(
         len: u64,
         checkpoint: u64,
