@@ -131,7 +131,7 @@ impl ContinuationManager {
                             });
                         }
                         gone = Some(recipient);
-                        may_be_from = Some(may_be_from.map_or(stored, |from| from.min(stored)));
+                        may_be_from = refused_from(may_be_from, stored);
                     }
                 }
             }
@@ -212,6 +212,13 @@ impl ContinuationManager {
     }
 }
 
+/// Where the session's log may hold a message once an agent refused it (it may have taken it
+/// as it went): at or after what that agent's log had stored when the message was posted to
+/// it, `stored`, or wherever it could be before.
+fn refused_from(may_be_from: Option<u64>, stored: u64) -> Option<u64> {
+    Some(may_be_from.map_or(stored, |from| from.min(stored)))
+}
+
 fn parent_refused(child: SessionId, error: &SubagentError) -> SubagentError {
     SubagentError::new(
         ErrorCode::ParentUnavailable,
@@ -267,7 +274,7 @@ async fn deliver_to_parent_session(
                     Ok(id) => return Ok(id),
                     Err(_) => {
                         gone = Some(live);
-                        may_be_from = Some(may_be_from.map_or(stored, |from| from.min(stored)));
+                        may_be_from = refused_from(may_be_from, stored);
                     }
                 }
             }
